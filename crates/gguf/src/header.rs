@@ -1,0 +1,430 @@
+//! Parsing the GGUF header (magic, version, metadata, tensor infos) from a byte slice.
+//!
+//! The parser is a pure function of bytes so it can be fuzzed and mutation-tested; the
+//! file layer maps the file and hands the mapping in. File contents are untrusted: every
+//! count is bounded by the bytes that remain before anything is allocated, nesting depth
+//! is capped, and every tensor's extent is checked against the data section.
+
+use crate::error::{Error, Result};
+use crate::types::{GgmlType, TypeId};
+use crate::value::{Array, Value, ValueType};
+use std::collections::HashMap;
+
+pub const MAGIC: &[u8; 4] = b"GGUF";
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Most dimensions a tensor may have (ggml's GGML_MAX_DIMS).
+pub const MAX_DIMS: u32 = 4;
+/// Arrays of arrays deeper than this are refused: it bounds recursion on hostile input.
+pub const MAX_NESTING: usize = 4;
+
+/// A tensor's entry in the index.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions, innermost first (ggml order: `dims[0]` is the row length).
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    /// Offset relative to the start of the data section.
+    pub offset: u64,
+    /// Bytes the tensor occupies.
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Row length (`dims[0]`) and number of rows (product of the rest).
+    pub fn rows(&self) -> (u64, u64) {
+        (self.dims[0], self.dims[1..].iter().product())
+    }
+}
+
+/// Ordered metadata with lookup by key.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metadata {
+    entries: Vec<(String, Value)>,
+    index: HashMap<String, usize>,
+}
+
+impl Metadata {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.index.get(key).map(|&i| &self.entries[i].1)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.entries.iter().map(|(k, v)| (k.as_str(), v))
+    }
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+    /// Inserts or replaces a key, keeping first-insertion order.
+    pub fn set(&mut self, key: impl Into<String>, value: Value) {
+        let key = key.into();
+        if let Some(&i) = self.index.get(&key) {
+            self.entries[i].1 = value;
+        } else {
+            self.index.insert(key.clone(), self.entries.len());
+            self.entries.push((key, value));
+        }
+    }
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        let i = self.index.remove(key)?;
+        let (_, v) = self.entries.remove(i);
+        for idx in self.index.values_mut() {
+            if *idx > i {
+                *idx -= 1;
+            }
+        }
+        Some(v)
+    }
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+    pub fn get_u64(&self, key: &str) -> Option<u64> {
+        self.get(key).and_then(Value::as_u64)
+    }
+    pub fn get_f64(&self, key: &str) -> Option<f64> {
+        self.get(key).and_then(Value::as_f64)
+    }
+    pub fn get_bool(&self, key: &str) -> Option<bool> {
+        self.get(key).and_then(Value::as_bool)
+    }
+    pub fn get_array(&self, key: &str) -> Option<&Array> {
+        self.get(key).and_then(Value::as_array)
+    }
+}
+
+/// Everything before the data section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    pub version: u32,
+    pub metadata: Metadata,
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: u64,
+    /// Absolute file offset of the data section.
+    pub data_offset: u64,
+    /// Bytes from `data_offset` to the end of the last tensor (the data section's used size).
+    pub data_size: u64,
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn offset(&self) -> u64 {
+        self.pos as u64
+    }
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+    fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return Err(Error::Truncated {
+                offset: self.offset(),
+                needed: n - self.remaining(),
+                len: self.buf.len() as u64,
+                what,
+            });
+        }
+        let s = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+    fn arr<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N]> {
+        Ok(self
+            .take(N as u64, what)?
+            .try_into()
+            .expect("take returned N bytes"))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.arr(what)?))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.arr(what)?))
+    }
+    /// A count that will be followed by `count` items of at least `min_each` bytes.
+    fn count(&mut self, what: &'static str, min_each: u64) -> Result<u64> {
+        let offset = self.offset();
+        let count = self.u64(what)?;
+        let remaining = self.remaining();
+        if count.checked_mul(min_each).is_none_or(|b| b > remaining) {
+            return Err(Error::CountTooLarge {
+                what,
+                count,
+                offset,
+                remaining,
+            });
+        }
+        Ok(count)
+    }
+    fn string(&mut self, what: &'static str) -> Result<String> {
+        let start = self.offset();
+        let len = self.u64(what)?;
+        let bytes = self.take(len, what)?;
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(_) => Err(Error::BadUtf8 { offset: start }),
+        }
+    }
+    fn value_type(&mut self) -> Result<ValueType> {
+        let offset = self.offset();
+        let t = self.u32("value type")?;
+        ValueType::from_u32(t).ok_or(Error::BadValueType { type_id: t, offset })
+    }
+
+    fn value(&mut self, ty: ValueType, depth: usize) -> Result<Value> {
+        Ok(match ty {
+            ValueType::U8 => Value::U8(self.arr::<1>("u8 value")?[0]),
+            ValueType::I8 => Value::I8(self.arr::<1>("i8 value")?[0] as i8),
+            ValueType::U16 => Value::U16(u16::from_le_bytes(self.arr("u16 value")?)),
+            ValueType::I16 => Value::I16(i16::from_le_bytes(self.arr("i16 value")?)),
+            ValueType::U32 => Value::U32(self.u32("u32 value")?),
+            ValueType::I32 => Value::I32(i32::from_le_bytes(self.arr("i32 value")?)),
+            ValueType::F32 => Value::F32(f32::from_le_bytes(self.arr("f32 value")?)),
+            ValueType::U64 => Value::U64(self.u64("u64 value")?),
+            ValueType::I64 => Value::I64(i64::from_le_bytes(self.arr("i64 value")?)),
+            ValueType::F64 => Value::F64(f64::from_le_bytes(self.arr("f64 value")?)),
+            ValueType::Bool => {
+                let offset = self.offset();
+                match self.arr::<1>("bool value")?[0] {
+                    0 => Value::Bool(false),
+                    1 => Value::Bool(true),
+                    b => {
+                        return Err(Error::Invalid(format!(
+                            "bool value {b} at offset {offset} is neither 0 nor 1"
+                        )))
+                    }
+                }
+            }
+            ValueType::String => Value::String(self.string("string value")?),
+            ValueType::Array => Value::Array(self.array(depth + 1)?),
+        })
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Array> {
+        let offset = self.offset();
+        if depth > MAX_NESTING {
+            return Err(Error::NestingTooDeep {
+                offset,
+                max: MAX_NESTING,
+            });
+        }
+        let ty = self.value_type()?;
+        let n = self.count("array element", ty.min_encoded_size())? as usize;
+        macro_rules! prim {
+            ($variant:ident, $t:ty, $what:literal) => {{
+                let bytes = self.take((n * std::mem::size_of::<$t>()) as u64, $what)?;
+                Array::$variant(
+                    bytes
+                        .chunks_exact(std::mem::size_of::<$t>())
+                        .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk size")))
+                        .collect(),
+                )
+            }};
+        }
+        Ok(match ty {
+            ValueType::U8 => Array::U8(self.take(n as u64, "u8 array")?.to_vec()),
+            ValueType::I8 => Array::I8(
+                self.take(n as u64, "i8 array")?
+                    .iter()
+                    .map(|&b| b as i8)
+                    .collect(),
+            ),
+            ValueType::U16 => prim!(U16, u16, "u16 array"),
+            ValueType::I16 => prim!(I16, i16, "i16 array"),
+            ValueType::U32 => prim!(U32, u32, "u32 array"),
+            ValueType::I32 => prim!(I32, i32, "i32 array"),
+            ValueType::F32 => prim!(F32, f32, "f32 array"),
+            ValueType::U64 => prim!(U64, u64, "u64 array"),
+            ValueType::I64 => prim!(I64, i64, "i64 array"),
+            ValueType::F64 => prim!(F64, f64, "f64 array"),
+            ValueType::Bool => {
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    match self.value(ValueType::Bool, depth)? {
+                        Value::Bool(b) => v.push(b),
+                        _ => unreachable!("bool value parses to Value::Bool"),
+                    }
+                }
+                Array::Bool(v)
+            }
+            ValueType::String => {
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(self.string("string array element")?);
+                }
+                Array::String(v)
+            }
+            ValueType::Array => {
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(self.array(depth + 1)?);
+                }
+                Array::Nested(v)
+            }
+        })
+    }
+}
+
+/// Parses a GGUF header from `bytes` (the whole file, or at least its header; tensor extents
+/// are checked against `file_len`, the length of the whole file).
+pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
+    let mut c = Cursor { buf: bytes, pos: 0 };
+    let magic: [u8; 4] = c.arr("magic")?;
+    if &magic != MAGIC {
+        return Err(Error::BadMagic { found: magic });
+    }
+    let version = c.u32("version")?;
+    if version != 2 && version != 3 {
+        return Err(Error::UnsupportedVersion { version });
+    }
+    // A tensor info is at least 8 (name len) + 4 (n_dims) + 4 (type) + 8 (offset) bytes;
+    // a KV entry at least 8 (key len) + 4 (type) + 1.
+    let n_tensors = c.count("tensor", 24)?;
+    let n_kv = c.count("metadata entry", 13)?;
+
+    let mut metadata = Metadata::new();
+    for _ in 0..n_kv {
+        let key_offset = c.offset();
+        let key = c.string("metadata key")?;
+        let ty = c.value_type()?;
+        let value = c.value(ty, 0)?;
+        if metadata.get(&key).is_some() {
+            return Err(Error::DuplicateKey {
+                key,
+                offset: key_offset,
+            });
+        }
+        metadata.set(key, value);
+    }
+
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => *a as u64,
+        Some(v) => {
+            return Err(Error::BadKey {
+                key: "general.alignment".into(),
+                offset: 0,
+                problem: format!("must be a u32 power of two, found {v}"),
+            })
+        }
+    };
+
+    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let mut names: HashMap<String, ()> = HashMap::with_capacity(n_tensors as usize);
+    let mut info_offsets = Vec::with_capacity(n_tensors as usize);
+    for _ in 0..n_tensors {
+        let info_offset = c.offset();
+        let name = c.string("tensor name")?;
+        let bad = |problem: String| Error::BadTensor {
+            name: name.clone(),
+            offset: info_offset,
+            problem,
+        };
+        let n_dims = c.u32("tensor dimension count")?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(bad(format!(
+                "has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"
+            )));
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(c.u64("tensor dimension")?);
+        }
+        let type_id = c.u32("tensor type")?;
+        let offset = c.u64("tensor offset")?;
+        if names.insert(name.clone(), ()).is_some() {
+            return Err(Error::DuplicateTensor {
+                name,
+                offset: info_offset,
+            });
+        }
+        let ty = match TypeId::from_u32(type_id) {
+            TypeId::Known(t) => t,
+            other => return Err(bad(format!("has {other}"))),
+        };
+        if dims.contains(&0) {
+            return Err(bad(format!("has a zero dimension {dims:?}")));
+        }
+        let n_el = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n <= i64::MAX as u64)
+            .ok_or_else(|| bad(format!("dimensions {dims:?} overflow the element count")))?;
+        if !dims[0].is_multiple_of(ty.block_size()) {
+            return Err(bad(format!(
+                "row length {} is not a multiple of the {} block size {}",
+                dims[0],
+                ty,
+                ty.block_size()
+            )));
+        }
+        let n_bytes = (n_el / ty.block_size())
+            .checked_mul(ty.type_size())
+            .ok_or_else(|| bad(format!("dimensions {dims:?} overflow the byte size")))?;
+        if !offset.is_multiple_of(alignment) {
+            return Err(bad(format!(
+                "data offset {offset} is not a multiple of the alignment {alignment}"
+            )));
+        }
+        tensors.push(TensorInfo {
+            name,
+            dims,
+            ty,
+            offset,
+            n_bytes,
+        });
+        info_offsets.push(info_offset);
+    }
+
+    let header_end = c.offset();
+    let data_offset = header_end.div_ceil(alignment) * alignment;
+    let data_avail = file_len.saturating_sub(data_offset);
+    let mut data_size = 0u64;
+    for (t, &info_offset) in tensors.iter().zip(&info_offsets) {
+        let end = t.offset.checked_add(t.n_bytes);
+        match end {
+            Some(end) if end <= data_avail => data_size = data_size.max(end),
+            _ => return Err(Error::BadTensor {
+                name: t.name.clone(),
+                offset: info_offset,
+                problem: format!(
+                    "data {}..+{} runs past the end of the file (data section at {} has {} bytes)",
+                    t.offset, t.n_bytes, data_offset, data_avail
+                ),
+            }),
+        }
+    }
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| tensors[i].offset);
+    for w in order.windows(2) {
+        let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
+        if a.offset + a.n_bytes > b.offset {
+            return Err(Error::OverlappingTensors {
+                a: a.name.clone(),
+                b: b.name.clone(),
+                a_start: a.offset,
+                a_end: a.offset + a.n_bytes,
+                b_start: b.offset,
+                b_end: b.offset + b.n_bytes,
+            });
+        }
+    }
+
+    Ok(Header {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+        data_size,
+    })
+}
