@@ -1,1 +1,34 @@
-fn main() {}
+//! The `minfer` command line: parse, build a config, call the library crates, print.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod commands;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "minfer",
+    version,
+    about = "Local LLM inference for GGUF models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show a GGUF file's metadata, tensors and per-type totals.
+    Inspect(commands::inspect::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => commands::inspect::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => commands::report(e),
+    }
+}

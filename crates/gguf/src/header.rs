@@ -393,14 +393,16 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
         let end = t.offset.checked_add(t.n_bytes);
         match end {
             Some(end) if end <= data_avail => data_size = data_size.max(end),
-            _ => return Err(Error::BadTensor {
-                name: t.name.clone(),
-                offset: info_offset,
-                problem: format!(
+            _ => {
+                return Err(Error::BadTensor {
+                    name: t.name.clone(),
+                    offset: info_offset,
+                    problem: format!(
                     "data {}..+{} runs past the end of the file (data section at {} has {} bytes)",
                     t.offset, t.n_bytes, data_offset, data_avail
                 ),
-            }),
+                })
+            }
         }
     }
     let mut order: Vec<usize> = (0..tensors.len()).collect();

@@ -1,0 +1,18 @@
+//! One module per subcommand, each with `Args` and `run(args) -> anyhow::Result<()>`.
+
+use std::process::ExitCode;
+
+pub mod inspect;
+
+/// Prints an error chain on one line to stderr and picks the exit code. A broken pipe
+/// (output piped into `head`) is not a failure.
+pub fn report(e: anyhow::Error) -> ExitCode {
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        if io.kind() == std::io::ErrorKind::BrokenPipe {
+            return ExitCode::SUCCESS;
+        }
+    }
+    let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    eprintln!("error: {}", chain.join(": "));
+    ExitCode::FAILURE
+}
