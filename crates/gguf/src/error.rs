@@ -66,6 +66,29 @@ pub enum Error {
     Split { path: PathBuf, problem: String },
     #[error("tensor {name:?} not found in the model")]
     MissingTensor { name: String },
+    #[error("{ty} is not supported by minfer ({op})")]
+    UnsupportedQuantType {
+        ty: crate::GgmlType,
+        op: &'static str,
+    },
+    #[error("cannot quantize to {ty}: minfer quantizes f32 only to F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K")]
+    NotQuantizable { ty: crate::GgmlType },
+    #[error("{op}: a {ty} row of {n} elements is not a whole number of {block}-element blocks")]
+    PartialBlock {
+        op: &'static str,
+        ty: crate::GgmlType,
+        n: usize,
+        block: usize,
+    },
+    #[error("{op}: a {ty} row of {n} elements takes {expected} bytes of {what}, got {got}")]
+    RowBytes {
+        op: &'static str,
+        ty: crate::GgmlType,
+        what: &'static str,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("{0}")]
     Invalid(String),
 }
