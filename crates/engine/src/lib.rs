@@ -1,1 +1,5 @@
-//! minfer-engine.
+//! The engine: loading a model onto backends, KV cells, the sampler chain and the
+//! generation loop.
+
+pub mod sampler;
+pub mod stop;
