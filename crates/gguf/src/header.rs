@@ -6,9 +6,9 @@
 //! is capped, and every tensor's extent is checked against the data section.
 
 use crate::error::{Error, Result};
+pub use crate::metadata::Metadata;
 use crate::types::{GgmlType, TypeId};
 use crate::value::{Array, Value, ValueType};
-use std::collections::HashMap;
 
 pub const MAGIC: &[u8; 4] = b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -39,72 +39,6 @@ impl TensorInfo {
     /// Row length (`dims[0]`) and number of rows (product of the rest).
     pub fn rows(&self) -> (u64, u64) {
         (self.dims[0], self.dims[1..].iter().product())
-    }
-}
-
-/// Ordered metadata with lookup by key.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Metadata {
-    entries: Vec<(String, Value)>,
-    index: HashMap<String, usize>,
-}
-
-impl Metadata {
-    pub fn new() -> Self {
-        Self::default()
-    }
-    pub fn with_capacity(n: usize) -> Self {
-        Self {
-            entries: Vec::with_capacity(n),
-            index: HashMap::with_capacity(n),
-        }
-    }
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        self.index.get(key).map(|&i| &self.entries[i].1)
-    }
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
-        self.entries.iter().map(|(k, v)| (k.as_str(), v))
-    }
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-    /// Inserts or replaces a key, keeping first-insertion order.
-    pub fn set(&mut self, key: impl Into<String>, value: Value) {
-        let key = key.into();
-        if let Some(&i) = self.index.get(&key) {
-            self.entries[i].1 = value;
-        } else {
-            self.index.insert(key.clone(), self.entries.len());
-            self.entries.push((key, value));
-        }
-    }
-    pub fn remove(&mut self, key: &str) -> Option<Value> {
-        let i = self.index.remove(key)?;
-        let (_, v) = self.entries.remove(i);
-        for idx in self.index.values_mut() {
-            if *idx > i {
-                *idx -= 1;
-            }
-        }
-        Some(v)
-    }
-    pub fn get_str(&self, key: &str) -> Option<&str> {
-        self.get(key).and_then(Value::as_str)
-    }
-    pub fn get_u64(&self, key: &str) -> Option<u64> {
-        self.get(key).and_then(Value::as_u64)
-    }
-    pub fn get_f64(&self, key: &str) -> Option<f64> {
-        self.get(key).and_then(Value::as_f64)
-    }
-    pub fn get_bool(&self, key: &str) -> Option<bool> {
-        self.get(key).and_then(Value::as_bool)
-    }
-    pub fn get_array(&self, key: &str) -> Option<&Array> {
-        self.get(key).and_then(Value::as_array)
     }
 }
 
@@ -188,6 +122,53 @@ impl<'a> Cursor<'a> {
         let offset = self.offset();
         let t = self.u32("value type")?;
         ValueType::from_u32(t).ok_or(Error::BadValueType { type_id: t, offset })
+    }
+
+    // --- The structural walk: the same reads and checks as below, allocating nothing. ---
+
+    fn skip_string(&mut self, what: &'static str, what_len: &'static str) -> Result<()> {
+        let len = self.count(what_len, 1)?;
+        self.take(len, what).map(drop)
+    }
+
+    fn skip_value(&mut self, ty: ValueType, depth: usize) -> Result<()> {
+        match ty {
+            ValueType::String => self.skip_string("string value", "string value length"),
+            ValueType::Array => self.skip_array(depth + 1),
+            _ => self
+                .take(ty.min_encoded_size(), fixed_value_what(ty))
+                .map(drop),
+        }
+    }
+
+    fn skip_array(&mut self, depth: usize) -> Result<()> {
+        let offset = self.offset();
+        if depth > MAX_NESTING {
+            return Err(Error::NestingTooDeep {
+                offset,
+                max: MAX_NESTING,
+            });
+        }
+        let ty = self.value_type()?;
+        let n = self.count("array element count", ty.min_encoded_size())?;
+        match ty {
+            ValueType::String => {
+                for _ in 0..n {
+                    self.skip_string("string array element", "string array element length")?;
+                }
+                Ok(())
+            }
+            ValueType::Array => {
+                for _ in 0..n {
+                    self.skip_array(depth + 1)?;
+                }
+                Ok(())
+            }
+            // Fixed-size elements: `count` checked that n * size fits.
+            _ => self
+                .take(n * ty.min_encoded_size(), fixed_array_what(ty))
+                .map(drop),
+        }
     }
 
     fn value(&mut self, ty: ValueType, depth: usize) -> Result<Value> {
@@ -280,11 +261,47 @@ impl<'a> Cursor<'a> {
     }
 }
 
+fn fixed_value_what(ty: ValueType) -> &'static str {
+    match ty {
+        ValueType::U8 => "u8 value",
+        ValueType::I8 => "i8 value",
+        ValueType::U16 => "u16 value",
+        ValueType::I16 => "i16 value",
+        ValueType::U32 => "u32 value",
+        ValueType::I32 => "i32 value",
+        ValueType::F32 => "f32 value",
+        ValueType::Bool => "bool value",
+        ValueType::U64 => "u64 value",
+        ValueType::I64 => "i64 value",
+        ValueType::F64 => "f64 value",
+        ValueType::String | ValueType::Array => "value",
+    }
+}
+
+fn fixed_array_what(ty: ValueType) -> &'static str {
+    match ty {
+        ValueType::U8 => "u8 array",
+        ValueType::I8 => "i8 array",
+        ValueType::U16 => "u16 array",
+        ValueType::I16 => "i16 array",
+        ValueType::U32 => "u32 array",
+        ValueType::I32 => "i32 array",
+        ValueType::F32 => "f32 array",
+        ValueType::Bool => "bool array",
+        ValueType::U64 => "u64 array",
+        ValueType::I64 => "i64 array",
+        ValueType::F64 => "f64 array",
+        ValueType::String | ValueType::Array => "array",
+    }
+}
+
 /// Smallest encoded tensor info: name length (8) + n_dims (4) + one dimension (8) + type (4)
 /// + offset (8). Bounds the tensor count by the bytes left before anything is allocated.
 const MIN_TENSOR_INFO: u64 = 32;
 /// Smallest encoded metadata entry: key length (8) + value type (4) + a one-byte value.
 const MIN_KV: u64 = 13;
+/// File offset of the tensor count.
+const N_TENSORS_OFFSET: u64 = 8;
 
 /// Parses a GGUF header from `bytes` (the whole file, or at least its header; tensor extents
 /// are checked against `file_len`, the length of the whole file).
@@ -304,23 +321,42 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
     let n_tensors = c.count("tensor count", MIN_TENSOR_INFO)?;
     let n_kv = c.count("metadata entry count", MIN_KV)?;
 
-    let mut metadata = Metadata::with_capacity(n_kv as usize);
-    let mut alignment_key_offset = 0;
+    // Walk the metadata once without allocating, so that every count the second pass
+    // allocates for is known to be backed by real bytes (a lying count can then never
+    // reserve memory), then parse it for real.
+    let kv_start = c.pos;
     for _ in 0..n_kv {
-        let key_offset = c.offset();
+        c.skip_string("metadata key", "metadata key length")?;
+        let ty = c.value_type()?;
+        c.skip_value(ty, 0)?;
+    }
+    c.pos = kv_start;
+    let mut entries = Vec::with_capacity(n_kv as usize);
+    let mut key_offsets = Vec::with_capacity(n_kv as usize);
+    for _ in 0..n_kv {
+        key_offsets.push(c.offset());
         let key = c.string("metadata key", "metadata key length")?;
         let ty = c.value_type()?;
         let value = c.value(ty, 0)?;
-        if metadata.get(&key).is_some() {
-            return Err(Error::DuplicateKey {
-                key,
-                offset: key_offset,
-            });
-        }
-        if key == KEY_ALIGNMENT {
-            alignment_key_offset = key_offset;
-        }
-        metadata.set(key, value);
+        entries.push((key, value));
+    }
+    let alignment_key_offset = entries
+        .iter()
+        .position(|(k, _)| k == KEY_ALIGNMENT)
+        .map_or(0, |i| key_offsets[i]);
+    let metadata = Metadata::from_entries(entries).map_err(|(key, i)| Error::DuplicateKey {
+        key,
+        offset: key_offsets[i],
+    })?;
+    // The tensor infos must fit in what the metadata left.
+    let remaining = c.remaining();
+    if n_tensors * MIN_TENSOR_INFO > remaining {
+        return Err(Error::CountTooLarge {
+            what: "tensor count",
+            count: n_tensors,
+            offset: N_TENSORS_OFFSET,
+            remaining,
+        });
     }
 
     let alignment = match metadata.get(KEY_ALIGNMENT) {

@@ -389,12 +389,14 @@ fn alignment_wrong_type() {
 #[test]
 fn truncated_in_tensor_info_fields() {
     let b = small_file();
-    let t = fields(&b).tensors[1].clone();
+    // The last of three infos: the ones before it leave enough bytes for the tensor count
+    // check (3 x 32 bytes), so the parser gets to read into the cut.
+    let t = fields(&b).tensors[2].clone();
     let cases = [
         (t.at + 4, t.at, "tensor name length"),
         (t.at + 10, t.at, "tensor name length"),
         (t.n_dims_at + 2, t.n_dims_at, "tensor dimension count"),
-        (t.dims_at + 12, t.dims_at + 8, "tensor dimension"),
+        (t.dims_at + 5, t.dims_at, "tensor dimension"),
         (t.type_at + 1, t.type_at, "tensor type"),
         (t.offset_at + 7, t.offset_at, "tensor offset"),
     ];
@@ -413,6 +415,16 @@ fn truncated_in_tensor_info_fields() {
         }
         assert_mentions(&e, &[&format!("offset {at}"), what]);
     }
+}
+
+#[test]
+fn tensor_count_is_checked_again_against_the_bytes_after_the_metadata() {
+    let b = small_file();
+    let t = fields(&b).tensors[1].clone();
+    let e = parse_err(&b[..t.at + 4]);
+    let left = t.at + 4 - t.at + (t.at - fields(&b).tensors[0].at);
+    assert_eq!(count_too_large(&e), (8, 3, "tensor count"));
+    assert_mentions(&e, &[&format!("{left} bytes left")]);
 }
 
 #[test]
