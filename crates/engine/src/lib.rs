@@ -1,1 +1,3 @@
 //! minfer-engine.
+
+pub mod fetch;
