@@ -1,1 +1,3 @@
 //! minfer-tokenizer.
+
+pub mod template;
