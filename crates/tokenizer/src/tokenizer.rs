@@ -100,6 +100,10 @@ impl Tokenizer {
     pub fn eog_ids(&self) -> &[u32] {
         &self.vocab.eog
     }
+    /// The merge table (tests compare its two merge loops).
+    pub fn bpe(&self) -> &crate::bpe::Bpe {
+        &self.vocab.bpe
+    }
     /// Merge pairs in the table, and how many merge results are outside the vocabulary.
     pub fn merge_stats(&self) -> (usize, usize) {
         (self.vocab.bpe.n_merges(), self.vocab.bpe.n_virtual())
