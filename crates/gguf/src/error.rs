@@ -22,7 +22,9 @@ pub enum Error {
         len: u64,
         what: &'static str,
     },
-    #[error("{what} count {count} at offset {offset} cannot fit in the {remaining} bytes left in the file")]
+    #[error(
+        "{what} {count} at offset {offset} cannot fit in the {remaining} bytes left in the file"
+    )]
     CountTooLarge {
         what: &'static str,
         count: u64,
@@ -31,6 +33,8 @@ pub enum Error {
     },
     #[error("string at offset {offset} is not valid UTF-8")]
     BadUtf8 { offset: u64 },
+    #[error("bool value {value} at offset {offset} is neither 0 nor 1")]
+    BadBool { value: u8, offset: u64 },
     #[error("unknown metadata value type {type_id} at offset {offset}")]
     BadValueType { type_id: u32, offset: u64 },
     #[error("metadata arrays nested deeper than {max} levels at offset {offset}")]

@@ -16,6 +16,7 @@
 pub mod error;
 pub mod file;
 pub mod header;
+pub mod metadata;
 pub mod model;
 pub mod quants;
 pub mod types;
