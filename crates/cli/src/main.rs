@@ -20,12 +20,15 @@ struct Cli {
 enum Command {
     /// Show a GGUF file's metadata, tensors and per-type totals.
     Inspect(commands::inspect::Args),
+    /// Print the prompt a model's chat template makes of an OpenAI-style message list.
+    Render(commands::render::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Render(a) => commands::render::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
