@@ -182,7 +182,7 @@ value_truncation_tests! {
     truncated_array_type: Value::Array(Array::U32(vec![1, 2])), 2, 0, "value type";
     truncated_array_count: Value::Array(Array::U32(vec![1, 2])), 6, 4, "array element count";
     truncated_array_elements: Value::Array(Array::U32(vec![1, 2])), 14, 4, "array element count";
-    truncated_string_array_element: Value::Array(Array::String(vec!["ab".into(), "cd".into()])), 12 + 10 + 9, 22, "string array element length";
+    truncated_string_array_element: Value::Array(Array::String(vec!["ab", "cd"].into())), 12 + 10 + 9, 22, "string array element length";
     truncated_nested_array: Value::Array(Array::Nested(vec![Array::U8(vec![1, 2, 3])])), 12 + 13, 16, "array element count";
 }
 
@@ -260,7 +260,7 @@ fn array_length_2_pow_63() {
     for arr in [
         Array::U8(vec![1]),
         Array::U64(vec![1]),
-        Array::String(vec!["x".into()]),
+        Array::String(vec!["x"].into()),
         Array::Nested(vec![Array::Bool(vec![])]),
     ] {
         let mut b = one_kv("k", Value::Array(arr));
