@@ -20,12 +20,15 @@ struct Cli {
 enum Command {
     /// Show a GGUF file's metadata, tensors and per-type totals.
     Inspect(commands::inspect::Args),
+    /// Print the token ids (and pieces) of a text, or decode ids with --decode.
+    Tokenize(commands::tokenize::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@ pub mod decode;
 pub mod error;
 pub mod pretokenize;
 pub mod special;
+mod text_index;
 pub mod tokenizer;
 pub mod unicode;
 mod unicode_tables;

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 pub mod inspect;
+pub mod tokenize;
 
 /// Prints an error chain on one line to stderr and picks the exit code. A broken pipe
 /// (output piped into `head`) is not a failure.
