@@ -169,6 +169,9 @@ impl Bpe {
     /// Heap merge with a linked list of symbols (llama.cpp's algorithm), for long words.
     pub fn merge_heap(&self, word: &[u8], out: &mut Vec<u32>) {
         let n = word.len();
+        if n < 2 {
+            return self.merge_scan(word, out);
+        }
         let mut ids: Vec<u32> = word.iter().map(|&b| self.byte_ids[b as usize]).collect();
         let mut alive = vec![true; n];
         let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();

@@ -1,7 +1,8 @@
-//! Token text -> id lookup used while building the merge table: an open-addressing table of
-//! `(id, hash tag)` slots over the vocabulary's contiguous text buffer. It is compact (2 MiB
-//! for 152k tokens) and probes mostly cached memory, where a `HashMap<&str, u32>` chases a
-//! pointer per probe; building Qwen's merge table is up to three lookups per merge.
+//! Token text -> id lookup used while building the merge table: an open-addressing table whose
+//! slots hold the id, the length and the first 8 bytes of the text, over the vocabulary's
+//! contiguous text buffer. Most token texts fit in 8 bytes, so most probes touch one slot and
+//! no text, where a `HashMap<&str, u32>` chases a pointer per probe; building Qwen's merge
+//! table is up to three lookups per merge, and their cache misses are its cost.
 
 use crate::bpe::FxHasher;
 use std::hash::Hasher;
@@ -11,9 +12,25 @@ const EMPTY: u32 = u32::MAX;
 pub struct TextIndex<'a> {
     bytes: &'a [u8],
     offsets: &'a [u32],
-    /// `(id, upper hash bits)`; `id == EMPTY` marks a free slot.
-    slots: Vec<(u32, u32)>,
+    slots: Vec<Slot>,
     mask: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    /// `EMPTY` marks a free slot.
+    id: u32,
+    len: u32,
+    /// The first 8 bytes, zero-padded.
+    head: u64,
+}
+
+#[inline]
+fn head(s: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    let n = s.len().min(8);
+    w[..n].copy_from_slice(&s[..n]);
+    u64::from_le_bytes(w)
 }
 
 #[inline]
@@ -33,7 +50,14 @@ impl<'a> TextIndex<'a> {
         let mut index = TextIndex {
             bytes,
             offsets,
-            slots: vec![(EMPTY, 0); cap],
+            slots: vec![
+                Slot {
+                    id: EMPTY,
+                    len: 0,
+                    head: 0
+                };
+                cap
+            ],
             mask: cap - 1,
         };
         for id in 0..n as u32 {
@@ -54,19 +78,25 @@ impl<'a> TextIndex<'a> {
         &self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize]
     }
 
+    #[inline]
+    fn matches(&self, slot: Slot, s: &[u8], h: u64) -> bool {
+        slot.len as usize == s.len()
+            && slot.head == h
+            && (s.len() <= 8 || self.text(slot.id)[8..] == s[8..])
+    }
+
     fn insert(&mut self, id: u32) {
         let t = self.text(id);
-        let h = hash(t);
-        let tag = (h >> 32) as u32;
-        let mut i = h as usize & self.mask;
+        let hd = head(t);
+        let mut i = hash(t) as usize & self.mask;
         loop {
-            let (sid, stag) = self.slots[i];
-            if sid == EMPTY {
-                self.slots[i] = (id, tag);
-                return;
-            }
-            if stag == tag && self.text(sid) == t {
-                self.slots[i] = (id, tag);
+            let slot = self.slots[i];
+            if slot.id == EMPTY || self.matches(slot, t, hd) {
+                self.slots[i] = Slot {
+                    id,
+                    len: t.len() as u32,
+                    head: hd,
+                };
                 return;
             }
             i = (i + 1) & self.mask;
@@ -76,16 +106,15 @@ impl<'a> TextIndex<'a> {
     /// The id of the token whose text is `s`.
     #[inline]
     pub fn get(&self, s: &[u8]) -> Option<u32> {
-        let h = hash(s);
-        let tag = (h >> 32) as u32;
-        let mut i = h as usize & self.mask;
+        let hd = head(s);
+        let mut i = hash(s) as usize & self.mask;
         loop {
-            let (sid, stag) = self.slots[i];
-            if sid == EMPTY {
+            let slot = self.slots[i];
+            if slot.id == EMPTY {
                 return None;
             }
-            if stag == tag && self.text(sid) == s {
-                return Some(sid);
+            if self.matches(slot, s, hd) {
+                return Some(slot.id);
             }
             i = (i + 1) & self.mask;
         }
@@ -98,7 +127,16 @@ mod tests {
 
     #[test]
     fn finds_every_text_and_later_duplicates_win() {
-        let texts = ["a", "bb", "", "a", "ccc", "Ġthe"];
+        let texts = [
+            "a",
+            "bb",
+            "",
+            "a",
+            "ccc",
+            "Ġthe",
+            "abcdefghij",
+            "abcdefghik",
+        ];
         let mut bytes = Vec::new();
         let mut offsets = vec![0u32];
         for t in texts {
@@ -111,5 +149,9 @@ mod tests {
         assert_eq!(idx.get(b""), Some(2));
         assert_eq!(idx.get("Ġthe".as_bytes()), Some(5));
         assert_eq!(idx.get(b"zz"), None);
+        assert_eq!(idx.get(b"abcdefghij"), Some(6));
+        assert_eq!(idx.get(b"abcdefghik"), Some(7));
+        assert_eq!(idx.get(b"abcdefghi"), None);
+        assert_eq!(idx.get(b"abcdefghijk"), None);
     }
 }

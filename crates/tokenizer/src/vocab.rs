@@ -271,6 +271,10 @@ impl Vocab {
 
         // Texts and pieces, each in one buffer.
         let total: usize = tokens.iter().map(|t| t.len()).sum();
+        // Offsets are u32; pieces are never longer than texts.
+        if total > u32::MAX as usize {
+            return Err(Error::VocabTooLarge { bytes: total });
+        }
         let mut text_bytes = Vec::with_capacity(total);
         let mut text_offsets = Vec::with_capacity(n + 1);
         let mut piece_bytes = Vec::with_capacity(total);
