@@ -144,7 +144,7 @@ def summary(path):
     print(f"speed-up, empty caches: {hcold / mcold:.2f}x wall")
     print(f"vocabulary load: GgufFile::open median {statistics.median(r['open_ms'] for r in ours):.1f} ms,"
           f" Tokenizer::from_metadata median {statistics.median(r['build_ms'] for r in ours):.1f} ms"
-          f" ({statistics.median(r['build_cpu_ms'] for r in ours):.1f} ms thread CPU time)")
+          f" ({statistics.median(r['build_cpu_ms'] for r in ours):.1f} ms CPU time, all threads)")
     if len(same) != 1:
         sys.exit("token ids differ between the two sides")
 

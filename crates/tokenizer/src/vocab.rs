@@ -403,27 +403,28 @@ impl Vocab {
 /// (llama.cpp's `emplace`). In the common case both parts and the result are vocabulary
 /// entries (one pass, three lookups). The rest go to a second pass: results outside the
 /// vocabulary get virtual ids, and merges whose parts can never be formed are dropped.
-fn build_merges(
-    merges: &[String],
-    by_text: &TextIndex,
-    byte_ids: [u32; 256],
-    n_vocab: usize,
-) -> Result<Bpe> {
-    let mut table: FxMap<u64, (u32, u32)> = FxMap::default();
-    table.reserve(merges.len());
-    let mut pending: Vec<(usize, &str, &str)> = Vec::new();
+/// Splits a merge at its separator: the first space after the first character (llama.cpp:
+/// `find(' ', 1)`).
+fn split_merge(index: usize, m: &str) -> Result<(&str, &str)> {
+    let first_len = m.chars().next().map_or(0, char::len_utf8);
+    match m[first_len..].find(' ') {
+        Some(p) => Ok((&m[..first_len + p], &m[first_len + p + 1..])),
+        None => Err(Error::BadMerge {
+            index,
+            merge: m.to_string(),
+        }),
+    }
+}
+
+/// `(left, right, result)` ids of merges `first..first + merges.len()`, `NO_TOKEN` where a
+/// text is not a vocabulary entry.
+fn resolve_merges(first: usize, merges: &[String], by_text: &TextIndex) -> Result<Vec<[u32; 3]>> {
+    let mut out = Vec::with_capacity(merges.len());
     let mut concat = String::with_capacity(64);
     let mut result_delta = 0u32;
-    for (rank, m) in merges.iter().enumerate() {
-        // The separator is the first space after the first character (llama.cpp: find(' ', 1)).
-        let first_len = m.chars().next().map_or(0, char::len_utf8);
-        let Some(sp) = m[first_len..].find(' ').map(|p| p + first_len) else {
-            return Err(Error::BadMerge {
-                index: rank,
-                merge: m.clone(),
-            });
-        };
-        let (a, b) = (&m[..sp], &m[sp + 1..]);
+    for (i, m) in merges.iter().enumerate() {
+        let rank = first + i;
+        let (a, b) = split_merge(rank, m)?;
         concat.clear();
         concat.push_str(a);
         concat.push_str(b);
@@ -432,21 +433,72 @@ fn build_merges(
         // that saves a third of the random-access lookups.
         let guess = (rank as u32).wrapping_add(result_delta);
         let merged = if by_text.is(guess, concat.as_bytes()) {
-            Some(guess)
+            guess
         } else {
-            let found = by_text.get(concat.as_bytes());
-            if let Some(id) = found {
-                result_delta = id.wrapping_sub(rank as u32);
+            match by_text.get(concat.as_bytes()) {
+                Some(id) => {
+                    result_delta = id.wrapping_sub(rank as u32);
+                    id
+                }
+                None => NO_TOKEN,
             }
-            found
         };
-        match (by_text.get(a.as_bytes()), by_text.get(b.as_bytes()), merged) {
-            (Some(ia), Some(ib), Some(im)) => {
-                table
-                    .entry(((ia as u64) << 32) | ib as u64)
-                    .or_insert((rank as u32, im));
-            }
-            _ => pending.push((rank, a, b)),
+        let get = |t: &str| by_text.get(t.as_bytes()).unwrap_or(NO_TOKEN);
+        out.push([get(a), get(b), merged]);
+    }
+    Ok(out)
+}
+
+/// Merge tables at least this long are resolved on several threads.
+const PARALLEL_MERGES: usize = 1 << 14;
+
+fn build_merges(
+    merges: &[String],
+    by_text: &TextIndex,
+    byte_ids: [u32; 256],
+    n_vocab: usize,
+) -> Result<Bpe> {
+    // The lookups are independent: resolve chunks in parallel, then insert in rank order.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let resolved: Vec<[u32; 3]> = if threads > 1 && merges.len() >= PARALLEL_MERGES {
+        let chunk = merges.len().div_ceil(threads);
+        let parts: Vec<Result<Vec<[u32; 3]>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = merges
+                .chunks(chunk)
+                .enumerate()
+                .map(|(k, c)| scope.spawn(move || resolve_merges(k * chunk, c, by_text)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::BadMerge {
+                            index: 0,
+                            merge: "a merge-resolving thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut all = Vec::with_capacity(merges.len());
+        for p in parts {
+            all.extend(p?);
+        }
+        all
+    } else {
+        resolve_merges(0, merges, by_text)?
+    };
+    let mut table: FxMap<u64, (u32, u32)> = FxMap::default();
+    table.reserve(merges.len());
+    let mut pending: Vec<(usize, &str, &str)> = Vec::new();
+    for (rank, &[ia, ib, im]) in resolved.iter().enumerate() {
+        if ia != NO_TOKEN && ib != NO_TOKEN && im != NO_TOKEN {
+            table
+                .entry(((ia as u64) << 32) | ib as u64)
+                .or_insert((rank as u32, im));
+        } else {
+            let (a, b) = split_merge(rank, &merges[rank])?;
+            pending.push((rank, a, b));
         }
     }
     let mut virtual_bytes: Vec<Vec<u8>> = Vec::new();
