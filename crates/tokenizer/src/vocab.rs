@@ -497,7 +497,7 @@ fn build_merges(
                 .entry(((ia as u64) << 32) | ib as u64)
                 .or_insert((rank as u32, im));
         } else {
-            let (a, b) = split_merge(rank, &merges[rank])?;
+            let (a, b) = split_merge(rank, merges[rank])?;
             pending.push((rank, a, b));
         }
     }
