@@ -178,7 +178,7 @@ fn merges_outside_the_vocabulary_still_merge_then_fall_back_to_bytes() {
         panic!()
     };
     let xyz = tokens.len() as u32;
-    tokens.push("xyz".into());
+    tokens.push("xyz");
     md.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
     let Some(Value::Array(Array::I32(mut types))) = md.get("tokenizer.ggml.token_type").cloned()
     else {
