@@ -1,5 +1,5 @@
-//! The engine: loading a model onto backends, KV cells, the sampler chain and the
-//! generation loop; fetching known models into the user cache.
+//! The engine: fetching models, loading a model onto backends, KV cells, the sampler chain
+//! and the generation loop.
 
 pub mod fetch;
 pub mod generate;

@@ -16,18 +16,17 @@
 pub mod error;
 pub mod file;
 pub mod header;
+pub mod metadata;
 pub mod model;
+pub mod quants;
 pub mod types;
 pub mod value;
 pub mod writer;
-// Streaming writer for files larger than memory (synthesized 7B-class models).
-pub mod stream;
 
 pub use error::{Error, Result};
 pub use file::GgufFile;
 pub use header::{parse_header, Header, Metadata, TensorInfo};
 pub use model::{GgufModel, ModelTensor};
-pub use stream::{partial_path, write_streaming, TensorPlan};
 pub use types::{GgmlType, TypeId};
 pub use value::{Array, Value, ValueType};
-pub use writer::{GgufWriter, WriterTensor};
+pub use writer::{partial_path, write_streaming, GgufWriter, TensorPlan, WriterTensor};
