@@ -21,6 +21,13 @@ pub enum Error {
     },
     #[error("tensor {tensor}: cannot synthesize weights of type {ty}")]
     UnsupportedWeightType { tensor: String, ty: String },
+    #[error("tensor {tensor}: encoding as {ty}: {source}")]
+    Encode {
+        tensor: String,
+        ty: String,
+        #[source]
+        source: Box<minfer_gguf::Error>,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,
