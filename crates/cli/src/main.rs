@@ -24,6 +24,8 @@ enum Command {
     Synth(Box<commands::synth::Args>),
     /// Fetch a known model into the user cache.
     Pull(commands::pull::Args),
+    /// Print the prompt a model's chat template makes of an OpenAI-style message list.
+    Render(commands::render::Args),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),
+        Command::Render(a) => commands::render::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
