@@ -145,7 +145,7 @@ fn get_str<'a>(md: &'a Metadata, key: &'static str) -> Result<Option<&'a str>> {
     }
 }
 
-fn get_str_array<'a>(md: &'a Metadata, key: &'static str) -> Result<&'a [String]> {
+fn get_str_array<'a>(md: &'a Metadata, key: &'static str) -> Result<&'a minfer_gguf::StringArray> {
     match md.get(key) {
         None => Err(Error::MissingKey { key }),
         Some(Value::Array(Array::String(v))) => Ok(v),
@@ -295,7 +295,7 @@ impl Vocab {
         let mut by_text: FxMap<&str, u32> = FxMap::default();
         by_text.reserve(n);
         for (i, t) in tokens.iter().enumerate() {
-            by_text.insert(t.as_str(), i as u32);
+            by_text.insert(t, i as u32);
         }
 
         let mut byte_ids = [NO_TOKEN; 256];
@@ -402,7 +402,7 @@ impl Vocab {
 /// (llama.cpp's `emplace`). Results outside the vocabulary get virtual ids; merges whose parts
 /// can never be formed are unreachable and dropped.
 fn build_merges(
-    merges: &[String],
+    merges: &minfer_gguf::StringArray,
     by_text: &FxMap<&str, u32>,
     byte_ids: [u32; 256],
     n_vocab: usize,
@@ -414,7 +414,7 @@ fn build_merges(
         let Some(sp) = m[first_len..].find(' ').map(|p| p + first_len) else {
             return Err(Error::BadMerge {
                 index,
-                merge: m.clone(),
+                merge: m.to_string(),
             });
         };
         split.push((&m[..sp], &m[sp + 1..]));

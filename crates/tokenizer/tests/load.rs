@@ -76,7 +76,10 @@ fn llama_bpe_defaults_to_adding_bos_and_needs_a_bos_id() {
 #[test]
 fn refuses_empty_merges() {
     let mut md = synthetic_metadata("qwen2");
-    md.set("tokenizer.ggml.merges", Value::Array(Array::String(vec![])));
+    md.set(
+        "tokenizer.ggml.merges",
+        Value::Array(Array::String(Vec::<String>::new().into())),
+    );
     assert!(matches!(build(&md).unwrap_err(), Error::EmptyMerges));
 }
 
@@ -86,9 +89,12 @@ fn refuses_a_missing_byte_token_by_name() {
     let Some(Value::Array(Array::String(tokens))) = md.get("tokenizer.ggml.tokens").cloned() else {
         panic!()
     };
-    let mut tokens = tokens;
+    let mut tokens = tokens.to_vec();
     tokens[b'a' as usize] = "not-a".into();
-    md.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    md.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::String(tokens.into())),
+    );
     let e = build(&md).unwrap_err();
     assert!(
         matches!(e, Error::MissingByteToken { byte: b'a', .. }),
