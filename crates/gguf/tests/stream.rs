@@ -14,10 +14,7 @@ fn writer(align: Option<u32>) -> GgufWriter {
     let mut w = GgufWriter::new();
     w.set("general.architecture", Value::String("llama".into()))
         .set("t.u64", Value::U64(7))
-        .set(
-            "t.arr",
-            Value::Array(Array::String(vec!["a".into(), "bc".into()])),
-        );
+        .set("t.arr", Value::Array(Array::String(vec!["a", "bc"].into())));
     if let Some(a) = align {
         w.set("general.alignment", Value::U32(a));
     }
