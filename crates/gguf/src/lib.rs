@@ -17,6 +17,7 @@ pub mod error;
 pub mod file;
 pub mod header;
 pub mod model;
+pub mod quants;
 pub mod types;
 pub mod value;
 pub mod writer;
