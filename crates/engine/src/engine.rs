@@ -1,4 +1,4 @@
-//! The inference engine: one loaded model, its backends, graph cache and the KV of one
+//! The model engine: one loaded model, its backends, graph cache and the KV of one
 //! sequence.
 //!
 //! ```no_run
@@ -28,8 +28,7 @@
 //!   [`Error::ContextOverflow`].
 //! - [`Engine::kv_clear`] / [`Engine::kv_truncate`] forget cells; the regions stay allocated.
 
-pub mod backends;
-
+use crate::backends;
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
     dump, sched, Allocator, Backend, GraphCache, GraphParams, InputKind, Node, Op, WeightRef,
@@ -141,7 +140,7 @@ impl Engine {
                 "expected f32, f16 or q8_0".into(),
             ));
         }
-        if cfg.cache_type == GgmlType::Q8_0 && hp.head_dim % 32 != 0 {
+        if cfg.cache_type == GgmlType::Q8_0 && !hp.head_dim.is_multiple_of(32) {
             return Err(Error::CacheType(
                 "q8_0".into(),
                 format!(
@@ -323,4 +322,14 @@ fn prepare<'c>(
         Ok(row as usize * n_ctx)
     };
     Ok(cache.get_or_build(params, &build, &kv_bytes, backends, &Weights(model), alloc)?)
+}
+
+impl crate::generate::LogitsModel for Engine {
+    type Error = Error;
+    fn forward(&mut self, tokens: &[u32], pos0: usize) -> Result<&[f32]> {
+        self.decode(tokens, pos0, 1)
+    }
+    fn context_len(&self) -> usize {
+        self.n_ctx
+    }
 }
