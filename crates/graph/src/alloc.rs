@@ -253,6 +253,7 @@ impl Allocator {
                 let src0 = node.src.first().copied();
                 let alias = src0.filter(|&s| {
                     node.op.can_alias_src0()
+                        && last_use[i] != usize::MAX
                         && !is_input(s)
                         && s != graph.output
                         && consumers[s.index()].len() == 1
