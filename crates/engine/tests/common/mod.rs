@@ -80,6 +80,11 @@ fn tensor(
 }
 
 pub fn write(t: &Tiny) -> PathBuf {
+    write_with(t, "", |_| {})
+}
+
+/// Writes the model after `edit` changed the writer; `tag` keeps the file name unique.
+pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
     let mut w = GgufWriter::new();
     let a = t.arch.name();
     w.set("general.architecture", Value::String(a.into()));
@@ -148,10 +153,12 @@ pub fn write(t: &Tiny) -> PathBuf {
         add(Layer::FfnUp, &[d, ff], s(d), 0.0);
         add(Layer::FfnDown, &[ff, d], s(ff), 0.0);
     }
+    edit(&mut w);
     let dir = std::env::temp_dir().join("minfer-engine-tests");
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let path = dir.join(format!(
-        "{}-{}-{}-{}-{}-{}.gguf",
+        "{}{}-{}-{}-{}-{}-{}.gguf",
+        tag,
         a,
         t.ty.name(),
         t.tied,
