@@ -85,6 +85,8 @@ pub struct EngineConfig {
     pub cache_type: GgmlType,
     /// `--backend` names; empty means every available backend.
     pub backends: Vec<String>,
+    /// Bytes each backend may allocate for KV regions and activations (None: unbounded).
+    pub memory_budget: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -94,6 +96,7 @@ impl Default for EngineConfig {
             threads: 0,
             cache_type: GgmlType::F32,
             backends: Vec::new(),
+            memory_budget: None,
         }
     }
 }
@@ -155,13 +158,19 @@ impl Engine {
             cfg.n_ctx
         };
         let output_weight = output_weight_name(&model);
+        let mut alloc = Allocator::new();
+        if let Some(b) = cfg.memory_budget {
+            for be in &backends {
+                alloc.set_budget(be.id(), b);
+            }
+        }
         Ok(Engine {
             model,
             hp,
             output_weight,
             backends,
             cache: GraphCache::new(4),
-            alloc: Allocator::new(),
+            alloc,
             n_ctx,
             cache_type: cfg.cache_type,
             n_past: 0,
@@ -182,6 +191,10 @@ impl Engine {
     /// Graphs built so far (a decode step that reuses the cached graph does not add one).
     pub fn graph_builds(&self) -> usize {
         self.cache.builds()
+    }
+    /// Bytes allocated on the CPU backend (KV regions and activation buffers).
+    pub fn cpu_bytes_in_use(&self) -> usize {
+        self.alloc.in_use(minfer_cpu::CPU_ID)
     }
     pub fn model(&self) -> &GgufModel {
         &self.model

@@ -150,3 +150,24 @@ fn q8_0_kv_needs_whole_blocks_per_head() {
     let e = Engine::load(&p, c).err().unwrap();
     assert!(e.to_string().contains("multiple of 32"), "{e}");
 }
+
+#[test]
+fn a_memory_budget_too_small_for_the_kv_is_refused_with_figures() {
+    let p = common::write(&Tiny::new(Arch::Llama, GgmlType::F32));
+    let mut c = cfg();
+    // 2 layers x (K + V) x 16 cells x 32 floats = 8 KiB of KV; allow 6 KiB.
+    c.memory_budget = Some(6 << 10);
+    let mut e = Engine::load(&p, c).unwrap();
+    let err = e.decode(&[1, 2], 0, 1).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("budget 0.01 MiB") && msg.contains("in use"),
+        "{msg}"
+    );
+    // Control: a sufficient budget runs and accounts for every byte it allowed.
+    let mut c = cfg();
+    c.memory_budget = Some(1 << 20);
+    let mut e = Engine::load(&p, c).unwrap();
+    e.decode(&[1, 2], 0, 1).unwrap();
+    assert!(e.cpu_bytes_in_use() >= 8 << 10 && e.cpu_bytes_in_use() <= 1 << 20);
+}

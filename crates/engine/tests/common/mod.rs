@@ -48,6 +48,9 @@ impl Tiny {
     }
 }
 
+/// Tests of one process write concurrently: every file gets its own name.
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f32 {
@@ -157,8 +160,9 @@ pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> Pa
     let dir = std::env::temp_dir().join("minfer-engine-tests");
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let path = dir.join(format!(
-        "{}{}-{}-{}-{}-{}-{}.gguf",
+        "{}{}-{}-{}-{}-{}-{}-{}.gguf",
         tag,
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         a,
         t.ty.name(),
         t.tied,
