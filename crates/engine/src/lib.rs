@@ -1,10 +1,11 @@
-//! The engine: loading a model onto backends, KV cells, the sampler chain and the
-//! generation loop.
+//! The engine: fetching models, loading a model onto backends, KV cells, the sampler chain
+//! and the generation loop.
 //!
 //! [`Engine`] (in [`engine`]) is the model side: see its module docs for the API.
 
 pub mod backends;
 pub mod engine;
+pub mod fetch;
 pub mod generate;
 pub mod sampler;
 pub mod stop;

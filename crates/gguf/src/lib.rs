@@ -16,6 +16,7 @@
 pub mod error;
 pub mod file;
 pub mod header;
+pub mod metadata;
 pub mod model;
 pub mod quants;
 pub mod types;
@@ -28,4 +29,4 @@ pub use header::{parse_header, Header, Metadata, TensorInfo};
 pub use model::{GgufModel, ModelTensor};
 pub use types::{GgmlType, TypeId};
 pub use value::{Array, Value, ValueType};
-pub use writer::{GgufWriter, WriterTensor};
+pub use writer::{partial_path, write_streaming, GgufWriter, TensorPlan, WriterTensor};

@@ -5,6 +5,7 @@ pub mod arch;
 pub mod error;
 pub mod graph;
 pub mod reference;
+pub mod synth;
 pub mod tensors;
 
 pub use arch::{names, Arch, HParams, RopeStyle};
