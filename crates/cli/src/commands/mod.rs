@@ -5,6 +5,7 @@ use std::process::ExitCode;
 pub mod inspect;
 pub mod pull;
 pub mod render;
+pub mod run;
 pub mod synth;
 pub mod tokenize;
 
