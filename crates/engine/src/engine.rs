@@ -59,6 +59,10 @@ pub enum Error {
     BadRequest(String),
     #[error("cache type {0}: {1}")]
     CacheType(String, String),
+    #[error(transparent)]
+    Kv(#[from] crate::kv::KvError),
+    #[error(transparent)]
+    Session(#[from] crate::session::SessionError),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -344,5 +348,43 @@ impl crate::generate::LogitsModel for Engine {
     }
     fn context_len(&self) -> usize {
         self.n_ctx
+    }
+}
+
+/// What the KV operations ([`crate::kv`]) and session files ([`crate::session`]) reach into.
+pub(crate) struct KvAccess<'a> {
+    pub backends: &'a mut [Box<dyn Backend>],
+    pub alloc: &'a Allocator,
+    pub hp: &'a HParams,
+    pub cache_type: GgmlType,
+    pub n_ctx: usize,
+    pub n_past: &'a mut usize,
+}
+
+impl Engine {
+    /// The KV element type.
+    pub fn cache_type(&self) -> GgmlType {
+        self.cache_type
+    }
+
+    pub(crate) fn kv_region(&self, layer: usize) -> Option<minfer_graph::KvRegion> {
+        self.alloc.kv_region(layer)
+    }
+
+    pub(crate) fn kv_access(&mut self) -> KvAccess<'_> {
+        KvAccess {
+            backends: &mut self.backends,
+            alloc: &self.alloc,
+            hp: &self.hp,
+            cache_type: self.cache_type,
+            n_ctx: self.n_ctx,
+            n_past: &mut self.n_past,
+        }
+    }
+
+    /// Creates the per-layer KV regions if no graph has run yet (planning the decode graph
+    /// allocates them).
+    pub(crate) fn ensure_kv_regions(&mut self) -> Result<()> {
+        self.graph_for(1, 1).map(|_| ())
     }
 }

@@ -4,10 +4,13 @@
 //! [`Engine`] (in [`engine`]) is the model side: see its module docs for the API.
 
 pub mod backends;
+pub mod chat;
 pub mod engine;
 pub mod fetch;
 pub mod generate;
+pub mod kv;
 pub mod sampler;
+pub mod session;
 pub mod stop;
 
 pub use engine::{parse_cache_type, Engine, EngineConfig, Error, Result};

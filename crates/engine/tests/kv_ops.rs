@@ -1,0 +1,149 @@
+//! KV cell operations: moves are lossless, removal-with-shift equals a fresh prefill of the
+//! remaining text, q8_0 refuses to shift and is left unchanged.
+
+mod synthkit;
+
+use minfer_engine::kv::KvError;
+use minfer_engine::Error;
+use minfer_gguf::GgmlType;
+use minfer_models::Arch;
+use synthkit::*;
+
+/// Moving cells away and back (overlapping both ways) leaves the next logits bit-identical.
+/// Control: leaving out the last move back changes them (asserted below).
+#[test]
+fn moving_cells_leaves_the_next_logits_bit_identical() {
+    let path = model_heads(Arch::Qwen2, 2, 1, 2, 1);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
+        let mut e = engine(&path, 96, ty);
+        let vocab = e.hparams().vocab_size;
+        let prompt = tokens(20, 3, vocab);
+        let probe = tokens(1, 9, vocab);
+        e.decode(&prompt, 0, 1).unwrap();
+        let want = e.decode(&probe, 20, 1).unwrap().to_vec();
+
+        let mut e = engine(&path, 96, ty);
+        e.decode(&prompt, 0, 1).unwrap();
+        e.kv_move_cells(0, 40, 20).unwrap(); // apart
+        e.kv_move_cells(40, 30, 20).unwrap(); // overlapping, downwards
+        e.kv_move_cells(30, 35, 20).unwrap(); // overlapping, upwards
+        e.kv_move_cells(35, 0, 20).unwrap();
+        let got = e.decode(&probe, 20, 1).unwrap().to_vec();
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty}: logits changed after moves, max diff {}",
+            max_abs_diff(&got, &want)
+        );
+
+        let mut e = engine(&path, 96, ty);
+        e.decode(&prompt, 0, 1).unwrap();
+        e.kv_move_cells(0, 5, 20).unwrap();
+        let control = e.decode(&probe, 20, 1).unwrap().to_vec();
+        assert_ne!(control, want, "{ty}: control (cells not moved back) must differ");
+    }
+}
+
+/// Removing positions and shifting the rest equals a fresh prefill of the remaining tokens.
+///
+/// On a one-layer model a cell's K and V depend only on its token and position, so the only
+/// difference is the rotation: `R(δ)·R(p)` instead of `R(p + δ)`, i.e. f32 rounding of the
+/// composed angle (~1e-6 relative per element), and for F16 one more rounding to half
+/// (2^-11 relative). Tolerances on the next logits, relative to their largest magnitude:
+/// F32 1e-4, F16 1e-2. Control: moving the cells without re-RoPE (kv_move_cells alone)
+/// misses both by far (asserted below).
+#[test]
+fn remove_and_shift_equals_a_fresh_prefill_of_the_rest() {
+    let path = model(Arch::Qwen2, 1, 2);
+    for (ty, tol) in [(GgmlType::F32, 1e-4f32), (GgmlType::F16, 1e-2)] {
+        let mut fresh = engine(&path, 64, ty);
+        let vocab = fresh.hparams().vocab_size;
+        let (a, b, c) = (tokens(10, 1, vocab), tokens(8, 2, vocab), tokens(6, 3, vocab));
+        let probe = tokens(1, 4, vocab);
+        let kept: Vec<u32> = a.iter().chain(&c).copied().collect();
+        fresh.decode(&kept, 0, 1).unwrap();
+        let want = fresh.decode(&probe, kept.len(), 1).unwrap().to_vec();
+        let scale = max_abs(&want);
+
+        let all: Vec<u32> = a.iter().chain(&b).chain(&c).copied().collect();
+        let mut e = engine(&path, 64, ty);
+        e.decode(&all, 0, 1).unwrap();
+        e.kv_remove(10, 18).unwrap();
+        assert_eq!(e.n_past(), kept.len());
+        let got = e.decode(&probe, kept.len(), 1).unwrap().to_vec();
+        let diff = max_abs_diff(&got, &want);
+        eprintln!("{ty}: max |Δlogit| {diff:e} (scale {scale})");
+        assert!(diff <= tol * scale, "{ty}: {diff} > {tol} * {scale}");
+
+        let mut e = engine(&path, 64, ty);
+        e.decode(&all, 0, 1).unwrap();
+        e.kv_move_cells(18, 10, 6).unwrap();
+        e.kv_truncate(kept.len());
+        let control = e.decode(&probe, kept.len(), 1).unwrap().to_vec();
+        assert!(
+            max_abs_diff(&control, &want) > 10.0 * tol * scale,
+            "{ty}: control without re-RoPE should miss"
+        );
+    }
+}
+
+/// Retaining several ranges at once (a defragmentation) equals removing them one by one.
+#[test]
+fn retain_of_several_ranges_equals_successive_removals() {
+    let path = model(Arch::Llama, 2, 5);
+    let mut one = engine(&path, 64, GgmlType::F32);
+    let vocab = one.hparams().vocab_size;
+    let all = tokens(30, 8, vocab);
+    let probe = tokens(1, 6, vocab);
+    one.decode(&all, 0, 1).unwrap();
+    one.kv_retain(&[2..5, 9..20, 25..30]).unwrap();
+    let got = one.decode(&probe, 19, 1).unwrap().to_vec();
+
+    let mut two = engine(&path, 64, GgmlType::F32);
+    two.decode(&all, 0, 1).unwrap();
+    two.kv_remove(20, 25).unwrap();
+    two.kv_remove(5, 9).unwrap();
+    two.kv_remove(0, 2).unwrap();
+    assert_eq!(two.n_past(), 19);
+    let want = two.decode(&probe, 19, 1).unwrap().to_vec();
+    // Same rotations composed in a different order: f32 rounding only.
+    assert!(max_abs_diff(&got, &want) <= 1e-4 * max_abs(&want));
+}
+
+#[test]
+fn q8_0_refuses_to_shift_and_is_left_unchanged() {
+    let path = model_heads(Arch::Qwen2, 1, 3, 2, 1);
+    let mut e = engine(&path, 64, GgmlType::Q8_0);
+    let vocab = e.hparams().vocab_size;
+    let all = tokens(20, 1, vocab);
+    let probe = tokens(1, 2, vocab);
+    e.decode(&all, 0, 1).unwrap();
+    let err = e.kv_remove(5, 10).unwrap_err();
+    assert!(
+        matches!(err, Error::Kv(KvError::CannotShift { ty: GgmlType::Q8_0 })),
+        "{err}"
+    );
+    assert!(err.to_string().to_lowercase().contains("q8_0"), "{err}");
+    assert_eq!(e.n_past(), 20);
+    let got = e.decode(&probe, 20, 1).unwrap().to_vec();
+    let mut f = engine(&path, 64, GgmlType::Q8_0);
+    f.decode(&all, 0, 1).unwrap();
+    let want = f.decode(&probe, 20, 1).unwrap().to_vec();
+    assert_eq!(got, want);
+    // Removing a tail needs no shift, so q8_0 can do it.
+    e.kv_remove(15, 21).unwrap();
+    assert_eq!(e.n_past(), 15);
+}
+
+#[test]
+fn bad_ranges_are_refused_by_name() {
+    let path = model(Arch::Qwen2, 1, 4);
+    let mut e = engine(&path, 32, GgmlType::F32);
+    e.decode(&[1, 2, 3, 4], 0, 1).unwrap();
+    let err = e.kv_remove(2, 9).unwrap_err();
+    assert!(err.to_string().contains("not within the 4 positions"), "{err}");
+    let err = e.kv_retain(&[2..4, 1..2]).unwrap_err();
+    assert!(err.to_string().contains("ascending"), "{err}");
+    let err = e.kv_move_cells(20, 30, 5).unwrap_err();
+    assert!(err.to_string().contains("outside the context of 32"), "{err}");
+    assert_eq!(e.n_past(), 4);
+}
