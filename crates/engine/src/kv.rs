@@ -190,10 +190,7 @@ impl KvAccess<'_> {
                 let len = CHUNK_CELLS.min(c1 - c);
                 let raw = &mut raw[..len * cb];
                 be.read(r.pair.k, c * cb, raw)?;
-                for (src, dst) in raw
-                    .chunks_exact(cb)
-                    .zip(rows.chunks_exact_mut(n_embd_kv))
-                {
+                for (src, dst) in raw.chunks_exact(cb).zip(rows.chunks_exact_mut(n_embd_kv)) {
                     quants::dequantize_row(ty, src, dst).map_err(conv)?;
                 }
                 let n = len * n_embd_kv;

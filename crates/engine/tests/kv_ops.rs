@@ -30,7 +30,9 @@ fn moving_cells_leaves_the_next_logits_bit_identical() {
         e.kv_move_cells(35, 0, 20).unwrap();
         let got = e.decode(&probe, 20, 1).unwrap().to_vec();
         assert!(
-            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{ty}: logits changed after moves, max diff {}",
             max_abs_diff(&got, &want)
         );
@@ -39,7 +41,10 @@ fn moving_cells_leaves_the_next_logits_bit_identical() {
         e.decode(&prompt, 0, 1).unwrap();
         e.kv_move_cells(0, 5, 20).unwrap();
         let control = e.decode(&probe, 20, 1).unwrap().to_vec();
-        assert_ne!(control, want, "{ty}: control (cells not moved back) must differ");
+        assert_ne!(
+            control, want,
+            "{ty}: control (cells not moved back) must differ"
+        );
     }
 }
 
@@ -57,7 +62,11 @@ fn remove_and_shift_equals_a_fresh_prefill_of_the_rest() {
     for (ty, tol) in [(GgmlType::F32, 1e-4f32), (GgmlType::F16, 1e-2)] {
         let mut fresh = engine(&path, 64, ty);
         let vocab = fresh.hparams().vocab_size;
-        let (a, b, c) = (tokens(10, 1, vocab), tokens(8, 2, vocab), tokens(6, 3, vocab));
+        let (a, b, c) = (
+            tokens(10, 1, vocab),
+            tokens(8, 2, vocab),
+            tokens(6, 3, vocab),
+        );
         let probe = tokens(1, 4, vocab);
         let kept: Vec<u32> = a.iter().chain(&c).copied().collect();
         fresh.decode(&kept, 0, 1).unwrap();
@@ -140,10 +149,16 @@ fn bad_ranges_are_refused_by_name() {
     let mut e = engine(&path, 32, GgmlType::F32);
     e.decode(&[1, 2, 3, 4], 0, 1).unwrap();
     let err = e.kv_remove(2, 9).unwrap_err();
-    assert!(err.to_string().contains("not within the 4 positions"), "{err}");
+    assert!(
+        err.to_string().contains("not within the 4 positions"),
+        "{err}"
+    );
     let err = e.kv_retain(&[2..4, 1..2]).unwrap_err();
     assert!(err.to_string().contains("ascending"), "{err}");
     let err = e.kv_move_cells(20, 30, 5).unwrap_err();
-    assert!(err.to_string().contains("outside the context of 32"), "{err}");
+    assert!(
+        err.to_string().contains("outside the context of 32"),
+        "{err}"
+    );
     assert_eq!(e.n_past(), 4);
 }

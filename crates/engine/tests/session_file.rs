@@ -47,7 +47,9 @@ fn restored_kv_continues_bit_identically() {
         assert_eq!(b.n_past(), 17);
         let got = b.decode(&probe, 17, 3).unwrap().to_vec();
         assert!(
-            got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+            got.iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
             "{ty}"
         );
     }
@@ -100,17 +102,42 @@ fn every_flip_and_truncation_is_refused_and_changes_nothing() {
 fn another_model_n_ctx_or_kv_type_is_refused_by_name() {
     let (path, _, _, bytes) = small();
     let other = model(Arch::Qwen2, 1, 99);
-    let err = session_err(engine(&other, 32, GgmlType::F32).read_session(&bytes).unwrap_err());
+    let err = session_err(
+        engine(&other, 32, GgmlType::F32)
+            .read_session(&bytes)
+            .unwrap_err(),
+    );
     assert!(matches!(err, SessionError::OtherModel { .. }), "{err}");
     assert!(err.to_string().contains("another model"));
 
-    let err = session_err(engine(&path, 64, GgmlType::F32).read_session(&bytes).unwrap_err());
-    assert!(matches!(err, SessionError::NCtx { saved: 32, this: 64 }), "{err}");
+    let err = session_err(
+        engine(&path, 64, GgmlType::F32)
+            .read_session(&bytes)
+            .unwrap_err(),
+    );
+    assert!(
+        matches!(
+            err,
+            SessionError::NCtx {
+                saved: 32,
+                this: 64
+            }
+        ),
+        "{err}"
+    );
 
-    let err = session_err(engine(&path, 32, GgmlType::F16).read_session(&bytes).unwrap_err());
+    let err = session_err(
+        engine(&path, 32, GgmlType::F16)
+            .read_session(&bytes)
+            .unwrap_err(),
+    );
     assert!(err.to_string().contains("KV type is F32"), "{err}");
 
-    let err = session_err(engine(&path, 32, GgmlType::F32).read_session(b"GGUF....").unwrap_err());
+    let err = session_err(
+        engine(&path, 32, GgmlType::F32)
+            .read_session(b"GGUF....")
+            .unwrap_err(),
+    );
     assert!(matches!(err, SessionError::Magic { .. }), "{err}");
 
     // A newer version with a correct checksum is refused by its version.
@@ -119,7 +146,11 @@ fn another_model_n_ctx_or_kv_type_is_refused_by_name() {
     let n = b.len();
     let sum = minfer_engine::session::fnv1a64(&b[..n - 8]);
     b[n - 8..].copy_from_slice(&sum.to_le_bytes());
-    let err = session_err(engine(&path, 32, GgmlType::F32).read_session(&b).unwrap_err());
+    let err = session_err(
+        engine(&path, 32, GgmlType::F32)
+            .read_session(&b)
+            .unwrap_err(),
+    );
     assert!(matches!(err, SessionError::Version { found: 2 }), "{err}");
 }
 

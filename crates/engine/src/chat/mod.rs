@@ -195,6 +195,9 @@ impl Chat {
     pub fn engine_mut(&mut self) -> &mut Engine {
         &mut self.engine
     }
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tok
     }
@@ -328,9 +331,7 @@ impl Chat {
         let (keep, mut prompt) = loop {
             let target = rendered(&self.template, &with_user(&self.messages), true)?;
             let (keep, append) = self.plan(&target);
-            if keep + append.len() + reserve <= n_ctx
-                || !self.drop_oldest_turn(&mut notices)?
-            {
+            if keep + append.len() + reserve <= n_ctx || !self.drop_oldest_turn(&mut notices)? {
                 break (keep, append);
             }
             dropped += 1;
@@ -369,11 +370,7 @@ impl Chat {
         });
         let fed = std::mem::take(&mut at.fed);
         let (end, generated, timings) = match res {
-            Ok(out) => (
-                TurnEnd::Finished(out.finish),
-                out.tokens.len(),
-                out.timings,
-            ),
+            Ok(out) => (TurnEnd::Finished(out.finish), out.tokens.len(), out.timings),
             Err(GenerateError::Model(StepError::Interrupted)) => {
                 let generated = fed.len().saturating_sub(prompt.len()) + 1;
                 (TurnEnd::Interrupted, generated, Timings::default())

@@ -58,7 +58,10 @@ pub fn tokens(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn max_abs(a: &[f32]) -> f32 {
