@@ -1,7 +1,9 @@
 //! The dot-product dispatch point: one function per weight type, chosen once per matmul.
-//! Today every type uses the scalar reference of `minfer_gguf::quants`; SIMD variants slot
-//! in here per type and are proven against that reference.
+//! The demo models' types use the portable kernels of [`crate::fastdot`] (bit-identical to
+//! the reference, `tests/fastdot.rs`); every other type uses the scalar reference of
+//! `minfer_gguf::quants`. SIMD variants slot in here per type, proven the same way.
 
+use crate::fastdot;
 use minfer_gguf::{quants, GgmlType};
 
 /// `dot(n, weight_row, activation_row)`; the activation row is encoded in
@@ -11,6 +13,11 @@ pub type DotFn = fn(GgmlType, usize, &[u8], &[u8]) -> minfer_gguf::Result<f32>;
 pub fn select(ty: GgmlType) -> DotFn {
     match ty {
         GgmlType::F32 => dot_f32,
+        GgmlType::Q8_0 => |_, n, w, a| Ok(fastdot::q8_0(n, w, a)),
+        GgmlType::Q4_1 => |_, n, w, a| Ok(fastdot::q4_1(n, w, a)),
+        GgmlType::Q5_0 => |_, n, w, a| Ok(fastdot::q5_0(n, w, a)),
+        GgmlType::Q4K => |_, n, w, a| Ok(fastdot::q4_k(n, w, a)),
+        GgmlType::Q6K => |_, n, w, a| Ok(fastdot::q6_k(n, w, a)),
         _ => quants::vec_dot,
     }
 }

@@ -4,6 +4,7 @@
 //! point for SIMD variants; [`threads`] splits rows across `threads` workers.
 
 pub mod dot;
+pub mod fastdot;
 pub mod ops;
 pub mod threads;
 
