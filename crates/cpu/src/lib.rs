@@ -1,1 +1,2 @@
 //! minfer-cpu.
+pub mod simd;
