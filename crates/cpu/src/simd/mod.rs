@@ -60,6 +60,7 @@ impl Isa {
     }
 
     /// The dot kernel this instruction set has for weights of `ty`, if any.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_kernel(self, ty: GgmlType) -> Option<DotFn> {
         match self {
             Isa::Scalar => None,
@@ -71,6 +72,7 @@ impl Isa {
     }
 
     /// The activation quantizer this instruction set has for `ty`, if any.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn quant_kernel(self, ty: GgmlType) -> Option<QuantFn> {
         match self {
             Isa::Scalar => None,
