@@ -122,6 +122,27 @@ fn avx2_serves_every_listed_type() {
     assert_eq!(simd::detected(), Isa::Avx2);
 }
 
+/// NEON serves the AVX2 list but F16 (Rust's f16 vector conversions are not stable yet).
+#[test]
+fn neon_serves_every_listed_type() {
+    if !Isa::Neon.is_available() {
+        println!("SKIP: no NEON on this machine");
+        return;
+    }
+    for ty in AVX2_DOT_TYPES {
+        let want = if ty == GgmlType::F16 {
+            Isa::Scalar
+        } else {
+            Isa::Neon
+        };
+        assert_eq!(Isa::Neon.dot_served_by(ty), want, "{ty}");
+    }
+    for ty in ACT_TYPES {
+        assert_eq!(Isa::Neon.quant_served_by(ty), Isa::Neon, "{ty}");
+    }
+    assert_eq!(simd::detected(), Isa::Neon);
+}
+
 /// Reference-quantized activations, random weights, every type and length.
 #[test]
 fn dot_is_bit_identical_to_the_reference() {

@@ -10,8 +10,8 @@
 //! - [`vec_dot_on`] / [`quantize_act_on`] force one instruction set (tests, benchmarks); an
 //!   instruction set this machine lacks is a typed error, never a silent fallback.
 //!
-//! Instruction sets: x86-64 AVX2 (+F16C). AVX-512 and aarch64 NEON kernels are not written
-//! yet (docs/PERFORMANCE.md, "CPU dot kernels"); such machines run the AVX2 or scalar code.
+//! Instruction sets: x86-64 AVX2 (+F16C) and aarch64 NEON (tested under qemu). AVX-512
+//! kernels are not written (docs/PERFORMANCE.md, "CPU dot kernels"): such machines run AVX2.
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -19,6 +19,8 @@ use std::sync::OnceLock;
 use minfer_gguf::quants::{self, check_quantize_row, check_vec_dot};
 use minfer_gguf::{Error, GgmlType, Result};
 
+#[cfg(target_arch = "aarch64")]
+mod arm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -35,16 +37,19 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 with F16C (no FMA: fused multiply-adds would round differently).
     Avx2,
+    /// aarch64 NEON (baseline; the dot-product extension is not stable in Rust yet).
+    Neon,
 }
 
 impl Isa {
     /// Every instruction set minfer has kernels for, best last.
-    pub const ALL: [Isa; 2] = [Isa::Scalar, Isa::Avx2];
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Neon];
 
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
         }
     }
 
@@ -56,11 +61,18 @@ impl Isa {
             Isa::Avx2 => x86::avx2_supported(),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => false,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::neon_supported(),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => false,
         }
     }
 
     /// The dot kernel this instruction set has for weights of `ty`, if any.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_variables)
+    )]
     fn dot_kernel(self, ty: GgmlType) -> Option<DotFn> {
         match self {
             Isa::Scalar => None,
@@ -68,11 +80,18 @@ impl Isa {
             Isa::Avx2 => x86::avx2_dot(ty),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => None,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::neon_dot(ty),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => None,
         }
     }
 
     /// The activation quantizer this instruction set has for `ty`, if any.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_variables)
+    )]
     fn quant_kernel(self, ty: GgmlType) -> Option<QuantFn> {
         match self {
             Isa::Scalar => None,
@@ -80,6 +99,10 @@ impl Isa {
             Isa::Avx2 => x86::avx2_quant(ty),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => None,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::neon_quant(ty),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => None,
         }
     }
 
