@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use minfer_cpu::simd::{self, Isa};
+use minfer_cpu::simd::{self, Isa, RowDot};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
 
@@ -76,12 +76,12 @@ fn main() {
         let cols: Vec<String> = isas
             .iter()
             .map(|&isa| {
-                let got = simd::vec_dot_on(isa, ty, N, &w, &act).unwrap();
+                // The hoisted kernel, as a matmul loop would use it.
+                let dot = RowDot::on(isa, ty).unwrap();
+                let got = dot.dot(N, &w, &act).unwrap();
                 assert_eq!(got.to_bits(), want.to_bits(), "{isa} {ty}");
                 let ns = ns_per_call(|| {
-                    black_box(
-                        simd::vec_dot_on(isa, ty, N, black_box(&w), black_box(&act)).unwrap(),
-                    );
+                    black_box(dot.dot(N, black_box(&w), black_box(&act)).unwrap());
                 });
                 format!("{ns:>11.0}  {:>6.1}x", scalar / ns)
             })

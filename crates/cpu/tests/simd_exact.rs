@@ -301,6 +301,15 @@ fn errors_are_the_references_and_missing_isas_are_refused() {
     assert!(err.to_string().contains("Q4_K"), "{err}");
     let err = simd::quantize_act(GgmlType::Q8_0, &[0.0; 31], &mut [0; 34]).unwrap_err();
     assert!(err.to_string().contains("31 elements"), "{err}");
+    // The hoisted kernel checks lengths like the reference, on every instruction set.
+    for isa in simd::available() {
+        let dot = simd::RowDot::on(isa, GgmlType::Q4K).unwrap();
+        let err = dot.dot(256, &[0; 144], &[0; 291]).unwrap_err();
+        assert!(err.to_string().contains("292 bytes"), "{isa}: {err}");
+        let err = dot.dot(255, &[0; 144], &[0; 292]).unwrap_err();
+        assert!(err.to_string().contains("255 elements"), "{isa}: {err}");
+        assert_eq!(dot.dot(0, &[], &[]).unwrap(), 0.0);
+    }
     for isa in Isa::ALL {
         if !isa.is_available() {
             let err = simd::vec_dot_on(isa, GgmlType::Q8_0, 32, &[0; 34], &[0; 34]).unwrap_err();

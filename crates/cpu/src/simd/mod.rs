@@ -151,17 +151,90 @@ pub fn available() -> Vec<Isa> {
 
 /// Dot product of one weight row (`n` elements of `ty`) with one activation row encoded in
 /// `quants::vec_dot_type(ty)`; bit-identical to [`quants::vec_dot`], with the same errors.
+/// In a loop over rows, resolve the kernel once with [`RowDot::new`] instead.
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
-    vec_dot_on(detected(), ty, n, w, act)
+    RowDot::on(detected(), ty)?.dot(n, w, act)
 }
 
 /// [`vec_dot`] on one instruction set; an instruction set this machine lacks is an error.
 pub fn vec_dot_on(isa: Isa, ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
-    check_vec_dot(ty, n, w.len(), act.len())?;
-    require(isa)?;
-    match isa.dot_kernel(ty) {
-        Some(f) => Ok(f(w, act)),
-        None => quants::vec_dot(ty, n, w, act),
+    RowDot::on(isa, ty)?.dot(n, w, act)
+}
+
+/// The dot kernel for one weight type, resolved once (instruction set, kernel, block
+/// geometry) so that a matmul's inner loop only checks lengths and calls it.
+#[derive(Clone, Copy)]
+pub struct RowDot {
+    ty: GgmlType,
+    isa: Isa,
+    kernel: Option<DotFn>,
+    /// (elements, bytes) per block of the weights and of the activations.
+    w_block: (usize, usize),
+    a_block: (usize, usize),
+}
+
+impl RowDot {
+    /// The best kernel of this machine for weights of `ty`.
+    pub fn new(ty: GgmlType) -> Result<RowDot> {
+        RowDot::on(detected(), ty)
+    }
+
+    /// The kernel of `isa` for weights of `ty` (the scalar reference where `isa` has none).
+    pub fn on(isa: Isa, ty: GgmlType) -> Result<RowDot> {
+        require(isa)?;
+        let geometry = |t: GgmlType| {
+            let (bs, ts) = t.block_geometry();
+            (bs as usize, ts as usize)
+        };
+        // Refuses unsupported types with the reference's error.
+        let w_block = geometry(ty);
+        check_vec_dot(
+            ty,
+            w_block.0,
+            w_block.1,
+            geometry(quants::vec_dot_type(ty)).1,
+        )?;
+        Ok(RowDot {
+            ty,
+            isa: isa.dot_served_by(ty),
+            kernel: isa.dot_kernel(ty),
+            w_block,
+            a_block: geometry(quants::vec_dot_type(ty)),
+        })
+    }
+
+    /// The instruction set that computes this dot.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The weight type.
+    pub fn weight_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The dot of `n` elements; rows of the wrong size get the reference's errors.
+    #[inline]
+    pub fn dot(&self, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
+        let ((wbs, wts), (abs, ats)) = (self.w_block, self.a_block);
+        let fits = n.is_multiple_of(wbs)
+            && n.is_multiple_of(abs)
+            && w.len() == n / wbs * wts
+            && act.len() == n / abs * ats;
+        match self.kernel {
+            Some(f) if fits => Ok(f(w, act)),
+            Some(_) => {
+                check_vec_dot(self.ty, n, w.len(), act.len())?;
+                // Unreachable: check_vec_dot tests what `fits` tests and has failed above.
+                Err(Error::Invalid(format!(
+                    "vec_dot: {} row of {n} elements with {} weight and {} activation bytes",
+                    self.ty,
+                    w.len(),
+                    act.len()
+                )))
+            }
+            None => quants::vec_dot(self.ty, n, w, act),
+        }
     }
 }
 
