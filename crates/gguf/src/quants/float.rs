@@ -115,6 +115,22 @@ mod tests {
         assert_eq!(bf16_to_f32(0x3f80), 1.0);
     }
 
+    /// The lane order, hand-computed: element 0 (2^60) and element 16 (-2^60) share lane 0
+    /// and cancel there; element 1 (1.0) sits alone in lane 1, so the dot is 1. A single
+    /// running f64 sum would lose the 1 in 2^60 + 1 and return 0.
+    #[test]
+    fn float_dot_sums_in_sixteen_lanes() {
+        let mut w = vec![0.0f32; 17];
+        w[0] = 2f32.powi(30);
+        w[16] = -(2f32.powi(30));
+        w[1] = 1.0;
+        let a: Vec<f32> = (0..17)
+            .map(|i| if i == 1 { 1.0 } else { 2f32.powi(30) })
+            .collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(dot(GgmlType::F32, &bytes(&w), &bytes(&a)), 1.0);
+    }
+
     #[test]
     fn f16_round_trip_of_every_finite_value() {
         for bits in 0..=u16::MAX {
