@@ -1,1 +1,6 @@
-//! minfer-engine.
+//! The engine: loading a model onto backends, KV cells, the sampler chain and the
+//! generation loop.
+
+pub mod generate;
+pub mod sampler;
+pub mod stop;

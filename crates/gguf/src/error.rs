@@ -22,7 +22,9 @@ pub enum Error {
         len: u64,
         what: &'static str,
     },
-    #[error("{what} count {count} at offset {offset} cannot fit in the {remaining} bytes left in the file")]
+    #[error(
+        "{what} {count} at offset {offset} cannot fit in the {remaining} bytes left in the file"
+    )]
     CountTooLarge {
         what: &'static str,
         count: u64,
@@ -31,6 +33,8 @@ pub enum Error {
     },
     #[error("string at offset {offset} is not valid UTF-8")]
     BadUtf8 { offset: u64 },
+    #[error("bool value {value} at offset {offset} is neither 0 nor 1")]
+    BadBool { value: u8, offset: u64 },
     #[error("unknown metadata value type {type_id} at offset {offset}")]
     BadValueType { type_id: u32, offset: u64 },
     #[error("metadata arrays nested deeper than {max} levels at offset {offset}")]
@@ -66,6 +70,29 @@ pub enum Error {
     Split { path: PathBuf, problem: String },
     #[error("tensor {name:?} not found in the model")]
     MissingTensor { name: String },
+    #[error("{ty} is not supported by minfer ({op})")]
+    UnsupportedQuantType {
+        ty: crate::GgmlType,
+        op: &'static str,
+    },
+    #[error("cannot quantize to {ty}: minfer quantizes f32 only to F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K")]
+    NotQuantizable { ty: crate::GgmlType },
+    #[error("{op}: a {ty} row of {n} elements is not a whole number of {block}-element blocks")]
+    PartialBlock {
+        op: &'static str,
+        ty: crate::GgmlType,
+        n: usize,
+        block: usize,
+    },
+    #[error("{op}: a {ty} row of {n} elements takes {expected} bytes of {what}, got {got}")]
+    RowBytes {
+        op: &'static str,
+        ty: crate::GgmlType,
+        what: &'static str,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("{0}")]
     Invalid(String),
 }

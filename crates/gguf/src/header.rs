@@ -6,9 +6,9 @@
 //! is capped, and every tensor's extent is checked against the data section.
 
 use crate::error::{Error, Result};
+pub use crate::metadata::Metadata;
 use crate::types::{GgmlType, TypeId};
 use crate::value::{Array, Value, ValueType};
-use std::collections::HashMap;
 
 pub const MAGIC: &[u8; 4] = b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -16,6 +16,8 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: u32 = 4;
 /// Arrays of arrays deeper than this are refused: it bounds recursion on hostile input.
 pub const MAX_NESTING: usize = 4;
+/// The key that sets the data alignment (a u32 power of two).
+pub const KEY_ALIGNMENT: &str = "general.alignment";
 
 /// A tensor's entry in the index.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,66 +39,6 @@ impl TensorInfo {
     /// Row length (`dims[0]`) and number of rows (product of the rest).
     pub fn rows(&self) -> (u64, u64) {
         (self.dims[0], self.dims[1..].iter().product())
-    }
-}
-
-/// Ordered metadata with lookup by key.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Metadata {
-    entries: Vec<(String, Value)>,
-    index: HashMap<String, usize>,
-}
-
-impl Metadata {
-    pub fn new() -> Self {
-        Self::default()
-    }
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        self.index.get(key).map(|&i| &self.entries[i].1)
-    }
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
-        self.entries.iter().map(|(k, v)| (k.as_str(), v))
-    }
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-    /// Inserts or replaces a key, keeping first-insertion order.
-    pub fn set(&mut self, key: impl Into<String>, value: Value) {
-        let key = key.into();
-        if let Some(&i) = self.index.get(&key) {
-            self.entries[i].1 = value;
-        } else {
-            self.index.insert(key.clone(), self.entries.len());
-            self.entries.push((key, value));
-        }
-    }
-    pub fn remove(&mut self, key: &str) -> Option<Value> {
-        let i = self.index.remove(key)?;
-        let (_, v) = self.entries.remove(i);
-        for idx in self.index.values_mut() {
-            if *idx > i {
-                *idx -= 1;
-            }
-        }
-        Some(v)
-    }
-    pub fn get_str(&self, key: &str) -> Option<&str> {
-        self.get(key).and_then(Value::as_str)
-    }
-    pub fn get_u64(&self, key: &str) -> Option<u64> {
-        self.get(key).and_then(Value::as_u64)
-    }
-    pub fn get_f64(&self, key: &str) -> Option<f64> {
-        self.get(key).and_then(Value::as_f64)
-    }
-    pub fn get_bool(&self, key: &str) -> Option<bool> {
-        self.get(key).and_then(Value::as_bool)
-    }
-    pub fn get_array(&self, key: &str) -> Option<&Array> {
-        self.get(key).and_then(Value::as_array)
     }
 }
 
@@ -165,9 +107,11 @@ impl<'a> Cursor<'a> {
         }
         Ok(count)
     }
-    fn string(&mut self, what: &'static str) -> Result<String> {
+    /// A length-prefixed UTF-8 string. `what` names the string ("metadata key") and
+    /// `what_len` its length field ("metadata key length") for error messages.
+    fn string(&mut self, what: &'static str, what_len: &'static str) -> Result<String> {
         let start = self.offset();
-        let len = self.u64(what)?;
+        let len = self.count(what_len, 1)?;
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_owned()),
@@ -178,6 +122,53 @@ impl<'a> Cursor<'a> {
         let offset = self.offset();
         let t = self.u32("value type")?;
         ValueType::from_u32(t).ok_or(Error::BadValueType { type_id: t, offset })
+    }
+
+    // --- The structural walk: the same reads and checks as below, allocating nothing. ---
+
+    fn skip_string(&mut self, what: &'static str, what_len: &'static str) -> Result<()> {
+        let len = self.count(what_len, 1)?;
+        self.take(len, what).map(drop)
+    }
+
+    fn skip_value(&mut self, ty: ValueType, depth: usize) -> Result<()> {
+        match ty {
+            ValueType::String => self.skip_string("string value", "string value length"),
+            ValueType::Array => self.skip_array(depth + 1),
+            _ => self
+                .take(ty.min_encoded_size(), fixed_value_what(ty))
+                .map(drop),
+        }
+    }
+
+    fn skip_array(&mut self, depth: usize) -> Result<()> {
+        let offset = self.offset();
+        if depth > MAX_NESTING {
+            return Err(Error::NestingTooDeep {
+                offset,
+                max: MAX_NESTING,
+            });
+        }
+        let ty = self.value_type()?;
+        let n = self.count("array element count", ty.min_encoded_size())?;
+        match ty {
+            ValueType::String => {
+                for _ in 0..n {
+                    self.skip_string("string array element", "string array element length")?;
+                }
+                Ok(())
+            }
+            ValueType::Array => {
+                for _ in 0..n {
+                    self.skip_array(depth + 1)?;
+                }
+                Ok(())
+            }
+            // Fixed-size elements: `count` checked that n * size fits.
+            _ => self
+                .take(n * ty.min_encoded_size(), fixed_array_what(ty))
+                .map(drop),
+        }
     }
 
     fn value(&mut self, ty: ValueType, depth: usize) -> Result<Value> {
@@ -197,14 +188,10 @@ impl<'a> Cursor<'a> {
                 match self.arr::<1>("bool value")?[0] {
                     0 => Value::Bool(false),
                     1 => Value::Bool(true),
-                    b => {
-                        return Err(Error::Invalid(format!(
-                            "bool value {b} at offset {offset} is neither 0 nor 1"
-                        )))
-                    }
+                    value => return Err(Error::BadBool { value, offset }),
                 }
             }
-            ValueType::String => Value::String(self.string("string value")?),
+            ValueType::String => Value::String(self.string("string value", "string value length")?),
             ValueType::Array => Value::Array(self.array(depth + 1)?),
         })
     }
@@ -218,7 +205,7 @@ impl<'a> Cursor<'a> {
             });
         }
         let ty = self.value_type()?;
-        let n = self.count("array element", ty.min_encoded_size())? as usize;
+        let n = self.count("array element count", ty.min_encoded_size())? as usize;
         macro_rules! prim {
             ($variant:ident, $t:ty, $what:literal) => {{
                 let bytes = self.take((n * std::mem::size_of::<$t>()) as u64, $what)?;
@@ -259,7 +246,7 @@ impl<'a> Cursor<'a> {
             ValueType::String => {
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
-                    v.push(self.string("string array element")?);
+                    v.push(self.string("string array element", "string array element length")?);
                 }
                 Array::String(v)
             }
@@ -274,8 +261,53 @@ impl<'a> Cursor<'a> {
     }
 }
 
+fn fixed_value_what(ty: ValueType) -> &'static str {
+    match ty {
+        ValueType::U8 => "u8 value",
+        ValueType::I8 => "i8 value",
+        ValueType::U16 => "u16 value",
+        ValueType::I16 => "i16 value",
+        ValueType::U32 => "u32 value",
+        ValueType::I32 => "i32 value",
+        ValueType::F32 => "f32 value",
+        ValueType::Bool => "bool value",
+        ValueType::U64 => "u64 value",
+        ValueType::I64 => "i64 value",
+        ValueType::F64 => "f64 value",
+        ValueType::String | ValueType::Array => "value",
+    }
+}
+
+fn fixed_array_what(ty: ValueType) -> &'static str {
+    match ty {
+        ValueType::U8 => "u8 array",
+        ValueType::I8 => "i8 array",
+        ValueType::U16 => "u16 array",
+        ValueType::I16 => "i16 array",
+        ValueType::U32 => "u32 array",
+        ValueType::I32 => "i32 array",
+        ValueType::F32 => "f32 array",
+        ValueType::Bool => "bool array",
+        ValueType::U64 => "u64 array",
+        ValueType::I64 => "i64 array",
+        ValueType::F64 => "f64 array",
+        ValueType::String | ValueType::Array => "array",
+    }
+}
+
+/// Smallest encoded tensor info: name length (8) + n_dims (4) + one dimension (8) + type (4)
+/// + offset (8). Bounds the tensor count by the bytes left before anything is allocated.
+const MIN_TENSOR_INFO: u64 = 32;
+/// Smallest encoded metadata entry: key length (8) + value type (4) + a one-byte value.
+const MIN_KV: u64 = 13;
+/// File offset of the tensor count.
+const N_TENSORS_OFFSET: u64 = 8;
+
 /// Parses a GGUF header from `bytes` (the whole file, or at least its header; tensor extents
 /// are checked against `file_len`, the length of the whole file).
+///
+/// Memory use is bounded by a small multiple of `bytes.len()` whatever the file claims
+/// (`tests/mutation.rs` measures it), and no input makes it panic.
 pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
     let mut c = Cursor { buf: bytes, pos: 0 };
     let magic: [u8; 4] = c.arr("magic")?;
@@ -286,137 +318,115 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
     if version != 2 && version != 3 {
         return Err(Error::UnsupportedVersion { version });
     }
-    // A tensor info is at least 8 (name len) + 4 (n_dims) + 4 (type) + 8 (offset) bytes;
-    // a KV entry at least 8 (key len) + 4 (type) + 1.
-    let n_tensors = c.count("tensor", 24)?;
-    let n_kv = c.count("metadata entry", 13)?;
+    let n_tensors = c.count("tensor count", MIN_TENSOR_INFO)?;
+    let n_kv = c.count("metadata entry count", MIN_KV)?;
 
-    let mut metadata = Metadata::new();
+    // Walk the metadata once without allocating, so that every count the second pass
+    // allocates for is known to be backed by real bytes (a lying count can then never
+    // reserve memory), then parse it for real.
+    let kv_start = c.pos;
     for _ in 0..n_kv {
-        let key_offset = c.offset();
-        let key = c.string("metadata key")?;
+        c.skip_string("metadata key", "metadata key length")?;
+        let ty = c.value_type()?;
+        c.skip_value(ty, 0)?;
+    }
+    c.pos = kv_start;
+    let mut entries = Vec::with_capacity(n_kv as usize);
+    let mut key_offsets = Vec::with_capacity(n_kv as usize);
+    for _ in 0..n_kv {
+        key_offsets.push(c.offset());
+        let key = c.string("metadata key", "metadata key length")?;
         let ty = c.value_type()?;
         let value = c.value(ty, 0)?;
-        if metadata.get(&key).is_some() {
-            return Err(Error::DuplicateKey {
-                key,
-                offset: key_offset,
-            });
-        }
-        metadata.set(key, value);
+        entries.push((key, value));
+    }
+    let alignment_key_offset = entries
+        .iter()
+        .position(|(k, _)| k == KEY_ALIGNMENT)
+        .map_or(0, |i| key_offsets[i]);
+    let metadata = Metadata::from_entries(entries).map_err(|(key, i)| Error::DuplicateKey {
+        key,
+        offset: key_offsets[i],
+    })?;
+    // The tensor infos must fit in what the metadata left.
+    let remaining = c.remaining();
+    if n_tensors * MIN_TENSOR_INFO > remaining {
+        return Err(Error::CountTooLarge {
+            what: "tensor count",
+            count: n_tensors,
+            offset: N_TENSORS_OFFSET,
+            remaining,
+        });
     }
 
-    let alignment = match metadata.get("general.alignment") {
+    let alignment = match metadata.get(KEY_ALIGNMENT) {
         None => DEFAULT_ALIGNMENT,
         Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => *a as u64,
         Some(v) => {
             return Err(Error::BadKey {
-                key: "general.alignment".into(),
-                offset: 0,
-                problem: format!("must be a u32 power of two, found {v}"),
+                key: KEY_ALIGNMENT.into(),
+                offset: alignment_key_offset,
+                problem: format!(
+                    "must be a u32 power of two, found {} {v}",
+                    v.value_type().name()
+                ),
             })
         }
     };
 
     let mut tensors = Vec::with_capacity(n_tensors as usize);
-    let mut names: HashMap<String, ()> = HashMap::with_capacity(n_tensors as usize);
     let mut info_offsets = Vec::with_capacity(n_tensors as usize);
     for _ in 0..n_tensors {
         let info_offset = c.offset();
-        let name = c.string("tensor name")?;
-        let bad = |problem: String| Error::BadTensor {
-            name: name.clone(),
-            offset: info_offset,
-            problem,
-        };
-        let n_dims = c.u32("tensor dimension count")?;
-        if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(bad(format!(
-                "has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"
-            )));
-        }
-        let mut dims = Vec::with_capacity(n_dims as usize);
-        for _ in 0..n_dims {
-            dims.push(c.u64("tensor dimension")?);
-        }
-        let type_id = c.u32("tensor type")?;
-        let offset = c.u64("tensor offset")?;
-        if names.insert(name.clone(), ()).is_some() {
-            return Err(Error::DuplicateTensor {
-                name,
-                offset: info_offset,
-            });
-        }
-        let ty = match TypeId::from_u32(type_id) {
-            TypeId::Known(t) => t,
-            other => return Err(bad(format!("has {other}"))),
-        };
-        if dims.contains(&0) {
-            return Err(bad(format!("has a zero dimension {dims:?}")));
-        }
-        let n_el = dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .filter(|&n| n <= i64::MAX as u64)
-            .ok_or_else(|| bad(format!("dimensions {dims:?} overflow the element count")))?;
-        if !dims[0].is_multiple_of(ty.block_size()) {
-            return Err(bad(format!(
-                "row length {} is not a multiple of the {} block size {}",
-                dims[0],
-                ty,
-                ty.block_size()
-            )));
-        }
-        let n_bytes = (n_el / ty.block_size())
-            .checked_mul(ty.type_size())
-            .ok_or_else(|| bad(format!("dimensions {dims:?} overflow the byte size")))?;
-        if !offset.is_multiple_of(alignment) {
-            return Err(bad(format!(
-                "data offset {offset} is not a multiple of the alignment {alignment}"
-            )));
-        }
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ty,
-            offset,
-            n_bytes,
-        });
+        let t = tensor_info(&mut c, info_offset, alignment)?;
+        tensors.push(t);
         info_offsets.push(info_offset);
     }
-
     let header_end = c.offset();
+
+    // Duplicate names: sort indices by name (no second copy of the names), report the later one.
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_unstable_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name).then(a.cmp(&b)));
+    for w in order.windows(2) {
+        if tensors[w[0]].name == tensors[w[1]].name {
+            return Err(Error::DuplicateTensor {
+                name: tensors[w[1]].name.clone(),
+                offset: info_offsets[w[1]],
+            });
+        }
+    }
+
     let data_offset = header_end.div_ceil(alignment) * alignment;
     let data_avail = file_len.saturating_sub(data_offset);
     let mut data_size = 0u64;
     for (t, &info_offset) in tensors.iter().zip(&info_offsets) {
-        let end = t.offset.checked_add(t.n_bytes);
-        match end {
+        match t.offset.checked_add(t.n_bytes) {
             Some(end) if end <= data_avail => data_size = data_size.max(end),
             _ => {
                 return Err(Error::BadTensor {
                     name: t.name.clone(),
                     offset: info_offset,
                     problem: format!(
-                    "data {}..+{} runs past the end of the file (data section at {} has {} bytes)",
-                    t.offset, t.n_bytes, data_offset, data_avail
-                ),
+                        "data {}..+{} runs past the end of the file (data section at offset {} has {} bytes)",
+                        t.offset, t.n_bytes, data_offset, data_avail
+                    ),
                 })
             }
         }
     }
-    let mut order: Vec<usize> = (0..tensors.len()).collect();
-    order.sort_by_key(|&i| tensors[i].offset);
+    order.sort_unstable_by_key(|&i| (tensors[i].offset, i));
     for w in order.windows(2) {
         let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
+        // Zero-byte tensors cannot exist (zero dimensions are refused), so any shared byte is
+        // a real overlap.
         if a.offset + a.n_bytes > b.offset {
             return Err(Error::OverlappingTensors {
                 a: a.name.clone(),
                 b: b.name.clone(),
-                a_start: a.offset,
-                a_end: a.offset + a.n_bytes,
-                b_start: b.offset,
-                b_end: b.offset + b.n_bytes,
+                a_start: data_offset + a.offset,
+                a_end: data_offset + a.offset + a.n_bytes,
+                b_start: data_offset + b.offset,
+                b_end: data_offset + b.offset + b.n_bytes,
             });
         }
     }
@@ -428,5 +438,78 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
         alignment,
         data_offset,
         data_size,
+    })
+}
+
+/// One tensor info, validated on its own (name uniqueness and extents are checked later).
+fn tensor_info(c: &mut Cursor<'_>, info_offset: u64, alignment: u64) -> Result<TensorInfo> {
+    let name = c.string("tensor name", "tensor name length")?;
+    let bad = |problem: String| Error::BadTensor {
+        name: name.clone(),
+        offset: info_offset,
+        problem,
+    };
+    let dims_offset = c.offset();
+    let n_dims = c.u32("tensor dimension count")?;
+    if n_dims == 0 || n_dims > MAX_DIMS {
+        return Err(bad(format!(
+            "has {n_dims} dimensions at offset {dims_offset} (1 to {MAX_DIMS} allowed)"
+        )));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for _ in 0..n_dims {
+        dims.push(c.u64("tensor dimension")?);
+    }
+    let type_offset = c.offset();
+    let type_id = c.u32("tensor type")?;
+    let offset_offset = c.offset();
+    let offset = c.u64("tensor offset")?;
+    let ty = match TypeId::from_u32(type_id) {
+        TypeId::Known(t) => t,
+        other => {
+            return Err(bad(format!(
+                "has type id {type_id} at offset {type_offset}: {other}"
+            )))
+        }
+    };
+    if dims.contains(&0) {
+        return Err(bad(format!(
+            "has a zero dimension {dims:?} at offset {}",
+            dims_offset + 4
+        )));
+    }
+    let n_el = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| {
+            bad(format!(
+                "dimensions {dims:?} at offset {} overflow the element count",
+                dims_offset + 4
+            ))
+        })?;
+    if !dims[0].is_multiple_of(ty.block_size()) {
+        return Err(bad(format!(
+            "row length {} (offset {}) is not a multiple of the {} block size {}",
+            dims[0],
+            dims_offset + 4,
+            ty,
+            ty.block_size()
+        )));
+    }
+    let n_bytes = (n_el / ty.block_size())
+        .checked_mul(ty.type_size())
+        .ok_or_else(|| bad(format!("dimensions {dims:?} overflow the byte size")))?;
+    if !offset.is_multiple_of(alignment) {
+        return Err(bad(format!(
+            "data offset {offset} (field at offset {offset_offset}) is not a multiple of the alignment {alignment}"
+        )));
+    }
+    Ok(TensorInfo {
+        name,
+        dims,
+        ty,
+        offset,
+        n_bytes,
     })
 }

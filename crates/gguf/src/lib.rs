@@ -16,7 +16,9 @@
 pub mod error;
 pub mod file;
 pub mod header;
+pub mod metadata;
 pub mod model;
+pub mod quants;
 pub mod types;
 pub mod value;
 pub mod writer;

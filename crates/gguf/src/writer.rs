@@ -2,11 +2,12 @@
 //! zero padding. Used by tests, `minfer synth` and split tools.
 
 use crate::error::{Error, Result};
-use crate::header::{Metadata, DEFAULT_ALIGNMENT, MAGIC};
+use crate::header::{Metadata, DEFAULT_ALIGNMENT, KEY_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::model::{split_path, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS};
 use crate::types::GgmlType;
 use crate::value::{Array, Value, ValueType};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A tensor to write: name, dims (innermost first), type and its encoded bytes.
 #[derive(Clone, Debug)]
@@ -34,7 +35,8 @@ impl GgufWriter {
         self
     }
 
-    /// Adds a tensor; the byte length must match dims and type.
+    /// Adds a tensor; dims must be 1 to 4 non-zero dimensions whose row length is a whole
+    /// number of blocks, the byte length must match dims and type, and the name must be new.
     pub fn add_tensor(
         &mut self,
         name: impl Into<String>,
@@ -43,11 +45,23 @@ impl GgufWriter {
         data: Vec<u8>,
     ) -> Result<&mut Self> {
         let name = name.into();
-        let n: u64 = dims.iter().product();
-        let want = ty.row_bytes(dims[0]).map(|rb| rb * (n / dims[0]));
+        let bad = |problem: String| Error::Invalid(format!("tensor {name:?}: {problem}"));
+        if dims.is_empty() || dims.len() > MAX_DIMS as usize || dims.contains(&0) {
+            return Err(bad(format!(
+                "dims {dims:?} must be 1 to {MAX_DIMS} non-zero sizes"
+            )));
+        }
+        if self.tensors.iter().any(|t| t.name == name) {
+            return Err(bad("a tensor of that name was already added".into()));
+        }
+        let rows = dims[1..].iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let want = ty
+            .row_bytes(dims[0])
+            .zip(rows)
+            .and_then(|(rb, r)| rb.checked_mul(r));
         if want != Some(data.len() as u64) {
-            return Err(Error::Invalid(format!(
-                "tensor {name:?}: {} bytes do not match {ty} dims {dims:?} (want {want:?})",
+            return Err(bad(format!(
+                "{} bytes do not match {ty} dims {dims:?} (want {want:?})",
                 data.len()
             )));
         }
@@ -60,14 +74,28 @@ impl GgufWriter {
         Ok(self)
     }
 
+    /// Refuses metadata the reader would refuse: a `general.alignment` that is not a u32
+    /// power of two. `to_bytes` does not check (tests use it to craft malformed files);
+    /// `write_to` and `write_split` do.
+    pub fn check(&self) -> Result<()> {
+        match self.metadata.get(KEY_ALIGNMENT) {
+            None => Ok(()),
+            Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => Ok(()),
+            Some(v) => Err(Error::Invalid(format!(
+                "{KEY_ALIGNMENT} must be a u32 power of two, found {} {v}",
+                v.value_type().name()
+            ))),
+        }
+    }
+
     fn alignment(&self) -> u64 {
-        match self.metadata.get("general.alignment") {
+        match self.metadata.get(KEY_ALIGNMENT) {
             Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => *a as u64,
             _ => DEFAULT_ALIGNMENT,
         }
     }
 
-    /// The complete file as bytes.
+    /// The complete file as bytes, exactly as held (no checks; see `check`).
     pub fn to_bytes(&self) -> Vec<u8> {
         let align = self.alignment();
         let mut out = Vec::new();
@@ -106,18 +134,97 @@ impl GgufWriter {
     /// Writes the file atomically: to a temporary sibling, then renamed into place, so a
     /// failure never leaves a half-written file under the final name.
     pub fn write_to(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let tmp = path.with_extension("gguf.partial");
-        let io = |source| Error::Io {
-            path: path.into(),
-            source,
-        };
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&self.to_bytes()).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(io)
+        self.check()?;
+        write_atomic(path.as_ref(), &self.to_bytes())
     }
+
+    /// Writes the model as a split set `dir/PREFIX-0000k-of-0000N.gguf` the way llama.cpp's
+    /// gguf-split lays it out: every part carries `split.no` (u16, 0-based), `split.count`
+    /// (u16) and `split.tensors.count` (i32); the first part carries all other metadata; the
+    /// tensors are cut, in order, into `n_parts` runs of about equal byte size, each part
+    /// holding at least one. `general.alignment`, when set, is repeated in every part so
+    /// each part's data section keeps it. Returns the part paths in order.
+    pub fn write_split(
+        &self,
+        dir: impl AsRef<Path>,
+        prefix: &str,
+        n_parts: u32,
+    ) -> Result<Vec<PathBuf>> {
+        self.check()?;
+        let n = n_parts as usize;
+        if n == 0 || n > self.tensors.len() || n_parts > u16::MAX as u32 {
+            return Err(Error::Invalid(format!(
+                "cannot split {} tensors into {n_parts} parts (1 to min(tensors, 65535))",
+                self.tensors.len()
+            )));
+        }
+        let n_tensors = i32::try_from(self.tensors.len()).map_err(|_| {
+            Error::Invalid(format!(
+                "{} tensors do not fit split.tensors.count (i32)",
+                self.tensors.len()
+            ))
+        })?;
+        for key in [KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS] {
+            if self.metadata.get(key).is_some() {
+                return Err(Error::Invalid(format!(
+                    "metadata already has {key}; write_split sets it"
+                )));
+            }
+        }
+        let runs = split_runs(&self.tensors, n);
+        let mut paths = Vec::with_capacity(n);
+        for (no, run) in runs.into_iter().enumerate() {
+            let mut part = GgufWriter::new();
+            if no == 0 {
+                part.metadata = self.metadata.clone();
+            } else if let Some(a) = self.metadata.get(KEY_ALIGNMENT) {
+                part.set(KEY_ALIGNMENT, a.clone());
+            }
+            part.set(KEY_SPLIT_NO, Value::U16(no as u16))
+                .set(KEY_SPLIT_COUNT, Value::U16(n_parts as u16))
+                .set(KEY_SPLIT_TENSORS, Value::I32(n_tensors));
+            part.tensors = run.to_vec();
+            let path = split_path(dir.as_ref(), prefix, no as u32 + 1, n_parts);
+            write_atomic(&path, &part.to_bytes())?;
+            paths.push(path);
+        }
+        Ok(paths)
+    }
+}
+
+/// Cuts `tensors` into `n` non-empty consecutive runs of roughly equal byte size.
+fn split_runs(tensors: &[WriterTensor], n: usize) -> Vec<&[WriterTensor]> {
+    let total: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+    let mut runs = Vec::with_capacity(n);
+    let mut start = 0;
+    let mut acc = 0u64;
+    for k in 1..n {
+        // End run k-1 once it reaches k/n of the bytes, leaving one tensor per later run.
+        let target = total * k as u64 / n as u64;
+        let mut end = start + 1;
+        acc += tensors[start].data.len() as u64;
+        while end < tensors.len() - (n - k) && acc < target {
+            acc += tensors[end].data.len() as u64;
+            end += 1;
+        }
+        runs.push(&tensors[start..end]);
+        start = end;
+    }
+    runs.push(&tensors[start..]);
+    runs
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("gguf.partial");
+    let io = |source| Error::Io {
+        path: path.into(),
+        source,
+    };
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(io)
 }
 
 fn pad_to(out: &mut Vec<u8>, align: u64) {

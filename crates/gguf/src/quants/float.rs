@@ -1,0 +1,110 @@
+//! F32, F16 and BF16: conversions and their (one-element "block") rows.
+
+use super::rd_f32;
+use crate::GgmlType;
+
+/// IEEE half to f32 (exact).
+#[inline]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// f32 to IEEE half, round to nearest even (numpy's `astype(np.float16)`, ggml's FP32_TO_FP16).
+#[inline]
+pub fn f32_to_f16(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// bfloat16 to f32 (exact: the top half of an f32).
+#[inline]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// f32 to bfloat16 as ggml (`ggml_compute_fp32_to_bf16`) and gguf-py do it: NaN becomes a quiet
+/// NaN keeping sign and top payload bits; everything else rounds to nearest even, overflowing
+/// to infinity.
+#[inline]
+pub fn f32_to_bf16(v: f32) -> u16 {
+    let n = v.to_bits();
+    if n & 0x7fff_ffff > 0x7f80_0000 {
+        return ((n >> 16) | 0x40) as u16;
+    }
+    ((n as u64 + 0x7fff + ((n >> 16) & 1) as u64) >> 16) as u16
+}
+
+pub(super) fn dequant_f32(b: &[u8], out: &mut [f32]) {
+    out[0] = rd_f32(b, 0);
+}
+
+pub(super) fn dequant_f16(b: &[u8], out: &mut [f32]) {
+    out[0] = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+}
+
+pub(super) fn dequant_bf16(b: &[u8], out: &mut [f32]) {
+    out[0] = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+}
+
+pub(super) fn quant_f32(x: &[f32], b: &mut [u8]) {
+    b.copy_from_slice(&x[0].to_le_bytes());
+}
+
+pub(super) fn quant_f16(x: &[f32], b: &mut [u8]) {
+    b.copy_from_slice(&f32_to_f16(x[0]).to_le_bytes());
+}
+
+pub(super) fn quant_bf16(x: &[f32], b: &mut [u8]) {
+    b.copy_from_slice(&f32_to_bf16(x[0]).to_le_bytes());
+}
+
+/// Float weights times f32 activations: products in f32, sum in f64 (ggml's scalar path).
+pub(super) fn dot(ty: GgmlType, w: &[u8], act: &[u8]) -> f32 {
+    let a = act.chunks_exact(4).map(|c| rd_f32(c, 0));
+    let sum: f64 = match ty {
+        GgmlType::F16 => w
+            .chunks_exact(2)
+            .zip(a)
+            .map(|(c, a)| (f16_to_f32(u16::from_le_bytes([c[0], c[1]])) * a) as f64)
+            .sum(),
+        GgmlType::Bf16 => w
+            .chunks_exact(2)
+            .zip(a)
+            .map(|(c, a)| (bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) * a) as f64)
+            .sum(),
+        _ => w
+            .chunks_exact(4)
+            .zip(a)
+            .map(|(c, a)| (rd_f32(c, 0) * a) as f64)
+            .sum(),
+    };
+    sum as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_nan_is_quieted_and_ties_go_to_even() {
+        // Hand-computed from the rule: NaN keeps sign and top bits and gains the quiet bit.
+        assert_eq!(f32_to_bf16(f32::from_bits(0x7f80_0001)), 0x7fc0);
+        assert_eq!(f32_to_bf16(f32::from_bits(0xff81_2345)), 0xffc1);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x7fc0_0000)), 0x7fc0);
+        // Exactly half an ulp: 0x3f80_8000 -> even 0x3f80; 0x3f81_8000 -> even 0x3f82.
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(f32_to_bf16(f32::MAX), 0x7f80);
+        assert_eq!(f32_to_bf16(f32::NEG_INFINITY), 0xff80);
+        assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    #[test]
+    fn f16_round_trip_of_every_finite_value() {
+        for bits in 0..=u16::MAX {
+            if bits & 0x7c00 == 0x7c00 {
+                continue;
+            }
+            assert_eq!(f32_to_f16(f16_to_f32(bits)), bits, "{bits:#06x}");
+        }
+    }
+}
