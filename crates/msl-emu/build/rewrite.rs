@@ -187,13 +187,20 @@ fn rewrite_tg_decl(line: &str, next_id: &mut u32) -> Option<String> {
     let t = line.trim();
     let rest = t.strip_prefix("threadgroup ")?;
     let rest = rest.strip_suffix(';')?;
-    if rest.contains('=') || rest.contains('*') || rest.contains('(') || rest.contains(',') {
-        return None;
-    }
     let (decl, dims) = match rest.find('[') {
         Some(i) => (rest[..i].trim(), rest[i..].trim()),
         None => (rest.trim(), ""),
     };
+    // A pointer into threadgroup memory (`threadgroup float * p = ...;`) is an ordinary
+    // local; the address-space macro handles it. Sizes may contain `*` (`[4 * 64]`).
+    if decl.contains('=')
+        || decl.contains('*')
+        || decl.contains('(')
+        || decl.contains(',')
+        || rest.contains('=')
+    {
+        return None;
+    }
     let name_start = decl.rfind(|c: char| !is_ident(c)).map(|i| i + 1)?;
     let name = &decl[name_start..];
     let ty = decl[..name_start].trim();

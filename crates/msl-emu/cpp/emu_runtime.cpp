@@ -92,7 +92,7 @@ std::vector<KernelInfo> & registry() {
     return r;
 }
 
-constexpr size_t STACK_BYTES = 256 * 1024;
+constexpr size_t STACK_BYTES = 128 * 1024;
 constexpr unsigned MAX_THREADS = 1024;
 constexpr size_t ARENA_SLACK = 64 * 1024;
 
@@ -123,31 +123,50 @@ struct Ctx {
     std::string error;
 };
 
+// One Ctx per OS thread, freed (stacks unmapped) when the thread exits.
+struct CtxHolder {
+    Ctx * c = nullptr;
+    ~CtxHolder();
+};
+thread_local CtxHolder g_holder;
 thread_local Ctx * g_ctx = nullptr;
+
+size_t stack_span(const Ctx & c) { return STACK_BYTES + c.page; }
+
+CtxHolder::~CtxHolder() {
+    if (!c) return;
+    for (Thread & t : c->threads) {
+        if (t.stack) munmap(t.stack - c->page, stack_span(*c));
+    }
+    delete c;
+    g_ctx = nullptr;
+}
 
 Ctx & ctx() {
     if (!g_ctx) {
         g_ctx = new Ctx();
+        g_holder.c = g_ctx;
         g_ctx->threads.resize(MAX_THREADS);
         g_ctx->page = size_t(sysconf(_SC_PAGESIZE));
-        size_t total = (STACK_BYTES + g_ctx->page) * MAX_THREADS;
-        void * mem = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (mem == MAP_FAILED) {
-            std::fprintf(stderr, "msl-emu: cannot map coroutine stacks\n");
-            std::abort();
-        }
-        g_ctx->stacks = static_cast<char *>(mem);
-        for (unsigned i = 0; i < MAX_THREADS; ++i) {
-            // guard page at the low end of each stack: an overflow faults instead of corrupting
-            char * lo = g_ctx->stacks + i * (STACK_BYTES + g_ctx->page);
-            mprotect(lo, g_ctx->page, PROT_NONE);
-            g_ctx->threads[i].stack = lo + g_ctx->page;
-        }
 #if defined(__x86_64__)
         g_ctx->mxcsr_init = __builtin_ia32_stmxcsr();
 #endif
     }
     return *g_ctx;
+}
+
+// Maps stacks for the first n threads on demand, each with a guard page at its low end so
+// an overflow faults instead of corrupting a neighbour.
+bool ensure_stacks(Ctx & c, unsigned n) {
+    for (unsigned i = 0; i < n; ++i) {
+        Thread & t = c.threads[i];
+        if (t.stack) continue;
+        void * mem = mmap(nullptr, stack_span(c), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem == MAP_FAILED) return false;
+        mprotect(mem, c.page, PROT_NONE);
+        t.stack = static_cast<char *>(mem) + c.page;
+    }
+    return true;
 }
 
 void fail(Ctx & c, const std::string & msg) {
@@ -521,6 +540,10 @@ extern "C" int emu_dispatch(const EmuDispatch * d) {
         return 1;
     }
     Ctx & c = ctx();
+    if (!ensure_stacks(c, nthreads)) {
+        set_err(d, k->name + ": cannot map coroutine stacks");
+        return 1;
+    }
     c.kernel = k;
     c.d = d;
     c.nthreads = nthreads;

@@ -2,7 +2,7 @@ use crate::rewrite::rewrite;
 
 #[test]
 fn params_become_context_reads_and_lines_are_kept() {
-    let src = "#include \"common.h\"\nkernel void k_a(\n    device const float * a [[buffer(0)]],\n    constant P & p [[buffer(1)]],\n    threadgroup float * s [[threadgroup(0)]],\n    uint3 tg [[threadgroup_position_in_grid]]) {\n    threadgroup float part[32];\n    a[0];\n}\n";
+    let src = "#include \"common.h\"\nkernel void k_a(\n    device const float * a [[buffer(0)]],\n    constant P & p [[buffer(1)]],\n    threadgroup float * s [[threadgroup(0)]],\n    uint3 tg [[threadgroup_position_in_grid]]) {\n    threadgroup float part[32];\n    threadgroup float os[4 * 64];\n    threadgroup float * sp = s;\n    a[0];\n}\n";
     let rw = rewrite(src, "x.metal", "x", 7).unwrap();
     assert!(rw
         .cpp
@@ -22,7 +22,7 @@ fn params_become_context_reads_and_lines_are_kept() {
     // Lines map 1:1 up to the registration block (first line is the #line directive).
     let body: Vec<&str> = rw.cpp.lines().skip(1).take(src.lines().count()).collect();
     assert_eq!(body.len(), src.lines().count());
-    assert_eq!(body[7], "    a[0];");
+    assert_eq!(body[9], "    a[0];");
     assert_eq!(rw.kernels.len(), 1);
     assert_eq!(rw.kernels[0].name, "k_a");
     assert_eq!(rw.kernels[0].bindings.len(), 4);
