@@ -5,6 +5,16 @@
 //! reference (f64 math, or `minfer_gguf::quants` for the weight formats) under a tolerance
 //! named in the gate before measuring, and returns the output bytes so a caller can demand
 //! bit-identical results across schedules.
+//!
+//! Controls (rule 2), each tried on a copy of the kernels and seen to fail the gates named:
+//! - RMSNorm without the barrier between the row total's write and its readers: the threads
+//!   of other simdgroups read NaN poison (`rms_norm_*`, error inf).
+//! - Classic attention without the barrier that ends each 32-row block: scores are overwritten
+//!   while other threads still read them (`attn_classic_*`, 0.39 / 0.17).
+//! - Q4_K dequantizer reading the other nibble: `get_rows_q4_k` (2.6), `mv_q4_k` (0.18),
+//!   `mv_multi_q4_k` / `mm_q4_k` (0.34).
+//! - The flash-prefill tail read from the last 64 rows (the design's recorded bug) is built in
+//!   as `flash_prefill_tail_overlap_bug_is_caught`, which fails unless every tail case errs.
 
 mod attention;
 mod basic;
