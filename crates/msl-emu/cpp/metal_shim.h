@@ -326,14 +326,19 @@ inline void simdgroup_store(const simdgroup_matrix<T, C, R> & m, U * dst, ulong 
 template <class TD, class TA, class TB, class TC, int N>
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
                                           const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
-    simdgroup_matrix<TD, N, N> r;
+    // Widen once (half -> float is a library call without F16C), then multiply in float.
+    float fa[N][N], fb[N][N], fc[N][N];
     for (int i = 0; i < N; ++i)
         for (int j = 0; j < N; ++j) {
-            float acc = float(c.e[i][j]);
-            for (int k = 0; k < N; ++k) acc += float(a.e[i][k]) * float(b.e[k][j]);
-            r.e[i][j] = TD(acc);
+            fa[i][j] = float(a.e[i][j]);
+            fb[i][j] = float(b.e[i][j]);
+            fc[i][j] = float(c.e[i][j]);
         }
-    d = r;
+    for (int i = 0; i < N; ++i)
+        for (int k = 0; k < N; ++k)
+            for (int j = 0; j < N; ++j) fc[i][j] += fa[i][k] * fb[k][j];
+    for (int i = 0; i < N; ++i)
+        for (int j = 0; j < N; ++j) d.e[i][j] = TD(fc[i][j]);
 }
 template <class TD, class TA, class TB, int N>
 inline void simdgroup_multiply(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
