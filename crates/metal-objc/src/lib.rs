@@ -23,7 +23,7 @@ use minfer_metal::device::check_page_aligned;
 use minfer_metal::{source, Arg, Device, Dispatch, Error, Limits, Result};
 use objc2::rc::Retained;
 use objc2::runtime::ProtocolObject;
-use objc2_foundation::NSString;
+use objc2_foundation::{NSString, NSURL};
 use objc2_metal::{
     MTLBarrierScope, MTLBlitCommandEncoder, MTLBuffer, MTLCommandBuffer, MTLCommandBufferStatus,
     MTLCommandEncoder, MTLCommandQueue, MTLComputeCommandEncoder, MTLComputePipelineState,
@@ -61,6 +61,8 @@ pub struct MetalDevice {
     queue: Retained<ProtocolObject<dyn MTLCommandQueue>>,
     pipelines: HashMap<String, Pipeline>,
     limits: Limits,
+    /// Where the kernel library came from (a metallib path or the embedded source).
+    library_origin: String,
     pending: Mutex<Option<Pending>>,
     labels: Mutex<VecDeque<String>>,
     profile: Option<Mutex<Profile>>,
@@ -107,12 +109,28 @@ impl MetalDevice {
         let queue = device
             .newCommandQueue()
             .ok_or_else(|| unavailable("newCommandQueue returned nil"))?;
-        let src = NSString::from_str(&source::library_source());
-        let library = device
-            .newLibraryWithSource_options_error(&src, None)
-            .map_err(|e| {
-                Error::Unavailable(format!("kernel library: {}", e.localizedDescription()))
-            })?;
+        // The metallib build.rs made with xcrun, when it made one and it is still there;
+        // otherwise the embedded sources, compiled now.
+        let metallib = option_env!("MINFER_METALLIB").filter(|p| std::path::Path::new(p).is_file());
+        let (library, origin) = match metallib {
+            Some(path) => (
+                device.newLibraryWithURL_error(&NSURL::fileURLWithPath(&NSString::from_str(path))),
+                format!("metallib {path}"),
+            ),
+            None => (
+                device.newLibraryWithSource_options_error(
+                    &NSString::from_str(&source::library_source()),
+                    None,
+                ),
+                "embedded source".to_string(),
+            ),
+        };
+        let library = library.map_err(|e| {
+            Error::Unavailable(format!(
+                "kernel library from {origin}: {}",
+                e.localizedDescription()
+            ))
+        })?;
         let mut pipelines = HashMap::new();
         let mut simd_width = u32::MAX;
         for name in source::kernel_names() {
@@ -145,6 +163,7 @@ impl MetalDevice {
             queue,
             pipelines,
             limits,
+            library_origin: origin,
             pending: Mutex::new(None),
             labels: Mutex::new(VecDeque::new()),
             profile,
@@ -214,7 +233,7 @@ impl Device for MetalDevice {
     type Pipeline = Pipeline;
 
     fn name(&self) -> String {
-        format!("Metal ({})", self.device.name())
+        format!("Metal ({}, {})", self.device.name(), self.library_origin)
     }
 
     fn limits(&self) -> &Limits {
