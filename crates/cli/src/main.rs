@@ -20,12 +20,21 @@ struct Cli {
 enum Command {
     /// Show a GGUF file's metadata, tensors and per-type totals.
     Inspect(commands::inspect::Args),
+    /// Write a GGUF model of a chosen shape with seeded random weights.
+    Synth(Box<commands::synth::Args>),
+    /// Fetch a known model into the user cache.
+    Pull(commands::pull::Args),
+    /// Print the prompt a model's chat template makes of an OpenAI-style message list.
+    Render(commands::render::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Synth(a) => commands::synth::run(*a),
+        Command::Pull(a) => commands::pull::run(a),
+        Command::Render(a) => commands::render::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

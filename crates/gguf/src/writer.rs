@@ -88,40 +88,23 @@ impl GgufWriter {
         }
     }
 
-    fn alignment(&self) -> u64 {
-        match self.metadata.get(KEY_ALIGNMENT) {
-            Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => *a as u64,
-            _ => DEFAULT_ALIGNMENT,
-        }
+    /// The tensors' entries without their bytes.
+    pub fn plan(&self) -> Vec<TensorPlan> {
+        self.tensors
+            .iter()
+            .map(|t| TensorPlan {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ty: t.ty,
+            })
+            .collect()
     }
 
     /// The complete file as bytes, exactly as held (no checks; see `check`).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let align = self.alignment();
-        let mut out = Vec::new();
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (k, v) in self.metadata.iter() {
-            put_str(&mut out, k);
-            out.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
-            put_value(&mut out, v);
-        }
-        let mut offset = 0u64;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
-        for t in &self.tensors {
-            put_str(&mut out, &t.name);
-            out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
-            for d in &t.dims {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.extend_from_slice(&t.ty.id().to_le_bytes());
-            out.extend_from_slice(&offset.to_le_bytes());
-            offsets.push(offset);
-            offset = (offset + t.data.len() as u64).div_ceil(align) * align;
-        }
-        pad_to(&mut out, align);
+        let align = alignment(&self.metadata);
+        let sizes: Vec<u64> = self.tensors.iter().map(|t| t.data.len() as u64).collect();
+        let (mut out, offsets) = header_bytes(&self.metadata, &self.plan(), &sizes, align);
         let base = out.len() as u64;
         for (t, off) in self.tensors.iter().zip(offsets) {
             out.resize((base + off) as usize, 0);
@@ -135,7 +118,13 @@ impl GgufWriter {
     /// failure never leaves a half-written file under the final name.
     pub fn write_to(&self, path: impl AsRef<Path>) -> Result<()> {
         self.check()?;
-        write_atomic(path.as_ref(), &self.to_bytes())
+        write_streaming(&self.metadata, &self.plan(), path.as_ref(), |i, out| {
+            out.write_all(&self.tensors[i].data)
+                .map_err(|source| Error::Io {
+                    path: path.as_ref().into(),
+                    source,
+                })
+        })
     }
 
     /// Writes the model as a split set `dir/PREFIX-0000k-of-0000N.gguf` the way llama.cpp's
@@ -185,7 +174,7 @@ impl GgufWriter {
                 .set(KEY_SPLIT_TENSORS, Value::I32(n_tensors));
             part.tensors = run.to_vec();
             let path = split_path(dir.as_ref(), prefix, no as u32 + 1, n_parts);
-            write_atomic(&path, &part.to_bytes())?;
+            part.write_to(&path)?;
             paths.push(path);
         }
         Ok(paths)
@@ -193,6 +182,170 @@ impl GgufWriter {
 }
 
 /// Cuts `tensors` into `n` non-empty consecutive runs of roughly equal byte size.
+/// A tensor's entry without its bytes: what the streaming path needs up front.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorPlan {
+    pub name: String,
+    /// Dimensions, innermost first.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+}
+
+impl TensorPlan {
+    /// Bytes of the tensor's data, or an error naming it when the dims are not whole blocks.
+    pub fn n_bytes(&self) -> Result<u64> {
+        let n: Option<u64> = self.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let rows = n.and_then(|n| n.checked_div(*self.dims.first()?));
+        self.dims
+            .first()
+            .and_then(|&d0| self.ty.row_bytes(d0))
+            .zip(rows)
+            .and_then(|(rb, rows)| rb.checked_mul(rows))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "tensor {:?}: dims {:?} are not whole {} blocks of {} elements",
+                    self.name,
+                    self.dims,
+                    self.ty,
+                    self.ty.block_size()
+                ))
+            })
+    }
+}
+
+/// Writes a GGUF v3 file whose tensor bytes are produced on demand, one tensor at a time,
+/// so a file far larger than memory can be written. The header is computed from `tensors`
+/// first; then `produce(i, out)` must write exactly `tensors[i].n_bytes()` bytes to `out`
+/// (checked). The file is written to `<path>.partial` and renamed into place only when
+/// complete; on any failure the partial file is removed.
+pub fn write_streaming<E, F>(
+    metadata: &Metadata,
+    tensors: &[TensorPlan],
+    path: &Path,
+    mut produce: F,
+) -> std::result::Result<(), E>
+where
+    E: From<Error>,
+    F: FnMut(usize, &mut dyn Write) -> std::result::Result<(), E>,
+{
+    let tmp = partial_path(path);
+    let result = (|| -> std::result::Result<(), E> {
+        let io = |source| Error::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let align = alignment(metadata);
+        let sizes = tensors
+            .iter()
+            .map(TensorPlan::n_bytes)
+            .collect::<Result<Vec<u64>>>()?;
+        let (header, offsets) = header_bytes(metadata, tensors, &sizes, align);
+        let file = std::fs::File::create(&tmp).map_err(io)?;
+        let mut out = CountingWriter {
+            inner: std::io::BufWriter::with_capacity(1 << 20, file),
+            written: 0,
+        };
+        out.write_all(&header).map_err(io)?;
+        let base = header.len() as u64;
+        for (i, (t, &off)) in tensors.iter().zip(&offsets).enumerate() {
+            let pad = base + off - out.written;
+            out.write_all(&vec![0u8; pad as usize]).map_err(io)?;
+            let start = out.written;
+            produce(i, &mut out)?;
+            let got = out.written - start;
+            if got != sizes[i] {
+                return Err(Error::Invalid(format!(
+                    "tensor {:?}: producer wrote {got} bytes, {} {:?} needs {}",
+                    t.name, t.ty, t.dims, sizes[i]
+                ))
+                .into());
+            }
+        }
+        let end = out.written.div_ceil(align) * align;
+        out.write_all(&vec![0u8; (end - out.written) as usize])
+            .map_err(io)?;
+        let file = out.inner.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+            path: path.into(),
+            source,
+        })?;
+        Ok(())
+    })();
+    if result.is_err() {
+        // The partial file must never be mistaken for a good one; a failure to remove it
+        // (already gone) changes nothing about the error being reported.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// `<path>.partial`: where a file is assembled before it is renamed into place.
+pub fn partial_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+struct CountingWriter<W> {
+    inner: W,
+    written: u64,
+}
+
+impl<W: Write> Write for CountingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn alignment(metadata: &Metadata) -> u64 {
+    match metadata.get(KEY_ALIGNMENT) {
+        Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => *a as u64,
+        _ => DEFAULT_ALIGNMENT,
+    }
+}
+
+/// Everything before the data section, padded to the alignment, and each tensor's offset
+/// relative to the data section.
+fn header_bytes(
+    metadata: &Metadata,
+    tensors: &[TensorPlan],
+    sizes: &[u64],
+    align: u64,
+) -> (Vec<u8>, Vec<u64>) {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata.iter() {
+        put_str(&mut out, k);
+        out.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
+        put_value(&mut out, v);
+    }
+    let mut offset = 0u64;
+    let mut offsets = Vec::with_capacity(tensors.len());
+    for (t, &size) in tensors.iter().zip(sizes) {
+        put_str(&mut out, &t.name);
+        out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&t.ty.id().to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        offsets.push(offset);
+        offset = (offset + size).div_ceil(align) * align;
+    }
+    pad_to(&mut out, align);
+    (out, offsets)
+}
+
 fn split_runs(tensors: &[WriterTensor], n: usize) -> Vec<&[WriterTensor]> {
     let total: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
     let mut runs = Vec::with_capacity(n);
@@ -212,19 +365,6 @@ fn split_runs(tensors: &[WriterTensor], n: usize) -> Vec<&[WriterTensor]> {
     }
     runs.push(&tensors[start..]);
     runs
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("gguf.partial");
-    let io = |source| Error::Io {
-        path: path.into(),
-        source,
-    };
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io)
 }
 
 fn pad_to(out: &mut Vec<u8>, align: u64) {

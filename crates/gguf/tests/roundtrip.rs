@@ -18,7 +18,7 @@ fn every_value_type() -> GgufWriter {
         .set("t.f64", Value::F64(-2.25))
         .set(
             "t.arr.str",
-            Value::Array(Array::String(vec!["a".into(), "".into(), "ü".into()])),
+            Value::Array(Array::String(vec!["a", "", "ü"].into())),
         )
         .set("t.arr.i32", Value::Array(Array::I32(vec![1, -2, 3])))
         .set(
@@ -90,4 +90,51 @@ fn demo_model_header_matches_known_facts() {
             GgmlType::Q6K
         ]
     );
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("minfer-gguf-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn streaming_write_matches_in_memory_bytes() {
+    let mut w = every_value_type();
+    w.add_tensor("a", &[4, 2], GgmlType::F32, (0..32).collect())
+        .unwrap();
+    w.add_tensor("b", &[32], GgmlType::Q8_0, vec![1u8; 34])
+        .unwrap();
+    w.add_tensor("c", &[3], GgmlType::F16, vec![9u8; 6])
+        .unwrap();
+    let dir = temp_dir("stream");
+    let path = dir.join("s.gguf");
+    w.write_to(&path).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), w.to_bytes());
+    assert!(!minfer_gguf::partial_path(&path).exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn streaming_write_refuses_a_short_tensor_and_leaves_no_file() {
+    let w = every_value_type();
+    let plan = vec![minfer_gguf::TensorPlan {
+        name: "short".into(),
+        dims: vec![8],
+        ty: GgmlType::F32,
+    }];
+    let dir = temp_dir("short");
+    let path = dir.join("s.gguf");
+    // Control: with 32 bytes the same call succeeds; 31 bytes must be refused.
+    for (n, ok) in [(31usize, false), (32, true)] {
+        let r: minfer_gguf::Result<()> =
+            minfer_gguf::write_streaming(&w.metadata, &plan, &path, |_, out| {
+                out.write_all(&vec![0u8; n]).unwrap();
+                Ok(())
+            });
+        assert_eq!(r.is_ok(), ok, "{n} bytes: {r:?}");
+        assert_eq!(path.exists(), ok);
+        assert!(!minfer_gguf::partial_path(&path).exists());
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }

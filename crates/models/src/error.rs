@@ -6,6 +6,27 @@ pub enum Error {
     MissingKey(String),
     #[error("GGUF key {0} {1}")]
     BadHParam(String, String),
+    #[error("synth spec: {0} {1}")]
+    BadSpec(String, String),
+    #[error("tensor {tensor}: row length {row_len} is not a whole number of {ty} blocks of {block}{}", match fallback {
+        Some(f) => format!(", nor of the fallback type {f}"),
+        None => "; give a fallback type (e.g. Q8_0) for such tensors".into(),
+    })]
+    RowNotWholeBlocks {
+        tensor: String,
+        row_len: u64,
+        ty: String,
+        block: u64,
+        fallback: Option<String>,
+    },
+    #[error("tensor {tensor}: cannot synthesize weights of type {ty}")]
+    UnsupportedWeightType { tensor: String, ty: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Gguf(#[from] minfer_gguf::Error),
 }

@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod error;
+pub mod synth;
 
 pub use arch::{names, Arch, HParams, RopeStyle};
 pub use error::{Error, Result};

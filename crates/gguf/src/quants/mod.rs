@@ -32,12 +32,14 @@
 //! | IQ4_NL | 32  | 18  | d f16, qs\[16\] (nibbles index [`KVALUES_IQ4NL`]) |
 //! | IQ4_XS | 256 | 136 | d f16, scales_h u16, scales_l\[4\], qs\[128\] |
 
+pub mod blocks;
 mod float;
 mod iq;
 mod kquants;
 mod legacy;
 mod random;
 
+pub use blocks::Block;
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use iq::KVALUES_IQ4NL;
 pub use kquants::unpack_scale_min_k4;
