@@ -11,9 +11,11 @@ pub mod error;
 pub mod launch;
 pub mod params;
 pub mod source;
+pub mod weights;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
 pub use device::{Arg, Device, Dispatch, Limits};
 pub use error::{Error, Result};
+pub use weights::WeightRegistry;
