@@ -41,7 +41,7 @@ inline void mf_flash_prefill(
         device const T * kpad, device const T * vpad, device const int * pos,
         device float * out, constant AttnParams & p,
         threadgroup float * qs, threadgroup float * ss, threadgroup float * ms,
-        threadgroup float * ls, threadgroup float * as, uint qt0, uint h, uint tid) {
+        threadgroup float * ls, threadgroup float * alpha, uint qt0, uint h, uint tid) {
     constexpr uint ND = HD / 16;
     uint hk = h / (p.n_head / p.n_head_kv);
     for (uint e = tid; e < 8 * HD; e += 128) {
@@ -89,12 +89,12 @@ inline void mf_flash_prefill(
                 ss[tid * 64 + j] = pj;
                 sum += pj;
             }
-            as[tid] = exp(mo - mn);
-            ls[tid] = ls[tid] * as[tid] + sum;
+            alpha[tid] = exp(mo - mn);
+            ls[tid] = ls[tid] * alpha[tid] + sum;
             ms[tid] = mn;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        float a = as[my_q];
+        float a = alpha[my_q];
         for (uint i = 0; i < ND; ++i) {
             uint d = tid % 16 + 16 * i;
             float acc = o[i] * a;
@@ -103,7 +103,7 @@ inline void mf_flash_prefill(
             }
             o[i] = acc;
         }
-        // ss / as are rewritten by the next block.
+        // ss / alpha are rewritten by the next block.
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
     uint t = qt0 + my_q;
@@ -125,8 +125,8 @@ kernel void kernel_flash_prefill_f32_hd64(
     threadgroup float ss[8 * 64];
     threadgroup float ms[8];
     threadgroup float ls[8];
-    threadgroup float as[8];
-    mf_flash_prefill<float, 64>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, as, tgpig.x * 8, tgpig.y, tid);
+    threadgroup float alpha[8];
+    mf_flash_prefill<float, 64>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, alpha, tgpig.x * 8, tgpig.y, tid);
 }
 
 kernel void kernel_flash_prefill_f32_hd128(
@@ -139,8 +139,8 @@ kernel void kernel_flash_prefill_f32_hd128(
     threadgroup float ss[8 * 64];
     threadgroup float ms[8];
     threadgroup float ls[8];
-    threadgroup float as[8];
-    mf_flash_prefill<float, 128>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, as, tgpig.x * 8, tgpig.y, tid);
+    threadgroup float alpha[8];
+    mf_flash_prefill<float, 128>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, alpha, tgpig.x * 8, tgpig.y, tid);
 }
 
 kernel void kernel_flash_prefill_f16_hd64(
@@ -153,8 +153,8 @@ kernel void kernel_flash_prefill_f16_hd64(
     threadgroup float ss[8 * 64];
     threadgroup float ms[8];
     threadgroup float ls[8];
-    threadgroup float as[8];
-    mf_flash_prefill<half, 64>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, as, tgpig.x * 8, tgpig.y, tid);
+    threadgroup float alpha[8];
+    mf_flash_prefill<half, 64>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, alpha, tgpig.x * 8, tgpig.y, tid);
 }
 
 kernel void kernel_flash_prefill_f16_hd128(
@@ -167,6 +167,6 @@ kernel void kernel_flash_prefill_f16_hd128(
     threadgroup float ss[8 * 64];
     threadgroup float ms[8];
     threadgroup float ls[8];
-    threadgroup float as[8];
-    mf_flash_prefill<half, 128>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, as, tgpig.x * 8, tgpig.y, tid);
+    threadgroup float alpha[8];
+    mf_flash_prefill<half, 128>(q, k, v, kpad, vpad, pos, out, p, qs, ss, ms, ls, alpha, tgpig.x * 8, tgpig.y, tid);
 }
