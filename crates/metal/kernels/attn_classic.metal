@@ -4,6 +4,18 @@
 // barrier is reached by all threads.
 #include "common.h"
 
+// KV element readers: a plain f32/f16 row, or a packed Q8_0 row (34-byte blocks: f16 scale,
+// 32 int8; byte loads only, a block can start at any even offset).
+template <typename T>
+inline float mf_kv_at(device const T * base, ulong row, uint elem, constant AttnParams & p) {
+    return float(base[row * p.kv_stride + elem]);
+}
+template <>
+inline float mf_kv_at<uchar>(device const uchar * base, ulong row, uint elem, constant AttnParams & p) {
+    device const uchar * b = base + row * p.kv_row_bytes + (elem / 32) * 34;
+    return mf_ld_f16(b) * float(as_type<char>(b[2 + elem % 32]));
+}
+
 template <typename T>
 inline void mf_attn_classic(
         device const float * q, device const T * k, device const T * v, device const int * pos,
@@ -21,9 +33,8 @@ inline void mf_attn_classic(
             uint j = j0 + tid;
             float s = MF_MINF;
             if (j < nkv) {
-                device const T * kr = k + ulong(j) * p.kv_stride + hk * hd;
                 float acc = 0.0f;
-                for (uint d = 0; d < hd; ++d) { acc += qr[d] * float(kr[d]); }
+                for (uint d = 0; d < hd; ++d) { acc += qr[d] * mf_kv_at<T>(k, j, hk * hd + d, p); }
                 s = acc * p.scale;
             }
             sc[tid] = s;
@@ -37,10 +48,9 @@ inline void mf_attn_classic(
         for (uint jj = 0; jj < 32 && j0 + jj < nkv; ++jj) {
             float pj = exp(sc[jj] - mb);
             l += pj;
-            device const T * vr = v + ulong(j0 + jj) * p.kv_stride + hk * hd;
             for (uint i = 0; i < 4; ++i) {
                 uint d = tid + 128 * i;
-                if (d < hd) { o[i] += pj * float(vr[d]); }
+                if (d < hd) { o[i] += pj * mf_kv_at<T>(v, j0 + jj, hk * hd + d, p); }
             }
         }
         m = mb;
@@ -78,4 +88,18 @@ kernel void kernel_attn_classic_f16(
         uint tid [[thread_index_in_threadgroup]]) {
     threadgroup float sc[32];
     mf_attn_classic<half>(q, k, v, pos, out, p, sc, tgpig.x, tgpig.y, tid);
+}
+
+// Over a packed Q8_0 KV region: the correctness kernel for a q8_0 cache at any head dim.
+kernel void kernel_attn_classic_q8_0(
+        device const float * q [[buffer(0)]],
+        device const uchar * k [[buffer(1)]],
+        device const uchar * v [[buffer(2)]],
+        device const int * pos [[buffer(3)]],
+        device float * out [[buffer(4)]],
+        constant AttnParams & p [[buffer(5)]],
+        uint3 tgpig [[threadgroup_position_in_grid]],
+        uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup float sc[32];
+    mf_attn_classic<uchar>(q, k, v, pos, out, p, sc, tgpig.x, tgpig.y, tid);
 }

@@ -14,6 +14,7 @@ struct MatmulParams { uint k; uint n; uint nt; uint row_bytes; };
 struct AttnParams {
     uint n_head; uint n_head_kv; uint head_dim; uint n_tokens; uint kv_stride; uint n_kv;
     uint n_chunks; uint chunk_len; float scale; uint tail_pos0; uint n_full_blocks; uint has_tail;
+    uint kv_row_bytes;
 };
 
 // A finite "minus infinity": exp(MF_MINF - m) is 0 for any real m, and MF_MINF - MF_MINF is 0,

@@ -73,5 +73,7 @@ params!(
         n_full_blocks: u32,
         /// Prefill: 1 when a partial tail block exists.
         has_tail: u32,
+        /// Byte stride of a packed (q8_0) KV row.
+        kv_row_bytes: u32,
     }
 );

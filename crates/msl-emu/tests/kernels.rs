@@ -57,6 +57,7 @@ gate_tests!(
     store_kv_refuses_a_cell_past_the_region,
     copy_rows_moves_overlapping_rows_both_ways,
     attn_classic_f32_hd80_matches_reference,
+    attn_classic_q8_0_kv_matches_reference,
     attn_classic_f16_hd64_matches_reference,
     flash_decode_f32_hd64_matches_reference,
     flash_decode_f32_hd128_matches_reference,

@@ -2,6 +2,9 @@
 //! the f64 reference; flash decode against classic; and the design's KV-tail gate with a
 //! control that reproduces the recorded double-counted-overlap bug and must fail.
 
+use minfer_gguf::quants::{dequantize_row, quantize_row};
+use minfer_gguf::GgmlType;
+
 use super::reference as refr;
 use super::{e, f32_bytes, i32_bytes, judge, max_err, read_f32, GateFn, GateResult, Rng};
 use crate::device::Device;
@@ -12,7 +15,8 @@ use crate::launch::{self, AttnShape, KvType};
 const TOL: f64 = 2e-4;
 
 pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
-    let list: [(&str, GateFn<D>); 14] = [
+    let list: [(&str, GateFn<D>); 15] = [
+        ("attn_classic_q8_0_kv_matches_reference", classic_q8_0::<D>),
         (
             "attn_classic_f32_hd80_matches_reference",
             classic_f32_hd80::<D>,
@@ -99,6 +103,18 @@ fn case<D: Device>(
     let mut v = r.vec(n_ctx * stride);
     let region = |x: &mut Vec<f32>| -> Vec<u8> {
         match kv {
+            KvType::Q8_0 => {
+                // rows packed by the CPU quantizer; the reference sees their dequantized values
+                let rb = launch::q8_0_row_bytes(stride);
+                let mut out = vec![0u8; n_ctx * rb];
+                for (row, dst) in x.chunks_mut(stride).zip(out.chunks_mut(rb)) {
+                    let packed = &mut dst[..stride / 32 * 34];
+                    if quantize_row(GgmlType::Q8_0, row, packed).is_ok() {
+                        let _ = dequantize_row(GgmlType::Q8_0, packed, row);
+                    }
+                }
+                out
+            }
             KvType::F16 => {
                 // the reference sees exactly the halves the device holds
                 x.iter_mut()
@@ -180,6 +196,25 @@ fn classic_f16_hd64<D: Device>(dev: &D) -> GateResult {
         "classic f16 hd64",
         &c,
         launch::launch_attn_classic::<D>,
+    )
+}
+
+fn classic_q8_0<D: Device>(dev: &D) -> GateResult {
+    let c = case(dev, KvType::Q8_0, 64, 4, 50, 12)?;
+    // the flash kernels refuse a packed region by name; the dispatch routes it to classic
+    match launch::launch_flash_prefill(dev, &c.shape, &c.q, &c.k, &c.v, &c.pos, &c.out) {
+        Err(crate::Error::UnsupportedType { ty, .. }) if ty.contains("q8_0") => {}
+        other => {
+            return Err(format!(
+                "flash prefill over q8_0 KV was not refused: {other:?}"
+            ))
+        }
+    }
+    check(
+        dev,
+        "attention over q8_0 KV",
+        &c,
+        launch::launch_attention::<D>,
     )
 }
 

@@ -8,7 +8,8 @@ use crate::params::AttnParams;
 pub enum KvType {
     F32,
     F16,
-    /// Packed Q8_0 rows (store only in this slice; attention refuses it by name).
+    /// Packed Q8_0 rows ([`super::q8_0_row_bytes`] per row): the classic kernel reads them;
+    /// the flash kernels refuse them by name.
     Q8_0,
 }
 
@@ -17,10 +18,20 @@ impl KvType {
         match self {
             KvType::F32 => Ok("f32"),
             KvType::F16 => Ok("f16"),
+            KvType::Q8_0 if op == "attn_classic" => Ok("q8_0"),
             KvType::Q8_0 => Err(Error::UnsupportedType {
                 op,
-                ty: "q8_0 KV (attention reads f32/f16 regions only)".into(),
+                ty: "q8_0 KV (the flash kernels read f32/f16 regions; use the classic kernel)"
+                    .into(),
             }),
+        }
+    }
+    /// Bytes of one KV row of `elems` elements.
+    fn row_bytes(self, elems: usize) -> usize {
+        match self {
+            KvType::F32 => elems * 4,
+            KvType::F16 => elems * 2,
+            KvType::Q8_0 => super::q8_0_row_bytes(elems),
         }
     }
     fn elem_bytes(self) -> usize {
@@ -79,7 +90,12 @@ fn check<D: Device>(
     need_len(dev, op, "q", q, 0, q_bytes)?;
     need_len(dev, op, "out", out, 0, q_bytes)?;
     let kv_stride = s.n_head_kv * s.head_dim;
-    let region = (s.n_ctx * kv_stride * s.kv.elem_bytes()) as u64;
+    if s.kv == KvType::Q8_0 && !kv_stride.is_multiple_of(32) {
+        return Err(shape(format!(
+            "q8_0 KV rows need a multiple of 32 elements, got {kv_stride}"
+        )));
+    }
+    let region = (s.n_ctx * s.kv.row_bytes(kv_stride)) as u64;
     need_len(dev, op, "k region", k, 0, region)?;
     need_len(dev, op, "v region", v, 0, region)?;
     let pos = read_i32s(dev, positions, s.n_tokens)?;
@@ -108,6 +124,7 @@ fn check<D: Device>(
             tail_pos0: 0,
             n_full_blocks: 0,
             has_tail: 0,
+            kv_row_bytes: to_u32(op, "kv row bytes", s.kv.row_bytes(kv_stride))?,
         },
     })
 }
@@ -292,7 +309,7 @@ pub fn launch_flash_prefill_with_tail_origin<D: Device>(
 }
 
 /// The design's dispatch: head dim 64/128 take flash decode (one token) or flash prefill;
-/// any other head dim takes the classic kernel.
+/// any other head dim, and a packed q8_0 region, take the classic kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_attention<D: Device>(
     dev: &D,
@@ -304,6 +321,7 @@ pub fn launch_attention<D: Device>(
     out: &D::Buffer,
 ) -> Result<()> {
     match (s.head_dim, s.n_tokens) {
+        _ if s.kv == KvType::Q8_0 => launch_attn_classic(dev, s, q, k, v, positions, out),
         (64 | 128, 1) => launch_flash_decode(dev, s, q, k, v, positions, out),
         (64 | 128, _) => launch_flash_prefill(dev, s, q, k, v, positions, out),
         _ => launch_attn_classic(dev, s, q, k, v, positions, out),
