@@ -12,6 +12,7 @@
 #include "emu_runtime.h"
 
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -119,6 +120,7 @@ struct Ctx {
     std::vector<std::pair<int, size_t>> statics;
     uint64_t simd_mask[MAX_THREADS / 32][2] = {};
     uint64_t rng = 0;
+    uint64_t deadline_ns = 0; // CLOCK_MONOTONIC; 0 = none
     bool failed = false;
     std::string error;
 };
@@ -167,6 +169,12 @@ bool ensure_stacks(Ctx & c, unsigned n) {
         t.stack = static_cast<char *>(mem) + c.page;
     }
     return true;
+}
+
+uint64_t now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
 void fail(Ctx & c, const std::string & msg) {
@@ -355,6 +363,12 @@ void run_threadgroup(Ctx & c) {
         bool all_done = true;
         for (unsigned i = 0; i < c.nthreads; ++i) all_done &= c.threads[i].state == DONE;
         if (all_done) return;
+        // The submit bound: a kernel that keeps meeting sync points past its budget is stopped
+        // (one that never reaches a sync point cannot be interrupted here).
+        if (c.deadline_ns && now_ns() > c.deadline_ns) {
+            fail(c, "no completion within the submit bound: " + tg_name(c) + " still running");
+            return;
+        }
         if (resolve_simd(c)) continue;
         if (c.failed) return;
         resolve_barrier(c);
@@ -550,6 +564,7 @@ extern "C" int emu_dispatch(const EmuDispatch * d) {
     c.failed = false;
     c.error.clear();
     c.rng = d->seed * 0x9E3779B97F4A7C15ULL + 1;
+    c.deadline_ns = d->timeout_ns ? now_ns() + d->timeout_ns : 0;
     size_t off = 0;
     for (unsigned i = 0; i < d->n_tg && i < EMU_MAX_TG_BUFFERS; ++i) {
         c.dyn_off[i] = off;

@@ -26,5 +26,6 @@ struct EmuDispatch {
     unsigned max_threads;
     char * err;
     uint64_t err_cap;
+    uint64_t timeout_ns; // wall-clock budget for this dispatch (0 = unbounded)
 };
 }

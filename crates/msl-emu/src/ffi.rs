@@ -27,6 +27,7 @@ pub struct EmuDispatch {
     pub max_threads: c_uint,
     pub err: *mut c_char,
     pub err_cap: u64,
+    pub timeout_ns: u64,
 }
 
 extern "C" {

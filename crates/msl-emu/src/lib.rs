@@ -16,6 +16,7 @@ mod ffi;
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
 use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
 
 use minfer_metal::device::check_page_aligned;
 use minfer_metal::{Arg, Device, Dispatch, Error, Limits, Result};
@@ -55,6 +56,9 @@ pub const EMU_LIMITS: Limits = Limits {
 };
 
 const LABEL_RING: usize = 16;
+
+/// Default bound on one submit (the real device's is 10 s; emulated kernels run slower).
+pub const EMU_SUBMIT_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct Mem {
     ptr: *mut u8,
@@ -114,6 +118,7 @@ enum Cmd {
 /// The emulated device. Commands queue until [`Device::submit`] runs them in order.
 pub struct EmuDevice {
     schedule: Schedule,
+    submit_timeout: Duration,
     limits: Limits,
     queue: Mutex<Vec<Cmd>>,
     labels: Mutex<VecDeque<String>>,
@@ -130,6 +135,7 @@ impl EmuDevice {
         init();
         EmuDevice {
             schedule,
+            submit_timeout: EMU_SUBMIT_TIMEOUT,
             limits: EMU_LIMITS,
             queue: Mutex::new(Vec::new()),
             labels: Mutex::new(VecDeque::new()),
@@ -139,6 +145,12 @@ impl EmuDevice {
     /// The same device with other limits (tests of the launch-time limit checks).
     pub fn with_limits(mut self, limits: Limits) -> EmuDevice {
         self.limits = limits;
+        self
+    }
+
+    /// The same device with another submit bound.
+    pub fn with_submit_timeout(mut self, bound: Duration) -> EmuDevice {
+        self.submit_timeout = bound;
         self
     }
 
@@ -160,7 +172,7 @@ impl EmuDevice {
             .collect()
     }
 
-    fn run(&self, cmd: &Cmd) -> std::result::Result<(), String> {
+    fn run(&self, cmd: &Cmd, deadline: Instant) -> std::result::Result<(), String> {
         match cmd {
             Cmd::Dispatch {
                 pipeline,
@@ -204,6 +216,11 @@ impl EmuDevice {
                     max_threads: self.limits.max_threads_per_threadgroup,
                     err: err.as_mut_ptr().cast(),
                     err_cap: err.len() as u64,
+                    // at least 1 ns: 0 would mean unbounded
+                    timeout_ns: (deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_nanos() as u64)
+                        .max(1),
                 };
                 // SAFETY: every pointer in `d` refers to memory alive for this call (buffers
                 // are held by the command, bytes by `c_args`' sources).
@@ -396,6 +413,7 @@ impl Device for EmuDevice {
             .labels
             .lock()
             .map_err(|_| Error::Unavailable("label ring poisoned".into()))?;
+        let deadline = Instant::now() + self.submit_timeout;
         for cmd in &cmds {
             let label = match cmd {
                 Cmd::Dispatch {
@@ -407,7 +425,7 @@ impl Device for EmuDevice {
                 labels.pop_front();
             }
             labels.push_back(label);
-            if let Err(reason) = self.run(cmd) {
+            if let Err(reason) = self.run(cmd, deadline) {
                 return Err(Error::Submit {
                     reason,
                     labels: labels.iter().cloned().collect(),

@@ -165,3 +165,20 @@ fn every_kernel_source_is_compiled_into_the_emulator() {
         assert!(have.contains(&k), "{k} missing from the emulator library");
     }
 }
+
+#[test]
+fn a_kernel_past_the_submit_bound_is_stopped_with_its_label() {
+    let dev = EmuDevice::new(Schedule::Forward)
+        .with_submit_timeout(std::time::Duration::from_millis(200));
+    let (reason, labels) = submit_error(run(&dev, "broken_endless_loop", 32));
+    assert!(
+        reason.contains("no completion within the submit bound"),
+        "{reason}"
+    );
+    assert!(
+        labels.iter().any(|l| l.contains("broken_endless_loop")),
+        "{labels:?}"
+    );
+    // control: a finishing kernel under the same bound completes
+    assert!(run(&dev, "fixed_early_return", 64).is_ok());
+}

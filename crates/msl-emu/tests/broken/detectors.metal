@@ -97,3 +97,15 @@ kernel void broken_threadgroup_overflow(
     threadgroup_barrier(mem_flags::mem_threadgroup);
     out[tid] = big[tid];
 }
+
+// Never finishes: every thread loops forever through a barrier (the submit bound stops it).
+kernel void broken_endless_loop(
+        device float * out [[buffer(0)]],
+        uint tid [[thread_index_in_threadgroup]]) {
+    float acc = 0.0f;
+    for (uint i = 0; i != 0xffffffffu; i = (i + 1) % 7u) {
+        acc += 1.0f;
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    out[tid] = acc;
+}
