@@ -26,6 +26,8 @@ enum Command {
     Pull(commands::pull::Args),
     /// Print the prompt a model's chat template makes of an OpenAI-style message list.
     Render(commands::render::Args),
+    /// Print the token ids (and pieces) of a text, or decode ids with --decode.
+    Tokenize(commands::tokenize::Args),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),
         Command::Render(a) => commands::render::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,8 @@ const TYPE_CONTROL: i32 = 3;
 const TYPE_UNUSED: i32 = 5;
 
 /// Merges of the built-in tokenizer, in rank order; each merged pair becomes a token.
-/// Every piece is a byte token or the result of an earlier merge.
+/// Every piece is a byte token or the result of an earlier merge, and every merge is
+/// reachable (" Hello" ends as one token, "Hello" as H + ello).
 const MERGES: &[(&str, &str)] = &[
     ("Ġ", "Ġ"),
     ("ĠĠ", "ĠĠ"),
@@ -45,11 +46,11 @@ const MERGES: &[(&str, &str)] = &[
     ("Ġ", "i"),
     ("Ġa", "n"),
     ("Ġan", "d"),
-    ("Ġ", "H"),
     ("e", "l"),
     ("el", "l"),
-    ("ell", "o"),
+    ("Ġ", "H"),
     ("ĠH", "ell"),
+    ("ell", "o"),
     ("ĠHell", "o"),
 ];
 
