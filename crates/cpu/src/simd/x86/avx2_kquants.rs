@@ -3,6 +3,7 @@
 //! sub-block scales multiply in i32); the f32 part repeats the reference expression, and
 //! super-blocks add one after another into an f32 sum.
 
+use crate::simd::BlockSum;
 use std::arch::x86_64::*;
 
 use super::{dot_i8_any, f16_at, f32_at, hsum_i32, iq4_table, load16, load32, pairs_small_w};
@@ -58,7 +59,7 @@ fn bit_set(v: __m256i, bit: usize) -> __m256i {
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8K)) {
         let sc = load16(&wb[0..16]);
         let nib = _mm_set1_epi8(0x0f);
@@ -79,9 +80,9 @@ pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
         let ad = f32_at(ab, 0);
         let dall = ad * f16_at(wb, 80);
         let dmin = ad * f16_at(wb, 82);
-        sum += dall * isum as f32 - dmin * summs as f32;
+        sum.add(dall * isum as f32 - dmin * summs as f32);
     }
-    sum
+    sum.total()
 }
 
 /// The 16 six-bit Q3_K scales minus 32, as signed bytes (low nibbles in bytes 0..8, top
@@ -96,7 +97,7 @@ fn q3_k_scales(s: &[u8]) -> [u8; 16] {
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8K)) {
         let scales = Scales16::from_i8(load16(&q3_k_scales(&wb[96..108])));
         let hmask = load32(&wb[0..32]);
@@ -114,9 +115,9 @@ pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let isum = hsum_i32(acc);
-        sum += f16_at(wb, 108) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 108) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 /// The 8 six-bit scales and 8 six-bit mins of Q4_K/Q5_K, one per byte, from their 12 packed
@@ -155,7 +156,7 @@ fn dot_scale_min(
     block: usize,
     quants: impl Fn(&[u8], usize) -> (__m256i, __m256i),
 ) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(block).zip(a.chunks_exact(Q8K)) {
         let (sc, mn) = scales_mins_k4(&wb[4..16]);
         // The 8 scales as i16 in both 128-bit lanes; scale s is broadcast by a byte shuffle.
@@ -186,9 +187,9 @@ fn dot_scale_min(
         let ad = f32_at(ab, 0);
         let d = f16_at(wb, 0) * ad;
         let dmin = f16_at(wb, 2) * ad;
-        sum += d * isum as f32 - dmin * msum as f32;
+        sum.add(d * isum as f32 - dmin * msum as f32);
     }
-    sum
+    sum.total()
 }
 
 #[target_feature(enable = "avx2,f16c")]
@@ -220,7 +221,7 @@ pub(super) fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8K)) {
         let scales = Scales16::from_i8(load16(&wb[192..208]));
         let aq = &ab[4..260];
@@ -245,23 +246,23 @@ pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let isum = hsum_i32(acc);
-        sum += f16_at(wb, 208) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 208) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q8_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(Q8K).zip(a.chunks_exact(Q8K)) {
         let mut acc = _mm256_setzero_si256();
         for c in 0..8 {
             acc = _mm256_add_epi32(acc, dot_i8_any(&wb[4 + 32 * c..], &ab[4 + 32 * c..]));
         }
         let isum = hsum_i32(acc);
-        sum += f32_at(wb, 0) * f32_at(ab, 0) * isum as f32;
+        sum.add(f32_at(wb, 0) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 /// The 8 IQ4_XS sub-block scales minus 32: low nibbles in scales_l, top two bits in scales_h.
@@ -278,7 +279,7 @@ fn iq4_xs_scales(b: &[u8]) -> [i16; 8] {
 pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
     let table = iq4_table();
     let m = _mm256_set1_epi8(0x0f);
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8K)) {
         let scales = iq4_xs_scales(wb);
         let aq = &ab[4..260];
@@ -302,9 +303,9 @@ pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let isum = hsum_i32(acc);
-        sum += f16_at(wb, 0) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 0) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 #[cfg(test)]
