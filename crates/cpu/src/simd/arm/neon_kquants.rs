@@ -1,6 +1,6 @@
 //! NEON dots of the 256-element types with Q8_K activations: exact integer sums per
 //! super-block (16-element sub-blocks map onto one 16-byte vector each), then the reference's
-//! f32 expression, super-blocks added one after another.
+//! f32 expression, super-block values accumulated in the reference's 4 block lanes.
 
 use crate::simd::BlockSum;
 use std::arch::aarch64::*;

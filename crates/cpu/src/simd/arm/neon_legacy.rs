@@ -1,5 +1,5 @@
 //! NEON dots of the 32-element types with Q8_0 / Q8_1 activations: exact integer block sums,
-//! then the reference's f32 expression per block, blocks added one after another.
+//! then the reference's f32 expression per block, accumulated in its 4 block lanes.
 
 use crate::simd::BlockSum;
 use std::arch::aarch64::*;

@@ -1,7 +1,7 @@
 //! AVX2 dots of the 256-element types (K-quants, IQ4_XS, Q8_K) with Q8_K activations.
 //! Integer sums per super-block are exact (pairs of byte products in i16 never saturate, the
 //! sub-block scales multiply in i32); the f32 part repeats the reference expression, and
-//! super-blocks add one after another into an f32 sum.
+//! super-block values accumulate in the reference's 4 block lanes (`BlockSum`).
 
 use crate::simd::BlockSum;
 use std::arch::x86_64::*;
