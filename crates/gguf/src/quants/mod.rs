@@ -11,7 +11,9 @@
 //!   implements (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); Q8_1 and Q8_K (activation formats
 //!   gguf-py lacks) follow llama.cpp's reference quantizers.
 //! - [`vec_dot`] multiplies one weight row with one activation row encoded in
-//!   [`vec_dot_type`], the pairing llama.cpp uses: integer sums per block, then one f32 scale.
+//!   [`vec_dot_type`], the pairing llama.cpp uses: integer sums per block, then one f32 scale;
+//!   block values add in [`BLOCK_LANES`] f32 lanes (float rows: [`FLOAT_DOT_LANES`] f64
+//!   lanes), an order SIMD kernels (`minfer_cpu::simd`) reproduce bit for bit.
 //!
 //! Block layouts (byte offsets; all multi-byte fields little-endian, `f16` = IEEE half):
 //!
