@@ -93,6 +93,8 @@ fn main() {
         );
     }
     println!();
+    matvec(&isas, &x);
+    println!();
     println!(
         "| quantize 4096 f32 to | scalar ns | {} |",
         header.join(" | ")
@@ -116,6 +118,53 @@ fn main() {
         println!(
             "| {:<20} | {scalar:>9.0} | {} |",
             ty.name(),
+            cols.join(" | ")
+        );
+    }
+}
+
+/// One thread, one 4096-element activation row against a 4096 x 4096 weight matrix (9-18 MB,
+/// more than the caches hold), so the weights stream from memory as in a real matmul.
+fn matvec(isas: &[Isa], x: &[f32]) {
+    const ROWS: usize = 4096;
+    let header: Vec<String> = isas.iter().map(|i| format!("{i:>8} ms  GB/s")).collect();
+    println!(
+        "| matvec {ROWS}x{N} | MB | scalar ms | {} |",
+        header.join(" | ")
+    );
+    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::Q4_1] {
+        let w = random_blocks(ty, ROWS * N / ty.block_size() as usize, 2);
+        let row = ty.row_bytes(N as u64).unwrap() as usize;
+        let at = vec_dot_type(ty);
+        let mut act = vec![0u8; at.row_bytes(N as u64).unwrap() as usize];
+        quants::quantize_row(at, x, &mut act).unwrap();
+        let mut out = vec![0.0f32; ROWS];
+        let time = |f: &dyn Fn(&[u8]) -> f32, out: &mut [f32]| {
+            (0..3)
+                .map(|_| {
+                    let t = Instant::now();
+                    for (o, r) in out.iter_mut().zip(w.chunks_exact(row)) {
+                        *o = f(black_box(r));
+                    }
+                    black_box(&out);
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let scalar = time(&|r| quants::vec_dot(ty, N, r, &act).unwrap(), &mut out);
+        let mb = w.len() as f64 / 1e6;
+        let cols: Vec<String> = isas
+            .iter()
+            .map(|&isa| {
+                let dot = RowDot::on(isa, ty).unwrap();
+                let s = time(&|r| dot.dot(N, r, &act).unwrap(), &mut out);
+                format!("{:>11.2}  {:>4.1}", s * 1e3, mb / 1e3 / s)
+            })
+            .collect();
+        println!(
+            "| {:<14} | {mb:>4.1} | {:>9.2} | {} |",
+            ty.name(),
+            scalar * 1e3,
             cols.join(" | ")
         );
     }

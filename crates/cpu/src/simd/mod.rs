@@ -257,6 +257,42 @@ pub fn quantize_act_on(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> R
     }
 }
 
+/// The reference's accumulation of quantized block values (`quants::vec_dot`): block b adds
+/// into lane b % 4, and the lanes combine as (lane 0 + lane 2) + (lane 1 + lane 3).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+struct BlockSum {
+    lanes: [f32; quants::BLOCK_LANES],
+    next: usize,
+}
+
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+impl BlockSum {
+    fn new() -> BlockSum {
+        BlockSum {
+            lanes: [0.0; quants::BLOCK_LANES],
+            next: 0,
+        }
+    }
+
+    /// Adds the value of the next block.
+    #[inline]
+    fn add(&mut self, v: f32) {
+        self.lanes[self.next % quants::BLOCK_LANES] += v;
+        self.next += 1;
+    }
+
+    fn total(&self) -> f32 {
+        let l = &self.lanes;
+        (l[0] + l[2]) + (l[1] + l[3])
+    }
+}
+
 fn require(isa: Isa) -> Result<()> {
     if isa.is_available() {
         Ok(())

@@ -1,7 +1,8 @@
 //! NEON dots of the 256-element types with Q8_K activations: exact integer sums per
 //! super-block (16-element sub-blocks map onto one 16-byte vector each), then the reference's
-//! f32 expression, super-blocks added one after another.
+//! f32 expression, super-block values accumulated in the reference's 4 block lanes.
 
+use crate::simd::BlockSum;
 use std::arch::aarch64::*;
 
 use minfer_gguf::quants::unpack_scale_min_k4;
@@ -31,7 +32,7 @@ fn sub16(q: uint8x16_t, a: &[u8]) -> int32x4_t {
 
 #[target_feature(enable = "neon")]
 pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8K)) {
         let sc = &wb[0..16];
         let aq = &ab[4..260];
@@ -51,9 +52,9 @@ pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
         let ad = f32_at(ab, 0);
         let dall = ad * f16_at(wb, 80);
         let dmin = ad * f16_at(wb, 82);
-        sum += dall * isum as f32 - dmin * summs as f32;
+        sum.add(dall * isum as f32 - dmin * summs as f32);
     }
-    sum
+    sum.total()
 }
 
 /// The 16 six-bit Q3_K scales minus 32 (low nibbles in bytes 0..8, top bits in bytes 8..12).
@@ -67,7 +68,7 @@ fn q3_k_scales(s: &[u8]) -> [i32; 16] {
 
 #[target_feature(enable = "neon")]
 pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8K)) {
         let scales = q3_k_scales(&wb[96..108]);
         let hmask = [load16(&wb[0..]), load16(&wb[16..])];
@@ -88,9 +89,9 @@ pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let isum = vaddvq_s32(acc);
-        sum += f16_at(wb, 108) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 108) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 /// Shared by Q4_K and Q5_K: `quants(j, half)` gives the unsigned quants of elements
@@ -104,7 +105,7 @@ fn dot_scale_min(
     block: usize,
     quants: impl Fn(&[u8], usize) -> [uint8x16_t; 4],
 ) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(block).zip(a.chunks_exact(Q8K)) {
         let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
         let aq = &ab[4..260];
@@ -125,9 +126,9 @@ fn dot_scale_min(
         let ad = f32_at(ab, 0);
         let d = f16_at(wb, 0) * ad;
         let dmin = f16_at(wb, 2) * ad;
-        sum += d * isum as f32 - dmin * msum as f32;
+        sum.add(d * isum as f32 - dmin * msum as f32);
     }
-    sum
+    sum.total()
 }
 
 #[target_feature(enable = "neon")]
@@ -165,7 +166,7 @@ pub(super) fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "neon")]
 pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8K)) {
         let aq = &ab[4..260];
         let m = vdupq_n_u8(0x0f);
@@ -192,14 +193,14 @@ pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let isum = vaddvq_s32(acc);
-        sum += f16_at(wb, 208) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 208) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 #[target_feature(enable = "neon")]
 pub(super) fn dot_q8_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(Q8K).zip(a.chunks_exact(Q8K)) {
         let mut acc = vdupq_n_s32(0);
         for c in 0..16 {
@@ -207,9 +208,9 @@ pub(super) fn dot_q8_k(w: &[u8], a: &[u8]) -> f32 {
             acc = vaddq_s32(acc, d);
         }
         let isum = vaddvq_s32(acc);
-        sum += f32_at(wb, 0) * f32_at(ab, 0) * isum as f32;
+        sum.add(f32_at(wb, 0) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 /// The 8 IQ4_XS sub-block scales minus 32: low nibbles in scales_l, top two bits in scales_h.
@@ -225,7 +226,7 @@ fn iq4_xs_scales(b: &[u8]) -> [i32; 8] {
 #[target_feature(enable = "neon")]
 pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
     let table = iq4_table();
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8K)) {
         let scales = iq4_xs_scales(wb);
         let aq = &ab[4..260];
@@ -241,7 +242,7 @@ pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
             acc = vmlaq_n_s32(acc, d, scale);
         }
         let isum = vaddvq_s32(acc);
-        sum += f16_at(wb, 0) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 0) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }

@@ -1,24 +1,44 @@
 //! AVX2 dots of the 256-element types (K-quants, IQ4_XS, Q8_K) with Q8_K activations.
 //! Integer sums per super-block are exact (pairs of byte products in i16 never saturate, the
 //! sub-block scales multiply in i32); the f32 part repeats the reference expression, and
-//! super-blocks add one after another into an f32 sum.
+//! super-block values accumulate in the reference's 4 block lanes (`BlockSum`).
 
+use crate::simd::BlockSum;
 use std::arch::x86_64::*;
-
-use minfer_gguf::quants::unpack_scale_min_k4;
 
 use super::{dot_i8_any, f16_at, f32_at, hsum_i32, iq4_table, load16, load32, pairs_small_w};
 
 /// Q8_K activation block: d f32 | qs i8[256] | bsums i16[16].
 const Q8K: usize = 292;
 
-/// Per-pair i16 sums of 32 elements (two 16-element sub-blocks) times their two scales,
-/// as 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn scale_pairs(p: __m256i, lo_scale: i16, hi_scale: i16) -> __m256i {
-    let s = _mm256_set_m128i(_mm_set1_epi16(hi_scale), _mm_set1_epi16(lo_scale));
-    _mm256_madd_epi16(p, s)
+/// 16 i16 sub-block scales, each half of 8 broadcast to both 128-bit lanes, so that one byte
+/// shuffle gives the scales of a 32-element pair of sub-blocks.
+#[derive(Clone, Copy)]
+struct Scales16([__m256i; 2]);
+
+impl Scales16 {
+    /// From 16 signed bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn from_i8(v: __m128i) -> Scales16 {
+        let lo = _mm_cvtepi8_epi16(v);
+        let hi = _mm_cvtepi8_epi16(_mm_srli_si128::<8>(v));
+        Scales16([
+            _mm256_broadcastsi128_si256(lo),
+            _mm256_broadcastsi128_si256(hi),
+        ])
+    }
+
+    /// Per-pair i16 sums of sub-blocks s (low 128 bits) and s + 1 (high 128 bits), s even,
+    /// times their scales, as 8 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn times(self, p: __m256i, s: usize) -> __m256i {
+        let k = s % 8;
+        let idx = |k: usize| (((2 * k + 1) << 8) | (2 * k)) as i16;
+        let pick = _mm256_set_m128i(_mm_set1_epi16(idx(k + 1)), _mm_set1_epi16(idx(k)));
+        _mm256_madd_epi16(p, _mm256_shuffle_epi8(self.0[s / 8], pick))
+    }
 }
 
 /// Bits `shift..shift + 2` of every byte.
@@ -37,19 +57,13 @@ fn bit_set(v: __m256i, bit: usize) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(v, m), m)
 }
 
-/// Σ bsums[j] · m[j] over the 16 activation sub-block sums and 16 small multipliers.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn bsum_dot(ab: &[u8], m: &[u8; 16]) -> i32 {
-    let bsums = load32(&ab[260..292]);
-    hsum_i32(_mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(load16(m))))
-}
-
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8K)) {
-        let sc = &wb[0..16];
+        let sc = load16(&wb[0..16]);
+        let nib = _mm_set1_epi8(0x0f);
+        let scales = Scales16::from_i8(_mm_and_si128(sc, nib));
         let aq = &ab[4..260];
         let mut acc = _mm256_setzero_si256();
         for k in 0..2 {
@@ -57,36 +71,35 @@ pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
             for j in 0..4 {
                 let q = two_bits(q2, 2 * j as i32);
                 let p = _mm256_maddubs_epi16(q, load32(&aq[128 * k + 32 * j..]));
-                let s = 8 * k + 2 * j;
-                let p = scale_pairs(p, (sc[s] & 0x0f) as i16, (sc[s + 1] & 0x0f) as i16);
-                acc = _mm256_add_epi32(acc, p);
+                acc = _mm256_add_epi32(acc, scales.times(p, 8 * k + 2 * j));
             }
         }
-        let isum = hsum_i32(acc);
-        let mins: [u8; 16] = std::array::from_fn(|s| sc[s] >> 4);
-        let summs = bsum_dot(ab, &mins);
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), nib));
+        let mprod = _mm256_madd_epi16(load32(&ab[260..292]), mins);
+        let (isum, summs) = hsum_pair(acc, mprod);
         let ad = f32_at(ab, 0);
         let dall = ad * f16_at(wb, 80);
         let dmin = ad * f16_at(wb, 82);
-        sum += dall * isum as f32 - dmin * summs as f32;
+        sum.add(dall * isum as f32 - dmin * summs as f32);
     }
-    sum
+    sum.total()
 }
 
-/// The 16 six-bit Q3_K scales minus 32 (low nibbles in bytes 0..8, top bits in bytes 8..12).
-fn q3_k_scales(s: &[u8]) -> [i16; 16] {
+/// The 16 six-bit Q3_K scales minus 32, as signed bytes (low nibbles in bytes 0..8, top
+/// bits in bytes 8..12).
+fn q3_k_scales(s: &[u8]) -> [u8; 16] {
     std::array::from_fn(|i| {
         let lo = if i < 8 { s[i] & 0x0f } else { s[i - 8] >> 4 };
         let hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-        (lo | (hi << 4)) as i16 - 32
+        ((lo | (hi << 4)) as i8 - 32) as u8
     })
 }
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8K)) {
-        let scales = q3_k_scales(&wb[96..108]);
+        let scales = Scales16::from_i8(load16(&q3_k_scales(&wb[96..108])));
         let hmask = load32(&wb[0..32]);
         let aq = &ab[4..260];
         let mut acc = _mm256_setzero_si256();
@@ -98,14 +111,40 @@ pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
                 let minus4 = _mm256_andnot_si256(bit_set(hmask, 4 * k + j), _mm256_set1_epi8(4));
                 let q = _mm256_sub_epi8(low, minus4);
                 let p = pairs_small_w(q, load32(&aq[128 * k + 32 * j..]));
-                let s = 8 * k + 2 * j;
-                acc = _mm256_add_epi32(acc, scale_pairs(p, scales[s], scales[s + 1]));
+                acc = _mm256_add_epi32(acc, scales.times(p, 8 * k + 2 * j));
             }
         }
         let isum = hsum_i32(acc);
-        sum += f16_at(wb, 108) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 108) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
+}
+
+/// The 8 six-bit scales and 8 six-bit mins of Q4_K/Q5_K, one per byte, from their 12 packed
+/// bytes with word operations (the layout `quants::unpack_scale_min_k4` documents): bytes
+/// 0..4 hold scales 0..4 and the top bits of scales 4..8, bytes 4..8 the same for the mins,
+/// bytes 8..12 the low nibbles of scales 4..8 and (high nibbles) mins 4..8.
+#[inline]
+fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (x0, x1, x2) = (word(0), word(4), word(8));
+    let low6 = 0x3f3f_3f3f;
+    let nib = 0x0f0f_0f0f;
+    // Bits 6..8 of every byte moved to bits 4..6 of the same byte.
+    let top = |x: u32| ((x >> 6) & 0x0303_0303) << 4;
+    let sc = (x0 & low6) as u64 | (((x2 & nib) | top(x0)) as u64) << 32;
+    let mn = (x1 & low6) as u64 | ((((x2 >> 4) & nib) | top(x1)) as u64) << 32;
+    (sc, mn)
+}
+
+/// Both sums of 8 i32 lanes at once.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_pair(a: __m256i, b: __m256i) -> (i32, i32) {
+    let h = _mm256_hadd_epi32(a, b);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let s = _mm_hadd_epi32(s, s);
+    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
 }
 
 /// Shared by Q4_K and Q5_K: `quants(j)` gives the unsigned quants of sub-blocks 2j and 2j+1.
@@ -117,30 +156,40 @@ fn dot_scale_min(
     block: usize,
     quants: impl Fn(&[u8], usize) -> (__m256i, __m256i),
 ) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(block).zip(a.chunks_exact(Q8K)) {
-        let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        // The 8 scales as i16 in both 128-bit lanes; scale s is broadcast by a byte shuffle.
+        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
         let aq = &ab[4..260];
         let mut acc = _mm256_setzero_si256();
         for j in 0..4 {
             let (lo, hi) = quants(wb, j);
+            let pick = |s: usize| {
+                let idx = (((2 * s + 1) << 8) | (2 * s)) as i16;
+                _mm256_shuffle_epi8(scales, _mm256_set1_epi16(idx))
+            };
             // Quants are at most 31: pairs stay far below i16 saturation.
             let p_lo = _mm256_maddubs_epi16(lo, load32(&aq[64 * j..]));
             let p_hi = _mm256_maddubs_epi16(hi, load32(&aq[64 * j + 32..]));
-            let p_lo = _mm256_madd_epi16(p_lo, _mm256_set1_epi16(sc[2 * j] as i16));
-            let p_hi = _mm256_madd_epi16(p_hi, _mm256_set1_epi16(sc[2 * j + 1] as i16));
+            let p_lo = _mm256_madd_epi16(p_lo, pick(2 * j));
+            let p_hi = _mm256_madd_epi16(p_hi, pick(2 * j + 1));
             acc = _mm256_add_epi32(acc, _mm256_add_epi32(p_lo, p_hi));
         }
-        let isum = hsum_i32(acc);
-        // A 32-element sub-block covers two 16-element bsums.
-        let mins: [u8; 16] = std::array::from_fn(|j| mn[j / 2]);
-        let msum = bsum_dot(ab, &mins);
+        // A 32-element sub-block covers two 16-element bsums: each min twice.
+        let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+        let mins = _mm256_set_m128i(
+            _mm_unpackhi_epi16(mins, mins),
+            _mm_unpacklo_epi16(mins, mins),
+        );
+        let mprod = _mm256_madd_epi16(load32(&ab[260..292]), mins);
+        let (isum, msum) = hsum_pair(acc, mprod);
         let ad = f32_at(ab, 0);
         let d = f16_at(wb, 0) * ad;
         let dmin = f16_at(wb, 2) * ad;
-        sum += d * isum as f32 - dmin * msum as f32;
+        sum.add(d * isum as f32 - dmin * msum as f32);
     }
-    sum
+    sum.total()
 }
 
 #[target_feature(enable = "avx2,f16c")]
@@ -172,8 +221,9 @@ pub(super) fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8K)) {
+        let scales = Scales16::from_i8(load16(&wb[192..208]));
         let aq = &ab[4..260];
         let m = _mm256_set1_epi8(0x0f);
         let mut acc = _mm256_setzero_si256();
@@ -192,29 +242,27 @@ pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
                 // q - 32 lies in -32..=31.
                 let q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
                 let p = pairs_small_w(q, load32(&aq[128 * h + 32 * i..]));
-                let s = 192 + 8 * h + 2 * i;
-                let p = scale_pairs(p, wb[s] as i8 as i16, wb[s + 1] as i8 as i16);
-                acc = _mm256_add_epi32(acc, p);
+                acc = _mm256_add_epi32(acc, scales.times(p, 8 * h + 2 * i));
             }
         }
         let isum = hsum_i32(acc);
-        sum += f16_at(wb, 208) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 208) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q8_k(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(Q8K).zip(a.chunks_exact(Q8K)) {
         let mut acc = _mm256_setzero_si256();
         for c in 0..8 {
             acc = _mm256_add_epi32(acc, dot_i8_any(&wb[4 + 32 * c..], &ab[4 + 32 * c..]));
         }
         let isum = hsum_i32(acc);
-        sum += f32_at(wb, 0) * f32_at(ab, 0) * isum as f32;
+        sum.add(f32_at(wb, 0) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
 
 /// The 8 IQ4_XS sub-block scales minus 32: low nibbles in scales_l, top two bits in scales_h.
@@ -231,7 +279,7 @@ fn iq4_xs_scales(b: &[u8]) -> [i16; 8] {
 pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
     let table = iq4_table();
     let m = _mm256_set1_epi8(0x0f);
-    let mut sum = 0.0f32;
+    let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8K)) {
         let scales = iq4_xs_scales(wb);
         let aq = &ab[4..260];
@@ -255,7 +303,37 @@ pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let isum = hsum_i32(acc);
-        sum += f16_at(wb, 0) * f32_at(ab, 0) * isum as f32;
+        sum.add(f16_at(wb, 0) * f32_at(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The word-wise unpacking agrees with the reference's byte-wise one on every bit
+    /// pattern class (random 12-byte strings, plus all-ones and all-zeros).
+    #[test]
+    fn scales_mins_k4_match_the_reference_unpacking() {
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut cases: Vec<[u8; 12]> = vec![[0; 12], [0xff; 12]];
+        for _ in 0..10_000 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let hi = state.to_le_bytes();
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let lo = state.to_le_bytes();
+            cases.push(std::array::from_fn(
+                |i| if i < 8 { hi[i] } else { lo[i - 8] },
+            ));
+        }
+        for s in cases {
+            let (sc, mn) = super::scales_mins_k4(&s);
+            let (want_sc, want_mn) = minfer_gguf::quants::unpack_scale_min_k4(&s);
+            assert_eq!(sc.to_le_bytes(), want_sc, "{s:?}");
+            assert_eq!(mn.to_le_bytes(), want_mn, "{s:?}");
+        }
+    }
 }

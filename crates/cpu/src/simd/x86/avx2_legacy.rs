@@ -1,8 +1,8 @@
 //! AVX2 dots of the 32-element types with Q8_0 / Q8_1 activations. Each block's integer sum
 //! is exact; the f32 part repeats the reference expression of `minfer_gguf::quants` (same
 //! operands, same association, lane-wise over 4 blocks at once, which rounds each lane
-//! exactly like the scalar expression) and the block values add one after another into an
-//! f32 sum, as the reference adds them.
+//! exactly like the scalar expression). Block b's value adds into lane b % 4 of one f32
+//! vector, the reference's `BLOCK_LANES` order, and the lanes combine as (0 + 2) + (1 + 3).
 
 use std::arch::x86_64::*;
 
@@ -38,7 +38,7 @@ fn f16x4(b: &[u8], stride: usize, off: usize) -> __m128 {
 
 /// The shared loop: `isum(w_block, a_block)` gives a block's exact integer sum spread over
 /// 8 i32 lanes; `value(w_group, a_group, isums)` the 4 block values of a group from their
-/// sums as f32. A last group of fewer than 4 blocks runs zero-padded, adding only its real
+/// sums as f32. A last group of fewer than 4 blocks runs zero-padded and adds only its real
 /// lanes. (One loop body, so the closures inline into it.)
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
@@ -52,7 +52,7 @@ fn dot_blocks(
     let blocks = w.len() / wb;
     let mut wpad = [0u8; GROUP * MAX_BLOCK];
     let mut apad = [0u8; GROUP * MAX_BLOCK];
-    let mut sum = 0.0f32;
+    let mut acc = _mm_setzero_ps();
     let mut g = 0;
     while g < blocks {
         let count = (blocks - g).min(GROUP);
@@ -70,15 +70,18 @@ fn dot_blocks(
             isum(&w4[3 * wb..], &a4[3 * ab..]),
         ];
         let v = value(w4, a4, _mm_cvtepi32_ps(hsum4(parts)));
-        let mut out = [0.0f32; GROUP];
-        // SAFETY: `out` has room for 4 f32; storeu has no alignment requirement.
-        unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
-        for v in &out[..count] {
-            sum += v;
+        if count == GROUP {
+            acc = _mm_add_ps(acc, v);
+        } else {
+            // Lanes without a block stay untouched, as in the reference.
+            let real = _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
+            acc = _mm_blendv_ps(acc, _mm_add_ps(acc, v), _mm_castsi128_ps(real));
         }
         g += GROUP;
     }
-    sum
+    // (lane 0 + lane 2) + (lane 1 + lane 3)
+    let s = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
 }
 
 /// The 5-bit quants of a Q5 block: nibbles plus bit j of `qh` as bit 4 of element j.
