@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Generate a reply to a prompt, streamed to stdout (timings on stderr).
+    Run(Box<commands::run::Args>),
     /// Show a GGUF file's metadata, tensors and per-type totals.
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
@@ -26,15 +28,19 @@ enum Command {
     Pull(commands::pull::Args),
     /// Print the prompt a model's chat template makes of an OpenAI-style message list.
     Render(commands::render::Args),
+    /// Print the token ids (and pieces) of a text, or decode ids with --decode.
+    Tokenize(commands::tokenize::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(a) => commands::run::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),
         Command::Render(a) => commands::render::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,10 +1,34 @@
-//! The dot-product dispatch point: one function per weight type, chosen once per matmul.
-//! The demo models' types use the portable kernels of [`crate::fastdot`] (bit-identical to
-//! the reference, `tests/fastdot.rs`); every other type uses the scalar reference of
-//! `minfer_gguf::quants`. SIMD variants slot in here per type, proven the same way.
+//! The dot-product dispatch point, resolved once per matmul: the SIMD kernel of this
+//! machine's instruction set when [`crate::simd`] has one for the weight type (bit-identical to
+//! the reference, `tests/simd_exact.rs`), else the portable kernels of [`crate::fastdot`]
+//! (bit-identical too, `tests/fastdot.rs`), else the scalar reference of `minfer_gguf::quants`.
 
-use crate::fastdot;
+use crate::{fastdot, simd};
 use minfer_gguf::{quants, GgmlType};
+
+/// The kernel a matmul calls per (weight row, activation row).
+#[derive(Clone, Copy)]
+pub enum RowKernel {
+    Simd(simd::RowDot),
+    Portable(GgmlType, DotFn),
+}
+
+impl RowKernel {
+    pub fn for_type(ty: GgmlType) -> RowKernel {
+        match simd::RowDot::new(ty) {
+            Ok(r) if r.isa() != simd::Isa::Scalar => RowKernel::Simd(r),
+            _ => RowKernel::Portable(ty, select(ty)),
+        }
+    }
+
+    #[inline]
+    pub fn dot(&self, n: usize, w: &[u8], a: &[u8]) -> minfer_gguf::Result<f32> {
+        match self {
+            RowKernel::Simd(r) => r.dot(n, w, a),
+            RowKernel::Portable(ty, f) => f(*ty, n, w, a),
+        }
+    }
+}
 
 /// `dot(n, weight_row, activation_row)`; the activation row is encoded in
 /// `quants::vec_dot_type(ty)`.

@@ -6,6 +6,7 @@
 pub mod dot;
 pub mod fastdot;
 pub mod ops;
+pub mod simd;
 pub mod threads;
 
 use minfer_gguf::{quants, GgmlType};

@@ -13,7 +13,10 @@ pub enum Error {
     },
     #[error("not a GGUF file: magic {found:?} at offset 0 (expected \"GGUF\")")]
     BadMagic { found: [u8; 4] },
-    #[error("unsupported GGUF version {version} at offset 4 (minfer reads versions 2 and 3)")]
+    #[error(
+        "unsupported GGUF version {version} at offset 4 (minfer reads versions 2 and 3{})",
+        big_endian_hint(*version)
+    )]
     UnsupportedVersion { version: u32 },
     #[error("file truncated at offset {offset}: needed {needed} more bytes for {what}, file has {len} bytes")]
     Truncated {
@@ -95,6 +98,14 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+}
+
+/// A version that reads as 2 or 3 byte-swapped is a big-endian file: say so.
+fn big_endian_hint(version: u32) -> &'static str {
+    match version.swap_bytes() {
+        2 | 3 => "; this is a big-endian GGUF file, which minfer does not read",
+        _ => "",
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

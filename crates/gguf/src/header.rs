@@ -7,6 +7,7 @@
 
 use crate::error::{Error, Result};
 pub use crate::metadata::Metadata;
+use crate::string_array::StringArray;
 use crate::types::{GgmlType, TypeId};
 use crate::value::{Array, Value, ValueType};
 
@@ -196,6 +197,46 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    /// `n` strings into one buffer: their bytes are copied side by side and validated as
+    /// UTF-8 in one pass. The concatenation is valid with every boundary a char boundary
+    /// exactly when every string is valid, so per-string validation runs only to locate an
+    /// error.
+    fn string_array(&mut self, n: usize) -> Result<StringArray> {
+        const WHAT: &str = "string array element";
+        const WHAT_LEN: &str = "string array element length";
+        let start = self.pos;
+        let mut total = 0u64;
+        for _ in 0..n {
+            let len = self.count(WHAT_LEN, 1)?;
+            self.take(len, WHAT)?;
+            total += len;
+        }
+        self.pos = start;
+        let mut buf = Vec::with_capacity(total as usize);
+        let mut ends = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = self.count(WHAT_LEN, 1)?;
+            buf.extend_from_slice(self.take(len, WHAT)?);
+            ends.push(buf.len());
+        }
+        if let Ok(s) = String::from_utf8(buf) {
+            if let Some(a) = StringArray::from_parts(s, ends) {
+                return Ok(a);
+            }
+        }
+        let end = self.pos;
+        self.pos = start;
+        for _ in 0..n {
+            let offset = self.offset();
+            let len = self.count(WHAT_LEN, 1)?;
+            if std::str::from_utf8(self.take(len, WHAT)?).is_err() {
+                return Err(Error::BadUtf8 { offset });
+            }
+        }
+        // Unreachable by the argument above; still an error, never a panic.
+        Err(Error::BadUtf8 { offset: end as u64 })
+    }
+
     fn array(&mut self, depth: usize) -> Result<Array> {
         let offset = self.offset();
         if depth > MAX_NESTING {
@@ -243,13 +284,7 @@ impl<'a> Cursor<'a> {
                 }
                 Array::Bool(v)
             }
-            ValueType::String => {
-                let mut v = Vec::with_capacity(n);
-                for _ in 0..n {
-                    v.push(self.string("string array element", "string array element length")?);
-                }
-                Array::String(v)
-            }
+            ValueType::String => Array::String(self.string_array(n)?),
             ValueType::Array => {
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {

@@ -6,6 +6,7 @@
 //! `tests/mutation.rs`), and models have few enough keys that a lookup is a handful of
 //! comparisons.
 
+use crate::string_array::StringArray;
 use crate::value::{Array, Value};
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -94,6 +95,10 @@ impl Metadata {
     }
     pub fn get_array(&self, key: &str) -> Option<&Array> {
         self.get(key).and_then(Value::as_array)
+    }
+    /// A string array (e.g. `tokenizer.ggml.tokens`); None if absent or of another type.
+    pub fn get_strings(&self, key: &str) -> Option<&StringArray> {
+        self.get_array(key).and_then(Array::as_strings)
     }
 }
 

@@ -82,12 +82,17 @@ impl GgufModel {
         }
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut parts = Vec::with_capacity(count as usize);
+        // The part we were given is already open; the others are found by name.
+        let mut given = Some(first);
         for no in 1..=count as u32 {
             let p = split_path(dir, &prefix, no, count as u32);
-            if !p.exists() {
-                return Err(split_err(&p, format!("part {no} of {count} is missing")));
-            }
-            let f = GgufFile::open(&p)?;
+            let f = match given.take_if(|f| f.path() == p) {
+                Some(f) => f,
+                None if !p.exists() => {
+                    return Err(split_err(&p, format!("part {no} of {count} is missing")))
+                }
+                None => GgufFile::open(&p)?,
+            };
             let md = &f.header().metadata;
             let got_no = md.get_u64(KEY_SPLIT_NO);
             if got_no != Some(no as u64 - 1) {

@@ -1,5 +1,6 @@
 //! GGUF metadata values: the thirteen value types and typed arrays.
 
+use crate::string_array::StringArray;
 use std::fmt;
 
 /// Metadata value type ids as stored in the file.
@@ -103,7 +104,8 @@ pub enum Array {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    /// Strings in one buffer (see [`StringArray`]); build one with `vec![..].into()`.
+    String(StringArray),
     Nested(Vec<Array>),
     U64(Vec<u64>),
     I64(Vec<i64>),
@@ -176,6 +178,14 @@ impl Value {
 }
 
 impl Array {
+    /// The strings of a string array.
+    pub fn as_strings(&self) -> Option<&StringArray> {
+        match self {
+            Array::String(v) => Some(v),
+            _ => None,
+        }
+    }
+
     pub fn elem_type(&self) -> ValueType {
         match self {
             Array::U8(_) => ValueType::U8,
@@ -227,7 +237,7 @@ impl Array {
             Array::I32(v) => v[i].to_string(),
             Array::F32(v) => v[i].to_string(),
             Array::Bool(v) => v[i].to_string(),
-            Array::String(v) => format!("{:?}", v[i]),
+            Array::String(v) => format!("{:?}", &v[i]),
             Array::Nested(v) => format!("[array of {} {}]", v[i].len(), v[i].elem_type().name()),
             Array::U64(v) => v[i].to_string(),
             Array::I64(v) => v[i].to_string(),

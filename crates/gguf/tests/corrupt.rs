@@ -73,6 +73,11 @@ fn unknown_versions() {
         let e = parse_err(&b);
         assert!(matches!(e, Error::UnsupportedVersion { version } if version == v));
         assert_mentions(&e, &[&format!("version {v}"), "offset 4"]);
+        assert_eq!(
+            e.to_string().contains("big-endian"),
+            v == 0x0300_0000,
+            "{e}"
+        );
     }
 }
 
@@ -182,7 +187,7 @@ value_truncation_tests! {
     truncated_array_type: Value::Array(Array::U32(vec![1, 2])), 2, 0, "value type";
     truncated_array_count: Value::Array(Array::U32(vec![1, 2])), 6, 4, "array element count";
     truncated_array_elements: Value::Array(Array::U32(vec![1, 2])), 14, 4, "array element count";
-    truncated_string_array_element: Value::Array(Array::String(vec!["ab".into(), "cd".into()])), 12 + 10 + 9, 22, "string array element length";
+    truncated_string_array_element: Value::Array(Array::String(vec!["ab", "cd"].into())), 12 + 10 + 9, 22, "string array element length";
     truncated_nested_array: Value::Array(Array::Nested(vec![Array::U8(vec![1, 2, 3])])), 12 + 13, 16, "array element count";
 }
 
@@ -260,7 +265,7 @@ fn array_length_2_pow_63() {
     for arr in [
         Array::U8(vec![1]),
         Array::U64(vec![1]),
-        Array::String(vec!["x".into()]),
+        Array::String(vec!["x"].into()),
         Array::Nested(vec![Array::Bool(vec![])]),
     ] {
         let mut b = one_kv("k", Value::Array(arr));
@@ -317,6 +322,37 @@ fn invalid_utf8_key_value_and_tensor_name() {
     let t = fields(&b).tensors[1].clone();
     b[t.at + 8 + 2] = 0x80;
     assert!(matches!(parse_err(&b), Error::BadUtf8 { offset } if offset == t.at as u64));
+}
+
+#[test]
+fn invalid_utf8_in_a_string_array() {
+    let mut b = one_kv(
+        "k",
+        Value::Array(Array::String(vec!["ok", "bad", "ok"].into())),
+    );
+    let second = fields(&b).kvs[0].value_at + 12 + 8 + 2;
+    b[second + 8 + 1] = 0xFE; // never valid in UTF-8
+    let e = parse_err(&b);
+    assert!(
+        matches!(e, Error::BadUtf8 { offset } if offset == second as u64),
+        "{e:?}"
+    );
+    assert_mentions(&e, &[&format!("offset {second}")]);
+}
+
+#[test]
+fn a_char_split_across_two_array_strings_is_invalid() {
+    // "é" is C3 A9: as the strings "\xC3" and "\xA9" each is invalid, although their
+    // concatenation (what the parser validates in one pass) is valid.
+    let mut b = one_kv("k", Value::Array(Array::String(vec!["x", "y"].into())));
+    let first = fields(&b).kvs[0].value_at + 12;
+    b[first + 8] = 0xC3;
+    b[first + 9 + 8] = 0xA9;
+    let e = parse_err(&b);
+    assert!(
+        matches!(e, Error::BadUtf8 { offset } if offset == first as u64),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -86,7 +86,10 @@ fn array_json(a: &Array) -> Json {
         Array::F32(v) => each(v, Value::F32),
         Array::F64(v) => each(v, Value::F64),
         Array::Bool(v) => each(v, Value::Bool),
-        Array::String(v) => each(v, Value::String),
+        Array::String(v) => v
+            .iter()
+            .map(|s| value_json(&Value::String(s.into())))
+            .collect(),
         Array::Nested(v) => v.iter().map(array_json).collect(),
     };
     json!({"t": 9, "et": a.elem_type() as u32, "v": items})
@@ -190,17 +193,20 @@ fn every_value_type_file() -> Vec<u8> {
         .set("a.bool", Value::Array(Array::Bool(vec![true, false, true])))
         .set(
             "a.string",
-            Value::Array(Array::String(vec!["".into(), "é".into(), "日本".into()])),
+            Value::Array(Array::String(vec!["", "é", "日本"].into())),
         )
         .set("a.u64", Value::Array(Array::U64(vec![u64::MAX, 0])))
         .set("a.i64", Value::Array(Array::I64(vec![i64::MIN])))
         .set("a.f64", Value::Array(Array::F64(vec![-0.0, 1e300])))
         .set("a.empty.f32", Value::Array(Array::F32(vec![])))
-        .set("a.empty.string", Value::Array(Array::String(vec![])))
+        .set(
+            "a.empty.string",
+            Value::Array(Array::String(Vec::<&str>::new().into())),
+        )
         .set(
             "a.nested",
             Value::Array(Array::Nested(vec![
-                Array::Nested(vec![Array::String(vec!["deep".into()]), Array::U8(vec![])]),
+                Array::Nested(vec![Array::String(vec!["deep"].into()), Array::U8(vec![])]),
                 Array::Nested(vec![]),
             ])),
         )

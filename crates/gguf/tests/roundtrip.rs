@@ -18,7 +18,7 @@ fn every_value_type() -> GgufWriter {
         .set("t.f64", Value::F64(-2.25))
         .set(
             "t.arr.str",
-            Value::Array(Array::String(vec!["a".into(), "".into(), "ü".into()])),
+            Value::Array(Array::String(vec!["a", "", "ü"].into())),
         )
         .set("t.arr.i32", Value::Array(Array::I32(vec![1, -2, 3])))
         .set(

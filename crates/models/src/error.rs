@@ -33,7 +33,14 @@ pub enum Error {
     },
     #[error("tensor {tensor}: cannot synthesize weights of type {ty}")]
     UnsupportedWeightType { tensor: String, ty: String },
-    #[error("{what}: {source}")]
+    #[error("tensor {tensor}: encoding as {ty}")]
+    Encode {
+        tensor: String,
+        ty: String,
+        #[source]
+        source: Box<minfer_gguf::Error>,
+    },
+    #[error("{what}")]
     Io {
         what: String,
         #[source]

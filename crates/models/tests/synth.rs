@@ -209,3 +209,54 @@ fn donor_tokenizer_is_copied_verbatim() {
     assert!(synth::synthesize(&spec).is_err());
     std::fs::remove_file(path).unwrap();
 }
+
+#[test]
+fn every_supported_weight_type_gives_matrices_of_the_intended_spread() {
+    // Rows of 256 (the K-quant block) so every type fits. Quantized types come from
+    // quantize_row (error of a few % of the RMS for 4-bit types) or from rescaled random
+    // blocks (RMS exact up to f16 rounding of the scales): 10% covers both. Control: without
+    // the rescale in random_row, Q2_K comes out at RMS 0.025 and this fails.
+    let mut spec = SynthSpec::new(Arch::Qwen2, 1, 256, 4, 2, 512);
+    for ty in GgmlType::SUPPORTED {
+        spec.weight_type = ty;
+        let w = synth::synthesize(&spec).unwrap();
+        let t = w
+            .tensors
+            .iter()
+            .find(|t| t.name == "blk.0.ffn_up.weight")
+            .unwrap();
+        assert_eq!(t.ty, ty);
+        let row_bytes = ty.row_bytes(256).unwrap() as usize;
+        let mut row = vec![0f32; 256];
+        let mut sum_sq = 0f64;
+        for r in t.data.chunks_exact(row_bytes) {
+            minfer_gguf::quants::dequantize_row(ty, r, &mut row).unwrap();
+            assert!(row.iter().all(|x| x.is_finite()), "{ty}");
+            sum_sq += row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>();
+        }
+        let rms = (sum_sq / (512.0 * 256.0)).sqrt();
+        assert!((rms * 16.0 - 1.0).abs() < 0.1, "{ty}: rms {rms}, want 1/16");
+        // Norms stay F32 whatever the weight type.
+        let n = w
+            .tensors
+            .iter()
+            .find(|t| t.name == "blk.0.attn_norm.weight")
+            .unwrap();
+        assert_eq!(n.ty, GgmlType::F32);
+    }
+}
+
+#[test]
+fn the_demo_shape_synthesizes_with_a_fallback_for_896_wide_rows() {
+    // Qwen2.5-0.5B's rows of 896 are not whole Q4_K blocks (256); its 4864-wide ffn_down rows are.
+    let mut spec = SynthSpec::preset("0.5b").unwrap();
+    spec.block_count = 1;
+    spec.vocab_size = Some(1024);
+    spec.weight_type = GgmlType::Q4K;
+    spec.fallback_type = Some(GgmlType::Q5_0);
+    let p = synth::plan(&spec).unwrap();
+    let ty = |n: &str| p.tensors().find(|t| t.name == n).unwrap().ty;
+    assert_eq!(ty("blk.0.ffn_down.weight"), GgmlType::Q4K);
+    assert_eq!(ty("blk.0.attn_q.weight"), GgmlType::Q5_0);
+    assert_eq!(ty("token_embd.weight"), GgmlType::Q5_0);
+}

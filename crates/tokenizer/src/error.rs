@@ -28,6 +28,9 @@ pub enum Error {
     #[error("tokenizer.ggml.merges is empty: a BPE vocabulary needs a merge table")]
     EmptyMerges,
 
+    #[error("the token texts take {bytes} bytes, more than the 4 GiB this tokenizer indexes")]
+    VocabTooLarge { bytes: usize },
+
     #[error("the vocabulary is empty (tokenizer.ggml.tokens has no entries)")]
     EmptyVocab,
 

@@ -15,6 +15,7 @@ pub mod error;
 pub mod pretokenize;
 pub mod special;
 pub mod template;
+mod text_index;
 pub mod tokenizer;
 pub mod unicode;
 mod unicode_tables;

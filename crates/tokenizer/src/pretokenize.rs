@@ -62,13 +62,13 @@ impl PreTokenizer {
         scratch.offsets.clear();
         scratch.ends.clear();
         for (i, c) in text.char_indices() {
-            scratch.offsets.push(i as u32);
+            scratch.offsets.push(i);
             scratch.cps.push(Cp {
                 c: c as u32,
                 f: flags(c),
             });
         }
-        scratch.offsets.push(text.len() as u32);
+        scratch.offsets.push(text.len());
         let cps = &scratch.cps;
         let ends = &mut scratch.ends;
         match self {
@@ -79,7 +79,7 @@ impl PreTokenizer {
                 for (i, cp) in cps.iter().enumerate() {
                     if cp.f & N != 0 {
                         split_gpt2(&cps[start..i], start, ends);
-                        ends.push(i as u32 + 1);
+                        ends.push(i + 1);
                         start = i + 1;
                     }
                 }
@@ -88,12 +88,8 @@ impl PreTokenizer {
         }
         let mut prev = 0usize;
         for &e in ends.iter() {
-            let (a, b) = (
-                scratch.offsets[prev] as usize,
-                scratch.offsets[e as usize] as usize,
-            );
-            out.push((a, b));
-            prev = e as usize;
+            out.push((scratch.offsets[prev], scratch.offsets[e]));
+            prev = e;
         }
     }
 }
@@ -102,8 +98,10 @@ impl PreTokenizer {
 #[derive(Default)]
 pub struct Scratch {
     cps: Vec<Cp>,
-    offsets: Vec<u32>,
-    ends: Vec<u32>,
+    /// Byte offset of each code point, then the text length.
+    offsets: Vec<usize>,
+    /// Word ends as code point indexes.
+    ends: Vec<usize>,
 }
 
 #[derive(Clone, Copy)]
@@ -149,12 +147,12 @@ fn contraction(s: &[Cp], pos: usize, fold: fn(u32) -> u32) -> usize {
 
 /// The Qwen2 / Llama 3 scanner over one piece; `digits` is the longest number run (1 or 3).
 /// Pushes word end positions (code point indexes, offset by `base`).
-fn split_llama3(s: &[Cp], base: usize, digits: usize, ends: &mut Vec<u32>) {
+fn split_llama3(s: &[Cp], base: usize, digits: usize, ends: &mut Vec<usize>) {
     let n = s.len();
     let fl = |i: usize| if i < n { s[i].f } else { 0 };
     let cp = |i: usize| if i < n { s[i].c } else { u32::MAX };
     let mut pos = 0;
-    let push = |end: usize, ends: &mut Vec<u32>| ends.push((base + end) as u32);
+    let push = |end: usize, ends: &mut Vec<usize>| ends.push(base + end);
     while pos < n {
         let c = s[pos].c;
         let f = s[pos].f;
@@ -223,11 +221,11 @@ fn split_llama3(s: &[Cp], base: usize, digits: usize, ends: &mut Vec<u32>) {
 }
 
 /// GPT-2's scanner over one piece (case-sensitive contractions, ` ?` prefixes).
-fn split_gpt2(s: &[Cp], base: usize, ends: &mut Vec<u32>) {
+fn split_gpt2(s: &[Cp], base: usize, ends: &mut Vec<usize>) {
     let n = s.len();
     let fl = |i: usize| if i < n { s[i].f } else { 0 };
     let mut pos = 0;
-    let push = |end: usize, ends: &mut Vec<u32>| ends.push((base + end) as u32);
+    let push = |end: usize, ends: &mut Vec<usize>| ends.push(base + end);
     while pos < n {
         let c = s[pos].c;
         let k = contraction(s, pos, |c| c);

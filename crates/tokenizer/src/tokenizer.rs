@@ -23,8 +23,9 @@ pub enum Normalization {
     Nfc,
 }
 
-/// Words at most this long (bytes) are remembered by the word cache.
-const CACHE_MAX_WORD: usize = 64;
+/// Words at most this long (bytes) are remembered by the word cache (HF's BPE cache takes
+/// words under 256 characters).
+const CACHE_MAX_WORD: usize = 256;
 /// The cache is cleared when it reaches this many words (bounds memory on endless input).
 const CACHE_MAX_ENTRIES: usize = 1 << 18;
 
@@ -72,6 +73,13 @@ impl Tokenizer {
     pub fn with_normalization(mut self, normalization: Normalization) -> Tokenizer {
         self.normalization = normalization;
         self
+    }
+
+    /// Empties the word cache (benchmarks use it to time encoding from cold).
+    pub fn clear_cache(&self) {
+        if let Ok(mut c) = self.cache.lock() {
+            c.clear();
+        }
     }
 
     pub fn normalization(&self) -> Normalization {
@@ -281,5 +289,14 @@ impl Tokenizer {
             self.always.texts().collect(),
             self.with_special.texts().collect(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokenizer_is_shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::Tokenizer>();
     }
 }

@@ -124,6 +124,18 @@ mod tests {
     }
 
     #[test]
+    fn tables_are_unicode_15_1_like_llama_cpp() {
+        // llama.cpp's unicode-data.cpp is Unicode 15.1: CJK Extension H (15.0) and I (15.1)
+        // are letters there, 16.0 additions (U+1C89) are not yet assigned.
+        assert_eq!(UNICODE_VERSION, "15.1.0");
+        assert_eq!(flags('\u{31350}'), LETTER_FLAG);
+        assert_eq!(flags('\u{2EBF0}'), LETTER_FLAG);
+        assert_eq!(flags('\u{1E4D0}'), LETTER_FLAG);
+        assert_eq!(flags('\u{1C89}'), 0);
+        assert_eq!(flags('\u{2EE5E}'), 0);
+    }
+
+    #[test]
     fn byte_map_is_a_bijection_with_gpt2_values() {
         assert_eq!(BYTE_TO_CHAR[b'!' as usize], '!');
         assert_eq!(BYTE_TO_CHAR[b' ' as usize], 'Ġ');

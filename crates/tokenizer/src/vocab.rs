@@ -4,6 +4,7 @@
 use crate::bpe::{Bpe, FxMap};
 use crate::error::{Error, Result};
 use crate::pretokenize::PreTokenizer;
+use crate::text_index::TextIndex;
 use crate::unicode::{char_to_byte, BYTE_TO_CHAR};
 use minfer_gguf::{Array, Metadata, Value};
 
@@ -145,7 +146,7 @@ fn get_str<'a>(md: &'a Metadata, key: &'static str) -> Result<Option<&'a str>> {
     }
 }
 
-fn get_str_array<'a>(md: &'a Metadata, key: &'static str) -> Result<&'a [String]> {
+fn get_str_array<'a>(md: &'a Metadata, key: &'static str) -> Result<&'a minfer_gguf::StringArray> {
     match md.get(key) {
         None => Err(Error::MissingKey { key }),
         Some(Value::Array(Array::String(v))) => Ok(v),
@@ -252,7 +253,7 @@ impl Vocab {
         if n == 0 {
             return Err(Error::EmptyVocab);
         }
-        let merges = get_str_array(md, KEY_MERGES)?;
+        let merges: Vec<&str> = get_str_array(md, KEY_MERGES)?.iter().collect();
         if merges.is_empty() {
             return Err(Error::EmptyMerges);
         }
@@ -270,6 +271,10 @@ impl Vocab {
 
         // Texts and pieces, each in one buffer.
         let total: usize = tokens.iter().map(|t| t.len()).sum();
+        // Offsets are u32; pieces are never longer than texts.
+        if total > u32::MAX as usize {
+            return Err(Error::VocabTooLarge { bytes: total });
+        }
         let mut text_bytes = Vec::with_capacity(total);
         let mut text_offsets = Vec::with_capacity(n + 1);
         let mut piece_bytes = Vec::with_capacity(total);
@@ -292,11 +297,7 @@ impl Vocab {
         }
 
         // Text -> id; a later duplicate wins, as in llama.cpp's map.
-        let mut by_text: FxMap<&str, u32> = FxMap::default();
-        by_text.reserve(n);
-        for (i, t) in tokens.iter().enumerate() {
-            by_text.insert(t.as_str(), i as u32);
-        }
+        let by_text = TextIndex::new(&text_bytes, &text_offsets);
 
         let mut byte_ids = [NO_TOKEN; 256];
         let mut missing_bytes = Vec::new();
@@ -304,8 +305,8 @@ impl Vocab {
             let c = BYTE_TO_CHAR[b];
             let mut buf = [0u8; 4];
             let s: &str = c.encode_utf8(&mut buf);
-            match by_text.get(s) {
-                Some(&t) => *id = t,
+            match by_text.get(s.as_bytes()) {
+                Some(t) => *id = t,
                 None if byte_required(b as u8) => {
                     return Err(Error::MissingByteToken {
                         byte: b as u8,
@@ -316,7 +317,7 @@ impl Vocab {
             }
         }
 
-        let bpe = build_merges(merges, &by_text, byte_ids, n)?;
+        let bpe = build_merges(&merges, &by_text, byte_ids, n)?;
 
         let whole_words = if pre.ignores_merges() {
             let mut m = FxMap::default();
@@ -339,15 +340,15 @@ impl Vocab {
             pad: get_id(md, KEY_PAD, n)?,
         };
         if special.eot.is_none() {
-            special.eot = EOT_TEXTS.iter().find_map(|t| by_text.get(t).copied());
+            special.eot = EOT_TEXTS.iter().find_map(|t| by_text.get(t.as_bytes()));
         }
         if special.eom.is_none() {
-            special.eom = by_text.get("<|eom_id|>").copied();
+            special.eom = by_text.get(b"<|eom_id|>");
         }
         let mut eog: Vec<u32> = [special.eos, special.eot, special.eom]
             .into_iter()
             .flatten()
-            .chain(EOG_TEXTS.iter().filter_map(|t| by_text.get(t).copied()))
+            .chain(EOG_TEXTS.iter().filter_map(|t| by_text.get(t.as_bytes())))
             .collect();
         eog.sort_unstable();
         eog.dedup();
@@ -399,59 +400,139 @@ impl Vocab {
 }
 
 /// Parses `"left right"` merges into id pairs. The first occurrence of a pair sets its rank
-/// (llama.cpp's `emplace`). Results outside the vocabulary get virtual ids; merges whose parts
-/// can never be formed are unreachable and dropped.
+/// (llama.cpp's `emplace`). In the common case both parts and the result are vocabulary
+/// entries (one pass, three lookups). The rest go to a second pass: results outside the
+/// vocabulary get virtual ids, and merges whose parts can never be formed are dropped.
+/// Splits a merge at its separator: the first space after the first character (llama.cpp:
+/// `find(' ', 1)`).
+fn split_merge(index: usize, m: &str) -> Result<(&str, &str)> {
+    let first_len = m.chars().next().map_or(0, char::len_utf8);
+    match m[first_len..].find(' ') {
+        Some(p) => Ok((&m[..first_len + p], &m[first_len + p + 1..])),
+        None => Err(Error::BadMerge {
+            index,
+            merge: m.to_string(),
+        }),
+    }
+}
+
+/// `(left, right, result)` ids of merges `first..first + merges.len()`, `NO_TOKEN` where a
+/// text is not a vocabulary entry.
+fn resolve_merges(first: usize, merges: &[&str], by_text: &TextIndex) -> Result<Vec<[u32; 3]>> {
+    let mut out = Vec::with_capacity(merges.len());
+    let mut concat = String::with_capacity(64);
+    let mut result_delta = 0u32;
+    for (i, m) in merges.iter().enumerate() {
+        let rank = first + i;
+        let (a, b) = split_merge(rank, m)?;
+        concat.clear();
+        concat.push_str(a);
+        concat.push_str(b);
+        // Vocabularies list merge results in rank order (Qwen2.5: id = 256 + rank, SmolLM2:
+        // 252 + rank), so the result's id is first guessed from the previous one and checked;
+        // that saves a third of the random-access lookups.
+        let guess = (rank as u32).wrapping_add(result_delta);
+        let merged = if by_text.is(guess, concat.as_bytes()) {
+            guess
+        } else {
+            match by_text.get(concat.as_bytes()) {
+                Some(id) => {
+                    result_delta = id.wrapping_sub(rank as u32);
+                    id
+                }
+                None => NO_TOKEN,
+            }
+        };
+        let get = |t: &str| by_text.get(t.as_bytes()).unwrap_or(NO_TOKEN);
+        out.push([get(a), get(b), merged]);
+    }
+    Ok(out)
+}
+
+/// Merge tables at least this long are resolved on several threads.
+const PARALLEL_MERGES: usize = 1 << 14;
+
 fn build_merges(
-    merges: &[String],
-    by_text: &FxMap<&str, u32>,
+    merges: &[&str],
+    by_text: &TextIndex,
     byte_ids: [u32; 256],
     n_vocab: usize,
 ) -> Result<Bpe> {
-    let mut split: Vec<(&str, &str)> = Vec::with_capacity(merges.len());
-    for (index, m) in merges.iter().enumerate() {
-        // The separator is the first space after the first character (llama.cpp: find(' ', 1)).
-        let first_len = m.chars().next().map_or(0, char::len_utf8);
-        let Some(sp) = m[first_len..].find(' ').map(|p| p + first_len) else {
-            return Err(Error::BadMerge {
-                index,
-                merge: m.clone(),
-            });
-        };
-        split.push((&m[..sp], &m[sp + 1..]));
-    }
-    // Virtual ids for results outside the vocabulary.
-    let mut virtual_ids: FxMap<String, u32> = FxMap::default();
-    let mut virtual_bytes: Vec<Vec<u8>> = Vec::new();
-    let mut concat = String::new();
-    for &(a, b) in &split {
-        concat.clear();
-        concat.push_str(a);
-        concat.push_str(b);
-        if by_text.contains_key(concat.as_str()) || virtual_ids.contains_key(concat.as_str()) {
-            continue;
+    // The lookups are independent: resolve chunks in parallel, then insert in rank order.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let resolved: Vec<[u32; 3]> = if threads > 1 && merges.len() >= PARALLEL_MERGES {
+        let chunk = merges.len().div_ceil(threads);
+        let parts: Vec<Result<Vec<[u32; 3]>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = merges
+                .chunks(chunk)
+                .enumerate()
+                .map(|(k, c)| scope.spawn(move || resolve_merges(k * chunk, c, by_text)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::BadMerge {
+                            index: 0,
+                            merge: "a merge-resolving thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut all = Vec::with_capacity(merges.len());
+        for p in parts {
+            all.extend(p?);
         }
-        let Some(bytes) = byte_level_to_bytes(&concat) else {
-            continue; // not made of bytes: no word can ever form it
-        };
-        virtual_ids.insert(concat.clone(), (n_vocab + virtual_bytes.len()) as u32);
-        virtual_bytes.push(bytes);
-    }
-    let lookup = |s: &str| by_text.get(s).or_else(|| virtual_ids.get(s)).copied();
+        all
+    } else {
+        resolve_merges(0, merges, by_text)?
+    };
     let mut table: FxMap<u64, (u32, u32)> = FxMap::default();
-    table.reserve(split.len());
-    for (rank, &(a, b)) in split.iter().enumerate() {
-        let (Some(ia), Some(ib)) = (lookup(a), lookup(b)) else {
-            continue;
+    table.reserve(merges.len());
+    let mut pending: Vec<(usize, &str, &str)> = Vec::new();
+    for (rank, &[ia, ib, im]) in resolved.iter().enumerate() {
+        if ia != NO_TOKEN && ib != NO_TOKEN && im != NO_TOKEN {
+            table
+                .entry(((ia as u64) << 32) | ib as u64)
+                .or_insert((rank as u32, im));
+        } else {
+            let (a, b) = split_merge(rank, merges[rank])?;
+            pending.push((rank, a, b));
+        }
+    }
+    let mut virtual_bytes: Vec<Vec<u8>> = Vec::new();
+    if !pending.is_empty() {
+        let mut virtual_ids: FxMap<String, u32> = FxMap::default();
+        for &(_, a, b) in &pending {
+            let c = format!("{a}{b}");
+            if by_text.get(c.as_bytes()).is_some() || virtual_ids.contains_key(&c) {
+                continue;
+            }
+            let Some(bytes) = byte_level_to_bytes(&c) else {
+                continue; // not made of bytes: no word can ever form it
+            };
+            virtual_ids.insert(c, (n_vocab + virtual_bytes.len()) as u32);
+            virtual_bytes.push(bytes);
+        }
+        let lookup = |s: &str| {
+            by_text
+                .get(s.as_bytes())
+                .or_else(|| virtual_ids.get(s).copied())
         };
-        concat.clear();
-        concat.push_str(a);
-        concat.push_str(b);
-        let Some(im) = lookup(&concat) else {
-            continue;
-        };
-        table
-            .entry(((ia as u64) << 32) | ib as u64)
-            .or_insert((rank as u32, im));
+        for &(rank, a, b) in &pending {
+            let (Some(ia), Some(ib), Some(im)) = (lookup(a), lookup(b), lookup(&format!("{a}{b}")))
+            else {
+                continue;
+            };
+            let e = table
+                .entry(((ia as u64) << 32) | ib as u64)
+                .or_insert((rank as u32, im));
+            // An earlier rank always wins, whichever pass saw it first.
+            if e.0 > rank as u32 {
+                *e = (rank as u32, im);
+            }
+        }
     }
     Ok(Bpe::new(byte_ids, table, n_vocab as u32, virtual_bytes))
 }

@@ -76,7 +76,10 @@ fn llama_bpe_defaults_to_adding_bos_and_needs_a_bos_id() {
 #[test]
 fn refuses_empty_merges() {
     let mut md = synthetic_metadata("qwen2");
-    md.set("tokenizer.ggml.merges", Value::Array(Array::String(vec![])));
+    md.set(
+        "tokenizer.ggml.merges",
+        Value::Array(Array::String(Vec::<String>::new().into())),
+    );
     assert!(matches!(build(&md).unwrap_err(), Error::EmptyMerges));
 }
 
@@ -86,9 +89,12 @@ fn refuses_a_missing_byte_token_by_name() {
     let Some(Value::Array(Array::String(tokens))) = md.get("tokenizer.ggml.tokens").cloned() else {
         panic!()
     };
-    let mut tokens = tokens;
+    let mut tokens = tokens.to_vec();
     tokens[b'a' as usize] = "not-a".into();
-    md.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    md.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::String(tokens.into())),
+    );
     let e = build(&md).unwrap_err();
     assert!(
         matches!(e, Error::MissingByteToken { byte: b'a', .. }),
@@ -158,4 +164,34 @@ fn bad_input_is_an_error_not_a_panic() {
         tok.encode_bytes(b"hello", false).unwrap(),
         tok.encode("hello", false)
     );
+}
+
+#[test]
+fn merges_outside_the_vocabulary_still_merge_then_fall_back_to_bytes() {
+    // llama.cpp merges strings: "x y" applies even though "xy" is no token, so "xyz" can reach
+    // the token "xyz" through it, while a lone "xy" falls back to its bytes.
+    // Control: without virtual ids (dropping merges whose result is not a token) "xyz" encodes
+    // as three byte tokens and this test fails.
+    let mut md = synthetic_metadata("qwen2");
+    let Some(Value::Array(Array::String(mut tokens))) = md.get("tokenizer.ggml.tokens").cloned()
+    else {
+        panic!()
+    };
+    let xyz = tokens.len() as u32;
+    tokens.push("xyz");
+    md.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    let Some(Value::Array(Array::I32(mut types))) = md.get("tokenizer.ggml.token_type").cloned()
+    else {
+        panic!()
+    };
+    types.push(1);
+    md.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    md.set(
+        "tokenizer.ggml.merges",
+        Value::Array(Array::String(vec!["x y", "xy z"].into())),
+    );
+    let tok = build(&md).unwrap();
+    assert_eq!(tok.merge_stats(), (2, 1));
+    assert_eq!(tok.encode("xyz", false), vec![xyz]);
+    assert_eq!(tok.encode("xy", false), vec![b'x' as u32, b'y' as u32]);
 }

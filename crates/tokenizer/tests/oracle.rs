@@ -108,3 +108,35 @@ fn qwen_without_nfc_differs_from_hf_exactly_on_the_nfc_rows() {
         .count();
     assert_eq!(differing, 36);
 }
+
+/// Leftmost-longest (ours) and llama.cpp's longest-token-first partition agree when no special
+/// text contains another or overlaps one (a proper suffix of one being a prefix of another).
+/// Checked for both real vocabularies, both sets.
+#[test]
+fn special_texts_do_not_overlap() {
+    fn overlaps(a: &[u8], b: &[u8]) -> bool {
+        let contains = a.len() > b.len() && a.windows(b.len()).any(|w| w == b);
+        let suffix_prefix = (1..a.len().min(b.len())).any(|k| a[a.len() - k..] == b[..k]);
+        contains || suffix_prefix
+    }
+    // Control: the check itself finds overlaps.
+    assert!(overlaps(b"<|a", b"a|>") && overlaps(b"<abc>", b"b") && !overlaps(b"<a>", b"<b>"));
+    for name in [QWEN, SMOL] {
+        let Some(tok) = load(name) else { return };
+        let (always, with_special) = tok.special_texts();
+        for set in [always, with_special] {
+            for a in &set {
+                for b in &set {
+                    if a != b {
+                        assert!(
+                            !overlaps(a, b),
+                            "{name}: {:?} overlaps {:?}",
+                            String::from_utf8_lossy(a),
+                            String::from_utf8_lossy(b)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 pub mod inspect;
 pub mod pull;
 pub mod render;
+pub mod run;
 pub mod synth;
+pub mod tokenize;
 
 /// Prints an error chain on one line to stderr and picks the exit code. A broken pipe
 /// (output piped into `head`) is not a failure.

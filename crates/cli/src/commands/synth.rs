@@ -129,13 +129,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     .with_context(|| format!("cannot write {}", args.output.display()))?;
     bar.finish_and_clear();
     let n_tensors = plan.tensors().count();
+    // Tensors per type, so a fallback type's share is visible.
+    let mut per_type: Vec<(GgmlType, usize)> = Vec::new();
+    for t in plan.tensors() {
+        match per_type.iter_mut().find(|(ty, _)| *ty == t.ty) {
+            Some((_, n)) => *n += 1,
+            None => per_type.push((t.ty, 1)),
+        }
+    }
+    per_type.sort();
+    let types: Vec<String> = per_type.iter().map(|(t, n)| format!("{n} {t}")).collect();
     let bytes = std::fs::metadata(&args.output)?.len();
     println!(
-        "wrote {} ({} {}, {} tensors, {:.1} MB) in {:.2} s",
+        "wrote {} ({}, {} tensors: {}; {:.1} MB) in {:.2} s",
         args.output.display(),
         spec.arch.name(),
-        spec.weight_type,
         n_tensors,
+        types.join(", "),
         bytes as f64 / 1e6,
         t0.elapsed().as_secs_f64()
     );

@@ -19,13 +19,13 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot run {program}: {source}")]
+    #[error("cannot run {program}")]
     Spawn {
         program: String,
         #[source]

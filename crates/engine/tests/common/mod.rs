@@ -132,7 +132,10 @@ pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> Pa
         w.set(format!("{a}.attention.value_length"), u(t.head_dim));
     }
     let toks: Vec<String> = (0..t.vocab).map(|i| format!("t{i}")).collect();
-    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(toks)));
+    w.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::String(toks.into())),
+    );
     let mut rng = Rng(t.seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
     let (d, q, kv, ff) = (t.d, t.n_head * t.head_dim, t.n_head_kv * t.head_dim, t.ff);
     let s = |fan_in: usize| 1.5 / (fan_in as f32).sqrt();

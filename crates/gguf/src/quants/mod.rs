@@ -40,7 +40,7 @@ mod legacy;
 mod random;
 
 pub use blocks::Block;
-pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, FLOAT_DOT_LANES};
 pub use iq::KVALUES_IQ4NL;
 pub use kquants::unpack_scale_min_k4;
 pub use random::{random_blocks, try_random_blocks};
@@ -175,13 +175,11 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 /// activation row already encoded in [`vec_dot_type`]`(ty)` (bytes in `act`).
 ///
 /// Quantized types accumulate exact integer products per block, scale each block sum once in
-/// f32 and add the blocks in f32 (llama.cpp's reference structure). Float types multiply in
-/// f32 and accumulate in f64, as ggml's scalar `vec_dot_f32/f16` do.
+/// f32 and add the blocks one after another in f32 (llama.cpp's reference structure). Float
+/// types multiply in f32 and accumulate in f64 over [`FLOAT_DOT_LANES`] lanes combined in a
+/// fixed tree, an order SIMD kernels can reproduce bit for bit.
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
-    const OP: &str = "vec_dot";
-    let (_, wts) = check_row(OP, ty, "weights", n, w.len())?;
-    let at = vec_dot_type(ty);
-    let (_, ats) = check_row(OP, at, "activations", n, act.len())?;
+    let (wts, ats) = check_vec_dot(ty, n, w.len(), act.len())?;
     use GgmlType as T;
     if matches!(ty, T::F32 | T::F16 | T::Bf16) {
         return Ok(float::dot(ty, w, act));
@@ -201,13 +199,48 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
         T::Q8K => kquants::dot_q8_k_q8_k,
         T::Iq4Nl => iq::dot_iq4_nl_q8_0,
         T::Iq4Xs => iq::dot_iq4_xs_q8_k,
-        _ => return Err(Error::UnsupportedQuantType { ty, op: OP }),
+        _ => return Err(Error::UnsupportedQuantType { ty, op: "vec_dot" }),
     };
     let mut sum = 0.0f32;
     for (wb, ab) in w.chunks_exact(wts).zip(act.chunks_exact(ats)) {
         sum += f(wb, ab);
     }
     Ok(sum)
+}
+
+/// The checks [`vec_dot`] makes (supported type, whole blocks, exact byte counts of both
+/// rows), for kernels that compute the same dot elsewhere; Ok gives (weight block bytes,
+/// activation block bytes).
+pub fn check_vec_dot(
+    ty: GgmlType,
+    n: usize,
+    w_len: usize,
+    act_len: usize,
+) -> Result<(usize, usize)> {
+    const OP: &str = "vec_dot";
+    let (_, wts) = check_row(OP, ty, "weights", n, w_len)?;
+    let (_, ats) = check_row(OP, vec_dot_type(ty), "activations", n, act_len)?;
+    Ok((wts, ats))
+}
+
+/// The checks [`quantize_row`] makes for `n` elements into `dst_len` bytes of `ty`.
+pub fn check_quantize_row(ty: GgmlType, n: usize, dst_len: usize) -> Result<()> {
+    const OP: &str = "quantize_row";
+    use GgmlType as T;
+    match ty {
+        T::F32
+        | T::F16
+        | T::Bf16
+        | T::Q4_0
+        | T::Q4_1
+        | T::Q5_0
+        | T::Q5_1
+        | T::Q8_0
+        | T::Q8_1
+        | T::Q8K => check_row(OP, ty, "output", n, dst_len).map(|_| ()),
+        _ if ty.is_supported() => Err(Error::NotQuantizable { ty }),
+        _ => Err(Error::UnsupportedQuantType { ty, op: OP }),
+    }
 }
 
 /// Reads the f16 at `off` as f32.

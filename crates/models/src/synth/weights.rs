@@ -1,8 +1,10 @@
 //! Seeded random tensor contents, produced row by row so a 7B-class file never needs more
-//! than one row of f32 in memory.
+//! than one row of f32 in memory. Types `quants::quantize_row` can produce are quantized
+//! from random f32 values; the others (K-quants, IQ4) are random blocks rescaled so their
+//! values have the same spread.
 
 use crate::error::{Error, Result};
-use minfer_gguf::GgmlType;
+use minfer_gguf::{quants, GgmlType};
 use std::io::Write;
 
 /// What a tensor holds, which sets the distribution of its values.
@@ -65,14 +67,81 @@ fn fill_row(rng: &mut Rng, fill: Fill, row: &mut [f32]) {
     }
 }
 
-/// Types whose bytes this module encodes itself from f32 values.
-pub fn is_native(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16)
+/// Byte offsets of the f16 super-block scales (d, and dmin where there is one) of the types
+/// `quantize_row` cannot produce: random blocks of these are rescaled by multiplying these
+/// fields, which scales every value of the block (value = d * scale * q - dmin * min).
+fn block_scale_fields(ty: GgmlType) -> Option<&'static [usize]> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q2K => &[80, 82],
+        T::Q3K => &[108],
+        T::Q4K | T::Q5K => &[0, 2],
+        T::Q6K => &[208],
+        T::Iq4Nl | T::Iq4Xs => &[0],
+        _ => return None,
+    })
+}
+
+/// How a tensor of a given type gets its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encoding {
+    /// Random f32 values quantized with `quants::quantize_row`.
+    Quantize,
+    /// `quants::try_random_blocks`, rescaled to the fill's spread.
+    RandomBlocks,
+}
+
+fn encoding(ty: GgmlType) -> Option<Encoding> {
+    if !ty.is_supported() {
+        return None;
+    }
+    // Ask quantize_row itself (one block of zeros) so this follows whatever it supports.
+    let n = ty.block_size() as usize;
+    let mut out = vec![0u8; ty.type_size() as usize];
+    match quants::quantize_row(ty, &vec![0.0; n], &mut out) {
+        Ok(()) => Some(Encoding::Quantize),
+        Err(_) => block_scale_fields(ty).map(|_| Encoding::RandomBlocks),
+    }
 }
 
 /// Whether a tensor of this type can be synthesized at all.
 pub fn can_encode(ty: GgmlType) -> bool {
-    is_native(ty)
+    encoding(ty).is_some()
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// One row of random blocks whose values have the fill's RMS (measured by dequantizing,
+/// then corrected by scaling each block's super-block scales).
+fn random_row(
+    ty: GgmlType,
+    fill: Fill,
+    row_len: usize,
+    rng: &mut Rng,
+    scratch: &mut [f32],
+) -> std::result::Result<Vec<u8>, minfer_gguf::Error> {
+    let n_blocks = row_len / ty.block_size() as usize;
+    let mut bytes = quants::try_random_blocks(ty, n_blocks, rng.next_u64())?;
+    quants::dequantize_row(ty, &bytes, scratch)?;
+    let rms = (scratch.iter().map(|x| x * x).sum::<f32>() / row_len as f32).sqrt();
+    let want = match fill {
+        Fill::Matrix => 1.0 / (row_len as f32).sqrt(),
+        Fill::Norm => 1.0,
+        Fill::Bias => 0.02,
+    };
+    let fields = block_scale_fields(ty).expect("RandomBlocks types have scale fields");
+    if rms > 0.0 && rms.is_finite() {
+        let k = want / rms;
+        for b in bytes.chunks_exact_mut(ty.type_size() as usize) {
+            for &at in fields {
+                let v = half::f16::from_f32(f16_at(b, at) * k);
+                b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    Ok(bytes)
 }
 
 /// Writes `rows` rows of `row_len` values of type `ty` to `out`.
@@ -89,27 +158,37 @@ pub fn write_tensor(
         what: format!("writing tensor {name}"),
         source,
     };
+    let gguf = |source| Error::Encode {
+        tensor: name.into(),
+        ty: ty.name().into(),
+        source: Box::new(source),
+    };
+    let Some(enc) = encoding(ty) else {
+        return Err(Error::UnsupportedWeightType {
+            tensor: name.into(),
+            ty: ty.name().into(),
+        });
+    };
+    let row_bytes = ty
+        .row_bytes(row_len as u64)
+        .ok_or_else(|| Error::RowNotWholeBlocks {
+            tensor: name.into(),
+            row_len: row_len as u64,
+            ty: ty.name().into(),
+            block: ty.block_size(),
+            fallback: None,
+        })? as usize;
     let mut rng = Rng::new(tensor_seed(seed, name));
     let mut row = vec![0f32; row_len];
-    let mut bytes = Vec::with_capacity(row_len * 4);
+    let mut bytes = vec![0u8; row_bytes];
     for _ in 0..rows {
-        fill_row(&mut rng, fill, &mut row);
-        bytes.clear();
-        match ty {
-            GgmlType::F32 => bytes.extend(row.iter().flat_map(|x| x.to_le_bytes())),
-            GgmlType::F16 => bytes.extend(
-                row.iter()
-                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes()),
-            ),
-            GgmlType::Bf16 => bytes.extend(
-                row.iter()
-                    .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()),
-            ),
-            other => {
-                return Err(Error::UnsupportedWeightType {
-                    tensor: name.into(),
-                    ty: other.name().into(),
-                })
+        match enc {
+            Encoding::Quantize => {
+                fill_row(&mut rng, fill, &mut row);
+                quants::quantize_row(ty, &row, &mut bytes).map_err(gguf)?;
+            }
+            Encoding::RandomBlocks => {
+                bytes = random_row(ty, fill, row_len, &mut rng, &mut row).map_err(gguf)?;
             }
         }
         out.write_all(&bytes).map_err(io)?;

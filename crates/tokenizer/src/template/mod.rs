@@ -62,7 +62,7 @@ impl SpecialTokens {
                 return Ok(None);
             };
             match tokens.get(id as usize) {
-                Some(t) => Ok(Some(t.clone())),
+                Some(t) => Ok(Some(t.to_string())),
                 None => Err(Error::BadTokenId {
                     key: key.into(),
                     id,

@@ -88,9 +88,15 @@ pub fn synthetic_metadata(pre: &str) -> minfer_gguf::Metadata {
     let mut md = Metadata::new();
     md.set("tokenizer.ggml.model", Value::String("gpt2".into()));
     md.set("tokenizer.ggml.pre", Value::String(pre.into()));
-    md.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    md.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::String(tokens.into())),
+    );
     md.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
-    md.set("tokenizer.ggml.merges", Value::Array(Array::String(merges)));
+    md.set(
+        "tokenizer.ggml.merges",
+        Value::Array(Array::String(merges.into())),
+    );
     md.set("tokenizer.ggml.eos_token_id", Value::U32(256 + 9));
     md.set("tokenizer.ggml.bos_token_id", Value::U32(256 + 9));
     md

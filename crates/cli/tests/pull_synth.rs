@@ -1,0 +1,108 @@
+//! `minfer pull` and `minfer synth` end to end through the binary.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn minfer() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_minfer"))
+}
+
+fn models_dir() -> Option<PathBuf> {
+    std::env::var_os("MINFER_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models")))
+}
+
+#[test]
+fn pull_of_cached_models_is_a_no_op() {
+    let Some(dir) = models_dir() else {
+        eprintln!("SKIP: no models directory");
+        return;
+    };
+    for (name, file) in [
+        (
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        ),
+        ("smollm2-135m", "smollm2-135m-instruct-q4_1.gguf"),
+    ] {
+        if !dir.join(file).exists() {
+            eprintln!("SKIP: {name} not cached");
+            continue;
+        }
+        // A Python that does not exist: any download attempt would fail loudly.
+        let out = minfer()
+            .args(["pull", name])
+            .env("MINFER_MODELS", &dir)
+            .env("MINFER_PYTHON", "/nonexistent/python")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert!(stdout.contains("already present"), "{name}: {stdout}");
+    }
+    let out = minfer()
+        .args(["pull", "--list"])
+        .env("MINFER_MODELS", &dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("qwen2.5-coder-0.5b") && stdout.contains("(default)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn pull_of_an_unknown_name_fails_naming_the_known_ones() {
+    let out = minfer().args(["pull", "gpt-5"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("gpt-5") && err.contains("smollm2-135m"),
+        "{err}"
+    );
+}
+
+#[test]
+fn synth_writes_a_model_inspect_can_read() {
+    let dir = std::env::temp_dir().join(format!("minfer-cli-synth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    let out = minfer()
+        .args(["synth", "--arch", "qwen3", "--layers", "2", "--embd", "64"])
+        .args([
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "32",
+            "--ffn",
+            "128",
+        ])
+        .args(["--type", "q8_0", "--seed", "3", "--tied", "-o"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = minfer().arg("inspect").arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("qwen3.attention.key_length = 32"), "{text}");
+    assert!(text.contains("blk.1.attn_k_norm.weight"), "{text}");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.trim_start().starts_with("output.weight")),
+        "tied: {text}"
+    );
+    // A missing shape flag is refused by name.
+    let out = minfer()
+        .args(["synth", "--arch", "llama", "--layers", "1", "-o"])
+        .arg(dir.join("x.gguf"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--embd"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
