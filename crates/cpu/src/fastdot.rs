@@ -16,22 +16,34 @@ fn f32le(b: &[u8], off: usize) -> f32 {
     f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
-/// Σ (w[i] op) * a[i] over 32 lanes.
+/// Σ q[i] * a[i] with `a` holding i8 activations.
 #[inline]
-fn dot32(w: impl Fn(usize) -> i32, a: &[u8]) -> i32 {
-    let mut s = 0i32;
-    for (i, &av) in a[..32].iter().enumerate() {
-        s += w(i) * (av as i8) as i32;
-    }
-    s
+fn idot(q: &[i8], a: &[u8]) -> i32 {
+    q.iter()
+        .zip(a)
+        .map(|(&q, &a)| q as i32 * (a as i8) as i32)
+        .sum()
+}
+
+/// Σ (nibble of w[i]) * a[i]; `shift` 0 takes the low nibbles, 4 the high ones.
+#[inline]
+fn nibble_dot(w: &[u8], shift: u32, a: &[u8]) -> i32 {
+    w.iter()
+        .zip(a)
+        .map(|(&w, &a)| ((w >> shift) & 15) as i32 * (a as i8) as i32)
+        .sum()
 }
 
 /// Q8_0 (34 B / 32) · Q8_0.
 pub fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0f32;
     for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(n / 32) {
-        let (wq, aq) = (&wb[2..34], &ab[2..34]);
-        let s = dot32(|i| (wq[i] as i8) as i32, aq);
+        let wq: &[u8] = &wb[2..34];
+        let s: i32 = wq
+            .iter()
+            .zip(&ab[2..34])
+            .map(|(&w, &a)| (w as i8) as i32 * (a as i8) as i32)
+            .sum();
         sum += s as f32 * (f16(wb, 0) * f16(ab, 0));
     }
     sum
@@ -43,16 +55,7 @@ pub fn q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(n / 32) {
         let qs = &wb[4..20];
         let aq = &ab[4..36];
-        let s = dot32(
-            |i| {
-                if i < 16 {
-                    (qs[i] & 15) as i32
-                } else {
-                    (qs[i - 16] >> 4) as i32
-                }
-            },
-            aq,
-        );
+        let s = nibble_dot(qs, 0, &aq[..16]) + nibble_dot(qs, 4, &aq[16..32]);
         sum += (f16(wb, 0) * f16(ab, 0)) * s as f32 + f16(wb, 2) * f16(ab, 2);
     }
     sum
@@ -64,11 +67,12 @@ pub fn q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(n / 32) {
         let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
         let qs = &wb[6..22];
-        let q = |i: usize| {
-            let low = if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 };
-            (low | ((((qh >> i) & 1) as u8) << 4)) as i32 - 16
-        };
-        let s = dot32(q, &ab[2..34]);
+        let mut q = [0i8; 32];
+        for j in 0..16 {
+            q[j] = ((qs[j] & 15) | ((((qh >> j) & 1) as u8) << 4)) as i8 - 16;
+            q[j + 16] = ((qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4)) as i8 - 16;
+        }
+        let s = idot(&q, &ab[2..34]);
         sum += (f16(wb, 0) * f16(ab, 0)) * s as f32;
     }
     sum
@@ -84,8 +88,8 @@ pub fn q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let mut isum = 0i32;
         for k in 0..4 {
             let q = &qs[32 * k..32 * k + 32];
-            let lo = dot32(|i| (q[i] & 15) as i32, &aq[64 * k..]);
-            let hi = dot32(|i| (q[i] >> 4) as i32, &aq[64 * k + 32..]);
+            let lo = nibble_dot(q, 0, &aq[64 * k..64 * k + 32]);
+            let hi = nibble_dot(q, 4, &aq[64 * k + 32..64 * k + 64]);
             isum += sc[2 * k] as i32 * lo + sc[2 * k + 1] as i32 * hi;
         }
         let mut msum = 0i32;
