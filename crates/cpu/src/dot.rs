@@ -1,8 +1,34 @@
-//! The dot-product dispatch point: one function per weight type, chosen once per matmul.
-//! Today every type uses the scalar reference of `minfer_gguf::quants`; SIMD variants slot
-//! in here per type and are proven against that reference.
+//! The dot-product dispatch point, resolved once per matmul: the SIMD kernel of this
+//! machine's instruction set when [`crate::simd`] has one for the weight type (bit-identical to
+//! the reference, `tests/simd_exact.rs`), else the portable kernels of [`crate::fastdot`]
+//! (bit-identical too, `tests/fastdot.rs`), else the scalar reference of `minfer_gguf::quants`.
 
+use crate::{fastdot, simd};
 use minfer_gguf::{quants, GgmlType};
+
+/// The kernel a matmul calls per (weight row, activation row).
+#[derive(Clone, Copy)]
+pub enum RowKernel {
+    Simd(simd::RowDot),
+    Portable(GgmlType, DotFn),
+}
+
+impl RowKernel {
+    pub fn for_type(ty: GgmlType) -> RowKernel {
+        match simd::RowDot::new(ty) {
+            Ok(r) if r.isa() != simd::Isa::Scalar => RowKernel::Simd(r),
+            _ => RowKernel::Portable(ty, select(ty)),
+        }
+    }
+
+    #[inline]
+    pub fn dot(&self, n: usize, w: &[u8], a: &[u8]) -> minfer_gguf::Result<f32> {
+        match self {
+            RowKernel::Simd(r) => r.dot(n, w, a),
+            RowKernel::Portable(ty, f) => f(*ty, n, w, a),
+        }
+    }
+}
 
 /// `dot(n, weight_row, activation_row)`; the activation row is encoded in
 /// `quants::vec_dot_type(ty)`.
@@ -11,6 +37,11 @@ pub type DotFn = fn(GgmlType, usize, &[u8], &[u8]) -> minfer_gguf::Result<f32>;
 pub fn select(ty: GgmlType) -> DotFn {
     match ty {
         GgmlType::F32 => dot_f32,
+        GgmlType::Q8_0 => |_, n, w, a| Ok(fastdot::q8_0(n, w, a)),
+        GgmlType::Q4_1 => |_, n, w, a| Ok(fastdot::q4_1(n, w, a)),
+        GgmlType::Q5_0 => |_, n, w, a| Ok(fastdot::q5_0(n, w, a)),
+        GgmlType::Q4K => |_, n, w, a| Ok(fastdot::q4_k(n, w, a)),
+        GgmlType::Q6K => |_, n, w, a| Ok(fastdot::q6_k(n, w, a)),
         _ => quants::vec_dot,
     }
 }

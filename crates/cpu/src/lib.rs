@@ -4,7 +4,9 @@
 //! point for SIMD variants; [`threads`] splits rows across `threads` workers.
 
 pub mod dot;
+pub mod fastdot;
 pub mod ops;
+pub mod simd;
 pub mod threads;
 
 use minfer_gguf::{quants, GgmlType};

@@ -28,7 +28,7 @@ pub fn quantize_activations(ty: GgmlType, x: &[f32], k: usize) -> KResult<(Vec<u
     let nt = x.len() / k;
     let mut out = vec![0u8; arb * nt];
     for (xr, or) in x.chunks_exact(k).zip(out.chunks_exact_mut(arb)) {
-        quants::quantize_row(at, xr, or)?;
+        crate::simd::quantize_act(at, xr, or)?;
     }
     Ok((out, arb))
 }
@@ -56,7 +56,7 @@ pub fn matmul(
         )));
     }
     let (act, arb) = quantize_activations(w.ty, x, k)?;
-    let dot = dot::select(w.ty);
+    let kernel = dot::RowKernel::for_type(w.ty);
     // Enough rows per thread to amortise the spawn.
     let threads = threads.min(m.div_ceil(64)).max(1);
     let parts = par_ranges(m, threads, |rows| -> KResult<Vec<f32>> {
@@ -64,7 +64,7 @@ pub fn matmul(
         for (ri, o) in rows.clone().enumerate() {
             let wr = &w.bytes[o * wrb..(o + 1) * wrb];
             for t in 0..nt {
-                local[ri * nt + t] = dot(w.ty, k, wr, &act[t * arb..(t + 1) * arb])?;
+                local[ri * nt + t] = kernel.dot(k, wr, &act[t * arb..(t + 1) * arb])?;
             }
         }
         Ok(local)

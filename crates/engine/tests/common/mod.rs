@@ -30,12 +30,12 @@ impl Tiny {
             d: if big { 256 } else { 64 },
             n_head: 4,
             n_head_kv: 2,
-            head_dim: if arch == Arch::Qwen3 {
-                32
-            } else if big {
-                64
-            } else {
-                16
+            // Qwen3's head dim is decoupled from d / n_head (key_length).
+            head_dim: match (arch, big) {
+                (Arch::Qwen3, true) => 128,
+                (Arch::Qwen3, false) => 32,
+                (_, true) => 64,
+                (_, false) => 16,
             },
             ff: if big { 512 } else { 96 },
             vocab: 40,
@@ -61,6 +61,15 @@ impl Rng {
     }
 }
 
+/// Byte offsets of the f16 super-block scales (d, dmin) of the K-quants.
+fn k_quant_scales(ty: GgmlType) -> Option<&'static [usize]> {
+    match ty {
+        GgmlType::Q4K | GgmlType::Q5K => Some(&[0, 2]),
+        GgmlType::Q6K => Some(&[208]),
+        _ => None,
+    }
+}
+
 fn tensor(
     w: &mut GgufWriter,
     rng: &mut Rng,
@@ -75,8 +84,23 @@ fn tensor(
     let ty = if dims.len() == 1 { GgmlType::F32 } else { ty };
     let rb = ty.row_bytes(dims[0] as u64).expect("whole blocks") as usize;
     let mut bytes = vec![0u8; rb * (n / dims[0])];
-    for (x, b) in vals.chunks_exact(dims[0]).zip(bytes.chunks_exact_mut(rb)) {
-        quants::quantize_row(ty, x, b).expect("quantize");
+    if let Some(scale_at) = k_quant_scales(ty) {
+        // K-quants have no quantizer: random blocks (values within about ±8), with the f16
+        // super-block scales shrunk so values spread like the quantizable types' (± `scale`).
+        let bs = ty.type_size() as usize;
+        bytes = quants::random_blocks(ty, bytes.len() / bs, rng.0);
+        rng.next();
+        for block in bytes.chunks_exact_mut(bs) {
+            for &off in scale_at {
+                let d = quants::f16_to_f32(u16::from_le_bytes([block[off], block[off + 1]]));
+                block[off..off + 2]
+                    .copy_from_slice(&quants::f32_to_f16(d * scale / 8.0).to_le_bytes());
+            }
+        }
+    } else {
+        for (x, b) in vals.chunks_exact(dims[0]).zip(bytes.chunks_exact_mut(rb)) {
+            quants::quantize_row(ty, x, b).expect("quantize");
+        }
     }
     let dims: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
     w.add_tensor(name, &dims, ty, bytes).expect("tensor");
