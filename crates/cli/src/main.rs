@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Generate a reply to a prompt, streamed to stdout (timings on stderr).
     Run(Box<commands::run::Args>),
+    /// Chat in a REPL that keeps the conversation in the KV cache.
+    Chat(Box<commands::chat::Args>),
     /// Show a GGUF file's metadata, tensors and per-type totals.
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => commands::run::run(*a),
+        Command::Chat(a) => commands::chat::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),

@@ -2,11 +2,11 @@
 
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use minfer_engine::generate::{generate, GenerateRequest, TokenBytes};
+use minfer_engine::generate::{generate, GenerateRequest};
 use minfer_engine::sampler::SamplerConfig;
 use minfer_engine::{backends, fetch, parse_cache_type, Engine, EngineConfig};
 use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions};
-use minfer_tokenizer::{TokenType, Tokenizer};
+use minfer_tokenizer::Tokenizer;
 use serde_json::json;
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -104,6 +104,9 @@ pub struct Args {
     /// Write the decode graph as JSON.
     #[arg(long = "dump-graph-json")]
     pub dump_graph_json: Option<PathBuf>,
+    /// Conversation mode: the chat REPL (`minfer chat`), PROMPT being the first message.
+    #[arg(long)]
+    pub cnv: bool,
 }
 
 impl SamplingArgs {
@@ -186,19 +189,18 @@ impl ModelArgs {
     }
 }
 
-/// Token bytes as llama.cpp prints them by default: control tokens print nothing.
-pub struct Pieces<'a>(pub &'a Tokenizer);
-
-impl TokenBytes for Pieces<'_> {
-    fn token_bytes(&self, id: u32) -> Vec<u8> {
-        match self.0.token_type(id) {
-            Ok(TokenType::Control) | Err(_) => Vec::new(),
-            Ok(_) => self.0.piece(id).map(<[u8]>::to_vec).unwrap_or_default(),
-        }
-    }
-}
+pub use minfer_engine::chat::Pieces;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.cnv {
+        let r = super::chat::FromRun {
+            prompt: args.prompt,
+            system: args.system,
+            n_predict: args.n_predict,
+            stop: args.stop,
+        };
+        return super::chat::run_from_run(args.model, args.sampling, r);
+    }
     let sampler = args.sampling.to_config()?;
     let prompt_text = match &args.prompt {
         Some(p) => p.clone(),

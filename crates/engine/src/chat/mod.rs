@@ -265,9 +265,11 @@ impl Chat {
             .unwrap_or(self.messages.len());
         let mut kept = self.messages.clone();
         kept.drain(first..end);
+        let full = rendered(&self.template, &self.messages, false)?;
         let target = rendered(&self.template, &kept, false)?;
         let ty = self.engine.cache_type();
-        let window = sync::removal_window(&self.token_text(), target.as_bytes());
+        let d = full.len().saturating_sub(target.len());
+        let window = sync::removal_window(&self.token_text(), target.as_bytes(), d);
         match window {
             Some((i, j)) if kv_can_shift(ty) => {
                 self.engine.kv_remove(i, j)?;
@@ -393,7 +395,9 @@ impl Chat {
             if keep + append.len() <= n_ctx {
                 break Some((keep, append));
             }
-            // Only turns before this one may go.
+            // Cut back to what matches the rendering (the reply's raw tail may not), then
+            // only turns before this one may go.
+            self.truncate(keep);
             if !self.drop_oldest_turn_before_last(&mut notices)? {
                 break None;
             }

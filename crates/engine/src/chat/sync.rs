@@ -5,8 +5,8 @@
 //! is a text diff mapped onto token boundaries:
 //! - [`keep_prefix`]: the tokens whose text is a prefix of the target (the rest of the
 //!   target is then tokenized and prefilled);
-//! - [`removal_window`]: a token range whose removal leaves exactly the target (dropping old
-//!   turns by shifting the KV instead of re-prefilling).
+//! - [`removal_window`]: a token range whose removal leaves a prefix of the target (dropping
+//!   old turns by shifting the KV instead of re-prefilling).
 
 /// The concatenated text of some tokens and where each token's text ends.
 #[derive(Debug, Default, Clone)]
@@ -40,14 +40,6 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-fn common_suffix(a: &[u8], b: &[u8]) -> usize {
-    a.iter()
-        .rev()
-        .zip(b.iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count()
-}
-
 /// How many leading tokens to keep: their text is a prefix of `target` and ends on a
 /// character boundary of it (so the rest of `target` is valid text to tokenize).
 pub fn keep_prefix(t: &TokenText, target: &str) -> usize {
@@ -59,34 +51,34 @@ pub fn keep_prefix(t: &TokenText, target: &str) -> usize {
     keep
 }
 
-/// A token window `[i, j)` whose removal leaves exactly `target`, if one exists: the text
-/// minus bytes `[a, a + d)` equals `target` for every `a` between `len(target) - suffix`
-/// and `prefix` (the shared prefix and suffix), and the window must start and end on token
-/// boundaries. The latest such start is taken.
-pub fn removal_window(t: &TokenText, target: &[u8]) -> Option<(usize, usize)> {
+/// A token window `[i, j)` of `d` bytes whose removal leaves a prefix of `target`, if one
+/// exists: bytes `[a, a + d)` with `a` and `a + d` on token boundaries, the text before `a`
+/// shared with `target` and the text after `a + d` continuing `target` from `a`. The latest
+/// such start is taken (the longest prefix keeps the exact KV it had).
+///
+/// `d` is what the dropped messages' text measures in the full rendering; the tokens may
+/// hold only a prefix of that rendering (a reply not yet closed was cut back first).
+pub fn removal_window(t: &TokenText, target: &[u8], d: usize) -> Option<(usize, usize)> {
     let old = &t.bytes;
-    if target.len() >= old.len() {
+    if d == 0 || d > old.len() {
         return None;
     }
-    let d = old.len() - target.len();
     let p = common_prefix(old, target);
-    let s = common_suffix(old, target).min(target.len());
-    let lo = target.len() - s;
-    if lo > p {
-        return None;
-    }
-    let n = t.ends.len();
-    // Token starts in [lo, p], latest first.
-    let first = (0..=n).find(|&i| t.start(i) >= lo)?;
-    (first..=n)
-        .rev()
-        .filter(|&i| t.start(i) <= p)
-        .find_map(|i| {
-            let a = t.start(i);
-            let end = a + d;
-            let j = (i..=n).find(|&j| t.start(j) >= end)?;
-            (t.start(j) == end).then_some((i, j))
-        })
+    // Tokens that end at or before p; their starts (and the next token's) are <= p.
+    let hi = t.ends.partition_point(|&e| e <= p);
+    (0..=hi).rev().find_map(|i| {
+        let a = t.start(i);
+        let end = a + d;
+        if a > p || end > old.len() {
+            return None;
+        }
+        let j = t.ends.partition_point(|&e| e <= end);
+        if t.start(j) != end {
+            return None;
+        }
+        let rest = &old[end..];
+        (target.len() >= a + rest.len() && &target[a..a + rest.len()] == rest).then_some((i, j))
+    })
 }
 
 #[cfg(test)]
@@ -115,14 +107,22 @@ mod tests {
     fn removal_window_finds_the_dropped_turn_on_token_boundaries() {
         let t = tt(&["S", "|", "u", "U1", "|", "a", "A1", "|", "u", "U2", "|"]);
         let target = b"S|uU2|";
-        let (i, j) = removal_window(&t, target).unwrap();
+        let d = t.bytes.len() - target.len();
+        let (i, j) = removal_window(&t, target, d).unwrap();
         let mut rebuilt = t.bytes[..t.start(i)].to_vec();
         rebuilt.extend_from_slice(&t.bytes[t.start(j)..]);
         assert_eq!(rebuilt, target);
+        // Tokens holding only a prefix of the rendering (a reply cut back): the window
+        // leaves a prefix of the target.
+        let cut = tt(&["S", "|", "u", "U1", "|", "a", "A1", "|", "u", "U"]);
+        let (i, j) = removal_window(&cut, target, d).unwrap();
+        let mut rebuilt = cut.bytes[..cut.start(i)].to_vec();
+        rebuilt.extend_from_slice(&cut.bytes[cut.start(j)..]);
+        assert!(target.starts_with(&rebuilt), "{rebuilt:?}");
         // Text that needs a substitution, not a removal, has no window.
-        assert_eq!(removal_window(&t, b"S|uX|"), None);
+        assert_eq!(removal_window(&t, b"S|uX|", t.bytes.len() - 5), None);
         // A cut inside a token has no window.
         let t = tt(&["S", "abc", "d"]);
-        assert_eq!(removal_window(&t, b"Scd"), None);
+        assert_eq!(removal_window(&t, b"Scd", 2), None);
     }
 }
