@@ -249,3 +249,41 @@ fn demo_model_two_turns_and_resume() {
     p.send_line("/exit").unwrap();
     p.exp_eof().unwrap();
 }
+
+/// Piped (no terminal): `--single-turn` answers the first message and exits; `--multiline`
+/// reads a message up to an empty line.
+#[test]
+fn single_turn_and_multiline_from_a_pipe() {
+    use std::io::Write;
+    let model = tiny_model();
+    let run = |args: &[&str], input: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
+            .arg("chat")
+            .arg("-m")
+            .arg(&model)
+            .args(["--temp", "0", "-t", "1", "-n", "4"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["--single-turn"], "first\nsecond\n");
+    assert_eq!(err.matches("[prefilled").count(), 1, "{err}");
+    let err = run(&["--multiline"], "line one\nline two\n\nnext message\n");
+    assert_eq!(err.matches("[prefilled").count(), 2, "{err}");
+}

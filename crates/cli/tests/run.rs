@@ -225,3 +225,31 @@ fn synthetic_model_runs_and_reports_timings() {
         "{err}"
     );
 }
+
+#[test]
+fn dump_graph_writes_dot_and_json() {
+    let p = write(&tiny(Arch::Llama), "dump.gguf");
+    let (dot, js) = (tmp("g.dot"), tmp("g.json"));
+    let out = minfer()
+        .args(["run", "--temp", "0", "-n", "1", "-m"])
+        .arg(&p)
+        .arg("--dump-graph")
+        .arg(&dot)
+        .arg("--dump-graph-json")
+        .arg(&js)
+        .arg("hi")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dot = std::fs::read_to_string(dot).unwrap();
+    assert!(
+        dot.starts_with("digraph") && dot.contains("cpu"),
+        "{dot:.200}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(js).unwrap()).unwrap();
+    assert!(v.is_object() || v.is_array());
+}
