@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Prompt and generation throughput (llama-bench style), and memory bandwidth.
     Bench(Box<commands::bench::Args>),
+    /// Generate a reply to a prompt, streamed to stdout (timings on stderr).
+    Run(Box<commands::run::Args>),
     /// Show a GGUF file's metadata, tensors and per-type totals.
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(a) => commands::bench::run(*a),
+        Command::Run(a) => commands::run::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),

@@ -1,1 +1,354 @@
-//! minfer-cpu.
+//! The CPU backend: every op the supported architectures need, over an f32-word buffer pool.
+//!
+//! Kernels live in [`ops`] as plain slice functions; [`dot`] is the per-weight-type dispatch
+//! point for SIMD variants; [`threads`] splits rows across `threads` workers.
+
+pub mod dot;
+pub mod fastdot;
+pub mod ops;
+pub mod simd;
+pub mod threads;
+
+use minfer_gguf::{quants, GgmlType};
+use minfer_graph::{
+    Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, Node, Op, Result, WeightSource,
+};
+use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
+
+/// The CPU's fixed backend id.
+pub const CPU_ID: BackendId = BackendId(0);
+pub const CPU_PRIORITY: u32 = 100;
+
+/// KV cache element types the CPU reads and writes.
+pub const KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
+
+pub struct CpuBackend {
+    threads: usize,
+    /// Buffers as f32 words (4-byte aligned); `None` once freed.
+    pool: Vec<Option<Vec<f32>>>,
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding; u8 has alignment 1 and every byte is initialised.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above; every bit pattern is a valid f32, so any byte write keeps it valid.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+impl CpuBackend {
+    /// `threads == 0` means the number of physical cores.
+    pub fn new(threads: usize) -> Self {
+        let threads = if threads == 0 {
+            threads::physical_cores()
+        } else {
+            threads
+        };
+        CpuBackend {
+            threads,
+            pool: Vec::new(),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn buf(&self, id: BufId) -> Result<&Vec<f32>> {
+        self.pool
+            .get(id.0 as usize)
+            .and_then(|b| b.as_ref())
+            .ok_or_else(|| Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("buffer {} does not exist", id.0),
+            })
+    }
+
+    fn take(&mut self, id: BufId) -> Result<Vec<f32>> {
+        self.buf(id)?;
+        Ok(self.pool[id.0 as usize].take().unwrap_or_default())
+    }
+
+    fn put(&mut self, id: BufId, v: Vec<f32>) {
+        self.pool[id.0 as usize] = Some(v);
+    }
+
+    fn run(
+        &self,
+        node: &Node,
+        args: &ExecArgs,
+        alias0: Option<&[f32]>,
+        out: &mut [f32],
+        kv: Option<&mut (Vec<f32>, Vec<f32>)>,
+    ) -> std::result::Result<(), KernelError> {
+        let src = |i: usize| -> std::result::Result<&[f32], KernelError> {
+            if i == 0 {
+                if let Some(a) = alias0 {
+                    return Ok(a);
+                }
+            }
+            let id = args
+                .srcs
+                .get(i)
+                .copied()
+                .flatten()
+                .ok_or_else(|| KernelError(format!("src {i} has no buffer")))?;
+            let b = self.buf(id).map_err(|e| KernelError(e.to_string()))?;
+            Ok(b.as_slice())
+        };
+        let weight = |name: &str| {
+            args.weights
+                .weight(name)
+                .ok_or_else(|| KernelError(format!("weight {name} is not loaded")))
+        };
+        let f32_weight = |name: &str| -> std::result::Result<Vec<f32>, KernelError> {
+            let w = weight(name)?;
+            let mut v = vec![0f32; w.ne0 * w.ne1];
+            quants::dequantize_row(w.ty, w.bytes, &mut v)?;
+            Ok(v)
+        };
+        let n = node.n_elems();
+        let [ne0, ne1] = node.shape;
+        match &node.op {
+            Op::Input(_) => {}
+            Op::GetRows { weight: name } => {
+                let w = weight(name)?;
+                rows::get_rows(w.ty, w.bytes, w.ne0, w.ne1, &src(0)?[..ne1], out)?;
+            }
+            Op::SelectRows => rows::select_rows(src(0)?, ne0, &src(1)?[..ne1], out)?,
+            Op::MatMul { weight: name, bias } => {
+                let w = weight(name)?;
+                let mw = matmul::Weight {
+                    ty: w.ty,
+                    k: w.ne0,
+                    m: w.ne1,
+                    bytes: w.bytes,
+                };
+                let b = bias.as_deref().map(f32_weight).transpose()?;
+                matmul::matmul(
+                    &mw,
+                    &src(0)?[..w.ne0 * ne1],
+                    b.as_deref(),
+                    out,
+                    self.threads,
+                )?;
+            }
+            Op::RmsNorm {
+                eps,
+                weight: name,
+                group,
+            } => {
+                let w = f32_weight(name)?;
+                if w.len() != *group {
+                    return Err(KernelError(format!(
+                        "norm weight {name} has {} elements, group is {group}",
+                        w.len()
+                    )));
+                }
+                norm::rms_norm(&src(0)?[..n], &w, *eps, out);
+            }
+            Op::Rope {
+                style,
+                n_head,
+                head_dim,
+                freq_base,
+                freq_scale,
+            } => {
+                let p = rope::RopeParams {
+                    style: *style,
+                    n_head: *n_head,
+                    head_dim: *head_dim,
+                    freq_base: *freq_base,
+                    freq_scale: *freq_scale,
+                };
+                rope::rope(&p, &src(0)?[..n], &src(1)?[..ne1], out);
+            }
+            Op::Add => ew::add(&src(0)?[..n], &src(1)?[..n], out),
+            Op::Mul => ew::mul(&src(0)?[..n], &src(1)?[..n], out),
+            Op::Silu => ew::silu_into(&src(0)?[..n], out),
+            Op::SwiGLU => ew::swiglu(&src(0)?[..n], &src(1)?[..n], out),
+            Op::KvStore {
+                kind, cache_type, ..
+            } => {
+                let (k, v) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
+                let region = match kind {
+                    minfer_graph::KvKind::K => k,
+                    minfer_graph::KvKind::V => v,
+                };
+                let (x, cells) = (src(0)?, src(1)?);
+                // A KV store node has the shape of the rows it writes.
+                let (n_embd_kv, nt) = (ne0, ne1);
+                attn::kv_store(
+                    *cache_type,
+                    &x[..n_embd_kv * nt],
+                    n_embd_kv,
+                    &cells[..nt],
+                    as_bytes_mut(region),
+                )?;
+            }
+            Op::Attention {
+                n_head,
+                n_head_kv,
+                head_dim,
+                scale,
+                cache_type,
+                ..
+            } => {
+                let (k, v) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
+                let p = attn::AttnParams {
+                    n_head: *n_head,
+                    n_head_kv: *n_head_kv,
+                    head_dim: *head_dim,
+                    scale: *scale,
+                    cache_type: *cache_type,
+                };
+                attn::attention(
+                    &p,
+                    &src(0)?[..n],
+                    &src(1)?[..2 * ne1],
+                    as_bytes(k),
+                    as_bytes(v),
+                    out,
+                    self.threads,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn id(&self) -> BackendId {
+        CPU_ID
+    }
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn priority(&self) -> u32 {
+        CPU_PRIORITY
+    }
+
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> bool {
+        let weight_ok = |name: &str| weights.weight(name).is_some_and(|w| w.ty.is_supported());
+        match op {
+            Op::GetRows { weight } => weight_ok(weight),
+            Op::MatMul { weight, bias } => {
+                weight_ok(weight) && bias.as_deref().is_none_or(weight_ok)
+            }
+            Op::RmsNorm { weight, .. } => weight_ok(weight),
+            Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => {
+                KV_TYPES.contains(cache_type)
+            }
+            Op::Input(_)
+            | Op::SelectRows
+            | Op::Rope { .. }
+            | Op::Add
+            | Op::Mul
+            | Op::Silu
+            | Op::SwiGLU => true,
+        }
+    }
+
+    fn supports_fused(&self, op: FusedOp) -> bool {
+        match op {
+            FusedOp::SwiGLU => true,
+        }
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<BufId> {
+        let v = vec![0f32; bytes.div_ceil(4)];
+        let id = match self.pool.iter().position(|b| b.is_none()) {
+            Some(i) => {
+                self.pool[i] = Some(v);
+                i
+            }
+            None => {
+                self.pool.push(Some(v));
+                self.pool.len() - 1
+            }
+        };
+        Ok(BufId(id as u32))
+    }
+
+    fn free(&mut self, buf: BufId) {
+        if let Some(slot) = self.pool.get_mut(buf.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> Result<()> {
+        let b = self.pool.get_mut(buf.0 as usize).and_then(|b| b.as_mut());
+        let bytes = b.map(|v| as_bytes_mut(v)).ok_or_else(|| Error::Backend {
+            backend: "cpu".into(),
+            problem: format!("write to missing buffer {}", buf.0),
+        })?;
+        let end = offset + data.len();
+        if end > bytes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("write of {end} bytes into a {}-byte buffer", bytes.len()),
+            });
+        }
+        bytes[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let bytes = as_bytes(self.buf(buf)?);
+        let end = offset + out.len();
+        if end > bytes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("read of {end} bytes from a {}-byte buffer", bytes.len()),
+            });
+        }
+        out.copy_from_slice(&bytes[offset..end]);
+        Ok(())
+    }
+
+    fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()> {
+        // An aliased src0 shares the output buffer: copy it before the output is taken.
+        let alias0 = match (args.srcs.first().copied().flatten(), args.out) {
+            (Some(s), Some(o)) if s == o => Some(self.buf(s)?[..node.n_elems()].to_vec()),
+            _ => None,
+        };
+        let mut out = match args.out {
+            Some(b) => self.take(b)?,
+            None => Vec::new(),
+        };
+        let mut kv = match args.kv {
+            Some(p) => Some((self.take(p.k)?, self.take(p.v)?)),
+            None => None,
+        };
+        let n = if args.out.is_some() {
+            node.n_elems()
+        } else {
+            0
+        };
+        let res = if out.len() < n {
+            Err(KernelError(format!(
+                "output buffer holds {} values, node needs {n}",
+                out.len()
+            )))
+        } else {
+            self.run(node, args, alias0.as_deref(), &mut out[..n], kv.as_mut())
+        };
+        if let Some(b) = args.out {
+            self.put(b, out);
+        }
+        if let (Some(p), Some((k, v))) = (args.kv, kv) {
+            self.put(p.k, k);
+            self.put(p.v, v);
+        }
+        res.map_err(|e| Error::Exec {
+            node: node.name.clone(),
+            problem: e.0,
+        })
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,1 +1,38 @@
-//! minfer-graph.
+//! The compute graph: IR, backend assignment, fusion, allocation, scheduling and the graph
+//! cache. Device-neutral: backends plug in through [`Backend`]; this crate names none.
+//!
+//! Pipeline, per [`GraphParams`] (a miss in the [`GraphCache`]):
+//! 1. a model builds a [`Graph`] (pure function of its params: positions, KV cells and
+//!    attention spans are input data, never topology);
+//! 2. [`assign_backends`] gives every node the highest-priority participating backend whose
+//!    `supports_op` accepts it, or refuses the graph naming the node;
+//! 3. [`fuse`] rewrites `Mul(Silu(a), b)` into `SwiGLU(a, b)` where the backend supports it;
+//! 4. [`Allocator::plan`] assigns buffers (liveness in build order, sole-consumer in-place
+//!    aliasing, size classes, per-backend budgets);
+//! 5. [`execute`] runs contiguous same-backend splits, staging values across backends and
+//!    synchronising at every boundary.
+//!
+//! A hit in the cache skips 1–4: decode steps refill the inputs and run.
+
+pub mod alloc;
+pub mod assign;
+pub mod backend;
+pub mod cache;
+pub mod dump;
+pub mod error;
+pub mod fusion;
+pub mod ir;
+pub mod registry;
+pub mod sched;
+
+pub use alloc::{size_class, Allocator, KvRegion, Plan};
+pub use assign::assign_backends;
+pub use backend::{Backend, BackendId, BufId, ExecArgs, FusedOp, KvPair, WeightRef, WeightSource};
+pub use cache::GraphCache;
+pub use error::{Error, Result};
+pub use fusion::fuse;
+pub use ir::{
+    DType, Graph, GraphBuilder, GraphParams, InputKind, KvKind, Node, NodeId, Op, RopeStyle,
+};
+pub use registry::{resolve_backends, BackendEntry};
+pub use sched::{execute, fill_input, read_output};

@@ -6,6 +6,18 @@ pub enum Error {
     MissingKey(String),
     #[error("GGUF key {0} {1}")]
     BadHParam(String, String),
+    #[error("tensor {name} is missing from the model")]
+    MissingTensor { name: String },
+    #[error("tensor {name} has shape {got:?}, expected {expected:?}")]
+    WrongShape {
+        name: String,
+        expected: Vec<u64>,
+        got: Vec<u64>,
+    },
+    #[error("tensor {name}: {problem}")]
+    Unsupported { name: String, problem: String },
+    #[error("reference forward: {0}")]
+    Reference(String),
     #[error("synth spec: {0} {1}")]
     BadSpec(String, String),
     #[error("tensor {tensor}: row length {row_len} is not a whole number of {ty} blocks of {block}{}", match fallback {

@@ -3,7 +3,12 @@
 
 pub mod arch;
 pub mod error;
+pub mod graph;
+pub mod reference;
 pub mod synth;
+pub mod tensors;
 
 pub use arch::{names, Arch, HParams, RopeStyle};
 pub use error::{Error, Result};
+pub use graph::build_graph;
+pub use tensors::{check_tensors, output_weight_name};

@@ -18,7 +18,7 @@ mod target;
 
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use std::path::PathBuf;
+use minfer_engine::fetch;
 use std::time::Instant;
 
 pub use report::Format;
@@ -26,9 +26,9 @@ use report::Row;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The GGUF model (not needed with --membw alone).
-    #[arg(short, long)]
-    pub model: Option<PathBuf>,
+    /// A GGUF path or a known model name (pulled on first use), as for `minfer run`.
+    #[arg(short = 'm', long = "model", default_value = super::run::DEFAULT_MODEL)]
+    pub model: String,
     /// Prompt lengths for pp tests, comma-separated; 0 skips pp.
     #[arg(
         short = 'p',
@@ -71,7 +71,8 @@ pub struct Args {
     /// Skip the untimed warm-up run.
     #[arg(long)]
     pub no_warmup: bool,
-    /// Also measure memory bandwidth (copy and read, best of 5) with each thread count.
+    /// Also measure memory bandwidth (copy and read, best of 5) with each thread count;
+    /// with `-p 0 -n 0` only that (no model is loaded).
     #[arg(long)]
     pub membw: bool,
     /// Buffer size of the bandwidth test in MiB (two buffers are allocated for the copy).
@@ -189,11 +190,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     let mut facts = None;
-    if let Some(path) = &args.model {
-        let tests = tests_of(&args);
-        if tests.is_empty() {
-            bail!("no test to run: every -p and -n value is 0");
-        }
+    let tests = tests_of(&args);
+    if tests.is_empty() && !args.membw {
+        bail!("nothing to do: every -p and -n value is 0 and --membw is not given");
+    }
+    if !tests.is_empty() {
+        let path = fetch::resolve_model(&args.model)?;
+        let path = &path;
         let n_ctx = tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
         for &threads in &args.threads {
             let loaded = target::load(path, &args, threads, n_ctx)?;
@@ -226,8 +229,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ));
             }
         }
-    } else if !args.membw {
-        bail!("nothing to do: give a model with -m, or --membw");
     }
     let mut out = std::io::stdout().lock();
     report::write(&mut out, args.output, &sys, facts.as_ref(), &bws, &rows)?;

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod inspect;
 pub mod pull;
 pub mod render;
+pub mod run;
 pub mod synth;
 pub mod tokenize;
 

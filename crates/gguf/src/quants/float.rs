@@ -57,27 +57,44 @@ pub(super) fn quant_bf16(x: &[f32], b: &mut [u8]) {
     b.copy_from_slice(&f32_to_bf16(x[0]).to_le_bytes());
 }
 
-/// Float weights times f32 activations: products in f32, sum in f64 (ggml's scalar path).
+/// Lanes of the float dot's f64 partial sums. Element i adds into lane i % 16 and the lanes
+/// combine in a fixed halving tree (lane k += lane k + 8 for k < 8, then + 4, + 2, + 1).
+/// Why not one running sum: a single f64 chain cannot be vectorised, while four 4-wide f64
+/// accumulators (AVX2) or eight 2-wide ones (NEON) reproduce this order exactly.
+pub const FLOAT_DOT_LANES: usize = 16;
+
+/// Float weights times f32 activations: products in f32 (never fused), summed in f64 over
+/// [`FLOAT_DOT_LANES`] lanes.
 pub(super) fn dot(ty: GgmlType, w: &[u8], act: &[u8]) -> f32 {
     let a = act.chunks_exact(4).map(|c| rd_f32(c, 0));
-    let sum: f64 = match ty {
-        GgmlType::F16 => w
-            .chunks_exact(2)
-            .zip(a)
-            .map(|(c, a)| (f16_to_f32(u16::from_le_bytes([c[0], c[1]])) * a) as f64)
-            .sum(),
-        GgmlType::Bf16 => w
-            .chunks_exact(2)
-            .zip(a)
-            .map(|(c, a)| (bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) * a) as f64)
-            .sum(),
-        _ => w
-            .chunks_exact(4)
-            .zip(a)
-            .map(|(c, a)| (rd_f32(c, 0) * a) as f64)
-            .sum(),
-    };
-    sum as f32
+    match ty {
+        GgmlType::F16 => lane_sum(
+            w.chunks_exact(2)
+                .zip(a)
+                .map(|(c, a)| f16_to_f32(u16::from_le_bytes([c[0], c[1]])) * a),
+        ),
+        GgmlType::Bf16 => lane_sum(
+            w.chunks_exact(2)
+                .zip(a)
+                .map(|(c, a)| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) * a),
+        ),
+        _ => lane_sum(w.chunks_exact(4).zip(a).map(|(c, a)| rd_f32(c, 0) * a)),
+    }
+}
+
+fn lane_sum(products: impl Iterator<Item = f32>) -> f32 {
+    let mut lanes = [0.0f64; FLOAT_DOT_LANES];
+    for (i, p) in products.enumerate() {
+        lanes[i % FLOAT_DOT_LANES] += p as f64;
+    }
+    let mut width = FLOAT_DOT_LANES / 2;
+    while width > 0 {
+        for k in 0..width {
+            lanes[k] += lanes[k + width];
+        }
+        width /= 2;
+    }
+    lanes[0] as f32
 }
 
 #[cfg(test)]
@@ -96,6 +113,22 @@ mod tests {
         assert_eq!(f32_to_bf16(f32::MAX), 0x7f80);
         assert_eq!(f32_to_bf16(f32::NEG_INFINITY), 0xff80);
         assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    /// The lane order, hand-computed: element 0 (2^60) and element 16 (-2^60) share lane 0
+    /// and cancel there; element 1 (1.0) sits alone in lane 1, so the dot is 1. A single
+    /// running f64 sum would lose the 1 in 2^60 + 1 and return 0.
+    #[test]
+    fn float_dot_sums_in_sixteen_lanes() {
+        let mut w = vec![0.0f32; 17];
+        w[0] = 2f32.powi(30);
+        w[16] = -(2f32.powi(30));
+        w[1] = 1.0;
+        let a: Vec<f32> = (0..17)
+            .map(|i| if i == 1 { 1.0 } else { 2f32.powi(30) })
+            .collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(dot(GgmlType::F32, &bytes(&w), &bytes(&a)), 1.0);
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //!   implements (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); Q8_1 and Q8_K (activation formats
 //!   gguf-py lacks) follow llama.cpp's reference quantizers.
 //! - [`vec_dot`] multiplies one weight row with one activation row encoded in
-//!   [`vec_dot_type`], the pairing llama.cpp uses: integer sums per block, then one f32 scale.
+//!   [`vec_dot_type`], the pairing llama.cpp uses: integer sums per block, then one f32 scale;
+//!   block values add in [`BLOCK_LANES`] f32 lanes (float rows: [`FLOAT_DOT_LANES`] f64
+//!   lanes), an order SIMD kernels (`minfer_cpu::simd`) reproduce bit for bit.
 //!
 //! Block layouts (byte offsets; all multi-byte fields little-endian, `f16` = IEEE half):
 //!
@@ -40,7 +42,7 @@ mod legacy;
 mod random;
 
 pub use blocks::Block;
-pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, FLOAT_DOT_LANES};
 pub use iq::KVALUES_IQ4NL;
 pub use kquants::unpack_scale_min_k4;
 pub use random::{random_blocks, try_random_blocks};
@@ -175,13 +177,12 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 /// activation row already encoded in [`vec_dot_type`]`(ty)` (bytes in `act`).
 ///
 /// Quantized types accumulate exact integer products per block, scale each block sum once in
-/// f32 and add the blocks in f32 (llama.cpp's reference structure). Float types multiply in
-/// f32 and accumulate in f64, as ggml's scalar `vec_dot_f32/f16` do.
+/// f32 (llama.cpp's reference structure) and add the block values in f32 over
+/// [`BLOCK_LANES`] lanes combined in a fixed order. Float
+/// types multiply in f32 and accumulate in f64 over [`FLOAT_DOT_LANES`] lanes combined in a
+/// fixed tree, an order SIMD kernels can reproduce bit for bit.
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
-    const OP: &str = "vec_dot";
-    let (_, wts) = check_row(OP, ty, "weights", n, w.len())?;
-    let at = vec_dot_type(ty);
-    let (_, ats) = check_row(OP, at, "activations", n, act.len())?;
+    let (wts, ats) = check_vec_dot(ty, n, w.len(), act.len())?;
     use GgmlType as T;
     if matches!(ty, T::F32 | T::F16 | T::Bf16) {
         return Ok(float::dot(ty, w, act));
@@ -201,13 +202,54 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
         T::Q8K => kquants::dot_q8_k_q8_k,
         T::Iq4Nl => iq::dot_iq4_nl_q8_0,
         T::Iq4Xs => iq::dot_iq4_xs_q8_k,
-        _ => return Err(Error::UnsupportedQuantType { ty, op: OP }),
+        _ => return Err(Error::UnsupportedQuantType { ty, op: "vec_dot" }),
     };
-    let mut sum = 0.0f32;
-    for (wb, ab) in w.chunks_exact(wts).zip(act.chunks_exact(ats)) {
-        sum += f(wb, ab);
+    let mut lanes = [0.0f32; BLOCK_LANES];
+    for (b, (wb, ab)) in w.chunks_exact(wts).zip(act.chunks_exact(ats)).enumerate() {
+        lanes[b % BLOCK_LANES] += f(wb, ab);
     }
-    Ok(sum)
+    Ok((lanes[0] + lanes[2]) + (lanes[1] + lanes[3]))
+}
+
+/// Lanes of the quantized dot's f32 block accumulation: block b adds its value into lane
+/// b % 4, and the lanes combine as (lane 0 + lane 2) + (lane 1 + lane 3). Why not one running
+/// sum: one dependent f32 add per 32-element block was the floor of the SIMD kernels; with
+/// four lanes they add four blocks' values in one vector add and reproduce this order exactly.
+pub const BLOCK_LANES: usize = 4;
+
+/// The checks [`vec_dot`] makes (supported type, whole blocks, exact byte counts of both
+/// rows), for kernels that compute the same dot elsewhere; Ok gives (weight block bytes,
+/// activation block bytes).
+pub fn check_vec_dot(
+    ty: GgmlType,
+    n: usize,
+    w_len: usize,
+    act_len: usize,
+) -> Result<(usize, usize)> {
+    const OP: &str = "vec_dot";
+    let (_, wts) = check_row(OP, ty, "weights", n, w_len)?;
+    let (_, ats) = check_row(OP, vec_dot_type(ty), "activations", n, act_len)?;
+    Ok((wts, ats))
+}
+
+/// The checks [`quantize_row`] makes for `n` elements into `dst_len` bytes of `ty`.
+pub fn check_quantize_row(ty: GgmlType, n: usize, dst_len: usize) -> Result<()> {
+    const OP: &str = "quantize_row";
+    use GgmlType as T;
+    match ty {
+        T::F32
+        | T::F16
+        | T::Bf16
+        | T::Q4_0
+        | T::Q4_1
+        | T::Q5_0
+        | T::Q5_1
+        | T::Q8_0
+        | T::Q8_1
+        | T::Q8K => check_row(OP, ty, "output", n, dst_len).map(|_| ()),
+        _ if ty.is_supported() => Err(Error::NotQuantizable { ty }),
+        _ => Err(Error::UnsupportedQuantType { ty, op: OP }),
+    }
 }
 
 /// Reads the f16 at `off` as f32.
@@ -283,6 +325,24 @@ mod tests {
                 .contains("Q8_K row of 256 elements takes 292 bytes"),
             "{err}"
         );
+    }
+
+    /// The block lane order, hand-computed. Q8_0 weight blocks with all quants 1 and scale
+    /// d, against activation blocks with all quants 1 and scale 1, have the value 32 * d.
+    /// Blocks 0 and 4 (lane 0) are 2^20 and -2^20, block 1 (lane 1) is 2^-5, so the lanes
+    /// give (2^20 - 2^20 + 0) + (2^-5 + 0) = 2^-5. One running f32 sum would lose 2^-5 in
+    /// 2^20 + 2^-5 (half an ulp of 2^20 is 2^-4) and return 0.
+    #[test]
+    fn quantized_dot_sums_blocks_in_four_lanes() {
+        let block = |d: f32| {
+            let mut b = [1u8; 34];
+            b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+            b
+        };
+        let scales = [2f32.powi(15), 2f32.powi(-10), 0.0, 0.0, -(2f32.powi(15))];
+        let w: Vec<u8> = scales.iter().flat_map(|&d| block(d)).collect();
+        let a: Vec<u8> = (0..5).flat_map(|_| block(1.0)).collect();
+        assert_eq!(vec_dot(GgmlType::Q8_0, 160, &w, &a).unwrap(), 2f32.powi(-5));
     }
 
     #[test]

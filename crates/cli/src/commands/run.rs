@@ -1,0 +1,328 @@
+//! `minfer run [-m MODEL] [PROMPT]`: one reply, streamed to stdout; timings on stderr.
+
+use anyhow::{bail, Context};
+use clap::Args as ClapArgs;
+use minfer_engine::generate::{generate, GenerateRequest, TokenBytes};
+use minfer_engine::sampler::SamplerConfig;
+use minfer_engine::{backends, fetch, parse_cache_type, Engine, EngineConfig};
+use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions};
+use minfer_tokenizer::{TokenType, Tokenizer};
+use serde_json::json;
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The model a run uses when `-m` is not given (fetched on first use).
+pub const DEFAULT_MODEL: &str = "qwen2.5-coder-0.5b";
+
+/// Model, context and backend flags shared by run-like commands.
+#[derive(ClapArgs, Debug, Clone)]
+pub struct ModelArgs {
+    /// A GGUF path (any part of a split model) or a known model name (`minfer pull --list`).
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Context length in tokens (clamped to the model's).
+    #[arg(short = 'c', long = "n-ctx", default_value_t = 4096)]
+    pub n_ctx: usize,
+    /// CPU threads (default: the number of physical cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// KV cache element type: f32, f16 or q8_0.
+    #[arg(long = "cache-type", default_value = "f32")]
+    pub cache_type: String,
+    /// Limit the backends that take part (repeatable or comma-separated: cpu, metal, cuda).
+    #[arg(long = "backend", value_delimiter = ',')]
+    pub backends: Vec<String>,
+}
+
+/// Sampling flags, llama.cpp's names and defaults.
+#[derive(ClapArgs, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Top-k (0 disables).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: i32,
+    /// Top-p (1.0 disables).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 disables).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise repeats of the last N tokens (0 disables penalties).
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Repeat penalty (1.0 disables).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Frequency penalty (0 disables).
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Presence penalty (0 disables).
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Token logit bias, llama.cpp style: TOKEN_ID(+|-)BIAS, e.g. `15043+1` or `15043-inf`.
+    #[arg(short = 'l', long = "logit-bias")]
+    pub logit_bias: Vec<String>,
+    /// RNG seed (default: random; printed with --json).
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt (read from stdin when absent).
+    pub prompt: Option<String>,
+    /// System message for the chat template.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokens to generate at most (-1: until end of generation or a full context).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
+    pub n_predict: i64,
+    /// Feed the prompt as raw text, without the model's chat template.
+    #[arg(long)]
+    pub no_template: bool,
+    /// Stop when the output contains this string (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Print one JSON object (text, token ids, finish reason, timings) instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the decode graph as Graphviz DOT, coloured by backend.
+    #[arg(long = "dump-graph")]
+    pub dump_graph: Option<PathBuf>,
+    /// Write the decode graph as JSON.
+    #[arg(long = "dump-graph-json")]
+    pub dump_graph_json: Option<PathBuf>,
+}
+
+impl SamplingArgs {
+    pub fn to_config(&self) -> anyhow::Result<SamplerConfig> {
+        let seed = self.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+        });
+        let logit_bias = self
+            .logit_bias
+            .iter()
+            .map(|s| parse_logit_bias(s))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let cfg = SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_last_n: self.repeat_last_n,
+            repeat_penalty: self.repeat_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias,
+            seed,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// `TOKEN_ID(+|-)BIAS` as llama.cpp's `--logit-bias` spells it.
+fn parse_logit_bias(s: &str) -> anyhow::Result<(u32, f32)> {
+    let bad = || anyhow::anyhow!("--logit-bias {s:?}: expected TOKEN_ID(+|-)BIAS, e.g. 15043+1");
+    let at = s.find(['+', '-']).ok_or_else(bad)?;
+    let id: u32 = s[..at].trim().parse().map_err(|_| bad())?;
+    let bias: f32 = s[at..].trim().parse().map_err(|_| bad())?;
+    if bias.is_nan() {
+        return Err(bad());
+    }
+    Ok((id, bias))
+}
+
+impl ModelArgs {
+    /// Validates flags that need no model (backend names, cache type), resolves the model
+    /// (pulling a known one on first use) and loads it.
+    pub fn load(&self) -> anyhow::Result<(Engine, f64)> {
+        backends::resolve(&self.backends)?;
+        let cache_type = parse_cache_type(&self.cache_type)?;
+        if self.n_ctx == 0 {
+            bail!("--n-ctx must be at least 1");
+        }
+        let path = fetch::resolve_model(&self.model)?;
+        let t0 = Instant::now();
+        let model_ctx = minfer_gguf::GgufModel::open(&path)
+            .ok()
+            .and_then(|m| minfer_models::HParams::from_metadata(m.metadata()).ok())
+            .map(|h| h.context_length);
+        let n_ctx = match model_ctx {
+            Some(max) if self.n_ctx > max => {
+                eprintln!(
+                    "note: --n-ctx {} clamped to the model's context length {max}",
+                    self.n_ctx
+                );
+                max
+            }
+            _ => self.n_ctx,
+        };
+        let cfg = EngineConfig {
+            n_ctx,
+            threads: self.threads.unwrap_or(0),
+            cache_type,
+            backends: self.backends.clone(),
+            ..EngineConfig::default()
+        };
+        let engine =
+            Engine::load(&path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
+        Ok((engine, t0.elapsed().as_secs_f64() * 1e3))
+    }
+}
+
+/// Token bytes as llama.cpp prints them by default: control tokens print nothing.
+pub struct Pieces<'a>(pub &'a Tokenizer);
+
+impl TokenBytes for Pieces<'_> {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self.0.token_type(id) {
+            Ok(TokenType::Control) | Err(_) => Vec::new(),
+            Ok(_) => self.0.piece(id).map(<[u8]>::to_vec).unwrap_or_default(),
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let sampler = args.sampling.to_config()?;
+    let prompt_text = match &args.prompt {
+        Some(p) => p.clone(),
+        None => {
+            if std::io::stdin().is_terminal() {
+                eprintln!("reading the prompt from stdin (end with Ctrl-D)");
+            }
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("cannot read the prompt from stdin")?;
+            s
+        }
+    };
+    let (mut engine, load_ms) = args.model.load()?;
+    let md = engine.model().metadata();
+    let tok = Tokenizer::from_metadata(md).context("cannot build the tokenizer")?;
+    let prompt = if args.no_template {
+        if args.system.is_some() {
+            bail!("--system needs the chat template; it cannot be used with --no-template");
+        }
+        tok.encode_prompt(&prompt_text, true, false)
+    } else {
+        let loaded = ChatTemplate::from_metadata(md).context("cannot load the chat template")?;
+        if let Some(n) = &loaded.notice {
+            eprintln!("note: {n}");
+        }
+        let mut messages = Vec::new();
+        if let Some(s) = &args.system {
+            messages.push(Message::new("system", s.as_str()));
+        }
+        messages.push(Message::new("user", prompt_text.as_str()));
+        let text = loaded.template.render(
+            &messages,
+            &RenderOptions {
+                add_generation_prompt: true,
+                ..RenderOptions::default()
+            },
+        )?;
+        tok.encode(&text, true)
+    };
+    if let Some(p) = &args.dump_graph {
+        std::fs::write(p, engine.graph_dot(1, 1)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    if let Some(p) = &args.dump_graph_json {
+        std::fs::write(p, engine.graph_json(1, 1)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let max_tokens = if args.n_predict < 0 {
+        usize::MAX
+    } else {
+        args.n_predict as usize
+    };
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens,
+        sampler: sampler.clone(),
+        stop_strings: args.stop.clone(),
+        eog: tok.eog_ids().to_vec(),
+    };
+    let stream = !args.json;
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err: Option<std::io::Error> = None;
+    let out = generate(&mut engine, &Pieces(&tok), &req, |bytes| {
+        if stream && write_err.is_none() {
+            if let Err(e) = stdout.write_all(bytes).and_then(|_| stdout.flush()) {
+                write_err = Some(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+    let t = &out.timings;
+    if args.json {
+        let v = json!({
+            "text": String::from_utf8_lossy(&out.text),
+            "prompt_ids": prompt,
+            "generated_ids": out.tokens,
+            "finish_reason": out.finish,
+            "seed": sampler.seed,
+            "timings": {
+                "load_ms": load_ms,
+                "prompt_tokens": t.prompt_tokens,
+                "prompt_ms": t.prompt_ms,
+                "prompt_tokens_per_s": t.prompt_tps(),
+                "generated_tokens": t.generated_tokens,
+                "generate_ms": t.generate_ms,
+                "generated_tokens_per_s": t.generate_tps(),
+            },
+        });
+        serde_json::to_writer(&mut stdout, &v)?;
+        writeln!(stdout)?;
+    } else {
+        writeln!(stdout)?;
+    }
+    eprintln!("load:      {load_ms:.1} ms");
+    eprintln!(
+        "prompt:    {} tokens in {:.1} ms, {:.2} tokens/s",
+        t.prompt_tokens,
+        t.prompt_ms,
+        t.prompt_tps()
+    );
+    eprintln!(
+        "generated: {} tokens in {:.1} ms, {:.2} tokens/s ({})",
+        t.generated_tokens,
+        t.generate_ms,
+        t.generate_tps(),
+        serde_json::to_value(out.finish)?.as_str().unwrap_or("")
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_logit_bias;
+
+    #[test]
+    fn logit_bias_parses_llama_cpp_syntax() {
+        assert_eq!(parse_logit_bias("15043+1").unwrap(), (15043, 1.0));
+        assert_eq!(parse_logit_bias("7-0.5").unwrap(), (7, -0.5));
+        assert_eq!(parse_logit_bias("7-inf").unwrap(), (7, f32::NEG_INFINITY));
+        assert!(parse_logit_bias("abc").is_err());
+        assert!(parse_logit_bias("7").is_err());
+    }
+}

@@ -1,0 +1,304 @@
+//! SIMD dot products and activation quantization, chosen once at run time by CPU features.
+//!
+//! Every kernel here is bit-identical to the scalar reference in [`minfer_gguf::quants`]:
+//! integer block sums are exact, and the f32/f64 arithmetic that follows (per-block scaling,
+//! accumulation over blocks, the lane tree of the float dots) performs the same IEEE operations
+//! in the same order, never fused. `tests/simd_exact.rs` proves it type by type.
+//!
+//! - [`vec_dot`] / [`quantize_act`] use the best instruction set this machine has
+//!   ([`detected`]); types without a kernel there use the scalar reference.
+//! - [`vec_dot_on`] / [`quantize_act_on`] force one instruction set (tests, benchmarks); an
+//!   instruction set this machine lacks is a typed error, never a silent fallback.
+//!
+//! Instruction sets: x86-64 AVX2 (+F16C) and aarch64 NEON (tested under qemu). AVX-512
+//! kernels are not written (docs/PERFORMANCE.md, "CPU dot kernels"): such machines run AVX2.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use minfer_gguf::quants::{self, check_quantize_row, check_vec_dot};
+use minfer_gguf::{Error, GgmlType, Result};
+
+#[cfg(target_arch = "aarch64")]
+mod arm;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:
+/// `(weight row, activation row) -> dot`.
+type DotFn = fn(&[u8], &[u8]) -> f32;
+/// An activation quantizer for whole rows whose lengths [`check_quantize_row`] has accepted.
+type QuantFn = fn(&[f32], &mut [u8]);
+
+/// An instruction set the kernels are written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// The scalar reference of `minfer_gguf::quants` (every machine).
+    Scalar,
+    /// x86-64 AVX2 with F16C (no FMA: fused multiply-adds would round differently).
+    Avx2,
+    /// aarch64 NEON (baseline; the dot-product extension is not stable in Rust yet).
+    Neon,
+}
+
+impl Isa {
+    /// Every instruction set minfer has kernels for, best last.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Neon];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// Whether this machine can run the kernels (checked with CPUID, not guessed).
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::avx2_supported(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => false,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::neon_supported(),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => false,
+        }
+    }
+
+    /// The dot kernel this instruction set has for weights of `ty`, if any.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_variables)
+    )]
+    fn dot_kernel(self, ty: GgmlType) -> Option<DotFn> {
+        match self {
+            Isa::Scalar => None,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::avx2_dot(ty),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => None,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::neon_dot(ty),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => None,
+        }
+    }
+
+    /// The activation quantizer this instruction set has for `ty`, if any.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_variables)
+    )]
+    fn quant_kernel(self, ty: GgmlType) -> Option<QuantFn> {
+        match self {
+            Isa::Scalar => None,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::avx2_quant(ty),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => None,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => arm::neon_quant(ty),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::Neon => None,
+        }
+    }
+
+    /// The instruction set that actually computes `vec_dot_on(self, ty, ..)`: `self` when it
+    /// has a kernel for `ty`, otherwise [`Isa::Scalar`].
+    pub fn dot_served_by(self, ty: GgmlType) -> Isa {
+        if self.dot_kernel(ty).is_some() {
+            self
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// The instruction set that actually computes `quantize_act_on(self, ty, ..)`.
+    pub fn quant_served_by(self, ty: GgmlType) -> Isa {
+        if self.quant_kernel(ty).is_some() {
+            self
+        } else {
+            Isa::Scalar
+        }
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The best instruction set of this machine, detected once.
+pub fn detected() -> Isa {
+    static BEST: OnceLock<Isa> = OnceLock::new();
+    *BEST.get_or_init(|| {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.is_available())
+            .unwrap_or(Isa::Scalar)
+    })
+}
+
+/// The instruction sets this machine can run (always includes [`Isa::Scalar`]).
+pub fn available() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+}
+
+/// Dot product of one weight row (`n` elements of `ty`) with one activation row encoded in
+/// `quants::vec_dot_type(ty)`; bit-identical to [`quants::vec_dot`], with the same errors.
+/// In a loop over rows, resolve the kernel once with [`RowDot::new`] instead.
+pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
+    RowDot::on(detected(), ty)?.dot(n, w, act)
+}
+
+/// [`vec_dot`] on one instruction set; an instruction set this machine lacks is an error.
+pub fn vec_dot_on(isa: Isa, ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
+    RowDot::on(isa, ty)?.dot(n, w, act)
+}
+
+/// The dot kernel for one weight type, resolved once (instruction set, kernel, block
+/// geometry) so that a matmul's inner loop only checks lengths and calls it.
+#[derive(Clone, Copy)]
+pub struct RowDot {
+    ty: GgmlType,
+    isa: Isa,
+    kernel: Option<DotFn>,
+    /// (elements, bytes) per block of the weights and of the activations.
+    w_block: (usize, usize),
+    a_block: (usize, usize),
+}
+
+impl RowDot {
+    /// The best kernel of this machine for weights of `ty`.
+    pub fn new(ty: GgmlType) -> Result<RowDot> {
+        RowDot::on(detected(), ty)
+    }
+
+    /// The kernel of `isa` for weights of `ty` (the scalar reference where `isa` has none).
+    pub fn on(isa: Isa, ty: GgmlType) -> Result<RowDot> {
+        require(isa)?;
+        let geometry = |t: GgmlType| {
+            let (bs, ts) = t.block_geometry();
+            (bs as usize, ts as usize)
+        };
+        // Refuses unsupported types with the reference's error.
+        let w_block = geometry(ty);
+        check_vec_dot(
+            ty,
+            w_block.0,
+            w_block.1,
+            geometry(quants::vec_dot_type(ty)).1,
+        )?;
+        Ok(RowDot {
+            ty,
+            isa: isa.dot_served_by(ty),
+            kernel: isa.dot_kernel(ty),
+            w_block,
+            a_block: geometry(quants::vec_dot_type(ty)),
+        })
+    }
+
+    /// The instruction set that computes this dot.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The weight type.
+    pub fn weight_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The dot of `n` elements; rows of the wrong size get the reference's errors.
+    #[inline]
+    pub fn dot(&self, n: usize, w: &[u8], act: &[u8]) -> Result<f32> {
+        let ((wbs, wts), (abs, ats)) = (self.w_block, self.a_block);
+        let fits = n.is_multiple_of(wbs)
+            && n.is_multiple_of(abs)
+            && w.len() == n / wbs * wts
+            && act.len() == n / abs * ats;
+        match self.kernel {
+            Some(f) if fits => Ok(f(w, act)),
+            Some(_) => {
+                check_vec_dot(self.ty, n, w.len(), act.len())?;
+                // Unreachable: check_vec_dot tests what `fits` tests and has failed above.
+                Err(Error::Invalid(format!(
+                    "vec_dot: {} row of {n} elements with {} weight and {} activation bytes",
+                    self.ty,
+                    w.len(),
+                    act.len()
+                )))
+            }
+            None => quants::vec_dot(self.ty, n, w, act),
+        }
+    }
+}
+
+/// Quantizes one activation row into `ty` (normally Q8_0, Q8_1 or Q8_K; every target of
+/// [`quants::quantize_row`] is accepted); byte-identical to `quantize_row`.
+pub fn quantize_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    quantize_act_on(detected(), ty, src, dst)
+}
+
+/// [`quantize_act`] on one instruction set; an instruction set this machine lacks is an error.
+pub fn quantize_act_on(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    check_quantize_row(ty, src.len(), dst.len())?;
+    require(isa)?;
+    match isa.quant_kernel(ty) {
+        Some(f) => {
+            f(src, dst);
+            Ok(())
+        }
+        None => quants::quantize_row(ty, src, dst),
+    }
+}
+
+/// The reference's accumulation of quantized block values (`quants::vec_dot`): block b adds
+/// into lane b % 4, and the lanes combine as (lane 0 + lane 2) + (lane 1 + lane 3).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+struct BlockSum {
+    lanes: [f32; quants::BLOCK_LANES],
+    next: usize,
+}
+
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+impl BlockSum {
+    fn new() -> BlockSum {
+        BlockSum {
+            lanes: [0.0; quants::BLOCK_LANES],
+            next: 0,
+        }
+    }
+
+    /// Adds the value of the next block.
+    #[inline]
+    fn add(&mut self, v: f32) {
+        self.lanes[self.next % quants::BLOCK_LANES] += v;
+        self.next += 1;
+    }
+
+    fn total(&self) -> f32 {
+        let l = &self.lanes;
+        (l[0] + l[2]) + (l[1] + l[3])
+    }
+}
+
+fn require(isa: Isa) -> Result<()> {
+    if isa.is_available() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{isa} kernels requested, but this CPU lacks the {isa} instruction set"
+        )))
+    }
+}

@@ -1,0 +1,192 @@
+//! AVX2 dots of the 32-element types with Q8_0 / Q8_1 activations. Each block's integer sum
+//! is exact; the f32 part repeats the reference expression of `minfer_gguf::quants` (same
+//! operands, same association, lane-wise over 4 blocks at once, which rounds each lane
+//! exactly like the scalar expression). Block b's value adds into lane b % 4 of one f32
+//! vector, the reference's `BLOCK_LANES` order, and the lanes combine as (0 + 2) + (1 + 3).
+
+use std::arch::x86_64::*;
+
+use super::{bits_to_bytes, dot_i8_any, iq4_table, load32, nibbles32};
+use super::{pairs_small_w, widen_pairs};
+
+/// Q8_0 activation block: d f16 | qs i8[32].
+const Q8_0: usize = 34;
+/// Q8_1 activation block: d f16 | s f16 | qs i8[32].
+const Q8_1: usize = 36;
+/// Blocks whose float part is computed together.
+const GROUP: usize = 4;
+/// The largest block of this file (Q8_1), for the zero-padded tail group.
+const MAX_BLOCK: usize = 36;
+
+/// Lane b = Σ of the 8 lanes of `v[b]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum4(v: [__m256i; GROUP]) -> __m128i {
+    let s01 = _mm256_hadd_epi32(v[0], v[1]);
+    let s23 = _mm256_hadd_epi32(v[2], v[3]);
+    let s = _mm256_hadd_epi32(s01, s23);
+    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
+}
+
+/// The f16 at byte `off` of each of 4 consecutive `stride`-byte blocks, as f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16x4(b: &[u8], stride: usize, off: usize) -> __m128 {
+    let h = |k: usize| i16::from_le_bytes([b[k * stride + off], b[k * stride + off + 1]]);
+    _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
+}
+
+/// The shared loop: `isum(w_block, a_block)` gives a block's exact integer sum spread over
+/// 8 i32 lanes; `value(w_group, a_group, isums)` the 4 block values of a group from their
+/// sums as f32. A last group of fewer than 4 blocks runs zero-padded and adds only its real
+/// lanes. (One loop body, so the closures inline into it.)
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn dot_blocks(
+    w: &[u8],
+    a: &[u8],
+    (wb, ab): (usize, usize),
+    isum: impl Fn(&[u8], &[u8]) -> __m256i,
+    value: impl Fn(&[u8], &[u8], __m128) -> __m128,
+) -> f32 {
+    let blocks = w.len() / wb;
+    let mut wpad = [0u8; GROUP * MAX_BLOCK];
+    let mut apad = [0u8; GROUP * MAX_BLOCK];
+    let mut acc = _mm_setzero_ps();
+    let mut g = 0;
+    while g < blocks {
+        let count = (blocks - g).min(GROUP);
+        let (w4, a4) = if count == GROUP {
+            (&w[g * wb..][..GROUP * wb], &a[g * ab..][..GROUP * ab])
+        } else {
+            wpad[..count * wb].copy_from_slice(&w[g * wb..][..count * wb]);
+            apad[..count * ab].copy_from_slice(&a[g * ab..][..count * ab]);
+            (&wpad[..GROUP * wb], &apad[..GROUP * ab])
+        };
+        let parts = [
+            isum(w4, a4),
+            isum(&w4[wb..], &a4[ab..]),
+            isum(&w4[2 * wb..], &a4[2 * ab..]),
+            isum(&w4[3 * wb..], &a4[3 * ab..]),
+        ];
+        let v = value(w4, a4, _mm_cvtepi32_ps(hsum4(parts)));
+        if count == GROUP {
+            acc = _mm_add_ps(acc, v);
+        } else {
+            // Lanes without a block stay untouched, as in the reference.
+            let real = _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
+            acc = _mm_blendv_ps(acc, _mm_add_ps(acc, v), _mm_castsi128_ps(real));
+        }
+        g += GROUP;
+    }
+    // (lane 0 + lane 2) + (lane 1 + lane 3)
+    let s = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
+}
+
+/// The 5-bit quants of a Q5 block: nibbles plus bit j of `qh` as bit 4 of element j.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn five_bits(qh: &[u8], qs: &[u8]) -> __m256i {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let high = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles32(qs), high)
+}
+
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+    dot_blocks(
+        w,
+        a,
+        (18, Q8_0),
+        |wb, ab| {
+            let q = _mm256_sub_epi8(nibbles32(&wb[2..]), _mm256_set1_epi8(8));
+            widen_pairs(pairs_small_w(q, load32(&ab[2..])))
+        },
+        // s * d_w * d_a
+        |w4, a4, s| _mm_mul_ps(_mm_mul_ps(s, f16x4(w4, 18, 0)), f16x4(a4, Q8_0, 0)),
+    )
+}
+
+/// (d_w * d_a) * s + m_w * s_a, the Q4_1/Q5_1 block value.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn value_with_min(w4: &[u8], wb: usize, a4: &[u8], s: __m128) -> __m128 {
+    let scaled = _mm_mul_ps(_mm_mul_ps(f16x4(w4, wb, 0), f16x4(a4, Q8_1, 0)), s);
+    _mm_add_ps(scaled, _mm_mul_ps(f16x4(w4, wb, 2), f16x4(a4, Q8_1, 2)))
+}
+
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+    dot_blocks(
+        w,
+        a,
+        (20, Q8_1),
+        |wb, ab| widen_pairs(_mm256_maddubs_epi16(nibbles32(&wb[4..]), load32(&ab[4..]))),
+        |w4, a4, s| value_with_min(w4, 20, a4, s),
+    )
+}
+
+/// (d_w * d_a) * s.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn value_dd_s(w4: &[u8], wb: usize, a4: &[u8], s: __m128) -> __m128 {
+    _mm_mul_ps(_mm_mul_ps(f16x4(w4, wb, 0), f16x4(a4, Q8_0, 0)), s)
+}
+
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+    dot_blocks(
+        w,
+        a,
+        (22, Q8_0),
+        |wb, ab| {
+            let q = _mm256_sub_epi8(five_bits(&wb[2..6], &wb[6..]), _mm256_set1_epi8(16));
+            widen_pairs(pairs_small_w(q, load32(&ab[2..])))
+        },
+        |w4, a4, s| value_dd_s(w4, 22, a4, s),
+    )
+}
+
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+    dot_blocks(
+        w,
+        a,
+        (24, Q8_1),
+        |wb, ab| {
+            let q = five_bits(&wb[4..8], &wb[8..]);
+            widen_pairs(_mm256_maddubs_epi16(q, load32(&ab[4..])))
+        },
+        |w4, a4, s| value_with_min(w4, 24, a4, s),
+    )
+}
+
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    dot_blocks(
+        w,
+        a,
+        (34, Q8_0),
+        // Weights from a file may hold -128: the widening dot is exact for every byte.
+        |wb, ab| dot_i8_any(&wb[2..], &ab[2..]),
+        // s * (d_w * d_a)
+        |w4, a4, s| _mm_mul_ps(s, _mm_mul_ps(f16x4(w4, 34, 0), f16x4(a4, Q8_0, 0))),
+    )
+}
+
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
+    let table = iq4_table();
+    dot_blocks(
+        w,
+        a,
+        (18, Q8_0),
+        |wb, ab| {
+            // Table values lie in -127..=113.
+            let v = _mm256_shuffle_epi8(table, nibbles32(&wb[2..]));
+            widen_pairs(pairs_small_w(v, load32(&ab[2..])))
+        },
+        |w4, a4, s| value_dd_s(w4, 18, a4, s),
+    )
+}

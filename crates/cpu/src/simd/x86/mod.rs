@@ -1,0 +1,208 @@
+//! x86-64 kernels. AVX2 kernels need AVX2 and F16C; FMA is deliberately unused because a
+//! fused multiply-add rounds once where the reference rounds twice.
+//!
+//! Soundness: the kernels are `#[target_feature]` functions. The only way to reach them is
+//! [`avx2_dot`] / [`avx2_quant`], which hand out their safe wrappers only after
+//! [`avx2_supported`] has confirmed the features with CPUID.
+
+use std::arch::x86_64::*;
+
+use minfer_gguf::GgmlType;
+
+use super::{DotFn, QuantFn};
+
+mod avx2_float;
+mod avx2_kquants;
+mod avx2_legacy;
+mod avx2_quantize;
+
+pub(super) fn avx2_supported() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+}
+
+/// Declares safe wrappers around AVX2 kernels. Calling one is sound only where
+/// [`avx2_supported`] holds, which [`avx2_dot`] and [`avx2_quant`] check before returning them.
+macro_rules! avx2_wrappers {
+    (dot: $($name:ident => $kernel:path),* ; quant: $($qname:ident => $qkernel:path),* $(,)?) => {
+        $(fn $name(w: &[u8], a: &[u8]) -> f32 {
+            // SAFETY: only handed out by `avx2_dot` after `avx2_supported()` returned true.
+            unsafe { $kernel(w, a) }
+        })*
+        $(fn $qname(x: &[f32], out: &mut [u8]) {
+            // SAFETY: only handed out by `avx2_quant` after `avx2_supported()` returned true.
+            unsafe { $qkernel(x, out) }
+        })*
+    };
+}
+
+avx2_wrappers! {
+    dot:
+    dot_f32 => avx2_float::dot_f32,
+    dot_f16 => avx2_float::dot_f16,
+    dot_bf16 => avx2_float::dot_bf16,
+    dot_q4_0 => avx2_legacy::dot_q4_0,
+    dot_q4_1 => avx2_legacy::dot_q4_1,
+    dot_q5_0 => avx2_legacy::dot_q5_0,
+    dot_q5_1 => avx2_legacy::dot_q5_1,
+    dot_q8_0 => avx2_legacy::dot_q8_0,
+    dot_iq4_nl => avx2_legacy::dot_iq4_nl,
+    dot_q2_k => avx2_kquants::dot_q2_k,
+    dot_q3_k => avx2_kquants::dot_q3_k,
+    dot_q4_k => avx2_kquants::dot_q4_k,
+    dot_q5_k => avx2_kquants::dot_q5_k,
+    dot_q6_k => avx2_kquants::dot_q6_k,
+    dot_q8_k => avx2_kquants::dot_q8_k,
+    dot_iq4_xs => avx2_kquants::dot_iq4_xs;
+    quant:
+    quant_q8_0 => avx2_quantize::quant_q8_0,
+    quant_q8_1 => avx2_quantize::quant_q8_1,
+    quant_q8_k => avx2_quantize::quant_q8_k,
+}
+
+/// The AVX2 dot kernel for weights of `ty` (None: no kernel, or no AVX2 on this machine).
+pub(super) fn avx2_dot(ty: GgmlType) -> Option<DotFn> {
+    if !avx2_supported() {
+        return None;
+    }
+    use GgmlType as T;
+    Some(match ty {
+        T::F32 => dot_f32,
+        T::F16 => dot_f16,
+        T::Bf16 => dot_bf16,
+        T::Q4_0 => dot_q4_0,
+        T::Q4_1 => dot_q4_1,
+        T::Q5_0 => dot_q5_0,
+        T::Q5_1 => dot_q5_1,
+        T::Q8_0 => dot_q8_0,
+        T::Iq4Nl => dot_iq4_nl,
+        T::Q2K => dot_q2_k,
+        T::Q3K => dot_q3_k,
+        T::Q4K => dot_q4_k,
+        T::Q5K => dot_q5_k,
+        T::Q6K => dot_q6_k,
+        T::Q8K => dot_q8_k,
+        T::Iq4Xs => dot_iq4_xs,
+        _ => return None,
+    })
+}
+
+/// The AVX2 activation quantizer for `ty` (None: no kernel, or no AVX2 on this machine).
+pub(super) fn avx2_quant(ty: GgmlType) -> Option<QuantFn> {
+    if !avx2_supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q8_0 => Some(quant_q8_0),
+        GgmlType::Q8_1 => Some(quant_q8_1),
+        GgmlType::Q8K => Some(quant_q8_k),
+        _ => None,
+    }
+}
+
+// ---- helpers shared by the AVX2 kernels ----
+
+/// 32 bytes from the start of `b` (bounds-checked).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32(b: &[u8]) -> __m256i {
+    let b = &b[..32];
+    // SAFETY: `b` has 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+/// 16 bytes from the start of `b` (bounds-checked).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load16(b: &[u8]) -> __m128i {
+    let b = &b[..16];
+    // SAFETY: `b` has 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+/// The f16 at `b[off..off + 2]` as f32 (exact, like `quants::f16_to_f32`).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_at(b: &[u8], off: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline]
+fn f32_at(b: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// Sum of the 8 i32 lanes (wrapping, like the exact sums it is used for, which never wrap).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Exact Σ w·a of 32 signed bytes in pairs, as 16 i16 lanes, for weights in -127..=127 and any
+/// activation: |a| is the unsigned operand and a's sign moves onto w, so a pair is at most
+/// 2·128·127 = 32512 and `maddubs` never saturates. (With w = -128 the sign flip would wrap.)
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pairs_small_w(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(w, a))
+}
+
+/// Exact Σ w·a of 32 signed bytes as 8 i32 lanes, for any bytes (both may be -128):
+/// widened to i16 first.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_i8_any(w: &[u8], a: &[u8]) -> __m256i {
+    let w0 = _mm256_cvtepi8_epi16(load16(w));
+    let w1 = _mm256_cvtepi8_epi16(load16(&w[16..]));
+    let a0 = _mm256_cvtepi8_epi16(load16(a));
+    let a1 = _mm256_cvtepi8_epi16(load16(&a[16..]));
+    _mm256_add_epi32(_mm256_madd_epi16(w0, a0), _mm256_madd_epi16(w1, a1))
+}
+
+/// Pairs of i16 lanes summed into 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn widen_pairs(p: __m256i) -> __m256i {
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// Byte j (0..32) is 0xff when bit j of `bits` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bits_to_bytes(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask)
+}
+
+/// 16 packed bytes to 32 nibbles in element order: low nibbles (elements 0..16), then high
+/// nibbles (elements 16..32): the layout of every 32-element 4-bit block.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles32(qs: &[u8]) -> __m256i {
+    let q = load16(qs);
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// The IQ4 value table in both 128-bit lanes, for `_mm256_shuffle_epi8` lookups.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq4_table() -> __m256i {
+    let t = &minfer_gguf::quants::KVALUES_IQ4NL;
+    let bytes: [u8; 16] = std::array::from_fn(|i| t[i] as u8);
+    let lane = load16(&bytes);
+    _mm256_set_m128i(lane, lane)
+}

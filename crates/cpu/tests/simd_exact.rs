@@ -1,0 +1,327 @@
+//! Gate: every SIMD kernel of `minfer_cpu::simd` is bit-identical (`f32::to_bits`, raw bytes)
+//! to the scalar reference in `minfer_gguf::quants`, on every instruction set this machine has.
+//!
+//! Controls (mutations tried while writing the kernels; each made these tests fail):
+//! - Q4_K kernel with the float part reassociated, `(f16(d) * (ad * isum)) - ...`:
+//!   both dot tests failed (Q4_K and Q5_K share that code).
+//! - Q8_0 kernel skipping the last block (`chunks_exact` over `w.len() - 34`): both dot
+//!   tests and the tail control below failed.
+//! - Q8_0 weights through the sign trick instead of the widening dot: the adversarial test
+//!   (`-128` bytes) failed; Q8_0 activation rounding with round-half-even instead of
+//!   half-away: `quantize_act_is_byte_identical` failed (already on the random rows).
+//!
+//! The tests below also check, on every run, that the comparison can fail at all: a dropped
+//! tail block and a different block order (one running sum) both change the bits.
+
+use minfer_cpu::simd::{self, Isa};
+use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
+use minfer_gguf::GgmlType;
+
+/// The types the AVX2 table must serve (everything but Q8_1, which is not a weight type).
+const AVX2_DOT_TYPES: [GgmlType; 16] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Iq4Nl,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Q8K,
+    GgmlType::Iq4Xs,
+];
+const ACT_TYPES: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K];
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-scale, scale).
+    fn float(&mut self, scale: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
+    }
+
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        // Vary the magnitude per 32 elements so blocks get different scales.
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let scale = [0.01f32, 1.0, 3.7, 250.0][(i / 32 + (self.next() as usize & 1)) % 4];
+            out.push(self.float(scale));
+        }
+        out
+    }
+}
+
+/// Element counts to test for a type: 1 block up to several thousand elements, including
+/// counts that leave tails for 8-block and 16-element unrolls.
+fn lengths(ty: GgmlType) -> Vec<usize> {
+    let bs = ty.block_size() as usize;
+    let blocks: &[usize] = match bs {
+        1 => &[1, 2, 7, 8, 15, 16, 17, 31, 33, 100, 1000, 4096, 4099],
+        32 => &[1, 2, 3, 5, 8, 9, 31, 64, 128, 130],
+        _ => &[1, 2, 3, 5, 16, 17],
+    };
+    blocks.iter().map(|b| b * bs).collect()
+}
+
+fn act_bytes(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let at = vec_dot_type(ty);
+    let mut act = vec![0u8; at.row_bytes(x.len() as u64).unwrap() as usize];
+    quants::quantize_row(at, x, &mut act).unwrap();
+    act
+}
+
+/// The SIMD instruction sets this machine has (the scalar one is the reference itself).
+fn simd_isas() -> Vec<Isa> {
+    let isas: Vec<Isa> = simd::available()
+        .into_iter()
+        .filter(|&i| i != Isa::Scalar)
+        .collect();
+    if isas.is_empty() {
+        println!("SKIP: no SIMD instruction set on this machine");
+    }
+    isas
+}
+
+fn assert_dot_identical(isa: Isa, ty: GgmlType, n: usize, w: &[u8], act: &[u8], what: &str) {
+    let want = quants::vec_dot(ty, n, w, act).unwrap();
+    let got = simd::vec_dot_on(isa, ty, n, w, act).unwrap();
+    assert_eq!(
+        got.to_bits(),
+        want.to_bits(),
+        "{isa} {ty} n={n} ({what}): got {got:e}, reference {want:e}"
+    );
+}
+
+#[test]
+fn avx2_serves_every_listed_type() {
+    if !Isa::Avx2.is_available() {
+        println!("SKIP: no AVX2+F16C on this machine");
+        return;
+    }
+    for ty in AVX2_DOT_TYPES {
+        assert_eq!(Isa::Avx2.dot_served_by(ty), Isa::Avx2, "{ty}");
+    }
+    for ty in ACT_TYPES {
+        assert_eq!(Isa::Avx2.quant_served_by(ty), Isa::Avx2, "{ty}");
+    }
+    assert_eq!(simd::detected(), Isa::Avx2);
+}
+
+/// NEON serves the AVX2 list but F16 (Rust's f16 vector conversions are not stable yet).
+#[test]
+fn neon_serves_every_listed_type() {
+    if !Isa::Neon.is_available() {
+        println!("SKIP: no NEON on this machine");
+        return;
+    }
+    for ty in AVX2_DOT_TYPES {
+        let want = if ty == GgmlType::F16 {
+            Isa::Scalar
+        } else {
+            Isa::Neon
+        };
+        assert_eq!(Isa::Neon.dot_served_by(ty), want, "{ty}");
+    }
+    for ty in ACT_TYPES {
+        assert_eq!(Isa::Neon.quant_served_by(ty), Isa::Neon, "{ty}");
+    }
+    assert_eq!(simd::detected(), Isa::Neon);
+}
+
+/// Reference-quantized activations, random weights, every type and length.
+#[test]
+fn dot_is_bit_identical_to_the_reference() {
+    let mut cases = 0;
+    for isa in simd_isas() {
+        for ty in GgmlType::SUPPORTED {
+            for n in lengths(ty) {
+                for seed in 0..3u64 {
+                    let nb = n / ty.block_size() as usize;
+                    let w = random_blocks(ty, nb, 1000 * seed + n as u64);
+                    let x = Rng(seed * 7919 + n as u64).floats(n);
+                    let act = act_bytes(ty, &x);
+                    assert_dot_identical(isa, ty, n, &w, &act, "random");
+                    cases += 1;
+                }
+            }
+        }
+    }
+    println!("{cases} dot cases bit-identical on {:?}", simd_isas());
+}
+
+/// Integer extremes the quantizers never produce: every quant byte random (so 8-bit quants
+/// include -128 on both sides) and Q8_K block sums that do not match their quants. The kernels
+/// promise exact integer sums for any bytes, so the result must still match bit for bit.
+#[test]
+fn dot_is_bit_identical_on_adversarial_bytes() {
+    let mut rng = Rng(42);
+    let mut cases = 0;
+    for isa in simd_isas() {
+        for ty in GgmlType::SUPPORTED {
+            if ty.block_size() == 1 {
+                continue; // float rows: random bytes would be NaN/inf patterns
+            }
+            for n in lengths(ty).into_iter().take(4) {
+                let nb = n / ty.block_size() as usize;
+                let mut w = random_blocks(ty, nb, 5 + n as u64);
+                let at = vec_dot_type(ty);
+                let mut act = random_blocks(at, n / at.block_size() as usize, 9 + n as u64);
+                scramble_quants(ty, &mut w, &mut rng);
+                scramble_quants(at, &mut act, &mut rng);
+                assert_dot_identical(isa, ty, n, &w, &act, "adversarial");
+                cases += 1;
+            }
+        }
+    }
+    println!("{cases} adversarial dot cases bit-identical");
+}
+
+/// Overwrites the 8-bit quants (and Q8_K's block sums) of Q8_0/Q8_1/Q8_K blocks with random
+/// bytes; the other types' quant bits are random already.
+fn scramble_quants(ty: GgmlType, b: &mut [u8], rng: &mut Rng) {
+    let (ts, range) = match ty {
+        GgmlType::Q8_0 => (34, 2..34),
+        GgmlType::Q8_1 => (36, 4..36),
+        GgmlType::Q8K => (292, 4..292),
+        _ => return,
+    };
+    for blk in b.chunks_exact_mut(ts) {
+        for v in &mut blk[range.clone()] {
+            *v = rng.next() as u8;
+        }
+        blk[range.start] = 0x80; // at least one -128 per block
+    }
+}
+
+/// Activation quantization: random rows plus hand-made edge blocks.
+#[test]
+fn quantize_act_is_byte_identical() {
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut rng = Rng(3);
+    for n in [256usize, 512, 4096] {
+        rows.push(rng.floats(n));
+    }
+    // Ties: amax = 127 gives d = 1 for Q8_0 (half-away: 0.5 -> 1, -2.5 -> -3) and
+    // iscale = -1 for Q8_K (half-even).
+    let mut ties = vec![0.0f32; 256];
+    for (i, v) in ties.iter_mut().enumerate() {
+        *v = (i as f32 - 128.0) + 0.5;
+    }
+    for blk in ties.chunks_exact_mut(32) {
+        blk[7] = -127.0;
+    }
+    rows.push(ties);
+    let mut edge = vec![0.0f32; 256];
+    edge[0] = -0.0; // all-zero first block (sign of zero kept in the reference)
+    edge[32..64].fill(f32::NAN);
+    edge[40] = 1.0;
+    edge[64] = f32::INFINITY;
+    edge[70] = -3.0;
+    edge[96] = 1e-40; // subnormal block
+    edge[97] = -1e-40;
+    edge[128] = -5.0; // -amax before +amax: first one wins
+    edge[129] = 5.0;
+    edge[160..192].fill(2.5);
+    rows.push(edge);
+    let mut cases = 0;
+    for isa in simd_isas() {
+        for ty in ACT_TYPES {
+            for x in &rows {
+                let len = ty.row_bytes(x.len() as u64).unwrap() as usize;
+                let mut want = vec![0u8; len];
+                let mut got = vec![0x55u8; len];
+                quants::quantize_row(ty, x, &mut want).unwrap();
+                simd::quantize_act_on(isa, ty, x, &mut got).unwrap();
+                let first = want.iter().zip(&got).position(|(a, b)| a != b);
+                assert_eq!(
+                    first,
+                    None,
+                    "{isa} {ty} n={}: first differing byte",
+                    x.len()
+                );
+                cases += 1;
+            }
+        }
+    }
+    println!("{cases} quantization cases byte-identical");
+}
+
+/// Controls: the bit comparison is sensitive enough to see a dropped tail block and a
+/// different block order (so agreement above is not an accident of coarse comparison). The
+/// other order is one running sum over blocks, what a kernel ignoring the reference's four
+/// block lanes would compute; over 8 rows it must differ at least once per type.
+#[test]
+fn controls_dropped_tail_and_reordered_blocks_change_bits() {
+    let isa = simd::detected();
+    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q4_1] {
+        let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+        let at = vec_dot_type(ty);
+        let ats = at.type_size() as usize;
+        let nb = 17;
+        let mut order_differs = 0;
+        for seed in 0..8u64 {
+            let w = random_blocks(ty, nb, 77 + seed);
+            let act = act_bytes(ty, &Rng(78 + seed).floats(nb * bs));
+            let full = simd::vec_dot_on(isa, ty, nb * bs, &w, &act).unwrap();
+            let forward = quants::vec_dot(ty, nb * bs, &w, &act).unwrap();
+            assert_eq!(full.to_bits(), forward.to_bits(), "{ty}");
+            let short = (nb - 1) * bs;
+            let dropped = quants::vec_dot(ty, short, &w[..(nb - 1) * ts], &act[..(nb - 1) * ats]);
+            assert_ne!(full.to_bits(), dropped.unwrap().to_bits(), "{ty}: tail");
+            let running = (0..nb)
+                .map(|b| {
+                    let (wb, ab) = (&w[b * ts..][..ts], &act[b * ats..][..ats]);
+                    quants::vec_dot(ty, bs, wb, ab).unwrap()
+                })
+                .fold(0.0f32, |s, v| s + v);
+            order_differs += usize::from(full.to_bits() != running.to_bits());
+        }
+        assert!(
+            order_differs > 0,
+            "{ty}: block order never changed the bits"
+        );
+        println!("{ty}: a running sum differs on {order_differs} of 8 rows");
+    }
+}
+
+#[test]
+fn errors_are_the_references_and_missing_isas_are_refused() {
+    let err = simd::vec_dot(GgmlType::Q4K, 256, &[0; 144], &[0; 291]).unwrap_err();
+    assert!(err.to_string().contains("292 bytes"), "{err}");
+    let err = simd::vec_dot(GgmlType::Iq2Xxs, 256, &[0; 66], &[0; 292]).unwrap_err();
+    assert!(err.to_string().contains("IQ2_XXS"), "{err}");
+    let err = simd::quantize_act(GgmlType::Q4K, &[0.0; 256], &mut [0; 144]).unwrap_err();
+    assert!(err.to_string().contains("Q4_K"), "{err}");
+    let err = simd::quantize_act(GgmlType::Q8_0, &[0.0; 31], &mut [0; 34]).unwrap_err();
+    assert!(err.to_string().contains("31 elements"), "{err}");
+    // The hoisted kernel checks lengths like the reference, on every instruction set.
+    for isa in simd::available() {
+        let dot = simd::RowDot::on(isa, GgmlType::Q4K).unwrap();
+        let err = dot.dot(256, &[0; 144], &[0; 291]).unwrap_err();
+        assert!(err.to_string().contains("292 bytes"), "{isa}: {err}");
+        let err = dot.dot(255, &[0; 144], &[0; 292]).unwrap_err();
+        assert!(err.to_string().contains("255 elements"), "{isa}: {err}");
+        assert_eq!(dot.dot(0, &[], &[]).unwrap(), 0.0);
+    }
+    for isa in Isa::ALL {
+        if !isa.is_available() {
+            let err = simd::vec_dot_on(isa, GgmlType::Q8_0, 32, &[0; 34], &[0; 34]).unwrap_err();
+            assert!(err.to_string().contains(isa.name()), "{err}");
+        }
+    }
+}

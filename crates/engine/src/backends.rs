@@ -1,0 +1,62 @@
+//! The backend table of this build: fixed ids (cpu 0, metal 1, cuda 2; written into
+//! session files and graph dumps), whether each is compiled in, and whether this machine can
+//! run it.
+
+use minfer_cpu::{CpuBackend, CPU_ID};
+use minfer_graph::{Backend, BackendEntry, BackendId};
+
+pub const METAL_ID: BackendId = BackendId(1);
+pub const CUDA_ID: BackendId = BackendId(2);
+
+pub fn table() -> Vec<BackendEntry> {
+    vec![
+        BackendEntry {
+            id: CPU_ID,
+            name: "cpu",
+            compiled: Ok(()),
+            available: Ok(()),
+        },
+        BackendEntry {
+            id: METAL_ID,
+            name: "metal",
+            compiled: Err("this build has no Metal backend yet (macOS only)".into()),
+            available: Err("not compiled".into()),
+        },
+        BackendEntry {
+            id: CUDA_ID,
+            name: "cuda",
+            compiled: Err("this build has no CUDA backend (cargo feature `cuda`)".into()),
+            available: Err("not compiled".into()),
+        },
+    ]
+}
+
+/// The name of a backend id, for dumps and messages.
+pub fn name_of(id: BackendId) -> String {
+    table()
+        .into_iter()
+        .find(|e| e.id == id)
+        .map(|e| e.name.to_string())
+        .unwrap_or_else(|| format!("backend{}", id.0))
+}
+
+/// Resolves `--backend` names (see [`minfer_graph::resolve_backends`]); the CPU always takes part.
+pub fn resolve(names: &[String]) -> minfer_graph::Result<Vec<BackendId>> {
+    minfer_graph::resolve_backends(names, &table(), CPU_ID)
+}
+
+/// Instantiates resolved backends.
+pub fn instantiate(
+    ids: &[BackendId],
+    threads: usize,
+) -> minfer_graph::Result<Vec<Box<dyn Backend>>> {
+    ids.iter()
+        .map(|&id| match id {
+            CPU_ID => Ok(Box::new(CpuBackend::new(threads)) as Box<dyn Backend>),
+            other => Err(minfer_graph::Error::NotCompiled {
+                name: name_of(other),
+                why: "no backend implementation in this build".into(),
+            }),
+        })
+        .collect()
+}

@@ -1,0 +1,32 @@
+//! Backend assignment, decided once at build time: every node goes to the highest-priority
+//! participating backend whose `supports_op` accepts it. No backend accepting a node is an
+//! error naming the node, never a mid-run fallback.
+
+use crate::backend::{Backend, WeightSource};
+use crate::error::{Error, Result};
+use crate::ir::Graph;
+
+pub fn assign_backends(
+    graph: &mut Graph,
+    backends: &[Box<dyn Backend>],
+    weights: &dyn WeightSource,
+) -> Result<()> {
+    let mut order: Vec<&dyn Backend> = backends.iter().map(|b| b.as_ref()).collect();
+    order.sort_by_key(|b| std::cmp::Reverse(b.priority()));
+    for node in graph.nodes.iter_mut().filter(|n| !n.dead) {
+        let chosen = order
+            .iter()
+            .find(|b| b.supports_op(&node.op, node.dtype, weights))
+            .ok_or_else(|| Error::Unsupported {
+                node: node.name.clone(),
+                op: format!("{:?}", node.op),
+                backends: order
+                    .iter()
+                    .map(|b| b.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        node.backend = Some(chosen.id());
+    }
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! The graph IR: nodes with exactly one output each, 2-D shapes, dtypes and op metadata.
+//!
+//! Shapes are `[ne0, ne1]`: `ne0` is the row length (innermost, contiguous), `ne1` the
+//! number of rows (tokens for activations). Memory is row-major `[ne1][ne0]`. Weights are
+//! referenced by GGUF name; a matmul weight with `ne0 = in`, `ne1 = out` computes
+//! `y[t][o] = sum_i w[o][i] x[t][i]`.
+
+use crate::backend::BackendId;
+use minfer_gguf::GgmlType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Element type of a node's output. Activations are f32; integer inputs are i32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    I32,
+    /// The node writes into a persistent region and has no output buffer of its own.
+    None,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::None => 0,
+        }
+    }
+}
+
+/// Host-filled graph inputs (all i32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InputKind {
+    /// `[n_tokens]` token ids.
+    TokenIds,
+    /// `[n_tokens]` sequence positions (drive RoPE and the causal bound).
+    Positions,
+    /// `[n_tokens]` KV cells (arena rows) the new K/V rows are written to.
+    KvCells,
+    /// `[2, n_tokens]` per query `[lo, hi)` KV cells it attends to.
+    AttnSpan,
+    /// `[n_out]` which rows of the final hidden state get logits.
+    TailIds,
+}
+
+impl InputKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            InputKind::TokenIds => "token_ids",
+            InputKind::Positions => "positions",
+            InputKind::KvCells => "kv_cells",
+            InputKind::AttnSpan => "attn_span",
+            InputKind::TailIds => "tail_ids",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// Pairs `(i, i + d/2)`.
+    Neox,
+    /// Pairs `(2i, 2i + 1)`.
+    Normal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvKind {
+    K,
+    V,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Input(InputKind),
+    /// Rows of a weight matrix selected by the i32 ids in `src[0]`, dequantized to f32.
+    GetRows {
+        weight: String,
+    },
+    /// Rows of activation `src[0]` selected by the i32 ids in `src[1]`.
+    SelectRows,
+    /// `src[0] · weightᵀ (+ bias)`.
+    MatMul {
+        weight: String,
+        bias: Option<String>,
+    },
+    /// RMSNorm over groups of `group` elements of each row, times `weight` (length `group`).
+    RmsNorm {
+        eps: f32,
+        weight: String,
+        group: usize,
+    },
+    /// RoPE on `src[0]` (`n_head` heads of `head_dim`) at the positions in `src[1]`.
+    Rope {
+        style: RopeStyle,
+        n_head: usize,
+        head_dim: usize,
+        freq_base: f32,
+        freq_scale: f32,
+    },
+    Add,
+    Mul,
+    Silu,
+    /// `silu(src[0]) * src[1]` (produced by fusion).
+    SwiGLU,
+    /// Writes `src[0]` rows into the layer's K or V region at the cells in `src[1]`.
+    KvStore {
+        layer: usize,
+        kind: KvKind,
+        cache_type: GgmlType,
+    },
+    /// GQA attention of `src[0]` (queries) over the layer's KV region, each query limited to
+    /// the `[lo, hi)` cells of its span (`src[1]`); the causal mask is the span's upper bound
+    /// (the host sets `hi` = the cell after the query's own). `src[2..]` are the KV stores it
+    /// must run after.
+    Attention {
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        scale: f32,
+        cache_type: GgmlType,
+    },
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input(_) => "Input",
+            Op::GetRows { .. } => "GetRows",
+            Op::SelectRows => "SelectRows",
+            Op::MatMul { .. } => "MatMul",
+            Op::RmsNorm { .. } => "RmsNorm",
+            Op::Rope { .. } => "Rope",
+            Op::Add => "Add",
+            Op::Mul => "Mul",
+            Op::Silu => "Silu",
+            Op::SwiGLU => "SwiGLU",
+            Op::KvStore { .. } => "KvStore",
+            Op::Attention { .. } => "Attention",
+        }
+    }
+
+    /// The KV layer an op reads or writes.
+    pub fn kv_layer(&self) -> Option<usize> {
+        match self {
+            Op::KvStore { layer, .. } | Op::Attention { layer, .. } => Some(*layer),
+            _ => None,
+        }
+    }
+
+    /// Elementwise ops whose output may reuse the buffer of `src[0]`.
+    pub fn can_alias_src0(&self) -> bool {
+        matches!(
+            self,
+            Op::Silu | Op::SwiGLU | Op::Rope { .. } | Op::Add | Op::Mul
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub id: NodeId,
+    pub name: String,
+    pub op: Op,
+    pub src: Vec<NodeId>,
+    pub shape: [usize; 2],
+    pub dtype: DType,
+    /// `None` until assigned.
+    pub backend: Option<BackendId>,
+    pub layer: Option<usize>,
+    /// Removed by fusion: no buffer, never executed.
+    pub dead: bool,
+}
+
+impl Node {
+    pub fn n_elems(&self) -> usize {
+        self.shape[0] * self.shape[1]
+    }
+    pub fn n_bytes(&self) -> usize {
+        self.n_elems() * self.dtype.size()
+    }
+}
+
+/// What decides a graph's topology. Equal params give an identical graph, so the cache
+/// reuses it; positions are not part of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphParams {
+    pub n_tokens: usize,
+    pub n_out: usize,
+    pub n_ctx: usize,
+    pub cache_type: GgmlType,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Graph {
+    /// Topologically ordered by construction; executed and planned in this order.
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<(InputKind, NodeId)>,
+    pub output: NodeId,
+}
+
+impl Graph {
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+    pub fn input(&self, kind: InputKind) -> Option<NodeId> {
+        self.inputs
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|&(_, n)| n)
+    }
+    /// Consumers of each node among live nodes.
+    pub fn consumers(&self) -> Vec<Vec<NodeId>> {
+        let mut c = vec![Vec::new(); self.nodes.len()];
+        for n in self.nodes.iter().filter(|n| !n.dead) {
+            for s in &n.src {
+                c[s.index()].push(n.id);
+            }
+        }
+        c
+    }
+}
+
+/// Appends nodes in build order.
+#[derive(Default)]
+pub struct GraphBuilder {
+    nodes: Vec<Node>,
+    inputs: Vec<(InputKind, NodeId)>,
+    layer: Option<usize>,
+}
+
+impl GraphBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Nodes added from now on belong to `layer` (None: outside the blocks).
+    pub fn set_layer(&mut self, layer: Option<usize>) {
+        self.layer = layer;
+    }
+
+    pub fn input(&mut self, kind: InputKind, shape: [usize; 2]) -> NodeId {
+        let id = self.push(
+            kind.name().into(),
+            Op::Input(kind),
+            vec![],
+            shape,
+            DType::I32,
+        );
+        self.inputs.push((kind, id));
+        id
+    }
+
+    /// An f32-output op.
+    pub fn op(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        src: &[NodeId],
+        shape: [usize; 2],
+    ) -> NodeId {
+        let dtype = if matches!(op, Op::KvStore { .. }) {
+            DType::None
+        } else {
+            DType::F32
+        };
+        self.push(name.into(), op, src.to_vec(), shape, dtype)
+    }
+
+    pub fn shape(&self, id: NodeId) -> [usize; 2] {
+        self.nodes[id.index()].shape
+    }
+
+    fn push(
+        &mut self,
+        name: String,
+        op: Op,
+        src: Vec<NodeId>,
+        shape: [usize; 2],
+        dtype: DType,
+    ) -> NodeId {
+        let id = NodeId(self.nodes.len() as u32);
+        self.nodes.push(Node {
+            id,
+            name,
+            op,
+            src,
+            shape,
+            dtype,
+            backend: None,
+            layer: self.layer,
+            dead: false,
+        });
+        id
+    }
+
+    pub fn finish(self, output: NodeId) -> Graph {
+        Graph {
+            nodes: self.nodes,
+            inputs: self.inputs,
+            output,
+        }
+    }
+}

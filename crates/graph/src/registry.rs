@@ -1,0 +1,63 @@
+//! Resolving `--backend NAME` lists. The table of backends (names, fixed ids, whether they
+//! are compiled in and available) is supplied by the caller, so this crate names no device.
+
+use crate::backend::BackendId;
+use crate::error::{Error, Result};
+
+/// One row of the backend table.
+#[derive(Clone, Debug)]
+pub struct BackendEntry {
+    pub id: BackendId,
+    pub name: &'static str,
+    /// `Err(why)` when this build does not include it.
+    pub compiled: std::result::Result<(), String>,
+    /// `Err(why)` when it is compiled in but this machine cannot run it.
+    pub available: std::result::Result<(), String>,
+}
+
+/// Resolves requested names (case-insensitive, trimmed; comma lists allowed) to backend ids,
+/// in table order. An empty request means every compiled and available backend. Three
+/// distinct refusals: an unknown name, a backend not compiled in, and one compiled in but
+/// unavailable. `always` (the CPU) always takes part.
+pub fn resolve_backends(
+    requested: &[String],
+    table: &[BackendEntry],
+    always: BackendId,
+) -> Result<Vec<BackendId>> {
+    let mut chosen: Vec<BackendId> = Vec::new();
+    if requested.is_empty() {
+        chosen.extend(
+            table
+                .iter()
+                .filter(|e| e.compiled.is_ok() && e.available.is_ok())
+                .map(|e| e.id),
+        );
+    }
+    for name in requested.iter().flat_map(|r| r.split(',')) {
+        let name = name.trim();
+        let e = table
+            .iter()
+            .find(|e| e.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| Error::UnknownBackend {
+                name: name.into(),
+                known: table.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
+            })?;
+        if let Err(why) = &e.compiled {
+            return Err(Error::NotCompiled {
+                name: e.name.into(),
+                why: why.clone(),
+            });
+        }
+        if let Err(why) = &e.available {
+            return Err(Error::Unavailable {
+                name: e.name.into(),
+                why: why.clone(),
+            });
+        }
+        chosen.push(e.id);
+    }
+    chosen.push(always);
+    chosen.sort_unstable();
+    chosen.dedup();
+    Ok(chosen)
+}

@@ -1,0 +1,347 @@
+//! Assignment, fusion, allocation, scheduling and caching on small graphs run by a mock
+//! elementwise backend (two instances with different ids force multi-split execution).
+
+use minfer_gguf::GgmlType;
+use minfer_graph::{
+    alloc::size_class, assign_backends, execute, fill_input, fuse, read_output, sched::splits,
+    Allocator, Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, Graph, GraphBuilder,
+    GraphCache, GraphParams, InputKind, Node, Op, WeightRef, WeightSource,
+};
+use std::sync::{Arc, Mutex};
+
+struct NoWeights;
+impl WeightSource for NoWeights {
+    fn weight(&self, _: &str) -> Option<WeightRef<'_>> {
+        None
+    }
+}
+
+/// Runs Input/Add/Mul/Silu/SwiGLU on host vectors; `only_add` refuses everything but Add.
+struct Mock {
+    id: u16,
+    priority: u32,
+    only_add: bool,
+    fused: bool,
+    bufs: Vec<Option<Vec<f32>>>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Mock {
+    fn new(id: u16, priority: u32, log: &Arc<Mutex<Vec<String>>>) -> Mock {
+        Mock {
+            id,
+            priority,
+            only_add: false,
+            fused: true,
+            bufs: Vec::new(),
+            log: log.clone(),
+        }
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+impl Backend for Mock {
+    fn id(&self) -> BackendId {
+        BackendId(self.id)
+    }
+    fn name(&self) -> &str {
+        if self.id == 0 {
+            "mock0"
+        } else {
+            "mock1"
+        }
+    }
+    fn priority(&self) -> u32 {
+        self.priority
+    }
+    fn supports_op(&self, op: &Op, _: DType, _: &dyn WeightSource) -> bool {
+        match op {
+            Op::Add => true,
+            Op::Input(_) | Op::Mul | Op::Silu | Op::SwiGLU => !self.only_add,
+            _ => false,
+        }
+    }
+    fn supports_fused(&self, _: FusedOp) -> bool {
+        self.fused
+    }
+    fn alloc(&mut self, bytes: usize) -> minfer_graph::Result<BufId> {
+        self.bufs.push(Some(vec![0.0; bytes / 4]));
+        Ok(BufId(self.bufs.len() as u32 - 1))
+    }
+    fn free(&mut self, buf: BufId) {
+        self.bufs[buf.0 as usize] = None;
+    }
+    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> minfer_graph::Result<()> {
+        let b = self.bufs[buf.0 as usize].as_mut().unwrap();
+        for (i, c) in data.chunks_exact(4).enumerate() {
+            b[offset / 4 + i] = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        Ok(())
+    }
+    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> minfer_graph::Result<()> {
+        let b = self.bufs[buf.0 as usize].as_ref().unwrap();
+        for (i, c) in out.chunks_exact_mut(4).enumerate() {
+            c.copy_from_slice(&b[offset / 4 + i].to_le_bytes());
+        }
+        Ok(())
+    }
+    fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> minfer_graph::Result<()> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}:{}", self.id, node.name));
+        let n = node.n_elems();
+        // Inputs are i32 bit patterns; the mock reads them as integers.
+        let get = |i: usize| -> Vec<f32> {
+            let b = self.bufs[args.srcs[i].unwrap().0 as usize]
+                .as_ref()
+                .unwrap();
+            b[..n].to_vec()
+        };
+        let val = |v: f32| v.to_bits() as i32 as f32;
+        let is_in = |_: usize| false;
+        let _ = is_in;
+        let a = get(0);
+        let out: Vec<f32> = match node.op {
+            Op::Add => a.iter().zip(get(1)).map(|(x, y)| x + y).collect(),
+            Op::Mul => a.iter().zip(get(1)).map(|(x, y)| x * y).collect(),
+            Op::Silu => a.iter().map(|x| silu(val(*x))).collect(),
+            Op::SwiGLU => a
+                .iter()
+                .zip(get(1))
+                .map(|(x, y)| silu(val(*x)) * y)
+                .collect(),
+            _ => {
+                return Err(Error::Exec {
+                    node: node.name.clone(),
+                    problem: "mock".into(),
+                })
+            }
+        };
+        let o = self.bufs[args.out.unwrap().0 as usize].as_mut().unwrap();
+        o[..n].copy_from_slice(&out);
+        Ok(())
+    }
+    fn synchronize(&mut self) -> minfer_graph::Result<()> {
+        self.log.lock().unwrap().push(format!("{}:sync", self.id));
+        Ok(())
+    }
+}
+
+/// out = silu(a) * silu(a) ... : `Mul(Silu(a), s2) + s2` where s2 = Silu(a) used twice.
+fn ffn_like(n: usize) -> Graph {
+    let mut g = GraphBuilder::new();
+    let a = g.input(InputKind::TokenIds, [n, 1]);
+    let b = g.input(InputKind::Positions, [n, 1]);
+    let s = g.op("silu", Op::Silu, &[a], [n, 1]);
+    let s2 = g.op("silu2", Op::Silu, &[b], [n, 1]);
+    let m = g.op("mul", Op::Mul, &[s, s2], [n, 1]);
+    let out = g.op("add", Op::Add, &[m, s2], [n, 1]);
+    g.finish(out)
+}
+
+fn run(graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Vec<f32> {
+    let mut alloc = Allocator::new();
+    let plan = alloc.plan(graph, backends, &|_| Ok(0)).unwrap();
+    let n = graph.node(graph.output).n_elems();
+    let a: Vec<i32> = (0..n as i32).collect();
+    let b: Vec<i32> = (0..n as i32).map(|x| 2 - x).collect();
+    fill_input(graph, &plan, backends, InputKind::TokenIds, &a).unwrap();
+    fill_input(graph, &plan, backends, InputKind::Positions, &b).unwrap();
+    execute(graph, &plan, backends, &NoWeights).unwrap();
+    let mut out = Vec::new();
+    read_output(graph, &plan, backends, &mut out).unwrap();
+    out
+}
+
+fn expected(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let s2 = silu(2.0 - i as f32);
+            silu(i as f32) * s2 + s2
+        })
+        .collect()
+}
+
+#[test]
+fn swiglu_fusion_rewrites_sole_consumer_only_and_keeps_results() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log))];
+    let mut g = ffn_like(8);
+    assign_backends(&mut g, &backends, &NoWeights).unwrap();
+    // silu2 has two consumers, so only `silu` may fuse.
+    assert_eq!(fuse(&mut g, &backends), 1);
+    let mul = g.nodes.iter().find(|n| n.name == "mul").unwrap();
+    assert_eq!(mul.op, Op::SwiGLU);
+    assert!(g.nodes.iter().find(|n| n.name == "silu").unwrap().dead);
+    let out = run(&g, &mut backends);
+    for (a, b) in out.iter().zip(expected(8)) {
+        assert!((a - b).abs() < 1e-6);
+    }
+    // Control: without fused support nothing is rewritten.
+    let mut nf = Mock::new(0, 100, &log);
+    nf.fused = false;
+    let nf: Vec<Box<dyn Backend>> = vec![Box::new(nf)];
+    let mut g = ffn_like(8);
+    assign_backends(&mut g, &nf, &NoWeights).unwrap();
+    assert_eq!(fuse(&mut g, &nf), 0);
+}
+
+#[test]
+fn priority_assignment_splits_and_stages_across_backends() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut hi = Mock::new(1, 300, &log);
+    hi.only_add = true;
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log)), Box::new(hi)];
+    let mut g = ffn_like(8);
+    assign_backends(&mut g, &backends, &NoWeights).unwrap();
+    let be = |name: &str| {
+        g.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap()
+            .backend
+            .unwrap()
+    };
+    assert_eq!(
+        be("add"),
+        BackendId(1),
+        "the higher priority backend takes what it supports"
+    );
+    assert_eq!(be("mul"), BackendId(0));
+    assert_eq!(splits(&g).len(), 2);
+    let out = run(&g, &mut backends);
+    for (a, b) in out.iter().zip(expected(8)) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+    let log = log.lock().unwrap();
+    // Backend 0 syncs before backend 1 runs the add, and backend 1 syncs at the end.
+    let add = log.iter().position(|l| l == "1:add").unwrap();
+    assert_eq!(log[add - 1], "0:sync");
+    assert_eq!(log.last().unwrap(), "1:sync");
+}
+
+#[test]
+fn a_node_no_backend_supports_is_refused_by_name() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut only = Mock::new(0, 100, &log);
+    only.only_add = true;
+    let backends: Vec<Box<dyn Backend>> = vec![Box::new(only)];
+    let mut g = ffn_like(4);
+    let err = assign_backends(&mut g, &backends, &NoWeights).unwrap_err();
+    assert!(
+        matches!(&err, Error::Unsupported { node, .. } if node == "token_ids"),
+        "{err}"
+    );
+}
+
+#[test]
+fn allocator_reuses_dead_buffers_aliases_sole_consumers_and_enforces_the_budget() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log))];
+    // A chain x -> silu -> silu -> ... : every silu may run in place of its input's buffer
+    // except the first (its input is a graph input).
+    let mut b = GraphBuilder::new();
+    let x = b.input(InputKind::TokenIds, [1024, 1]);
+    let y = b.input(InputKind::Positions, [1024, 1]);
+    let s1 = b.op("s1", Op::Silu, &[x], [1024, 1]);
+    let s2 = b.op("s2", Op::Silu, &[s1], [1024, 1]);
+    let m = b.op("m", Op::Mul, &[s2, y], [1024, 1]);
+    // `m` has two consumers: neither may alias it.
+    let a1 = b.op("a1", Op::Add, &[m, m], [1024, 1]);
+    let a2 = b.op("a2", Op::Add, &[a1, m], [1024, 1]);
+    let mut g = b.finish(a2);
+    assign_backends(&mut g, &backends, &NoWeights).unwrap();
+    let mut alloc = Allocator::new();
+    let plan = alloc.plan(&g, &mut backends, &|_| Ok(0)).unwrap();
+    let buf = |id: minfer_graph::NodeId| plan.node_buf[id.index()].unwrap().1;
+    assert_ne!(buf(s1), buf(x), "inputs are never aliased");
+    assert_eq!(buf(s2), buf(s1), "sole consumer runs in place");
+    assert_eq!(buf(m), buf(s2), "sole consumer runs in place");
+    assert_ne!(buf(a1), buf(m), "m has two consumers");
+    assert_ne!(buf(a2), buf(m), "m is still live when a2 runs");
+    // Control: the sizes a plan needs, and a budget one class short is refused with figures.
+    let used = alloc.in_use(BackendId(0));
+    assert_eq!(used, 5 * size_class(4096));
+    let mut small = Allocator::new();
+    small.set_budget(BackendId(0), used - 1);
+    let err = small.plan(&g, &mut backends, &|_| Ok(0)).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::OverBudget { .. }) && msg.contains("MiB"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn size_classes_are_powers_of_two_then_16k_steps() {
+    assert_eq!(size_class(1), 4);
+    assert_eq!(size_class(5), 8);
+    assert_eq!(size_class(16 << 10), 16 << 10);
+    assert_eq!(size_class((16 << 10) + 1), 32 << 10);
+    assert_eq!(size_class((48 << 10) + 1), 64 << 10);
+    assert_eq!(size_class((64 << 10) + 1), 80 << 10);
+}
+
+#[test]
+fn the_cache_reuses_a_graph_for_equal_params() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log))];
+    let mut alloc = Allocator::new();
+    let mut cache = GraphCache::new(2);
+    let p = |n| GraphParams {
+        n_tokens: n,
+        n_out: 1,
+        n_ctx: 16,
+        cache_type: GgmlType::F32,
+    };
+    let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
+    for n in [4, 4, 1, 1, 1, 4] {
+        cache
+            .get_or_build(
+                &p(n),
+                &build,
+                &|_| Ok(0),
+                &mut backends,
+                &NoWeights,
+                &mut alloc,
+            )
+            .unwrap();
+    }
+    assert_eq!(cache.builds(), 2);
+    cache
+        .get_or_build(
+            &p(2),
+            &build,
+            &|_| Ok(0),
+            &mut backends,
+            &NoWeights,
+            &mut alloc,
+        )
+        .unwrap();
+    cache
+        .get_or_build(
+            &p(4),
+            &build,
+            &|_| Ok(0),
+            &mut backends,
+            &NoWeights,
+            &mut alloc,
+        )
+        .unwrap();
+    assert_eq!(cache.builds(), 3, "capacity 2 keeps the two most recent");
+    cache
+        .get_or_build(
+            &p(1),
+            &build,
+            &|_| Ok(0),
+            &mut backends,
+            &NoWeights,
+            &mut alloc,
+        )
+        .unwrap();
+    assert_eq!(cache.builds(), 4, "the least recent was evicted");
+}

@@ -1,0 +1,34 @@
+// Elementwise f32 ops over n elements: one thread per element, 256-thread threadgroups.
+// No barriers, so the bounds return is safe.
+#include "common.h"
+
+kernel void kernel_add_f32(
+        device const float * a [[buffer(0)]],
+        device const float * b [[buffer(1)]],
+        device float * dst [[buffer(2)]],
+        constant ElementwiseParams & p [[buffer(3)]],
+        uint tpig [[thread_position_in_grid]]) {
+    if (tpig >= p.n) { return; }
+    dst[tpig] = a[tpig] + b[tpig];
+}
+
+kernel void kernel_mul_f32(
+        device const float * a [[buffer(0)]],
+        device const float * b [[buffer(1)]],
+        device float * dst [[buffer(2)]],
+        constant ElementwiseParams & p [[buffer(3)]],
+        uint tpig [[thread_position_in_grid]]) {
+    if (tpig >= p.n) { return; }
+    dst[tpig] = a[tpig] * b[tpig];
+}
+
+// SwiGLU: silu(gate) * up.
+kernel void kernel_swiglu_f32(
+        device const float * gate [[buffer(0)]],
+        device const float * up [[buffer(1)]],
+        device float * dst [[buffer(2)]],
+        constant ElementwiseParams & p [[buffer(3)]],
+        uint tpig [[thread_position_in_grid]]) {
+    if (tpig >= p.n) { return; }
+    dst[tpig] = mf_silu(gate[tpig]) * up[tpig];
+}

@@ -1,0 +1,79 @@
+//! `#[repr(C)]` kernel parameter structs, field for field the structs in `kernels/common.h`.
+//! Only `u32`/`f32` fields, so there is no padding and the byte view is well defined. The
+//! emulator checks each struct's size against the kernel's `constant T&` parameter.
+
+/// Marker for a params struct that may be viewed as bytes ([`crate::device::as_bytes`]).
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, contain only 4-byte plain fields and have no padding.
+pub unsafe trait Params: Copy {}
+
+macro_rules! params {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq)]
+        pub struct $name { $($(#[$fm])* pub $field: $ty),* }
+        // SAFETY: repr(C), only u32/f32 fields (4 bytes each), so no padding.
+        unsafe impl Params for $name {}
+    };
+}
+
+params!(
+    /// add / mul / swiglu over `n` elements.
+    ElementwiseParams { n: u32 }
+);
+params!(
+    /// RMSNorm over `nrows` rows of `ncols`; also the per-head QK norm (`ncols` = head dim).
+    RmsNormParams { ncols: u32, nrows: u32, eps: f32 }
+);
+params!(
+    /// RoPE on `[n_tokens, n_heads, head_dim]`; `style` 0 = non-interleaved (NeoX/Qwen2),
+    /// 1 = interleaved (LLaMA GGUF).
+    RopeParams {
+        head_dim: u32,
+        n_heads: u32,
+        n_tokens: u32,
+        n_rot: u32,
+        freq_base: f32,
+        style: u32,
+    }
+);
+params!(
+    /// KV store of `n_tokens` rows of `row_elems` f32 into a region of `n_ctx` rows at the
+    /// cells named by an i32 buffer; `dst_row_bytes` is the region's row stride.
+    KvStoreParams { row_elems: u32, n_tokens: u32, n_ctx: u32, dst_row_bytes: u32 }
+);
+params!(
+    /// Gather `n_ids` rows of `ncols` elements (row stride `row_bytes`) into f32.
+    GetRowsParams { ncols: u32, n_ids: u32, row_bytes: u32, n_rows: u32 }
+);
+params!(
+    /// `out[t, r] = dot(W[r, :], x[t, :])` with W `[n, k]` (stride `row_bytes`), x `[nt, k]`.
+    MatmulParams { k: u32, n: u32, nt: u32, row_bytes: u32 }
+);
+params!(
+    /// Causal attention. q/out `[n_tokens, n_head * head_dim]`; K/V regions have rows of
+    /// `kv_stride` elements (= n_head_kv * head_dim); token t attends rows `0..=positions[t]`.
+    AttnParams {
+        n_head: u32,
+        n_head_kv: u32,
+        head_dim: u32,
+        n_tokens: u32,
+        kv_stride: u32,
+        /// KV rows covered by the launch (max position + 1).
+        n_kv: u32,
+        /// Decode: number of chunks and rows per chunk.
+        n_chunks: u32,
+        chunk_len: u32,
+        scale: f32,
+        /// Prefill: first KV row of the partial tail block (held in the tail pad).
+        tail_pos0: u32,
+        /// Prefill: number of full 64-row blocks read straight from the region.
+        n_full_blocks: u32,
+        /// Prefill: 1 when a partial tail block exists.
+        has_tail: u32,
+        /// Byte stride of a packed (q8_0) KV row.
+        kv_row_bytes: u32,
+    }
+);

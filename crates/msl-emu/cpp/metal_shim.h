@@ -1,0 +1,392 @@
+// A stand-in for <metal_stdlib>: just enough of MSL for the project's kernels to compile as
+// C++17 under the emulator. Address-space words are empty macros (`constant` is `const`);
+// kernel parameters and kernel-scope threadgroup variables were already rewritten by the
+// build script into calls of the ::emu binding functions below. Sync points (barriers and
+// simd collectives) take the caller's file/line through __builtin_FILE()/__builtin_LINE()
+// defaults, which the emitted #line directives point at the .metal source.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+
+namespace emu {
+enum Builtin {
+    B_THREAD_POSITION_IN_GRID = 0,
+    B_THREADGROUP_POSITION_IN_GRID,
+    B_THREAD_POSITION_IN_THREADGROUP,
+    B_THREAD_INDEX_IN_THREADGROUP,
+    B_THREADS_PER_THREADGROUP,
+    B_THREADGROUPS_PER_GRID,
+    B_SIMDGROUP_INDEX_IN_THREADGROUP,
+    B_THREAD_INDEX_IN_SIMDGROUP,
+    B_THREADS_PER_SIMDGROUP,
+    B_SIMDGROUPS_PER_THREADGROUP,
+    B_THREADS_PER_GRID,
+};
+enum ParamKind { P_BUFFER = 0, P_THREADGROUP = 1, P_BUILTIN = 2 };
+struct ParamInfo {
+    int kind;
+    int index;
+    size_t ref_size; // sizeof the referenced struct for `constant T&` buffers, else 0
+};
+
+void * arg_buffer_ptr(int index);
+void * arg_threadgroup_ptr(int index);
+void builtin3(int which, unsigned out[3]);
+void * tg_static(int id, size_t bytes, size_t align);
+void tg_barrier(const char * file, int line);
+// A simd collective: deposits `n` bytes of `val`, waits for every live lane of the simdgroup
+// at the same call site, and returns the mask of participating lanes.
+uint64_t simd_sync(const void * val, size_t n, const char * op, const char * file, int line);
+const void * simd_value(unsigned lane);
+unsigned simd_lane();
+void simd_done();
+void register_kernel(const char * name, void (*fn)(), const ParamInfo * params, int n_params,
+                     const char * file);
+
+template <class T> struct is_vec : std::false_type {};
+} // namespace emu
+
+namespace metal {
+typedef _Float16 half;
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned char uchar;
+typedef uint64_t ulong;
+
+// bfloat: the upper 16 bits of an f32 (round to nearest even on narrowing).
+struct bfloat {
+    uint16_t bits;
+    bfloat() = default;
+    bfloat(float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            bits = uint16_t((u >> 16) | 0x40u);
+        } else {
+            bits = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+    }
+    operator float() const {
+        uint32_t u = uint32_t(bits) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
+
+template <class T, int N> struct vec_base;
+template <class T> struct alignas(2 * sizeof(T)) vec_base<T, 2> { T x, y; };
+template <class T> struct alignas(4 * sizeof(T)) vec_base<T, 3> { T x, y, z; };
+template <class T> struct alignas(4 * sizeof(T)) vec_base<T, 4> { T x, y, z, w; };
+
+template <class T, int N> struct vec : vec_base<T, N> {
+    static constexpr int size = N;
+    typedef T elem;
+    vec() = default;
+    vec(T s) {
+        for (int i = 0; i < N; ++i) (*this)[i] = s;
+    }
+    template <class... A, class = std::enable_if_t<sizeof...(A) == N && (N > 1)>>
+    vec(A... a) {
+        T tmp[N] = {T(a)...};
+        for (int i = 0; i < N; ++i) (*this)[i] = tmp[i];
+    }
+    template <class U> explicit vec(const vec<U, N> & o) {
+        for (int i = 0; i < N; ++i) (*this)[i] = T(o[i]);
+    }
+    T & operator[](int i) { return reinterpret_cast<T *>(this)[i]; }
+    const T & operator[](int i) const { return reinterpret_cast<const T *>(this)[i]; }
+};
+
+#define EMU_VEC_BINOP(op)                                                                      \
+    template <class T, int N> vec<T, N> operator op(vec<T, N> a, const vec<T, N> & b) {        \
+        for (int i = 0; i < N; ++i) a[i] = a[i] op b[i];                                       \
+        return a;                                                                              \
+    }                                                                                          \
+    template <class T, int N> vec<T, N> operator op(vec<T, N> a, T b) {                        \
+        for (int i = 0; i < N; ++i) a[i] = a[i] op b;                                          \
+        return a;                                                                              \
+    }                                                                                          \
+    template <class T, int N> vec<T, N> operator op(T a, vec<T, N> b) {                        \
+        for (int i = 0; i < N; ++i) b[i] = a op b[i];                                          \
+        return b;                                                                              \
+    }                                                                                          \
+    template <class T, int N> vec<T, N> & operator op##=(vec<T, N> & a, const vec<T, N> & b) { \
+        for (int i = 0; i < N; ++i) a[i] = a[i] op b[i];                                       \
+        return a;                                                                              \
+    }                                                                                          \
+    template <class T, int N> vec<T, N> & operator op##=(vec<T, N> & a, T b) {                 \
+        for (int i = 0; i < N; ++i) a[i] = a[i] op b;                                          \
+        return a;                                                                              \
+    }
+EMU_VEC_BINOP(+)
+EMU_VEC_BINOP(-)
+EMU_VEC_BINOP(*)
+EMU_VEC_BINOP(/)
+#undef EMU_VEC_BINOP
+template <class T, int N> vec<T, N> operator-(vec<T, N> a) {
+    for (int i = 0; i < N; ++i) a[i] = -a[i];
+    return a;
+}
+template <class T, int N> T dot(const vec<T, N> & a, const vec<T, N> & b) {
+    T s = T(0);
+    for (int i = 0; i < N; ++i) s += a[i] * b[i];
+    return s;
+}
+
+#define EMU_VEC_TYPES(T, name)            \
+    typedef vec<T, 2> name##2;            \
+    typedef vec<T, 3> name##3;            \
+    typedef vec<T, 4> name##4;
+EMU_VEC_TYPES(float, float)
+EMU_VEC_TYPES(half, half)
+EMU_VEC_TYPES(int, int)
+EMU_VEC_TYPES(uint, uint)
+EMU_VEC_TYPES(short, short)
+EMU_VEC_TYPES(ushort, ushort)
+EMU_VEC_TYPES(char, char)
+EMU_VEC_TYPES(uchar, uchar)
+EMU_VEC_TYPES(ulong, ulong)
+#undef EMU_VEC_TYPES
+
+template <class T, class U> T as_type(const U & u) {
+    static_assert(sizeof(T) == sizeof(U), "as_type needs equal sizes");
+    T t;
+    std::memcpy(&t, &u, sizeof(T));
+    return t;
+}
+
+// ---- math (builtins only: <cmath> would add ambiguous global overloads) ----
+#define EMU_F1(name, builtin)                                                  \
+    inline float name(float x) { return builtin(x); }                          \
+    inline half name(half x) { return half(builtin(float(x))); }
+EMU_F1(exp, __builtin_expf)
+EMU_F1(exp2, __builtin_exp2f)
+EMU_F1(log, __builtin_logf)
+EMU_F1(sqrt, __builtin_sqrtf)
+EMU_F1(fabs, __builtin_fabsf)
+EMU_F1(sin, __builtin_sinf)
+EMU_F1(cos, __builtin_cosf)
+EMU_F1(tanh, __builtin_tanhf)
+EMU_F1(floor, __builtin_floorf)
+EMU_F1(ceil, __builtin_ceilf)
+EMU_F1(round, __builtin_roundf)
+EMU_F1(rint, __builtin_rintf)
+EMU_F1(trunc, __builtin_truncf)
+#undef EMU_F1
+inline float rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
+inline half rsqrt(half x) { return half(1.0f / __builtin_sqrtf(float(x))); }
+inline float abs(float x) { return __builtin_fabsf(x); }
+inline int abs(int x) { return x < 0 ? -x : x; }
+inline float pow(float a, float b) { return __builtin_powf(a, b); }
+inline float powr(float a, float b) { return __builtin_powf(a, b); }
+inline float fmax(float a, float b) { return __builtin_fmaxf(a, b); }
+inline float fmin(float a, float b) { return __builtin_fminf(a, b); }
+template <class T> inline T max(T a, T b) { return a > b ? a : b; }
+template <class T> inline T min(T a, T b) { return a < b ? a : b; }
+template <class T> inline T clamp(T x, T lo, T hi) { return min(max(x, lo), hi); }
+inline bool isnan(float x) { return __builtin_isnan(x); }
+inline bool isinf(float x) { return __builtin_isinf(x); }
+template <class T> inline T select(T a, T b, bool c) { return c ? b : a; }
+
+namespace fast {
+inline float exp(float x) { return __builtin_expf(x); }
+inline float log(float x) { return __builtin_logf(x); }
+inline float sqrt(float x) { return __builtin_sqrtf(x); }
+inline float rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
+inline float sin(float x) { return __builtin_sinf(x); }
+inline float cos(float x) { return __builtin_cosf(x); }
+inline float pow(float a, float b) { return __builtin_powf(a, b); }
+inline float divide(float a, float b) { return a / b; }
+} // namespace fast
+namespace precise {
+inline float exp(float x) { return __builtin_expf(x); }
+inline float log(float x) { return __builtin_logf(x); }
+inline float sqrt(float x) { return __builtin_sqrtf(x); }
+inline float rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
+inline float sin(float x) { return __builtin_sinf(x); }
+inline float cos(float x) { return __builtin_cosf(x); }
+inline float pow(float a, float b) { return __builtin_powf(a, b); }
+inline float divide(float a, float b) { return a / b; }
+} // namespace precise
+
+// ---- synchronisation ----
+enum class mem_flags : unsigned { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(unsigned(a) | unsigned(b)); }
+
+inline void threadgroup_barrier(mem_flags, const char * file = __builtin_FILE(), int line = __builtin_LINE()) {
+    emu::tg_barrier(file, line);
+}
+inline void simdgroup_barrier(mem_flags, const char * file = __builtin_FILE(), int line = __builtin_LINE()) {
+    emu::simd_sync(nullptr, 0, "simdgroup_barrier", file, line);
+    emu::simd_done();
+}
+
+// ---- simd collectives: lanes reduce in lane order (Metal uses a tree; tolerances cover it) ----
+template <class T> inline T emu_lane_value(unsigned lane) {
+    T v;
+    std::memcpy(&v, emu::simd_value(lane), sizeof(T));
+    return v;
+}
+// Shuffle sources outside the simdgroup or on an inactive lane get all-ones bits (NaN for
+// floats): real hardware leaves them unspecified, so a kernel must not use them.
+template <class T> inline T emu_poison() {
+    T v;
+    std::memset(&v, 0xff, sizeof(T));
+    return v;
+}
+template <class T> inline T simd_sum(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_sum", f, l);
+    T acc = T(0);
+    for (unsigned i = 0; i < 64; ++i) if (m >> i & 1) acc += emu_lane_value<T>(i);
+    emu::simd_done();
+    return acc;
+}
+template <class T> inline T simd_max(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_max", f, l);
+    T acc = v;
+    for (unsigned i = 0; i < 64; ++i) if (m >> i & 1) acc = max(acc, emu_lane_value<T>(i));
+    emu::simd_done();
+    return acc;
+}
+template <class T> inline T simd_min(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_min", f, l);
+    T acc = v;
+    for (unsigned i = 0; i < 64; ++i) if (m >> i & 1) acc = min(acc, emu_lane_value<T>(i));
+    emu::simd_done();
+    return acc;
+}
+template <class T> inline T simd_prefix_exclusive_sum(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_prefix_exclusive_sum", f, l);
+    T acc = T(0);
+    for (unsigned i = 0; i < emu::simd_lane(); ++i) if (m >> i & 1) acc += emu_lane_value<T>(i);
+    emu::simd_done();
+    return acc;
+}
+template <class T> inline T simd_broadcast(T v, ushort src, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_broadcast", f, l);
+    T r = (src < 64 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
+    emu::simd_done();
+    return r;
+}
+template <class T> inline T simd_shuffle(T v, ushort src, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_shuffle", f, l);
+    T r = (src < 64 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
+    emu::simd_done();
+    return r;
+}
+template <class T> inline T simd_shuffle_down(T v, ushort delta, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_shuffle_down", f, l);
+    unsigned src = emu::simd_lane() + delta;
+    T r = (src < 32 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
+    emu::simd_done();
+    return r;
+}
+template <class T> inline T simd_shuffle_xor(T v, ushort mask, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
+    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_shuffle_xor", f, l);
+    unsigned src = emu::simd_lane() ^ mask;
+    T r = (src < 32 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
+    emu::simd_done();
+    return r;
+}
+
+// ---- simdgroup matrices: every lane holds the whole matrix and computes it redundantly ----
+template <class T, int C, int R = C> struct simdgroup_matrix { T e[R][C]; };
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
+template <class T, int C, int R = C> simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T v) {
+    simdgroup_matrix<T, C, R> m;
+    for (int i = 0; i < R; ++i)
+        for (int j = 0; j < C; ++j) m.e[i][j] = v;
+    return m;
+}
+template <class T, int C, int R, class U>
+inline void simdgroup_load(simdgroup_matrix<T, C, R> & d, const U * src, ulong elements_per_row = C,
+                           ulong2 origin = ulong2(0, 0), bool transpose = false) {
+    for (int i = 0; i < R; ++i)
+        for (int j = 0; j < C; ++j) {
+            ulong r = origin[1] + i, c = origin[0] + j;
+            d.e[i][j] = transpose ? T(src[c * elements_per_row + r]) : T(src[r * elements_per_row + c]);
+        }
+}
+template <class T, int C, int R, class U>
+inline void simdgroup_store(const simdgroup_matrix<T, C, R> & m, U * dst, ulong elements_per_row = C,
+                            ulong2 origin = ulong2(0, 0), bool transpose = false) {
+    for (int i = 0; i < R; ++i)
+        for (int j = 0; j < C; ++j) {
+            ulong r = origin[1] + i, c = origin[0] + j;
+            if (transpose) dst[c * elements_per_row + r] = U(m.e[i][j]);
+            else dst[r * elements_per_row + c] = U(m.e[i][j]);
+        }
+}
+template <class TD, class TA, class TB, class TC, int N>
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
+                                          const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
+    // Widen once (half -> float is a library call without F16C), then multiply in float.
+    float fa[N][N], fb[N][N], fc[N][N];
+    for (int i = 0; i < N; ++i)
+        for (int j = 0; j < N; ++j) {
+            fa[i][j] = float(a.e[i][j]);
+            fb[i][j] = float(b.e[i][j]);
+            fc[i][j] = float(c.e[i][j]);
+        }
+    for (int i = 0; i < N; ++i)
+        for (int k = 0; k < N; ++k)
+            for (int j = 0; j < N; ++j) fc[i][j] += fa[i][k] * fb[k][j];
+    for (int i = 0; i < N; ++i)
+        for (int j = 0; j < N; ++j) d.e[i][j] = TD(fc[i][j]);
+}
+template <class TD, class TA, class TB, int N>
+inline void simdgroup_multiply(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
+                               const simdgroup_matrix<TB, N, N> & b) {
+    simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<TD, N, N>(TD(0)));
+}
+} // namespace metal
+
+namespace emu {
+template <class T, int N> struct is_vec<metal::vec<T, N>> : std::true_type {};
+
+template <class T> T arg_buffer(int i) {
+    void * p = arg_buffer_ptr(i);
+    if constexpr (std::is_pointer_v<T>) {
+        return static_cast<T>(p);
+    } else {
+        return *static_cast<std::remove_reference_t<T> *>(p);
+    }
+}
+template <class T> T arg_threadgroup(int i) { return static_cast<T>(arg_threadgroup_ptr(i)); }
+template <class T> T builtin(int which) {
+    unsigned v[3];
+    builtin3(which, v);
+    if constexpr (is_vec<T>::value) {
+        T r;
+        for (int i = 0; i < T::size; ++i) r[i] = typename T::elem(v[i]);
+        return r;
+    } else {
+        return T(v[0]);
+    }
+}
+template <class T> T & tg_static_ref(int id) { return *static_cast<T *>(tg_static(id, sizeof(T), alignof(T))); }
+template <class T> constexpr size_t ref_size() {
+    if constexpr (std::is_reference_v<T>) {
+        return sizeof(std::remove_reference_t<T>);
+    } else {
+        return 0;
+    }
+}
+} // namespace emu
+
+using namespace metal;
+
+// Address-space words vanish; the runtime (which names fields `kernel`) opts out.
+#ifndef EMU_RUNTIME
+#define kernel
+#define device
+#define constant const
+#define thread
+#define threadgroup
+#endif
