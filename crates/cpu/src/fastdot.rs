@@ -1,10 +1,33 @@
 //! Portable fast dot products for the weight types of the demo models. Same arithmetic as the
 //! scalar references in `minfer_gguf::quants` (exact integer sums per block, then the f32
-//! scales in the same order, blocks summed in order), so results are bit-identical; the
+//! scales in the same order, block values added in the reference's lanes), so results are
+//! bit-identical; the
 //! difference is loop shape: straight i8/u8 lanes over contiguous bytes, which the compiler
 //! vectorises, instead of unpacking each block into an element array first.
 
 use minfer_gguf::quants::f16_to_f32;
+
+/// The reference's block accumulation: block b adds into lane b % BLOCK_LANES, lanes
+/// combine as (0 + 2) + (1 + 3).
+#[derive(Default)]
+struct Lanes {
+    lanes: [f32; 4],
+    next: usize,
+}
+
+const _: () = assert!(minfer_gguf::quants::BLOCK_LANES == 4);
+
+impl Lanes {
+    #[inline]
+    fn add(&mut self, v: f32) {
+        self.lanes[self.next % 4] += v;
+        self.next += 1;
+    }
+    #[inline]
+    fn total(&self) -> f32 {
+        (self.lanes[0] + self.lanes[2]) + (self.lanes[1] + self.lanes[3])
+    }
+}
 
 #[inline]
 fn f16(b: &[u8], off: usize) -> f32 {
@@ -36,7 +59,7 @@ fn nibble_dot(w: &[u8], shift: u32, a: &[u8]) -> i32 {
 
 /// Q8_0 (34 B / 32) · Q8_0.
 pub fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut sum = Lanes::default();
     for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(n / 32) {
         let wq: &[u8] = &wb[2..34];
         let s: i32 = wq
@@ -44,26 +67,26 @@ pub fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
             .zip(&ab[2..34])
             .map(|(&w, &a)| (w as i8) as i32 * (a as i8) as i32)
             .sum();
-        sum += s as f32 * (f16(wb, 0) * f16(ab, 0));
+        sum.add(s as f32 * (f16(wb, 0) * f16(ab, 0)));
     }
-    sum
+    sum.total()
 }
 
 /// Q4_1 (20 B / 32: d, m, nibbles) · Q8_1 (36 B: d, s, qs).
 pub fn q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut sum = Lanes::default();
     for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(n / 32) {
         let qs = &wb[4..20];
         let aq = &ab[4..36];
         let s = nibble_dot(qs, 0, &aq[..16]) + nibble_dot(qs, 4, &aq[16..32]);
-        sum += (f16(wb, 0) * f16(ab, 0)) * s as f32 + f16(wb, 2) * f16(ab, 2);
+        sum.add((f16(wb, 0) * f16(ab, 0)) * s as f32 + f16(wb, 2) * f16(ab, 2));
     }
-    sum
+    sum.total()
 }
 
 /// Q5_0 (22 B / 32: d, qh u32, nibbles) · Q8_0.
 pub fn q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut sum = Lanes::default();
     for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(n / 32) {
         let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
         let qs = &wb[6..22];
@@ -73,14 +96,14 @@ pub fn q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
             q[j + 16] = ((qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4)) as i8 - 16;
         }
         let s = idot(&q, &ab[2..34]);
-        sum += (f16(wb, 0) * f16(ab, 0)) * s as f32;
+        sum.add((f16(wb, 0) * f16(ab, 0)) * s as f32);
     }
-    sum
+    sum.total()
 }
 
 /// Q4_K (144 B / 256) · Q8_K (292 B: d f32, qs[256], bsums i16[16]).
 pub fn q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut sum = Lanes::default();
     for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(292)).take(n / 256) {
         let (sc, mn) = minfer_gguf::quants::unpack_scale_min_k4(&wb[4..16]);
         let qs = &wb[16..144];
@@ -100,14 +123,14 @@ pub fn q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let ad = f32le(ab, 0);
         let d = f16(wb, 0) * ad;
         let dmin = f16(wb, 2) * ad;
-        sum += d * isum as f32 - dmin * msum as f32;
+        sum.add(d * isum as f32 - dmin * msum as f32);
     }
-    sum
+    sum.total()
 }
 
 /// Q6_K (210 B / 256: ql[128], qh[64], scales i8[16], d) · Q8_K.
 pub fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
+    let mut sum = Lanes::default();
     for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(292)).take(n / 256) {
         let (ql, qh) = (&wb[0..128], &wb[128..192]);
         let aq = &ab[4..260];
@@ -131,7 +154,7 @@ pub fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 isum += (wb[192 + sb] as i8) as i32 * s0 + (wb[193 + sb] as i8) as i32 * s1;
             }
         }
-        sum += f16(wb, 208) * f32le(ab, 0) * isum as f32;
+        sum.add(f16(wb, 208) * f32le(ab, 0) * isum as f32);
     }
-    sum
+    sum.total()
 }
