@@ -27,16 +27,20 @@ def cpu_model():
     return "unknown"
 
 
+def no_warmup(a):
+    return [] if a.warmup else ["--no-warmup"]
+
+
 def minfer_cmd(a, test, n, threads):
     p, g = (n, 0) if test == "pp" else (0, n)
     return [a.minfer, "bench", "-m", a.model, "-p", str(p), "-n", str(g), "-r", "1",
-            "-t", str(threads), "--cache-type", a.cache_type, "-o", "json"]
+            "-t", str(threads), "--cache-type", a.cache_type, "-o", "json"] + no_warmup(a)
 
 
 def llama_cmd(a, test, n, threads):
     p, g = (n, 0) if test == "pp" else (0, n)
     return [a.llama_bench, "-m", a.model, "-p", str(p), "-n", str(g), "-r", "1",
-            "-t", str(threads), "-ctk", a.cache_type, "-ctv", a.cache_type, "-o", "json"]
+            "-t", str(threads), "-ctk", a.cache_type, "-ctv", a.cache_type, "-o", "json"] + no_warmup(a)
 
 
 def one_sample(cmd, is_minfer):
@@ -59,6 +63,7 @@ def main():
     ap.add_argument("--cache-type", default="f16")
     ap.add_argument("--json", type=int, default=0)
     ap.add_argument("--membw", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1)
     a = ap.parse_args()
 
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -105,7 +110,7 @@ def main():
         "load_avg_min": min(loads), "load_avg_max": max(loads),
         "model": a.model, "model_type": facts.get("model_type"),
         "weight_bytes_per_token": facts.get("weight_bytes_per_token"),
-        "cache_type": a.cache_type, "reps": a.reps,
+        "cache_type": a.cache_type, "reps": a.reps, "warmup": bool(a.warmup),
         "minfer_commit": minfer_rev,
         "llama_cpp_commit": llama_info.get("build_commit") if llama_info else None,
         "llama_cpp_build_number": llama_info.get("build_number") if llama_info else None,
@@ -122,7 +127,7 @@ def main():
           f"load average {summary['load_avg_min']:.1f} to {summary['load_avg_max']:.1f} "
           f"(the machine is shared)")
     print(f"model: {a.model} ({summary['model_type']}); KV {a.cache_type}; "
-          f"{a.reps} interleaved repetitions each; minfer {minfer_rev}, "
+          f"{a.reps} interleaved repetitions each, warm-up {'on' if a.warmup else 'off'}; minfer {minfer_rev}, "
           f"llama.cpp {summary['llama_cpp_commit']}")
     print()
     print("| threads | test | minfer t/s (median) | llama.cpp t/s (median) | minfer / llama.cpp "
