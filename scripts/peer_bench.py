@@ -52,6 +52,10 @@ def one_sample(cmd, is_minfer):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--render":
+        with open(sys.argv[2]) as f:
+            print_md(json.load(f))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--minfer", required=True)
     ap.add_argument("--llama-bench", required=True)
@@ -86,10 +90,13 @@ def main():
                 ts, doc = one_sample(minfer_cmd(a, test, n, threads), True)
                 ours.append(ts)
                 minfer_info = minfer_info or doc
-                ts, doc = one_sample(llama_cmd(a, test, n, threads), False)
-                theirs.append(ts)
+                ts2, doc = one_sample(llama_cmd(a, test, n, threads), False)
+                theirs.append(ts2)
                 llama_info = llama_info or doc[0]
                 loads.append(load_avg())
+                # Every sample on stderr too, so an interrupted run still leaves its data.
+                print(f"peer-bench: sample t={threads} {test}{n} minfer {ts:.3f} "
+                      f"llama.cpp {ts2:.3f} t/s, load {loads[-1]:.2f}", file=sys.stderr)
             mo, ml = statistics.median(ours), statistics.median(theirs)
             results.append({
                 "threads": threads, "test": f"{test}{n}",
@@ -98,7 +105,8 @@ def main():
             })
     membw = None
     if a.membw:
-        membw = json.loads(sh([a.minfer, "bench", "--membw", "-t", a.threads, "-o", "json"]))["membw"]
+        membw = json.loads(sh([a.minfer, "bench", "--membw", "-p", "0", "-n", "0", "-t", a.threads,
+                               "-o", "json"]))["membw"]
     finished = datetime.datetime.now(datetime.timezone.utc)
     facts = minfer_info["model"] if minfer_info else {}
     summary = {
@@ -120,15 +128,22 @@ def main():
     }
     if a.json:
         print(json.dumps(summary, indent=2))
-        return
+    else:
+        print_md(summary)
+
+
+def print_md(summary):
+    """The markdown report of a summary (also: `peer_bench.py --render FILE.json`)."""
+    results, membw = summary["results"], summary["membw"]
     wb = summary["weight_bytes_per_token"] or 0
     print(f"{summary['started']} to {summary['finished']}; {summary['cpu']}, "
           f"{summary['logical_cpus']} CPUs, SIMD: {' '.join(summary['cpu_simd'] or [])}; "
           f"load average {summary['load_avg_min']:.1f} to {summary['load_avg_max']:.1f} "
           f"(the machine is shared)")
-    print(f"model: {a.model} ({summary['model_type']}); KV {a.cache_type}; "
-          f"{a.reps} interleaved repetitions each, warm-up {'on' if a.warmup else 'off'}; minfer {minfer_rev}, "
-          f"llama.cpp {summary['llama_cpp_commit']}")
+    print(f"model: {summary['model']} ({summary['model_type']}); KV {summary['cache_type']}; "
+          f"{summary['reps']} interleaved repetitions each, "
+          f"warm-up {'on' if summary.get('warmup', True) else 'off'}; "
+          f"minfer {summary['minfer_commit']}, llama.cpp {summary['llama_cpp_commit']}")
     print()
     print("| threads | test | minfer t/s (median) | llama.cpp t/s (median) | minfer / llama.cpp "
           "| minfer min-max | llama.cpp min-max | minfer weights GB/s | llama.cpp weights GB/s |")
