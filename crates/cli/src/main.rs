@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Prompt and generation throughput (llama-bench style), and memory bandwidth.
+    Bench(Box<commands::bench::Args>),
     /// Generate a reply to a prompt, streamed to stdout (timings on stderr).
     Run(Box<commands::run::Args>),
     /// Chat in a REPL that keeps the conversation in the KV cache.
@@ -37,6 +39,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(a) => commands::bench::run(*a),
         Command::Run(a) => commands::run::run(*a),
         Command::Chat(a) => commands::chat::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),

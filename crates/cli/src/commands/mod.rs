@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+pub mod bench;
 pub mod chat;
 pub mod inspect;
 pub mod pull;

@@ -1,0 +1,63 @@
+//! Loading the model under test, once per thread count (the CPU backend's thread pool is
+//! fixed at load; repetitions reuse the loaded model).
+
+use super::report::{model_facts, ModelFacts};
+use super::{Args, Target};
+use anyhow::Context;
+use minfer_engine::{backends, parse_cache_type, Engine, EngineConfig};
+use std::path::Path;
+
+pub struct Loaded {
+    pub target: Box<dyn Target>,
+    pub facts: ModelFacts,
+    /// Backend names as the rows show them (llama-bench style: `CPU`).
+    pub backend: String,
+    pub threads: usize,
+}
+
+/// `0` means the number of physical cores, as the CPU backend counts them.
+pub fn resolve_threads(t: usize) -> usize {
+    if t > 0 {
+        t
+    } else {
+        minfer_cpu::threads::physical_cores()
+    }
+}
+
+struct EngineTarget(Engine);
+
+impl Target for EngineTarget {
+    fn kv_clear(&mut self) {
+        self.0.kv_clear();
+    }
+    fn decode(&mut self, tokens: &[u32], pos0: usize, n_out: usize) -> anyhow::Result<()> {
+        self.0.decode(tokens, pos0, n_out)?;
+        Ok(())
+    }
+}
+
+pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::Result<Loaded> {
+    let ids = backends::resolve(&args.backends)?;
+    let backend = ids
+        .iter()
+        .map(|&id| backends::name_of(id).to_ascii_uppercase())
+        .collect::<Vec<_>>()
+        .join(",");
+    let threads = resolve_threads(threads);
+    let cfg = EngineConfig {
+        n_ctx,
+        threads,
+        cache_type: parse_cache_type(&args.cache_type)?,
+        backends: args.backends.clone(),
+        ..EngineConfig::default()
+    };
+    let engine =
+        Engine::load(path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
+    let facts = model_facts(engine.model(), path);
+    Ok(Loaded {
+        target: Box::new(EngineTarget(engine)),
+        facts,
+        backend,
+        threads,
+    })
+}
