@@ -21,6 +21,15 @@ impl RowKernel {
         }
     }
 
+    /// The SIMD kernel without per-call checks, for rows of `n` elements of `w_len` weight and
+    /// `a_len` activation bytes that fit it (checked here, once per matmul).
+    pub fn bare(&self, n: usize, w_len: usize, a_len: usize) -> Option<simd::DotFn> {
+        match self {
+            RowKernel::Simd(r) => r.kernel_for(n, w_len, a_len),
+            RowKernel::Portable(..) => None,
+        }
+    }
+
     #[inline]
     pub fn dot(&self, n: usize, w: &[u8], a: &[u8]) -> minfer_gguf::Result<f32> {
         match self {
