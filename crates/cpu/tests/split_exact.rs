@@ -7,7 +7,9 @@
 //! Controls (tried while writing the pool): a task range off by one row
 //! (`rows = task * 16 + 1..`) fails `matmul_is_exact_for_every_thread_count` (the first row of
 //! every task is left unwritten); an attention task writing its head one slot over
-//! (`task * hd + 1`, `hd - 1` long) fails `attention_is_exact_for_every_thread_count`.
+//! (`task * hd + 1`, `hd - 1` long) fails `attention_is_exact_for_every_thread_count`; the
+//! 4-token Q5_0 kernel (AVX2) combining its lanes as (0 + 1) + (2 + 3) instead of the
+//! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it).
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::matmul::{matmul, Weight};

@@ -127,6 +127,7 @@ fn rows_times_tokens(
     let (k, m) = (w.k, w.m);
     let kernel = dot::RowKernel::for_type(w.ty);
     let bare = kernel.bare(k, wrb, arb);
+    let bare4 = kernel.bare4(k, wrb, arb);
     let n_tasks = m.div_ceil(ROWS_PER_TASK);
     // Enough rows per thread to amortise waking it.
     let threads = threads.min(m.div_ceil(64)).max(1);
@@ -139,7 +140,20 @@ fn rows_times_tokens(
                 let tokens = t0..(t0 + TOKENS_PER_TILE).min(nt);
                 for o in rows.clone() {
                     let wr = &w.bytes[o * wrb..(o + 1) * wrb];
-                    for t in tokens.clone() {
+                    let mut t = tokens.start;
+                    if let Some(f4) = bare4 {
+                        // 4 tokens per call: the weight row's blocks are unpacked once.
+                        while t + 4 <= tokens.end {
+                            let a = |i: usize| &act[(t + i) * arb..(t + i + 1) * arb];
+                            let v = f4(wr, [a(0), a(1), a(2), a(3)]);
+                            for (i, v) in v.into_iter().enumerate() {
+                                // SAFETY: as below.
+                                unsafe { *outp.at((t + i) * m + o) = v };
+                            }
+                            t += 4;
+                        }
+                    }
+                    for t in t..tokens.end {
                         let a = &act[t * arb..(t + 1) * arb];
                         let v = match bare {
                             Some(f) => f(wr, a),

@@ -27,6 +27,9 @@ mod x86;
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:
 /// `(weight row, activation row) -> dot`.
 pub type DotFn = fn(&[u8], &[u8]) -> f32;
+/// A bare kernel dotting one weight row with 4 activation rows (each result bit-identical to
+/// the [`DotFn`] of the same type).
+pub type Dot4Fn = fn(&[u8], [&[u8]; 4]) -> [f32; 4];
 /// An activation quantizer for whole rows whose lengths [`check_quantize_row`] has accepted.
 type QuantFn = fn(&[f32], &mut [u8]);
 
@@ -224,6 +227,17 @@ impl RowDot {
             && w_len == n / wbs * wts
             && act_len == n / abs * ats;
         self.kernel.filter(|_| fits)
+    }
+
+    /// [`RowDot::kernel_for`] for 4 activation rows at once (weight blocks unpacked once):
+    /// only some types on some instruction sets have one.
+    pub fn kernel4_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<Dot4Fn> {
+        self.kernel_for(n, w_len, act_len)?;
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::avx2_dot4(self.ty),
+            _ => None,
+        }
     }
 
     /// The dot of `n` elements; rows of the wrong size get the reference's errors.
