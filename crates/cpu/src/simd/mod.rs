@@ -233,11 +233,11 @@ impl RowDot {
     /// only some types on some instruction sets have one.
     pub fn kernel4_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<Dot4Fn> {
         self.kernel_for(n, w_len, act_len)?;
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::avx2_dot4(self.ty),
-            _ => None,
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx2 {
+            return x86::avx2_dot4(self.ty);
         }
+        None
     }
 
     /// The dot of `n` elements; rows of the wrong size get the reference's errors.
