@@ -21,6 +21,23 @@ impl RowKernel {
         }
     }
 
+    /// The SIMD kernel without per-call checks, for rows of `n` elements of `w_len` weight and
+    /// `a_len` activation bytes that fit it (checked here, once per matmul).
+    pub fn bare(&self, n: usize, w_len: usize, a_len: usize) -> Option<simd::DotFn> {
+        match self {
+            RowKernel::Simd(r) => r.kernel_for(n, w_len, a_len),
+            RowKernel::Portable(..) => None,
+        }
+    }
+
+    /// [`RowKernel::bare`] for 4 activation rows at once, where the type has such a kernel.
+    pub fn bare4(&self, n: usize, w_len: usize, a_len: usize) -> Option<simd::Dot4Fn> {
+        match self {
+            RowKernel::Simd(r) => r.kernel4_for(n, w_len, a_len),
+            RowKernel::Portable(..) => None,
+        }
+    }
+
     #[inline]
     pub fn dot(&self, n: usize, w: &[u8], a: &[u8]) -> minfer_gguf::Result<f32> {
         match self {

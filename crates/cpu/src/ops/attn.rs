@@ -4,8 +4,10 @@
 //! cache type (F32, F16 or Q8_0; Q8_0 needs `head_dim % 32 == 0` so heads are whole blocks).
 
 use super::{as_i32, KResult, KernelError};
-use crate::threads::par_ranges;
+use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
+use std::cell::RefCell;
+use std::sync::Mutex;
 
 /// Bytes of one cell.
 pub fn cell_bytes(ty: GgmlType, n_embd_kv: usize) -> KResult<usize> {
@@ -71,52 +73,124 @@ pub fn attention(
             )));
         }
     }
-    // One task per (token, head).
-    let parts = par_ranges(nt * p.n_head, threads, |tasks| -> KResult<Vec<f32>> {
-        let mut res = vec![0f32; tasks.len() * hd];
-        let mut kh = vec![0f32; hd];
-        let mut scores = Vec::new();
-        for (ti, task) in tasks.enumerate() {
-            let (t, h) = (task / p.n_head, task % p.n_head);
-            let kvh = h / group;
-            let (lo, hi) = (
-                as_i32(span[2 * t]) as usize,
-                as_i32(span[2 * t + 1]) as usize,
-            );
-            let qh = &q[t * row + h * hd..t * row + (h + 1) * hd];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for c in lo..hi {
-                let off = c * cb + kvh * head_bytes;
-                quants::dequantize_row(p.cache_type, &k[off..off + head_bytes], &mut kh)?;
-                let s: f32 = qh.iter().zip(&kh).map(|(a, b)| a * b).sum::<f32>() * p.scale;
-                max = max.max(s);
-                scores.push(s);
-            }
-            let mut sum = 0f64;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s as f64;
-            }
-            let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
-            let o = &mut res[ti * hd..(ti + 1) * hd];
-            for (ci, c) in (lo..hi).enumerate() {
-                let off = c * cb + kvh * head_bytes;
-                quants::dequantize_row(p.cache_type, &v[off..off + head_bytes], &mut kh)?;
-                let w = scores[ci] * inv;
-                for (ov, vv) in o.iter_mut().zip(&kh) {
-                    *ov += w * vv;
-                }
+    let outp = OutPtr(out.as_mut_ptr());
+    if out.len() < nt * row {
+        return Err(KernelError(format!(
+            "attention output holds {} values, {nt} tokens need {}",
+            out.len(),
+            nt * row
+        )));
+    }
+    let err: Mutex<Option<KernelError>> = Mutex::new(None);
+    // One task per (token, head); task `t * n_head + h` owns `out[task * hd..][..hd]`.
+    par_tasks(nt * p.n_head, threads, |task| {
+        // SAFETY: tasks own disjoint `hd`-long slices inside `out` (length checked above), and
+        // `par_tasks` returns only after every task is done, while `out` is still borrowed.
+        let o = unsafe { std::slice::from_raw_parts_mut(outp.at(task * hd), hd) };
+        let (t, h) = (task / p.n_head, task % p.n_head);
+        let cx = HeadCtx {
+            p,
+            q: &q[t * row + h * hd..t * row + (h + 1) * hd],
+            k,
+            v,
+            cb,
+            head_off: (h / group) * head_bytes,
+            head_bytes,
+            lo: as_i32(span[2 * t]) as usize,
+            hi: as_i32(span[2 * t + 1]) as usize,
+        };
+        let r = SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let (kh, scores) = &mut *s;
+            kh.resize(hd, 0.0);
+            attend_head(&cx, kh, scores, o)
+        });
+        if let Err(e) = r {
+            err.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+    });
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+thread_local! {
+    /// A dequantized K/V head and the scores of one (token, head), reused across tasks.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// A raw output pointer shared by tasks that write disjoint slices.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: see the use in `attention`: tasks write disjoint slices and finish before return.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element at `i` (a method, so closures capture the whole `Sync` wrapper).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// One (token, head) of attention: the cells `lo..hi` of KV head bytes at `head_off`.
+struct HeadCtx<'a> {
+    p: &'a AttnParams,
+    q: &'a [f32],
+    k: &'a [u8],
+    v: &'a [u8],
+    cb: usize,
+    head_off: usize,
+    head_bytes: usize,
+    lo: usize,
+    hi: usize,
+}
+
+impl HeadCtx<'_> {
+    /// Cell `c`'s head in `region` as f32: read in place for an F32 cache (the regions are
+    /// f32 buffers, so aligned), else dequantized into `scratch`. Same values either way.
+    fn head<'s>(&self, region: &'s [u8], c: usize, scratch: &'s mut [f32]) -> KResult<&'s [f32]> {
+        let off = c * self.cb + self.head_off;
+        let bytes = &region[off..off + self.head_bytes];
+        if self.p.cache_type == GgmlType::F32 {
+            // SAFETY: every bit pattern is a valid f32; align_to only yields aligned elements.
+            let (pre, vals, _) = unsafe { bytes.align_to::<f32>() };
+            if pre.is_empty() && cfg!(target_endian = "little") {
+                return Ok(&vals[..scratch.len()]);
             }
         }
-        Ok(res)
-    });
-    // Tasks are (t, h) in order, which is exactly the output layout.
-    let mut off = 0;
-    for part in parts {
-        let part = part?;
-        out[off..off + part.len()].copy_from_slice(&part);
-        off += part.len();
+        quants::dequantize_row(self.p.cache_type, bytes, scratch)?;
+        Ok(scratch)
+    }
+}
+
+/// Two-pass softmax attention for one (token, head) into `o` (the arithmetic of the
+/// reference: f32 scores, f64 normaliser, f32 weighted sum in cell order).
+fn attend_head(cx: &HeadCtx, kh: &mut [f32], scores: &mut Vec<f32>, o: &mut [f32]) -> KResult<()> {
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    for c in cx.lo..cx.hi {
+        let kv = cx.head(cx.k, c, kh)?;
+        let s: f32 = cx.q.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * cx.p.scale;
+        max = max.max(s);
+        scores.push(s);
+    }
+    let mut sum = 0f64;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s as f64;
+    }
+    let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
+    o.fill(0.0);
+    for (ci, c) in (cx.lo..cx.hi).enumerate() {
+        let vv = cx.head(cx.v, c, kh)?;
+        let w = scores[ci] * inv;
+        for (ov, x) in o.iter_mut().zip(vv) {
+            *ov += w * x;
+        }
     }
     Ok(())
 }

@@ -1,13 +1,16 @@
 //! Quantized matmul: `out[t][o] = Σ_i w[o][i] · x[t][i]`.
 //!
 //! Activations are encoded once per op in the weight type's `vec_dot_type` (Q8_0, Q8_1 or
-//! Q8_K for quantized weights, as llama.cpp does); output rows are split across threads,
-//! and each weight row is read once for all tokens.
+//! Q8_K for quantized weights, as llama.cpp does) into a reused scratch; output rows are split
+//! across the thread pool in cache-line-aligned tasks that write the output in place, and each
+//! task walks its weight rows once per tile of tokens, so the rows stay in cache for the batch.
 
 use super::{KResult, KernelError};
 use crate::dot;
-use crate::threads::par_ranges;
+use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
+use std::cell::RefCell;
+use std::sync::Mutex;
 
 pub struct Weight<'a> {
     pub ty: GgmlType,
@@ -18,19 +21,53 @@ pub struct Weight<'a> {
     pub bytes: &'a [u8],
 }
 
-/// Encodes `n_tokens` rows of `k` activations in `ty`'s vec_dot type.
-pub fn quantize_activations(ty: GgmlType, x: &[f32], k: usize) -> KResult<(Vec<u8>, usize)> {
+/// Output rows per task: 16 f32 outputs fill one 64-byte cache line, so two threads never
+/// write the same line of a token's output row.
+const ROWS_PER_TASK: usize = 16;
+/// Tokens per tile in prefill: a task's weight rows (16 rows, ~8 KiB for Q4_K at k = 896)
+/// stay in L1 while a tile of activations (~8 KiB) streams past them.
+const TOKENS_PER_TILE: usize = 8;
+
+/// Encodes `n_tokens` rows of `k` activations in `ty`'s vec_dot type into `out` (resized).
+/// Returns the bytes per encoded row.
+pub fn quantize_activations(
+    ty: GgmlType,
+    x: &[f32],
+    k: usize,
+    out: &mut Vec<u8>,
+) -> KResult<usize> {
     let at = quants::vec_dot_type(ty);
     let arb = at
         .row_bytes(k as u64)
         .ok_or_else(|| KernelError(format!("{k} activations do not fill whole {at} blocks")))?
         as usize;
     let nt = x.len() / k;
-    let mut out = vec![0u8; arb * nt];
+    out.clear();
+    out.resize(arb * nt, 0);
     for (xr, or) in x.chunks_exact(k).zip(out.chunks_exact_mut(arb)) {
         crate::simd::quantize_act(at, xr, or)?;
     }
-    Ok((out, arb))
+    Ok(arb)
+}
+
+thread_local! {
+    /// Encoded activations, reused across ops (grows to the largest batch seen).
+    static ACT_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint (row, token) elements, and `par_tasks` returns only after every
+// task has finished, while the `&mut` the pointer came from is still borrowed.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element at `i` (a method, so closures capture the whole `Sync` wrapper).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
 }
 
 /// `x`: `[n_tokens][k]`, `out`: `[n_tokens][m]`, optional f32 `bias` of `m`.
@@ -55,31 +92,18 @@ pub fn matmul(
             wrb * m
         )));
     }
-    let (act, arb) = quantize_activations(w.ty, x, k)?;
-    let kernel = dot::RowKernel::for_type(w.ty);
-    // Enough rows per thread to amortise the spawn.
-    let threads = threads.min(m.div_ceil(64)).max(1);
-    let parts = par_ranges(m, threads, |rows| -> KResult<Vec<f32>> {
-        let mut local = vec![0f32; rows.len() * nt];
-        for (ri, o) in rows.clone().enumerate() {
-            let wr = &w.bytes[o * wrb..(o + 1) * wrb];
-            for t in 0..nt {
-                local[ri * nt + t] = kernel.dot(k, wr, &act[t * arb..(t + 1) * arb])?;
-            }
-        }
-        Ok(local)
-    });
-    let mut o0 = 0;
-    for part in parts {
-        let part = part?;
-        let n_rows = part.len() / nt.max(1);
-        for ri in 0..n_rows {
-            for t in 0..nt {
-                out[t * m + o0 + ri] = part[ri * nt + t];
-            }
-        }
-        o0 += n_rows;
+    if out.len() < nt * m {
+        return Err(KernelError(format!(
+            "output holds {} values, {nt} tokens of {m} need {}",
+            out.len(),
+            nt * m
+        )));
     }
+    let mut act = ACT_SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let res = quantize_activations(w.ty, x, k, &mut act)
+        .and_then(|arb| rows_times_tokens(w, wrb, &act, arb, nt, out, threads));
+    ACT_SCRATCH.with(|s| *s.borrow_mut() = act);
+    res?;
     if let Some(b) = bias {
         for row in out.chunks_exact_mut(m) {
             for (o, bv) in row.iter_mut().zip(b) {
@@ -88,4 +112,69 @@ pub fn matmul(
         }
     }
     Ok(())
+}
+
+/// Every (weight row, token) dot, one task per [`ROWS_PER_TASK`] weight rows, tokens in tiles.
+fn rows_times_tokens(
+    w: &Weight,
+    wrb: usize,
+    act: &[u8],
+    arb: usize,
+    nt: usize,
+    out: &mut [f32],
+    threads: usize,
+) -> KResult<()> {
+    let (k, m) = (w.k, w.m);
+    let kernel = dot::RowKernel::for_type(w.ty);
+    let bare = kernel.bare(k, wrb, arb);
+    let bare4 = kernel.bare4(k, wrb, arb);
+    let n_tasks = m.div_ceil(ROWS_PER_TASK);
+    // Enough rows per thread to amortise waking it.
+    let threads = threads.min(m.div_ceil(64)).max(1);
+    let outp = OutPtr(out.as_mut_ptr());
+    let err: Mutex<Option<KernelError>> = Mutex::new(None);
+    par_tasks(n_tasks, threads, |task| {
+        let rows = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m);
+        let run = || -> KResult<()> {
+            for t0 in (0..nt).step_by(TOKENS_PER_TILE) {
+                let tokens = t0..(t0 + TOKENS_PER_TILE).min(nt);
+                for o in rows.clone() {
+                    let wr = &w.bytes[o * wrb..(o + 1) * wrb];
+                    let mut t = tokens.start;
+                    if let Some(f4) = bare4 {
+                        // 4 tokens per call: the weight row's blocks are unpacked once.
+                        while t + 4 <= tokens.end {
+                            let a = |i: usize| &act[(t + i) * arb..(t + i + 1) * arb];
+                            let v = f4(wr, [a(0), a(1), a(2), a(3)]);
+                            for (i, v) in v.into_iter().enumerate() {
+                                // SAFETY: as below.
+                                unsafe { *outp.at((t + i) * m + o) = v };
+                            }
+                            t += 4;
+                        }
+                    }
+                    for t in t..tokens.end {
+                        let a = &act[t * arb..(t + 1) * arb];
+                        let v = match bare {
+                            Some(f) => f(wr, a),
+                            None => kernel.dot(k, wr, a)?,
+                        };
+                        // SAFETY: t < nt and o < m, checked `out.len() >= nt * m` above; this
+                        // task alone owns rows `rows` of every token.
+                        unsafe { *outp.at(t * m + o) = v };
+                    }
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = run() {
+            err.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+    });
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }

@@ -26,7 +26,10 @@ mod x86;
 
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:
 /// `(weight row, activation row) -> dot`.
-type DotFn = fn(&[u8], &[u8]) -> f32;
+pub type DotFn = fn(&[u8], &[u8]) -> f32;
+/// A bare kernel dotting one weight row with 4 activation rows (each result bit-identical to
+/// the [`DotFn`] of the same type).
+pub type Dot4Fn = fn(&[u8], [&[u8]; 4]) -> [f32; 4];
 /// An activation quantizer for whole rows whose lengths [`check_quantize_row`] has accepted.
 type QuantFn = fn(&[f32], &mut [u8]);
 
@@ -211,6 +214,30 @@ impl RowDot {
     /// The weight type.
     pub fn weight_type(&self) -> GgmlType {
         self.ty
+    }
+
+    /// The bare kernel for rows of `n` elements of `w_len` weight and `act_len` activation
+    /// bytes, when they fit it: a matmul checks its geometry once here instead of per call
+    /// (the length checks' divisions cost as much as a short row's dot). `None` when this
+    /// type has no kernel here or the rows do not fit; use [`RowDot::dot`] then.
+    pub fn kernel_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<DotFn> {
+        let ((wbs, wts), (abs, ats)) = (self.w_block, self.a_block);
+        let fits = n.is_multiple_of(wbs)
+            && n.is_multiple_of(abs)
+            && w_len == n / wbs * wts
+            && act_len == n / abs * ats;
+        self.kernel.filter(|_| fits)
+    }
+
+    /// [`RowDot::kernel_for`] for 4 activation rows at once (weight blocks unpacked once):
+    /// only some types on some instruction sets have one.
+    pub fn kernel4_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<Dot4Fn> {
+        self.kernel_for(n, w_len, act_len)?;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx2 {
+            return x86::avx2_dot4(self.ty);
+        }
+        None
     }
 
     /// The dot of `n` elements; rows of the wrong size get the reference's errors.

@@ -84,6 +84,70 @@ fn dot_blocks(
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
 }
 
+/// [`dot_blocks`] of one weight row with `T` activation rows: each weight block is unpacked
+/// once (`unpack`) and used by every row; `isum(unpacked, a_block)` and `value` are the
+/// single-row closures' halves, so each row's sums, lanes and additions are exactly those of
+/// [`dot_blocks`] (checked bit for bit by `crates/cpu/tests/split_exact.rs`).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn dot_blocks_multi<const T: usize>(
+    w: &[u8],
+    a: [&[u8]; T],
+    (wb, ab): (usize, usize),
+    unpack: impl Fn(&[u8]) -> __m256i,
+    isum: impl Fn(__m256i, &[u8]) -> __m256i,
+    value: impl Fn(&[u8], &[u8], __m128) -> __m128,
+) -> [f32; T] {
+    let blocks = w.len() / wb;
+    let mut wpad = [0u8; GROUP * MAX_BLOCK];
+    let mut apad = [0u8; GROUP * MAX_BLOCK];
+    let mut acc = [_mm_setzero_ps(); T];
+    let mut g = 0;
+    while g < blocks {
+        let count = (blocks - g).min(GROUP);
+        let w4: &[u8] = if count == GROUP {
+            &w[g * wb..][..GROUP * wb]
+        } else {
+            wpad[..count * wb].copy_from_slice(&w[g * wb..][..count * wb]);
+            &wpad[..GROUP * wb]
+        };
+        let q = [
+            unpack(w4),
+            unpack(&w4[wb..]),
+            unpack(&w4[2 * wb..]),
+            unpack(&w4[3 * wb..]),
+        ];
+        for (at, acc) in a.iter().zip(acc.iter_mut()) {
+            let a4: &[u8] = if count == GROUP {
+                &at[g * ab..][..GROUP * ab]
+            } else {
+                apad[..count * ab].copy_from_slice(&at[g * ab..][..count * ab]);
+                &apad[..GROUP * ab]
+            };
+            let parts = [
+                isum(q[0], a4),
+                isum(q[1], &a4[ab..]),
+                isum(q[2], &a4[2 * ab..]),
+                isum(q[3], &a4[3 * ab..]),
+            ];
+            let v = value(w4, a4, _mm_cvtepi32_ps(hsum4(parts)));
+            if count == GROUP {
+                *acc = _mm_add_ps(*acc, v);
+            } else {
+                let real =
+                    _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
+                *acc = _mm_blendv_ps(*acc, _mm_add_ps(*acc, v), _mm_castsi128_ps(real));
+            }
+        }
+        g += GROUP;
+    }
+    acc.map(|acc| {
+        // (lane 0 + lane 2) + (lane 1 + lane 3)
+        let s = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
+    })
+}
+
 /// The 5-bit quants of a Q5 block: nibbles plus bit j of `qh` as bit 4 of element j.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -144,6 +208,19 @@ pub(super) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
             let q = _mm256_sub_epi8(five_bits(&wb[2..6], &wb[6..]), _mm256_set1_epi8(16));
             widen_pairs(pairs_small_w(q, load32(&ab[2..])))
         },
+        |w4, a4, s| value_dd_s(w4, 22, a4, s),
+    )
+}
+
+/// [`dot_q5_0`] of one weight row with 4 activation rows (prefill).
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q5_0_x4(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+    dot_blocks_multi(
+        w,
+        a,
+        (22, Q8_0),
+        |wb| _mm256_sub_epi8(five_bits(&wb[2..6], &wb[6..]), _mm256_set1_epi8(16)),
+        |q, ab| widen_pairs(pairs_small_w(q, load32(&ab[2..]))),
         |w4, a4, s| value_dd_s(w4, 22, a4, s),
     )
 }

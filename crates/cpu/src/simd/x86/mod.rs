@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use minfer_gguf::GgmlType;
 
-use super::{DotFn, QuantFn};
+use super::{Dot4Fn, DotFn, QuantFn};
 
 mod avx2_float;
 mod avx2_kquants;
@@ -84,6 +84,22 @@ pub(super) fn avx2_dot(ty: GgmlType) -> Option<DotFn> {
         T::Iq4Xs => dot_iq4_xs,
         _ => return None,
     })
+}
+
+fn dot4_q5_0(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+    // SAFETY: only handed out by `avx2_dot4` after `avx2_supported()` returned true.
+    unsafe { avx2_legacy::dot_q5_0_x4(w, a) }
+}
+
+/// The AVX2 kernel dotting one weight row of `ty` with 4 activation rows, where one exists.
+pub(super) fn avx2_dot4(ty: GgmlType) -> Option<Dot4Fn> {
+    if !avx2_supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q5_0 => Some(dot4_q5_0),
+        _ => None,
+    }
 }
 
 /// The AVX2 activation quantizer for `ty` (None: no kernel, or no AVX2 on this machine).
