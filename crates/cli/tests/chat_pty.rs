@@ -23,6 +23,16 @@ fn tiny_model() -> PathBuf {
     p
 }
 
+/// A model big enough that a reply cannot fill a 4096 context before a Ctrl-C lands
+/// (about 15 M parameters: milliseconds per token instead of microseconds).
+fn slow_model() -> PathBuf {
+    let p = tmp("slow.gguf");
+    let mut spec = SynthSpec::new(Arch::Qwen2, 4, 512, 8, 2, 2048);
+    spec.weight_type = minfer_gguf::GgmlType::Q8_0;
+    std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    p
+}
+
 fn cached(file: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("MINFER_MODELS")
         .map(PathBuf::from)
@@ -173,9 +183,16 @@ fn a_person_chats_regenerates_overflows_saves_and_resumes() {
     p.exp_eof().unwrap();
 }
 
+/// Gives the REPL time to read the line and start the reply, so a Ctrl-C sent next lands
+/// inside the reply (at the prompt it would exit). The slow model keeps the reply going for
+/// many seconds, so a generous pause cannot overshoot it.
+fn wait_for_reply(_p: &mut PtySession) {
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+}
+
 #[test]
 fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
-    let model = tiny_model();
+    let model = slow_model();
     // Unlimited reply with the end-of-generation tokens (<|endoftext|> 293, <|im_end|> 295
     // in the built-in vocabulary) banned: only Ctrl-C (or the full context) ends it.
     let mut p = chat(
@@ -187,7 +204,7 @@ fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
     );
     p.exp_string("> ").unwrap();
     p.send_line("Talk forever.").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    wait_for_reply(&mut p);
     p.send_control('c').unwrap();
     let (_, m) = p.exp_regex(STATS).unwrap();
     assert!(m.contains("(interrupted)"), "{m}");
@@ -196,7 +213,7 @@ fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
     p.exp_string("> ").unwrap();
     // The chat goes on after the interrupted reply.
     p.send_line("Still there?").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    wait_for_reply(&mut p);
     p.send_control('c').unwrap();
     p.exp_string("(interrupted)").unwrap();
     p.exp_string("> ").unwrap();
