@@ -37,6 +37,29 @@ const AVX2_DOT_TYPES: [GgmlType; 16] = [
     GgmlType::Iq4Xs,
 ];
 const ACT_TYPES: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K];
+/// The types with AVX-512 kernels of their own: every quantized type the demo models use
+/// (Q4_K, Q5_0, Q6_K, Q8_0; Q4_1 for SmolLM2) and their close relatives. The rest of the
+/// AVX2 list runs the AVX2 kernels on AVX-512 machines.
+const AVX512_DOT_TYPES: [GgmlType; 9] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Iq4Nl,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+/// The types with a 4-activation-row AVX-512 kernel (prefill).
+const AVX512_DOT4_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Iq4Nl,
+];
 
 /// splitmix64.
 struct Rng(u64);
@@ -97,13 +120,34 @@ fn simd_isas() -> Vec<Isa> {
     isas
 }
 
-fn assert_dot_identical(isa: Isa, ty: GgmlType, n: usize, w: &[u8], act: &[u8], what: &str) {
+/// The difference between `vec_dot_on(isa, ..)` and the reference, if any, in words.
+fn dot_mismatch(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    act: &[u8],
+    what: &str,
+) -> Option<String> {
     let want = quants::vec_dot(ty, n, w, act).unwrap();
     let got = simd::vec_dot_on(isa, ty, n, w, act).unwrap();
-    assert_eq!(
-        got.to_bits(),
-        want.to_bits(),
-        "{isa} {ty} n={n} ({what}): got {got:e}, reference {want:e}"
+    (got.to_bits() != want.to_bits())
+        .then(|| format!("{isa} {ty} n={n} ({what}): got {got:e}, reference {want:e}"))
+}
+
+/// Fails listing every mismatch (the first few), so one run on a borrowed machine names all
+/// failing kernels at once.
+fn assert_none(mismatches: &[String]) {
+    assert!(
+        mismatches.is_empty(),
+        "{} mismatches, first ones:\n{}",
+        mismatches.len(),
+        mismatches
+            .iter()
+            .take(40)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -119,7 +163,42 @@ fn avx2_serves_every_listed_type() {
     for ty in ACT_TYPES {
         assert_eq!(Isa::Avx2.quant_served_by(ty), Isa::Avx2, "{ty}");
     }
-    assert_eq!(simd::detected(), Isa::Avx2);
+    let best = if Isa::Avx512Vnni.is_available() {
+        Isa::Avx512Vnni
+    } else {
+        Isa::Avx2
+    };
+    assert_eq!(simd::detected(), best);
+}
+
+/// AVX-512 serves its own list, hands the rest of the AVX2 list to AVX2, and is chosen at run
+/// time where present.
+#[test]
+fn avx512_serves_every_listed_type() {
+    if !Isa::Avx512Vnni.is_available() {
+        println!("SKIP: no AVX-512 F/BW/VL/VNNI on this machine");
+        return;
+    }
+    for ty in AVX2_DOT_TYPES {
+        let want = if AVX512_DOT_TYPES.contains(&ty) {
+            Isa::Avx512Vnni
+        } else {
+            Isa::Avx2
+        };
+        assert_eq!(Isa::Avx512Vnni.dot_served_by(ty), want, "{ty}");
+        let n = ty.block_size() as usize;
+        assert_eq!(simd::RowDot::on(Isa::Avx512Vnni, ty).unwrap().isa(), want);
+        let four = simd::RowDot::on(Isa::Avx512Vnni, ty).unwrap().kernel4_for(
+            n,
+            ty.type_size() as usize,
+            vec_dot_type(ty).row_bytes(n as u64).unwrap() as usize,
+        );
+        assert_eq!(four.is_some(), AVX512_DOT4_TYPES.contains(&ty), "{ty}");
+    }
+    for ty in ACT_TYPES {
+        assert_eq!(Isa::Avx512Vnni.quant_served_by(ty), Isa::Avx512Vnni, "{ty}");
+    }
+    assert_eq!(simd::detected(), Isa::Avx512Vnni);
 }
 
 /// NEON serves the AVX2 list but F16 (Rust's f16 vector conversions are not stable yet).
@@ -147,6 +226,7 @@ fn neon_serves_every_listed_type() {
 #[test]
 fn dot_is_bit_identical_to_the_reference() {
     let mut cases = 0;
+    let mut bad = Vec::new();
     for isa in simd_isas() {
         for ty in GgmlType::SUPPORTED {
             for n in lengths(ty) {
@@ -155,13 +235,53 @@ fn dot_is_bit_identical_to_the_reference() {
                     let w = random_blocks(ty, nb, 1000 * seed + n as u64);
                     let x = Rng(seed * 7919 + n as u64).floats(n);
                     let act = act_bytes(ty, &x);
-                    assert_dot_identical(isa, ty, n, &w, &act, "random");
+                    bad.extend(dot_mismatch(isa, ty, n, &w, &act, "random"));
                     cases += 1;
                 }
             }
         }
     }
+    assert_none(&bad);
     println!("{cases} dot cases bit-identical on {:?}", simd_isas());
+}
+
+/// The 4-activation-row kernels (prefill): each of the 4 results bit-identical to the
+/// reference, on every type and instruction set that has one.
+#[test]
+fn dot4_is_bit_identical_to_the_reference() {
+    let mut cases = 0;
+    let mut bad = Vec::new();
+    for isa in simd_isas() {
+        for ty in GgmlType::SUPPORTED {
+            let dot = simd::RowDot::on(isa, ty).unwrap();
+            let at = vec_dot_type(ty);
+            for n in lengths(ty) {
+                let (wl, al) = (
+                    ty.row_bytes(n as u64).unwrap() as usize,
+                    at.row_bytes(n as u64).unwrap() as usize,
+                );
+                let Some(f4) = dot.kernel4_for(n, wl, al) else {
+                    continue;
+                };
+                let w = random_blocks(ty, n / ty.block_size() as usize, 31 + n as u64);
+                let acts: Vec<Vec<u8>> = (0..4u64)
+                    .map(|r| act_bytes(ty, &Rng(r * 131 + n as u64).floats(n)))
+                    .collect();
+                let got = f4(&w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                for (r, (g, act)) in got.iter().zip(&acts).enumerate() {
+                    let want = quants::vec_dot(ty, n, &w, act).unwrap();
+                    if g.to_bits() != want.to_bits() {
+                        bad.push(format!(
+                            "{isa} {ty} n={n} row {r} of 4: got {g:e}, reference {want:e}"
+                        ));
+                    }
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_none(&bad);
+    println!("{cases} 4-row dot cases bit-identical");
 }
 
 /// Integer extremes the quantizers never produce: every quant byte random (so 8-bit quants
@@ -171,6 +291,7 @@ fn dot_is_bit_identical_to_the_reference() {
 fn dot_is_bit_identical_on_adversarial_bytes() {
     let mut rng = Rng(42);
     let mut cases = 0;
+    let mut bad = Vec::new();
     for isa in simd_isas() {
         for ty in GgmlType::SUPPORTED {
             if ty.block_size() == 1 {
@@ -183,11 +304,23 @@ fn dot_is_bit_identical_on_adversarial_bytes() {
                 let mut act = random_blocks(at, n / at.block_size() as usize, 9 + n as u64);
                 scramble_quants(ty, &mut w, &mut rng);
                 scramble_quants(at, &mut act, &mut rng);
-                assert_dot_identical(isa, ty, n, &w, &act, "adversarial");
+                bad.extend(dot_mismatch(isa, ty, n, &w, &act, "adversarial"));
+                let dot = simd::RowDot::on(isa, ty).unwrap();
+                if let Some(f4) = dot.kernel4_for(n, w.len(), act.len()) {
+                    let want = quants::vec_dot(ty, n, &w, &act).unwrap();
+                    for g in f4(&w, [&act, &act, &act, &act]) {
+                        if g.to_bits() != want.to_bits() {
+                            bad.push(format!(
+                                "{isa} {ty} n={n} (adversarial, 4-row): {g:e} vs {want:e}"
+                            ));
+                        }
+                    }
+                }
                 cases += 1;
             }
         }
     }
+    assert_none(&bad);
     println!("{cases} adversarial dot cases bit-identical");
 }
 
@@ -239,6 +372,7 @@ fn quantize_act_is_byte_identical() {
     edge[160..192].fill(2.5);
     rows.push(edge);
     let mut cases = 0;
+    let mut bad = Vec::new();
     for isa in simd_isas() {
         for ty in ACT_TYPES {
             for x in &rows {
@@ -247,17 +381,17 @@ fn quantize_act_is_byte_identical() {
                 let mut got = vec![0x55u8; len];
                 quants::quantize_row(ty, x, &mut want).unwrap();
                 simd::quantize_act_on(isa, ty, x, &mut got).unwrap();
-                let first = want.iter().zip(&got).position(|(a, b)| a != b);
-                assert_eq!(
-                    first,
-                    None,
-                    "{isa} {ty} n={}: first differing byte",
-                    x.len()
-                );
+                if let Some(first) = want.iter().zip(&got).position(|(a, b)| a != b) {
+                    bad.push(format!(
+                        "{isa} {ty} n={}: first differing byte {first}",
+                        x.len()
+                    ));
+                }
                 cases += 1;
             }
         }
     }
+    assert_none(&bad);
     println!("{cases} quantization cases byte-identical");
 }
 

@@ -10,8 +10,8 @@
 //! - [`vec_dot_on`] / [`quantize_act_on`] force one instruction set (tests, benchmarks); an
 //!   instruction set this machine lacks is a typed error, never a silent fallback.
 //!
-//! Instruction sets: x86-64 AVX2 (+F16C) and aarch64 NEON (tested under qemu). AVX-512
-//! kernels are not written (docs/PERFORMANCE.md, "CPU dot kernels"): such machines run AVX2.
+//! Instruction sets: x86-64 AVX2 (+F16C), x86-64 AVX-512 F/BW/VL/VNNI (types without an
+//! AVX-512 kernel run the AVX2 one there) and aarch64 NEON (tested under qemu).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -40,18 +40,22 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 with F16C (no FMA: fused multiply-adds would round differently).
     Avx2,
+    /// x86-64 AVX-512 F + BW + VL + VNNI (with AVX2 and F16C): the AVX2 kernels serve the
+    /// types it has no kernel for. Cores without VNNI (Skylake-SP/X) run [`Isa::Avx2`].
+    Avx512Vnni,
     /// aarch64 NEON (baseline; the dot-product extension is not stable in Rust yet).
     Neon,
 }
 
 impl Isa {
     /// Every instruction set minfer has kernels for, best last.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Neon];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon];
 
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
             Isa::Neon => "neon",
         }
     }
@@ -64,6 +68,10 @@ impl Isa {
             Isa::Avx2 => x86::avx2_supported(),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => false,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::avx512_supported(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx512Vnni => false,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => arm::neon_supported(),
             #[cfg(not(target_arch = "aarch64"))]
@@ -83,6 +91,10 @@ impl Isa {
             Isa::Avx2 => x86::avx2_dot(ty),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => None,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::avx512_dot(ty),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx512Vnni => None,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => arm::neon_dot(ty),
             #[cfg(not(target_arch = "aarch64"))]
@@ -102,6 +114,10 @@ impl Isa {
             Isa::Avx2 => x86::avx2_quant(ty),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 => None,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::avx512_quant(ty),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx512Vnni => None,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => arm::neon_quant(ty),
             #[cfg(not(target_arch = "aarch64"))]
@@ -109,13 +125,23 @@ impl Isa {
         }
     }
 
+    /// The instruction set whose kernels also run here, consulted for types this one has
+    /// no kernel for.
+    fn subset(self) -> Option<Isa> {
+        match self {
+            Isa::Avx512Vnni => Some(Isa::Avx2),
+            _ => None,
+        }
+    }
+
     /// The instruction set that actually computes `vec_dot_on(self, ty, ..)`: `self` when it
-    /// has a kernel for `ty`, otherwise [`Isa::Scalar`].
+    /// has a kernel for `ty`, else its subset's (AVX-512 -> AVX2), else [`Isa::Scalar`].
     pub fn dot_served_by(self, ty: GgmlType) -> Isa {
         if self.dot_kernel(ty).is_some() {
             self
         } else {
-            Isa::Scalar
+            self.subset()
+                .map_or(Isa::Scalar, |sub| sub.dot_served_by(ty))
         }
     }
 
@@ -124,7 +150,8 @@ impl Isa {
         if self.quant_kernel(ty).is_some() {
             self
         } else {
-            Isa::Scalar
+            self.subset()
+                .map_or(Isa::Scalar, |sub| sub.quant_served_by(ty))
         }
     }
 }
@@ -197,10 +224,11 @@ impl RowDot {
             w_block.1,
             geometry(quants::vec_dot_type(ty)).1,
         )?;
+        let served = isa.dot_served_by(ty);
         Ok(RowDot {
             ty,
-            isa: isa.dot_served_by(ty),
-            kernel: isa.dot_kernel(ty),
+            isa: served,
+            kernel: served.dot_kernel(ty),
             w_block,
             a_block: geometry(quants::vec_dot_type(ty)),
         })
@@ -234,8 +262,10 @@ impl RowDot {
     pub fn kernel4_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<Dot4Fn> {
         self.kernel_for(n, w_len, act_len)?;
         #[cfg(target_arch = "x86_64")]
-        if self.isa == Isa::Avx2 {
-            return x86::avx2_dot4(self.ty);
+        match self.isa {
+            Isa::Avx2 => return x86::avx2_dot4(self.ty),
+            Isa::Avx512Vnni => return x86::avx512_dot4(self.ty),
+            _ => {}
         }
         None
     }
@@ -275,7 +305,7 @@ pub fn quantize_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
 pub fn quantize_act_on(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     check_quantize_row(ty, src.len(), dst.len())?;
     require(isa)?;
-    match isa.quant_kernel(ty) {
+    match isa.quant_served_by(ty).quant_kernel(ty) {
         Some(f) => {
             f(src, dst);
             Ok(())

@@ -15,6 +15,12 @@ mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_quantize;
+mod avx512_dispatch;
+mod avx512_kquants;
+mod avx512_legacy;
+mod avx512_quantize;
+
+pub(super) use avx512_dispatch::{avx512_dot, avx512_dot4, avx512_quant, avx512_supported};
 
 pub(super) fn avx2_supported() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")

@@ -1,0 +1,141 @@
+//! AVX-512 dots of Q4_K, Q5_K and Q6_K with Q8_K activations, 64 elements per vector.
+//! Integer sums per super-block are exact: `vpmaddubsw` pairs unsigned quants (at most 63)
+//! with signed activation bytes (a pair is at most 2·63·128 = 16128, no saturation), and
+//! VNNI's `vpdpwssd` multiplies each pair by its sub-block scale into i32 lanes. The f32 part
+//! repeats the reference expression, and super-block values accumulate in the reference's 4
+//! block lanes (`BlockSum`). (The other K-quant types run the AVX2 kernels.)
+
+use std::arch::x86_64::*;
+
+use minfer_gguf::quants::unpack_scale_min_k4;
+
+use super::avx512_dispatch::{hsum_i32x16, join256, load64};
+use super::{f16_at, f32_at, hsum_i32, load16, load32};
+use crate::simd::BlockSum;
+
+/// Q8_K activation block: d f32 | qs i8[256] | bsums i16[16].
+const Q8K: usize = 292;
+
+/// Indices for `_mm512_permutexvar_epi16`: i16 lane k picks scale `first + k / run` (a run of
+/// `run` equal scales per sub-block).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn spread_index(first: usize, run: usize) -> __m512i {
+    let idx: [i16; 32] = std::array::from_fn(|k| (first + k / run) as i16);
+    // SAFETY: `idx` is 64 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
+}
+
+/// The low and high nibbles of 32 bytes: elements of sub-blocks 2j and 2j + 1 of a Q4_K/Q5_K
+/// super-block, in element order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn nibble_halves(q: __m256i) -> __m512i {
+    let m = _mm256_set1_epi8(0x0f);
+    join256(
+        _mm256_and_si256(q, m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(q), m),
+    )
+}
+
+/// Shared by Q4_K and Q5_K: `quants(wb, j)` gives the unsigned quants (at most 31) of
+/// sub-blocks 2j and 2j + 1.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn dot_scale_min(
+    w: &[u8],
+    a: &[u8],
+    block: usize,
+    quants: impl Fn(&[u8], usize) -> __m512i,
+) -> f32 {
+    let mut sum = BlockSum::new();
+    let spread: [__m512i; 4] = std::array::from_fn(|j| spread_index(2 * j, 16));
+    for (wb, ab) in w.chunks_exact(block).zip(a.chunks_exact(Q8K)) {
+        let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
+        let sc = _mm_cvtsi64_si128(u64::from_le_bytes(sc) as i64);
+        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sc));
+        let aq = &ab[4..260];
+        let mut acc = _mm512_setzero_si512();
+        for j in 0..4 {
+            let p = _mm512_maddubs_epi16(quants(wb, j), load64(&aq[64 * j..]));
+            let s = _mm512_permutexvar_epi16(spread[j], scales);
+            acc = _mm512_dpwssd_epi32(acc, p, s);
+        }
+        // A 32-element sub-block covers two 16-element bsums: each min twice.
+        let mins: [i16; 16] = std::array::from_fn(|k| mn[k / 2] as i16);
+        // SAFETY: `mins` is 32 readable bytes; loadu has no alignment requirement.
+        let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+        let mprod = _mm256_madd_epi16(load32(&ab[260..292]), mins);
+        let isum = hsum_i32x16(acc);
+        let msum = hsum_i32(mprod);
+        let ad = f32_at(ab, 0);
+        let d = f16_at(wb, 0) * ad;
+        let dmin = f16_at(wb, 2) * ad;
+        sum.add(d * isum as f32 - dmin * msum as f32);
+    }
+    sum.total()
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub(super) fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+    dot_scale_min(w, a, 144, |wb, j| nibble_halves(load32(&wb[16 + 32 * j..])))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub(super) fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
+    dot_scale_min(w, a, 176, |wb, j| {
+        let u = nibble_halves(load32(&wb[48 + 32 * j..]));
+        // Bit s of qh[l] is bit 4 of element l of sub-block s.
+        let qh = load32(&wb[16..48]);
+        let bit = |s: usize| _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << s) as i8));
+        let high = bit(2 * j) as u64 | ((bit(2 * j + 1) as u64) << 32);
+        _mm512_mask_add_epi8(u, high, u, _mm512_set1_epi8(16))
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = BlockSum::new();
+    let m = _mm512_set1_epi8(0x0f);
+    let three = _mm512_set1_epi8(3);
+    let bias = _mm512_set1_epi8(32);
+    let spread: [__m512i; 4] = std::array::from_fn(|k| spread_index(4 * k, 8));
+    for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8K)) {
+        let scales = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(load16(&wb[192..208])));
+        let aq = &ab[4..260];
+        let mut acc = _mm512_setzero_si512();
+        for h in 0..2 {
+            // Elements 128h + 32i + l: nibble i / 2 of ql[64h + 32(i % 2) + l], high bits
+            // 2i..2i+2 of qh[32h + l]. Vector `half` holds i = 2·half and 2·half + 1.
+            let ql = load64(&wb[64 * h..]);
+            let qh = _mm512_broadcast_i64x4(load32(&wb[128 + 32 * h..]));
+            for half in 0..2 {
+                let low = if half == 0 {
+                    _mm512_and_si512(ql, m)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m)
+                };
+                // Shift by 2i in the low 256 bits, 2i + 2 in the high ones.
+                let shift = _mm512_mask_blend_epi16(
+                    0xffff_0000,
+                    _mm512_set1_epi16(4 * half as i16),
+                    _mm512_set1_epi16(4 * half as i16 + 2),
+                );
+                let high = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), three);
+                let u = _mm512_or_si512(low, _mm512_slli_epi16::<4>(high));
+                let act = load64(&aq[128 * h + 64 * half..]);
+                // Σ (u - 32)·a per pair: both pair sums fit i16, and so does their difference
+                // (at most 16128 + 8192).
+                let p = _mm512_sub_epi16(
+                    _mm512_maddubs_epi16(u, act),
+                    _mm512_maddubs_epi16(bias, act),
+                );
+                let s = _mm512_permutexvar_epi16(spread[2 * h + half], scales);
+                acc = _mm512_dpwssd_epi32(acc, p, s);
+            }
+        }
+        let isum = hsum_i32x16(acc);
+        sum.add(f16_at(wb, 208) * f32_at(ab, 0) * isum as f32);
+    }
+    sum.total()
+}
