@@ -93,6 +93,8 @@ fn main() {
         );
     }
     println!();
+    four_rows(&isas, &x);
+    println!();
     matvec(&isas, &x);
     println!();
     println!(
@@ -120,6 +122,62 @@ fn main() {
             ty.name(),
             cols.join(" | ")
         );
+    }
+}
+
+/// The 4-activation-row kernels (prefill: one weight row against 4 tokens), ns per weight
+/// row and token, next to the 1-row kernel of the same instruction set (rows hot in cache).
+fn four_rows(isas: &[Isa], x: &[f32]) {
+    let header: Vec<String> = isas
+        .iter()
+        .map(|i| format!("{i:>8} 1-row ns  4-row ns/token"))
+        .collect();
+    println!("| 4-row kernels | {} |", header.join(" | "));
+    let types = [
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+        GgmlType::Iq4Nl,
+    ];
+    for ty in types {
+        let w = random_blocks(ty, N / ty.block_size() as usize, 3);
+        let at = vec_dot_type(ty);
+        let acts: Vec<Vec<u8>> = (0..4)
+            .map(|t| {
+                let xt: Vec<f32> = x.iter().map(|v| v * (1.0 + t as f32 * 0.25)).collect();
+                let mut act = vec![0u8; at.row_bytes(N as u64).unwrap() as usize];
+                quants::quantize_row(at, &xt, &mut act).unwrap();
+                act
+            })
+            .collect();
+        let cols: Vec<String> = isas
+            .iter()
+            .map(|&isa| {
+                let dot = RowDot::on(isa, ty).unwrap();
+                let one = ns_per_call(|| {
+                    black_box(dot.dot(N, black_box(&w), black_box(&acts[0])).unwrap());
+                });
+                let four = dot
+                    .kernel4_for(N, w.len(), acts[0].len())
+                    .map(|f4| {
+                        let a = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+                        let got = f4(&w, a);
+                        for (g, act) in got.iter().zip(&acts) {
+                            let want = quants::vec_dot(ty, N, &w, act).unwrap();
+                            assert_eq!(g.to_bits(), want.to_bits(), "{isa} {ty} 4-row");
+                        }
+                        let ns = ns_per_call(|| {
+                            black_box(f4(black_box(&w), a));
+                        });
+                        format!("{:>14.0}", ns / 4.0)
+                    })
+                    .unwrap_or_else(|| format!("{:>14}", "-"));
+                format!("{one:>16.0}  {four}")
+            })
+            .collect();
+        println!("| {:<13} | {} |", ty.name(), cols.join(" | "));
     }
 }
 

@@ -43,21 +43,21 @@ fn hsum8(v: [__m512i; 4]) -> __m256i {
     _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, r))
 }
 
-/// The f16 at byte `off` of each of 8 consecutive `stride`-byte blocks, as f32 lanes.
+/// The f16 at byte `off` of each of 8 consecutive `stride`-byte blocks, as f32 lanes: one
+/// gather of the 4 bytes there (the f16 and 2 more bytes of its block, every f16 read here
+/// having 2 behind it), narrowed to their low halves.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 fn f16x8(b: &[u8], stride: usize, off: usize) -> __m256 {
-    let h = |k: usize| i16::from_le_bytes([b[k * stride + off], b[k * stride + off + 1]]);
-    _mm256_cvtph_ps(_mm_setr_epi16(
-        h(0),
-        h(1),
-        h(2),
-        h(3),
-        h(4),
-        h(5),
-        h(6),
-        h(7),
-    ))
+    let b = &b[off..off + 7 * stride + 4];
+    let idx = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(stride as i32),
+    );
+    // SAFETY: the 4 bytes at k·stride for k < 8 lie in `b` (sliced above); the gather has no
+    // alignment requirement.
+    let words = unsafe { _mm256_i32gather_epi32::<1>(b.as_ptr().cast(), idx) };
+    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words))
 }
 
 /// `acc + v` in the lanes of real blocks (the first `count`), `acc` elsewhere: lanes without
@@ -156,12 +156,16 @@ fn nibbles_pair(b: &[u8], stride: usize, off: usize) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 fn five_bits_pair(b: &[u8], stride: usize, qh_off: usize) -> __m512i {
     let u = nibbles_pair(b, stride, qh_off + 4);
-    let qh = |k: usize| {
-        let o = k * stride + qh_off;
-        u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]) as u64
-    };
-    let high: __mmask64 = qh(0) | (qh(1) << 32);
+    let high: __mmask64 = le_u32(b, qh_off) as u64 | ((le_u32(b, stride + qh_off) as u64) << 32);
     _mm512_mask_add_epi8(u, high, u, _mm512_set1_epi8(16))
+}
+
+/// The little-endian u32 at `b[o..o + 4]`.
+#[inline(always)]
+fn le_u32(b: &[u8], o: usize) -> u32 {
+    let mut v = [0u8; 4];
+    v.copy_from_slice(&b[o..o + 4]);
+    u32::from_le_bytes(v)
 }
 
 /// Σ (u - bias)·a per i32 lane (4 elements), exact: u unsigned bytes, a signed.
@@ -196,83 +200,115 @@ fn value_with_min(w8: &[u8], wb: usize, a8: &[u8], s: __m256) -> __m256 {
     _mm256_add_ps(scaled, _mm256_mul_ps(f16x8(w8, wb, 2), f16x8(a8, Q8_1, 2)))
 }
 
-/// Declares the 1-row and 4-row kernels of one type from its `dot_rows` arguments.
-macro_rules! kernels {
-    ($one:ident, $four:ident, $geometry:expr, $unpack:expr, $isum:expr, $value:expr) => {
+/// Declares the 1-row and 4-row kernels of one type from its generic `$rows` function.
+macro_rules! one_and_four {
+    ($one:ident, $four:ident, $rows:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
         pub(super) fn $one(w: &[u8], a: &[u8]) -> f32 {
-            let [v] = dot_rows(w, [a], $geometry, $unpack, $isum, $value);
+            let [v] = $rows(w, [a]);
             v
         }
 
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
         pub(super) fn $four(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-            dot_rows(w, a, $geometry, $unpack, $isum, $value)
+            $rows(w, a)
         }
     };
 }
 
-// Q4_0: d f16 | qs[16]; quants u - 8 with u in 0..=15.
-kernels!(
-    dot_q4_0,
-    dot4_q4_0,
-    (18, Q8_0),
-    |w2| nibbles_pair(w2, 18, 2),
-    |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), 8),
-    |w8, a8, s| value_s_dw_da(w8, 18, a8, s)
-);
+one_and_four!(dot_q4_0, dot4_q4_0, q4_0_rows);
+one_and_four!(dot_q4_1, dot4_q4_1, q4_1_rows);
+one_and_four!(dot_q5_0, dot4_q5_0, q5_0_rows);
+one_and_four!(dot_q5_1, dot4_q5_1, q5_1_rows);
+one_and_four!(dot_q8_0, dot4_q8_0, q8_0_rows);
+one_and_four!(dot_iq4_nl, dot4_iq4_nl, iq4_nl_rows);
 
-// Q4_1: d f16 | m f16 | qs[16]; unsigned quants 0..=15.
-kernels!(
-    dot_q4_1,
-    dot4_q4_1,
-    (20, Q8_1),
-    |w2| nibbles_pair(w2, 20, 4),
-    |u, a2| _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, pair32(a2, Q8_1, 4)),
-    |w8, a8, s| value_with_min(w8, 20, a8, s)
-);
+/// Q4_0: d f16 | qs[16]; quants u - 8 with u in 0..=15.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q4_0_rows<const T: usize>(w: &[u8], a: [&[u8]; T]) -> [f32; T] {
+    dot_rows(
+        w,
+        a,
+        (18, Q8_0),
+        |w2| nibbles_pair(w2, 18, 2),
+        |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), 8),
+        |w8, a8, s| value_s_dw_da(w8, 18, a8, s),
+    )
+}
 
-// Q5_0: d f16 | qh u32 | qs[16]; quants u - 16 with u in 0..=31.
-kernels!(
-    dot_q5_0,
-    dot4_q5_0,
-    (22, Q8_0),
-    |w2| five_bits_pair(w2, 22, 2),
-    |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), 16),
-    |w8, a8, s| value_dd_s(w8, 22, a8, s)
-);
+/// Q4_1: d f16 | m f16 | qs[16]; unsigned quants 0..=15.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q4_1_rows<const T: usize>(w: &[u8], a: [&[u8]; T]) -> [f32; T] {
+    dot_rows(
+        w,
+        a,
+        (20, Q8_1),
+        |w2| nibbles_pair(w2, 20, 4),
+        |u, a2| _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, pair32(a2, Q8_1, 4)),
+        |w8, a8, s| value_with_min(w8, 20, a8, s),
+    )
+}
 
-// Q5_1: d f16 | m f16 | qh u32 | qs[16]; unsigned quants 0..=31.
-kernels!(
-    dot_q5_1,
-    dot4_q5_1,
-    (24, Q8_1),
-    |w2| five_bits_pair(w2, 24, 4),
-    |u, a2| _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, pair32(a2, Q8_1, 4)),
-    |w8, a8, s| value_with_min(w8, 24, a8, s)
-);
+/// Q5_0: d f16 | qh u32 | qs[16]; quants u - 16 with u in 0..=31.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q5_0_rows<const T: usize>(w: &[u8], a: [&[u8]; T]) -> [f32; T] {
+    dot_rows(
+        w,
+        a,
+        (22, Q8_0),
+        |w2| five_bits_pair(w2, 22, 2),
+        |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), 16),
+        |w8, a8, s| value_dd_s(w8, 22, a8, s),
+    )
+}
 
-// Q8_0: d f16 | qs i8[32]; weights from a file may hold -128, so every byte is biased by
-// 128 (w ^ 0x80 = w + 128 as an unsigned byte).
-kernels!(
-    dot_q8_0,
-    dot4_q8_0,
-    (34, Q8_0),
-    |w2| _mm512_xor_si512(pair32(w2, 34, 2), _mm512_set1_epi8(-128)),
-    |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), -128),
-    // s * (d_w * d_a)
-    |w8, a8, s| _mm256_mul_ps(s, _mm256_mul_ps(f16x8(w8, 34, 0), f16x8(a8, Q8_0, 0)))
-);
+/// Q5_1: d f16 | m f16 | qh u32 | qs[16]; unsigned quants 0..=31.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q5_1_rows<const T: usize>(w: &[u8], a: [&[u8]; T]) -> [f32; T] {
+    dot_rows(
+        w,
+        a,
+        (24, Q8_1),
+        |w2| five_bits_pair(w2, 24, 4),
+        |u, a2| _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, pair32(a2, Q8_1, 4)),
+        |w8, a8, s| value_with_min(w8, 24, a8, s),
+    )
+}
 
-// IQ4_NL: d f16 | qs[16] indexing the IQ4 table (-127..=113), biased by 128 in the table.
-kernels!(
-    dot_iq4_nl,
-    dot4_iq4_nl,
-    (18, Q8_0),
-    |w2| _mm512_shuffle_epi8(iq4_table_biased(), nibbles_pair(w2, 18, 2)),
-    |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), -128),
-    |w8, a8, s| value_dd_s(w8, 18, a8, s)
-);
+/// Q8_0: d f16 | qs i8[32]; weights from a file may hold -128, so every byte is biased by
+/// 128 (w ^ 0x80 = w + 128 as an unsigned byte).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q8_0_rows<const T: usize>(w: &[u8], a: [&[u8]; T]) -> [f32; T] {
+    dot_rows(
+        w,
+        a,
+        (34, Q8_0),
+        |w2| _mm512_xor_si512(pair32(w2, 34, 2), _mm512_set1_epi8(-128)),
+        |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), -128),
+        // s * (d_w * d_a)
+        |w8, a8, s| _mm256_mul_ps(s, _mm256_mul_ps(f16x8(w8, 34, 0), f16x8(a8, Q8_0, 0))),
+    )
+}
+
+/// IQ4_NL: d f16 | qs[16] indexing the IQ4 table (-127..=113), biased by 128 in the table.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn iq4_nl_rows<const T: usize>(w: &[u8], a: [&[u8]; T]) -> [f32; T] {
+    let table = iq4_table_biased();
+    dot_rows(
+        w,
+        a,
+        (18, Q8_0),
+        |w2| _mm512_shuffle_epi8(table, nibbles_pair(w2, 18, 2)),
+        |u, a2| biased_dot(u, pair32(a2, Q8_0, 2), -128),
+        |w8, a8, s| value_dd_s(w8, 18, a8, s),
+    )
+}
 
 /// The IQ4 value table plus 128 (as unsigned bytes) in every 128-bit lane, for byte
 /// shuffle lookups.
@@ -280,6 +316,9 @@ kernels!(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 fn iq4_table_biased() -> __m512i {
     let t = &minfer_gguf::quants::KVALUES_IQ4NL;
-    let bytes: [u8; 16] = std::array::from_fn(|i| (t[i] as u8) ^ 0x80);
+    let mut bytes = [0u8; 16];
+    for (b, &v) in bytes.iter_mut().zip(t) {
+        *b = (v as u8) ^ 0x80;
+    }
     _mm512_broadcast_i32x4(load16(&bytes))
 }
