@@ -62,7 +62,6 @@ avx512_wrappers! {
     dot_q8_0 => avx512_legacy::dot_q8_0,
     dot_iq4_nl => avx512_legacy::dot_iq4_nl,
     dot_q4_k => avx512_kquants::dot_q4_k,
-    dot_q5_k => avx512_kquants::dot_q5_k,
     dot_q6_k => avx512_kquants::dot_q6_k;
     dot4:
     dot4_q4_0 => avx512_legacy::dot4_q4_0,
@@ -92,7 +91,6 @@ pub(in crate::simd) fn avx512_dot(ty: GgmlType) -> Option<DotFn> {
         T::Q8_0 => dot_q8_0,
         T::Iq4Nl => dot_iq4_nl,
         T::Q4K => dot_q4_k,
-        T::Q5K => dot_q5_k,
         T::Q6K => dot_q6_k,
         _ => return None,
     })
