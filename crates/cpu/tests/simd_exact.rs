@@ -1,5 +1,6 @@
 //! Gate: every SIMD kernel of `minfer_cpu::simd` is bit-identical (`f32::to_bits`, raw bytes)
-//! to the scalar reference in `minfer_gguf::quants`, on every instruction set this machine has.
+//! to the scalar reference in `minfer_gguf::quants` (`quantize_act_row` for activations), on
+//! every instruction set this machine has.
 //!
 //! Controls (mutations tried while writing the kernels; each made these tests fail):
 //! - Q4_K kernel with the float part reassociated, `(f16(d) * (ad * isum)) - ...`:
@@ -8,7 +9,11 @@
 //!   tests and the tail control below failed.
 //! - Q8_0 weights through the sign trick instead of the widening dot: the adversarial test
 //!   (`-128` bytes) failed; Q8_0 activation rounding with round-half-even instead of
-//!   half-away: `quantize_act_is_byte_identical` failed (already on the random rows).
+//!   half-away: `quantize_act_is_byte_identical` failed (already on the random rows). Since
+//!   activations follow llama.cpp's x86 rule (half-even, multiplier 127 / max), the reference
+//!   rounding half away again (`.round()` in `quant_8bit_act`) fails it (avx2 Q8_0, the ties
+//!   row). The multiplier 1 / d instead of 127 / max is NOT caught: the two differ by an ulp
+//!   at most and flip a quant only next to a rounding midpoint, which these rows never hit.
 //! - AVX-512 (run on a Sapphire Rapids host, `scripts/avx512-remote-check`): Q8_0 kernel's
 //!   float part as (s * d_w) * d_a and Q6_K's as d_w * (d_a * isum): the random, 4-row,
 //!   adversarial and tail-control tests failed (20, 11, 1 mismatches), and so did
@@ -110,7 +115,7 @@ fn lengths(ty: GgmlType) -> Vec<usize> {
 fn act_bytes(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let at = vec_dot_type(ty);
     let mut act = vec![0u8; at.row_bytes(x.len() as u64).unwrap() as usize];
-    quants::quantize_row(at, x, &mut act).unwrap();
+    quants::quantize_act_row(at, x, &mut act).unwrap();
     act
 }
 
@@ -355,8 +360,7 @@ fn quantize_act_is_byte_identical() {
     for n in [256usize, 512, 4096] {
         rows.push(rng.floats(n));
     }
-    // Ties: amax = 127 gives d = 1 for Q8_0 (half-away: 0.5 -> 1, -2.5 -> -3) and
-    // iscale = -1 for Q8_K (half-even).
+    // Ties: amax = 127 gives d = 1 for Q8_0 and iscale = -1 for Q8_K (both half-even).
     let mut ties = vec![0.0f32; 256];
     for (i, v) in ties.iter_mut().enumerate() {
         *v = (i as f32 - 128.0) + 0.5;
@@ -390,7 +394,7 @@ fn quantize_act_is_byte_identical() {
                 let len = ty.row_bytes(x.len() as u64).unwrap() as usize;
                 let mut want = vec![0u8; len];
                 let mut got = vec![0x55u8; len];
-                quants::quantize_row(ty, x, &mut want).unwrap();
+                quants::quantize_act_row(ty, x, &mut want).unwrap();
                 simd::quantize_act_on(isa, ty, x, &mut got).unwrap();
                 if let Some(first) = want.iter().zip(&got).position(|(a, b)| a != b) {
                     bad.push(format!(

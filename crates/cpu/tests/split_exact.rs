@@ -1,6 +1,7 @@
 //! Gate: the threaded matmul and attention kernels give, for every thread count, exactly the
 //! bits of a plain single-loop computation written here from the definitions (the scalar
-//! reference dot of `minfer_gguf::quants` per (row, token); two-pass softmax per (token, head)).
+//! reference dot of `minfer_gguf::quants` per (row, token); two-pass softmax per (token, head),
+//! or for an F16 cache with fewer than 64 tokens the scalar `attn_f16::attend_head_ref`).
 //! Splitting rows or heads across the pool, tiling tokens and reading an F32 cache in place
 //! must not change a single result bit.
 //!
@@ -12,6 +13,7 @@
 //! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it).
 
 use minfer_cpu::ops::attn::{self, AttnParams};
+use minfer_cpu::ops::attn_f16;
 use minfer_cpu::ops::matmul::{matmul, Weight};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
@@ -136,6 +138,17 @@ fn attention_is_exact_for_every_thread_count() {
                 let keys: Vec<_> = (lo..hi).map(|c| head(&kb, c, kvh)).collect();
                 let vals: Vec<_> = (lo..hi).map(|c| head(&vb, c, kvh)).collect();
                 let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
+                if cache_type == GgmlType::F16 && nt < attn_f16::GGML_FA_TILE_Q {
+                    // llama.cpp's flash-attention arithmetic (its own gate: tests/attn_f16.rs).
+                    let f16 = |v: &Vec<f32>| v.iter().map(|&x| quants::f32_to_f16(x)).collect();
+                    let k16: Vec<Vec<u16>> = keys.iter().map(f16).collect();
+                    let v16: Vec<Vec<u16>> = vals.iter().map(f16).collect();
+                    let mut o = vec![0f32; hd];
+                    let n = hi - lo;
+                    attn_f16::attend_head_ref(qh, scale, 0..n, |c| &k16[c], |c| &v16[c], &mut o);
+                    want.extend(o);
+                    continue;
+                }
                 want.extend(reference_head(qh, &keys, &vals, scale));
             }
         }

@@ -1,28 +1,43 @@
 //! THE acceptance gate against llama.cpp on the real demo models (skipped when absent).
 //!
-//! Fixtures (`tests/fixtures/{qwen,smol}-raw.jsonl`, copied from the shared oracle): llama-server
-//! greedy runs with top-5 pre-sampling log-probabilities per step (f16 KV, flash attention),
-//! from exactly the given `prompt_ids`. We feed llama.cpp's ids, so one step never poisons the
-//! next, and check every step until the first near-tie (llama.cpp's top1-top2 probability gap
-//! <= 0.05):
+//! Fixtures (`tests/fixtures/{qwen-raw,qwen-chat,smol-raw}.jsonl`, copied from the shared
+//! oracle): llama-server greedy runs with top-5 pre-sampling log-probabilities per step (f16
+//! KV, flash attention, AVX-512 build), from exactly the given `prompt_ids`. We feed
+//! llama.cpp's ids, so one step never poisons the next, and check every step until the first
+//! near-tie (llama.cpp's top1-top2 probability gap <= 0.05):
 //! - ids: our argmax equals llama.cpp's at every step before the near-tie (exact);
 //! - probabilities of llama.cpp's top-5 (softmax over the full vocabulary, including the
-//!   near-tie step): within `PROB_TOL` per value and `MEAN_TOL` on average.
+//!   near-tie step): within `PROB_TOL` per value and the fixture's mean tolerance on average.
 //!
-//! Why not 0.02 per value: both engines quantize activations to Q8 (and llama.cpp rounds Q, K
-//! and V to f16 in its flash attention), and those rounding errors are independent. Measured
-//! against our exact f64 reference forward (dequantized weights, no activation rounding):
-//! llama.cpp itself is up to 0.046 away (qwen chinese_ai_future step 3: exact 0.2156,
-//! llama.cpp 0.1703) and we are up to 0.077 away (same prompt, step 4) with f32 KV, so the two
-//! can be ~0.1 apart with both correct. Measured max |dp| vs llama.cpp with f32 KV: qwen
-//! 0.083, smol 0.073 (f16 KV: qwen 0.104); mean |dp| qwen 0.0019 (985 values), smol 0.0061
-//! (235 values); with the 4-lane block summation of the SIMD kernels: qwen 0.070 / 0.0018,
-//! smol 0.063 / 0.0064. Every id matched in all 9 prompts.
+//! KV cache f16, as llama.cpp ran: with fewer than 64 query rows our f16 attention uses
+//! llama.cpp's flash-attention arithmetic (`minfer_cpu::ops::attn_f16`), and activations are
+//! quantized with its x86 rule (`quants::quantize_act_row`).
 //!
-//! Controls (tried by hand on smol): the wrong RoPE pairing for llama (NeoX instead of
-//! normal) gives mean |dp| 0.118, max 0.86 (fails both bounds); the milder `freq_base` x 2
-//! flips an id at code step 18 (fails). The f64-reference gate
-//! (`tests/reference.rs`) is the tight check of the math.
+//! Why not 0.02 per value: these steps are chaotic. llama.cpp itself, same commit and
+//! settings (-t 2, f16 KV, flash attention, repack) but built AVX2-native on the dev VM instead
+//! of AVX-512, is up to 0.072 away from the fixtures (qwen chinese_ai_future step 3: 0.0986 vs
+//! 0.1703; mean 0.0016 qwen, 0.0056 smol, max smol 0.048): its float summation orders differ
+//! from the fixture build's (16-lane f16 dots, AVX-512 q4_K repack GEMV, expf), and Q8
+//! activation quantization turns 1e-7 differences into 1e-3 ones that grow through the layers
+//! (layer-by-layer dump vs llama.cpp on smol: 1e-7 relative after the first matmuls, 1e-2 by
+//! layer 3). Our exact f64 reference forward puts the fixture itself 0.046 from the exact value
+//! at that step. On our side one f32 ulp moves the maximum by 0.03: the flash-attention sum
+//! S = S*ms + vs unfused gave qwen-raw 0.057, fused (llama.cpp's bits, kept) 0.092; llama.cpp's
+//! SIMD expf in SiLU gave 0.064-0.078. So the maximum stays bounded at 0.10 (the noise floor
+//! measured over those variants: 0.057-0.110 qwen, 0.059-0.087 smol), and the mean, which is
+//! stable across them (qwen 0.0015-0.0024, smol 0.0049-0.0067), is the tight check.
+//! Measured now: qwen-raw max 0.092 mean 0.0019 (985 values), qwen-chat max 0.014 mean 0.0015
+//! (120), smol-raw max 0.075 mean 0.0061 (235). Every id matches in all 12 prompts.
+//! Per prompt (max |dp|): within 0.02 are qwen capital_france 0.015, once_upon 0.009,
+//! thermodynamics 0.007, one_question 0.014, system_user 0.011, multi_turn 0.009; beyond are
+//! rust_reverse 0.039, chinese_ai_future 0.057, def_fibonacci 0.092 (step 58), smol code
+//! 0.044, capital_france 0.059, english 0.075.
+//!
+//! Controls (tried by hand on smol, under the previous bounds 0.10 / 0.01, both far beyond
+//! the present ones): the wrong RoPE
+//! pairing for llama (NeoX instead of normal) gives mean |dp| 0.118, max 0.86 (fails both
+//! bounds); the milder `freq_base` x 2 flips an id at code step 18 (fails). The f64-reference
+//! gate (`tests/reference.rs`) is the tight check of the math.
 
 use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::GgmlType;
@@ -30,7 +45,6 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 const PROB_TOL: f64 = 0.10;
-const MEAN_TOL: f64 = 0.01;
 const NEAR_TIE: f64 = 0.05;
 
 fn model_path(file: &str) -> Option<PathBuf> {
@@ -60,14 +74,14 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-fn run_gate(model_file: &str, fixture: &str) {
+fn run_gate(model_file: &str, fixture: &str, mean_tol: f64) {
     let Some(path) = model_path(model_file) else {
         eprintln!("SKIP: {model_file} not found (set MINFER_MODELS)");
         return;
     };
     let cfg = EngineConfig {
         n_ctx: 128,
-        cache_type: GgmlType::F32,
+        cache_type: GgmlType::F16,
         ..Default::default()
     };
     let mut e = Engine::load(&path, cfg).expect("load");
@@ -142,16 +156,29 @@ fn run_gate(model_file: &str, fixture: &str) {
     }
     let mean = sum_dp / n_dp.max(1) as f64;
     eprintln!("{fixture}: mean |dp| {mean:.4} over {n_dp} probabilities");
-    assert!(mean <= MEAN_TOL, "mean |dp| {mean} > {MEAN_TOL}");
+    assert!(mean <= mean_tol, "mean |dp| {mean} > {mean_tol}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
 fn qwen_raw_greedy_matches_llama_cpp() {
-    run_gate("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen-raw.jsonl");
+    run_gate(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen-raw.jsonl",
+        0.0025,
+    );
+}
+
+#[test]
+fn qwen_chat_greedy_matches_llama_cpp() {
+    run_gate(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen-chat.jsonl",
+        0.0025,
+    );
 }
 
 #[test]
 fn smol_raw_greedy_matches_llama_cpp() {
-    run_gate("smollm2-135m-instruct-q4_1.gguf", "smol-raw.jsonl");
+    run_gate("smollm2-135m-instruct-q4_1.gguf", "smol-raw.jsonl", 0.008);
 }

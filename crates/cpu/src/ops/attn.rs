@@ -3,7 +3,7 @@
 //! A region holds `n_ctx` cells; a cell is one row of `n_head_kv * head_dim` values in the
 //! cache type (F32, F16 or Q8_0; Q8_0 needs `head_dim % 32 == 0` so heads are whole blocks).
 
-use super::{as_i32, KResult, KernelError};
+use super::{as_i32, attn_f16, KResult, KernelError};
 use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
 use std::cell::RefCell;
@@ -81,6 +81,9 @@ pub fn attention(
             nt * row
         )));
     }
+    // An f16 cache with fewer rows than llama.cpp's query tile gets its flash-attention
+    // arithmetic (f16 Q and V accumulator, online softmax): see `attn_f16`.
+    let ggml_f16 = p.cache_type == GgmlType::F16 && nt < attn_f16::GGML_FA_TILE_Q;
     let err: Mutex<Option<KernelError>> = Mutex::new(None);
     // One task per (token, head); task `t * n_head + h` owns `out[task * hd..][..hd]`.
     par_tasks(nt * p.n_head, threads, |task| {
@@ -99,6 +102,29 @@ pub fn attention(
             lo: as_i32(span[2 * t]) as usize,
             hi: as_i32(span[2 * t + 1]) as usize,
         };
+        if ggml_f16 {
+            let r = f16_head(&cx).map(|(k16, v16)| {
+                // Cell c's head, in f16 elements (cell and head offsets are in bytes).
+                let at = |c: usize| {
+                    let o = (c * cx.cb + cx.head_off) / 2;
+                    o..o + hd
+                };
+                attn_f16::attend_head(
+                    cx.q,
+                    p.scale,
+                    cx.lo..cx.hi,
+                    |c| &k16[at(c)],
+                    |c| &v16[at(c)],
+                    o,
+                )
+            });
+            if let Err(e) = r {
+                err.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+            }
+            return;
+        }
         let r = SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let (kh, scores) = &mut *s;
@@ -193,4 +219,18 @@ fn attend_head(cx: &HeadCtx, kh: &mut [f32], scores: &mut Vec<f32>, o: &mut [f32
         }
     }
     Ok(())
+}
+
+/// The K and V regions of an F16 cache as f16 bits (the regions are f32 buffers, so aligned).
+fn f16_head<'a>(cx: &HeadCtx<'a>) -> KResult<(&'a [u16], &'a [u16])> {
+    let as_u16 = |b: &'a [u8]| -> KResult<&'a [u16]> {
+        // SAFETY: every bit pattern is a valid u16; align_to only yields aligned elements.
+        let (pre, vals, _) = unsafe { b.align_to::<u16>() };
+        if pre.is_empty() && cfg!(target_endian = "little") {
+            Ok(vals)
+        } else {
+            Err(KernelError("f16 KV region is not 2-byte aligned".into()))
+        }
+    };
+    Ok((as_u16(cx.k)?, as_u16(cx.v)?))
 }

@@ -296,7 +296,8 @@ impl RowDot {
 }
 
 /// Quantizes one activation row into `ty` (normally Q8_0, Q8_1 or Q8_K; every target of
-/// [`quants::quantize_row`] is accepted); byte-identical to `quantize_row`.
+/// [`quants::quantize_row`] is accepted); byte-identical to [`quants::quantize_act_row`]
+/// (llama.cpp's x86 activation rule).
 pub fn quantize_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     quantize_act_on(detected(), ty, src, dst)
 }
@@ -310,7 +311,7 @@ pub fn quantize_act_on(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> R
             f(src, dst);
             Ok(())
         }
-        None => quants::quantize_row(ty, src, dst),
+        None => quants::quantize_act_row(ty, src, dst),
     }
 }
 

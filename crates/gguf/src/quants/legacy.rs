@@ -184,6 +184,35 @@ fn quant_8bit(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
     (d, sum)
 }
 
+/// The activation rule of llama.cpp's x86 SIMD builds (`quantize_row_q8_0`/`_q8_1` in
+/// `arch/x86/quants.c`): d = max|x| / 127 as above, but q = round-half-even(x · (127 / max|x|)),
+/// the multiplier computed from the max directly rather than as 1 / d.
+fn quant_8bit_act(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax == 0.0 { 0.0 } else { 127.0 / amax };
+    let mut sum = 0i32;
+    for (o, &v) in qs.iter_mut().zip(x) {
+        let q = (v * id).round_ties_even() as i8;
+        sum += q as i32;
+        *o = q as u8;
+    }
+    (d, sum)
+}
+
+/// Q8_0 activations, llama.cpp x86 rule ([`quant_8bit_act`]).
+pub(super) fn quant_q8_0_act(x: &[f32], b: &mut [u8]) {
+    let (d, _) = quant_8bit_act(x, &mut b[2..34]);
+    wr_f16(b, 0, d);
+}
+
+/// Q8_1 activations, llama.cpp x86 rule; s = f16(sum(q) * d) as in the weight rule.
+pub(super) fn quant_q8_1_act(x: &[f32], b: &mut [u8]) {
+    let (d, sum) = quant_8bit_act(x, &mut b[4..36]);
+    wr_f16(b, 0, d);
+    wr_f16(b, 2, sum as f32 * d);
+}
+
 pub(super) fn quant_q8_0(x: &[f32], b: &mut [u8]) {
     let (d, _) = quant_8bit(x, &mut b[2..34]);
     wr_f16(b, 0, d);
@@ -239,6 +268,29 @@ pub(super) fn dot_q8_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
 mod tests {
     use super::super::{dequantize_row, quantize_row, vec_dot};
     use crate::GgmlType;
+
+    /// Activation rule (llama.cpp x86): amax = 127 gives a multiplier of exactly 1, so
+    /// q = round-half-even(x): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -2.5 -> -2, where the weight
+    /// rule rounds half away (1, 2, 3, -3). Control: `.round()` in `quant_8bit_act` fails it.
+    #[test]
+    fn q8_act_rounds_half_to_even() {
+        let mut x = [0.0f32; 32];
+        x[..6].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -2.5, 0.49]);
+        let mut act = [0u8; 34];
+        let mut w = [0u8; 34];
+        crate::quants::quantize_act_row(GgmlType::Q8_0, &x, &mut act).unwrap();
+        crate::quants::quantize_row(GgmlType::Q8_0, &x, &mut w).unwrap();
+        assert_eq!(&act[2..8], &[127u8, 0, 2, 2, 0xfe, 0]);
+        assert_eq!(&w[2..8], &[127u8, 1, 2, 3, 0xfd, 0]);
+        assert_eq!(&act[..2], &w[..2]);
+        let mut a1 = [0u8; 36];
+        crate::quants::quantize_act_row(GgmlType::Q8_1, &x, &mut a1).unwrap();
+        // s = sum(q) * d = 127 + 0 + 2 + 2 - 2 = 129.
+        assert_eq!(
+            crate::quants::f16_to_f32(u16::from_le_bytes([a1[2], a1[3]])),
+            129.0
+        );
+    }
 
     /// Q8_1 has no gguf-py oracle: a block worked out by hand. amax = 127 gives d = 1, so
     /// q = round-half-away(x); sum(q) = 127 + 1 - 1 + 2 - 3 + 0 = 126, s = 126 * 1.

@@ -160,6 +160,25 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// Encodes one row of activations for a dot product, as llama.cpp's x86 SIMD builds do: Q8_0
+/// and Q8_1 use q = round-half-even(x · 127 / max|x|) (`quantize_row_q8_0`/`_q8_1` of
+/// `arch/x86/quants.c`) where [`quantize_row`] follows the portable `_ref` rule that GGUF
+/// weights are written with (q = round-half-away(x / d)); the two differ in a few quants per
+/// row (ties, and products one ulp apart). Every other type is [`quantize_row`] (Q8_K's
+/// x86 quantizer is its `_ref`).
+pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    let f: fn(&[f32], &mut [u8]) = match ty {
+        GgmlType::Q8_0 => legacy::quant_q8_0_act,
+        GgmlType::Q8_1 => legacy::quant_q8_1_act,
+        _ => return quantize_row(ty, src, dst),
+    };
+    let (bs, ts) = check_row("quantize_act_row", ty, "output", src.len(), dst.len())?;
+    for (x, block) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(ts)) {
+        f(x, block);
+    }
+    Ok(())
+}
+
 /// The activation format llama.cpp pairs with a weight type in its dot products.
 /// Unsupported types return themselves; [`vec_dot`] refuses them with a typed error.
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {

@@ -1,7 +1,7 @@
 //! NEON activation quantization to Q8_0, Q8_1 and Q8_K, byte-identical to
-//! `minfer_gguf::quants::quantize_row`. NEON has the exact roundings the reference uses:
-//! `vcvtaq_s32_f32` rounds half away from zero (Q8_0/Q8_1), `vcvtnq_s32_f32` half to even
-//! (Q8_K); both saturate and send NaN to 0, and the saturating narrows finish Rust's
+//! `minfer_gguf::quants::quantize_act_row` (llama.cpp's x86 rule, so both ISAs encode the same
+//! bytes). `vcvtnq_s32_f32` rounds half to even (every type) with the multiplier 127 / max|x|
+//! for Q8_0/Q8_1; it saturates and sends NaN to 0, and the saturating narrows finish Rust's
 //! saturating `as i8`. `vmaxnmq_f32` skips NaN like the reference's `f32::max`.
 
 use std::arch::aarch64::*;
@@ -44,12 +44,13 @@ fn narrow_store(v: [int32x4_t; 4], out: &mut [u8]) -> int8x16_t {
 #[inline]
 #[target_feature(enable = "neon")]
 fn quant_8bit(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
-    let d = abs_max(&x[..32]) / 127.0;
-    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let amax = abs_max(&x[..32]);
+    let d = amax / 127.0;
+    let id = if amax == 0.0 { 0.0 } else { 127.0 / amax };
     let mut sum = 0i32;
     for h in 0..2 {
         let v: [int32x4_t; 4] =
-            std::array::from_fn(|k| vcvtaq_s32_f32(vmulq_n_f32(load4(x, 16 * h + 4 * k), id)));
+            std::array::from_fn(|k| vcvtnq_s32_f32(vmulq_n_f32(load4(x, 16 * h + 4 * k), id)));
         let q = narrow_store(v, &mut qs[16 * h..]);
         sum += vaddlvq_s8(q) as i32;
     }

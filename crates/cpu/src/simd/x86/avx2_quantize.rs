@@ -1,9 +1,8 @@
 //! AVX2 activation quantization to Q8_0, Q8_1 and Q8_K, byte-identical to
-//! `minfer_gguf::quants::quantize_row`:
+//! `minfer_gguf::quants::quantize_act_row`:
 //!
-//! - Q8_0/Q8_1: d = max|x| / 127, q = round-half-away-from-zero(x · (1/d)), saturating `as i8`
-//!   (NaN → 0). AVX2 has no half-away rounding, so it is built exactly: t = trunc(v),
-//!   r = v - t (exact), t ± 1 where |r| >= 0.5.
+//! - Q8_0/Q8_1 (llama.cpp's x86 rule): d = max|x| / 127, q = round-half-even(x · (127 /
+//!   max|x|)), saturating `as i8` (NaN → 0).
 //! - Q8_K: iscale = -127 / (the first value of largest magnitude), q = min(127,
 //!   round-half-even(iscale · x)), d = 1 / iscale.
 //!
@@ -57,15 +56,11 @@ fn to_i8_range(r: __m256) -> __m256i {
     _mm256_cvttps_epi32(r)
 }
 
-/// round-half-away-from-zero, exactly.
+/// round-half-to-even.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn round_away(v: __m256) -> __m256 {
-    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
-    let half_or_more =
-        _mm256_cmp_ps::<_CMP_GE_OQ>(abs_ps(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5));
-    let one = _mm256_or_ps(_mm256_set1_ps(1.0), _mm256_and_ps(v, _mm256_set1_ps(-0.0)));
-    _mm256_add_ps(t, _mm256_and_ps(half_or_more, one))
+fn round_even(v: __m256) -> __m256 {
+    _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
 }
 
 /// Four vectors of 8 i32 in -128..=127 packed to 32 bytes in element order.
@@ -95,15 +90,16 @@ fn sum_i8(q: __m256i) -> i32 {
     super::hsum_i32(super::widen_pairs(pairs))
 }
 
-/// The Q8_0 rule for one 32-element block: writes qs, returns (d, Σq).
+/// The Q8_0 activation rule for one 32-element block: writes qs, returns (d, Σq).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn quant_8bit(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
-    let d = abs_max(&x[..32]) / 127.0;
-    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let amax = abs_max(&x[..32]);
+    let d = amax / 127.0;
+    let id = if amax == 0.0 { 0.0 } else { 127.0 / amax };
     let idv = _mm256_set1_ps(id);
     let q: [__m256i; 4] =
-        std::array::from_fn(|k| to_i8_range(round_away(_mm256_mul_ps(load8(x, 8 * k), idv))));
+        std::array::from_fn(|k| to_i8_range(round_even(_mm256_mul_ps(load8(x, 8 * k), idv))));
     let packed = pack_i8(q);
     store32(qs, packed);
     (d, sum_i8(packed))
@@ -151,8 +147,7 @@ pub(super) fn quant_q8_k(x: &[f32], out: &mut [u8]) {
         for c in 0..8 {
             let q: [__m256i; 4] = std::array::from_fn(|k| {
                 let v = _mm256_mul_ps(load8(x, 32 * c + 8 * k), sv);
-                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-                to_i8_range(r)
+                to_i8_range(round_even(v))
             });
             store32(&mut b[4 + 32 * c..], pack_i8(q));
         }

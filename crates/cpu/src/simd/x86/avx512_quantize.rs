@@ -1,10 +1,9 @@
 //! AVX-512 activation quantization to Q8_0, Q8_1 and Q8_K, byte-identical to
-//! `minfer_gguf::quants::quantize_row`, 16 floats per vector; the rules are those of the AVX2
+//! `minfer_gguf::quants::quantize_act_row`, 16 floats per vector; the rules are those of the AVX2
 //! quantizers (`avx2_quantize.rs`):
 //!
-//! - Q8_0/Q8_1: d = max|x| / 127, q = round-half-away-from-zero(x · (1/d)), saturating `as i8`
-//!   (NaN → 0). Half-away rounding is built exactly: t = trunc(v), r = v - t (exact),
-//!   t ± 1 where |r| >= 0.5.
+//! - Q8_0/Q8_1 (llama.cpp's x86 activation rule): d = max|x| / 127, q = round-half-even(x ·
+//!   (127 / max|x|)), saturating `as i8` (NaN → 0).
 //! - Q8_K: iscale = -127 / (the first value of largest magnitude), q = min(127,
 //!   round-half-even(iscale · x)), d = 1 / iscale; a 16-element bsum is one vector's sum.
 //!
@@ -60,19 +59,11 @@ fn to_i8_range(r: __m512) -> __m512i {
     _mm512_cvttps_epi32(r)
 }
 
-/// round-half-away-from-zero, exactly.
+/// round-half-to-even.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn round_away(v: __m512) -> __m512 {
-    let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
-    let half_or_more =
-        _mm512_cmp_ps_mask::<_CMP_GE_OQ>(abs_ps(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5));
-    let sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN));
-    let one = _mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_castps_si512(_mm512_set1_ps(1.0)),
-        sign,
-    ));
-    _mm512_mask_add_ps(t, half_or_more, t, one)
+fn round_even(v: __m512) -> __m512 {
+    _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
 }
 
 /// 16 i32 in -128..=127 narrowed to bytes, stored at the start of `out`.
@@ -85,15 +76,16 @@ fn store_i8(out: &mut [u8], q: __m512i) {
     unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), bytes) }
 }
 
-/// The Q8_0 rule for one 32-element block: writes qs, returns (d, Σq).
+/// The Q8_0 activation rule for one 32-element block: writes qs, returns (d, Σq).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn quant_8bit(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
-    let d = abs_max(&x[..32]) / 127.0;
-    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let amax = abs_max(&x[..32]);
+    let d = amax / 127.0;
+    let id = if amax == 0.0 { 0.0 } else { 127.0 / amax };
     let idv = _mm512_set1_ps(id);
-    let q0 = to_i8_range(round_away(_mm512_mul_ps(load16f(x, 0), idv)));
-    let q1 = to_i8_range(round_away(_mm512_mul_ps(load16f(x, 16), idv)));
+    let q0 = to_i8_range(round_even(_mm512_mul_ps(load16f(x, 0), idv)));
+    let q1 = to_i8_range(round_even(_mm512_mul_ps(load16f(x, 16), idv)));
     store_i8(qs, q0);
     store_i8(&mut qs[16..], q1);
     (d, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)))

@@ -1,0 +1,219 @@
+//! Attention over an F16 KV cache with llama.cpp's CPU flash-attention arithmetic (ggml's
+//! `flash_attn_ext_f16_one_chunk`, which llama.cpp runs for batches of fewer than
+//! [`GGML_FA_TILE_Q`] query rows, i.e. every decode step and short prompts), so that an f16
+//! cache gives llama.cpp's rounding rather than an exact softmax over f16 values.
+//!
+//! Per (query row, head), cells in order:
+//! 1. q is rounded to f16 once;
+//! 2. s = dot(k, q) · scale, the dot as ggml's AVX2 `vec_dot_f16`: 4 accumulators of 8 f32
+//!    lanes, `acc = fma(k, q, acc)` over chunks of 32, then acc0 += acc2, acc1 += acc3,
+//!    acc0 += acc1, the 8 lanes folded as t[l] = a[l] + a[l + 4], ((t0 + t1) + (t2 + t3));
+//!    elements past the last multiple of 32 added in f64;
+//! 3. online softmax in f32: if s > M { M = s; ms = exp(Mold - M); VKQ = f16(VKQ · ms) }
+//!    else { vs = exp(s - M) } (ms and vs default to 1), then VKQ = f16(fma(v, vs, VKQ)) and
+//!    S = fma(S, ms, vs) (GCC contracts ggml's `S*ms + vs` on FMA machines): the V
+//!    accumulator VKQ is kept in f16, rounded after every update;
+//! 4. out = f32(VKQ) · (1 / S).
+//!
+//! Checked bit for bit against llama.cpp 0c1e570 (AVX2 build) with `examples/fa_check.rs` on
+//! its dumped Qcur/Kcur/Vcur/kqv_out (scripts/peer-logprobs): every output bit equal on smol
+//! layers 0, 1, 5, 29 (9-token prompt) and qwen layers 0, 3, 23 (32-token prompt). With
+//! `S * ms + vs` unfused, 1-2 f32 ulps differ in 1-15% of the values.
+//!
+//! [`attend_head`] is the scalar reference; on x86-64 with AVX2, FMA and F16C the same
+//! arithmetic runs vectorised (bit-identical, `tests/attn_f16.rs`).
+
+/// llama.cpp's query-tile size: batches of at least this many rows take its tiled f32 path.
+pub const GGML_FA_TILE_Q: usize = 64;
+
+use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
+
+#[inline]
+fn h(b: u16) -> f32 {
+    f16_to_f32(b)
+}
+
+/// `q`: one query head (f32); `k(c)`/`v(c)`: cell `c`'s head as f16 bits, for `c` in
+/// `cells`; `out`: the head's output (`v` length). Chooses the vectorised kernel when the
+/// machine has it.
+pub fn attend_head<'a>(
+    q: &[f32],
+    scale: f32,
+    cells: std::ops::Range<usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma_f16c() {
+        // SAFETY: the features were detected on this machine.
+        unsafe { x86::attend_head(q, scale, cells, k, v, out) };
+        return;
+    }
+    attend_head_ref(q, scale, cells, k, v, out)
+}
+
+/// The scalar reference of [`attend_head`].
+pub fn attend_head_ref<'a>(
+    q: &[f32],
+    scale: f32,
+    cells: std::ops::Range<usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    let q16: Vec<u16> = q.iter().map(|&x| f32_to_f16(x)).collect();
+    let mut vkq = vec![0u16; out.len()];
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for c in cells {
+        let s = dot_ref(k(c), &q16) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            let mold = m;
+            m = s;
+            ms = (mold - m).exp();
+            for a in vkq.iter_mut() {
+                *a = f32_to_f16(h(*a) * ms);
+            }
+        } else {
+            vs = (s - m).exp();
+        }
+        for (a, &x) in vkq.iter_mut().zip(v(c)) {
+            *a = f32_to_f16(h(x).mul_add(vs, h(*a)));
+        }
+        sum = sum.mul_add(ms, vs);
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, &a) in out.iter_mut().zip(&vkq) {
+        *o = h(a) * inv;
+    }
+}
+
+/// ggml's AVX2 `vec_dot_f16`, lane for lane (see the module docs).
+pub fn dot_ref(x: &[u16], y: &[u16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !31;
+    let mut acc = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, lane) in a.iter_mut().enumerate() {
+                let e = i + 8 * j + l;
+                *lane = h(x[e]).mul_add(h(y[e]), *lane);
+            }
+        }
+    }
+    let [a0, a1, a2, a3] = acc;
+    let a0: [f32; 8] = std::array::from_fn(|l| (a0[l] + a2[l]) + (a1[l] + a3[l]));
+    let t: [f32; 4] = std::array::from_fn(|l| a0[l] + a0[l + 4]);
+    let mut r = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
+    for e in np..n {
+        r += (h(x[e]) * h(y[e])) as f64;
+    }
+    r as f32
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_fma_f16c() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{f32_to_f16, h};
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn load_ph(x: &[u16], i: usize) -> __m256 {
+        let x = &x[i..i + 8];
+        // SAFETY: 8 readable u16 (16 bytes); loadu has no alignment requirement.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().cast())) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn store_ph(x: &mut [u16], i: usize, v: __m256) {
+        let x = &mut x[i..i + 8];
+        let p = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        // SAFETY: 8 writable u16; storeu has no alignment requirement.
+        unsafe { _mm_storeu_si128(x.as_mut_ptr().cast(), p) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot(x: &[u16], y: &[u16]) -> f32 {
+        let n = x.len().min(y.len());
+        let np = n & !31;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..np).step_by(32) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load_ph(x, i + 8 * j), load_ph(y, i + 8 * j), *a);
+            }
+        }
+        let a0 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps::<1>(a0));
+        let t = _mm_hadd_ps(t, t);
+        let t = _mm_hadd_ps(t, t);
+        let mut r = _mm_cvtss_f32(t) as f64;
+        for e in np..n {
+            r += (h(x[e]) * h(y[e])) as f64;
+        }
+        r as f32
+    }
+
+    /// [`super::attend_head_ref`] with 8-lane f16 loads and stores (the same roundings:
+    /// F16C converts round to nearest even like `f32_to_f16`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn attend_head<'a>(
+        q: &[f32],
+        scale: f32,
+        cells: std::ops::Range<usize>,
+        k: impl Fn(usize) -> &'a [u16],
+        v: impl Fn(usize) -> &'a [u16],
+        out: &mut [f32],
+    ) {
+        let d = out.len();
+        let d8 = d & !7;
+        let q16: Vec<u16> = q.iter().map(|&x| f32_to_f16(x)).collect();
+        let mut vkq = vec![0u16; d];
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        for c in cells {
+            let s = dot(k(c), &q16) * scale;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                let mold = m;
+                m = s;
+                ms = (mold - m).exp();
+                let msv = _mm256_set1_ps(ms);
+                for i in (0..d8).step_by(8) {
+                    let r = _mm256_mul_ps(load_ph(&vkq, i), msv);
+                    store_ph(&mut vkq, i, r);
+                }
+                for a in vkq[d8..].iter_mut() {
+                    *a = f32_to_f16(h(*a) * ms);
+                }
+            } else {
+                vs = (s - m).exp();
+            }
+            let vc = v(c);
+            let vsv = _mm256_set1_ps(vs);
+            for i in (0..d8).step_by(8) {
+                let r = _mm256_fmadd_ps(load_ph(vc, i), vsv, load_ph(&vkq, i));
+                store_ph(&mut vkq, i, r);
+            }
+            for (a, &x) in vkq[d8..].iter_mut().zip(&vc[d8..]) {
+                *a = f32_to_f16(h(x).mul_add(vs, h(*a)));
+            }
+            sum = sum.mul_add(ms, vs);
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        for (o, &a) in out.iter_mut().zip(&vkq) {
+            *o = h(a) * inv;
+        }
+    }
+}
