@@ -15,6 +15,9 @@ mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_quantize;
+mod avx2_tiles;
+
+pub(super) use avx2_tiles::avx2_tile;
 
 pub(super) fn avx2_supported() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
