@@ -7,7 +7,7 @@
 
 use super::{KResult, KernelError};
 use crate::dot;
-use crate::simd::{TileFn, TileSide, TILE};
+use crate::simd::{finish_tile, TileAcc, TileFn, TileSide, TILE};
 use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
 use std::cell::RefCell;
@@ -30,6 +30,9 @@ const ROWS_PER_TASK: usize = 16;
 /// stay in cache while a tile of activations (~8 KiB) streams past them; it is also the
 /// width of the tile kernels ([`TILE`]).
 const TOKENS_PER_TILE: usize = TILE;
+/// Activation bytes of one block range of the tile kernels: with the task's weight rows of
+/// that range (~9 KiB for Q4_K) they fit the 32 KiB L1 data cache.
+const TILE_ACT_BYTES: usize = 12 * 1024;
 
 /// Encodes `n_tokens` rows of `k` activations in `ty`'s vec_dot type into `out` (resized).
 /// Returns the bytes per encoded row.
@@ -203,6 +206,9 @@ fn rows_times_tokens(
     let bare = kernel.bare(k, wrb, arb);
     let bare4 = kernel.bare4(k, wrb, arb);
     let n_tasks = m.div_ceil(ROWS_PER_TASK);
+    // Weight blocks per range of the tile kernels: ~12 KiB of activations (8 tokens).
+    let blocks = k / w.ty.block_size() as usize;
+    let tile_blocks = (TILE_ACT_BYTES / (TILE * (arb / blocks.max(1)).max(1))).max(1);
     // Enough rows per thread to amortise waking it.
     let threads = threads.min(m.div_ceil(64)).max(1);
     let outp = OutPtr(out.as_mut_ptr());
@@ -215,9 +221,18 @@ fn rows_times_tokens(
                 if let Some((f, side)) = tile.filter(|_| tokens.len() == TILE) {
                     let acts = &act[t0 * arb..(t0 + TILE) * arb];
                     let side = side.tile(t0 / TILE);
-                    for o in rows.clone() {
-                        let v = f(&w.bytes[o * wrb..(o + 1) * wrb], acts, arb, side);
-                        for (i, v) in v.into_iter().enumerate() {
+                    // Blocks in ranges whose activations stay in L1 while every row of the
+                    // task uses them; each (row, token) still adds its blocks in order.
+                    let mut states = [TileAcc::default(); ROWS_PER_TASK];
+                    for b0 in (0..blocks).step_by(tile_blocks) {
+                        let range = b0..(b0 + tile_blocks).min(blocks);
+                        for (o, state) in rows.clone().zip(states.iter_mut()) {
+                            let wr = &w.bytes[o * wrb..(o + 1) * wrb];
+                            f(wr, acts, arb, side, range.clone(), state);
+                        }
+                    }
+                    for (o, state) in rows.clone().zip(&states) {
+                        for (i, v) in finish_tile(state).into_iter().enumerate() {
                             // SAFETY: as below.
                             unsafe { *outp.at((t0 + i) * m + o) = v };
                         }

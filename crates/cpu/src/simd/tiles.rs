@@ -19,14 +19,26 @@
 //! uses the single-row kernels for them instead.
 
 use minfer_gguf::{quants, GgmlType};
+use std::ops::Range;
 
 /// Tokens per tile kernel call.
 pub const TILE: usize = 8;
 
-/// `(weight row, TILE activation rows of `arb` bytes each, back to back, side table of this
-/// tile) -> TILE dots`. The safe wrappers check every length (a wrong one is a panic: a
-/// programming error, never user data).
-pub type TileFn = fn(&[u8], &[u8], usize, TileSlice<'_>) -> [f32; TILE];
+/// `(weight row, TILE activation rows of `arb` bytes each back to back, side table of this
+/// tile, blocks, state)`: adds blocks `range` of the row's dot with each of the TILE rows
+/// into `state` (block b into lane b % 4 of every token). A matmul walks a row's blocks in
+/// ranges (so that a range of activations stays in L1 for many weight rows) and ends with
+/// [`finish`]. The safe wrappers check every length (a wrong one is a panic: a programming
+/// error, never user data).
+pub type TileFn = fn(&[u8], &[u8], usize, TileSlice<'_>, Range<usize>, &mut TileAcc);
+
+/// The reference's 4 block lanes (`quants::BLOCK_LANES`) of each of TILE tokens.
+pub type TileAcc = [[f32; TILE]; 4];
+
+/// The dots of a finished [`TileAcc`]: (lane 0 + lane 2) + (lane 1 + lane 3) per token.
+pub fn finish(acc: &TileAcc) -> [f32; TILE] {
+    std::array::from_fn(|t| (acc[0][t] + acc[2][t]) + (acc[1][t] + acc[3][t]))
+}
 
 /// The side table of one tile: `fs` f32 facts and `is` i32 facts, `[block][fact][TILE]`.
 #[derive(Clone, Copy)]

@@ -5,7 +5,9 @@
 
 use std::arch::x86_64::*;
 
-use super::super::tiles::{TileFn, TileSlice, TILE};
+use std::ops::Range;
+
+use super::super::tiles::{TileAcc, TileFn, TileSlice, TILE};
 use super::{f16_at, load16, nibbles32};
 use minfer_gguf::GgmlType;
 
@@ -56,47 +58,63 @@ fn ldi(is: &[i32], i: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
 }
 
-/// (lane 0 + lane 2) + (lane 1 + lane 3) of the reference's block lanes, per token.
+/// The 4 block lanes of 8 tokens, from the caller's state.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn finish(acc: [__m256; 4]) -> [f32; TILE] {
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-    let mut out = [0f32; TILE];
-    // SAFETY: `out` holds 8 f32.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
-    out
+fn load_acc(state: &TileAcc) -> [__m256; 4] {
+    // SAFETY: each lane row holds 8 f32.
+    state.map(|l| unsafe { _mm256_loadu_ps(l.as_ptr()) })
+}
+
+/// Stores the block lanes back into the caller's state.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_acc(acc: [__m256; 4], state: &mut TileAcc) {
+    for (l, a) in state.iter_mut().zip(acc) {
+        // SAFETY: each lane row holds 8 f32.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), a) };
+    }
 }
 
 /// Checks the lengths every tile kernel relies on: whole weight blocks of `wb` bytes, 8
 /// activation rows of `arb` = blocks × `ab` bytes, `nf` f32 and `ni` i32 facts per block in
-/// the side table. Returns the number of blocks.
+/// the side table, `range` within the blocks.
 fn check(
     w: &[u8],
     acts: &[u8],
     arb: usize,
     side: TileSlice,
     [wb, ab, nf, ni]: [usize; 4],
-) -> usize {
+    range: &Range<usize>,
+) {
     let blocks = w.len() / wb;
     assert!(
         w.len() == blocks * wb
             && arb == blocks * ab
             && acts.len() >= TILE * arb
             && side.fs.len() >= blocks * nf * TILE
-            && side.is.len() >= blocks * ni * TILE,
+            && side.is.len() >= blocks * ni * TILE
+            && range.start <= range.end
+            && range.end <= blocks,
         "tile kernel: inconsistent lengths"
     );
-    blocks
 }
 
 /// Q5_0 weights: q = q5 - 16 with q5 in 0..=31, so Σ q·a = Σ q5·a - 16·Σ a, where q5·a pairs
 /// (at most 2·31·128) never saturate `maddubs`; the block value is (d_w · d_a) · s.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn tile_q5_0(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32; TILE] {
-    let blocks = check(w, acts, arb, side, [22, Q8_0, 1, 1]);
+unsafe fn tile_q5_0(
+    w: &[u8],
+    acts: &[u8],
+    arb: usize,
+    side: TileSlice,
+    range: Range<usize>,
+    state: &mut TileAcc,
+) {
+    check(w, acts, arb, side, [22, Q8_0, 1, 1], &range);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..blocks {
+    let mut acc = load_acc(state);
+    for b in range {
         let wb = &w[b * 22..][..22];
         let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
         let high = _mm256_and_si256(super::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
@@ -112,18 +130,25 @@ unsafe fn tile_q5_0(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32;
         let v = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s));
         acc[b % 4] = _mm256_add_ps(acc[b % 4], v);
     }
-    finish(acc)
+    store_acc(acc, state);
 }
 
 /// Q8_0 weights (any byte, -128 included) with activations in -127..=127 (`TileSide::fill`
 /// checks): |w| as the unsigned operand and w's sign moved onto a, so a pair is at most
 /// 2·128·127 = 32512; the block value is s · (d_w · d_a).
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn tile_q8_0(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32; TILE] {
-    let blocks = check(w, acts, arb, side, [34, Q8_0, 1, 1]);
+unsafe fn tile_q8_0(
+    w: &[u8],
+    acts: &[u8],
+    arb: usize,
+    side: TileSlice,
+    range: Range<usize>,
+    state: &mut TileAcc,
+) {
+    check(w, acts, arb, side, [34, Q8_0, 1, 1], &range);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..blocks {
+    let mut acc = load_acc(state);
+    for b in range {
         let wb = &w[b * 34..][..34];
         // SAFETY: `wb` has 34 bytes, quants at 2..34.
         let q = unsafe { ld(wb.as_ptr().add(2)) };
@@ -138,17 +163,24 @@ unsafe fn tile_q8_0(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32;
         let dd = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 0)), ldf(side.fs, b * TILE));
         acc[b % 4] = _mm256_add_ps(acc[b % 4], _mm256_mul_ps(s, dd));
     }
-    finish(acc)
+    store_acc(acc, state);
 }
 
 /// Q4_1 weights with Q8_1 activations: nibbles (0..=15) times a; the block value is
 /// (d_w · d_a) · s + m_w · s_a.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn tile_q4_1(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32; TILE] {
-    let blocks = check(w, acts, arb, side, [20, Q8_1, 2, 0]);
+unsafe fn tile_q4_1(
+    w: &[u8],
+    acts: &[u8],
+    arb: usize,
+    side: TileSlice,
+    range: Range<usize>,
+    state: &mut TileAcc,
+) {
+    check(w, acts, arb, side, [20, Q8_1, 2, 0], &range);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..blocks {
+    let mut acc = load_acc(state);
+    for b in range {
         let wb = &w[b * 20..][..20];
         let q = nibbles32(&wb[4..]);
         let mut p = [_mm256_setzero_si256(); TILE];
@@ -166,18 +198,25 @@ unsafe fn tile_q4_1(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32;
         let v = _mm256_add_ps(_mm256_mul_ps(dd, s), ms);
         acc[b % 4] = _mm256_add_ps(acc[b % 4], v);
     }
-    finish(acc)
+    store_acc(acc, state);
 }
 
 /// Q4_K weights: per super-block, isum = Σ_s sc_s · Σ q·a and msum = Σ_j bsum_j · mn_{j/2}
 /// (the stored block sums, as the reference reads them); the value is
 /// (d_w · d_a) · isum - (dmin_w · d_a) · msum.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn tile_q4_k(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32; TILE] {
-    let blocks = check(w, acts, arb, side, [144, Q8K, 1, 0]);
+unsafe fn tile_q4_k(
+    w: &[u8],
+    acts: &[u8],
+    arb: usize,
+    side: TileSlice,
+    range: Range<usize>,
+    state: &mut TileAcc,
+) {
+    check(w, acts, arb, side, [144, Q8K, 1, 0], &range);
     let m4 = _mm256_set1_epi8(0x0f);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..blocks {
+    let mut acc = load_acc(state);
+    for b in range {
         let wb = &w[b * 144..][..144];
         let (sc, mn) = minfer_gguf::quants::unpack_scale_min_k4(&wb[4..16]);
         let mut isum = [_mm256_setzero_si256(); TILE];
@@ -216,19 +255,26 @@ unsafe fn tile_q4_k(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32;
         let v = _mm256_sub_ps(_mm256_mul_ps(d, isum), _mm256_mul_ps(dmin, msum));
         acc[b % 4] = _mm256_add_ps(acc[b % 4], v);
     }
-    finish(acc)
+    store_acc(acc, state);
 }
 
 /// Q6_K weights: q = q6 - 32 with q6 in 0..=63, so per 16-element sub-block
 /// Σ q·a = Σ q6·a - 32 · bsum (the block sums equal the quants' sums: `TileSide::fill`
 /// checks); isum = Σ_s sc_s · (that), the value (d_w · d_a) · isum.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn tile_q6_k(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32; TILE] {
-    let blocks = check(w, acts, arb, side, [210, Q8K, 1, 0]);
+unsafe fn tile_q6_k(
+    w: &[u8],
+    acts: &[u8],
+    arb: usize,
+    side: TileSlice,
+    range: Range<usize>,
+    state: &mut TileAcc,
+) {
+    check(w, acts, arb, side, [210, Q8K, 1, 0], &range);
     let m4 = _mm256_set1_epi8(0x0f);
     let m2 = _mm256_set1_epi8(3);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..blocks {
+    let mut acc = load_acc(state);
+    for b in range {
         let wb = &w[b * 210..][..210];
         let sc16 = _mm256_cvtepi8_epi16(load16(&wb[192..208]));
         let mut isum = [_mm256_setzero_si256(); TILE];
@@ -278,15 +324,22 @@ unsafe fn tile_q6_k(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32;
         let d = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 208)), ldf(side.fs, b * TILE));
         acc[b % 4] = _mm256_add_ps(acc[b % 4], _mm256_mul_ps(d, isum));
     }
-    finish(acc)
+    store_acc(acc, state);
 }
 
 macro_rules! tile_wrappers {
     ($($name:ident => $kernel:ident),* $(,)?) => {
-        $(fn $name(w: &[u8], acts: &[u8], arb: usize, side: TileSlice) -> [f32; TILE] {
+        $(fn $name(
+            w: &[u8],
+            acts: &[u8],
+            arb: usize,
+            side: TileSlice,
+            range: Range<usize>,
+            state: &mut TileAcc,
+        ) {
             // SAFETY: only handed out by `avx2_tile` after `avx2_supported()` returned true;
             // the kernel checks every length it reads through (`check`).
-            unsafe { $kernel(w, acts, arb, side) }
+            unsafe { $kernel(w, acts, arb, side, range, state) }
         })*
     };
 }
