@@ -38,6 +38,14 @@ impl RowKernel {
         }
     }
 
+    /// The tile kernel ([`simd::TILE`] activation rows at once), where the type has one.
+    pub fn tile(&self, n: usize, w_len: usize, a_len: usize) -> Option<simd::TileFn> {
+        match self {
+            RowKernel::Simd(r) => r.tile_for(n, w_len, a_len),
+            RowKernel::Portable(..) => None,
+        }
+    }
+
     #[inline]
     pub fn dot(&self, n: usize, w: &[u8], a: &[u8]) -> minfer_gguf::Result<f32> {
         match self {

@@ -11,6 +11,14 @@
 //! (`task * hd + 1`, `hd - 1` long) fails `attention_is_exact_for_every_thread_count`; the
 //! 4-token Q5_0 kernel (AVX2) combining its lanes as (0 + 1) + (2 + 3) instead of the
 //! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it).
+//!
+//! The 8-token tile kernels (`simd/x86/avx2_tiles.rs`, full tiles of the 19-token case), each
+//! control made `matmul_is_exact_for_every_thread_count` fail: lanes combined as
+//! (0 + 1) + (2 + 3) (Q4_K at k = 1280: k = 512 has only 2 super-blocks, where both orders
+//! agree); Q6_K's offset removed as 16 · bsum instead of 32 · bsum; Q4_K's mins paired with
+//! the wrong block sums (`mn[i % 8]`); Q5_0's offset as 8 · Σa instead of 16 · Σa; Q4_1's
+//! min term scaled by 1 + ε; Q8_0 weights clamped to -127 before `abs` (the -128 weights
+//! planted below).
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::attn_f16;
@@ -39,12 +47,30 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn matmul_is_exact_for_every_thread_count() {
-    // m = 200 is not a multiple of the 16-row task; nt = 19 is not a multiple of the tile.
-    let (k, m) = (512, 200);
-    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::Q5_0] {
+    // m = 200 is not a multiple of the 16-row task; nt = 19 is not a multiple of the tile (8
+    // tokens): 2 full tiles through the tile kernels, 3 tokens per row. k = 1280 gives the
+    // 256-element types 5 super-blocks, so all 4 block lanes and a second round of lane 0.
+    let types = [
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_1,
+    ];
+    for (k, m, ty) in types
+        .into_iter()
+        .flat_map(|ty| [(512, 200, ty), (1280, 40, ty)])
+    {
         let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         let bs = ty.block_size() as usize;
-        let wbytes = random_blocks(ty, m * k / bs, 7);
+        let mut wbytes = random_blocks(ty, m * k / bs, 7);
+        if ty == GgmlType::Q8_0 {
+            // Weights from a file may hold -128, which the tile kernel must take exactly.
+            for blk in wbytes.chunks_exact_mut(34).step_by(3) {
+                blk[2] = 0x80;
+                blk[20] = 0x80;
+            }
+        }
         assert_eq!(wbytes.len(), wrb * m);
         for nt in [1usize, 3, 19] {
             let x = floats(nt * k, 11 + nt as u64);
@@ -69,7 +95,14 @@ fn matmul_is_exact_for_every_thread_count() {
             for threads in [1, 2, 3, 8] {
                 let mut got = vec![f32::NAN; nt * m];
                 matmul(&w, &x, None, &mut got, threads).unwrap();
-                assert_eq!(bits(&got), bits(&want), "{ty} nt={nt} threads={threads}");
+                assert!(
+                    bits(&got) == bits(&want),
+                    "{ty} k={k} nt={nt} threads={threads}: first difference at {:?}",
+                    bits(&got)
+                        .iter()
+                        .zip(bits(&want))
+                        .position(|(a, b)| *a != b)
+                );
             }
         }
     }

@@ -7,9 +7,11 @@
 
 use super::{KResult, KernelError};
 use crate::dot;
+use crate::simd::{finish_tile, TileAcc, TileFn, TileSide, TILE};
 use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 pub struct Weight<'a> {
@@ -24,9 +26,13 @@ pub struct Weight<'a> {
 /// Output rows per task: 16 f32 outputs fill one 64-byte cache line, so two threads never
 /// write the same line of a token's output row.
 const ROWS_PER_TASK: usize = 16;
-/// Tokens per tile in prefill: a task's weight rows (16 rows, ~8 KiB for Q4_K at k = 896)
-/// stay in L1 while a tile of activations (~8 KiB) streams past them.
-const TOKENS_PER_TILE: usize = 8;
+/// Tokens per tile in prefill: a task's weight rows (16 rows, ~10 KiB for Q5_0 at k = 896)
+/// stay in cache while a tile of activations (~8 KiB) streams past them; it is also the
+/// width of the tile kernels ([`TILE`]).
+const TOKENS_PER_TILE: usize = TILE;
+/// Activation bytes of one block range of the tile kernels: with the task's weight rows of
+/// that range (~9 KiB for Q4_K) they fit the 32 KiB L1 data cache.
+const TILE_ACT_BYTES: usize = 12 * 1024;
 
 /// Encodes `n_tokens` rows of `k` activations in `ty`'s vec_dot type into `out` (resized).
 /// Returns the bytes per encoded row.
@@ -50,9 +56,68 @@ pub fn quantize_activations(
     Ok(arb)
 }
 
+/// Reused per-thread buffers of the matmul's submitting thread.
+#[derive(Default)]
+struct Scratch {
+    /// Encoded activations (grows to the largest batch seen).
+    act: Vec<u8>,
+    /// The tile kernels' per-block activation facts.
+    side: TileSide,
+}
+
 thread_local! {
-    /// Encoded activations, reused across ops (grows to the largest batch seen).
-    static ACT_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Encodes the activations in `at` into `sc.act` (rows of `arb` bytes) and, when `tiles`,
+/// fills `sc.side` for every full tile, in tasks of [`TILE`] tokens over the pool. Returns
+/// whether the tile kernels may run (the side table is complete and the rows fit them).
+fn prepare(
+    at: GgmlType,
+    x: &[f32],
+    k: usize,
+    arb: usize,
+    sc: &mut Scratch,
+    tiles: bool,
+    threads: usize,
+) -> KResult<bool> {
+    let nt = x.len() / k;
+    sc.act.clear();
+    sc.act.resize(arb * nt, 0);
+    let tiled = tiles && nt >= TILE && sc.side.reset(at, arb, nt);
+    let acts: Vec<Mutex<&mut [u8]>> = sc.act.chunks_mut(TILE * arb).map(Mutex::new).collect();
+    let sides: Vec<Mutex<(&mut [f32], &mut [i32])>> = if tiled {
+        sc.side.tiles_mut().map(Mutex::new).collect()
+    } else {
+        Vec::new()
+    };
+    let fit = AtomicBool::new(tiled);
+    let err: Mutex<Option<KernelError>> = Mutex::new(None);
+    // Enough work per thread to amortise waking it (~8 K activations).
+    let threads = threads.min((nt * k).div_ceil(8192)).max(1);
+    par_tasks(acts.len(), threads, |task| {
+        let mut a = acts[task].lock().unwrap_or_else(|p| p.into_inner());
+        let xs = &x[task * TILE * k..((task + 1) * TILE).min(nt) * k];
+        for (xr, or) in xs.chunks_exact(k).zip(a.chunks_exact_mut(arb)) {
+            if let Err(e) = crate::simd::quantize_act(at, xr, or) {
+                err.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(KernelError(e.to_string()));
+                return;
+            }
+        }
+        if let Some(side) = sides.get(task) {
+            let mut side = side.lock().unwrap_or_else(|p| p.into_inner());
+            let (fs, is) = &mut *side;
+            if !TileSide::fill(at, &a, arb, fs, is) {
+                fit.store(false, Ordering::Relaxed);
+            }
+        }
+    });
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(fit.into_inner()),
+    }
 }
 
 /// A raw output pointer shared by tasks that write disjoint elements.
@@ -99,10 +164,19 @@ pub fn matmul(
             nt * m
         )));
     }
-    let mut act = ACT_SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    let res = quantize_activations(w.ty, x, k, &mut act)
-        .and_then(|arb| rows_times_tokens(w, wrb, &act, arb, nt, out, threads));
-    ACT_SCRATCH.with(|s| *s.borrow_mut() = act);
+    let at = quants::vec_dot_type(w.ty);
+    let arb = at
+        .row_bytes(k as u64)
+        .ok_or_else(|| KernelError(format!("{k} activations do not fill whole {at} blocks")))?
+        as usize;
+    let kernel = dot::RowKernel::for_type(w.ty);
+    let tile = kernel.tile(k, wrb, arb);
+    let mut sc = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let res = prepare(at, x, k, arb, &mut sc, tile.is_some(), threads).and_then(|fit| {
+        let tile = tile.filter(|_| fit).map(|f| (f, &sc.side));
+        rows_times_tokens(w, wrb, &sc.act, arb, nt, tile, out, threads)
+    });
+    SCRATCH.with(|s| *s.borrow_mut() = sc);
     res?;
     if let Some(b) = bias {
         for row in out.chunks_exact_mut(m) {
@@ -114,13 +188,16 @@ pub fn matmul(
     Ok(())
 }
 
-/// Every (weight row, token) dot, one task per [`ROWS_PER_TASK`] weight rows, tokens in tiles.
+/// Every (weight row, token) dot, one task per [`ROWS_PER_TASK`] weight rows, tokens in tiles:
+/// full tiles through the tile kernel when there is one, the rest per row and token.
+#[allow(clippy::too_many_arguments)]
 fn rows_times_tokens(
     w: &Weight,
     wrb: usize,
     act: &[u8],
     arb: usize,
     nt: usize,
+    tile: Option<(TileFn, &TileSide)>,
     out: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
@@ -129,6 +206,9 @@ fn rows_times_tokens(
     let bare = kernel.bare(k, wrb, arb);
     let bare4 = kernel.bare4(k, wrb, arb);
     let n_tasks = m.div_ceil(ROWS_PER_TASK);
+    // Weight blocks per range of the tile kernels: ~12 KiB of activations (8 tokens).
+    let blocks = k / w.ty.block_size() as usize;
+    let tile_blocks = (TILE_ACT_BYTES / (TILE * (arb / blocks.max(1)).max(1))).max(1);
     // Enough rows per thread to amortise waking it.
     let threads = threads.min(m.div_ceil(64)).max(1);
     let outp = OutPtr(out.as_mut_ptr());
@@ -138,6 +218,27 @@ fn rows_times_tokens(
         let run = || -> KResult<()> {
             for t0 in (0..nt).step_by(TOKENS_PER_TILE) {
                 let tokens = t0..(t0 + TOKENS_PER_TILE).min(nt);
+                if let Some((f, side)) = tile.filter(|_| tokens.len() == TILE) {
+                    let acts = &act[t0 * arb..(t0 + TILE) * arb];
+                    let side = side.tile(t0 / TILE);
+                    // Blocks in ranges whose activations stay in L1 while every row of the
+                    // task uses them; each (row, token) still adds its blocks in order.
+                    let mut states = [TileAcc::default(); ROWS_PER_TASK];
+                    for b0 in (0..blocks).step_by(tile_blocks) {
+                        let range = b0..(b0 + tile_blocks).min(blocks);
+                        for (o, state) in rows.clone().zip(states.iter_mut()) {
+                            let wr = &w.bytes[o * wrb..(o + 1) * wrb];
+                            f(wr, acts, arb, side, range.clone(), state);
+                        }
+                    }
+                    for (o, state) in rows.clone().zip(&states) {
+                        for (i, v) in finish_tile(state).into_iter().enumerate() {
+                            // SAFETY: as below.
+                            unsafe { *outp.at((t0 + i) * m + o) = v };
+                        }
+                    }
+                    continue;
+                }
                 for o in rows.clone() {
                     let wr = &w.bytes[o * wrb..(o + 1) * wrb];
                     let mut t = tokens.start;

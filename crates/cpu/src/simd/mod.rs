@@ -21,8 +21,11 @@ use minfer_gguf::{Error, GgmlType, Result};
 
 #[cfg(target_arch = "aarch64")]
 mod arm;
+mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+pub use tiles::{finish as finish_tile, TileAcc, TileFn, TileSide, TileSlice, TILE};
 
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:
 /// `(weight row, activation row) -> dot`.

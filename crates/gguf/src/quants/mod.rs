@@ -108,6 +108,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     let (bs, ts) = check_row(OP, ty, "blocks", dst.len(), src.len())?;
     let blocks = src.chunks_exact(ts).zip(dst.chunks_exact_mut(bs));
     use GgmlType as T;
+    if ty == T::F16 {
+        // One element per block: a call per element would cost more than the conversion.
+        float::dequant_f16_row(src, dst);
+        return Ok(());
+    }
     let f: fn(&[u8], &mut [f32]) = match ty {
         T::F32 => float::dequant_f32,
         T::F16 => float::dequant_f16,

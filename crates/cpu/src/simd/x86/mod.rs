@@ -21,6 +21,9 @@ mod avx512_legacy;
 mod avx512_quantize;
 
 pub(super) use avx512_dispatch::{avx512_dot, avx512_dot4, avx512_quant, avx512_supported};
+mod avx2_tiles;
+
+pub(super) use avx2_tiles::avx2_tile;
 
 pub(super) fn avx2_supported() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")

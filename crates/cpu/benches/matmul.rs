@@ -1,0 +1,50 @@
+//! Prefill matmul throughput per weight type at the demo model's shapes (Qwen2.5-0.5B:
+//! 896-wide attention/FFN-in, 4864-wide FFN-out), 64 tokens, one thread: the minimum over
+//! rounds of the whole `matmul` call (activation quantization included), as GMAC/s and
+//! cycles-free ns per (32-element block × token). `cargo bench -p minfer-cpu --bench matmul`.
+//! Not a test: it asserts nothing about speed.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use minfer_cpu::ops::matmul::{matmul, Weight};
+use minfer_gguf::quants::random_blocks;
+use minfer_gguf::GgmlType;
+
+fn main() {
+    let nt = 64;
+    let cases = [
+        (GgmlType::Q5_0, 896, 896),
+        (GgmlType::Q8_0, 896, 896),
+        (GgmlType::Q4_1, 576, 576),
+        (GgmlType::Q4K, 4864, 896),
+        (GgmlType::Q6K, 4864, 896),
+    ];
+    for (ty, k, m) in cases {
+        let bs = ty.block_size() as usize;
+        let w = random_blocks(ty, m * k / bs, 3);
+        let x: Vec<f32> = (0..nt * k)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.002)
+            .collect();
+        let mut out = vec![0f32; nt * m];
+        let wt = Weight {
+            ty,
+            k,
+            m,
+            bytes: &w,
+        };
+        let mut best = f64::INFINITY;
+        for _ in 0..80 {
+            let t = Instant::now();
+            matmul(&wt, black_box(&x), None, &mut out, 1).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let macs = (nt * k * m) as f64;
+        println!(
+            "{ty:>5} k={k:>5} m={m:>4} nt={nt}: {:>7.2} ms  {:>6.2} GMAC/s  {:>5.2} ns per 32-block x token",
+            best * 1e3,
+            macs / best / 1e9,
+            best * 1e9 / (macs / 32.0)
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Multi-token ("tile") dot kernels for prefill: one weight row against [`TILE`] activation
+//! rows at once. Each weight block is unpacked once per tile instead of once per token, and
+//! the float part runs with one token per f32 lane, so a block's value for 8 tokens costs
+//! one vector multiply-add chain instead of 8 scalar ones.
+//!
+//! Every token's result is bit-identical to the single-row kernel (and so to the scalar
+//! reference of `minfer_gguf::quants`): the integer sums are the same integers (rewritten
+//! exactly, e.g. Σ (q - 16)·a = Σ q·a - 16·Σ a), each block value is the reference's f32
+//! expression with the same operands and association (no FMA), and block b adds into lane
+//! b % 4 of the token's accumulator, combined as (0 + 2) + (1 + 3). Gate:
+//! `tests/split_exact.rs` (matmul through the tiles vs the reference dot per (row, token)).
+//!
+//! The kernels read per-block activation facts (scales as f32, block sums) from a side table
+//! that [`TileSide::fill`] fills once per matmul for all tokens, so the kernels do no f16
+//! conversions of activations and no per-token integer reductions of them. `fill` also checks
+//! the facts the integer rewrites rely on (no -128 quants where a sign is moved onto the
+//! activation; Q8_K block sums equal to the sums of their quants): activations that fail them
+//! (never the case for rows from [`crate::simd::quantize_act`]) get no tile, and the matmul
+//! uses the single-row kernels for them instead.
+
+use minfer_gguf::{quants, GgmlType};
+use std::ops::Range;
+
+/// Tokens per tile kernel call.
+pub const TILE: usize = 8;
+
+/// `(weight row, TILE activation rows of `arb` bytes each back to back, side table of this
+/// tile, blocks, state)`: adds blocks `range` of the row's dot with each of the TILE rows
+/// into `state` (block b into lane b % 4 of every token). A matmul walks a row's blocks in
+/// ranges (so that a range of activations stays in L1 for many weight rows) and ends with
+/// [`finish`]. The safe wrappers check every length (a wrong one is a panic: a programming
+/// error, never user data).
+pub type TileFn = fn(&[u8], &[u8], usize, TileSlice<'_>, Range<usize>, &mut TileAcc);
+
+/// The reference's 4 block lanes (`quants::BLOCK_LANES`) of each of TILE tokens.
+pub type TileAcc = [[f32; TILE]; 4];
+
+/// The dots of a finished [`TileAcc`]: (lane 0 + lane 2) + (lane 1 + lane 3) per token.
+pub fn finish(acc: &TileAcc) -> [f32; TILE] {
+    std::array::from_fn(|t| (acc[0][t] + acc[2][t]) + (acc[1][t] + acc[3][t]))
+}
+
+/// The side table of one tile: `fs` f32 facts and `is` i32 facts, `[block][fact][TILE]`.
+#[derive(Clone, Copy)]
+pub struct TileSlice<'a> {
+    pub fs: &'a [f32],
+    pub is: &'a [i32],
+}
+
+/// Per-block activation facts of every full tile of a matmul's activations.
+#[derive(Default)]
+pub struct TileSide {
+    fs: Vec<f32>,
+    is: Vec<i32>,
+    /// f32 / i32 facts per tile.
+    fs_per_tile: usize,
+    is_per_tile: usize,
+}
+
+/// The side-table geometry of activation type `at` for rows of `blocks` blocks:
+/// (f32 facts per block, i32 facts per block), each fact TILE lanes wide.
+fn facts(at: GgmlType) -> Option<(usize, usize)> {
+    match at {
+        // d; Σ q
+        GgmlType::Q8_0 => Some((1, 1)),
+        // d, s
+        GgmlType::Q8_1 => Some((2, 0)),
+        // d
+        GgmlType::Q8K => Some((1, 0)),
+        _ => None,
+    }
+}
+
+impl TileSide {
+    /// Sizes the table for the `nt / TILE` full tiles of `nt` activation rows of `arb` bytes
+    /// encoded in `at`; false when `at` has no tile kernels or `arb` is not whole blocks.
+    /// Then every tile is filled with [`TileSide::fill`] through [`TileSide::tiles_mut`].
+    pub fn reset(&mut self, at: GgmlType, arb: usize, nt: usize) -> bool {
+        let Some((nf, ni)) = facts(at) else {
+            return false;
+        };
+        let bb = at.block_geometry().1 as usize;
+        if !arb.is_multiple_of(bb) {
+            return false;
+        }
+        let nb = arb / bb;
+        let tiles = nt / TILE;
+        self.fs_per_tile = nb * nf * TILE;
+        // At least one (unused) i32 per tile, so that tiles stay chunks of equal length.
+        self.is_per_tile = (nb * ni * TILE).max(1);
+        self.fs.clear();
+        self.fs.resize(tiles * self.fs_per_tile, 0.0);
+        self.is.clear();
+        self.is.resize(tiles * self.is_per_tile, 0);
+        true
+    }
+
+    /// The (f32, i32) facts of every tile, to fill (one tile per item).
+    pub fn tiles_mut(&mut self) -> impl Iterator<Item = (&mut [f32], &mut [i32])> {
+        self.fs
+            .chunks_exact_mut(self.fs_per_tile)
+            .zip(self.is.chunks_exact_mut(self.is_per_tile))
+    }
+
+    /// Fills one tile's facts from its TILE activation rows (`rows`, `arb` bytes each,
+    /// encoded in `at`). False when the rows are not fit for the tile kernels (module doc).
+    pub fn fill(at: GgmlType, rows: &[u8], arb: usize, fs: &mut [f32], is: &mut [i32]) -> bool {
+        let bb = at.block_geometry().1 as usize;
+        let f16 = |b: &[u8], o: usize| quants::f16_to_f32(u16::from_le_bytes([b[o], b[o + 1]]));
+        for t in 0..TILE {
+            let row = &rows[t * arb..][..arb];
+            for (b, blk) in row.chunks_exact(bb).enumerate() {
+                match at {
+                    GgmlType::Q8_0 => {
+                        fs[b * TILE + t] = f16(blk, 0);
+                        let q = &blk[2..34];
+                        // The Q8_0-weight tile moves the weight's sign onto the activation.
+                        if q.contains(&0x80) {
+                            return false;
+                        }
+                        is[b * TILE + t] = q.iter().map(|&v| v as i8 as i32).sum();
+                    }
+                    GgmlType::Q8_1 => {
+                        fs[(2 * b) * TILE + t] = f16(blk, 0);
+                        fs[(2 * b + 1) * TILE + t] = f16(blk, 2);
+                    }
+                    GgmlType::Q8K => {
+                        fs[b * TILE + t] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]);
+                        // Q6_K's tile uses the block sums to remove its offset of 32.
+                        for j in 0..16 {
+                            let sum: i32 = blk[4 + 16 * j..][..16]
+                                .iter()
+                                .map(|&v| v as i8 as i32)
+                                .sum();
+                            let stored = i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]);
+                            if sum != stored as i32 {
+                                return false;
+                            }
+                        }
+                    }
+                    _ => return false,
+                }
+            }
+        }
+        true
+    }
+
+    /// The table of tile `tile` (all tiles filled successfully).
+    pub fn tile(&self, tile: usize) -> TileSlice<'_> {
+        TileSlice {
+            fs: &self.fs[tile * self.fs_per_tile..][..self.fs_per_tile],
+            is: &self.is[tile * self.is_per_tile..][..self.is_per_tile],
+        }
+    }
+}
+
+impl super::RowDot {
+    /// The tile kernel for rows of `n` elements of `w_len` weight and `act_len` activation
+    /// bytes, where this type has one on this instruction set and the rows fit it.
+    pub fn tile_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TileFn> {
+        self.kernel_for(n, w_len, act_len)?;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == super::Isa::Avx2 {
+            return super::x86::avx2_tile(self.ty);
+        }
+        None
+    }
+}
