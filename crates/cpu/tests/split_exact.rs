@@ -9,7 +9,8 @@
 //! every task is left unwritten); an attention task writing its head one slot over
 //! (`task * hd + 1`, `hd - 1` long) fails `attention_is_exact_for_every_thread_count`; the
 //! 4-token Q5_0 kernel (AVX2) combining its lanes as (0 + 1) + (2 + 3) instead of the
-//! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it).
+//! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it); decode's
+//! larger tasks counted as `m / rows_per_task` (the partial last task dropped) fail it too.
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::matmul::{matmul, Weight};
@@ -38,8 +39,12 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn matmul_is_exact_for_every_thread_count() {
     // m = 200 is not a multiple of the 16-row task; nt = 19 is not a multiple of the tile.
-    let (k, m) = (512, 200);
-    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::Q5_0] {
+    // m = 1000: decode (nt = 1, 3) splits it into a few large tasks per thread (64 rows for 2
+    // threads, 48 for 3), the last one partial.
+    for (k, m, ty) in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::Q5_0]
+        .into_iter()
+        .flat_map(|ty| [(512, 200, ty), (512, 1000, ty)])
+    {
         let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         let bs = ty.block_size() as usize;
         let wbytes = random_blocks(ty, m * k / bs, 7);

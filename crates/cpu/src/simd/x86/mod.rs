@@ -117,6 +117,13 @@ pub(super) fn avx2_quant(ty: GgmlType) -> Option<QuantFn> {
 
 // ---- helpers shared by the AVX2 kernels ----
 
+/// How far ahead of the bytes being dotted the kernels prefetch weights (bytes). The hardware
+/// prefetchers do not cross 4 KiB pages, so every page of a streamed matrix would start with
+/// demand misses; a software prefetch this far ahead starts the next page early. 1 KiB: the
+/// best of 0 / 384 / 768 / 1024 / 1536 / 2048 / 4096 in `benches/decode_matvec.rs` runs
+/// (docs/PERFORMANCE.md, "Decode profile and kernels").
+pub(crate) const PREFETCH_AHEAD: usize = 1024;
+
 /// 32 bytes from the start of `b` (bounds-checked).
 #[inline]
 #[target_feature(enable = "avx2")]
