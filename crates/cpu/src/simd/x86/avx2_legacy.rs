@@ -50,6 +50,11 @@ fn dot_blocks(
     value: impl Fn(&[u8], &[u8], __m128) -> __m128,
 ) -> f32 {
     let blocks = w.len() / wb;
+    // The panic indexing a short activation row gave, checked once instead of per group.
+    assert!(
+        a.len() >= blocks * ab,
+        "activation row shorter than the weight row"
+    );
     let mut wpad = [0u8; GROUP * MAX_BLOCK];
     let mut apad = [0u8; GROUP * MAX_BLOCK];
     let mut acc = _mm_setzero_ps();
@@ -57,7 +62,14 @@ fn dot_blocks(
     while g < blocks {
         let count = (blocks - g).min(GROUP);
         let (w4, a4) = if count == GROUP {
-            (&w[g * wb..][..GROUP * wb], &a[g * ab..][..GROUP * ab])
+            // SAFETY: g + GROUP <= blocks, so both ranges end within w (blocks * wb bytes)
+            // and a (at least blocks * ab bytes, asserted above).
+            unsafe {
+                (
+                    w.get_unchecked(g * wb..(g + GROUP) * wb),
+                    a.get_unchecked(g * ab..(g + GROUP) * ab),
+                )
+            }
         } else {
             wpad[..count * wb].copy_from_slice(&w[g * wb..][..count * wb]);
             apad[..count * ab].copy_from_slice(&a[g * ab..][..count * ab]);
