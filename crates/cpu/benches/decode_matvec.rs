@@ -15,28 +15,39 @@ use std::time::Instant;
 use minfer_cpu::ops::matmul::{matmul, Weight};
 use minfer_gguf::GgufModel;
 
+#[cfg(unix)]
 #[repr(C)]
 struct Timespec {
     sec: i64,
     nsec: i64,
 }
 
+#[cfg(unix)]
 extern "C" {
     /// POSIX `clock_gettime` from the C library std already links.
     fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
 }
 
 /// This thread's CPU time in seconds (`CLOCK_THREAD_CPUTIME_ID`): on a shared machine it
-/// excludes the time other processes held the core.
+/// excludes the time other processes held the core. NaN where unavailable.
+#[cfg(unix)]
 fn thread_cpu() -> f64 {
+    #[cfg(target_vendor = "apple")]
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 16;
+    #[cfg(not(target_vendor = "apple"))]
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
     let mut ts = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on 64-bit Linux).
+    // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on 64-bit targets).
     let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     if rc != 0 {
         return f64::NAN;
     }
     ts.sec as f64 + ts.nsec as f64 * 1e-9
+}
+
+#[cfg(not(unix))]
+fn thread_cpu() -> f64 {
+    f64::NAN
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
