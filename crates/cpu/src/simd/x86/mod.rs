@@ -215,9 +215,10 @@ fn bits_to_bytes(bits: u32) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn nibbles32(qs: &[u8]) -> __m256i {
-    let q = load16(qs);
-    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+    // Both halves by one broadcast load (no shuffle), the high one shifted by a per-lane count.
+    let both = _mm256_broadcastsi128_si256(load16(qs));
+    let shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f))
 }
 
 /// The IQ4 value table in both 128-bit lanes, for `_mm256_shuffle_epi8` lookups.
