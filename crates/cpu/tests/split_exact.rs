@@ -10,7 +10,8 @@
 //! every task is left unwritten); an attention task writing its head one slot over
 //! (`task * hd + 1`, `hd - 1` long) fails `attention_is_exact_for_every_thread_count`; the
 //! 4-token Q5_0 kernel (AVX2) combining its lanes as (0 + 1) + (2 + 3) instead of the
-//! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it).
+//! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it); decode's
+//! larger tasks counted as `m / rows_per_task` (the partial last task dropped) fail it too.
 //!
 //! The 8-token tile kernels (`simd/x86/avx2_tiles.rs`, full tiles of the 19-token case), each
 //! control made `matmul_is_exact_for_every_thread_count` fail: lanes combined as
@@ -48,8 +49,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn matmul_is_exact_for_every_thread_count() {
     // m = 200 is not a multiple of the 16-row task; nt = 19 is not a multiple of the tile (8
-    // tokens): 2 full tiles through the tile kernels, 3 tokens per row. k = 1280 gives the
-    // 256-element types 5 super-blocks, so all 4 block lanes and a second round of lane 0.
+    // tokens): 2 full tiles through the tile kernels, 3 tokens per row. m = 1000: decode
+    // (nt = 1, 3) splits it into a few large tasks per thread (64 rows for 2 threads, 48 for
+    // 3), the last one partial. k = 1280 gives the 256-element types 5 super-blocks, so all 4
+    // block lanes and a second round of lane 0.
     let types = [
         GgmlType::Q4K,
         GgmlType::Q6K,
@@ -59,7 +62,7 @@ fn matmul_is_exact_for_every_thread_count() {
     ];
     for (k, m, ty) in types
         .into_iter()
-        .flat_map(|ty| [(512, 200, ty), (1280, 40, ty)])
+        .flat_map(|ty| [(512, 200, ty), (1280, 40, ty), (512, 1000, ty)])
     {
         let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         let bs = ty.block_size() as usize;

@@ -188,7 +188,24 @@ pub fn matmul(
     Ok(())
 }
 
-/// Every (weight row, token) dot, one task per [`ROWS_PER_TASK`] weight rows, tokens in tiles:
+/// Weight rows per task, a multiple of [`ROWS_PER_TASK`]. Decode (fewer tokens than a tile):
+/// [`DECODE_TASKS_PER_THREAD`] tasks per thread, so that each thread streams long contiguous
+/// runs of weight rows (the hardware prefetchers start over at every jump, and a 16-row task
+/// of a 896-wide Q5_0 matrix is only ~10 KiB) while a preempted thread still holds only a
+/// fraction of the work. Prefill: [`ROWS_PER_TASK`], the rows stay in cache for the tokens.
+fn rows_per_task(m: usize, nt: usize, threads: usize) -> usize {
+    if nt >= TOKENS_PER_TILE || threads <= 1 {
+        return ROWS_PER_TASK;
+    }
+    m.div_ceil(threads * DECODE_TASKS_PER_THREAD)
+        .next_multiple_of(ROWS_PER_TASK)
+        .max(ROWS_PER_TASK)
+}
+
+/// See [`rows_per_task`].
+const DECODE_TASKS_PER_THREAD: usize = 8;
+
+/// Every (weight row, token) dot, one task per [`rows_per_task`] weight rows, tokens in tiles:
 /// full tiles through the tile kernel when there is one, the rest per row and token.
 #[allow(clippy::too_many_arguments)]
 fn rows_times_tokens(
@@ -205,16 +222,17 @@ fn rows_times_tokens(
     let kernel = dot::RowKernel::for_type(w.ty);
     let bare = kernel.bare(k, wrb, arb);
     let bare4 = kernel.bare4(k, wrb, arb);
-    let n_tasks = m.div_ceil(ROWS_PER_TASK);
     // Weight blocks per range of the tile kernels: ~12 KiB of activations (8 tokens).
     let blocks = k / w.ty.block_size() as usize;
     let tile_blocks = (TILE_ACT_BYTES / (TILE * (arb / blocks.max(1)).max(1))).max(1);
     // Enough rows per thread to amortise waking it.
     let threads = threads.min(m.div_ceil(64)).max(1);
+    let rows_per_task = rows_per_task(m, nt, threads);
+    let n_tasks = m.div_ceil(rows_per_task);
     let outp = OutPtr(out.as_mut_ptr());
     let err: Mutex<Option<KernelError>> = Mutex::new(None);
     par_tasks(n_tasks, threads, |task| {
-        let rows = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m);
+        let rows = task * rows_per_task..((task + 1) * rows_per_task).min(m);
         let run = || -> KResult<()> {
             for t0 in (0..nt).step_by(TOKENS_PER_TILE) {
                 let tokens = t0..(t0 + TOKENS_PER_TILE).min(nt);

@@ -6,7 +6,9 @@
 use crate::simd::BlockSum;
 use std::arch::x86_64::*;
 
-use super::{dot_i8_any, f16_at, f32_at, hsum_i32, iq4_table, load16, load32, pairs_small_w};
+use super::{
+    dot_i8_any, f16_at, f32_at, hsum_i32, iq4_table, load16, load32, pairs_small_w, PREFETCH_AHEAD,
+};
 
 /// Q8_K activation block: d f32 | qs i8[256] | bsums i16[16].
 const Q8K: usize = 292;
@@ -38,6 +40,17 @@ impl Scales16 {
         let idx = |k: usize| (((2 * k + 1) << 8) | (2 * k)) as i16;
         let pick = _mm256_set_m128i(_mm_set1_epi16(idx(k + 1)), _mm_set1_epi16(idx(k)));
         _mm256_madd_epi16(p, _mm256_shuffle_epi8(self.0[s / 8], pick))
+    }
+}
+
+/// Prefetches the weight bytes [`PREFETCH_AHEAD`] past the start of super-block `wb` (the 4
+/// lines a 144..210-byte super-block spans; past the row is fine: a prefetch never faults).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_block(wb: &[u8]) {
+    let p = wb.as_ptr().wrapping_add(PREFETCH_AHEAD);
+    for l in 0..4 {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l).cast());
     }
 }
 
@@ -158,6 +171,7 @@ fn dot_scale_min(
 ) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(block).zip(a.chunks_exact(Q8K)) {
+        prefetch_block(wb);
         let (sc, mn) = scales_mins_k4(&wb[4..16]);
         // The 8 scales as i16 in both 128-bit lanes; scale s is broadcast by a byte shuffle.
         let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
@@ -223,6 +237,7 @@ pub(super) fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8K)) {
+        prefetch_block(wb);
         let scales = Scales16::from_i8(load16(&wb[192..208]));
         let aq = &ab[4..260];
         let m = _mm256_set1_epi8(0x0f);

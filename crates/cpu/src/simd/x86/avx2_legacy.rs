@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::{bits_to_bytes, dot_i8_any, iq4_table, load32, nibbles32};
-use super::{pairs_small_w, widen_pairs};
+use super::{pairs_small_w, widen_pairs, PREFETCH_AHEAD};
 
 /// Q8_0 activation block: d f16 | qs i8[32].
 const Q8_0: usize = 34;
@@ -50,6 +50,11 @@ fn dot_blocks(
     value: impl Fn(&[u8], &[u8], __m128) -> __m128,
 ) -> f32 {
     let blocks = w.len() / wb;
+    // The panic indexing a short activation row gave, checked once instead of per group.
+    assert!(
+        a.len() >= blocks * ab,
+        "activation row shorter than the weight row"
+    );
     let mut wpad = [0u8; GROUP * MAX_BLOCK];
     let mut apad = [0u8; GROUP * MAX_BLOCK];
     let mut acc = _mm_setzero_ps();
@@ -57,12 +62,20 @@ fn dot_blocks(
     while g < blocks {
         let count = (blocks - g).min(GROUP);
         let (w4, a4) = if count == GROUP {
-            (&w[g * wb..][..GROUP * wb], &a[g * ab..][..GROUP * ab])
+            // SAFETY: g + GROUP <= blocks, so both ranges end within w (blocks * wb bytes)
+            // and a (at least blocks * ab bytes, asserted above).
+            unsafe {
+                (
+                    w.get_unchecked(g * wb..(g + GROUP) * wb),
+                    a.get_unchecked(g * ab..(g + GROUP) * ab),
+                )
+            }
         } else {
             wpad[..count * wb].copy_from_slice(&w[g * wb..][..count * wb]);
             apad[..count * ab].copy_from_slice(&a[g * ab..][..count * ab]);
             (&wpad[..GROUP * wb], &apad[..GROUP * ab])
         };
+        prefetch(w, g * wb);
         let parts = [
             isum(w4, a4),
             isum(&w4[wb..], &a4[ab..]),
@@ -148,6 +161,17 @@ fn dot_blocks_multi<const T: usize>(
     })
 }
 
+/// Software prefetch of the weight bytes [`PREFETCH_AHEAD`] past `w[at]` (addresses past the
+/// row are fine: a prefetch never faults, and rows of a matrix are contiguous).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch(w: &[u8], at: usize) {
+    let p = w.as_ptr().wrapping_add(at + PREFETCH_AHEAD);
+    // A group of 4 blocks spans at most 144 bytes: two lines ahead keep pace with it.
+    _mm_prefetch::<_MM_HINT_T0>(p.cast());
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
+}
+
 /// The 5-bit quants of a Q5 block: nibbles plus bit j of `qh` as bit 4 of element j.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -198,16 +222,30 @@ fn value_dd_s(w4: &[u8], wb: usize, a4: &[u8], s: __m128) -> __m128 {
     _mm_mul_ps(_mm_mul_ps(f16x4(w4, wb, 0), f16x4(a4, Q8_0, 0)), s)
 }
 
+/// The Q5_0 quants minus 16 as signed bytes: nibble | 0xf0 where the high bit is clear
+/// (nibble - 16 in two's complement), the nibble where it is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_0_signed(wb: &[u8]) -> __m256i {
+    let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+    let minus16 = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+    _mm256_or_si256(nibbles32(&wb[6..]), minus16)
+}
+
+/// Q5_0 block's exact integer sum as 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_0_isum(wb: &[u8], ab: &[u8]) -> __m256i {
+    widen_pairs(pairs_small_w(q5_0_signed(wb), load32(&ab[2..])))
+}
+
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     dot_blocks(
         w,
         a,
         (22, Q8_0),
-        |wb, ab| {
-            let q = _mm256_sub_epi8(five_bits(&wb[2..6], &wb[6..]), _mm256_set1_epi8(16));
-            widen_pairs(pairs_small_w(q, load32(&ab[2..])))
-        },
+        |wb, ab| q5_0_isum(wb, ab),
         |w4, a4, s| value_dd_s(w4, 22, a4, s),
     )
 }
@@ -219,7 +257,7 @@ pub(super) fn dot_q5_0_x4(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
         w,
         a,
         (22, Q8_0),
-        |wb| _mm256_sub_epi8(five_bits(&wb[2..6], &wb[6..]), _mm256_set1_epi8(16)),
+        |wb| q5_0_signed(wb),
         |q, ab| widen_pairs(pairs_small_w(q, load32(&ab[2..]))),
         |w4, a4, s| value_dd_s(w4, 22, a4, s),
     )
@@ -239,16 +277,29 @@ pub(super) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     )
 }
 
+/// s * (d_w * d_a), the Q8_0 block value.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn value_q8_0(w4: &[u8], a4: &[u8], s: __m128) -> __m128 {
+    _mm_mul_ps(s, _mm_mul_ps(f16x4(w4, 34, 0), f16x4(a4, Q8_0, 0)))
+}
+
+/// Q8_0 block's exact integer sum. Weights from a file may hold -128: the widening dot is
+/// exact for every byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q8_0_isum(wb: &[u8], ab: &[u8]) -> __m256i {
+    dot_i8_any(&wb[2..], &ab[2..])
+}
+
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     dot_blocks(
         w,
         a,
         (34, Q8_0),
-        // Weights from a file may hold -128: the widening dot is exact for every byte.
-        |wb, ab| dot_i8_any(&wb[2..], &ab[2..]),
-        // s * (d_w * d_a)
-        |w4, a4, s| _mm_mul_ps(s, _mm_mul_ps(f16x4(w4, 34, 0), f16x4(a4, Q8_0, 0))),
+        |wb, ab| q8_0_isum(wb, ab),
+        |w4, a4, s| value_q8_0(w4, a4, s),
     )
 }
 

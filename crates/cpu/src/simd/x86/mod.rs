@@ -126,6 +126,13 @@ pub(super) fn avx2_quant(ty: GgmlType) -> Option<QuantFn> {
 
 // ---- helpers shared by the AVX2 kernels ----
 
+/// How far ahead of the bytes being dotted the kernels prefetch weights (bytes). The hardware
+/// prefetchers do not cross 4 KiB pages, so every page of a streamed matrix would start with
+/// demand misses; a software prefetch this far ahead starts the next page early. 1 KiB: the
+/// best of 0 / 384 / 768 / 1024 / 1536 / 2048 / 4096 in `benches/decode_matvec.rs` runs
+/// (docs/PERFORMANCE.md, "Decode profile and kernels").
+pub(crate) const PREFETCH_AHEAD: usize = 1024;
+
 /// 32 bytes from the start of `b` (bounds-checked).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -217,9 +224,10 @@ fn bits_to_bytes(bits: u32) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn nibbles32(qs: &[u8]) -> __m256i {
-    let q = load16(qs);
-    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+    // Both halves by one broadcast load (no shuffle), the high one shifted by a per-lane count.
+    let both = _mm256_broadcastsi128_si256(load16(qs));
+    let shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f))
 }
 
 /// The IQ4 value table in both 128-bit lanes, for `_mm256_shuffle_epi8` lookups.
