@@ -1,17 +1,15 @@
-//! Gate: the threaded matmul and attention kernels give, for every thread count, exactly the
-//! bits of a plain single-loop computation written here from the definitions (the scalar
-//! reference dot of `minfer_gguf::quants` per (row, token); two-pass softmax per (token, head)).
-//! Splitting rows or heads across the pool, tiling tokens and reading an F32 cache in place
-//! must not change a single result bit.
+//! Gate: the threaded matmul kernel gives, for every thread count, exactly the bits of a plain
+//! single-loop computation written here from the definitions (the scalar reference dot of
+//! `minfer_gguf::quants` per (row, token)). Splitting rows across the pool and tiling tokens
+//! must not change a single result bit. (Attention is a tolerance gate since the flash kernel:
+//! `tests/attn_flash.rs`, which also asserts its results are the same for every thread count.)
 //!
 //! Controls (tried while writing the pool): a task range off by one row
 //! (`rows = task * 16 + 1..`) fails `matmul_is_exact_for_every_thread_count` (the first row of
-//! every task is left unwritten); an attention task writing its head one slot over
-//! (`task * hd + 1`, `hd - 1` long) fails `attention_is_exact_for_every_thread_count`; the
-//! 4-token Q5_0 kernel (AVX2) combining its lanes as (0 + 1) + (2 + 3) instead of the
-//! reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0, 19 tokens runs it).
+//! every task is left unwritten); the 4-token Q5_0 kernel (AVX2) combining its lanes as
+//! (0 + 1) + (2 + 3) instead of the reference's (0 + 2) + (1 + 3) fails the matmul test (Q5_0,
+//! 19 tokens runs it).
 
-use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::matmul::{matmul, Weight};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
@@ -71,109 +69,4 @@ fn matmul_is_exact_for_every_thread_count() {
             }
         }
     }
-}
-
-/// The two-pass softmax attention of one (token, head), from the definition.
-fn reference_head(q: &[f32], keys: &[Vec<f32>], vals: &[Vec<f32>], scale: f32) -> Vec<f32> {
-    let scores: Vec<f32> = keys
-        .iter()
-        .map(|kh| q.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() * scale)
-        .collect();
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-    let sum: f64 = e.iter().map(|&v| v as f64).sum();
-    let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
-    let mut o = vec![0f32; q.len()];
-    for (w, vh) in e.iter().zip(vals) {
-        for (ov, x) in o.iter_mut().zip(vh) {
-            *ov += (w * inv) * x;
-        }
-    }
-    o
-}
-
-#[test]
-fn attention_is_exact_for_every_thread_count() {
-    let (n_head, n_head_kv, hd, n_ctx, nt) = (6, 2, 64, 40, 5);
-    let n_embd_kv = n_head_kv * hd;
-    for cache_type in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
-        let cb = attn::cell_bytes(cache_type, n_embd_kv).unwrap();
-        let kx = floats(n_ctx * n_embd_kv, 3);
-        let vx = floats(n_ctx * n_embd_kv, 4);
-        let cells: Vec<f32> = (0..n_ctx as u32).map(f32::from_bits).collect();
-        let mut kb = vec![0u8; n_ctx * cb];
-        let mut vb = vec![0u8; n_ctx * cb];
-        attn::kv_store(cache_type, &kx, n_embd_kv, &cells, &mut kb).unwrap();
-        attn::kv_store(cache_type, &vx, n_embd_kv, &cells, &mut vb).unwrap();
-        // The kernel gets the regions as the backend holds them: f32 buffers (aligned).
-        let kreg = to_f32_words(&kb);
-        let vreg = to_f32_words(&vb);
-        let q = floats(nt * n_head * hd, 5);
-        // Token t sees cells [t, 30 + t); one token sees none.
-        let mut span = Vec::new();
-        for t in 0..nt as i32 {
-            let (lo, hi) = if t == 2 { (7, 7) } else { (t, 30 + t) };
-            span.push(f32::from_bits(lo as u32));
-            span.push(f32::from_bits(hi as u32));
-        }
-        // Reference: dequantized heads from the stored bytes.
-        let head = |reg: &[u8], c: usize, kvh: usize| -> Vec<f32> {
-            let hb = attn::cell_bytes(cache_type, hd).unwrap();
-            let off = c * cb + kvh * hb;
-            let mut v = vec![0f32; hd];
-            quants::dequantize_row(cache_type, &reg[off..off + hb], &mut v).unwrap();
-            v
-        };
-        let scale = 0.125;
-        let mut want = Vec::new();
-        for t in 0..nt {
-            let (lo, hi) = (
-                span[2 * t].to_bits() as usize,
-                span[2 * t + 1].to_bits() as usize,
-            );
-            for h in 0..n_head {
-                let kvh = h / (n_head / n_head_kv);
-                let keys: Vec<_> = (lo..hi).map(|c| head(&kb, c, kvh)).collect();
-                let vals: Vec<_> = (lo..hi).map(|c| head(&vb, c, kvh)).collect();
-                let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
-                want.extend(reference_head(qh, &keys, &vals, scale));
-            }
-        }
-        let p = AttnParams {
-            n_head,
-            n_head_kv,
-            head_dim: hd,
-            scale,
-            cache_type,
-        };
-        for threads in [1, 2, 3, 8] {
-            let mut got = vec![f32::NAN; nt * n_head * hd];
-            let (kr, vr) = (f32_bytes(&kreg), f32_bytes(&vreg));
-            attn::attention(
-                &p,
-                &q,
-                &span,
-                &kr[..kb.len()],
-                &vr[..vb.len()],
-                &mut got,
-                threads,
-            )
-            .unwrap();
-            assert_eq!(bits(&got), bits(&want), "{cache_type} threads={threads}");
-        }
-    }
-}
-
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding; u8 has alignment 1.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-fn to_f32_words(b: &[u8]) -> Vec<f32> {
-    let mut padded = b.to_vec();
-    padded.resize(b.len().div_ceil(4) * 4, 0);
-    padded
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }

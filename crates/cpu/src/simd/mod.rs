@@ -24,6 +24,8 @@ mod arm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub mod attn;
+
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:
 /// `(weight row, activation row) -> dot`.
 pub type DotFn = fn(&[u8], &[u8]) -> f32;

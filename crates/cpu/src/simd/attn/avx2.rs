@@ -1,0 +1,376 @@
+//! AVX2 + FMA + F16C attention row kernels. Every public-to-the-module function is a safe
+//! wrapper that [`kernels`] hands out only after [`supported`] confirmed the features.
+//!
+//! Scores: 8-lane fused partial sums per cell, four cells reduced together by one `hadd` tree.
+//! Accumulate: 32 accumulator lanes held in registers while a run of cells streams through.
+
+use std::arch::x86_64::*;
+
+use super::{check_cells, head_bytes, KvKernels};
+use crate::simd::Isa;
+use minfer_gguf::quants::f16_to_f32;
+use minfer_gguf::GgmlType;
+
+pub(super) fn supported() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma")
+}
+
+pub(super) fn kernels(ty: GgmlType) -> Option<KvKernels> {
+    if !supported() {
+        return None;
+    }
+    let (scores, accum): (super::ScoresFn, super::AccumFn) = match ty {
+        GgmlType::F32 => (scores_f32, accum_f32),
+        GgmlType::F16 => (scores_f16, accum_f16),
+        GgmlType::Q8_0 => (scores_q8_0, accum_q8_0),
+        _ => return None,
+    };
+    Some(KvKernels {
+        scores,
+        accum,
+        isa: Isa::Avx2,
+    })
+}
+
+macro_rules! safe_wrappers {
+    ($($name:ident => $inner:ident ($($arg:ident: $t:ty),*)),* $(,)?) => {
+        $(fn $name($($arg: $t),*) {
+            // SAFETY: only handed out by `kernels`, after `supported()` confirmed AVX2, F16C
+            // and FMA; the kernel checks its slice bounds itself.
+            unsafe { $inner($($arg),*) }
+        })*
+    };
+}
+
+safe_wrappers! {
+    scores_f32 => scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]),
+    scores_f16 => scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]),
+    scores_q8_0 => scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]),
+    accum_f32 => accum_f32_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
+    accum_f16 => accum_f16_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
+    accum_q8_0 => accum_q8_0_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
+}
+
+/// Horizontal sums of four 8-lane vectors: `[Σa, Σb, Σc, Σd]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+    let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(a: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// 8 f32 elements of a head at element `i`.
+///
+/// SAFETY (caller): `h + 4 * (i + 8)` lies inside the head.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8_f32(h: *const u8, i: usize) -> __m256 {
+    // SAFETY: in bounds per the caller; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_ps(h.add(4 * i).cast::<f32>()) }
+}
+
+/// 8 f16 elements of a head at element `i`, widened to f32 (exact).
+///
+/// SAFETY (caller): `h + 2 * (i + 8)` lies inside the head.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8_f16(h: *const u8, i: usize) -> __m256 {
+    // SAFETY: in bounds per the caller; loadu has no alignment requirement.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(h.add(2 * i).cast::<__m128i>())) }
+}
+
+/// 8 signed bytes at `b` as f32 (exact).
+///
+/// SAFETY (caller): `b + 8` lies inside the head.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8_i8(b: *const u8) -> __m256 {
+    // SAFETY: 8 bytes in bounds per the caller; loadl reads exactly 8 bytes.
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(b.cast::<__m128i>()))) }
+}
+
+/// Scores for float heads: `load8(h, i)` gives elements `i..i + 8`, `one(h, i)` element `i`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_float(
+    ty: GgmlType,
+    q: &[f32],
+    k: &[u8],
+    stride: usize,
+    out: &mut [f32],
+    load8: impl Fn(*const u8, usize) -> __m256,
+    one: impl Fn(*const u8, usize) -> f32,
+) {
+    let hd = q.len();
+    let n = out.len();
+    check_cells(k, stride, n, head_bytes(ty, hd));
+    let full = hd / 8 * 8;
+    let qp = q.as_ptr();
+    let cell = |j: usize| k.as_ptr().wrapping_add(j * stride);
+    // SAFETY: every cell j < n is in bounds (`check_cells`), element reads stay below `hd`,
+    // and the caller (a `#[target_feature]` kernel) guarantees the CPU features.
+    unsafe {
+        let tail = |h: *const u8| -> f32 { (full..hd).map(|i| q[i] * one(h, i)).sum() };
+        let mut j = 0;
+        while j + 4 <= n {
+            let h = [cell(j), cell(j + 1), cell(j + 2), cell(j + 3)];
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < full {
+                let qv = _mm256_loadu_ps(qp.add(i));
+                for c in 0..4 {
+                    a[c] = _mm256_fmadd_ps(qv, load8(h[c], i), a[c]);
+                }
+                i += 8;
+            }
+            let s = hsum4(a[0], a[1], a[2], a[3]);
+            _mm_storeu_ps(out.as_mut_ptr().add(j), s);
+            if full < hd {
+                for c in 0..4 {
+                    out[j + c] += tail(h[c]);
+                }
+            }
+            j += 4;
+        }
+        while j < n {
+            let h = cell(j);
+            let mut a = _mm256_setzero_ps();
+            let mut i = 0;
+            while i < full {
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(h, i), a);
+                i += 8;
+            }
+            out[j] = hsum(a) + tail(h);
+            j += 1;
+        }
+    }
+}
+
+/// Accumulation for float heads (see [`scores_float`] for `load8` / `one`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accum_float(
+    ty: GgmlType,
+    acc: &mut [f32],
+    v: &[u8],
+    stride: usize,
+    p: &[f32],
+    load8: impl Fn(*const u8, usize) -> __m256,
+    one: impl Fn(*const u8, usize) -> f32,
+) {
+    let hd = acc.len();
+    let n = p.len();
+    check_cells(v, stride, n, head_bytes(ty, hd));
+    let cell = |j: usize| v.as_ptr().wrapping_add(j * stride);
+    let ap = acc.as_mut_ptr();
+    // SAFETY: as in `scores_float`; accumulator reads and writes stay below `hd`.
+    unsafe {
+        let mut i = 0;
+        while i + 32 <= hd {
+            let mut a = [
+                _mm256_loadu_ps(ap.add(i)),
+                _mm256_loadu_ps(ap.add(i + 8)),
+                _mm256_loadu_ps(ap.add(i + 16)),
+                _mm256_loadu_ps(ap.add(i + 24)),
+            ];
+            for (j, &w) in p.iter().enumerate() {
+                let (h, w) = (cell(j), _mm256_set1_ps(w));
+                for (c, ac) in a.iter_mut().enumerate() {
+                    *ac = _mm256_fmadd_ps(w, load8(h, i + 8 * c), *ac);
+                }
+            }
+            for (c, ac) in a.iter().enumerate() {
+                _mm256_storeu_ps(ap.add(i + 8 * c), *ac);
+            }
+            i += 32;
+        }
+        while i + 8 <= hd {
+            let mut a = _mm256_loadu_ps(ap.add(i));
+            for (j, &w) in p.iter().enumerate() {
+                a = _mm256_fmadd_ps(_mm256_set1_ps(w), load8(cell(j), i), a);
+            }
+            _mm256_storeu_ps(ap.add(i), a);
+            i += 8;
+        }
+        for (e, a) in acc.iter_mut().enumerate().skip(i) {
+            for (j, &w) in p.iter().enumerate() {
+                *a += w * one(cell(j), e);
+            }
+        }
+    }
+}
+
+/// Element `i` of an f32 head.
+///
+/// SAFETY (caller): `h + 4 * (i + 1)` lies inside the head.
+unsafe fn one_f32(h: *const u8, i: usize) -> f32 {
+    // SAFETY: per the caller.
+    unsafe { h.add(4 * i).cast::<f32>().read_unaligned() }
+}
+
+/// Element `i` of an f16 head.
+///
+/// SAFETY (caller): `h + 2 * (i + 1)` lies inside the head.
+unsafe fn one_f16(h: *const u8, i: usize) -> f32 {
+    // SAFETY: per the caller.
+    f16_to_f32(unsafe { h.add(2 * i).cast::<u16>().read_unaligned() })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+    // SAFETY: this function's features are enabled (its caller's contract).
+    unsafe {
+        scores_float(
+            GgmlType::F32,
+            q,
+            k,
+            stride,
+            out,
+            |h, i| load8_f32(h, i),
+            |h, i| one_f32(h, i),
+        )
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+    // SAFETY: as `scores_f32_k`.
+    unsafe {
+        scores_float(
+            GgmlType::F16,
+            q,
+            k,
+            stride,
+            out,
+            |h, i| load8_f16(h, i),
+            |h, i| one_f16(h, i),
+        )
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accum_f32_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
+    // SAFETY: as `scores_f32_k`.
+    unsafe {
+        accum_float(
+            GgmlType::F32,
+            acc,
+            v,
+            stride,
+            p,
+            |h, i| load8_f32(h, i),
+            |h, i| one_f32(h, i),
+        )
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accum_f16_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
+    // SAFETY: as `scores_f32_k`.
+    unsafe {
+        accum_float(
+            GgmlType::F16,
+            acc,
+            v,
+            stride,
+            p,
+            |h, i| load8_f16(h, i),
+            |h, i| one_f16(h, i),
+        )
+    }
+}
+
+/// The block scale of the Q8_0 block at `b` (its first two bytes).
+///
+/// SAFETY (caller): `b + 2` lies inside the head.
+#[inline(always)]
+unsafe fn q8_scale(b: *const u8) -> f32 {
+    // SAFETY: per the caller.
+    f16_to_f32(unsafe { b.cast::<u16>().read_unaligned() })
+}
+
+/// Q8_0 scores with f32 queries (no query rounding): per block, 32 products summed in 8
+/// lanes, then scaled by the block's `d` into the cell's 8-lane total.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+    let hd = q.len();
+    let n = out.len();
+    check_cells(k, stride, n, head_bytes(GgmlType::Q8_0, hd));
+    let nb = hd / 32;
+    let qp = q.as_ptr();
+    let cell = |j: usize| k.as_ptr().wrapping_add(j * stride);
+    // SAFETY: cells j < n are in bounds (`check_cells`), blocks b < hd / 32 inside each.
+    let dot = |h: *const u8| -> __m256 {
+        unsafe {
+            let mut t = _mm256_setzero_ps();
+            for b in 0..nb {
+                let blk = h.add(34 * b);
+                let qb = qp.add(32 * b);
+                let mut s = _mm256_mul_ps(_mm256_loadu_ps(qb), load8_i8(blk.add(2)));
+                s = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(8)), load8_i8(blk.add(10)), s);
+                s = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(16)), load8_i8(blk.add(18)), s);
+                s = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(24)), load8_i8(blk.add(26)), s);
+                t = _mm256_fmadd_ps(s, _mm256_set1_ps(q8_scale(blk)), t);
+            }
+            t
+        }
+    };
+    let mut j = 0;
+    while j + 4 <= n {
+        let s = hsum4(
+            dot(cell(j)),
+            dot(cell(j + 1)),
+            dot(cell(j + 2)),
+            dot(cell(j + 3)),
+        );
+        // SAFETY: j + 4 <= out.len().
+        unsafe { _mm_storeu_ps(out.as_mut_ptr().add(j), s) };
+        j += 4;
+    }
+    while j < n {
+        out[j] = hsum(dot(cell(j)));
+        j += 1;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accum_q8_0_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
+    let hd = acc.len();
+    check_cells(v, stride, p.len(), head_bytes(GgmlType::Q8_0, hd));
+    let cell = |j: usize| v.as_ptr().wrapping_add(j * stride);
+    let ap = acc.as_mut_ptr();
+    // SAFETY: cells j < p.len() are in bounds (`check_cells`); block b < hd / 32 covers
+    // accumulator lanes 32b..32b + 32 < hd.
+    unsafe {
+        for b in 0..hd / 32 {
+            let o = ap.add(32 * b);
+            let mut a = [
+                _mm256_loadu_ps(o),
+                _mm256_loadu_ps(o.add(8)),
+                _mm256_loadu_ps(o.add(16)),
+                _mm256_loadu_ps(o.add(24)),
+            ];
+            for (j, &w) in p.iter().enumerate() {
+                let blk = cell(j).add(34 * b);
+                let wd = _mm256_set1_ps(w * q8_scale(blk));
+                for (c, ac) in a.iter_mut().enumerate() {
+                    *ac = _mm256_fmadd_ps(wd, load8_i8(blk.add(2 + 8 * c)), *ac);
+                }
+            }
+            for (c, ac) in a.iter().enumerate() {
+                _mm256_storeu_ps(o.add(8 * c), *ac);
+            }
+        }
+    }
+}
