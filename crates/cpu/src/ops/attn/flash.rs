@@ -13,6 +13,13 @@
 //! from an empty state, and the window states are merged in cell order. A row's result is
 //! therefore a function of its query, its span and the cells alone, so splitting a long
 //! context's windows across threads (decode) gives the same bits as running them in one task.
+//!
+//! Scores are f64 (products of f32 values are exact there; the row kernels sum them in f64):
+//! real models have scores of magnitude ~100 (Qwen2.5's outlier query/key channels), where an
+//! f32 score's own rounding (ulp 8e-6 at 64) is a relative error of the softmax weight. With
+//! f32 scores the greedy gate against llama.cpp (`engine/tests/greedy_real.rs`) moved one
+//! probability by 0.06 (qwen `chinese_ai_future` step 3); with f64 scores it gives the value of
+//! an all-f64 attention. Weights, the accumulator and V stay f32.
 
 use super::{AttnParams, KResult, KernelError};
 use crate::simd::attn::KvKernels;
@@ -44,15 +51,15 @@ pub(super) struct Call<'a> {
 /// Online-softmax state of a tile's rows: running max, sum of weights, weighted V sum.
 #[derive(Default)]
 struct State {
-    m: Vec<f32>,
-    l: Vec<f32>,
+    m: Vec<f64>,
+    l: Vec<f64>,
     acc: Vec<f32>,
 }
 
 impl State {
     fn reset(&mut self, rows: usize, hd: usize) {
         self.m.clear();
-        self.m.resize(rows, f32::NEG_INFINITY);
+        self.m.resize(rows, f64::NEG_INFINITY);
         self.l.clear();
         self.l.resize(rows, 0.0);
         self.acc.clear();
@@ -70,6 +77,7 @@ impl State {
             let (a, b) = ((self.m[r] - m).exp(), (part.m[r] - m).exp());
             self.m[r] = m;
             self.l[r] = self.l[r] * a + part.l[r] * b;
+            let (a, b) = (a as f32, b as f32);
             let acc = &mut self.acc[r * hd..(r + 1) * hd];
             for (x, &y) in acc.iter_mut().zip(&part.acc[r * hd..(r + 1) * hd]) {
                 *x = *x * a + y * b;
@@ -111,7 +119,7 @@ impl Call<'_> {
     }
 
     /// The state of `tile`'s rows over window `w` alone, into `st`.
-    fn window(&self, tile: Tile, w: usize, st: &mut State, scores: &mut [f32; BLOCK]) {
+    fn window(&self, tile: Tile, w: usize, st: &mut State, buf: &mut Buffers) {
         let (hd, group) = (self.hd(), self.group());
         st.reset(self.rows(tile), hd);
         let head_off = tile.g * self.head_bytes;
@@ -147,11 +155,12 @@ impl Call<'_> {
                     let r = (t - tile.t0) * group + hh;
                     let h = tile.g * group + hh;
                     let q = &self.q[t * row_len + h * hd..t * row_len + (h + 1) * hd];
-                    let s = &mut scores[..n];
+                    let s = &mut buf.scores[..n];
                     (self.kern.scores)(q, k, self.cell_bytes, s);
-                    let mut mx = f32::NEG_INFINITY;
+                    let scale = self.p.scale as f64;
+                    let mut mx = f64::NEG_INFINITY;
                     for x in s.iter_mut() {
-                        *x *= self.p.scale;
+                        *x *= scale;
                         mx = mx.max(*x);
                     }
                     let acc = &mut st.acc[r * hd..(r + 1) * hd];
@@ -159,19 +168,22 @@ impl Call<'_> {
                         // The running max grew: earlier weights were relative to the old one.
                         let alpha = (st.m[r] - mx).exp();
                         if st.l[r] != 0.0 {
+                            let alpha = alpha as f32;
                             acc.iter_mut().for_each(|x| *x *= alpha);
                         }
                         st.l[r] *= alpha;
                         st.m[r] = mx;
                     }
                     let m = st.m[r];
-                    let mut sum = 0f32;
-                    for x in s.iter_mut() {
-                        *x = (*x - m).exp();
-                        sum += *x;
+                    let mut sum = 0f64;
+                    let w = &mut buf.weights[..n];
+                    for (x, w) in s.iter().zip(w.iter_mut()) {
+                        let e = (x - m).exp();
+                        sum += e;
+                        *w = e as f32;
                     }
                     st.l[r] += sum;
-                    (self.kern.accum)(acc, v, self.cell_bytes, s);
+                    (self.kern.accum)(acc, v, self.cell_bytes, w);
                 }
             }
             b0 = b1;
@@ -193,7 +205,8 @@ impl Call<'_> {
                 let l = st.l[r];
                 let acc = &st.acc[r * hd..(r + 1) * hd];
                 if l > 0.0 {
-                    o.iter_mut().zip(acc).for_each(|(o, &a)| *o = a / l);
+                    let inv = (1.0 / l) as f32;
+                    o.iter_mut().zip(acc).for_each(|(o, &a)| *o = a * inv);
                 } else {
                     // An empty span (or all weights underflowed): no cell contributes.
                     o.fill(0.0);
@@ -203,10 +216,21 @@ impl Call<'_> {
     }
 }
 
+/// One block's scores (f64: see the module notes) and weights.
+struct Buffers {
+    scores: [f64; BLOCK],
+    weights: [f32; BLOCK],
+}
+
 thread_local! {
-    /// A window's state, the merged state, and one block of scores, reused across tasks.
-    static SCRATCH: RefCell<(State, State, [f32; BLOCK])> =
-        RefCell::new((State::default(), State::default(), [0.0; BLOCK]));
+    /// A window's state, the merged state, and one block's buffers, reused across tasks.
+    static SCRATCH: RefCell<(State, State, Buffers)> = const {
+        RefCell::new((
+            State { m: Vec::new(), l: Vec::new(), acc: Vec::new() },
+            State { m: Vec::new(), l: Vec::new(), acc: Vec::new() },
+            Buffers { scores: [0.0; BLOCK], weights: [0.0; BLOCK] },
+        ))
+    };
 }
 
 /// Runs the attention of `c` into `out` (`[n_tokens][n_head * head_dim]`, length checked by
@@ -238,10 +262,10 @@ pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
         par_tasks(tiles.len(), threads, |i| {
             SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
-                let (part, total, scores) = &mut *s;
+                let (part, total, buf) = &mut *s;
                 total.reset(c.rows(tiles[i]), hd);
                 for w in c.windows(tiles[i]) {
-                    c.window(tiles[i], w, part, scores);
+                    c.window(tiles[i], w, part, buf);
                     total.merge(part, hd);
                 }
                 c.write(tiles[i], total, outp);

@@ -53,10 +53,11 @@ pub struct AttnParams {
 
 /// `q`/`out`: `[n_tokens][n_head * head_dim]`; `span`: `[n_tokens][2]` `[lo, hi)` cells.
 ///
-/// Tolerance class (not bit-identical to a two-pass softmax): the online softmax rescales its
-/// accumulator when the running max grows, merges per-window states, sums in 8 FMA lanes
-/// (AVX2), so results differ from exact attention over the stored K/V values by f32 rounding
-/// (relative ~1e-6, `tests/attn_flash.rs`). They do not depend on the thread count.
+/// Tolerance class (not bit-identical to a two-pass softmax): scores are f64 sums of exact
+/// products, but the online softmax rescales its f32 accumulator when the running max grows,
+/// merges per-window states and accumulates V in FMA lanes, so results differ from exact
+/// attention over the stored K/V values by f32 rounding (relative ~1e-7 to 1e-6,
+/// `tests/attn_flash.rs`). They do not depend on the thread count.
 pub fn attention(
     p: &AttnParams,
     q: &[f32],

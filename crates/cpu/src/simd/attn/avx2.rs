@@ -1,7 +1,7 @@
 //! AVX2 + FMA + F16C attention row kernels. Every public-to-the-module function is a safe
 //! wrapper that [`kernels`] hands out only after [`supported`] confirmed the features.
 //!
-//! Scores: 8-lane fused partial sums per cell, four cells reduced together by one `hadd` tree.
+//! Scores: products and sums in f64 (4-lane FMAs), four cells reduced together by `hadd`.
 //! Accumulate: 32 accumulator lanes held in registers while a run of cells streams through.
 
 use std::arch::x86_64::*;
@@ -45,29 +45,53 @@ macro_rules! safe_wrappers {
 }
 
 safe_wrappers! {
-    scores_f32 => scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]),
-    scores_f16 => scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]),
-    scores_q8_0 => scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]),
+    scores_f32 => scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]),
+    scores_f16 => scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]),
+    scores_q8_0 => scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]),
     accum_f32 => accum_f32_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
     accum_f16 => accum_f16_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
     accum_q8_0 => accum_q8_0_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
 }
 
-/// Horizontal sums of four 8-lane vectors: `[Σa, Σb, Σc, Σd]`.
+/// Horizontal sums of four 4-lane f64 vectors: `([Σa, Σb], [Σc, Σd])`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
-    let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+fn hsum4_pd(a: __m256d, b: __m256d, c: __m256d, d: __m256d) -> (__m128d, __m128d) {
+    let ab = _mm256_hadd_pd(a, b);
+    let cd = _mm256_hadd_pd(c, d);
+    (
+        _mm_add_pd(_mm256_castpd256_pd128(ab), _mm256_extractf128_pd::<1>(ab)),
+        _mm_add_pd(_mm256_castpd256_pd128(cd), _mm256_extractf128_pd::<1>(cd)),
+    )
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(a: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
+fn hsum_pd(a: __m256d) -> f64 {
+    let s = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd::<1>(a));
+    _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)))
+}
+
+/// The low and high 4 lanes of 8 f32 as f64 (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn widen(x: __m256) -> (__m256d, __m256d) {
+    (
+        _mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+        _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x)),
+    )
+}
+
+/// `acc + x * y` over 8 f32 pairs, the products and sums in f64 (two 4-lane halves).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fma8_pd(acc: (__m256d, __m256d), x: __m256, y: __m256) -> (__m256d, __m256d) {
+    let (xl, xh) = widen(x);
+    let (yl, yh) = widen(y);
+    (
+        _mm256_fmadd_pd(xl, yl, acc.0),
+        _mm256_fmadd_pd(xh, yh, acc.1),
+    )
 }
 
 /// 8 f32 elements of a head at element `i`.
@@ -101,6 +125,7 @@ unsafe fn load8_i8(b: *const u8) -> __m256 {
 }
 
 /// Scores for float heads: `load8(h, i)` gives elements `i..i + 8`, `one(h, i)` element `i`.
+/// Products and sums in f64 (f32 x f32 products are exact there).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scores_float(
@@ -108,7 +133,7 @@ unsafe fn scores_float(
     q: &[f32],
     k: &[u8],
     stride: usize,
-    out: &mut [f32],
+    out: &mut [f64],
     load8: impl Fn(*const u8, usize) -> __m256,
     one: impl Fn(*const u8, usize) -> f32,
 ) {
@@ -118,24 +143,26 @@ unsafe fn scores_float(
     let full = hd / 8 * 8;
     let qp = q.as_ptr();
     let cell = |j: usize| k.as_ptr().wrapping_add(j * stride);
-    // SAFETY: every cell j < n is in bounds (`check_cells`), element reads stay below `hd`,
-    // and the caller (a `#[target_feature]` kernel) guarantees the CPU features.
+    let zero = || (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let tail = |h: *const u8| -> f64 { (full..hd).map(|i| q[i] as f64 * one(h, i) as f64).sum() };
+    // SAFETY: every cell j < n is in bounds (`check_cells`), element reads stay below `hd`.
     unsafe {
-        let tail = |h: *const u8| -> f32 { (full..hd).map(|i| q[i] * one(h, i)).sum() };
         let mut j = 0;
         while j + 4 <= n {
             let h = [cell(j), cell(j + 1), cell(j + 2), cell(j + 3)];
-            let mut a = [_mm256_setzero_ps(); 4];
+            let mut a = [zero(), zero(), zero(), zero()];
             let mut i = 0;
             while i < full {
                 let qv = _mm256_loadu_ps(qp.add(i));
                 for c in 0..4 {
-                    a[c] = _mm256_fmadd_ps(qv, load8(h[c], i), a[c]);
+                    a[c] = fma8_pd(a[c], qv, load8(h[c], i));
                 }
                 i += 8;
             }
-            let s = hsum4(a[0], a[1], a[2], a[3]);
-            _mm_storeu_ps(out.as_mut_ptr().add(j), s);
+            let sum = |x: (__m256d, __m256d)| _mm256_add_pd(x.0, x.1);
+            let (s01, s23) = hsum4_pd(sum(a[0]), sum(a[1]), sum(a[2]), sum(a[3]));
+            _mm_storeu_pd(out.as_mut_ptr().add(j), s01);
+            _mm_storeu_pd(out.as_mut_ptr().add(j + 2), s23);
             if full < hd {
                 for c in 0..4 {
                     out[j + c] += tail(h[c]);
@@ -145,13 +172,13 @@ unsafe fn scores_float(
         }
         while j < n {
             let h = cell(j);
-            let mut a = _mm256_setzero_ps();
+            let mut a = zero();
             let mut i = 0;
             while i < full {
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(h, i), a);
+                a = fma8_pd(a, _mm256_loadu_ps(qp.add(i)), load8(h, i));
                 i += 8;
             }
-            out[j] = hsum(a) + tail(h);
+            out[j] = hsum_pd(_mm256_add_pd(a.0, a.1)) + tail(h);
             j += 1;
         }
     }
@@ -228,7 +255,7 @@ unsafe fn one_f16(h: *const u8, i: usize) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+unsafe fn scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
     // SAFETY: this function's features are enabled (its caller's contract).
     unsafe {
         scores_float(
@@ -244,7 +271,7 @@ unsafe fn scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+unsafe fn scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
     // SAFETY: as `scores_f32_k`.
     unsafe {
         scores_float(
@@ -300,10 +327,10 @@ unsafe fn q8_scale(b: *const u8) -> f32 {
     f16_to_f32(unsafe { b.cast::<u16>().read_unaligned() })
 }
 
-/// Q8_0 scores with f32 queries (no query rounding): per block, 32 products summed in 8
-/// lanes, then scaled by the block's `d` into the cell's 8-lane total.
+/// Q8_0 scores with f32 queries (no query rounding): per block, 32 products summed in f64,
+/// then scaled by the block's `d` into the cell's total.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
     let hd = q.len();
     let n = out.len();
     check_cells(k, stride, n, head_bytes(GgmlType::Q8_0, hd));
@@ -311,35 +338,43 @@ unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
     let qp = q.as_ptr();
     let cell = |j: usize| k.as_ptr().wrapping_add(j * stride);
     // SAFETY: cells j < n are in bounds (`check_cells`), blocks b < hd / 32 inside each.
-    let dot = |h: *const u8| -> __m256 {
+    let dot = |h: *const u8| -> __m256d {
         unsafe {
-            let mut t = _mm256_setzero_ps();
+            let mut t = _mm256_setzero_pd();
             for b in 0..nb {
                 let blk = h.add(34 * b);
                 let qb = qp.add(32 * b);
-                let mut s = _mm256_mul_ps(_mm256_loadu_ps(qb), load8_i8(blk.add(2)));
-                s = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(8)), load8_i8(blk.add(10)), s);
-                s = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(16)), load8_i8(blk.add(18)), s);
-                s = _mm256_fmadd_ps(_mm256_loadu_ps(qb.add(24)), load8_i8(blk.add(26)), s);
-                t = _mm256_fmadd_ps(s, _mm256_set1_ps(q8_scale(blk)), t);
+                let mut s = (_mm256_setzero_pd(), _mm256_setzero_pd());
+                for c in 0..4 {
+                    s = fma8_pd(
+                        s,
+                        _mm256_loadu_ps(qb.add(8 * c)),
+                        load8_i8(blk.add(2 + 8 * c)),
+                    );
+                }
+                let d = _mm256_set1_pd(q8_scale(blk) as f64);
+                t = _mm256_fmadd_pd(_mm256_add_pd(s.0, s.1), d, t);
             }
             t
         }
     };
     let mut j = 0;
     while j + 4 <= n {
-        let s = hsum4(
+        let (s01, s23) = hsum4_pd(
             dot(cell(j)),
             dot(cell(j + 1)),
             dot(cell(j + 2)),
             dot(cell(j + 3)),
         );
         // SAFETY: j + 4 <= out.len().
-        unsafe { _mm_storeu_ps(out.as_mut_ptr().add(j), s) };
+        unsafe {
+            _mm_storeu_pd(out.as_mut_ptr().add(j), s01);
+            _mm_storeu_pd(out.as_mut_ptr().add(j + 2), s23);
+        }
         j += 4;
     }
     while j < n {
-        out[j] = hsum(dot(cell(j)));
+        out[j] = hsum_pd(dot(cell(j)));
         j += 1;
     }
 }

@@ -15,7 +15,7 @@ use minfer_gguf::{Error, GgmlType, Result};
 
 /// `scores(q, k, stride, out)`: `out[j] = q · K_j` for `j < out.len()`, where `K_j` is the head
 /// of `q.len()` elements at `k[j * stride..]` in the kernel's storage type.
-pub type ScoresFn = fn(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]);
+pub type ScoresFn = fn(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]);
 /// `accum(acc, v, stride, p)`: `acc += Σ_j p[j] * V_j` for `j < p.len()`, where `V_j` is the
 /// head of `acc.len()` elements at `v[j * stride..]`.
 pub type AccumFn = fn(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]);

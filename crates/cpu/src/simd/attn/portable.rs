@@ -36,14 +36,18 @@ fn scores_with(
     q: &[f32],
     k: &[u8],
     stride: usize,
-    out: &mut [f32],
+    out: &mut [f64],
     elem: impl Fn(&[u8], usize) -> f32,
 ) {
     let hb = head_bytes(ty, q.len());
     check_cells(k, stride, out.len(), hb);
     for (j, o) in out.iter_mut().enumerate() {
         let h = &k[j * stride..j * stride + hb];
-        *o = q.iter().enumerate().map(|(i, &x)| x * elem(h, i)).sum();
+        *o = q
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| x as f64 * elem(h, i) as f64)
+            .sum();
     }
 }
 
@@ -66,11 +70,11 @@ fn accum_with(
     }
 }
 
-fn scores_f32(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+fn scores_f32(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
     scores_with(GgmlType::F32, q, k, stride, out, f32_at)
 }
 
-fn scores_f16(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+fn scores_f16(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
     scores_with(GgmlType::F16, q, k, stride, out, f16_at)
 }
 
@@ -83,20 +87,20 @@ fn accum_f16(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
 }
 
 /// Q8_0: per block of 32, `d * Σ q_i * x_i` (the block sum in f32, then scaled).
-fn scores_q8_0(q: &[f32], k: &[u8], stride: usize, out: &mut [f32]) {
+fn scores_q8_0(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
     let hb = head_bytes(GgmlType::Q8_0, q.len());
     check_cells(k, stride, out.len(), hb);
     for (j, o) in out.iter_mut().enumerate() {
         let h = &k[j * stride..j * stride + hb];
-        let mut s = 0f32;
+        let mut s = 0f64;
         for (qb, blk) in q.chunks_exact(32).zip(h.chunks_exact(34)) {
             let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-            let bs: f32 = qb
+            let bs: f64 = qb
                 .iter()
                 .zip(&blk[2..])
-                .map(|(&x, &b)| x * (b as i8) as f32)
+                .map(|(&x, &b)| x as f64 * (b as i8) as f64)
                 .sum();
-            s += d * bs;
+            s += d as f64 * bs;
         }
         *o = s;
     }
