@@ -8,7 +8,6 @@ use std::arch::x86_64::*;
 
 use super::{check_cells, head_bytes, KvKernels};
 use crate::simd::Isa;
-use minfer_gguf::quants::f16_to_f32;
 use minfer_gguf::GgmlType;
 
 pub(super) fn supported() -> bool {
@@ -249,9 +248,11 @@ unsafe fn one_f32(h: *const u8, i: usize) -> f32 {
 /// Element `i` of an f16 head.
 ///
 /// SAFETY (caller): `h + 2 * (i + 1)` lies inside the head.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn one_f16(h: *const u8, i: usize) -> f32 {
     // SAFETY: per the caller.
-    f16_to_f32(unsafe { h.add(2 * i).cast::<u16>().read_unaligned() })
+    unsafe { half_at(h.add(2 * i)) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -318,13 +319,16 @@ unsafe fn accum_f16_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
     }
 }
 
-/// The block scale of the Q8_0 block at `b` (its first two bytes).
+/// The f16 at `b` (a Q8_0 block scale, an f16 element), widened by F16C: the
+/// `half` conversion checks CPU features on every call, which showed in `perf` of q8_0 decode.
 ///
 /// SAFETY (caller): `b + 2` lies inside the head.
-#[inline(always)]
-unsafe fn q8_scale(b: *const u8) -> f32 {
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half_at(b: *const u8) -> f32 {
     // SAFETY: per the caller.
-    f16_to_f32(unsafe { b.cast::<u16>().read_unaligned() })
+    let bits = unsafe { b.cast::<u16>().read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// Q8_0 scores with f32 queries (no query rounding): per block, 32 products summed in f64,
@@ -352,7 +356,7 @@ unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
                         load8_i8(blk.add(2 + 8 * c)),
                     );
                 }
-                let d = _mm256_set1_pd(q8_scale(blk) as f64);
+                let d = _mm256_set1_pd(half_at(blk) as f64);
                 t = _mm256_fmadd_pd(_mm256_add_pd(s.0, s.1), d, t);
             }
             t
@@ -398,7 +402,7 @@ unsafe fn accum_q8_0_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
             ];
             for (j, &w) in p.iter().enumerate() {
                 let blk = cell(j).add(34 * b);
-                let wd = _mm256_set1_ps(w * q8_scale(blk));
+                let wd = _mm256_set1_ps(w * half_at(blk));
                 for (c, ac) in a.iter_mut().enumerate() {
                     *ac = _mm256_fmadd_ps(wd, load8_i8(blk.add(2 + 8 * c)), *ac);
                 }
