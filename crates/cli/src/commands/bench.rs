@@ -4,6 +4,9 @@
 //! - pp N: one forward of N synthetic token ids (seeded, uniform over the vocabulary) from an
 //!   empty KV, logits of the last row only.
 //! - tg N: N single-token decodes from an empty KV (llama-bench's tg starts empty too).
+//! - `-d D` (llama-bench's `--n-depth`): each run first prefills D synthetic tokens, untimed,
+//!   and the test then runs from position D (attention over a long context); rows read
+//!   `pp512 @ d2048`, `tg64 @ d2048`.
 //! - Every repetition starts from a cleared KV of the same loaded model; an untimed warm-up
 //!   run (the full pp, or one tg step, as llama-bench does) comes first.
 //! - Reported: mean ± sample sd of the per-repetition tok/s, their median, and for tg the
@@ -45,6 +48,15 @@ pub struct Args {
         default_value = "128"
     )]
     pub n_gen: Vec<usize>,
+    /// Depths, comma-separated: tokens already in the KV cache when each timed run starts
+    /// (prefilled untimed before every repetition, as llama-bench's -d does).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
     /// Timed repetitions per test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
@@ -125,24 +137,37 @@ pub fn synthetic_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn run_once(target: &mut dyn Target, test: Test, tokens: &[u32]) -> anyhow::Result<()> {
+/// One run from a cleared KV: the untimed `depth` prefill, then the timed test from position
+/// `depth.len()`; returns the nanoseconds of the test alone.
+fn run_once(
+    target: &mut dyn Target,
+    test: Test,
+    tokens: &[u32],
+    depth: &[u32],
+) -> anyhow::Result<u64> {
     target.kv_clear();
+    if !depth.is_empty() {
+        target.decode(depth, 0, 1).context("depth prefill")?;
+    }
+    let pos0 = depth.len();
+    let t0 = Instant::now();
     match test {
-        Test::Prompt(_) => target.decode(tokens, 0, 1),
+        Test::Prompt(_) => target.decode(tokens, pos0, 1)?,
         Test::Gen(_) => {
-            for (pos, &t) in tokens.iter().enumerate() {
-                target.decode(&[t], pos, 1)?;
+            for (i, &t) in tokens.iter().enumerate() {
+                target.decode(&[t], pos0 + i, 1)?;
             }
-            Ok(())
         }
     }
+    Ok(t0.elapsed().as_nanos() as u64)
 }
 
-/// Times `reps` runs of `test`; returns nanoseconds per run.
+/// Times `reps` runs of `test` after `depth` cached tokens; returns nanoseconds per run.
 pub fn time_test(
     target: &mut dyn Target,
     test: Test,
     tokens: &[u32],
+    depth: &[u32],
     reps: usize,
     warmup: bool,
     progress: &dyn Fn(usize),
@@ -152,14 +177,12 @@ pub fn time_test(
             Test::Prompt(_) => tokens,
             Test::Gen(_) => &tokens[..tokens.len().min(1)],
         };
-        run_once(target, test, warm).context("warm-up run")?;
+        run_once(target, test, warm, depth).context("warm-up run")?;
     }
     let mut ns = Vec::with_capacity(reps);
     for rep in 0..reps {
         progress(rep);
-        let t0 = Instant::now();
-        run_once(target, test, tokens)?;
-        ns.push(t0.elapsed().as_nanos() as u64);
+        ns.push(run_once(target, test, tokens, depth)?);
     }
     target.kv_clear();
     Ok(ns)
@@ -174,6 +197,15 @@ fn tests_of(args: &Args) -> Vec<Test> {
         .collect();
     v.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)));
     v
+}
+
+/// llama-bench's test-name suffix for a depth: ` @ d2048` (none for 0).
+pub fn depth_suffix(depth: usize) -> String {
+    if depth == 0 {
+        String::new()
+    } else {
+        format!(" @ d{depth}")
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -197,14 +229,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !tests.is_empty() {
         let path = fetch::resolve_model(&args.model)?;
         let path = &path;
-        let n_ctx = tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
+        let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
+        let n_ctx = max_depth + tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
         for &threads in &args.threads {
             let loaded = target::load(path, &args, threads, n_ctx)?;
             let f = facts.get_or_insert(loaded.facts.clone());
             let mut engine = loaded.target;
-            for &test in &tests {
+            for (&d, &test) in args
+                .n_depth
+                .iter()
+                .flat_map(|d| tests.iter().map(move |t| (d, t)))
+            {
                 let tokens = synthetic_tokens(test.n_tokens(), f.vocab, args.seed);
-                let label = format!("{} t={}", test.name(), loaded.threads);
+                // A different seed, so the depth is not the test's own tokens repeated.
+                let depth = synthetic_tokens(d, f.vocab, args.seed ^ 0xd3);
+                let label = format!("{}{} t={}", test.name(), depth_suffix(d), loaded.threads);
                 let show = |rep: usize| {
                     if args.progress {
                         eprintln!("minfer bench: {label} repetition {}/{}", rep + 1, args.reps);
@@ -214,19 +253,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     engine.as_mut(),
                     test,
                     &tokens,
+                    &depth,
                     args.reps,
                     !args.no_warmup,
                     &show,
                 )
                 .with_context(|| format!("{label} on {}", path.display()))?;
-                rows.push(Row::new(
-                    f,
-                    &loaded.backend,
-                    loaded.threads,
-                    &args.cache_type,
-                    test,
-                    ns,
-                ));
+                rows.push(
+                    Row::new(
+                        f,
+                        &loaded.backend,
+                        loaded.threads,
+                        &args.cache_type,
+                        test,
+                        ns,
+                    )
+                    .at_depth(d),
+                );
             }
         }
     }
@@ -260,7 +303,7 @@ mod tests {
     fn prompt_test_is_one_forward_per_repetition_after_a_warm_up() {
         let mut r = Recorder::default();
         let tokens = synthetic_tokens(512, 1000, 1);
-        let ns = time_test(&mut r, Test::Prompt(512), &tokens, 3, true, &|_| {}).unwrap();
+        let ns = time_test(&mut r, Test::Prompt(512), &tokens, &[], 3, true, &|_| {}).unwrap();
         assert_eq!(ns.len(), 3);
         assert_eq!(r.calls, vec![(512, 0, 1); 4]);
         // A clear before each of the 4 runs, one after.
@@ -271,13 +314,36 @@ mod tests {
     fn gen_test_is_n_single_token_steps_from_position_zero() {
         let mut r = Recorder::default();
         let tokens = synthetic_tokens(4, 1000, 1);
-        time_test(&mut r, Test::Gen(4), &tokens, 2, true, &|_| {}).unwrap();
+        time_test(&mut r, Test::Gen(4), &tokens, &[], 2, true, &|_| {}).unwrap();
         // Warm-up: one step; then two runs of positions 0..4.
         let run: Vec<_> = (0..4).map(|p| (1, p, 1)).collect();
         let mut want = vec![(1, 0, 1)];
         want.extend(run.iter().copied());
         want.extend(run.iter().copied());
         assert_eq!(r.calls, want);
+    }
+
+    #[test]
+    fn depth_is_prefilled_before_every_run_and_the_test_starts_after_it() {
+        let mut r = Recorder::default();
+        let tokens = synthetic_tokens(3, 1000, 1);
+        let depth = synthetic_tokens(10, 1000, 2);
+        time_test(&mut r, Test::Gen(3), &tokens, &depth, 1, true, &|_| {}).unwrap();
+        // Warm-up: depth, one step at 10; the run: depth, steps at 10, 11, 12.
+        let want = vec![
+            (10, 0, 1),
+            (1, 10, 1),
+            (10, 0, 1),
+            (1, 10, 1),
+            (1, 11, 1),
+            (1, 12, 1),
+        ];
+        assert_eq!(r.calls, want);
+        let mut r = Recorder::default();
+        time_test(&mut r, Test::Prompt(3), &tokens, &depth, 1, false, &|_| {}).unwrap();
+        assert_eq!(r.calls, vec![(10, 0, 1), (3, 10, 1)]);
+        assert_eq!(depth_suffix(2048), " @ d2048");
+        assert_eq!(depth_suffix(0), "");
     }
 
     #[test]

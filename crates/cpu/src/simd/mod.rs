@@ -25,6 +25,7 @@ mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub mod attn;
 pub use tiles::{finish as finish_tile, TileAcc, TileFn, TileSide, TileSlice, TILE};
 
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:

@@ -96,6 +96,8 @@ pub struct Row {
     pub test: String,
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Tokens in the KV cache before the test (`-d`).
+    pub n_depth: usize,
     pub samples_ns: Vec<u64>,
     pub samples_ts: Vec<f64>,
     pub avg_ts: f64,
@@ -135,6 +137,7 @@ impl Row {
             test: test.name(),
             n_prompt,
             n_gen,
+            n_depth: 0,
             avg_ts: stats::mean(&samples_ts),
             stddev_ts: stats::stdev(&samples_ts),
             median_ts,
@@ -142,6 +145,13 @@ impl Row {
             samples_ts,
             weight_gbps,
         }
+    }
+
+    /// The row of a test run after `depth` cached tokens (named as llama-bench does).
+    pub fn at_depth(mut self, depth: usize) -> Row {
+        self.n_depth = depth;
+        self.test.push_str(&super::depth_suffix(depth));
+        self
     }
 }
 
