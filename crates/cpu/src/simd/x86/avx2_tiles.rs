@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use std::ops::Range;
 
-use super::super::tiles::{TileAcc, TileFn, TileSlice, TILE};
+use super::super::tiles::{TileAcc, TileFn, TileSlice, IQ_BLOCK, TILE};
 use super::{f16_at, load16, nibbles32};
 use minfer_gguf::GgmlType;
 
@@ -15,42 +15,74 @@ const Q8_0: usize = 34;
 const Q8_1: usize = 36;
 const Q8K: usize = 292;
 
+/// Pairs `a`, `b` into one vector: even 32-bit lanes hold sums of two adjacent lanes of
+/// `a`, odd ones of `b` (adding i32 elements, or with `I16` the i16 pairs inside them).
+/// One in-lane shuffle per pair where `hadd` costs two: blends are cheap on every port.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair32<const I16: bool>(a: __m256i, b: __m256i) -> __m256i {
+    let keep = _mm256_blend_epi32::<0b1010_1010>(a, b);
+    let swap = _mm256_shuffle_epi32::<0b1011_0001>(_mm256_blend_epi32::<0b1010_1010>(b, a));
+    add::<I16>(keep, swap)
+}
+
+/// Pairs two outputs of [`pair32`] (tokens a, b and c, d): per 128-bit half, 32-bit lane
+/// i holds a sum for token i of (a, b, c, d).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair64<const I16: bool>(x: __m256i, y: __m256i) -> __m256i {
+    let keep = _mm256_blend_epi32::<0b1100_1100>(x, y);
+    let swap = _mm256_shuffle_epi32::<0b0100_1110>(_mm256_blend_epi32::<0b1100_1100>(y, x));
+    add::<I16>(keep, swap)
+}
+
+/// Adds the two 128-bit halves of `x` (tokens 0..4) and of `y` (tokens 4..8): lane t holds
+/// token t's total. One lane-crossing shuffle.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn halves(x: __m256i, y: __m256i) -> __m256i {
+    let keep = _mm256_blend_epi32::<0b1111_0000>(x, y);
+    _mm256_add_epi32(keep, _mm256_permute2x128_si256::<0x21>(x, y))
+}
+
+/// Element add of i16 (`I16`) or i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn add<const I16: bool>(a: __m256i, b: __m256i) -> __m256i {
+    if I16 {
+        _mm256_add_epi16(a, b)
+    } else {
+        _mm256_add_epi32(a, b)
+    }
+}
+
 /// Lane t = Σ of the 8 i32 lanes of `v[t]` (exact: the sums it is used for never wrap).
+/// A blend tree: 7 shuffles where 6 `hadd`s and 2 permutes take 14.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sum8(v: [__m256i; TILE]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    // a: lanes 0..4 = low-half sums of v0..v3, lanes 4..8 = their high-half sums; b: v4..v7.
-    let a = _mm256_hadd_epi32(h01, h23);
-    let b = _mm256_hadd_epi32(h45, h67);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(a, b),
-        _mm256_permute2x128_si256::<0x31>(a, b),
-    )
+    let ab = pair32::<false>(v[0], v[1]);
+    let cd = pair32::<false>(v[2], v[3]);
+    let ef = pair32::<false>(v[4], v[5]);
+    let gh = pair32::<false>(v[6], v[7]);
+    halves(pair64::<false>(ab, cd), pair64::<false>(ef, gh))
 }
 
 /// Lane t = Σ of the 16 i16 lanes of `p[t]`, for `maddubs` results whose lanes are at most
 /// 8191 in magnitude (so that sums of 4 lanes fit i16: every partial sum here is exact).
-/// Cheaper than widening each to i32 first: 2 `madd`s instead of 8.
+/// The first two levels of [`sum8`]'s tree add i16 pairs, one `madd` widens the sums of 4
+/// to i32 sums of 8, the last level adds the halves.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sum8_small(p: [__m256i; TILE]) -> __m256i {
-    // Per 128-bit half: 4 sums of 2 lanes of p[2i], then of p[2i + 1].
-    let h01 = _mm256_hadd_epi16(p[0], p[1]);
-    let h23 = _mm256_hadd_epi16(p[2], p[3]);
-    let h45 = _mm256_hadd_epi16(p[4], p[5]);
-    let h67 = _mm256_hadd_epi16(p[6], p[7]);
-    // Per half: 2 sums of 4 lanes for each of p0..p3 (p4..p7), then i32 per token and half.
+    let ab = pair32::<true>(p[0], p[1]);
+    let cd = pair32::<true>(p[2], p[3]);
+    let ef = pair32::<true>(p[4], p[5]);
+    let gh = pair32::<true>(p[6], p[7]);
     let ones = _mm256_set1_epi16(1);
-    let a = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones);
-    let b = _mm256_madd_epi16(_mm256_hadd_epi16(h45, h67), ones);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(a, b),
-        _mm256_permute2x128_si256::<0x31>(a, b),
-    )
+    let x = _mm256_madd_epi16(pair64::<true>(ab, cd), ones);
+    let y = _mm256_madd_epi16(pair64::<true>(ef, gh), ones);
+    halves(x, y)
 }
 
 /// 32 bytes at `p` (caller guarantees 32 readable bytes).
@@ -80,7 +112,8 @@ fn ldi(is: &[i32], i: usize) -> __m256i {
 }
 
 /// Adds `value(b)` for every block b of `range` into lane b % 4 of `state`, the lanes kept
-/// in registers (a lane array indexed by b % 4 would live in memory).
+/// in registers (a lane array indexed by b % 4 would live in memory). Rotating the lanes
+/// after each block instead of the `match` (an indirect jump per block) measured no faster.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn walk(range: Range<usize>, state: &mut TileAcc, mut value: impl FnMut(usize) -> __m256) {
@@ -125,8 +158,12 @@ fn check(
     );
 }
 
-/// Q5_0 weights: q = q5 - 16 with q5 in 0..=31, so Σ q·a = Σ q5·a - 16·Σ a, where q5·a pairs
-/// (at most 2·31·128) never saturate `maddubs`; the block value is (d_w · d_a) · s.
+/// Q5_0 weights: q = q5 - 16 with q5 in 0..=31, so Σ q·a = Σ q5·a - 16·Σ a; the block value
+/// is (d_w · d_a) · s. Reads the interleaved quants (`TileSlice::iq`): each 4 weights,
+/// broadcast, meet the same 4 elements of all 8 tokens in one `maddubs`, whose 32-bit lane t
+/// then holds token t's two pair sums, so the sums need no horizontal reduction. Pairs are
+/// at most 2·31·128 = 7936 and an i16 lane adds 4 of them (31744, exact) before `madd`
+/// widens them to i32.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn tile_q5_0(
     w: &[u8],
@@ -137,25 +174,54 @@ unsafe fn tile_q5_0(
     state: &mut TileAcc,
 ) {
     check(w, acts, arb, side, [22, Q8_0, 1, 1], &range);
-    walk(range, state, |b| {
-        let wb = &w[b * 22..][..22];
-        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-        let high = _mm256_and_si256(super::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        let q5 = _mm256_or_si256(nibbles32(&wb[6..]), high);
-        let mut p = [_mm256_setzero_si256(); TILE];
-        for (t, p) in p.iter_mut().enumerate() {
-            // SAFETY: `check`: row t has `blocks` blocks of 34 bytes, quants at 2..34.
-            let a = unsafe { ld(acts.as_ptr().add(t * arb + b * Q8_0 + 2)) };
-            // Lanes at most 2·31·128 = 7936.
-            *p = _mm256_maddubs_epi16(q5, a);
+    assert!(
+        side.iq.len() >= w.len() / 22 * IQ_BLOCK,
+        "tile kernel: no interleaved quants"
+    );
+    let ones = _mm256_set1_epi16(1);
+    // The row's quants are unpacked into `q5` by a first pass over a chunk of blocks, so that
+    // the second reads each 4 of them by a broadcast load (no shuffle port) where unpacking
+    // in the same pass compiles to in-register shuffles.
+    const CHUNK: usize = 32;
+    // f32 only as a carrier of 4 quant bytes: `broadcast_ss` moves bits, no float math.
+    let mut q5 = [[0f32; 8]; CHUNK];
+    let mut dw = [0f32; CHUNK];
+    for c0 in range.clone().step_by(CHUNK) {
+        let chunk = c0..(c0 + CHUNK).min(range.end);
+        for ((b, q5), dw) in chunk.clone().zip(q5.iter_mut()).zip(dw.iter_mut()) {
+            let wb = &w[b * 22..][..22];
+            *dw = f16_at(wb, 0);
+            let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+            let high = _mm256_and_si256(super::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+            let v = _mm256_or_si256(nibbles32(&wb[6..]), high);
+            // SAFETY: `q5` is 32 bytes.
+            unsafe { _mm256_storeu_si256(q5.as_mut_ptr().cast(), v) };
         }
-        let s = _mm256_sub_epi32(
-            sum8_small(p),
-            _mm256_slli_epi32::<4>(ldi(side.is, b * TILE)),
-        );
-        let dd = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 0)), ldf(side.fs, b * TILE));
-        _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s))
-    });
+        walk(chunk, state, |b| {
+            let i = b - c0;
+            let q5 = &q5[i];
+            let iq = &side.iq[b * IQ_BLOCK..][..IQ_BLOCK];
+            // SAFETY: `iq` holds 8 groups of 32 bytes.
+            let group = |g: usize| unsafe { ld(iq.as_ptr().add(32 * g)) };
+            // A broadcast from memory, a load with no shuffle (`set1` of a loaded value
+            // compiles to a load and a register broadcast).
+            let four = |g: usize| _mm256_castps_si256(_mm256_broadcast_ss(&q5[g]));
+            let half = |g0: usize| {
+                let p = |g: usize| _mm256_maddubs_epi16(four(g), group(g));
+                let s = _mm256_add_epi16(
+                    _mm256_add_epi16(p(g0), p(g0 + 1)),
+                    _mm256_add_epi16(p(g0 + 2), p(g0 + 3)),
+                );
+                _mm256_madd_epi16(s, ones)
+            };
+            let s = _mm256_sub_epi32(
+                _mm256_add_epi32(half(0), half(4)),
+                _mm256_slli_epi32::<4>(ldi(side.is, b * TILE)),
+            );
+            let dd = _mm256_mul_ps(_mm256_broadcast_ss(&dw[i]), ldf(side.fs, b * TILE));
+            _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s))
+        });
+    }
 }
 
 /// Q8_0 weights (any byte, -128 included) with activations in -127..=127 (`TileSide::fill`
