@@ -1,7 +1,8 @@
 //! AVX2 tile kernels: one weight row against 8 activation rows (see `simd/tiles.rs` for the
 //! contract). Per block: the weight quants are unpacked once, each token's exact integer sum
-//! is reduced into lane t of one i32 vector ([`sum8`]), and the reference's f32 block
-//! expression runs once for all 8 tokens with one token per lane.
+//! is reduced into lane t of one i32 vector ([`sum8`]; Q5_0 reads activations interleaved by
+//! 4, whose `maddubs` lanes are per token already), and the reference's f32 block expression
+//! runs once for all 8 tokens with one token per lane.
 
 use std::arch::x86_64::*;
 
@@ -15,74 +16,42 @@ const Q8_0: usize = 34;
 const Q8_1: usize = 36;
 const Q8K: usize = 292;
 
-/// Pairs `a`, `b` into one vector: even 32-bit lanes hold sums of two adjacent lanes of
-/// `a`, odd ones of `b` (adding i32 elements, or with `I16` the i16 pairs inside them).
-/// One in-lane shuffle per pair where `hadd` costs two: blends are cheap on every port.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn pair32<const I16: bool>(a: __m256i, b: __m256i) -> __m256i {
-    let keep = _mm256_blend_epi32::<0b1010_1010>(a, b);
-    let swap = _mm256_shuffle_epi32::<0b1011_0001>(_mm256_blend_epi32::<0b1010_1010>(b, a));
-    add::<I16>(keep, swap)
-}
-
-/// Pairs two outputs of [`pair32`] (tokens a, b and c, d): per 128-bit half, 32-bit lane
-/// i holds a sum for token i of (a, b, c, d).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn pair64<const I16: bool>(x: __m256i, y: __m256i) -> __m256i {
-    let keep = _mm256_blend_epi32::<0b1100_1100>(x, y);
-    let swap = _mm256_shuffle_epi32::<0b0100_1110>(_mm256_blend_epi32::<0b1100_1100>(y, x));
-    add::<I16>(keep, swap)
-}
-
-/// Adds the two 128-bit halves of `x` (tokens 0..4) and of `y` (tokens 4..8): lane t holds
-/// token t's total. One lane-crossing shuffle.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn halves(x: __m256i, y: __m256i) -> __m256i {
-    let keep = _mm256_blend_epi32::<0b1111_0000>(x, y);
-    _mm256_add_epi32(keep, _mm256_permute2x128_si256::<0x21>(x, y))
-}
-
-/// Element add of i16 (`I16`) or i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn add<const I16: bool>(a: __m256i, b: __m256i) -> __m256i {
-    if I16 {
-        _mm256_add_epi16(a, b)
-    } else {
-        _mm256_add_epi32(a, b)
-    }
-}
-
 /// Lane t = Σ of the 8 i32 lanes of `v[t]` (exact: the sums it is used for never wrap).
-/// A blend tree: 7 shuffles where 6 `hadd`s and 2 permutes take 14.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sum8(v: [__m256i; TILE]) -> __m256i {
-    let ab = pair32::<false>(v[0], v[1]);
-    let cd = pair32::<false>(v[2], v[3]);
-    let ef = pair32::<false>(v[4], v[5]);
-    let gh = pair32::<false>(v[6], v[7]);
-    halves(pair64::<false>(ab, cd), pair64::<false>(ef, gh))
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // a: lanes 0..4 = low-half sums of v0..v3, lanes 4..8 = their high-half sums; b: v4..v7.
+    let a = _mm256_hadd_epi32(h01, h23);
+    let b = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(a, b),
+        _mm256_permute2x128_si256::<0x31>(a, b),
+    )
 }
 
 /// Lane t = Σ of the 16 i16 lanes of `p[t]`, for `maddubs` results whose lanes are at most
 /// 8191 in magnitude (so that sums of 4 lanes fit i16: every partial sum here is exact).
-/// The first two levels of [`sum8`]'s tree add i16 pairs, one `madd` widens the sums of 4
-/// to i32 sums of 8, the last level adds the halves.
+/// Cheaper than widening each to i32 first: 2 `madd`s instead of 8.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sum8_small(p: [__m256i; TILE]) -> __m256i {
-    let ab = pair32::<true>(p[0], p[1]);
-    let cd = pair32::<true>(p[2], p[3]);
-    let ef = pair32::<true>(p[4], p[5]);
-    let gh = pair32::<true>(p[6], p[7]);
+    // Per 128-bit half: 4 sums of 2 lanes of p[2i], then of p[2i + 1].
+    let h01 = _mm256_hadd_epi16(p[0], p[1]);
+    let h23 = _mm256_hadd_epi16(p[2], p[3]);
+    let h45 = _mm256_hadd_epi16(p[4], p[5]);
+    let h67 = _mm256_hadd_epi16(p[6], p[7]);
+    // Per half: 2 sums of 4 lanes for each of p0..p3 (p4..p7), then i32 per token and half.
     let ones = _mm256_set1_epi16(1);
-    let x = _mm256_madd_epi16(pair64::<true>(ab, cd), ones);
-    let y = _mm256_madd_epi16(pair64::<true>(ef, gh), ones);
-    halves(x, y)
+    let a = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones);
+    let b = _mm256_madd_epi16(_mm256_hadd_epi16(h45, h67), ones);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(a, b),
+        _mm256_permute2x128_si256::<0x31>(a, b),
+    )
 }
 
 /// 32 bytes at `p` (caller guarantees 32 readable bytes).
