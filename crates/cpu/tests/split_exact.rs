@@ -21,7 +21,8 @@
 //! agree); Q6_K's offset removed as 16 · bsum instead of 32 · bsum; Q4_K's mins paired with
 //! the wrong block sums (`mn[i % 8]`); Q5_0's offset as 8 · Σa instead of 16 · Σa; Q4_1's
 //! min term scaled by 1 + ε; Q8_0 weights clamped to -127 before `abs` (the -128 weights
-//! planted below).
+//! planted below); Q5_0's kernel on interleaved activations pairing each 4 activations with
+//! the weights of the neighbouring group (`q5[g ^ 1]`).
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::attn_f16;

@@ -7,7 +7,7 @@
 
 use super::{KResult, KernelError};
 use crate::dot;
-use crate::simd::{finish_tile, TileAcc, TileFn, TileSide, TILE};
+use crate::simd::{finish_tile, TileAcc, TileFn, TileMut, TileSide, TILE};
 use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
 use std::cell::RefCell;
@@ -86,7 +86,7 @@ fn prepare(
     sc.act.resize(arb * nt, 0);
     let tiled = tiles && nt >= TILE && sc.side.reset(at, arb, nt);
     let acts: Vec<Mutex<&mut [u8]>> = sc.act.chunks_mut(TILE * arb).map(Mutex::new).collect();
-    let sides: Vec<Mutex<(&mut [f32], &mut [i32])>> = if tiled {
+    let sides: Vec<Mutex<TileMut>> = if tiled {
         sc.side.tiles_mut().map(Mutex::new).collect()
     } else {
         Vec::new()
@@ -108,8 +108,7 @@ fn prepare(
         }
         if let Some(side) = sides.get(task) {
             let mut side = side.lock().unwrap_or_else(|p| p.into_inner());
-            let (fs, is) = &mut *side;
-            if !TileSide::fill(at, &a, arb, fs, is) {
+            if !TileSide::fill(at, &a, arb, &mut side) {
                 fit.store(false, Ordering::Relaxed);
             }
         }

@@ -26,7 +26,9 @@ mod tiles;
 mod x86;
 
 pub mod attn;
-pub use tiles::{finish as finish_tile, TileAcc, TileFn, TileSide, TileSlice, TILE};
+pub use tiles::{
+    finish as finish_tile, TileAcc, TileFn, TileMut, TileSide, TileSlice, IQ_BLOCK, TILE,
+};
 
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:
 /// `(weight row, activation row) -> dot`.

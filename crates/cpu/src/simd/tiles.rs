@@ -40,11 +40,25 @@ pub fn finish(acc: &TileAcc) -> [f32; TILE] {
     std::array::from_fn(|t| (acc[0][t] + acc[2][t]) + (acc[1][t] + acc[3][t]))
 }
 
-/// The side table of one tile: `fs` f32 facts and `is` i32 facts, `[block][fact][TILE]`.
+/// The side table of one tile: `fs` f32 facts and `is` i32 facts, `[block][fact][TILE]`;
+/// for Q8_0 activations also `iq`, the tile's quants interleaved by 4
+/// (`[block][group of 4 elements][token][4]`, [`IQ_BLOCK`] bytes per block), so that one
+/// 32-byte load holds the same 4 elements of all TILE tokens (empty for other types).
 #[derive(Clone, Copy)]
 pub struct TileSlice<'a> {
     pub fs: &'a [f32],
     pub is: &'a [i32],
+    pub iq: &'a [u8],
+}
+
+/// Interleaved quant bytes per 32-element block of a tile: 32 elements of TILE tokens.
+pub const IQ_BLOCK: usize = 32 * TILE;
+
+/// One tile's side table, to fill.
+pub struct TileMut<'a> {
+    pub fs: &'a mut [f32],
+    pub is: &'a mut [i32],
+    pub iq: &'a mut [u8],
 }
 
 /// Per-block activation facts of every full tile of a matmul's activations.
@@ -52,9 +66,11 @@ pub struct TileSlice<'a> {
 pub struct TileSide {
     fs: Vec<f32>,
     is: Vec<i32>,
-    /// f32 / i32 facts per tile.
+    iq: Vec<u8>,
+    /// f32 / i32 facts and interleaved quant bytes per tile.
     fs_per_tile: usize,
     is_per_tile: usize,
+    iq_per_tile: usize,
 }
 
 /// The side-table geometry of activation type `at` for rows of `blocks` blocks:
@@ -88,23 +104,33 @@ impl TileSide {
         self.fs_per_tile = nb * nf * TILE;
         // At least one (unused) i32 per tile, so that tiles stay chunks of equal length.
         self.is_per_tile = (nb * ni * TILE).max(1);
+        self.iq_per_tile = if at == GgmlType::Q8_0 {
+            nb * IQ_BLOCK
+        } else {
+            1
+        };
         self.fs.clear();
         self.fs.resize(tiles * self.fs_per_tile, 0.0);
         self.is.clear();
         self.is.resize(tiles * self.is_per_tile, 0);
+        self.iq.clear();
+        self.iq.resize(tiles * self.iq_per_tile, 0);
         true
     }
 
-    /// The (f32, i32) facts of every tile, to fill (one tile per item).
-    pub fn tiles_mut(&mut self) -> impl Iterator<Item = (&mut [f32], &mut [i32])> {
+    /// The (f32, i32, interleaved quant) facts of every tile, to fill (one tile per item).
+    pub fn tiles_mut(&mut self) -> impl Iterator<Item = TileMut<'_>> {
         self.fs
             .chunks_exact_mut(self.fs_per_tile)
             .zip(self.is.chunks_exact_mut(self.is_per_tile))
+            .zip(self.iq.chunks_exact_mut(self.iq_per_tile))
+            .map(|((fs, is), iq)| TileMut { fs, is, iq })
     }
 
     /// Fills one tile's facts from its TILE activation rows (`rows`, `arb` bytes each,
     /// encoded in `at`). False when the rows are not fit for the tile kernels (module doc).
-    pub fn fill(at: GgmlType, rows: &[u8], arb: usize, fs: &mut [f32], is: &mut [i32]) -> bool {
+    pub fn fill(at: GgmlType, rows: &[u8], arb: usize, side: &mut TileMut) -> bool {
+        let TileMut { fs, is, iq } = side;
         let bb = at.block_geometry().1 as usize;
         let f16 = |b: &[u8], o: usize| quants::f16_to_f32(u16::from_le_bytes([b[o], b[o + 1]]));
         for t in 0..TILE {
@@ -119,6 +145,9 @@ impl TileSide {
                             return false;
                         }
                         is[b * TILE + t] = q.iter().map(|&v| v as i8 as i32).sum();
+                        for (g, four) in q.chunks_exact(4).enumerate() {
+                            iq[b * IQ_BLOCK + g * 4 * TILE + 4 * t..][..4].copy_from_slice(four);
+                        }
                     }
                     GgmlType::Q8_1 => {
                         fs[(2 * b) * TILE + t] = f16(blk, 0);
@@ -150,6 +179,7 @@ impl TileSide {
         TileSlice {
             fs: &self.fs[tile * self.fs_per_tile..][..self.fs_per_tile],
             is: &self.is[tile * self.is_per_tile..][..self.is_per_tile],
+            iq: &self.iq[tile * self.iq_per_tile..][..self.iq_per_tile],
         }
     }
 }

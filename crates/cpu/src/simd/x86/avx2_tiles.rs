@@ -1,13 +1,14 @@
 //! AVX2 tile kernels: one weight row against 8 activation rows (see `simd/tiles.rs` for the
 //! contract). Per block: the weight quants are unpacked once, each token's exact integer sum
-//! is reduced into lane t of one i32 vector ([`sum8`]), and the reference's f32 block
-//! expression runs once for all 8 tokens with one token per lane.
+//! is reduced into lane t of one i32 vector ([`sum8`]; Q5_0 reads activations interleaved by
+//! 4, whose `maddubs` lanes are per token already), and the reference's f32 block expression
+//! runs once for all 8 tokens with one token per lane.
 
 use std::arch::x86_64::*;
 
 use std::ops::Range;
 
-use super::super::tiles::{TileAcc, TileFn, TileSlice, TILE};
+use super::super::tiles::{TileAcc, TileFn, TileSlice, IQ_BLOCK, TILE};
 use super::{f16_at, load16, nibbles32};
 use minfer_gguf::GgmlType;
 
@@ -80,7 +81,8 @@ fn ldi(is: &[i32], i: usize) -> __m256i {
 }
 
 /// Adds `value(b)` for every block b of `range` into lane b % 4 of `state`, the lanes kept
-/// in registers (a lane array indexed by b % 4 would live in memory).
+/// in registers (a lane array indexed by b % 4 would live in memory). Rotating the lanes
+/// after each block instead of the `match` (an indirect jump per block) measured no faster.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn walk(range: Range<usize>, state: &mut TileAcc, mut value: impl FnMut(usize) -> __m256) {
@@ -125,8 +127,12 @@ fn check(
     );
 }
 
-/// Q5_0 weights: q = q5 - 16 with q5 in 0..=31, so Σ q·a = Σ q5·a - 16·Σ a, where q5·a pairs
-/// (at most 2·31·128) never saturate `maddubs`; the block value is (d_w · d_a) · s.
+/// Q5_0 weights: q = q5 - 16 with q5 in 0..=31, so Σ q·a = Σ q5·a - 16·Σ a; the block value
+/// is (d_w · d_a) · s. Reads the interleaved quants (`TileSlice::iq`): each 4 weights,
+/// broadcast, meet the same 4 elements of all 8 tokens in one `maddubs`, whose 32-bit lane t
+/// then holds token t's two pair sums, so the sums need no horizontal reduction. Pairs are
+/// at most 2·31·128 = 7936 and an i16 lane adds 4 of them (31744, exact) before `madd`
+/// widens them to i32.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn tile_q5_0(
     w: &[u8],
@@ -137,25 +143,54 @@ unsafe fn tile_q5_0(
     state: &mut TileAcc,
 ) {
     check(w, acts, arb, side, [22, Q8_0, 1, 1], &range);
-    walk(range, state, |b| {
-        let wb = &w[b * 22..][..22];
-        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-        let high = _mm256_and_si256(super::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        let q5 = _mm256_or_si256(nibbles32(&wb[6..]), high);
-        let mut p = [_mm256_setzero_si256(); TILE];
-        for (t, p) in p.iter_mut().enumerate() {
-            // SAFETY: `check`: row t has `blocks` blocks of 34 bytes, quants at 2..34.
-            let a = unsafe { ld(acts.as_ptr().add(t * arb + b * Q8_0 + 2)) };
-            // Lanes at most 2·31·128 = 7936.
-            *p = _mm256_maddubs_epi16(q5, a);
+    assert!(
+        side.iq.len() >= w.len() / 22 * IQ_BLOCK,
+        "tile kernel: no interleaved quants"
+    );
+    let ones = _mm256_set1_epi16(1);
+    // The row's quants are unpacked into `q5` by a first pass over a chunk of blocks, so that
+    // the second reads each 4 of them by a broadcast load (no shuffle port) where unpacking
+    // in the same pass compiles to in-register shuffles.
+    const CHUNK: usize = 32;
+    // f32 only as a carrier of 4 quant bytes: `broadcast_ss` moves bits, no float math.
+    let mut q5 = [[0f32; 8]; CHUNK];
+    let mut dw = [0f32; CHUNK];
+    for c0 in range.clone().step_by(CHUNK) {
+        let chunk = c0..(c0 + CHUNK).min(range.end);
+        for ((b, q5), dw) in chunk.clone().zip(q5.iter_mut()).zip(dw.iter_mut()) {
+            let wb = &w[b * 22..][..22];
+            *dw = f16_at(wb, 0);
+            let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+            let high = _mm256_and_si256(super::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+            let v = _mm256_or_si256(nibbles32(&wb[6..]), high);
+            // SAFETY: `q5` is 32 bytes.
+            unsafe { _mm256_storeu_si256(q5.as_mut_ptr().cast(), v) };
         }
-        let s = _mm256_sub_epi32(
-            sum8_small(p),
-            _mm256_slli_epi32::<4>(ldi(side.is, b * TILE)),
-        );
-        let dd = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 0)), ldf(side.fs, b * TILE));
-        _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s))
-    });
+        walk(chunk, state, |b| {
+            let i = b - c0;
+            let q5 = &q5[i];
+            let iq = &side.iq[b * IQ_BLOCK..][..IQ_BLOCK];
+            // SAFETY: `iq` holds 8 groups of 32 bytes.
+            let group = |g: usize| unsafe { ld(iq.as_ptr().add(32 * g)) };
+            // A broadcast from memory, a load with no shuffle (`set1` of a loaded value
+            // compiles to a load and a register broadcast).
+            let four = |g: usize| _mm256_castps_si256(_mm256_broadcast_ss(&q5[g]));
+            let half = |g0: usize| {
+                let p = |g: usize| _mm256_maddubs_epi16(four(g), group(g));
+                let s = _mm256_add_epi16(
+                    _mm256_add_epi16(p(g0), p(g0 + 1)),
+                    _mm256_add_epi16(p(g0 + 2), p(g0 + 3)),
+                );
+                _mm256_madd_epi16(s, ones)
+            };
+            let s = _mm256_sub_epi32(
+                _mm256_add_epi32(half(0), half(4)),
+                _mm256_slli_epi32::<4>(ldi(side.is, b * TILE)),
+            );
+            let dd = _mm256_mul_ps(_mm256_broadcast_ss(&dw[i]), ldf(side.fs, b * TILE));
+            _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s))
+        });
+    }
 }
 
 /// Q8_0 weights (any byte, -128 included) with activations in -127..=127 (`TileSide::fill`
