@@ -20,6 +20,9 @@
 //! the wrong block sums (`mn[i % 8]`); Q5_0's offset as 8 · Σa instead of 16 · Σa; Q4_1's
 //! min term scaled by 1 + ε; Q8_0 weights clamped to -127 before `abs` (the -128 weights
 //! planted below).
+//!
+//! Decode's Q5_0 side kernel (`dot_q5_0_side`, nt = 1 and 3, activation block facts from the
+//! matmul's side table): removing the offset as 8 · Σa instead of 16 · Σa fails the matmul test.
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::attn_f16;
