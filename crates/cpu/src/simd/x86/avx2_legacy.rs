@@ -259,6 +259,38 @@ fn q5_0_unsigned(wb: &[u8]) -> __m256i {
     _mm256_or_si256(nibbles32(&wb[6..]), high)
 }
 
+/// Σ q·a of one Q5_0 block with unsigned quants (0..=31) as 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_0_unsigned_isum(wb: &[u8], ab: &[u8]) -> __m256i {
+    widen_pairs(_mm256_maddubs_epi16(q5_0_unsigned(wb), load32(&ab[2..])))
+}
+
+/// The 4 block values of one group of [`dot_q5_0_side`] (a function, not a closure, so that
+/// it compiles with AVX2 enabled and inlines).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q5_0_side_group(w4: &[u8], a4: &[u8], d4: &[f32], s4: &[i32]) -> __m128 {
+    const WB: usize = 22;
+    let (w4, a4) = (&w4[..GROUP * WB], &a4[..GROUP * Q8_0]);
+    let qa = hsum4([
+        q5_0_unsigned_isum(w4, a4),
+        q5_0_unsigned_isum(&w4[WB..], &a4[Q8_0..]),
+        q5_0_unsigned_isum(&w4[2 * WB..], &a4[2 * Q8_0..]),
+        q5_0_unsigned_isum(&w4[3 * WB..], &a4[3 * Q8_0..]),
+    ]);
+    let (s4, d4) = (&s4[..GROUP], &d4[..GROUP]);
+    // SAFETY: s4 and d4 hold 4 elements each (sliced above); loadu needs no alignment.
+    let (sa, da) = unsafe {
+        (
+            _mm_loadu_si128(s4.as_ptr().cast()),
+            _mm_loadu_ps(d4.as_ptr()),
+        )
+    };
+    let s = _mm_cvtepi32_ps(_mm_sub_epi32(qa, _mm_slli_epi32::<4>(sa)));
+    _mm_mul_ps(_mm_mul_ps(f16x4(w4, WB, 0), da), s)
+}
+
 /// [`dot_q5_0`] with the activation row's block facts from the matmul's side table (`d`:
 /// scales as f32, `sums`: Σ a per block). Σ (q - 16)·a = Σ q·a - 16·Σ a exactly, so the
 /// unsigned quants (≤ 31, pairs ≤ 2·31·128: no i16 saturation) meet the activations in one
@@ -274,24 +306,6 @@ pub(super) fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 
         "activation row or side table shorter than the weight row"
     );
     let mut acc = _mm_setzero_ps();
-    let group = |w4: &[u8], a4: &[u8], d4: &[f32], s4: &[i32]| {
-        let isum = |k: usize| {
-            let q = q5_0_unsigned(&w4[k * WB..]);
-            widen_pairs(_mm256_maddubs_epi16(q, load32(&a4[k * Q8_0 + 2..])))
-        };
-        let qa = hsum4([isum(0), isum(1), isum(2), isum(3)]);
-        let s4 = &s4[..GROUP];
-        let d4 = &d4[..GROUP];
-        // SAFETY: s4 and d4 hold 4 elements each (sliced above); loadu needs no alignment.
-        let (sa, da) = unsafe {
-            (
-                _mm_loadu_si128(s4.as_ptr().cast()),
-                _mm_loadu_ps(d4.as_ptr()),
-            )
-        };
-        let s = _mm_cvtepi32_ps(_mm_sub_epi32(qa, _mm_slli_epi32::<4>(sa)));
-        _mm_mul_ps(_mm_mul_ps(f16x4(w4, WB, 0), da), s)
-    };
     let full = blocks - blocks % GROUP;
     let mut g = 0;
     while g < full {
@@ -304,7 +318,7 @@ pub(super) fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 
             )
         };
         prefetch(w, g * WB);
-        acc = _mm_add_ps(acc, group(w4, a4, &d[g..], &sums[g..]));
+        acc = _mm_add_ps(acc, q5_0_side_group(w4, a4, &d[g..], &sums[g..]));
         g += GROUP;
     }
     if g < blocks {
@@ -317,7 +331,7 @@ pub(super) fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 
         apad[..count * Q8_0].copy_from_slice(&a[g * Q8_0..][..count * Q8_0]);
         dpad[..count].copy_from_slice(&d[g..][..count]);
         spad[..count].copy_from_slice(&sums[g..][..count]);
-        let v = group(&wpad, &apad, &dpad, &spad);
+        let v = q5_0_side_group(&wpad, &apad, &dpad, &spad);
         let real = _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
         acc = _mm_blendv_ps(acc, _mm_add_ps(acc, v), _mm_castsi128_ps(real));
     }
