@@ -22,7 +22,8 @@
 //! planted below).
 //!
 //! Decode's Q5_0 side kernel (`dot_q5_0_side`, nt = 1 and 3, activation block facts from the
-//! matmul's side table): removing the offset as 8 · Σa instead of 16 · Σa fails the matmul test.
+//! matmul's side table): removing the offset as 8 · Σa instead of 16 · Σa fails the matmul test,
+//! and so does swapping the two halves of its i16 fold (`hadd_epi32(h23, h01)`).
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::attn_f16;

@@ -259,11 +259,11 @@ fn q5_0_unsigned(wb: &[u8]) -> __m256i {
     _mm256_or_si256(nibbles32(&wb[6..]), high)
 }
 
-/// Σ q·a of one Q5_0 block with unsigned quants (0..=31) as 8 i32 lanes.
+/// The 16 i16 pair sums q·a + q·a of one Q5_0 block with unsigned quants (0..=31).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q5_0_unsigned_isum(wb: &[u8], ab: &[u8]) -> __m256i {
-    widen_pairs(_mm256_maddubs_epi16(q5_0_unsigned(wb), load32(&ab[2..])))
+fn q5_0_unsigned_pairs(wb: &[u8], ab: &[u8]) -> __m256i {
+    _mm256_maddubs_epi16(q5_0_unsigned(wb), load32(&ab[2..]))
 }
 
 /// The 4 block values of one group of [`dot_q5_0_side`] (a function, not a closure, so that
@@ -273,12 +273,21 @@ fn q5_0_unsigned_isum(wb: &[u8], ab: &[u8]) -> __m256i {
 fn q5_0_side_group(w4: &[u8], a4: &[u8], d4: &[f32], s4: &[i32]) -> __m128 {
     const WB: usize = 22;
     let (w4, a4) = (&w4[..GROUP * WB], &a4[..GROUP * Q8_0]);
-    let qa = hsum4([
-        q5_0_unsigned_isum(w4, a4),
-        q5_0_unsigned_isum(&w4[WB..], &a4[Q8_0..]),
-        q5_0_unsigned_isum(&w4[2 * WB..], &a4[2 * Q8_0..]),
-        q5_0_unsigned_isum(&w4[3 * WB..], &a4[3 * Q8_0..]),
-    ]);
+    // Pair sums are |q·a + q·a| ≤ 2·31·128 = 7,936, so sums of two pairs (≤ 15,872) stay
+    // exact in i16: one horizontal i16 add per two blocks, then one widening madd per two
+    // blocks instead of one per block. Lanes of h01 per 128-bit half: 4 sums of block 0,
+    // 4 of block 1; after the madd 2 i32 of each block; hadd_epi32 gives per half
+    // [b0, b1, b2, b3], and the halves add up to the 4 block sums.
+    let h01 = _mm256_hadd_epi16(
+        q5_0_unsigned_pairs(w4, a4),
+        q5_0_unsigned_pairs(&w4[WB..], &a4[Q8_0..]),
+    );
+    let h23 = _mm256_hadd_epi16(
+        q5_0_unsigned_pairs(&w4[2 * WB..], &a4[2 * Q8_0..]),
+        q5_0_unsigned_pairs(&w4[3 * WB..], &a4[3 * Q8_0..]),
+    );
+    let m = _mm256_hadd_epi32(widen_pairs(h01), widen_pairs(h23));
+    let qa = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
     let (s4, d4) = (&s4[..GROUP], &d4[..GROUP]);
     // SAFETY: s4 and d4 hold 4 elements each (sliced above); loadu needs no alignment.
     let (sa, da) = unsafe {
