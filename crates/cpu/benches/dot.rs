@@ -93,6 +93,8 @@ fn main() {
         );
     }
     println!();
+    side_rows(&isas, &x);
+    println!();
     four_rows(&isas, &x);
     println!();
     matvec(&isas, &x);
@@ -122,6 +124,43 @@ fn main() {
             ty.name(),
             cols.join(" | ")
         );
+    }
+}
+
+/// The side kernels (decode: activation block facts from the matmul's side table), ns per
+/// 4096-element row next to the plain kernel of the same instruction set (rows hot in cache).
+fn side_rows(isas: &[Isa], x: &[f32]) {
+    println!("| side kernel | isa | plain ns | side ns | speedup |");
+    for ty in [GgmlType::Q5_0] {
+        let w = random_blocks(ty, N / ty.block_size() as usize, 1);
+        let at = vec_dot_type(ty);
+        let arb = at.row_bytes(N as u64).unwrap() as usize;
+        let mut act = vec![0u8; arb];
+        quants::quantize_row(at, x, &mut act).unwrap();
+        let mut table = simd::TileSide::default();
+        assert!(table.fill_rows(at, &act, arb));
+        let (d, sums) = table.row(0);
+        for &isa in isas {
+            let dot = RowDot::on(isa, ty).unwrap();
+            let (Some(plain), Some(side)) = (
+                dot.kernel_for(N, w.len(), arb),
+                dot.side_for(N, w.len(), arb),
+            ) else {
+                continue;
+            };
+            assert_eq!(plain(&w, &act).to_bits(), side(&w, &act, d, sums).to_bits());
+            let p = ns_per_call(|| {
+                black_box(plain(black_box(&w), black_box(&act)));
+            });
+            let s = ns_per_call(|| {
+                black_box(side(black_box(&w), black_box(&act), d, sums));
+            });
+            println!(
+                "| {:<11} | {isa} | {p:>8.0} | {s:>7.0} | {:>6.2}x |",
+                ty.name(),
+                p / s
+            );
+        }
     }
 }
 

@@ -46,6 +46,14 @@ impl RowKernel {
         }
     }
 
+    /// The side kernel (activation facts from the matmul's side table), where the type has one.
+    pub fn side(&self, n: usize, w_len: usize, a_len: usize) -> Option<simd::RowSideFn> {
+        match self {
+            RowKernel::Simd(r) => r.side_for(n, w_len, a_len),
+            RowKernel::Portable(..) => None,
+        }
+    }
+
     #[inline]
     pub fn dot(&self, n: usize, w: &[u8], a: &[u8]) -> minfer_gguf::Result<f32> {
         match self {

@@ -23,6 +23,10 @@
 //! min term scaled by 1 + ε; Q8_0 weights clamped to -127 before `abs` (the -128 weights
 //! planted below); Q5_0's kernel on interleaved activations pairing each 4 activations with
 //! the weights of the neighbouring group (`q5[g ^ 1]`).
+//!
+//! Decode's Q5_0 side kernel (`dot_q5_0_side`, nt = 1 and 3, activation block facts from the
+//! matmul's side table): removing the offset as 8 · Σa instead of 16 · Σa fails the matmul test,
+//! and so does swapping the two halves of its i16 fold (`hadd_epi32(h23, h01)`).
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::attn_f16;

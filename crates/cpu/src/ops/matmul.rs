@@ -7,7 +7,7 @@
 
 use super::{KResult, KernelError};
 use crate::dot;
-use crate::simd::{finish_tile, TileAcc, TileFn, TileMut, TileSide, TILE};
+use crate::simd::{finish_tile, RowSideFn, TileAcc, TileFn, TileMut, TileSide, TILE};
 use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
 use std::cell::RefCell;
@@ -170,10 +170,14 @@ pub fn matmul(
         as usize;
     let kernel = dot::RowKernel::for_type(w.ty);
     let tile = kernel.tile(k, wrb, arb);
+    // Decode (no full tile): the side kernel with per-row activation facts, where one exists.
+    let side = kernel.side(k, wrb, arb).filter(|_| nt < TILE);
     let mut sc = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
     let res = prepare(at, x, k, arb, &mut sc, tile.is_some(), threads).and_then(|fit| {
+        let side = side.filter(|_| sc.side.fill_rows(at, &sc.act, arb));
         let tile = tile.filter(|_| fit).map(|f| (f, &sc.side));
-        rows_times_tokens(w, wrb, &sc.act, arb, nt, tile, out, threads)
+        let side = side.map(|f| (f, &sc.side));
+        rows_times_tokens(w, wrb, &sc.act, arb, nt, (tile, side), out, threads)
     });
     SCRATCH.with(|s| *s.borrow_mut() = sc);
     res?;
@@ -204,6 +208,13 @@ fn rows_per_task(m: usize, nt: usize, threads: usize) -> usize {
 /// See [`rows_per_task`].
 const DECODE_TASKS_PER_THREAD: usize = 8;
 
+/// The tile kernel (full tiles of prefill) and the side kernel (decode), each with the side
+/// table it reads, where the matmul uses them.
+type SideKernels<'a> = (
+    Option<(TileFn, &'a TileSide)>,
+    Option<(RowSideFn, &'a TileSide)>,
+);
+
 /// Every (weight row, token) dot, one task per [`rows_per_task`] weight rows, tokens in tiles:
 /// full tiles through the tile kernel when there is one, the rest per row and token.
 #[allow(clippy::too_many_arguments)]
@@ -213,7 +224,7 @@ fn rows_times_tokens(
     act: &[u8],
     arb: usize,
     nt: usize,
-    tile: Option<(TileFn, &TileSide)>,
+    (tile, side): SideKernels<'_>,
     out: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
@@ -259,6 +270,15 @@ fn rows_times_tokens(
                 for o in rows.clone() {
                     let wr = &w.bytes[o * wrb..(o + 1) * wrb];
                     let mut t = tokens.start;
+                    if let Some((f, table)) = side {
+                        for t in tokens.clone() {
+                            let a = &act[t * arb..(t + 1) * arb];
+                            let (d, sums) = table.row(t);
+                            // SAFETY: as below.
+                            unsafe { *outp.at(t * m + o) = f(wr, a, d, sums) };
+                        }
+                        continue;
+                    }
                     if let Some(f4) = bare4 {
                         // 4 tokens per call: the weight row's blocks are unpacked once.
                         while t + 4 <= tokens.end {

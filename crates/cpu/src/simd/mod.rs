@@ -27,7 +27,7 @@ mod x86;
 
 pub mod attn;
 pub use tiles::{
-    finish as finish_tile, TileAcc, TileFn, TileMut, TileSide, TileSlice, IQ_BLOCK, TILE,
+    finish as finish_tile, RowSideFn, TileAcc, TileFn, TileMut, TileSide, TileSlice, IQ_BLOCK, TILE,
 };
 
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:

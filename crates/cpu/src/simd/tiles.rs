@@ -32,6 +32,12 @@ pub const TILE: usize = 8;
 /// error, never user data).
 pub type TileFn = fn(&[u8], &[u8], usize, TileSlice<'_>, Range<usize>, &mut TileAcc);
 
+/// `(weight row, activation row, d, sums) -> dot`: a single-row ("side") kernel for decode
+/// that reads the activation row's per-block facts (`d`: Q8_0 scales as f32, `sums`: Σ q per
+/// block) from the side table ([`TileSide::row`]) instead of deriving them per weight row.
+/// Bit-identical to the [`super::DotFn`] of the same type.
+pub type RowSideFn = fn(&[u8], &[u8], &[f32], &[i32]) -> f32;
+
 /// The reference's 4 block lanes (`quants::BLOCK_LANES`) of each of TILE tokens.
 pub type TileAcc = [[f32; TILE]; 4];
 
@@ -71,6 +77,11 @@ pub struct TileSide {
     fs_per_tile: usize,
     is_per_tile: usize,
     iq_per_tile: usize,
+    /// Per-row facts of every activation row for the side kernels ([`RowSideFn`]),
+    /// `[row][block]`: Q8_0 scales as f32 and block sums.
+    row_fs: Vec<f32>,
+    row_is: Vec<i32>,
+    row_blocks: usize,
 }
 
 /// The side-table geometry of activation type `at` for rows of `blocks` blocks:
@@ -174,6 +185,32 @@ impl TileSide {
         true
     }
 
+    /// Fills the per-row facts of the `arb`-byte activation rows `act` encoded in `at` for the
+    /// side kernels; false (nothing to use) when `at` is not Q8_0 or `arb` not whole blocks.
+    /// The facts hold for any Q8_0 bytes (no sign moves onto the activation), so there is
+    /// nothing to check beyond the geometry.
+    pub fn fill_rows(&mut self, at: GgmlType, act: &[u8], arb: usize) -> bool {
+        if at != GgmlType::Q8_0 || arb == 0 || !arb.is_multiple_of(34) {
+            return false;
+        }
+        self.row_blocks = arb / 34;
+        self.row_fs.clear();
+        self.row_is.clear();
+        for blk in act.chunks_exact(34) {
+            self.row_fs
+                .push(quants::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])));
+            self.row_is
+                .push(blk[2..34].iter().map(|&v| v as i8 as i32).sum());
+        }
+        true
+    }
+
+    /// The facts of activation row `t` ([`TileSide::fill_rows`] succeeded): (d, sums).
+    pub fn row(&self, t: usize) -> (&[f32], &[i32]) {
+        let nb = self.row_blocks;
+        (&self.row_fs[t * nb..][..nb], &self.row_is[t * nb..][..nb])
+    }
+
     /// The table of tile `tile` (all tiles filled successfully).
     pub fn tile(&self, tile: usize) -> TileSlice<'_> {
         TileSlice {
@@ -185,6 +222,17 @@ impl TileSide {
 }
 
 impl super::RowDot {
+    /// The side kernel ([`RowSideFn`]) for rows of `n` elements of `w_len` weight and
+    /// `act_len` activation bytes, where this type has one on this instruction set.
+    pub fn side_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<RowSideFn> {
+        self.kernel_for(n, w_len, act_len)?;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == super::Isa::Avx2 {
+            return super::x86::avx2_side(self.ty);
+        }
+        None
+    }
+
     /// The tile kernel for rows of `n` elements of `w_len` weight and `act_len` activation
     /// bytes, where this type has one on this instruction set and the rows fit it.
     pub fn tile_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TileFn> {

@@ -250,6 +250,105 @@ pub(super) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     )
 }
 
+/// The Q5_0 quants as unsigned bytes 0..=31: nibble | 0x10 where the high bit is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_0_unsigned(wb: &[u8]) -> __m256i {
+    let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+    let high = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles32(&wb[6..]), high)
+}
+
+/// The 16 i16 pair sums q·a + q·a of one Q5_0 block with unsigned quants (0..=31).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_0_unsigned_pairs(wb: &[u8], ab: &[u8]) -> __m256i {
+    _mm256_maddubs_epi16(q5_0_unsigned(wb), load32(&ab[2..]))
+}
+
+/// The 4 block values of one group of [`dot_q5_0_side`] (a function, not a closure, so that
+/// it compiles with AVX2 enabled and inlines).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q5_0_side_group(w4: &[u8], a4: &[u8], d4: &[f32], s4: &[i32]) -> __m128 {
+    const WB: usize = 22;
+    let (w4, a4) = (&w4[..GROUP * WB], &a4[..GROUP * Q8_0]);
+    // Pair sums are |q·a + q·a| ≤ 2·31·128 = 7,936, so sums of two pairs (≤ 15,872) stay
+    // exact in i16: one horizontal i16 add per two blocks, then one widening madd per two
+    // blocks instead of one per block. Lanes of h01 per 128-bit half: 4 sums of block 0,
+    // 4 of block 1; after the madd 2 i32 of each block; hadd_epi32 gives per half
+    // [b0, b1, b2, b3], and the halves add up to the 4 block sums.
+    let h01 = _mm256_hadd_epi16(
+        q5_0_unsigned_pairs(w4, a4),
+        q5_0_unsigned_pairs(&w4[WB..], &a4[Q8_0..]),
+    );
+    let h23 = _mm256_hadd_epi16(
+        q5_0_unsigned_pairs(&w4[2 * WB..], &a4[2 * Q8_0..]),
+        q5_0_unsigned_pairs(&w4[3 * WB..], &a4[3 * Q8_0..]),
+    );
+    let m = _mm256_hadd_epi32(widen_pairs(h01), widen_pairs(h23));
+    let qa = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+    let (s4, d4) = (&s4[..GROUP], &d4[..GROUP]);
+    // SAFETY: s4 and d4 hold 4 elements each (sliced above); loadu needs no alignment.
+    let (sa, da) = unsafe {
+        (
+            _mm_loadu_si128(s4.as_ptr().cast()),
+            _mm_loadu_ps(d4.as_ptr()),
+        )
+    };
+    let s = _mm_cvtepi32_ps(_mm_sub_epi32(qa, _mm_slli_epi32::<4>(sa)));
+    _mm_mul_ps(_mm_mul_ps(f16x4(w4, WB, 0), da), s)
+}
+
+/// [`dot_q5_0`] with the activation row's block facts from the matmul's side table (`d`:
+/// scales as f32, `sums`: Σ a per block). Σ (q - 16)·a = Σ q·a - 16·Σ a exactly, so the
+/// unsigned quants (≤ 31, pairs ≤ 2·31·128: no i16 saturation) meet the activations in one
+/// maddubs, without the abs/sign pair, and no activation scale is converted from f16 per
+/// weight row. Block values (d_w · d_a) · s and their lanes are [`dot_q5_0`]'s.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+    const WB: usize = 22;
+    let blocks = w.len() / WB;
+    // The panic indexing a short row gave, checked once instead of per group.
+    assert!(
+        a.len() >= blocks * Q8_0 && d.len() >= blocks && sums.len() >= blocks,
+        "activation row or side table shorter than the weight row"
+    );
+    let mut acc = _mm_setzero_ps();
+    let full = blocks - blocks % GROUP;
+    let mut g = 0;
+    while g < full {
+        // SAFETY: g + GROUP <= blocks, so both ranges end within w (blocks * WB bytes) and
+        // a (at least blocks * Q8_0 bytes, asserted above).
+        let (w4, a4) = unsafe {
+            (
+                w.get_unchecked(g * WB..(g + GROUP) * WB),
+                a.get_unchecked(g * Q8_0..(g + GROUP) * Q8_0),
+            )
+        };
+        prefetch(w, g * WB);
+        acc = _mm_add_ps(acc, q5_0_side_group(w4, a4, &d[g..], &sums[g..]));
+        g += GROUP;
+    }
+    if g < blocks {
+        // The last group, zero-padded; lanes without a block stay untouched.
+        let count = blocks - g;
+        let mut wpad = [0u8; GROUP * WB];
+        let mut apad = [0u8; GROUP * Q8_0];
+        let (mut dpad, mut spad) = ([0f32; GROUP], [0i32; GROUP]);
+        wpad[..count * WB].copy_from_slice(&w[g * WB..][..count * WB]);
+        apad[..count * Q8_0].copy_from_slice(&a[g * Q8_0..][..count * Q8_0]);
+        dpad[..count].copy_from_slice(&d[g..][..count]);
+        spad[..count].copy_from_slice(&sums[g..][..count]);
+        let v = q5_0_side_group(&wpad, &apad, &dpad, &spad);
+        let real = _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
+        acc = _mm_blendv_ps(acc, _mm_add_ps(acc, v), _mm_castsi128_ps(real));
+    }
+    // (lane 0 + lane 2) + (lane 1 + lane 3)
+    let s = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
+}
+
 /// [`dot_q5_0`] of one weight row with 4 activation rows (prefill).
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q5_0_x4(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {

@@ -100,6 +100,22 @@ fn dot4_q5_0(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
     unsafe { avx2_legacy::dot_q5_0_x4(w, a) }
 }
 
+fn side_q5_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+    // SAFETY: only handed out by `avx2_side` after `avx2_supported()` returned true.
+    unsafe { avx2_legacy::dot_q5_0_side(w, a, d, sums) }
+}
+
+/// The AVX2 side kernel (activation facts from the side table) for `ty`, where one exists.
+pub(super) fn avx2_side(ty: GgmlType) -> Option<super::RowSideFn> {
+    if !avx2_supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q5_0 => Some(side_q5_0),
+        _ => None,
+    }
+}
+
 /// The AVX2 kernel dotting one weight row of `ty` with 4 activation rows, where one exists.
 pub(super) fn avx2_dot4(ty: GgmlType) -> Option<Dot4Fn> {
     if !avx2_supported() {
