@@ -402,6 +402,101 @@ pub(super) fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     )
 }
 
+/// The 4 block sums of one Q8_0 group as i32 lanes, for activations without -128 (each byte of
+/// activation -128 sets its lane of `bad`, which the caller checks): |w| is the unsigned
+/// operand (a weight of -128 becomes the byte 128, still exact as unsigned) and w's sign moves
+/// onto a, so a pair is at most 2·128·127 = 32,512 and `maddubs` never saturates.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q8_0_side_sums(w4: &[u8], a4: &[u8], bad: &mut __m256i) -> __m128i {
+    let (w4, a4) = (&w4[..GROUP * 34], &a4[..GROUP * Q8_0]);
+    let b0 = q8_0_side_block(w4, a4, bad);
+    let b1 = q8_0_side_block(&w4[34..], &a4[Q8_0..], bad);
+    let b2 = q8_0_side_block(&w4[2 * 34..], &a4[2 * Q8_0..], bad);
+    let b3 = q8_0_side_block(&w4[3 * 34..], &a4[3 * Q8_0..], bad);
+    hsum4([b0, b1, b2, b3])
+}
+
+/// One block of [`q8_0_side_sums`] as 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q8_0_side_block(wb: &[u8], ab: &[u8], bad: &mut __m256i) -> __m256i {
+    let w = load32(&wb[2..]);
+    let a = load32(&ab[2..]);
+    *bad = _mm256_or_si256(*bad, _mm256_cmpeq_epi8(a, _mm256_set1_epi8(i8::MIN)));
+    widen_pairs(_mm256_maddubs_epi16(
+        _mm256_abs_epi8(w),
+        _mm256_sign_epi8(a, w),
+    ))
+}
+
+/// s · (d_w · d_a) of one Q8_0 group, d_a from the side table.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q8_0_side_value(w4: &[u8], s: __m128i, d4: &[f32]) -> __m128 {
+    let d4 = &d4[..GROUP];
+    // SAFETY: d4 holds 4 elements (sliced above); loadu needs no alignment.
+    let da = unsafe { _mm_loadu_ps(d4.as_ptr()) };
+    _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(f16x4(w4, 34, 0), da))
+}
+
+/// [`dot_q8_0`] with the activation row's block scales as f32 from the matmul's side table
+/// (`d`; the sums are unused): no activation scale is converted from f16 per weight row, and
+/// the integer part takes one `maddubs` per block instead of four widenings and two `madd`s.
+/// That needs activations without -128 (quantized activations lie in -127..=127); a row that
+/// holds one is redone by [`dot_q8_0`], so the result is exact for any bytes. Block values
+/// s · (d_w · d_a) and their lanes are [`dot_q8_0`]'s.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q8_0_side(w: &[u8], a: &[u8], d: &[f32], _sums: &[i32]) -> f32 {
+    const WB: usize = 34;
+    let blocks = w.len() / WB;
+    // The panic indexing a short row gave, checked once instead of per group.
+    assert!(
+        a.len() >= blocks * Q8_0 && d.len() >= blocks,
+        "activation row or side table shorter than the weight row"
+    );
+    let mut bad = _mm256_setzero_si256();
+    let mut acc = _mm_setzero_ps();
+    let full = blocks - blocks % GROUP;
+    let mut g = 0;
+    while g < full {
+        // SAFETY: g + GROUP <= blocks, so both ranges end within w (blocks * WB bytes) and
+        // a (at least blocks * Q8_0 bytes, asserted above).
+        let (w4, a4) = unsafe {
+            (
+                w.get_unchecked(g * WB..(g + GROUP) * WB),
+                a.get_unchecked(g * Q8_0..(g + GROUP) * Q8_0),
+            )
+        };
+        prefetch(w, g * WB);
+        // SAFETY: g + GROUP <= blocks <= d.len() (asserted above).
+        let d4 = unsafe { d.get_unchecked(g..g + GROUP) };
+        let s = q8_0_side_sums(w4, a4, &mut bad);
+        acc = _mm_add_ps(acc, q8_0_side_value(w4, s, d4));
+        g += GROUP;
+    }
+    if g < blocks {
+        // The last group, zero-padded; lanes without a block stay untouched.
+        let count = blocks - g;
+        let mut wpad = [0u8; GROUP * WB];
+        let mut apad = [0u8; GROUP * Q8_0];
+        let mut dpad = [0f32; GROUP];
+        wpad[..count * WB].copy_from_slice(&w[g * WB..][..count * WB]);
+        apad[..count * Q8_0].copy_from_slice(&a[g * Q8_0..][..count * Q8_0]);
+        dpad[..count].copy_from_slice(&d[g..][..count]);
+        let s = q8_0_side_sums(&wpad, &apad, &mut bad);
+        let v = q8_0_side_value(&wpad, s, &dpad);
+        let real = _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
+        acc = _mm_blendv_ps(acc, _mm_add_ps(acc, v), _mm_castsi128_ps(real));
+    }
+    if _mm256_testz_si256(bad, bad) == 0 {
+        return dot_q8_0(w, a);
+    }
+    // (lane 0 + lane 2) + (lane 1 + lane 3)
+    let s = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
+}
+
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
     let table = iq4_table();

@@ -105,6 +105,11 @@ fn side_q5_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
     unsafe { avx2_legacy::dot_q5_0_side(w, a, d, sums) }
 }
 
+fn side_q8_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+    // SAFETY: only handed out by `avx2_side` after `avx2_supported()` returned true.
+    unsafe { avx2_legacy::dot_q8_0_side(w, a, d, sums) }
+}
+
 /// The AVX2 side kernel (activation facts from the side table) for `ty`, where one exists.
 pub(super) fn avx2_side(ty: GgmlType) -> Option<super::RowSideFn> {
     if !avx2_supported() {
@@ -112,6 +117,7 @@ pub(super) fn avx2_side(ty: GgmlType) -> Option<super::RowSideFn> {
     }
     match ty {
         GgmlType::Q5_0 => Some(side_q5_0),
+        GgmlType::Q8_0 => Some(side_q8_0),
         _ => None,
     }
 }
