@@ -148,6 +148,11 @@ fn side_rows(isas: &[Isa], x: &[f32]) {
             ) else {
                 continue;
             };
+            let side = |w: &[u8], a: &[u8], d: &[f32], s: &[i32]| {
+                let mut out = [0f32];
+                side(w, a, d, s, &mut out);
+                out[0]
+            };
             assert_eq!(plain(&w, &act).to_bits(), side(&w, &act, d, sums).to_bits());
             let p = ns_per_call(|| {
                 black_box(plain(black_box(&w), black_box(&act)));

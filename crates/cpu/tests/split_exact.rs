@@ -26,7 +26,9 @@
 //!
 //! Decode's Q5_0 side kernel (`dot_q5_0_side`, nt = 1 and 3, activation block facts from the
 //! matmul's side table): removing the offset as 8 · Σa instead of 16 · Σa fails the matmul test,
-//! and so does swapping the two halves of its i16 fold (`hadd_epi32(h23, h01)`).
+//! and so does swapping the two halves of its i16 fold (`hadd_epi32(h23, h01)`). Its
+//! several-rows-per-call form (`dot_q5_0_side_rows`) skipping its first row, and its
+//! broadcast-loaded nibbles shifted in the wrong half (`srlv` by (0, 0, 4, 4)), each fail it.
 
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::attn_f16;

@@ -267,18 +267,24 @@ fn rows_times_tokens(
                     }
                     continue;
                 }
+                if let Some((f, table)) = side {
+                    // Decode: all of the task's rows per token in one call.
+                    let wrs = &w.bytes[rows.start * wrb..rows.end * wrb];
+                    for t in tokens.clone() {
+                        let a = &act[t * arb..(t + 1) * arb];
+                        let (d, sums) = table.row(t);
+                        // SAFETY: t < nt and rows.end <= m (see below), so the elements
+                        // t * m + rows lie within `out`, and this task alone owns them.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(outp.at(t * m + rows.start), rows.len())
+                        };
+                        f(wrs, a, d, sums, o);
+                    }
+                    continue;
+                }
                 for o in rows.clone() {
                     let wr = &w.bytes[o * wrb..(o + 1) * wrb];
                     let mut t = tokens.start;
-                    if let Some((f, table)) = side {
-                        for t in tokens.clone() {
-                            let a = &act[t * arb..(t + 1) * arb];
-                            let (d, sums) = table.row(t);
-                            // SAFETY: as below.
-                            unsafe { *outp.at(t * m + o) = f(wr, a, d, sums) };
-                        }
-                        continue;
-                    }
                     if let Some(f4) = bare4 {
                         // 4 tokens per call: the weight row's blocks are unpacked once.
                         while t + 4 <= tokens.end {

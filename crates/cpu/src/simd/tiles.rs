@@ -32,11 +32,14 @@ pub const TILE: usize = 8;
 /// error, never user data).
 pub type TileFn = fn(&[u8], &[u8], usize, TileSlice<'_>, Range<usize>, &mut TileAcc);
 
-/// `(weight row, activation row, d, sums) -> dot`: a single-row ("side") kernel for decode
-/// that reads the activation row's per-block facts (`d`: Q8_0 scales as f32, `sums`: Σ q per
-/// block) from the side table ([`TileSide::row`]) instead of deriving them per weight row.
-/// Bit-identical to the [`super::DotFn`] of the same type.
-pub type RowSideFn = fn(&[u8], &[u8], &[f32], &[i32]) -> f32;
+/// `(weight rows, activation row, d, sums, out)`: a ("side") kernel for decode that dots
+/// `out.len()` consecutive weight rows (`w` split evenly among them) with one activation
+/// row, reading its per-block facts (`d`: Q8_0 scales as f32, `sums`: Σ q per block) from
+/// the side table ([`TileSide::row`]) instead of deriving them per weight row, and writes
+/// `out[r]` = dot of row r. Several rows per call keep the per-row work (call, slicing,
+/// checks) out of the matmul's loop. Each dot is bit-identical to the [`super::DotFn`] of
+/// the same type.
+pub type RowSideFn = fn(&[u8], &[u8], &[f32], &[i32], &mut [f32]);
 
 /// The reference's 4 block lanes (`quants::BLOCK_LANES`) of each of TILE tokens.
 pub type TileAcc = [[f32; TILE]; 4];

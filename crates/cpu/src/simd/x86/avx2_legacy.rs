@@ -254,9 +254,38 @@ pub(super) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn q5_0_unsigned(wb: &[u8]) -> __m256i {
-    let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-    let high = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-    _mm256_or_si256(nibbles32(&wb[6..]), high)
+    let wb = &wb[..22];
+    // Both loads as broadcasts from memory (vbroadcastss / vbroadcastf128: load-port only),
+    // where a scalar or 128-bit load and a register broadcast cost one shuffle uop each.
+    // SAFETY: wb holds 22 bytes (sliced above): qh at 2..6, qs at 6..22; the reads are
+    // unaligned-safe (read_unaligned / broadcast intrinsics take no alignment).
+    let (qh4, qs) = unsafe {
+        let qh = wb.as_ptr().add(2).cast::<f32>().read_unaligned();
+        let qs = wb.as_ptr().add(6).cast::<__m128>().read_unaligned();
+        (
+            _mm256_castps_si256(_mm256_broadcast_ss(&qh)),
+            _mm256_castps_si256(_mm256_broadcast_ps(&qs)),
+        )
+    };
+    let spread = _mm256_shuffle_epi8(
+        qh4,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let high = _mm256_and_si256(
+        _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask),
+        _mm256_set1_epi8(0x10),
+    );
+    let nib = _mm256_and_si256(
+        _mm256_srlv_epi64(qs, _mm256_set_epi64x(4, 4, 0, 0)),
+        _mm256_set1_epi8(0x0f),
+    );
+    _mm256_or_si256(nib, high)
 }
 
 /// The 16 i16 pair sums q·a + q·a of one Q5_0 block with unsigned quants (0..=31).
@@ -305,8 +334,9 @@ fn q5_0_side_group(w4: &[u8], a4: &[u8], d4: &[f32], s4: &[i32]) -> __m128 {
 /// unsigned quants (≤ 31, pairs ≤ 2·31·128: no i16 saturation) meet the activations in one
 /// maddubs, without the abs/sign pair, and no activation scale is converted from f16 per
 /// weight row. Block values (d_w · d_a) · s and their lanes are [`dot_q5_0`]'s.
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
     const WB: usize = 22;
     let blocks = w.len() / WB;
     // The panic indexing a short row gave, checked once instead of per group.
@@ -318,16 +348,18 @@ pub(super) fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 
     let full = blocks - blocks % GROUP;
     let mut g = 0;
     while g < full {
-        // SAFETY: g + GROUP <= blocks, so both ranges end within w (blocks * WB bytes) and
-        // a (at least blocks * Q8_0 bytes, asserted above).
-        let (w4, a4) = unsafe {
+        // SAFETY: g + GROUP <= blocks, so the ranges end within w (blocks * WB bytes),
+        // a (at least blocks * Q8_0 bytes), d and sums (at least blocks each), asserted above.
+        let (w4, a4, d4, s4) = unsafe {
             (
                 w.get_unchecked(g * WB..(g + GROUP) * WB),
                 a.get_unchecked(g * Q8_0..(g + GROUP) * Q8_0),
+                d.get_unchecked(g..g + GROUP),
+                sums.get_unchecked(g..g + GROUP),
             )
         };
         prefetch(w, g * WB);
-        acc = _mm_add_ps(acc, q5_0_side_group(w4, a4, &d[g..], &sums[g..]));
+        acc = _mm_add_ps(acc, q5_0_side_group(w4, a4, d4, s4));
         g += GROUP;
     }
     if g < blocks {
@@ -347,6 +379,42 @@ pub(super) fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 
     // (lane 0 + lane 2) + (lane 1 + lane 3)
     let s = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
+}
+
+/// [`dot_q5_0_side`] of `out.len()` consecutive weight rows (`w` split evenly) with one
+/// activation row: `out[r]` = dot of row r.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q5_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    let Some(wrb) = w.len().checked_div(out.len()) else {
+        return;
+    };
+    assert!(
+        wrb * out.len() == w.len(),
+        "{} weight bytes do not split into {} rows",
+        w.len(),
+        out.len()
+    );
+    for (wr, o) in w.chunks_exact(wrb).zip(out.iter_mut()) {
+        *o = dot_q5_0_side(wr, a, d, sums);
+    }
+}
+
+/// [`dot_q8_0_side`] of `out.len()` consecutive weight rows (`w` split evenly) with one
+/// activation row: `out[r]` = dot of row r.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn dot_q8_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    let Some(wrb) = w.len().checked_div(out.len()) else {
+        return;
+    };
+    assert!(
+        wrb * out.len() == w.len(),
+        "{} weight bytes do not split into {} rows",
+        w.len(),
+        out.len()
+    );
+    for (wr, o) in w.chunks_exact(wrb).zip(out.iter_mut()) {
+        *o = dot_q8_0_side(wr, a, d, sums);
+    }
 }
 
 /// [`dot_q5_0`] of one weight row with 4 activation rows (prefill).

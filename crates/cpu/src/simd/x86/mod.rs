@@ -100,14 +100,14 @@ fn dot4_q5_0(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
     unsafe { avx2_legacy::dot_q5_0_x4(w, a) }
 }
 
-fn side_q5_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+fn side_q5_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     // SAFETY: only handed out by `avx2_side` after `avx2_supported()` returned true.
-    unsafe { avx2_legacy::dot_q5_0_side(w, a, d, sums) }
+    unsafe { avx2_legacy::dot_q5_0_side_rows(w, a, d, sums, out) }
 }
 
-fn side_q8_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+fn side_q8_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     // SAFETY: only handed out by `avx2_side` after `avx2_supported()` returned true.
-    unsafe { avx2_legacy::dot_q8_0_side(w, a, d, sums) }
+    unsafe { avx2_legacy::dot_q8_0_side_rows(w, a, d, sums, out) }
 }
 
 /// The AVX2 side kernel (activation facts from the side table) for `ty`, where one exists.
