@@ -24,6 +24,9 @@
 //! - The Q8_0 side kernel (`dot_q8_0_side`, sign trick with a fallback for activations that
 //!   hold -128) without its fallback: the adversarial test failed (its side check); its
 //!   blocks summed in the order 0, 2, 1, 3: `split_exact.rs` failed.
+//! - NEON dot-product (`Isa::NeonDotprod`, under `qemu-aarch64-static -cpu max`): `sdot` with
+//!   the activations' lane 0 broadcast (`{a:v}.4b[0]`) instead of the whole vector: the random,
+//!   adversarial and tail-control tests failed (306 and 52 mismatches, all `neon-dotprod`).
 //!
 //! The tests below also check, on every run, that the comparison can fail at all: a dropped
 //! tail block and a different block order (one running sum) both change the bits.
@@ -261,7 +264,33 @@ fn neon_serves_every_listed_type() {
     for ty in ACT_TYPES {
         assert_eq!(Isa::Neon.quant_served_by(ty), Isa::Neon, "{ty}");
     }
-    assert_eq!(simd::detected(), Isa::Neon);
+    let best = if Isa::NeonDotprod.is_available() {
+        Isa::NeonDotprod
+    } else {
+        Isa::Neon
+    };
+    assert_eq!(simd::detected(), best);
+}
+
+/// NEON + dot-product serves NEON's integer types itself; float rows and quantizers run NEON's.
+#[test]
+fn neon_dotprod_serves_the_integer_types() {
+    if !Isa::NeonDotprod.is_available() {
+        println!("SKIP: no NEON dot-product extension on this machine");
+        return;
+    }
+    for ty in AVX2_DOT_TYPES {
+        let want = match ty {
+            GgmlType::F16 => Isa::Scalar,
+            GgmlType::F32 | GgmlType::Bf16 => Isa::Neon,
+            _ => Isa::NeonDotprod,
+        };
+        assert_eq!(Isa::NeonDotprod.dot_served_by(ty), want, "{ty}");
+    }
+    for ty in ACT_TYPES {
+        assert_eq!(Isa::NeonDotprod.quant_served_by(ty), Isa::Neon, "{ty}");
+    }
+    assert_eq!(simd::detected(), Isa::NeonDotprod);
 }
 
 /// Reference-quantized activations, random weights, every type and length.

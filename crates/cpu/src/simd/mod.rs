@@ -11,7 +11,8 @@
 //!   instruction set this machine lacks is a typed error, never a silent fallback.
 //!
 //! Instruction sets: x86-64 AVX2 (+F16C), x86-64 AVX-512 F/BW/VL/VNNI (types without an
-//! AVX-512 kernel run the AVX2 one there) and aarch64 NEON (tested under qemu).
+//! AVX-512 kernel run the AVX2 one there), aarch64 NEON and NEON + dot-product (`sdot`; float
+//! rows and quantizers run NEON's there), both tested under qemu.
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -49,13 +50,22 @@ pub enum Isa {
     /// x86-64 AVX-512 F + BW + VL + VNNI (with AVX2 and F16C): the AVX2 kernels serve the
     /// types it has no kernel for. Cores without VNNI (Skylake-SP/X) run [`Isa::Avx2`].
     Avx512Vnni,
-    /// aarch64 NEON (baseline; the dot-product extension is not stable in Rust yet).
+    /// aarch64 NEON (baseline).
     Neon,
+    /// aarch64 NEON with the dot-product extension (`sdot`, emitted with inline asm): the NEON
+    /// kernels with 16 byte products per instruction; float rows and quantizers run NEON's.
+    NeonDotprod,
 }
 
 impl Isa {
     /// Every instruction set minfer has kernels for, best last.
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon];
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+        Isa::NeonDotprod,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -63,6 +73,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512vnni",
             Isa::Neon => "neon",
+            Isa::NeonDotprod => "neon-dotprod",
         }
     }
 
@@ -82,6 +93,10 @@ impl Isa {
             Isa::Neon => arm::neon_supported(),
             #[cfg(not(target_arch = "aarch64"))]
             Isa::Neon => false,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDotprod => arm::dotprod_supported(),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::NeonDotprod => false,
         }
     }
 
@@ -105,6 +120,10 @@ impl Isa {
             Isa::Neon => arm::neon_dot(ty),
             #[cfg(not(target_arch = "aarch64"))]
             Isa::Neon => None,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDotprod => arm::dotprod_dot(ty),
+            #[cfg(not(target_arch = "aarch64"))]
+            Isa::NeonDotprod => None,
         }
     }
 
@@ -128,6 +147,7 @@ impl Isa {
             Isa::Neon => arm::neon_quant(ty),
             #[cfg(not(target_arch = "aarch64"))]
             Isa::Neon => None,
+            Isa::NeonDotprod => None,
         }
     }
 
@@ -136,12 +156,13 @@ impl Isa {
     fn subset(self) -> Option<Isa> {
         match self {
             Isa::Avx512Vnni => Some(Isa::Avx2),
+            Isa::NeonDotprod => Some(Isa::Neon),
             _ => None,
         }
     }
 
     /// The instruction set that actually computes `vec_dot_on(self, ty, ..)`: `self` when it
-    /// has a kernel for `ty`, else its subset's (AVX-512 -> AVX2), else [`Isa::Scalar`].
+    /// has a kernel for `ty`, else its subset's (AVX-512 -> AVX2, NEON-dotprod -> NEON), else [`Isa::Scalar`].
     pub fn dot_served_by(self, ty: GgmlType) -> Isa {
         if self.dot_kernel(ty).is_some() {
             self

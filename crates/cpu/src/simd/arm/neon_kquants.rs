@@ -7,7 +7,7 @@ use std::arch::aarch64::*;
 
 use minfer_gguf::quants::unpack_scale_min_k4;
 
-use super::{dot16, f16_at, f32_at, iq4_table, load16, load16s};
+use super::{f16_at, f32_at, iq4_table, load16, load16s, Dot16};
 
 /// Q8_K activation block: d f32 | qs i8[256] | bsums i16[16].
 const Q8K: usize = 292;
@@ -26,12 +26,12 @@ fn two_bits(q: uint8x16_t, shift: i8) -> uint8x16_t {
 /// Exact Σ q·a of one 16-element sub-block (q as unsigned or signed bytes in -128..=127).
 #[inline]
 #[target_feature(enable = "neon")]
-fn sub16(q: uint8x16_t, a: &[u8]) -> int32x4_t {
-    dot16(vreinterpretq_s8_u8(q), load16s(a))
+fn sub16<D: Dot16>(q: uint8x16_t, a: &[u8]) -> int32x4_t {
+    D::dot16(vreinterpretq_s8_u8(q), load16s(a))
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q2_k<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(84).zip(a.chunks_exact(Q8K)) {
         let sc = &wb[0..16];
@@ -42,7 +42,7 @@ pub(super) fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
             for j in 0..4 {
                 for (half, &qv) in q.iter().enumerate() {
                     let s = 8 * k + 2 * j + half;
-                    let d = sub16(two_bits(qv, 2 * j as i8), &aq[16 * s..]);
+                    let d = sub16::<D>(two_bits(qv, 2 * j as i8), &aq[16 * s..]);
                     acc = vmlaq_n_s32(acc, d, (sc[s] & 0x0f) as i32);
                 }
             }
@@ -67,7 +67,7 @@ fn q3_k_scales(s: &[u8]) -> [i32; 16] {
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q3_k<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(Q8K)) {
         let scales = q3_k_scales(&wb[96..108]);
@@ -83,7 +83,7 @@ pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
                     // Elements whose hmask bit is clear are 4 lower: q in -4..=3.
                     let minus4 = vbicq_u8(vdupq_n_u8(4), vtstq_u8(hmask[half], bit));
                     let s = 8 * k + 2 * j + half;
-                    let d = sub16(vsubq_u8(low, minus4), &aq[16 * s..]);
+                    let d = sub16::<D>(vsubq_u8(low, minus4), &aq[16 * s..]);
                     acc = vmlaq_n_s32(acc, d, scales[s]);
                 }
             }
@@ -99,7 +99,7 @@ pub(super) fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
 /// halves 2-3).
 #[inline]
 #[target_feature(enable = "neon")]
-fn dot_scale_min(
+fn dot_scale_min<D: Dot16>(
     w: &[u8],
     a: &[u8],
     block: usize,
@@ -112,10 +112,13 @@ fn dot_scale_min(
         let mut acc = vdupq_n_s32(0);
         for j in 0..4 {
             let q = quants(wb, j);
-            let d_lo = vaddq_s32(sub16(q[0], &aq[64 * j..]), sub16(q[1], &aq[64 * j + 16..]));
+            let d_lo = vaddq_s32(
+                sub16::<D>(q[0], &aq[64 * j..]),
+                sub16::<D>(q[1], &aq[64 * j + 16..]),
+            );
             let d_hi = vaddq_s32(
-                sub16(q[2], &aq[64 * j + 32..]),
-                sub16(q[3], &aq[64 * j + 48..]),
+                sub16::<D>(q[2], &aq[64 * j + 32..]),
+                sub16::<D>(q[3], &aq[64 * j + 48..]),
             );
             acc = vmlaq_n_s32(acc, d_lo, sc[2 * j] as i32);
             acc = vmlaq_n_s32(acc, d_hi, sc[2 * j + 1] as i32);
@@ -132,8 +135,8 @@ fn dot_scale_min(
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
-    dot_scale_min(w, a, 144, |wb, j| {
+pub(super) fn dot_q4_k<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
+    dot_scale_min::<D>(w, a, 144, |wb, j| {
         let q0 = load16(&wb[16 + 32 * j..]);
         let q1 = load16(&wb[32 + 32 * j..]);
         let m = vdupq_n_u8(0x0f);
@@ -147,8 +150,8 @@ pub(super) fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
-    dot_scale_min(w, a, 176, |wb, j| {
+pub(super) fn dot_q5_k<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
+    dot_scale_min::<D>(w, a, 176, |wb, j| {
         let qh = [load16(&wb[16..]), load16(&wb[32..])];
         let q0 = load16(&wb[48 + 32 * j..]);
         let q1 = load16(&wb[64 + 32 * j..]);
@@ -165,7 +168,7 @@ pub(super) fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q6_k<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(Q8K)) {
         let aq = &ab[4..260];
@@ -187,7 +190,7 @@ pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
                     // q - 32 lies in -32..=31.
                     let q = vsubq_u8(vorrq_u8(low, high), vdupq_n_u8(32));
                     let s = 8 * h + 2 * i + half;
-                    let d = sub16(q, &aq[16 * s..]);
+                    let d = sub16::<D>(q, &aq[16 * s..]);
                     acc = vmlaq_n_s32(acc, d, wb[192 + s] as i8 as i32);
                 }
             }
@@ -199,12 +202,12 @@ pub(super) fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q8_k(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q8_k<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(Q8K).zip(a.chunks_exact(Q8K)) {
         let mut acc = vdupq_n_s32(0);
         for c in 0..16 {
-            let d = dot16(load16s(&wb[4 + 16 * c..]), load16s(&ab[4 + 16 * c..]));
+            let d = D::dot16(load16s(&wb[4 + 16 * c..]), load16s(&ab[4 + 16 * c..]));
             acc = vaddq_s32(acc, d);
         }
         let isum = vaddvq_s32(acc);
@@ -224,7 +227,7 @@ fn iq4_xs_scales(b: &[u8]) -> [i32; 8] {
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_iq4_xs<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let table = iq4_table();
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(136).zip(a.chunks_exact(Q8K)) {
@@ -236,8 +239,8 @@ pub(super) fn dot_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
             let lo = vqtbl1q_s8(table, vandq_u8(x, vdupq_n_u8(0x0f)));
             let hi = vqtbl1q_s8(table, vshrq_n_u8::<4>(x));
             let d = vaddq_s32(
-                dot16(lo, load16s(&aq[32 * s..])),
-                dot16(hi, load16s(&aq[32 * s + 16..])),
+                D::dot16(lo, load16s(&aq[32 * s..])),
+                D::dot16(hi, load16s(&aq[32 * s + 16..])),
             );
             acc = vmlaq_n_s32(acc, d, scale);
         }

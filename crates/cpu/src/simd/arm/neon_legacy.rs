@@ -4,7 +4,7 @@
 use crate::simd::BlockSum;
 use std::arch::aarch64::*;
 
-use super::{bits_to_bytes16, dot32, f16_at, iq4_table, load16s, nibbles32};
+use super::{bits_to_bytes16, dot32, f16_at, iq4_table, load16s, nibbles32, Dot16};
 
 /// Q8_0 activation block: d f16 | qs i8[32].
 const Q8_0: usize = 34;
@@ -37,63 +37,63 @@ fn five_bits(qh: &[u8], qs: &[u8]) -> (uint8x16_t, uint8x16_t) {
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q4_0<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0)) {
-        let s = dot32(offset(nibbles32(&wb[2..]), 8), &ab[2..]);
+        let s = dot32::<D>(offset(nibbles32(&wb[2..]), 8), &ab[2..]);
         sum.add(s as f32 * f16_at(wb, 0) * f16_at(ab, 0));
     }
     sum.total()
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q4_1<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(20).zip(a.chunks_exact(Q8_1)) {
-        let s = dot32(signed(nibbles32(&wb[4..])), &ab[4..]);
+        let s = dot32::<D>(signed(nibbles32(&wb[4..])), &ab[4..]);
         sum.add((f16_at(wb, 0) * f16_at(ab, 0)) * s as f32 + f16_at(wb, 2) * f16_at(ab, 2));
     }
     sum.total()
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q5_0<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(22).zip(a.chunks_exact(Q8_0)) {
-        let s = dot32(offset(five_bits(&wb[2..6], &wb[6..]), 16), &ab[2..]);
+        let s = dot32::<D>(offset(five_bits(&wb[2..6], &wb[6..]), 16), &ab[2..]);
         sum.add((f16_at(wb, 0) * f16_at(ab, 0)) * s as f32);
     }
     sum.total()
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q5_1<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(24).zip(a.chunks_exact(Q8_1)) {
-        let s = dot32(signed(five_bits(&wb[4..8], &wb[8..])), &ab[4..]);
+        let s = dot32::<D>(signed(five_bits(&wb[4..8], &wb[8..])), &ab[4..]);
         sum.add((f16_at(wb, 0) * f16_at(ab, 0)) * s as f32 + f16_at(wb, 2) * f16_at(ab, 2));
     }
     sum.total()
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q8_0<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(Q8_0)) {
-        let s = dot32((load16s(&wb[2..]), load16s(&wb[18..])), &ab[2..]);
+        let s = dot32::<D>((load16s(&wb[2..]), load16s(&wb[18..])), &ab[2..]);
         sum.add(s as f32 * (f16_at(wb, 0) * f16_at(ab, 0)));
     }
     sum.total()
 }
 
 #[target_feature(enable = "neon")]
-pub(super) fn dot_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_iq4_nl<D: Dot16>(w: &[u8], a: &[u8]) -> f32 {
     let table = iq4_table();
     let mut sum = BlockSum::new();
     for (wb, ab) in w.chunks_exact(18).zip(a.chunks_exact(Q8_0)) {
         let (lo, hi) = nibbles32(&wb[2..]);
         let v = (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi));
-        let s = dot32(v, &ab[2..]);
+        let s = dot32::<D>(v, &ab[2..]);
         sum.add((f16_at(wb, 0) * f16_at(ab, 0)) * s as f32);
     }
     sum.total()
