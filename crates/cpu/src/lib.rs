@@ -5,6 +5,7 @@
 
 pub mod dot;
 pub mod fastdot;
+pub mod ggml_x86;
 pub mod ops;
 pub mod simd;
 pub mod threads;
@@ -22,8 +23,50 @@ pub const CPU_PRIORITY: u32 = 100;
 /// KV cache element types the CPU reads and writes.
 pub const KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
 
+/// Which float arithmetic the kernels follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    /// minfer's own order: the same bits on every instruction set, the fastest kernels.
+    #[default]
+    Native,
+    /// llama.cpp's x86 CPU build, float op for float op ([`ggml_x86`]); refuses what it lacks.
+    LlamaCppX86(ggml_x86::GgmlSimd),
+}
+
+impl Numerics {
+    /// The `--numerics` values.
+    pub const NAMES: [&'static str; 3] = ["native", "llamacpp-x86-avx2", "llamacpp-x86-avx512"];
+
+    pub fn parse(s: &str) -> Option<Numerics> {
+        use ggml_x86::GgmlSimd as S;
+        match s {
+            "native" => Some(Numerics::Native),
+            "llamacpp-x86-avx2" => Some(Numerics::LlamaCppX86(S::Avx2)),
+            "llamacpp-x86-avx512" => Some(Numerics::LlamaCppX86(S::Avx512)),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        use ggml_x86::GgmlSimd as S;
+        match self {
+            Numerics::Native => Self::NAMES[0],
+            Numerics::LlamaCppX86(S::Avx2) => Self::NAMES[1],
+            Numerics::LlamaCppX86(S::Avx512) => Self::NAMES[2],
+        }
+    }
+
+    fn ggml(self) -> Option<ggml_x86::GgmlSimd> {
+        match self {
+            Numerics::Native => None,
+            Numerics::LlamaCppX86(s) => Some(s),
+        }
+    }
+}
+
 pub struct CpuBackend {
     threads: usize,
+    numerics: Numerics,
     /// Buffers as f32 words (4-byte aligned); `None` once freed.
     pool: Vec<Option<Vec<f32>>>,
 }
@@ -48,8 +91,21 @@ impl CpuBackend {
         };
         CpuBackend {
             threads,
+            numerics: Numerics::Native,
             pool: Vec::new(),
         }
+    }
+
+    /// A backend whose kernels follow `numerics`.
+    pub fn with_numerics(threads: usize, numerics: Numerics) -> Self {
+        CpuBackend {
+            numerics,
+            ..CpuBackend::new(threads)
+        }
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     pub fn threads(&self) -> usize {
@@ -127,6 +183,16 @@ impl CpuBackend {
                     bytes: w.bytes,
                 };
                 let b = bias.as_deref().map(f32_weight).transpose()?;
+                if let Some(simd) = self.numerics.ggml() {
+                    return ggml_x86::matmul(
+                        simd,
+                        &mw,
+                        &src(0)?[..w.ne0 * ne1],
+                        b.as_deref(),
+                        out,
+                        self.threads,
+                    );
+                }
                 matmul::matmul(
                     &mw,
                     &src(0)?[..w.ne0 * ne1],
@@ -167,8 +233,14 @@ impl CpuBackend {
             }
             Op::Add => ew::add(&src(0)?[..n], &src(1)?[..n], out),
             Op::Mul => ew::mul(&src(0)?[..n], &src(1)?[..n], out),
-            Op::Silu => ew::silu_into(&src(0)?[..n], out),
-            Op::SwiGLU => ew::swiglu(&src(0)?[..n], &src(1)?[..n], out),
+            Op::Silu => match self.numerics.ggml() {
+                Some(simd) => ggml_x86::expf::silu(simd, &src(0)?[..n], out),
+                None => ew::silu_into(&src(0)?[..n], out),
+            },
+            Op::SwiGLU => match self.numerics.ggml() {
+                Some(simd) => ggml_x86::expf::swiglu(simd, &src(0)?[..n], &src(1)?[..n], ne0, out),
+                None => ew::swiglu(&src(0)?[..n], &src(1)?[..n], out),
+            },
             Op::KvStore {
                 kind, cache_type, ..
             } => {
@@ -203,6 +275,7 @@ impl CpuBackend {
                     head_dim: *head_dim,
                     scale: *scale,
                     cache_type: *cache_type,
+                    ggml: self.numerics.ggml(),
                 };
                 attn::attention(
                     &p,
@@ -216,6 +289,31 @@ impl CpuBackend {
             }
         }
         Ok(())
+    }
+}
+
+/// `MINFER_DUMP_DIR`: a diagnostic for layer-by-layer comparisons with llama.cpp
+/// (`scripts/peer-logprobs`): every node's output is written to `DIR/<node name>.bin` (header
+/// 4 x i64 shape, then f32 values), overwriting the previous step's.
+fn dump_dir() -> Option<&'static std::path::Path> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| std::env::var_os("MINFER_DUMP_DIR").map(Into::into))
+        .as_deref()
+}
+
+fn dump_node(dir: &std::path::Path, node: &Node, out: &[f32]) {
+    let name: String = node
+        .name
+        .chars()
+        .map(|c| if c == '/' || c == ' ' { '_' } else { c })
+        .collect();
+    let mut bytes = Vec::with_capacity(32 + 4 * out.len());
+    for d in [node.shape[0], node.shape[1], 1, 1] {
+        bytes.extend_from_slice(&(d as i64).to_le_bytes());
+    }
+    bytes.extend_from_slice(as_bytes(out));
+    if let Err(e) = std::fs::write(dir.join(format!("{name}.bin")), bytes) {
+        eprintln!("MINFER_DUMP_DIR: cannot write {name}: {e}");
     }
 }
 
@@ -235,7 +333,13 @@ impl Backend for CpuBackend {
         match op {
             Op::GetRows { weight } => weight_ok(weight),
             Op::MatMul { weight, bias } => {
-                weight_ok(weight) && bias.as_deref().is_none_or(weight_ok)
+                let ggml_ok = |name: &str| {
+                    self.numerics == Numerics::Native
+                        || weights
+                            .weight(name)
+                            .is_some_and(|w| ggml_x86::supports_weight(w.ty))
+                };
+                weight_ok(weight) && ggml_ok(weight) && bias.as_deref().is_none_or(weight_ok)
             }
             Op::RmsNorm { weight, .. } => weight_ok(weight),
             Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => {
@@ -335,6 +439,9 @@ impl Backend for CpuBackend {
         } else {
             self.run(node, args, alias0.as_deref(), &mut out[..n], kv.as_mut())
         };
+        if let (Some(dir), Ok(())) = (dump_dir(), &res) {
+            dump_node(dir, node, &out[..n]);
+        }
         if let Some(b) = args.out {
             self.put(b, out);
         }

@@ -184,6 +184,7 @@ fn f16_attention_is_exact_for_every_thread_count() {
             head_dim: hd,
             scale,
             cache_type,
+            ggml: None,
         };
         for threads in [1, 2, 3, 8] {
             let mut got = vec![f32::NAN; nt * n_head * hd];

@@ -4,7 +4,8 @@
 //! compares them with the fixtures (or with llama.cpp's own lines from `peer-logprobs`).
 //!
 //! `cargo run --release -p minfer-engine --example precision -- OUT_DIR [f32|f16|q8_0]`
-//! Env: `ONLY=qwen-raw` (fixture prefix), `NAME=capital_france` (one prompt), `MAXSTEP=N`.
+//! Env: `ONLY=qwen-raw` (fixture prefix), `NAME=capital_france` (one prompt), `MAXSTEP=N`,
+//! `NUMERICS=llamacpp-x86-avx512` (the CPU arithmetic, default native).
 
 use minfer_engine::{parse_cache_type, Engine, EngineConfig};
 use serde_json::Value;
@@ -30,9 +31,13 @@ fn main() {
         if only.as_deref().is_some_and(|o| !fixture.starts_with(o)) {
             continue;
         }
+        let numerics = std::env::var("NUMERICS").map_or(minfer_cpu::Numerics::Native, |n| {
+            minfer_cpu::Numerics::parse(&n).expect("NUMERICS value")
+        });
         let cfg = EngineConfig {
             n_ctx: 256,
             cache_type: ct,
+            numerics,
             ..Default::default()
         };
         let mut e = Engine::load(models.join(model), cfg).expect("load");

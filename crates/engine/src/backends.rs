@@ -49,10 +49,13 @@ pub fn resolve(names: &[String]) -> minfer_graph::Result<Vec<BackendId>> {
 pub fn instantiate(
     ids: &[BackendId],
     threads: usize,
+    numerics: minfer_cpu::Numerics,
 ) -> minfer_graph::Result<Vec<Box<dyn Backend>>> {
     ids.iter()
         .map(|&id| match id {
-            CPU_ID => Ok(Box::new(CpuBackend::new(threads)) as Box<dyn Backend>),
+            CPU_ID => {
+                Ok(Box::new(CpuBackend::with_numerics(threads, numerics)) as Box<dyn Backend>)
+            }
             other => Err(minfer_graph::Error::NotCompiled {
                 name: name_of(other),
                 why: "no backend implementation in this build".into(),

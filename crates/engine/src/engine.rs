@@ -91,6 +91,8 @@ pub struct EngineConfig {
     pub backends: Vec<String>,
     /// Bytes each backend may allocate for KV regions and activations (None: unbounded).
     pub memory_budget: Option<usize>,
+    /// The CPU kernels' float arithmetic (`--numerics`).
+    pub numerics: minfer_cpu::Numerics,
 }
 
 impl Default for EngineConfig {
@@ -101,6 +103,7 @@ impl Default for EngineConfig {
             cache_type: GgmlType::F32,
             backends: Vec::new(),
             memory_budget: None,
+            numerics: minfer_cpu::Numerics::Native,
         }
     }
 }
@@ -137,7 +140,13 @@ pub struct Engine {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
-        let backends = backends::instantiate(&ids, cfg.threads)?;
+        if cfg.numerics != minfer_cpu::Numerics::Native && cfg.cache_type != GgmlType::F16 {
+            return Err(Error::CacheType(
+                cfg.cache_type.name().into(),
+                format!("--numerics {} needs an f16 KV cache", cfg.numerics.name()),
+            ));
+        }
+        let backends = backends::instantiate(&ids, cfg.threads, cfg.numerics)?;
         let model = GgufModel::open(path)?;
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;

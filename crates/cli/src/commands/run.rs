@@ -33,6 +33,10 @@ pub struct ModelArgs {
     /// Limit the backends that take part (repeatable or comma-separated: cpu, metal, cuda).
     #[arg(long = "backend", value_delimiter = ',')]
     pub backends: Vec<String>,
+    /// CPU float arithmetic: native (fastest, the same bits on every CPU), or llamacpp-x86-avx2 /
+    /// llamacpp-x86-avx512 (llama.cpp's x86 build bit for bit; needs --cache-type f16).
+    #[arg(long = "numerics", default_value = "native")]
+    pub numerics: String,
 }
 
 /// Sampling flags, llama.cpp's names and defaults.
@@ -157,6 +161,13 @@ impl ModelArgs {
     pub fn load(&self) -> anyhow::Result<(Engine, f64)> {
         backends::resolve(&self.backends)?;
         let cache_type = parse_cache_type(&self.cache_type)?;
+        let numerics = minfer_cpu::Numerics::parse(&self.numerics).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--numerics {}: expected one of {}",
+                self.numerics,
+                minfer_cpu::Numerics::NAMES.join(", ")
+            )
+        })?;
         if self.n_ctx == 0 {
             bail!("--n-ctx must be at least 1");
         }
@@ -181,6 +192,7 @@ impl ModelArgs {
             threads: self.threads.unwrap_or(0),
             cache_type,
             backends: self.backends.clone(),
+            numerics,
             ..EngineConfig::default()
         };
         let engine =

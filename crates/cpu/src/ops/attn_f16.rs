@@ -62,6 +62,20 @@ pub fn attend_head_ref<'a>(
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
 ) {
+    attend_head_with(dot_ref, q, scale, cells, k, v, out)
+}
+
+/// [`attend_head_ref`] with the f16 dot of another build (e.g. [`dot16_ref`], AVX-512).
+pub fn attend_head_with<'a>(
+    dot: fn(&[u16], &[u16]) -> f32,
+    q: &[f32],
+    scale: f32,
+    cells: std::ops::Range<usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    let dot_ref = dot;
     let q16: Vec<u16> = q.iter().map(|&x| f32_to_f16(x)).collect();
     let mut vkq = vec![0u16; out.len()];
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
@@ -106,6 +120,31 @@ pub fn dot_ref(x: &[u16], y: &[u16]) -> f32 {
     let a0: [f32; 8] = std::array::from_fn(|l| (a0[l] + a2[l]) + (a1[l] + a3[l]));
     let t: [f32; 4] = std::array::from_fn(|l| a0[l] + a0[l + 4]);
     let mut r = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
+    for e in np..n {
+        r += (h(x[e]) * h(y[e])) as f64;
+    }
+    r as f32
+}
+
+/// ggml's `vec_dot_f16` in an AVX-512 (F, no FP16) build: 4 accumulators of 16 f32 lanes,
+/// `acc = fma(k, q, acc)` over chunks of 64, then acc0 += acc2, acc1 += acc3, acc0 += acc1,
+/// the 16 lanes folded by GCC's `_mm512_reduce_add_ps` ([`crate::ggml_x86::reduce16`]);
+/// elements past the last multiple of 64 added in f64.
+pub fn dot16_ref(x: &[u16], y: &[u16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, lane) in a.iter_mut().enumerate() {
+                let e = i + 16 * j + l;
+                *lane = h(x[e]).mul_add(h(y[e]), *lane);
+            }
+        }
+    }
+    let [a0, a1, a2, a3] = acc;
+    let a0: [f32; 16] = std::array::from_fn(|l| (a0[l] + a2[l]) + (a1[l] + a3[l]));
+    let mut r = crate::ggml_x86::reduce16(&a0) as f64;
     for e in np..n {
         r += (h(x[e]) * h(y[e])) as f64;
     }

@@ -3,6 +3,7 @@
 //! f16 V accumulator, online softmax), so short prompts and decode steps round like the peer.
 
 use super::flash::Call;
+use crate::ggml_x86::GgmlSimd;
 use crate::ops::{attn_f16, KResult, KernelError};
 use crate::threads::par_tasks;
 
@@ -32,6 +33,23 @@ fn as_f16(b: &[u8]) -> KResult<&[u16]> {
 }
 
 pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
+    run_with(None, c, out, threads)
+}
+
+/// Attention as the given llama.cpp x86 build computes it over an F16 cache: its one-chunk
+/// kernel below [`attn_f16::GGML_FA_TILE_Q`] query rows, its tiled f32 kernel from there on.
+pub(super) fn run_ggml(simd: GgmlSimd, c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
+    if c.spans.len() >= attn_f16::GGML_FA_TILE_Q {
+        return Err(KernelError(
+            "llama.cpp x86 numerics: the tiled flash-attention path (64 or more query rows) \
+             is not implemented yet"
+                .into(),
+        ));
+    }
+    run_with(Some(simd), c, out, threads)
+}
+
+fn run_with(simd: Option<GgmlSimd>, c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
     let (p, hd) = (c.p, c.p.head_dim);
     let nt = c.spans.len();
     let needed = nt * p.n_head * hd;
@@ -58,6 +76,18 @@ pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
         };
         let (lo, hi) = c.spans[t];
         let q = &c.q[(t * p.n_head + h) * hd..][..hd];
+        if simd == Some(GgmlSimd::Avx512) {
+            attn_f16::attend_head_with(
+                attn_f16::dot16_ref,
+                q,
+                p.scale,
+                lo..hi,
+                |cell| &k16[at(cell)],
+                |cell| &v16[at(cell)],
+                o,
+            );
+            return;
+        }
         attn_f16::attend_head(
             q,
             p.scale,

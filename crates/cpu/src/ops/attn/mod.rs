@@ -52,6 +52,8 @@ pub struct AttnParams {
     pub head_dim: usize,
     pub scale: f32,
     pub cache_type: GgmlType,
+    /// `Some`: llama.cpp's x86 flash-attention arithmetic of that build (f16 caches only).
+    pub ggml: Option<crate::ggml_x86::GgmlSimd>,
 }
 
 /// `q`/`out`: `[n_tokens][n_head * head_dim]`; `span`: `[n_tokens][2]` `[lo, hi)` cells.
@@ -72,6 +74,16 @@ pub fn attention(
 ) -> KResult<()> {
     let row = p.n_head * p.head_dim;
     let nt = q.len().checked_div(row).unwrap_or(0);
+    if let Some(simd) = p.ggml {
+        if p.cache_type != GgmlType::F16 {
+            return Err(KernelError(format!(
+                "llama.cpp x86 numerics cover attention over an f16 KV cache, not {}",
+                p.cache_type
+            )));
+        }
+        let call = prepare(Isa::Scalar, p, q, span, k, v)?;
+        return ggml_f16::run_ggml(simd, &call, out, threads);
+    }
     if p.cache_type == GgmlType::F16 && nt < attn_f16::GGML_FA_TILE_Q {
         let call = prepare(Isa::Scalar, p, q, span, k, v)?;
         return ggml_f16::run(&call, out, threads);
