@@ -228,6 +228,7 @@ impl CpuBackend {
                     head_dim: *head_dim,
                     freq_base: *freq_base,
                     freq_scale: *freq_scale,
+                    fused: self.numerics.ggml().is_some(),
                 };
                 rope::rope(&p, &src(0)?[..n], &src(1)?[..ne1], out);
             }

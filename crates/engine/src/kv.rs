@@ -172,6 +172,7 @@ impl KvAccess<'_> {
             head_dim: hp.head_dim,
             freq_base: hp.rope_freq_base,
             freq_scale: 1.0 / hp.rope_scale,
+            fused: false,
         };
         let ty = self.cache_type;
         let conv = |e: minfer_gguf::Error| minfer_graph::Error::Kv {

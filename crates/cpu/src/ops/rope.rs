@@ -12,6 +12,9 @@ pub struct RopeParams {
     pub head_dim: usize,
     pub freq_base: f32,
     pub freq_scale: f32,
+    /// Rotate as GCC compiles ggml's `x0*cos - x1*sin` / `x0*sin + x1*cos` on FMA machines:
+    /// the first product fused with the rounded second (llama.cpp x86 numerics).
+    pub fused: bool,
 }
 
 /// `x`/`out`: `[n_tokens][n_head * head_dim]`; `pos`: `[n_tokens]` positions (i32 bits).
@@ -39,8 +42,13 @@ pub fn rope(p: &RopeParams, x: &[f32], pos: &[f32], out: &mut [f32]) {
                     RopeStyle::Normal => (2 * j, 2 * j + 1),
                 };
                 let (x0, x1) = (xh[a], xh[b]);
-                oh[a] = x0 * c - x1 * s;
-                oh[b] = x0 * s + x1 * c;
+                if p.fused {
+                    oh[a] = x0.mul_add(c, -(x1 * s));
+                    oh[b] = x0.mul_add(s, x1 * c);
+                } else {
+                    oh[a] = x0 * c - x1 * s;
+                    oh[b] = x0 * s + x1 * c;
+                }
             }
         }
     }
