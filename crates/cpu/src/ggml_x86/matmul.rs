@@ -4,7 +4,7 @@
 //! [`super::q4k_repack`]. Which ggml path a batch takes (vec_dot, tinyBLAS, GEMV/GEMM) does not
 //! change a dot's float order for the legacy types, so one function per type serves all.
 
-use super::{legacy, q4k_repack, q6k, GgmlSimd};
+use super::{legacy, q4k_repack, q6k, q6k_tiled, GgmlSimd};
 use crate::ops::matmul::Weight;
 use crate::ops::{KResult, KernelError};
 use crate::threads::par_tasks;
@@ -65,6 +65,13 @@ pub fn matmul(
             w.bytes.len(),
             wrb * m
         )));
+    }
+    if w.ty == GgmlType::Q6K && nt >= q6k_tiled::MIN_BATCH {
+        // ggml's tiled path (its own float order) takes Q6_K batches of >= 8 rows.
+        let (wb, o) = (&w.bytes[..wrb * m], &mut out[..nt * m]);
+        q6k_tiled::matmul_f32(simd, wb, k, m, &x[..nt * k], o, threads)?;
+        add_bias(bias, m, o);
+        return Ok(());
     }
     let dot: DotFn = match w.ty {
         GgmlType::Q4_1 => simd_or(legacy::dot_q4_1, avx2_dot(w.ty)),

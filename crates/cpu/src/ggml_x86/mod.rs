@@ -28,6 +28,7 @@ pub mod legacy;
 mod matmul;
 pub mod q4k_repack;
 pub mod q6k;
+pub mod q6k_tiled;
 
 pub use matmul::{matmul, supports_weight};
 
