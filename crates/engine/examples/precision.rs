@@ -39,7 +39,12 @@ fn main() {
         let ids = |tag: &str| -> Vec<u32> {
             text.lines()
                 .find(|l| l.starts_with(tag))
-                .map(|l| l[1..].split_whitespace().map(|x| x.parse().unwrap()).collect())
+                .map(|l| {
+                    l[1..]
+                        .split_whitespace()
+                        .map(|x| x.parse().unwrap())
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         let (prompt, generated) = (ids("P"), ids("G"));

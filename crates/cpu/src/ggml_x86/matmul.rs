@@ -122,10 +122,7 @@ pub fn matmul(
 }
 
 /// The AVX2 form of a dot when this machine has AVX2 and FMA (bit-identical, `avx2::tests`).
-fn simd_or(
-    scalar: DotFn,
-    simd: Option<DotFn>,
-) -> DotFn {
+fn simd_or(scalar: DotFn, simd: Option<DotFn>) -> DotFn {
     simd.unwrap_or(scalar)
 }
 
