@@ -18,21 +18,24 @@
 //     -fopenmp -lpthread -ldl
 //   with V=$HOME/.cache/minfer/peer/src/llama_cpp_python-0.3.36/vendor/llama.cpp, B=$HOME/.cache/minfer/peer/build
 //
-// AVX-512 build (to check GgmlSimd::Avx512 on an AVX-512 machine; offline, from the peer SOURCE,
-// ggml only; the flags give what -march=native defines on Zen 5: AVX512 F/CD/VL/DQ/BW, VBMI,
-// VNNI, BF16 and AVX-VNNI, no AVX512-FP16, no AMX):
-//   cmake -S $V/ggml -B /tmp/ggml-avx512 -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+// AVX-512 build (to check GgmlSimd::Avx512 on an AVX-512 machine; offline, from the peer SOURCE;
+// the flags give what -march=native defines on Zen 5: AVX512 F/CD/VL/DQ/BW, VBMI, VNNI, BF16
+// and AVX-VNNI, no AVX512-FP16, no AMX; configure from the llama.cpp root, since the sdist's
+// ggml/ lacks ggml.pc.in for a standalone build; cmake and ninja: $HOME/.cache/minfer/peer/venv/bin):
+//   cmake -S $V -B /tmp/ggml-avx512 -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
 //     -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
 //     -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
-//     -DGGML_AVX_VNNI=ON -DGGML_OPENMP=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF
+//     -DGGML_AVX_VNNI=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+//     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF
 //   cmake --build /tmp/ggml-avx512 -j --target ggml ggml-cpu ggml-base
-//   g++ -O2 -march=znver4 -mavxvnni -I$V/ggml/include q4k.cpp -o q4k-avx512 \
-//     /tmp/ggml-avx512/src/libggml.a /tmp/ggml-avx512/src/libggml-cpu.a \
-//     /tmp/ggml-avx512/src/libggml-base.a -fopenmp -lpthread -ldl
-//   (or -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16 -mavx512vbmi
-//    -mavxvnni -mfma -mf16c instead of -march=znver4 -mavxvnni; the harness itself has no SIMD)
+//   B=/tmp/ggml-avx512
+//   g++ -O2 -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16 -mavx512vbmi \
+//     -mavxvnni -mfma -mf16c -I$V/include -I$V/ggml/include q4k.cpp -o q4k-avx512 \
+//     $B/ggml/src/libggml.a $B/ggml/src/libggml-cpu.a $B/ggml/src/libggml-base.a -fopenmp -lpthread -ldl
+//   (or -march=znver4 -mavxvnni; the harness itself has no SIMD code, only ggml's objects matter)
 // then: MINFER_Q4K_HARNESS=$PWD/q4k-avx512 MINFER_Q4K_FLAVOUR=avx512 \
 //   cargo test --release -p minfer-cpu --test ggml_q4k -- --nocapture
+// (the configure step is checked here; the build and run want an AVX-512 machine.)
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use minfer_cpu::ggml_x86::{q4k_repack, GgmlSimd};
-use minfer_gguf::{quants, GgmlType};
+use minfer_gguf::{quants, GgmlType, GgufModel};
 
 /// splitmix64 + Box-Muller: seeded normal floats.
 struct Normal(u64);
@@ -204,6 +204,95 @@ fn repacked_q4_k_matches_llama_cpp_bit_for_bit() {
         "{differ} of {checked} outputs differ:\n{}",
         bad.join("\n")
     );
+}
+
+fn cached_model(name: &str) -> Option<PathBuf> {
+    let dir: PathBuf = std::env::var_os("MINFER_MODELS")
+        .map(Into::into)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
+        })?;
+    let p = dir.join(name);
+    p.exists().then_some(p)
+}
+
+/// A tensor dumped by scripts/peer-logprobs (4 x i64 shape, then f32).
+fn read_dump(path: &Path) -> (usize, usize, Vec<f32>) {
+    let b = std::fs::read(path).unwrap();
+    let dim = |i: usize| i64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap()) as usize;
+    let v = b[32..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    (dim(0), dim(1), v)
+}
+
+/// Real weights, real activations: llama.cpp runs a 7-token prompt (four rows through the
+/// GEMM, three through the GEMV) of the Qwen demo model and dumps every layer's ffn_swiglu
+/// (input of ffn_down) and ffn_out (one row in the last layer); every Q4_K ffn_down fed with llama.cpp's own input must
+/// give llama.cpp's output bit for bit. Independent of how the rest of the graph matches.
+/// Control: GEMM rows in the GEMV order made 11 of the 12 layers fail (about half of each
+/// layer's 6,272 outputs; the last layer has one row, which goes through the GEMV).
+#[test]
+fn qwen_q4_k_ffn_down_matches_llama_cpp_dumps() {
+    let Some(model_path) = cached_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        println!("SKIP: qwen2.5-coder-0.5b-instruct-q4_k_m.gguf not in cache");
+        return;
+    };
+    let run = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peer-logprobs/run");
+    if harness().is_none() || std::env::var_os("MINFER_Q4K_HARNESS").is_some() {
+        // No peer build (SKIP printed), or a harness from another build whose dumps we lack.
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("minfer-ggml-q4k-dump-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.txt");
+    // The first seven tokens of the once_upon fixture prompt and one more (peer-logprobs input format).
+    std::fs::write(&input, "P 12522 5193 264 882 11 304 264\nG 2613\nE\n").unwrap();
+    let st = Command::new("bash")
+        .arg(&run)
+        .arg(&model_path)
+        .arg(&input)
+        .env("DUMP_DIR", &dir)
+        .env("DUMP_STEP", "0")
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "peer-logprobs failed: {}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let model = GgufModel::open(&model_path).unwrap();
+    let mut layers = 0;
+    let mut bad = Vec::new();
+    for l in 0..24 {
+        let (info, w) = model
+            .tensor_data(&format!("blk.{l}.ffn_down.weight"))
+            .unwrap();
+        if info.ty != GgmlType::Q4K {
+            continue;
+        }
+        let (k, n, x) = read_dump(&dir.join(format!("ffn_swiglu-{l}.bin")));
+        let (m, n2, want) = read_dump(&dir.join(format!("ffn_out-{l}.bin")));
+        // The last layer keeps only the last token's row (llama.cpp prunes unused outputs).
+        let rows = if l == 23 { 1 } else { 7 };
+        assert_eq!((n, n2), (rows, rows), "layer {l}: dumped {n} / {n2} rows");
+        let mut got = vec![0f32; n * m];
+        q4k_repack::matmul(GgmlSimd::Avx2, w, k, m, &x, &mut got).unwrap();
+        let diff = got
+            .iter()
+            .zip(&want)
+            .filter(|(g, w)| g.to_bits() != w.to_bits())
+            .count();
+        if diff > 0 {
+            bad.push(format!("layer {l}: {diff} of {} outputs differ", n * m));
+        }
+        layers += 1;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(layers, 12);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    println!("{layers} Q4_K ffn_down layers bit-identical to llama.cpp");
 }
 
 /// The result does not depend on the thread count (llama.cpp's chunking does not change it
