@@ -79,13 +79,14 @@ pub fn matmul(
         GgmlType::Q8_0 => simd_or(legacy::dot_q8_0, avx2_dot(w.ty)),
         GgmlType::Q6K => simd_or(q6k::dot_q6_k, avx2_dot(w.ty)),
         GgmlType::Q4K => {
-            q4k_repack::matmul(
+            q4k_repack::matmul_threads(
                 simd,
                 &w.bytes[..wrb * m],
                 k,
                 m,
                 &x[..nt * k],
                 &mut out[..nt * m],
+                threads,
             )?;
             add_bias(bias, m, &mut out[..nt * m]);
             return Ok(());
