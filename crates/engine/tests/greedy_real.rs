@@ -7,13 +7,25 @@
 //! near-tie (llama.cpp's top1-top2 probability gap <= 0.05):
 //! - ids: our argmax equals llama.cpp's at every step before the near-tie (exact);
 //! - probabilities of llama.cpp's top-5 (softmax over the full vocabulary, including the
-//!   near-tie step): within `PROB_TOL` per value and the fixture's mean tolerance on average.
+//!   near-tie step): within a per-value and a mean tolerance.
+//!
+//! Two arithmetics, two gates per fixture:
+//! - `*_llamacpp_numerics_match_fixtures`: `--numerics llamacpp-x86-avx512` (llama.cpp's x86
+//!   build float op for float op, `minfer_cpu::ggml_x86`), probabilities formed as llama-server
+//!   forms them ([`server_probs`]), at the issue's bound 0.02 per value and mean 1e-5.
+//!   Measured 2026-11-30: max 4.8e-5 / mean 2.7e-7 (qwen raw, 985 values), 7.0e-5 / 1.5e-6
+//!   (qwen chat, 120), 4.2e-5 / 3.0e-7 (smol, 235); 7 of 12 prompts within 1.5e-8. The same
+//!   code as `llamacpp-x86-avx2` equals llama.cpp's AVX2 build on this VM at every step (9
+//!   printed decimals, docs/PRECISION.md). Controls: the native arithmetic fails this bound
+//!   (0.092 > 0.02, below); so does the AVX2 form against these AVX-512 fixtures (smol max
+//!   0.048 at code step 9, the same as llama.cpp's own AVX2 build; qwen 0.072).
+//! - `*_native_within_noise_of_llama_cpp`: minfer's own kernels, bounds explained below.
 //!
 //! KV cache f16, as llama.cpp ran: with fewer than 64 query rows our f16 attention uses
 //! llama.cpp's flash-attention arithmetic (`minfer_cpu::ops::attn_f16`), and activations are
 //! quantized with its x86 rule (`quants::quantize_act_row`).
 //!
-//! Why not 0.02 per value: these steps are chaotic. llama.cpp itself, same commit and
+//! Native, why not 0.02 per value: these steps are chaotic. llama.cpp itself, same commit and
 //! settings (-t 2, f16 KV, flash attention, repack) but built AVX2-native on the dev VM instead
 //! of AVX-512, is up to 0.072 away from the fixtures (qwen chinese_ai_future step 3: 0.0986 vs
 //! 0.1703; mean 0.0016 qwen, 0.0056 smol, max smol 0.048): its float summation orders differ
@@ -39,12 +51,18 @@
 //! bounds); the milder `freq_base` x 2 flips an id at code step 18 (fails). The f64-reference
 //! gate (`tests/reference.rs`) is the tight check of the math.
 
+use minfer_cpu::ggml_x86::GgmlSimd;
+use minfer_cpu::Numerics;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::GgmlType;
 use serde_json::Value;
 use std::path::PathBuf;
 
 const PROB_TOL: f64 = 0.10;
+/// The issue's bound per probability, for `--numerics llamacpp-x86-avx512`.
+const ISSUE_TOL: f64 = 0.02;
+/// Mean bound for that gate (measured: see the module docs).
+const ISSUE_MEAN_TOL: f64 = 1e-5;
 const NEAR_TIE: f64 = 0.05;
 
 fn model_path(file: &str) -> Option<PathBuf> {
@@ -64,6 +82,25 @@ fn softmax(logits: &[f32]) -> Vec<f64> {
     e.into_iter().map(|v| v / z).collect()
 }
 
+/// llama-server's pre-sampling probabilities (`post_sampling_probs: false`): logits sorted
+/// descending, `p = expf(l - max)` summed in f32 in that order, then divided by the sum. The
+/// fixtures' log-probabilities are `log` of these f32 values.
+fn server_probs(logits: &[f32]) -> Vec<f32> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let max = logits[order[0]];
+    let mut p = vec![0f32; logits.len()];
+    let mut sum = 0f32;
+    for &i in &order {
+        p[i] = (logits[i] - max).exp();
+        sum += p[i];
+    }
+    for v in p.iter_mut() {
+        *v /= sum;
+    }
+    p
+}
+
 fn argmax(v: &[f32]) -> u32 {
     let mut best = 0;
     for (i, x) in v.iter().enumerate() {
@@ -74,7 +111,15 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-fn run_gate(model_file: &str, fixture: &str, mean_tol: f64) {
+/// Tolerances of one gate: per value, mean over the fixture, and whether probabilities are
+/// computed the way llama-server computes them (f32) or exactly (f64).
+struct Tol {
+    max: f64,
+    mean: f64,
+    server_softmax: bool,
+}
+
+fn run_gate(model_file: &str, fixture: &str, numerics: Numerics, tol: Tol) {
     let Some(path) = model_path(model_file) else {
         eprintln!("SKIP: {model_file} not found (set MINFER_MODELS)");
         return;
@@ -82,6 +127,7 @@ fn run_gate(model_file: &str, fixture: &str, mean_tol: f64) {
     let cfg = EngineConfig {
         n_ctx: 128,
         cache_type: GgmlType::F16,
+        numerics,
         ..Default::default()
     };
     let mut e = Engine::load(&path, cfg).expect("load");
@@ -115,7 +161,11 @@ fn run_gate(model_file: &str, fixture: &str, mean_tol: f64) {
             let top = step["top"].as_array().unwrap();
             let lp = |i: usize| top[i][1].as_f64().unwrap().exp();
             let near_tie = lp(0) - lp(1) <= NEAR_TIE;
-            let probs = softmax(&logits);
+            let probs: Vec<f64> = if tol.server_softmax {
+                server_probs(&logits).into_iter().map(f64::from).collect()
+            } else {
+                softmax(&logits)
+            };
             for t in top {
                 let id = t[0].as_u64().unwrap() as usize;
                 let want = t[1].as_f64().unwrap().exp();
@@ -123,12 +173,22 @@ fn run_gate(model_file: &str, fixture: &str, mean_tol: f64) {
                 worst = worst.max(d);
                 sum_dp += d;
                 n_dp += 1;
-                if d > PROB_TOL {
+                if d > tol.max {
                     failures.push(format!(
                         "{name} step {k}: p[{id}] = {:.4}, llama.cpp {want:.4}",
                         probs[id]
                     ));
                 }
+            }
+            if std::env::var_os("GATE_VERBOSE").is_some() {
+                let ds: Vec<String> = top
+                    .iter()
+                    .map(|t| {
+                        let id = t[0].as_u64().unwrap() as usize;
+                        format!("{id}:{:+.2e}", probs[id] - t[1].as_f64().unwrap().exp())
+                    })
+                    .collect();
+                eprintln!("  {name} step {k}: {}", ds.join(" "));
             }
             let want_id = step["id"].as_u64().unwrap() as u32;
             if !near_tie && argmax(&logits) != want_id {
@@ -148,37 +208,70 @@ fn run_gate(model_file: &str, fixture: &str, mean_tol: f64) {
         }
         let secs = start.elapsed().as_secs_f64();
         eprintln!(
-            "{name}: {checked} steps checked, max |dp| {worst:.4}, {:.2} tok/s (prefill {} + {} decode)",
+            "{name}: {checked} steps checked, max |dp| {worst:.3e}, {:.2} tok/s (prefill {} + {} decode)",
             (prompt.len() + checked) as f64 / secs,
             prompt.len(),
             checked.saturating_sub(1)
         );
     }
     let mean = sum_dp / n_dp.max(1) as f64;
-    eprintln!("{fixture}: mean |dp| {mean:.4} over {n_dp} probabilities");
-    assert!(mean <= mean_tol, "mean |dp| {mean} > {mean_tol}");
+    eprintln!(
+        "{fixture} ({}): mean |dp| {mean:.3e} over {n_dp} probabilities",
+        numerics.name()
+    );
+    assert!(mean <= tol.mean, "mean |dp| {mean} > {}", tol.mean);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-#[test]
-fn qwen_raw_greedy_matches_llama_cpp() {
-    run_gate(
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "qwen-raw.jsonl",
-        0.0025,
-    );
+const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+const SMOL: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+/// minfer's own arithmetic: within the cross-build noise (see the module docs).
+fn native(mean: f64) -> Tol {
+    Tol {
+        max: PROB_TOL,
+        mean,
+        server_softmax: false,
+    }
+}
+
+/// llama.cpp's x86 AVX-512 arithmetic (the fixture build): the issue's bound, 0.02 per value,
+/// with the probabilities formed as llama-server forms them.
+const LLAMA_AVX512: Numerics = Numerics::LlamaCppX86(GgmlSimd::Avx512);
+fn as_fixture_build() -> Tol {
+    Tol {
+        max: ISSUE_TOL,
+        mean: ISSUE_MEAN_TOL,
+        server_softmax: true,
+    }
 }
 
 #[test]
-fn qwen_chat_greedy_matches_llama_cpp() {
-    run_gate(
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "qwen-chat.jsonl",
-        0.0025,
-    );
+fn qwen_raw_native_within_noise_of_llama_cpp() {
+    run_gate(QWEN, "qwen-raw.jsonl", Numerics::Native, native(0.0025));
 }
 
 #[test]
-fn smol_raw_greedy_matches_llama_cpp() {
-    run_gate("smollm2-135m-instruct-q4_1.gguf", "smol-raw.jsonl", 0.008);
+fn qwen_chat_native_within_noise_of_llama_cpp() {
+    run_gate(QWEN, "qwen-chat.jsonl", Numerics::Native, native(0.0025));
+}
+
+#[test]
+fn smol_raw_native_within_noise_of_llama_cpp() {
+    run_gate(SMOL, "smol-raw.jsonl", Numerics::Native, native(0.008));
+}
+
+#[test]
+fn qwen_raw_llamacpp_numerics_match_fixtures() {
+    run_gate(QWEN, "qwen-raw.jsonl", LLAMA_AVX512, as_fixture_build());
+}
+
+#[test]
+fn qwen_chat_llamacpp_numerics_match_fixtures() {
+    run_gate(QWEN, "qwen-chat.jsonl", LLAMA_AVX512, as_fixture_build());
+}
+
+#[test]
+fn smol_raw_llamacpp_numerics_match_fixtures() {
+    run_gate(SMOL, "smol-raw.jsonl", LLAMA_AVX512, as_fixture_build());
 }

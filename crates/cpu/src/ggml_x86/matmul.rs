@@ -18,6 +18,9 @@ pub fn supports_weight(ty: GgmlType) -> bool {
     )
 }
 
+/// One weight row times one encoded activation row.
+type DotFn = fn(&[u8], &[u8]) -> f32;
+
 /// A raw output pointer shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -70,11 +73,11 @@ pub fn matmul(
         add_bias(bias, m, o);
         return Ok(());
     }
-    let dot: fn(&[u8], &[u8]) -> f32 = match w.ty {
-        GgmlType::Q4_1 => legacy::dot_q4_1,
-        GgmlType::Q5_0 => legacy::dot_q5_0,
-        GgmlType::Q8_0 => legacy::dot_q8_0,
-        GgmlType::Q6K => q6k::dot_q6_k,
+    let dot: DotFn = match w.ty {
+        GgmlType::Q4_1 => simd_or(legacy::dot_q4_1, avx2_dot(w.ty)),
+        GgmlType::Q5_0 => simd_or(legacy::dot_q5_0, avx2_dot(w.ty)),
+        GgmlType::Q8_0 => simd_or(legacy::dot_q8_0, avx2_dot(w.ty)),
+        GgmlType::Q6K => simd_or(q6k::dot_q6_k, avx2_dot(w.ty)),
         GgmlType::Q4K => {
             q4k_repack::matmul(
                 simd,
@@ -116,6 +119,33 @@ pub fn matmul(
     });
     add_bias(bias, m, &mut out[..nt * m]);
     Ok(())
+}
+
+/// The AVX2 form of a dot when this machine has AVX2 and FMA (bit-identical, `avx2::tests`).
+fn simd_or(scalar: DotFn, simd: Option<DotFn>) -> DotFn {
+    simd.unwrap_or(scalar)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_dot(ty: GgmlType) -> Option<DotFn> {
+    use super::avx2;
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        return None;
+    }
+    // SAFETY (each wrapper): AVX2 and FMA were detected on this machine just above.
+    let f: DotFn = match ty {
+        GgmlType::Q4_1 => |w, a| unsafe { avx2::dot_q4_1(w, a) },
+        GgmlType::Q5_0 => |w, a| unsafe { avx2::dot_q5_0(w, a) },
+        GgmlType::Q8_0 => |w, a| unsafe { avx2::dot_q8_0(w, a) },
+        GgmlType::Q6K => |w, a| unsafe { avx2::dot_q6_k(w, a) },
+        _ => return None,
+    };
+    Some(f)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_dot(_: GgmlType) -> Option<DotFn> {
+    None
 }
 
 /// ggml adds a bias as its own op after the matmul: one f32 add per output.

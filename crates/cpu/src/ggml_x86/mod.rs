@@ -21,6 +21,8 @@
 //! Selected by `--numerics llamacpp-x86-avx2|llamacpp-x86-avx512` (see docs/PRECISION.md);
 //! types and caches outside this list are refused, never computed another way.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod expf;
 pub mod legacy;
 mod matmul;

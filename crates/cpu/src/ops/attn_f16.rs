@@ -126,6 +126,97 @@ pub fn dot_ref(x: &[u16], y: &[u16]) -> f32 {
     r as f32
 }
 
+/// llama.cpp's KV tile of the tiled f32 path (`GGML_FA_TILE_KV`).
+pub const GGML_FA_TILE_KV: usize = 64;
+
+/// One (query row, head) of llama.cpp's tiled flash attention (`flash_attn_ext_tiled`, batches
+/// of at least [`GGML_FA_TILE_Q`] rows), as the given build computes it. KV tiles are the
+/// aligned 64-cell ranges of the cache; a tile with no cell in `cells` is skipped. Per tile:
+/// scores `s = fma`-chain over the head dim of f32 q times f32(k) (the simd_gemm order: one
+/// running fma per output), times `scale`; masked cells are -inf; the tile max M' =
+/// max(M, tile max); when it grows, `ms = expf(M - M')` scales the f32 V accumulator and S;
+/// then ggml's `vec_soft_max_f32` turns scores into `v_expf(s - M')` and returns their sum in
+/// f64 per vector (8 lanes folded as `hsum_float_8` on AVX2, 16 by `_mm512_reduce_add_ps` on
+/// AVX-512), added to S in f64 and rounded to f32; the V accumulator takes
+/// `acc = fma(p, v, acc)` over the tile's cells in order. Output: acc · (1 / S).
+pub fn attend_head_tiled<'a>(
+    simd: crate::ggml_x86::GgmlSimd,
+    q: &[f32],
+    scale: f32,
+    cells: std::ops::Range<usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    use crate::ggml_x86::{expf::v_expf, hsum8, reduce16, GgmlSimd};
+    const T: usize = GGML_FA_TILE_KV;
+    let mut acc = vec![0f32; out.len()];
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    let mut p = [0f32; T];
+    if cells.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    let first = cells.start / T * T;
+    for ic in (first..cells.end).step_by(T) {
+        let mut tile_max = f32::NEG_INFINITY;
+        for (tk, p) in p.iter_mut().enumerate() {
+            let c = ic + tk;
+            *p = if cells.contains(&c) {
+                let kc = k(c);
+                let mut s = 0f32;
+                for (&qv, &kv) in q.iter().zip(kc) {
+                    s = qv.mul_add(h(kv), s);
+                }
+                s * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+            tile_max = tile_max.max(*p);
+        }
+        if tile_max == f32::NEG_INFINITY {
+            continue;
+        }
+        let m_new = m.max(tile_max);
+        if m_new > m {
+            let ms = (m - m_new).exp();
+            for a in acc.iter_mut() {
+                *a *= ms;
+            }
+            sum *= ms;
+        }
+        m = m_new;
+        for p in p.iter_mut() {
+            *p = v_expf(simd, *p - m);
+        }
+        let tile_sum: f64 = match simd {
+            GgmlSimd::Avx2 => p
+                .chunks_exact(8)
+                .map(|c| hsum8(c.try_into().expect("8 lanes")) as f64)
+                .sum(),
+            GgmlSimd::Avx512 => p
+                .chunks_exact(16)
+                .map(|c| reduce16(c.try_into().expect("16 lanes")) as f64)
+                .sum(),
+        };
+        sum = (sum as f64 + tile_sum) as f32;
+        for (tk, &pk) in p.iter().enumerate() {
+            let c = ic + tk;
+            if !cells.contains(&c) {
+                // ggml multiplies these cells' V (finite) by an exact 0: no change.
+                continue;
+            }
+            for (a, &x) in acc.iter_mut().zip(v(c)) {
+                *a = pk.mul_add(h(x), *a);
+            }
+        }
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, &a) in out.iter_mut().zip(&acc) {
+        *o = a * inv;
+    }
+}
+
 /// ggml's `vec_dot_f16` in an AVX-512 (F, no FP16) build: 4 accumulators of 16 f32 lanes,
 /// `acc = fma(k, q, acc)` over chunks of 64, then acc0 += acc2, acc1 += acc3, acc0 += acc1,
 /// the 16 lanes folded by GCC's `_mm512_reduce_add_ps` ([`crate::ggml_x86::reduce16`]);

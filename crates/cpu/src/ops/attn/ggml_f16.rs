@@ -39,13 +39,6 @@ pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
 /// Attention as the given llama.cpp x86 build computes it over an F16 cache: its one-chunk
 /// kernel below [`attn_f16::GGML_FA_TILE_Q`] query rows, its tiled f32 kernel from there on.
 pub(super) fn run_ggml(simd: GgmlSimd, c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
-    if c.spans.len() >= attn_f16::GGML_FA_TILE_Q {
-        return Err(KernelError(
-            "llama.cpp x86 numerics: the tiled flash-attention path (64 or more query rows) \
-             is not implemented yet"
-                .into(),
-        ));
-    }
     run_with(Some(simd), c, out, threads)
 }
 
@@ -76,6 +69,18 @@ fn run_with(simd: Option<GgmlSimd>, c: &Call, out: &mut [f32], threads: usize) -
         };
         let (lo, hi) = c.spans[t];
         let q = &c.q[(t * p.n_head + h) * hd..][..hd];
+        if let Some(simd) = simd.filter(|_| nt >= attn_f16::GGML_FA_TILE_Q) {
+            attn_f16::attend_head_tiled(
+                simd,
+                q,
+                p.scale,
+                lo..hi,
+                |cell| &k16[at(cell)],
+                |cell| &v16[at(cell)],
+                o,
+            );
+            return;
+        }
         if simd == Some(GgmlSimd::Avx512) {
             attn_f16::attend_head_with(
                 attn_f16::dot16_ref,

@@ -1,0 +1,223 @@
+//! Gate: `ggml_x86::q4k_repack::matmul` against llama.cpp's own compiled code, bit for bit.
+//!
+//! scripts/ggml-harness/q4k.cpp runs a Q4_K x f32 `ggml_mul_mat` on the peer's CPU backend with
+//! the weight in the CPU_REPACK buffer (repack to block_q4_Kx8, `ggml_quantize_mat_q8_K_4x8` +
+//! GEMM for rows in groups of four, `quantize_row_q8_K` + GEMV for the rest), for n in
+//! {1, 2, 3, 4, 5, 7, 8, 21} activation rows, k in {256, 4864}, m in {8, 896}. Weights are
+//! llama.cpp's own Q4_K quantization of seeded normal floats (minfer has no Q4_K quantizer)
+//! plus, for k = 256, minfer_gguf's random Q4_K blocks (arbitrary 6-bit scales and mins);
+//! activations are normal with outliers, a row where +amax and -amax tie, and a zero row.
+//! Every output must have the same bits. Prints SKIP when the peer build (scripts/peer-build)
+//! is absent.
+//!
+//! The harness is the AVX2 peer build (GgmlSimd::Avx2). On an AVX-512 machine, build it from
+//! source as q4k.cpp's header says and run with MINFER_Q4K_HARNESS=path and
+//! MINFER_Q4K_FLAVOUR=avx512.
+//!
+//! Controls (each made this test fail, then was reverted; 138,312 outputs compared):
+//! - GEMM rows with one fma per super-block (the GEMV order) instead of one per sub-block
+//!   pair: 61,462 outputs differ, all in rows computed by the GEMM (n >= 4).
+//! - GEMV rows with one fma per sub-block pair (the GEMM order): 17,509 differ, all in the
+//!   n % 4 leftover rows.
+//! - One accumulator (`acc = fma(-imin, dmin·d, acc)`) instead of `acc - accm`: 97,033 differ.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use minfer_cpu::ggml_x86::{q4k_repack, GgmlSimd};
+use minfer_gguf::{quants, GgmlType};
+
+/// splitmix64 + Box-Muller: seeded normal floats.
+struct Normal(u64);
+
+impl Normal {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn sample(&mut self) -> f32 {
+        let (u, v) = (self.unit(), self.unit());
+        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+    }
+}
+
+fn harness() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("MINFER_Q4K_HARNESS") {
+        return Some(p.into());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ggml-harness/build");
+    let out = Command::new("bash").arg(&script).output().ok()?;
+    if !out.status.success() {
+        println!(
+            "SKIP: harness not built: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()))
+}
+
+fn write_f32(path: &Path, v: &[f32]) {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// 21 activation rows of k: normal, scaled per row, with a few outliers; row 6 has +amax and
+/// -amax in its first block (the two Q8_K quantizers' sign rules differ there), row 19 is zero.
+fn activations(k: usize, seed: u64) -> Vec<f32> {
+    let mut g = Normal(seed);
+    let mut x = vec![0f32; 21 * k];
+    for (t, row) in x.chunks_exact_mut(k).enumerate() {
+        if t == 19 {
+            continue;
+        }
+        let scale = 0.05 + 0.3 * t as f32;
+        for v in row.iter_mut() {
+            *v = g.sample() * scale;
+            if g.next_u64().is_multiple_of(97) {
+                *v *= 12.0;
+            }
+        }
+        if t == 6 {
+            let amax = row[..256].iter().fold(0f32, |a, v| a.max(v.abs())) * 1.5;
+            row[10] = -amax;
+            row[100] = amax;
+        }
+    }
+    x
+}
+
+struct Case<'a> {
+    wfmt: &'a str,
+    k: usize,
+    m: usize,
+    n: usize,
+}
+
+/// Runs the harness; returns llama.cpp's outputs and the Q4_K weight bytes it used.
+fn run_peer(bin: &Path, dir: &Path, c: &Case, w: &Path, x: &[f32]) -> (Vec<f32>, Vec<u8>) {
+    let xp = dir.join("x.f32");
+    write_f32(&xp, &x[..c.n * c.k]);
+    let out = dir.join(format!("out-{}-{}-{}-{}", c.wfmt, c.k, c.m, c.n));
+    let run = Command::new(bin)
+        .arg(c.wfmt)
+        .arg(w)
+        .arg(&xp)
+        .args([c.k.to_string(), c.m.to_string(), c.n.to_string()])
+        .arg(&out)
+        .arg("2")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "harness failed on {}x{} n={}: {}",
+        c.m,
+        c.k,
+        c.n,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let wq = if c.wfmt == "f32" {
+        std::fs::read(out.with_extension("q4k")).unwrap()
+    } else {
+        std::fs::read(w).unwrap()
+    };
+    (read_f32(&out), wq)
+}
+
+#[test]
+fn repacked_q4_k_matches_llama_cpp_bit_for_bit() {
+    let simd = match std::env::var("MINFER_Q4K_FLAVOUR").as_deref() {
+        Ok("avx512") => GgmlSimd::Avx512,
+        _ => GgmlSimd::Avx2,
+    };
+    let Some(bin) = harness() else { return };
+    let dir = std::env::temp_dir().join(format!("minfer-ggml-q4k-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut checked, mut differ) = (0usize, 0usize);
+    let mut bad: Vec<String> = Vec::new();
+    for k in [256usize, 4864] {
+        let x = activations(k, 7 + k as u64);
+        for m in [8usize, 896] {
+            let mut g = Normal(1000 + (k * m) as u64);
+            let wf: Vec<f32> = (0..m * k).map(|_| g.sample() * 0.02).collect();
+            let wf_path = dir.join(format!("w-{k}-{m}.f32"));
+            write_f32(&wf_path, &wf);
+            let wr_path = dir.join(format!("w-{k}-{m}.q4k"));
+            std::fs::write(
+                &wr_path,
+                quants::random_blocks(GgmlType::Q4K, m * k / 256, (k + m) as u64),
+            )
+            .unwrap();
+            let sets: &[(&str, &Path)] = if k == 256 {
+                &[("f32", &wf_path), ("q4k", &wr_path)]
+            } else {
+                &[("f32", &wf_path)]
+            };
+            for &(wfmt, w) in sets {
+                for n in [1usize, 2, 3, 4, 5, 7, 8, 21] {
+                    let c = Case { wfmt, k, m, n };
+                    let (want, wq) = run_peer(&bin, &dir, &c, w, &x);
+                    let mut got = vec![0f32; n * m];
+                    q4k_repack::matmul(simd, &wq, k, m, &x[..n * k], &mut got).unwrap();
+                    let mut diff = 0;
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        if g.to_bits() != w.to_bits() {
+                            if diff == 0 {
+                                bad.push(format!(
+                                    "{wfmt} {m}x{k} n={n}: out[{}][{}] = {g:e}, llama.cpp {w:e}",
+                                    i / m,
+                                    i % m
+                                ));
+                            }
+                            diff += 1;
+                        }
+                    }
+                    if diff > 0 {
+                        bad.push(format!("  ({diff} of {} outputs differ)", n * m));
+                    }
+                    checked += n * m;
+                    differ += diff;
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{simd:?}: {checked} outputs compared with llama.cpp");
+    assert!(
+        bad.is_empty(),
+        "{differ} of {checked} outputs differ:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The result does not depend on the thread count (llama.cpp's chunking does not change it
+/// either: every output is one lane of one 8-row group).
+#[test]
+fn thread_count_does_not_change_bits() {
+    let (k, m, n) = (512usize, 64usize, 6usize);
+    let w = quants::random_blocks(GgmlType::Q4K, m * k / 256, 5);
+    let x = activations(k, 3);
+    let mut one = vec![0f32; n * m];
+    let mut four = vec![0f32; n * m];
+    q4k_repack::matmul(GgmlSimd::Avx2, &w, k, m, &x[..n * k], &mut one).unwrap();
+    q4k_repack::matmul_threads(GgmlSimd::Avx2, &w, k, m, &x[..n * k], &mut four, 4).unwrap();
+    let a: Vec<u32> = one.iter().map(|v| v.to_bits()).collect();
+    let b: Vec<u32> = four.iter().map(|v| v.to_bits()).collect();
+    assert_eq!(a, b);
+}
