@@ -20,7 +20,8 @@
  * (the test does exactly this under its CARGO_TARGET_TMPDIR).
  *
  * AVX-512 build (the Zen 5 -march=native flavour: AVX512 F/BW/DQ/VL/CD + VNNI, BF16, VBMI,
- * AVX-VNNI; no AVX512-FP16, no AMX), from the same source on an AVX-512 host, ggml targets only:
+ * AVX-VNNI; no AVX512-FP16, no AMX), from the same source on any x86 host with GCC (compiling
+ * needs no AVX-512), ggml targets only:
  *   cmake -S $V -B build512 -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
  *       -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
  *       -DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
@@ -28,12 +29,13 @@
  *   cmake --build build512 -j --target ggml ggml-cpu ggml-base
  *   then the gcc/g++ lines above with B=build512 (the libraries land in build512/ggml/src/;
  *   `-S $V/ggml` builds ggml alone and puts them in build512/src/ instead).
- * Remote comparison: on the dev machine
- *   MINFER_Q6K_TILED_STAGE=DIR cargo test -p minfer-cpu --release --test ggml_q6k_tiled
- * writes the inputs and DIR/cases.txt; on the AVX-512 host run `q6k_tiled DIR 1 4 16`; back
- * on the dev machine
- *   MINFER_Q6K_TILED_REMOTE=DIR cargo test -p minfer-cpu --release --test ggml_q6k_tiled
- * compares every DIR/NAME.y with GgmlSimd::Avx512, bit for bit.
+ * Remote comparison: scripts/ggml-harness/q6k-tiled-avx512 [DIR] does the build above here
+ * (compiling needs no AVX-512), links this harness statically into DIR/q6k_tiled and writes
+ * the test's inputs to DIR/cases (MINFER_Q6K_TILED_STAGE=DIR/cases cargo test -p minfer-cpu
+ * --release --test ggml_q6k_tiled). On the AVX-512 host: `DIR/q6k_tiled DIR/cases 1 4 16`;
+ * back here, with OUTS holding the .y and .q8 files it wrote:
+ *   MINFER_Q6K_TILED_REMOTE=OUTS cargo test -p minfer-cpu --release --test ggml_q6k_tiled
+ * compares every output with GgmlSimd::Avx512, bit for bit.
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -22,8 +22,7 @@
 //!   different; leaving it unfused, `acc += wd * s1 as f32 * ad`, with 91,449.
 //!
 //! AVX-512 (VNNI microkernel): no AVX-512 here; `remote_avx512_outputs` compares outputs made
-//! by the harness on an AVX-512 build (see the harness header for the build and the
-//! MINFER_Q6K_TILED_STAGE / MINFER_Q6K_TILED_REMOTE round trip).
+//! by the harness on an AVX-512 build (scripts/ggml-harness/q6k-tiled-avx512 stages it).
 
 use minfer_cpu::ggml_x86::q6k::dot_q6_k;
 use minfer_cpu::ggml_x86::q6k_tiled::{matmul_q6k_tiled, matmul_q6k_tiled_threads};
@@ -180,19 +179,21 @@ fn read_f32(path: &Path) -> Vec<f32> {
         .collect()
 }
 
-/// Compares `simd`'s tiled matmul with the harness outputs in `dir`; returns
-/// (outputs compared, outputs that differ); `report` prints each case's first difference.
+/// Compares `simd`'s tiled matmul of the inputs in `inputs` (NAME.w) and the Q8_K rows the
+/// harness left in `outputs` (NAME.q8) with its results there (NAME.y); returns (outputs
+/// compared, outputs that differ); `report` prints each case's first difference.
 fn compare(
     simd: GgmlSimd,
-    dir: &Path,
+    inputs: &Path,
+    outputs: &Path,
     cases: &[Case],
     threads: usize,
     report: bool,
 ) -> (usize, usize) {
     let (mut total, mut bad) = (0, 0);
     for c in cases {
-        let file = |ext: &str| dir.join(format!("{}.{ext}", c.name));
-        let w = std::fs::read(file("w")).unwrap();
+        let w = std::fs::read(inputs.join(format!("{}.w", c.name))).unwrap();
+        let file = |ext: &str| outputs.join(format!("{}.{ext}", c.name));
         let act = std::fs::read(file("q8")).unwrap();
         let want = read_f32(&file("y"));
         assert_eq!(act.len(), c.n * c.k / 256 * A_BYTES, "{}.q8", c.name);
@@ -228,6 +229,20 @@ fn compare(
     (total, bad)
 }
 
+/// minfer's Q8_K quantizer gives the bytes ggml's did (so the engine feeds the same codes).
+fn check_q8(inputs: &Path, outputs: &Path, cases: &[Case]) {
+    for c in cases {
+        let x = read_f32(&inputs.join(format!("{}.x", c.name)));
+        let arb = c.k / 256 * A_BYTES;
+        let mut act = vec![0u8; c.n * arb];
+        for (xr, ar) in x.chunks_exact(c.k).zip(act.chunks_exact_mut(arb)) {
+            quantize_act_row(GgmlType::Q8K, xr, ar).unwrap();
+        }
+        let ggml = std::fs::read(outputs.join(format!("{}.q8", c.name))).unwrap();
+        assert!(act == ggml, "{}: Q8_K bytes differ from ggml's", c.name);
+    }
+}
+
 #[test]
 fn q6k_tiled_matches_llama_cpp_avx2_build() {
     let Some((src, lib)) = peer() else {
@@ -244,31 +259,20 @@ fn q6k_tiled_matches_llama_cpp_avx2_build() {
     run_harness(&exe, &tiled_dir, true);
     run_harness(&exe, &vec_dot_dir, false);
 
-    // minfer's Q8_K quantizer gives ggml's bytes (so the engine feeds the same codes).
-    for c in &cases {
-        let x = read_f32(&tiled_dir.join(format!("{}.x", c.name)));
-        let mut act = vec![0u8; c.n * c.k / 256 * A_BYTES];
-        for (xr, ar) in x
-            .chunks_exact(c.k)
-            .zip(act.chunks_exact_mut(c.k / 256 * A_BYTES))
-        {
-            quantize_act_row(GgmlType::Q8K, xr, ar).unwrap();
-        }
-        let ggml = std::fs::read(tiled_dir.join(format!("{}.q8", c.name))).unwrap();
-        assert!(act == ggml, "{}: Q8_K bytes differ from ggml's", c.name);
-    }
+    check_q8(&tiled_dir, &tiled_dir, &cases);
 
-    let (total, bad) = compare(GgmlSimd::Avx2, &tiled_dir, &cases, 1, true);
+    let (total, bad) = compare(GgmlSimd::Avx2, &tiled_dir, &tiled_dir, &cases, 1, true);
     assert_eq!(
         bad, 0,
         "{bad} of {total} outputs differ from llama.cpp's tiled path"
     );
-    let (_, bad) = compare(GgmlSimd::Avx2, &tiled_dir, &cases, 3, true);
+    let (_, bad) = compare(GgmlSimd::Avx2, &tiled_dir, &tiled_dir, &cases, 3, true);
     assert_eq!(bad, 0, "3 threads differ");
     println!("{total} outputs in {} cases bit-identical", cases.len());
 
     // Control: the vec_dot order is a different result, which minfer's dot_q6_k reproduces.
-    let (_, tiled_vs_vec_dot) = compare(GgmlSimd::Avx2, &vec_dot_dir, &cases, 1, false);
+    let (_, tiled_vs_vec_dot) =
+        compare(GgmlSimd::Avx2, &vec_dot_dir, &vec_dot_dir, &cases, 1, false);
     assert!(
         tiled_vs_vec_dot > 0,
         "vec_dot and tiled outputs agree everywhere: the gate cannot tell them apart"
@@ -296,25 +300,31 @@ fn q6k_tiled_matches_llama_cpp_avx2_build() {
     println!("control: {tiled_vs_vec_dot} outputs of ggml's vec_dot path differ from tiled");
 }
 
-/// The AVX-512 round trip (see scripts/ggml-harness/q6k_tiled.c): with
-/// MINFER_Q6K_TILED_STAGE=DIR, writes the inputs; with MINFER_Q6K_TILED_REMOTE=DIR, compares
-/// the harness outputs an AVX-512 build left there with the `Avx512` flavour.
+/// The AVX-512 round trip (scripts/ggml-harness/q6k-tiled-avx512): with
+/// MINFER_Q6K_TILED_STAGE=DIR, writes the inputs there; with MINFER_Q6K_TILED_REMOTE=DIR,
+/// compares the .q8/.y files an AVX-512 build of the harness made from them with the
+/// `Avx512` flavour (the inputs are regenerated: they depend only on the seeds).
 #[test]
 fn remote_avx512_outputs() {
+    let cases = cases();
     if let Some(dir) = std::env::var_os("MINFER_Q6K_TILED_STAGE") {
-        stage(Path::new(&dir), &cases());
+        stage(Path::new(&dir), &cases);
         println!(
             "staged {} cases in {}",
-            cases().len(),
+            cases.len(),
             Path::new(&dir).display()
         );
     }
-    let Some(dir) = std::env::var_os("MINFER_Q6K_TILED_REMOTE") else {
+    let Some(outputs) = std::env::var_os("MINFER_Q6K_TILED_REMOTE") else {
         println!("SKIP: MINFER_Q6K_TILED_REMOTE not set");
         return;
     };
-    let cases = cases();
-    let (total, bad) = compare(GgmlSimd::Avx512, Path::new(&dir), &cases, 1, true);
+    let inputs = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ggml_q6k_tiled_remote");
+    let _ = std::fs::remove_dir_all(&inputs);
+    stage(&inputs, &cases);
+    let outputs = Path::new(&outputs);
+    check_q8(&inputs, outputs, &cases);
+    let (total, bad) = compare(GgmlSimd::Avx512, &inputs, outputs, &cases, 1, true);
     assert_eq!(
         bad, 0,
         "{bad} of {total} outputs differ from the AVX-512 build"

@@ -264,3 +264,60 @@ impl WeightRows {
 fn dot256(w: &[i16], q: &[i16]) -> i32 {
     w.iter().zip(q).map(|(&w, &q)| w as i32 * q as i32).sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minfer_gguf::quants::random_blocks;
+
+    #[test]
+    fn bad_shapes_are_typed_errors() {
+        let (w, a) = (vec![0u8; W_BYTES], vec![0u8; A_BYTES * 8]);
+        let mut out = vec![0f32; 8];
+        let r = matmul_q6k_tiled(GgmlSimd::Avx2, &w, 128, 1, &a, 8, &mut out);
+        assert!(r.unwrap_err().0.contains("multiple of 256"));
+        let r = matmul_q6k_tiled(GgmlSimd::Avx2, &w, 256, 2, &a, 8, &mut out);
+        assert!(r.unwrap_err().0.contains("weight holds 210, needs 420"));
+    }
+
+    /// With `bsums` that are not the sums of the quants, the AVX2 kernel (which never reads
+    /// them) and the VNNI kernel (`Σ scale · (Σ q6·q8 - 32 · bsums)`) part ways; each flavour
+    /// follows its kernel. Expected values from the two kernels' formulas, written out per
+    /// element for one super-block (control: reading bsums in both flavours fails the Avx2
+    /// assertion).
+    #[test]
+    fn flavours_follow_their_kernels_on_inconsistent_bsums() {
+        let w = random_blocks(GgmlType::Q6K, 1, 7);
+        let mut a = random_blocks(GgmlType::Q8K, 8, 8);
+        a[260] = a[260].wrapping_add(3); // bsums[0] of row 0 off by 3
+        let wd = f16_to_f32(u16::from_le_bytes([w[208], w[209]]));
+        let q6 = |e: usize| {
+            let (h, c, l) = (e / 128, (e % 128) / 32, e % 32);
+            let byte = w[64 * h + 32 * (c % 2) + l];
+            let low = if c < 2 { byte & 15 } else { byte >> 4 };
+            (low | ((w[128 + 32 * h + l] >> (2 * c)) & 3) << 4) as i32
+        };
+        let sc = |s: usize| w[192 + s] as i8 as i32;
+        let (q8, ad) = (
+            |e: usize| a[4 + e] as i8 as i32,
+            f32::from_le_bytes([a[0], a[1], a[2], a[3]]),
+        );
+        let bsum = |s: usize| i16::from_le_bytes([a[260 + 2 * s], a[261 + 2 * s]]) as i32;
+        let avx2: i32 = (0..256).map(|e| sc(e / 16) * (q6(e) - 32) * q8(e)).sum();
+        let vnni: i32 = (0..16)
+            .map(|s| {
+                sc(s) * ((16 * s..16 * s + 16).map(|e| q6(e) * q8(e)).sum::<i32>() - 32 * bsum(s))
+            })
+            .sum();
+        assert_ne!(avx2, vnni);
+        for (simd, s1) in [(GgmlSimd::Avx2, avx2), (GgmlSimd::Avx512, vnni)] {
+            let mut out = vec![0f32; 8];
+            matmul_q6k_tiled(simd, &w, 256, 1, &a, 8, &mut out).unwrap();
+            assert_eq!(
+                out[0].to_bits(),
+                ((wd * s1 as f32) * ad).to_bits(),
+                "{simd:?}"
+            );
+        }
+    }
+}
