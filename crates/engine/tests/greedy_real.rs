@@ -16,7 +16,8 @@
 //!   Measured 2026-11-30: max 4.8e-5 / mean 2.7e-7 (qwen raw, 985 values), 7.0e-5 / 1.5e-6
 //!   (qwen chat, 120), 4.2e-5 / 3.0e-7 (smol, 235); 7 of 12 prompts within 1.5e-8. The same
 //!   code as `llamacpp-x86-avx2` equals llama.cpp's AVX2 build on this VM at every step (9
-//!   printed decimals, docs/PRECISION.md). Controls: the native arithmetic fails this bound
+//!   printed decimals), and as `-avx512` llama.cpp's AVX-512 build on an AVX-512 host (smol,
+//!   every step; docs/PRECISION.md), which shows the same residual against these fixtures. Controls: the native arithmetic fails this bound
 //!   (0.092 > 0.02, below); so does the AVX2 form against these AVX-512 fixtures (smol max
 //!   0.048 at code step 9, the same as llama.cpp's own AVX2 build; qwen 0.072).
 //! - `*_native_within_noise_of_llama_cpp`: minfer's own kernels, bounds explained below.
