@@ -338,7 +338,7 @@ impl Backend for CpuBackend {
                     self.numerics == Numerics::Native
                         || weights
                             .weight(name)
-                            .is_some_and(|w| ggml_x86::supports_weight(w.ty))
+                            .is_some_and(|w| ggml_x86::supports_weight(w.ty, w.ne0, w.ne1))
                 };
                 weight_ok(weight) && ggml_ok(weight) && bias.as_deref().is_none_or(weight_ok)
             }

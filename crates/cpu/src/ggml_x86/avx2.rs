@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn hsum(v: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -16,14 +16,17 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
+/// The f16 at byte `at` as f32 (F16C, exact like any f16 -> f32 conversion).
 #[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn f16(b: &[u8], at: usize) -> f32 {
-    minfer_gguf::quants::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// Signed bytes x times signed bytes y, four products per i32 lane, as f32.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
@@ -32,14 +35,14 @@ fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
 
 /// Unsigned bytes u times signed bytes s, four products per i32 lane, as f32.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn mul_sum_u8_i8(u: __m256i, s: __m256i) -> __m256 {
     let p16 = _mm256_maddubs_epi16(u, s);
     _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn load32(b: &[u8]) -> __m256i {
     let b = &b[..32];
     // SAFETY: 32 readable bytes; loadu has no alignment requirement.
@@ -48,7 +51,7 @@ fn load32(b: &[u8]) -> __m256i {
 
 /// 16 bytes of nibbles: low nibbles then high nibbles, 32 bytes.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn nibbles(b: &[u8]) -> __m256i {
     let b = &b[..16];
     // SAFETY: 16 readable bytes.
@@ -58,8 +61,8 @@ fn nibbles(b: &[u8]) -> __m256i {
 }
 
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(34)) {
@@ -71,8 +74,8 @@ pub unsafe fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let bit_mask = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
@@ -98,8 +101,8 @@ pub unsafe fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0f32;
@@ -114,15 +117,15 @@ pub unsafe fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
 
 /// Per 32-byte chunk c of a 128-element half, the two scales of its 16-byte halves as 16 i16.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn chunk_scales(sc: &[u8], c: usize) -> __m256i {
     let (s0, s1) = (sc[2 * c] as i8 as i16, sc[2 * c + 1] as i8 as i16);
     _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0))
 }
 
 /// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let m15 = _mm256_set1_epi8(15);
@@ -190,8 +193,11 @@ mod tests {
     /// accumulation to `_mm256_add_ps(_mm256_mul_ps(d, q), acc)` fails the Q8_0 case).
     #[test]
     fn avx2_dots_equal_scalar_references() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            eprintln!("SKIP: no AVX2/FMA");
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("SKIP: no AVX2/FMA/F16C");
             return;
         }
         type Pair = (fn(&[u8], &[u8]) -> f32, unsafe fn(&[u8], &[u8]) -> f32);
@@ -209,7 +215,7 @@ mod tests {
                     let w = quants::random_blocks(ty, blocks, seed as u64 * 7 + i as u64);
                     let a = act(ty, k, seed + 100 * i as u32);
                     let want = scalar(&w, &a);
-                    // SAFETY: AVX2 and FMA were detected above.
+                    // SAFETY: AVX2, FMA and F16C were detected above.
                     let got = unsafe { simd(&w, &a) };
                     assert_eq!(got.to_bits(), want.to_bits(), "{ty} k {k} seed {seed}");
                     n += 1;

@@ -10,12 +10,15 @@ use crate::ops::{KResult, KernelError};
 use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
 
-/// Whether this arithmetic exists for weights of `ty`.
-pub fn supports_weight(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q6K | GgmlType::Q4K
-    )
+/// Whether this arithmetic exists for a `rows` x `k` weight of `ty`: Q4_K only through the
+/// repack, which llama.cpp uses for row counts that are multiples of 8 (others would take its
+/// plain `vec_dot_q4_K_q8_K`, not reproduced here).
+pub fn supports_weight(ty: GgmlType, k: usize, rows: usize) -> bool {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q6K => true,
+        GgmlType::Q4K => rows.is_multiple_of(8) && k.is_multiple_of(256),
+        _ => false,
+    }
 }
 
 /// One weight row times one encoded activation row.
@@ -122,7 +125,7 @@ pub fn matmul(
     Ok(())
 }
 
-/// The AVX2 form of a dot when this machine has AVX2 and FMA (bit-identical, `avx2::tests`).
+/// The AVX2 form of a dot when this machine has AVX2, FMA and F16C (bit-identical, `avx2::tests`).
 fn simd_or(scalar: DotFn, simd: Option<DotFn>) -> DotFn {
     simd.unwrap_or(scalar)
 }
@@ -130,10 +133,13 @@ fn simd_or(scalar: DotFn, simd: Option<DotFn>) -> DotFn {
 #[cfg(target_arch = "x86_64")]
 fn avx2_dot(ty: GgmlType) -> Option<DotFn> {
     use super::avx2;
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
         return None;
     }
-    // SAFETY (each wrapper): AVX2 and FMA were detected on this machine just above.
+    // SAFETY (each wrapper): AVX2, FMA and F16C were detected on this machine just above.
     let f: DotFn = match ty {
         GgmlType::Q4_1 => |w, a| unsafe { avx2::dot_q4_1(w, a) },
         GgmlType::Q5_0 => |w, a| unsafe { avx2::dot_q5_0(w, a) },
