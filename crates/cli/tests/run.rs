@@ -191,6 +191,7 @@ fn unknown_flag_values_are_refused_by_name() {
         ("--backend", "tpu", "tpu"),
         ("--top-p", "1.5", "top_p"),
         ("--logit-bias", "abc", "logit-bias"),
+        ("--numerics", "fast", "--numerics fast"),
     ] {
         let out = minfer()
             .args(["run", "-n", "1", flag, value, "-m"])
@@ -200,6 +201,35 @@ fn unknown_flag_values_are_refused_by_name() {
             .unwrap();
         assert_refused(&out, &[needle]);
     }
+}
+
+/// llama.cpp's x86 arithmetic exists for an f16 cache only, and for the weight types it
+/// reproduces: the default f32 cache and a tiny F32-weight model are refused by name.
+#[test]
+fn llamacpp_numerics_refuse_what_they_do_not_reproduce() {
+    let p = write(&tiny(Arch::Qwen2), "numerics.gguf");
+    let run = |extra: &[&str]| {
+        minfer()
+            .args([
+                "run",
+                "-n",
+                "1",
+                "--no-template",
+                "--numerics",
+                "llamacpp-x86-avx512",
+            ])
+            .args(extra)
+            .arg("-m")
+            .arg(&p)
+            .arg("hi")
+            .output()
+            .unwrap()
+    };
+    assert_refused(&run(&[]), &["f16 KV cache"]);
+    assert_refused(
+        &run(&["--cache-type", "f16"]),
+        &["no participating backend", "has no F32 matmul"],
+    );
 }
 
 #[test]

@@ -356,6 +356,26 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn refusal(&self, op: &Op, weights: &dyn WeightSource) -> Option<String> {
+        let Op::MatMul { weight, .. } = op else {
+            return None;
+        };
+        let w = weights.weight(weight)?;
+        if !w.ty.is_supported() {
+            return Some(format!("{weight} is {}, not a supported type", w.ty));
+        }
+        match self.numerics.ggml() {
+            Some(_) if !ggml_x86::supports_weight(w.ty, w.ne0, w.ne1) => Some(format!(
+                "--numerics {} has no {} matmul of {} rows: it reproduces Q4_1, Q5_0, Q8_0, \
+                 Q6_K, and Q4_K with a multiple of 8 rows",
+                self.numerics.name(),
+                w.ty,
+                w.ne1
+            )),
+            _ => None,
+        }
+    }
+
     fn supports_fused(&self, op: FusedOp) -> bool {
         match op {
             FusedOp::SwiGLU => true,

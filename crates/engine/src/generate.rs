@@ -31,8 +31,9 @@ pub enum GenerateError<E: std::error::Error + 'static> {
     PromptTooLong { prompt: usize, n_ctx: usize },
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// The message carries the cause (not also a `source`, so error chains print it once).
     #[error("model forward failed: {0}")]
-    Model(#[source] E),
+    Model(E),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

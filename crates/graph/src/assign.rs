@@ -22,7 +22,10 @@ pub fn assign_backends(
                 op: format!("{:?}", node.op),
                 backends: order
                     .iter()
-                    .map(|b| b.name())
+                    .map(|b| match b.refusal(&node.op, weights) {
+                        Some(why) => format!("{} ({why})", b.name()),
+                        None => b.name().to_string(),
+                    })
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;

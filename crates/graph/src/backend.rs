@@ -68,6 +68,11 @@ pub trait Backend: Send {
     /// Whether this backend can run `op` producing `dtype` (weights resolved through `weights`,
     /// so a backend may refuse a weight type).
     fn supports_op(&self, op: &Op, dtype: DType, weights: &dyn WeightSource) -> bool;
+    /// Why `supports_op` refuses `op`, when the backend can say more than its name (shown in
+    /// the assignment error).
+    fn refusal(&self, _op: &Op, _weights: &dyn WeightSource) -> Option<String> {
+        None
+    }
     fn supports_fused(&self, op: FusedOp) -> bool;
     /// A zeroed buffer of `bytes` bytes.
     fn alloc(&mut self, bytes: usize) -> Result<BufId>;

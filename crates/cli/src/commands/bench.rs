@@ -77,6 +77,9 @@ pub struct Args {
     /// Backends to use (default: every available one).
     #[arg(long = "backend", value_delimiter = ',')]
     pub backends: Vec<String>,
+    /// CPU float arithmetic, as for `minfer run` (native, llamacpp-x86-avx2, llamacpp-x86-avx512).
+    #[arg(long = "numerics", default_value = "native")]
+    pub numerics: String,
     /// Seed of the synthetic token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,

@@ -38,17 +38,28 @@ impl Target for EngineTarget {
 
 pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::Result<Loaded> {
     let ids = backends::resolve(&args.backends)?;
-    let backend = ids
+    let numerics = minfer_cpu::Numerics::parse(&args.numerics).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--numerics {}: expected one of {}",
+            args.numerics,
+            minfer_cpu::Numerics::NAMES.join(", ")
+        )
+    })?;
+    let mut backend = ids
         .iter()
         .map(|&id| backends::name_of(id).to_ascii_uppercase())
         .collect::<Vec<_>>()
         .join(",");
+    if numerics != minfer_cpu::Numerics::Native {
+        backend = format!("{backend} ({})", numerics.name());
+    }
     let threads = resolve_threads(threads);
     let cfg = EngineConfig {
         n_ctx,
         threads,
         cache_type: parse_cache_type(&args.cache_type)?,
         backends: args.backends.clone(),
+        numerics,
         ..EngineConfig::default()
     };
     let engine =
