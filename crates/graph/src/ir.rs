@@ -35,6 +35,10 @@ impl DType {
     }
 }
 
+/// Runs of cells a [`InputKind::KvMap`] row holds (a shared prefix, a private tail and
+/// room for two more); a sequence that needs more is defragmented first.
+pub const KV_MAP_RUNS: usize = 4;
+
 /// Host-filled graph inputs (all i32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InputKind {
@@ -44,8 +48,12 @@ pub enum InputKind {
     Positions,
     /// `[n_tokens]` KV cells (arena rows) the new K/V rows are written to.
     KvCells,
-    /// `[2, n_tokens]` per query `[lo, hi)` KV cells it attends to.
+    /// `[2, n_tokens]` per query `[lo, hi)` KV cells it attends to (one run of cells).
     AttnSpan,
+    /// `[2 * KV_MAP_RUNS, n_tokens]` per query up to [`KV_MAP_RUNS`] `(cell, len)` runs it
+    /// attends to, in position order (unused runs have `len` 0). The host derives the runs
+    /// from the cells' positions, so the causal bound is already applied.
+    KvMap,
     /// `[n_out]` which rows of the final hidden state get logits.
     TailIds,
 }
@@ -57,6 +65,7 @@ impl InputKind {
             InputKind::Positions => "positions",
             InputKind::KvCells => "kv_cells",
             InputKind::AttnSpan => "attn_span",
+            InputKind::KvMap => "kv_map",
             InputKind::TailIds => "tail_ids",
         }
     }
@@ -116,9 +125,12 @@ pub enum Op {
         cache_type: GgmlType,
     },
     /// GQA attention of `src[0]` (queries) over the layer's KV region, each query limited to
-    /// the `[lo, hi)` cells of its span (`src[1]`); the causal mask is the span's upper bound
-    /// (the host sets `hi` = the cell after the query's own). `src[2..]` are the KV stores it
-    /// must run after.
+    /// its window `src[1]`: an [`InputKind::AttnSpan`] (`[2, n]`, one `[lo, hi)` range) or an
+    /// [`InputKind::KvMap`] (`[2 * KV_MAP_RUNS, n]`, `(cell, len)` runs); the input's size
+    /// selects the layout. The window is the query's whole causal context: the host derives
+    /// it from positions. A row's result depends only on its query and the K/V values its
+    /// window lists, in order (not on which cells hold them, nor on other rows).
+    /// `src[2..]` are the KV stores it must run after.
     Attention {
         layer: usize,
         n_head: usize,

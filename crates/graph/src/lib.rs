@@ -33,6 +33,7 @@ pub use error::{Error, Result};
 pub use fusion::fuse;
 pub use ir::{
     DType, Graph, GraphBuilder, GraphParams, InputKind, KvKind, Node, NodeId, Op, RopeStyle,
+    KV_MAP_RUNS,
 };
 pub use registry::{resolve_backends, BackendEntry};
 pub use sched::{execute, fill_input, read_output};
