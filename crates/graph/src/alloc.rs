@@ -2,8 +2,12 @@
 //! decides which node gets which buffer.
 //!
 //! Rules:
-//! - liveness in build order: a buffer returns to its size-class free list after the last
-//!   live consumer (in build order) of every node that uses it;
+//! - a plan owns every buffer it uses: two cached plans never share one (a prefill graph
+//!   and a decode graph, a target and a draft, may be alive at once), and releasing a plan
+//!   frees its buffers on their backends;
+//! - within a plan, liveness in build order: a buffer returns to the plan's size-class free
+//!   list after the last live consumer (in build order) of every node that uses it, and a
+//!   later node of the same plan may take it;
 //! - graph inputs and the output get buffers of their own, never recycled while the plan lives;
 //! - in-place aliasing only for elementwise ops whose `src[0]` has this node as its sole
 //!   consumer on the same backend (cross-backend values are staged, never aliased);
@@ -38,6 +42,8 @@ pub struct KvRegion {
 /// A value copied from another backend before a node runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stage {
+    /// The node that produces the value (its split begins the read).
+    pub producer: NodeId,
     pub from: (BackendId, BufId),
     pub to: BufId,
     pub bytes: usize,
@@ -60,7 +66,6 @@ pub struct Plan {
 
 #[derive(Default)]
 pub struct Allocator {
-    free: HashMap<(BackendId, usize), Vec<BufId>>,
     in_use: HashMap<BackendId, usize>,
     budget: HashMap<BackendId, usize>,
     kv: HashMap<usize, KvRegion>,
@@ -126,22 +131,23 @@ impl Allocator {
         Ok(id)
     }
 
-    /// A buffer of at least `bytes`, recycled from the free list when one of its class exists.
+    /// A buffer of at least `bytes` for the plan being built: recycled from the plan's own
+    /// free list when one of its class is there, else allocated (and owned by the plan).
     fn take(
         &mut self,
         backends: &mut [Box<dyn Backend>],
+        free: &mut FreeList,
+        owned: &mut Vec<(BackendId, BufId, usize)>,
         be: BackendId,
         bytes: usize,
     ) -> Result<(BufId, usize)> {
         let class = size_class(bytes);
-        if let Some(id) = self.free.get_mut(&(be, class)).and_then(|v| v.pop()) {
+        if let Some(id) = free.get_mut(&(be, class)).and_then(|v| v.pop()) {
             return Ok((id, class));
         }
-        Ok((self.alloc_raw(backends, be, class)?, class))
-    }
-
-    fn give_back(&mut self, be: BackendId, id: BufId, class: usize) {
-        self.free.entry((be, class)).or_default().push(id);
+        let id = self.alloc_raw(backends, be, class)?;
+        owned.push((be, id, class));
+        Ok((id, class))
     }
 
     /// The layer's K/V regions, created on `be` on first use; a second request must match.
@@ -178,11 +184,25 @@ impl Allocator {
         Ok(pair)
     }
 
-    /// Returns a plan's buffers to the free lists.
-    pub fn release(&mut self, plan: Plan) {
+    /// Frees a plan's buffers on their backends.
+    pub fn release(&mut self, plan: Plan, backends: &mut [Box<dyn Backend>]) {
         for (be, id, class) in plan.owned {
-            self.give_back(be, id, class);
+            if let Ok(b) = backend_mut(backends, be) {
+                b.free(id);
+            }
+            if let Some(u) = self.in_use.get_mut(&be) {
+                *u = u.saturating_sub(class);
+            }
         }
+    }
+
+    /// Bytes a plan holds on `backend`.
+    pub fn plan_bytes(plan: &Plan, backend: BackendId) -> usize {
+        plan.owned
+            .iter()
+            .filter(|o| o.0 == backend)
+            .map(|o| o.2)
+            .sum()
     }
 
     /// Assigns buffers to an assigned (and fused) graph. `kv_bytes(node)` gives the bytes of
@@ -194,17 +214,6 @@ impl Allocator {
         kv_bytes: &dyn Fn(&crate::ir::Node) -> Result<usize>,
     ) -> Result<Plan> {
         let n = graph.nodes.len();
-        let consumers = graph.consumers();
-        let is_input = |id: NodeId| matches!(graph.node(id).op, Op::Input(_));
-        let mut last_use: Vec<usize> = (0..n)
-            .map(|i| consumers[i].iter().map(|c| c.index()).max().unwrap_or(i))
-            .collect();
-        last_use[graph.output.index()] = usize::MAX;
-        for &(_, id) in &graph.inputs {
-            last_use[id.index()] = usize::MAX;
-        }
-        let mut recs: Vec<BufRec> = Vec::new();
-        let mut node_rec: Vec<Option<usize>> = vec![None; n];
         let mut plan = Plan {
             node_buf: vec![None; n],
             src_bufs: vec![Vec::new(); n],
@@ -212,7 +221,36 @@ impl Allocator {
             kv: vec![None; n],
             owned: Vec::new(),
         };
+        // Buffers belong to the plan from their allocation, so a failure part way through
+        // (a budget) frees what was taken.
+        if let Err(e) = self.plan_into(graph, backends, kv_bytes, &mut plan) {
+            self.release(plan, backends);
+            return Err(e);
+        }
+        Ok(plan)
+    }
+
+    fn plan_into(
+        &mut self,
+        graph: &Graph,
+        backends: &mut [Box<dyn Backend>],
+        kv_bytes: &dyn Fn(&crate::ir::Node) -> Result<usize>,
+        plan: &mut Plan,
+    ) -> Result<()> {
+        let n = graph.nodes.len();
+        let consumers = graph.consumers();
+        let mut last_use: Vec<usize> = (0..n)
+            .map(|i| consumers[i].iter().map(|c| c.index()).max().unwrap_or(i))
+            .collect();
+        last_use[graph.output.index()] = usize::MAX;
+        for &(_, id) in &graph.inputs {
+            last_use[id.index()] = usize::MAX;
+        }
         let mut staged: HashMap<(NodeId, BackendId), BufId> = HashMap::new();
+        let mut free = FreeList::new();
+        let is_input = |id: NodeId| matches!(graph.node(id).op, Op::Input(_));
+        let mut recs: Vec<BufRec> = Vec::new();
+        let mut node_rec: Vec<Option<usize>> = vec![None; n];
         for node in graph.nodes.iter().filter(|n| !n.dead) {
             let i = node.id.index();
             let be = node
@@ -232,13 +270,16 @@ impl Allocator {
                 let to = match staged.get(&(s, be)) {
                     Some(&b) => b,
                     None => {
-                        let (b, class) = self.take(backends, be, bytes)?;
+                        // Staged copies live as long as the plan: never recycled.
+                        let class = size_class(bytes);
+                        let b = self.alloc_raw(backends, be, class)?;
                         plan.owned.push((be, b, class));
                         staged.insert((s, be), b);
                         b
                     }
                 };
                 plan.stages[i].push(Stage {
+                    producer: s,
                     from: (sbe, sbuf),
                     to,
                     bytes,
@@ -266,11 +307,9 @@ impl Allocator {
                     recs[r].deadline = last_use[i];
                     node_rec[i] = Some(r);
                 } else {
+                    // Inputs and the output are never recycled within the plan.
                     let owned = last_use[i] == usize::MAX;
-                    let (id, class) = self.take(backends, be, bytes)?;
-                    if owned {
-                        plan.owned.push((be, id, class));
-                    }
+                    let (id, class) = self.take(backends, &mut free, &mut plan.owned, be, bytes)?;
                     recs.push(BufRec {
                         backend: be,
                         id,
@@ -297,13 +336,16 @@ impl Allocator {
                 if recs[r].deadline == i && !recs[r].owned {
                     recs[r].deadline = usize::MAX - 1; // freed once
                     let (be, id, class) = (recs[r].backend, recs[r].id, recs[r].class);
-                    self.give_back(be, id, class);
+                    free.entry((be, class)).or_default().push(id);
                 }
             }
         }
-        Ok(plan)
+        Ok(())
     }
 }
+
+/// Free buffers of the plan being built, per (backend, size class).
+type FreeList = HashMap<(BackendId, usize), Vec<BufId>>;
 
 impl Plan {
     /// The backend and buffer of a graph input.

@@ -1,21 +1,26 @@
 //! Backend assignment, decided once at build time: every node goes to the highest-priority
-//! participating backend whose `supports_op` accepts it. No backend accepting a node is an
-//! error naming the node, never a mid-run fallback.
+//! participating backend that holds the node's weights ([`Placement`]) and whose
+//! `supports_op` accepts it. No backend accepting a node is an error naming the node, never a
+//! mid-run fallback.
 
 use crate::backend::{Backend, WeightSource};
 use crate::error::{Error, Result};
 use crate::ir::Graph;
+use crate::placement::Placement;
 
 pub fn assign_backends(
     graph: &mut Graph,
     backends: &[Box<dyn Backend>],
     weights: &dyn WeightSource,
+    placement: &Placement,
 ) -> Result<()> {
     let mut order: Vec<&dyn Backend> = backends.iter().map(|b| b.as_ref()).collect();
     order.sort_by_key(|b| std::cmp::Reverse(b.priority()));
     for node in graph.nodes.iter_mut().filter(|n| !n.dead) {
+        let reads_weights = node.op.weights().next().is_some();
         let chosen = order
             .iter()
+            .filter(|b| !reads_weights || placement.holds(b.id()))
             .find(|b| b.supports_op(&node.op, node.dtype, weights))
             .ok_or_else(|| Error::Unsupported {
                 node: node.name.clone(),
@@ -23,6 +28,9 @@ pub fn assign_backends(
                 backends: order
                     .iter()
                     .map(|b| match b.refusal(&node.op, weights) {
+                        _ if reads_weights && !placement.holds(b.id()) => {
+                            format!("{} (holds none of the model's weights)", b.name())
+                        }
                         Some(why) => format!("{} ({why})", b.name()),
                         None => b.name().to_string(),
                     })

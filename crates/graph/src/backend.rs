@@ -1,8 +1,8 @@
 //! The backend contract. CPU, CUDA and Metal implement it unchanged; the graph crate only
 //! sees ids, buffers and nodes.
 
-use crate::error::Result;
-use crate::ir::{DType, Node, Op};
+use crate::error::{Error, Result};
+use crate::ir::{DType, Node, Op, RopeStyle};
 use minfer_gguf::GgmlType;
 use std::fmt;
 
@@ -33,6 +33,17 @@ pub enum FusedOp {
     SwiGLU,
 }
 
+/// A model weight, interned once at load: ops name weights by id, and the hot path indexes
+/// a table with it (never a lookup by name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WeightId(pub u32);
+
+impl WeightId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
 /// A weight's bytes as stored in the model file (zero-copy from the mmap).
 #[derive(Clone, Copy, Debug)]
 pub struct WeightRef<'a> {
@@ -43,9 +54,76 @@ pub struct WeightRef<'a> {
     pub bytes: &'a [u8],
 }
 
-/// Where backends find weights by name.
+/// Every weight of a model under its interned id.
 pub trait WeightSource: Sync {
-    fn weight(&self, name: &str) -> Option<WeightRef<'_>>;
+    /// The weight's bytes and shape (an index, O(1)).
+    fn weight(&self, id: WeightId) -> Option<WeightRef<'_>>;
+    /// Its name in the model file (messages, dumps).
+    fn name(&self, id: WeightId) -> &str;
+    /// The id of a named weight: graph builders resolve names once, at build time.
+    fn id(&self, name: &str) -> Option<WeightId>;
+    /// How many weights there are (ids are `0..len`).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The RoPE of a model's K rows: what a KV shift re-applies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub style: RopeStyle,
+    pub head_dim: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+}
+
+/// The shape of one layer's K or V region, as region operations see it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvLayout {
+    pub cache_type: GgmlType,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Bytes of one cell (one row of `n_head_kv * head_dim` values of `cache_type`).
+    pub cell_bytes: usize,
+}
+
+/// A read of a backend buffer begun by [`Backend::read_begin`] and completed by
+/// [`Backend::read_finish`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadTicket {
+    pub buf: BufId,
+    pub offset: usize,
+    pub len: usize,
+    /// Backend-defined (a copy queue slot, an event); 0 for synchronous backends.
+    pub token: u64,
+}
+
+/// The chunk copies `(src, dst, len)` that move `n` rows from `src` to `dst` like
+/// `memmove`: when each chunk is read whole before it is written, no chunk reads a row an
+/// earlier chunk overwrote (ascending when moving down, descending when moving up).
+pub fn move_plan(src: usize, dst: usize, n: usize, chunk: usize) -> Vec<(usize, usize, usize)> {
+    let chunk = chunk.max(1);
+    let mut plan = Vec::with_capacity(n.div_ceil(chunk));
+    if n == 0 || src == dst {
+        return plan;
+    }
+    if dst < src {
+        let mut off = 0;
+        while off < n {
+            let len = chunk.min(n - off);
+            plan.push((src + off, dst + off, len));
+            off += len;
+        }
+    } else {
+        let mut end = n;
+        while end > 0 {
+            let len = chunk.min(end);
+            plan.push((src + end - len, dst + end - len, len));
+            end -= len;
+        }
+    }
+    plan
 }
 
 /// The buffers one node execution reads and writes.
@@ -60,11 +138,35 @@ pub struct ExecArgs<'a> {
     pub weights: &'a dyn WeightSource,
 }
 
+/// A device as the graph sees it.
+///
+/// Lifecycle: [`Backend::can_hold`] is asked for every weight of a model and
+/// [`Backend::prepare_weights`] receives those placed on it, once, at load; the allocator
+/// then takes buffers ([`Backend::alloc`]) for each planned graph and the scheduler runs
+/// splits ([`Backend::execute_split`]), moving values between backends in two phases
+/// ([`Backend::read_begin`], [`Backend::read_finish`]). KV regions are changed only through
+/// the region operations ([`Backend::kv_copy_cells`], [`Backend::kv_rope_shift`]) and host
+/// reads and writes (sessions).
 pub trait Backend: Send {
     fn id(&self) -> BackendId;
     fn name(&self) -> &str;
     /// Assignment priority: higher wins.
     fn priority(&self) -> u32;
+    /// Whether this backend can hold a weight (its type and shape); `Err` says why not, and
+    /// the engine shows it when it keeps a model off this backend.
+    fn can_hold(&self, _w: &WeightRef) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    /// Receives the weights placed on this backend, once, before the first forward: a device
+    /// uploads or wraps them, the CPU derives what it would otherwise compute per call.
+    fn prepare_weights(&mut self, _weights: &dyn WeightSource, _ids: &[WeightId]) -> Result<()> {
+        Ok(())
+    }
+    /// KV element types this backend's KV stores and attention read and write; `Err` says why
+    /// a type is refused (given the backend's settings).
+    fn check_kv_type(&self, _ty: GgmlType) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// Whether this backend can run `op` producing `dtype` (weights resolved through `weights`,
     /// so a backend may refuse a weight type).
     fn supports_op(&self, op: &Op, dtype: DType, weights: &dyn WeightSource) -> bool;
@@ -78,8 +180,75 @@ pub trait Backend: Send {
     fn alloc(&mut self, bytes: usize) -> Result<BufId>;
     fn free(&mut self, buf: BufId);
     fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> Result<()>;
+    /// Reads buffer bytes. Ordered after all submitted work that writes `buf`: a backend with
+    /// queued work waits for it first (never a stale read).
     fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Starts moving `len` bytes of `buf` to the host after the submitted work that writes
+    /// it, without waiting (a device enqueues a copy). Default: nothing to start.
+    fn read_begin(&mut self, buf: BufId, offset: usize, len: usize) -> Result<ReadTicket> {
+        Ok(ReadTicket {
+            buf,
+            offset,
+            len,
+            token: 0,
+        })
+    }
+    /// Waits for a begun read and delivers its bytes (`out.len() == ticket.len`).
+    fn read_finish(&mut self, ticket: ReadTicket, out: &mut [u8]) -> Result<()> {
+        if out.len() != ticket.len {
+            return Err(Error::Backend {
+                backend: self.name().into(),
+                problem: format!("read of {} bytes delivered into {}", ticket.len, out.len()),
+            });
+        }
+        self.read(ticket.buf, ticket.offset, out)
+    }
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()>;
-    /// Completes all work submitted so far; called at every split boundary and at the end.
+    /// Runs a split (consecutive nodes of one graph assigned to this backend) as a whole:
+    /// a device encodes it as one command buffer or replays a recorded graph. The default
+    /// runs the nodes one by one.
+    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> Result<()> {
+        for (node, a) in nodes.iter().zip(args) {
+            self.execute_node(node, a)?;
+        }
+        Ok(())
+    }
+    /// Completes all work submitted so far; called at the end of a forward.
     fn synchronize(&mut self) -> Result<()>;
+    /// Copies `n` cells of a KV region from cell `src` to cell `dst`, bit for bit, with
+    /// memmove semantics (overlapping ranges are safe). The default goes through host
+    /// memory in chunks ordered by [`move_plan`].
+    fn kv_copy_cells(
+        &mut self,
+        region: BufId,
+        cell_bytes: usize,
+        src: usize,
+        dst: usize,
+        n: usize,
+    ) -> Result<()> {
+        const CHUNK: usize = 64;
+        let mut tmp = vec![0u8; CHUNK.min(n) * cell_bytes];
+        for (s, d, len) in move_plan(src, dst, n, CHUNK) {
+            let t = &mut tmp[..len * cell_bytes];
+            self.read(region, s * cell_bytes, t)?;
+            self.write(region, d * cell_bytes, t)?;
+        }
+        Ok(())
+    }
+    /// Rotates the K rows of cells `cell..cell + n` of a K region by `delta` positions (the
+    /// re-rope of a KV shift), on this backend.
+    fn kv_rope_shift(
+        &mut self,
+        _k_region: BufId,
+        _layout: &KvLayout,
+        _rope: &RopeSpec,
+        _cell: usize,
+        _n: usize,
+        _delta: i64,
+    ) -> Result<()> {
+        Err(Error::Backend {
+            backend: self.name().into(),
+            problem: "this backend cannot re-rope KV cells (shift)".into(),
+        })
+    }
 }

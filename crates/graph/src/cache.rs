@@ -1,5 +1,7 @@
 //! The graph cache: built, assigned, fused and planned graphs keyed by [`GraphParams`], most
-//! recently used first. A hit reuses everything, so decode steps never rebuild.
+//! recently used first. A hit reuses everything, so decode steps never rebuild. Each entry's
+//! plan owns its intermediate buffers (two cached graphs never share one); evicting an entry
+//! frees them on their backends.
 
 use crate::alloc::{Allocator, Plan};
 use crate::assign::assign_backends;
@@ -7,6 +9,7 @@ use crate::backend::{Backend, WeightSource};
 use crate::error::Result;
 use crate::fusion::fuse;
 use crate::ir::{Graph, GraphParams, Node};
+use crate::placement::Placement;
 
 pub struct GraphCache {
     entries: Vec<(GraphParams, Graph, Plan)>,
@@ -28,10 +31,19 @@ impl GraphCache {
         self.builds
     }
 
-    /// Drops every cached graph, returning its buffers to the allocator.
-    pub fn clear(&mut self, alloc: &mut Allocator) {
+    /// Graphs held now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Drops every cached graph, freeing its buffers on their backends.
+    pub fn clear(&mut self, alloc: &mut Allocator, backends: &mut [Box<dyn Backend>]) {
         for (_, _, plan) in self.entries.drain(..) {
-            alloc.release(plan);
+            alloc.release(plan, backends);
         }
     }
 
@@ -45,6 +57,7 @@ impl GraphCache {
         kv_bytes: &dyn Fn(&Node) -> Result<usize>,
         backends: &mut [Box<dyn Backend>],
         weights: &dyn WeightSource,
+        placement: &Placement,
         alloc: &mut Allocator,
     ) -> Result<(&Graph, &Plan)> {
         if let Some(pos) = self.entries.iter().position(|(p, _, _)| p == params) {
@@ -52,16 +65,17 @@ impl GraphCache {
             self.entries.insert(0, e);
         } else {
             let mut graph = build(params)?;
-            assign_backends(&mut graph, backends, weights)?;
+            assign_backends(&mut graph, backends, weights, placement)?;
             fuse(&mut graph, backends);
+            // Evict first, so the new plan's buffers fit a budget the old ones filled.
+            while self.entries.len() >= self.capacity {
+                if let Some((_, _, plan)) = self.entries.pop() {
+                    alloc.release(plan, backends);
+                }
+            }
             let plan = alloc.plan(&graph, backends, kv_bytes)?;
             self.builds += 1;
             self.entries.insert(0, (params.clone(), graph, plan));
-            while self.entries.len() > self.capacity {
-                if let Some((_, _, plan)) = self.entries.pop() {
-                    alloc.release(plan);
-                }
-            }
         }
         let (_, g, p) = &self.entries[0];
         Ok((g, p))

@@ -1,6 +1,6 @@
 //! Graph exports: Graphviz DOT coloured by backend, and JSON.
 
-use crate::backend::BackendId;
+use crate::backend::{BackendId, WeightId};
 use crate::ir::{Graph, Op};
 use serde_json::json;
 
@@ -20,15 +20,18 @@ fn colour(be: Option<BackendId>) -> &'static str {
     }
 }
 
-fn detail(op: &Op) -> String {
+/// Names weights in dumps.
+pub type WeightNames<'a> = &'a dyn Fn(WeightId) -> String;
+
+fn detail(op: &Op, wn: WeightNames) -> String {
     match op {
         Op::Input(k) => k.name().into(),
-        Op::GetRows { weight } => weight.clone(),
+        Op::GetRows { weight } => wn(*weight),
         Op::MatMul { weight, bias } => match bias {
-            Some(b) => format!("{weight} + {b}"),
-            None => weight.clone(),
+            Some(b) => format!("{} + {}", wn(*weight), wn(*b)),
+            None => wn(*weight),
         },
-        Op::RmsNorm { weight, .. } => weight.clone(),
+        Op::RmsNorm { weight, .. } => wn(*weight),
         Op::KvStore {
             layer,
             kind,
@@ -49,7 +52,11 @@ fn detail(op: &Op) -> String {
 }
 
 /// Graphviz DOT; `backend_name` maps ids to names for the legend.
-pub fn to_dot(graph: &Graph, backend_name: &dyn Fn(BackendId) -> String) -> String {
+pub fn to_dot(
+    graph: &Graph,
+    backend_name: &dyn Fn(BackendId) -> String,
+    weight_name: WeightNames,
+) -> String {
     let mut s = String::from(
         "digraph minfer {\n  node [shape=box, style=filled, fontname=\"monospace\"];\n",
     );
@@ -69,7 +76,7 @@ pub fn to_dot(graph: &Graph, backend_name: &dyn Fn(BackendId) -> String) -> Stri
             n.id.0,
             n.name.replace('"', "'"),
             n.op.name(),
-            detail(&n.op).replace('"', "'"),
+            detail(&n.op, weight_name).replace('"', "'"),
             n.shape[0],
             n.shape[1],
             be,
@@ -93,7 +100,11 @@ pub fn to_dot(graph: &Graph, backend_name: &dyn Fn(BackendId) -> String) -> Stri
 }
 
 /// JSON: `{"output": id, "nodes": [{id, name, op, detail, src, shape, dtype, backend, layer}]}`.
-pub fn to_json(graph: &Graph, backend_name: &dyn Fn(BackendId) -> String) -> String {
+pub fn to_json(
+    graph: &Graph,
+    backend_name: &dyn Fn(BackendId) -> String,
+    weight_name: WeightNames,
+) -> String {
     let nodes: Vec<_> = graph
         .nodes
         .iter()
@@ -103,7 +114,7 @@ pub fn to_json(graph: &Graph, backend_name: &dyn Fn(BackendId) -> String) -> Str
                 "id": n.id.0,
                 "name": n.name,
                 "op": n.op.name(),
-                "detail": detail(&n.op),
+                "detail": detail(&n.op, weight_name),
                 "src": n.src.iter().map(|s| s.0).collect::<Vec<_>>(),
                 "shape": n.shape,
                 "dtype": format!("{:?}", n.dtype),

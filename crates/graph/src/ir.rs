@@ -5,7 +5,7 @@
 //! referenced by GGUF name; a matmul weight with `ne0 = in`, `ne1 = out` computes
 //! `y[t][o] = sum_i w[o][i] x[t][i]`.
 
-use crate::backend::BackendId;
+use crate::backend::{BackendId, WeightId};
 use minfer_gguf::GgmlType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -90,19 +90,19 @@ pub enum Op {
     Input(InputKind),
     /// Rows of a weight matrix selected by the i32 ids in `src[0]`, dequantized to f32.
     GetRows {
-        weight: String,
+        weight: WeightId,
     },
     /// Rows of activation `src[0]` selected by the i32 ids in `src[1]`.
     SelectRows,
     /// `src[0] · weightᵀ (+ bias)`.
     MatMul {
-        weight: String,
-        bias: Option<String>,
+        weight: WeightId,
+        bias: Option<WeightId>,
     },
     /// RMSNorm over groups of `group` elements of each row, times `weight` (length `group`).
     RmsNorm {
         eps: f32,
-        weight: String,
+        weight: WeightId,
         group: usize,
     },
     /// RoPE on `src[0]` (`n_head` heads of `head_dim`) at the positions in `src[1]`.
@@ -159,6 +159,16 @@ impl Op {
         }
     }
 
+    /// The weights an op reads.
+    pub fn weights(&self) -> impl Iterator<Item = WeightId> {
+        let (a, b) = match self {
+            Op::GetRows { weight } | Op::RmsNorm { weight, .. } => (Some(*weight), None),
+            Op::MatMul { weight, bias } => (Some(*weight), *bias),
+            _ => (None, None),
+        };
+        a.into_iter().chain(b)
+    }
+
     /// The KV layer an op reads or writes.
     pub fn kv_layer(&self) -> Option<usize> {
         match self {
@@ -200,14 +210,25 @@ impl Node {
     }
 }
 
+/// How attention windows are given to a graph (the window input's size).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WindowLayout {
+    /// [`InputKind::AttnSpan`]: one cell range per query.
+    #[default]
+    Span,
+    /// [`InputKind::KvMap`]: up to [`KV_MAP_RUNS`] cell runs per query.
+    KvMap,
+}
+
 /// What decides a graph's topology. Equal params give an identical graph, so the cache
-/// reuses it; positions are not part of it.
+/// reuses it; positions, cells and windows are input data, not part of it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GraphParams {
     pub n_tokens: usize,
     pub n_out: usize,
     pub n_ctx: usize,
     pub cache_type: GgmlType,
+    pub window: WindowLayout,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -1,16 +1,22 @@
 //! The compute graph: IR, backend assignment, fusion, allocation, scheduling and the graph
 //! cache. Device-neutral: backends plug in through [`Backend`]; this crate names none.
 //!
+//! At load, [`place_weights`] asks every backend which of the model's weights it can hold
+//! (all or nothing per backend, so a model is never split by accident) and hands each backend
+//! the weights placed on it, once.
+//!
 //! Pipeline, per [`GraphParams`] (a miss in the [`GraphCache`]):
 //! 1. a model builds a [`Graph`] (pure function of its params: positions, KV cells and
 //!    attention spans are input data, never topology);
-//! 2. [`assign_backends`] gives every node the highest-priority participating backend whose
-//!    `supports_op` accepts it, or refuses the graph naming the node;
+//! 2. [`assign_backends`] gives every node the highest-priority participating backend that
+//!    holds the node's weights and whose `supports_op` accepts it, or refuses the graph
+//!    naming the node;
 //! 3. [`fuse`] rewrites `Mul(Silu(a), b)` into `SwiGLU(a, b)` where the backend supports it;
 //! 4. [`Allocator::plan`] assigns buffers (liveness in build order, sole-consumer in-place
 //!    aliasing, size classes, per-backend budgets);
-//! 5. [`execute`] runs contiguous same-backend splits, staging values across backends and
-//!    synchronising at every boundary.
+//! 5. [`execute`] runs contiguous same-backend splits whole (`execute_split`), moving
+//!    values across backends in two phases: reads begun when the producing split has been
+//!    submitted, finished just before the consuming split.
 //!
 //! A hit in the cache skips 1–4: decode steps refill the inputs and run.
 
@@ -22,18 +28,23 @@ pub mod dump;
 pub mod error;
 pub mod fusion;
 pub mod ir;
+pub mod placement;
 pub mod registry;
 pub mod sched;
 
 pub use alloc::{size_class, Allocator, KvRegion, Plan};
 pub use assign::assign_backends;
-pub use backend::{Backend, BackendId, BufId, ExecArgs, FusedOp, KvPair, WeightRef, WeightSource};
+pub use backend::{
+    move_plan, Backend, BackendId, BufId, ExecArgs, FusedOp, KvLayout, KvPair, ReadTicket,
+    RopeSpec, WeightId, WeightRef, WeightSource,
+};
 pub use cache::GraphCache;
 pub use error::{Error, Result};
 pub use fusion::fuse;
 pub use ir::{
     DType, Graph, GraphBuilder, GraphParams, InputKind, KvKind, Node, NodeId, Op, RopeStyle,
-    KV_MAP_RUNS,
+    WindowLayout, KV_MAP_RUNS,
 };
+pub use placement::{place_weights, Placement};
 pub use registry::{resolve_backends, BackendEntry};
 pub use sched::{execute, fill_input, read_output};

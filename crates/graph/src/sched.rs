@@ -1,11 +1,12 @@
-//! The scheduler: runs live nodes in build order as contiguous same-backend splits, stages
-//! cross-backend values through host memory before the consuming node, and synchronises a
-//! backend whenever the split changes and once at the end. It never allocates.
+//! The scheduler: runs live nodes in build order as contiguous same-backend splits, each
+//! split whole, moves cross-backend values through host memory in two phases (the read is
+//! begun when the producing split is submitted and finished before the consuming split
+//! runs), and synchronises every backend once at the end. It never allocates buffers.
 
-use crate::alloc::Plan;
-use crate::backend::{Backend, BackendId, ExecArgs, WeightSource};
+use crate::alloc::{Plan, Stage};
+use crate::backend::{Backend, BackendId, ExecArgs, ReadTicket, WeightSource};
 use crate::error::{Error, Result};
-use crate::ir::{Graph, InputKind};
+use crate::ir::{Graph, InputKind, Node, Op};
 
 fn index_of(backends: &[Box<dyn Backend>], id: BackendId) -> Result<usize> {
     backends
@@ -27,35 +28,84 @@ pub fn splits(graph: &Graph) -> Vec<(BackendId, Vec<usize>)> {
     out
 }
 
+/// Runs a planned graph. Per split, in order: finish the reads of the values it consumes
+/// from other backends (begun when their producers' splits were submitted) and write them
+/// into its staging buffers, run the split whole, then begin the reads of its values that
+/// later splits consume. Every backend is synchronised at the end.
 pub fn execute(
     graph: &Graph,
     plan: &Plan,
     backends: &mut [Box<dyn Backend>],
     weights: &dyn WeightSource,
 ) -> Result<()> {
-    let mut host = Vec::new();
-    for (be, nodes) in splits(graph) {
-        let bi = index_of(backends, be)?;
-        for i in nodes {
-            let node = &graph.nodes[i];
-            if matches!(node.op, crate::ir::Op::Input(_)) {
-                continue; // host-filled
-            }
+    let splits = splits(graph);
+    let mut split_of = vec![usize::MAX; graph.nodes.len()];
+    for (k, (_, nodes)) in splits.iter().enumerate() {
+        for &i in nodes {
+            split_of[i] = k;
+        }
+    }
+    // Every cross-backend copy, with the split that produces its value and the one that
+    // consumes it (one copy per (value, destination) even when several nodes read it).
+    let mut copies: Vec<(usize, usize, Stage)> = Vec::new();
+    for (k, (_, nodes)) in splits.iter().enumerate() {
+        for &i in nodes {
             for st in &plan.stages[i] {
-                host.resize(st.bytes, 0);
-                let from = index_of(backends, st.from.0)?;
-                backends[from].read(st.from.1, 0, &mut host)?;
-                backends[bi].write(st.to, 0, &host)?;
+                if !copies.iter().any(|c| c.2.to == st.to && c.2.from == st.from) {
+                    copies.push((split_of[st.producer.index()], k, *st));
+                }
             }
-            let args = ExecArgs {
+        }
+    }
+    let mut tickets: Vec<Option<ReadTicket>> = vec![None; copies.len()];
+    let mut host = Vec::new();
+    let mut used = vec![false; backends.len()];
+    for (k, (be, nodes)) in splits.iter().enumerate() {
+        let bi = index_of(backends, *be)?;
+        used[bi] = true;
+        for (c, (_, consumer, st)) in copies.iter().enumerate() {
+            if *consumer != k {
+                continue;
+            }
+            let ticket = tickets[c].take().ok_or_else(|| {
+                Error::Graph(format!(
+                    "a value for split {k} was never read from backend {}",
+                    st.from.0
+                ))
+            })?;
+            host.resize(st.bytes, 0);
+            let from = index_of(backends, st.from.0)?;
+            backends[from].read_finish(ticket, &mut host)?;
+            backends[bi].write(st.to, 0, &host)?;
+        }
+        let live: Vec<usize> = nodes
+            .iter()
+            .copied()
+            .filter(|&i| !matches!(graph.nodes[i].op, Op::Input(_))) // host-filled
+            .collect();
+        let run: Vec<&Node> = live.iter().map(|&i| &graph.nodes[i]).collect();
+        let args: Vec<ExecArgs> = live
+            .iter()
+            .map(|&i| ExecArgs {
                 srcs: &plan.src_bufs[i],
                 out: plan.node_buf[i].map(|(_, b)| b),
                 kv: plan.kv[i],
                 weights,
-            };
-            backends[bi].execute_node(node, &args)?;
+            })
+            .collect();
+        if !run.is_empty() {
+            backends[bi].execute_split(&run, &args)?;
         }
-        backends[bi].synchronize()?;
+        for (c, (producer, _, st)) in copies.iter().enumerate() {
+            if *producer == k {
+                tickets[c] = Some(backends[bi].read_begin(st.from.1, 0, st.bytes)?);
+            }
+        }
+    }
+    for (b, used) in backends.iter_mut().zip(used) {
+        if used {
+            b.synchronize()?;
+        }
     }
     Ok(())
 }

@@ -5,15 +5,29 @@ use minfer_gguf::GgmlType;
 use minfer_graph::{
     alloc::size_class, assign_backends, execute, fill_input, fuse, read_output, sched::splits,
     Allocator, Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, Graph, GraphBuilder,
-    GraphCache, GraphParams, InputKind, Node, Op, WeightRef, WeightSource,
+    GraphCache, GraphParams, InputKind, Node, Op, Placement, WeightId, WeightRef, WeightSource,
+    WindowLayout,
 };
 use std::sync::{Arc, Mutex};
 
 struct NoWeights;
 impl WeightSource for NoWeights {
-    fn weight(&self, _: &str) -> Option<WeightRef<'_>> {
+    fn weight(&self, _: WeightId) -> Option<WeightRef<'_>> {
         None
     }
+    fn name(&self, _: WeightId) -> &str {
+        "none"
+    }
+    fn id(&self, _: &str) -> Option<WeightId> {
+        None
+    }
+    fn len(&self) -> usize {
+        0
+    }
+}
+
+fn everywhere(backends: &[Box<dyn Backend>]) -> Placement {
+    Placement::everywhere(backends)
 }
 
 /// Runs Input/Add/Mul/Silu/SwiGLU on host vectors; `only_add` refuses everything but Add.
@@ -24,6 +38,12 @@ struct Mock {
     fused: bool,
     bufs: Vec<Option<Vec<f32>>>,
     log: Arc<Mutex<Vec<String>>>,
+    /// Work submitted but not yet run, as a device queue holds it: (node, srcs, out).
+    pending: Vec<(Node, Vec<Option<BufId>>, Option<BufId>)>,
+    /// Queue work instead of running it at once (a device with asynchronous execution).
+    deferred: bool,
+    /// A broken device whose reads do not wait for queued work (the control).
+    stale_reads: bool,
 }
 
 impl Mock {
@@ -35,7 +55,52 @@ impl Mock {
             fused: true,
             bufs: Vec::new(),
             log: log.clone(),
+            pending: Vec::new(),
+            deferred: false,
+            stale_reads: false,
         }
+    }
+
+    fn flush(&mut self) -> minfer_graph::Result<()> {
+        for (node, srcs, out) in std::mem::take(&mut self.pending) {
+            self.run(&node, &srcs, out)?;
+        }
+        Ok(())
+    }
+
+    fn run(
+        &mut self,
+        node: &Node,
+        srcs: &[Option<BufId>],
+        out_buf: Option<BufId>,
+    ) -> minfer_graph::Result<()> {
+        let n = node.n_elems();
+        // Inputs are i32 bit patterns; the mock reads them as integers.
+        let get = |i: usize| -> Vec<f32> {
+            let b = self.bufs[srcs[i].unwrap().0 as usize].as_ref().unwrap();
+            b[..n].to_vec()
+        };
+        let val = |v: f32| v.to_bits() as i32 as f32;
+        let a = get(0);
+        let out: Vec<f32> = match node.op {
+            Op::Add => a.iter().zip(get(1)).map(|(x, y)| x + y).collect(),
+            Op::Mul => a.iter().zip(get(1)).map(|(x, y)| x * y).collect(),
+            Op::Silu => a.iter().map(|x| silu(val(*x))).collect(),
+            Op::SwiGLU => a
+                .iter()
+                .zip(get(1))
+                .map(|(x, y)| silu(val(*x)) * y)
+                .collect(),
+            _ => {
+                return Err(Error::Exec {
+                    node: node.name.clone(),
+                    problem: "mock".into(),
+                })
+            }
+        };
+        let o = self.bufs[out_buf.unwrap().0 as usize].as_mut().unwrap();
+        o[..n].copy_from_slice(&out);
+        Ok(())
     }
 }
 
@@ -82,50 +147,59 @@ impl Backend for Mock {
         Ok(())
     }
     fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> minfer_graph::Result<()> {
+        if !self.stale_reads {
+            self.flush()?;
+        }
         let b = self.bufs[buf.0 as usize].as_ref().unwrap();
         for (i, c) in out.chunks_exact_mut(4).enumerate() {
             c.copy_from_slice(&b[offset / 4 + i].to_le_bytes());
         }
         Ok(())
     }
+    fn read_begin(
+        &mut self,
+        buf: BufId,
+        offset: usize,
+        len: usize,
+    ) -> minfer_graph::Result<minfer_graph::ReadTicket> {
+        self.log.lock().unwrap().push(format!("{}:begin", self.id));
+        Ok(minfer_graph::ReadTicket {
+            buf,
+            offset,
+            len,
+            token: 7,
+        })
+    }
+    fn read_finish(
+        &mut self,
+        t: minfer_graph::ReadTicket,
+        out: &mut [u8],
+    ) -> minfer_graph::Result<()> {
+        assert_eq!(t.token, 7, "a ticket of this backend");
+        self.log.lock().unwrap().push(format!("{}:finish", self.id));
+        self.read(t.buf, t.offset, out)
+    }
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> minfer_graph::Result<()> {
         self.log
             .lock()
             .unwrap()
             .push(format!("{}:{}", self.id, node.name));
-        let n = node.n_elems();
-        // Inputs are i32 bit patterns; the mock reads them as integers.
-        let get = |i: usize| -> Vec<f32> {
-            let b = self.bufs[args.srcs[i].unwrap().0 as usize]
-                .as_ref()
-                .unwrap();
-            b[..n].to_vec()
-        };
-        let val = |v: f32| v.to_bits() as i32 as f32;
-        let is_in = |_: usize| false;
-        let _ = is_in;
-        let a = get(0);
-        let out: Vec<f32> = match node.op {
-            Op::Add => a.iter().zip(get(1)).map(|(x, y)| x + y).collect(),
-            Op::Mul => a.iter().zip(get(1)).map(|(x, y)| x * y).collect(),
-            Op::Silu => a.iter().map(|x| silu(val(*x))).collect(),
-            Op::SwiGLU => a
-                .iter()
-                .zip(get(1))
-                .map(|(x, y)| silu(val(*x)) * y)
-                .collect(),
-            _ => {
-                return Err(Error::Exec {
-                    node: node.name.clone(),
-                    problem: "mock".into(),
-                })
-            }
-        };
-        let o = self.bufs[args.out.unwrap().0 as usize].as_mut().unwrap();
-        o[..n].copy_from_slice(&out);
+        if self.deferred {
+            self.pending
+                .push((node.clone(), args.srcs.to_vec(), args.out));
+            return Ok(());
+        }
+        self.run(node, args.srcs, args.out)
+    }
+    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> minfer_graph::Result<()> {
+        self.log.lock().unwrap().push(format!("{}:split{}", self.id, nodes.len()));
+        for (n, a) in nodes.iter().zip(args) {
+            self.execute_node(n, a)?;
+        }
         Ok(())
     }
     fn synchronize(&mut self) -> minfer_graph::Result<()> {
+        self.flush()?;
         self.log.lock().unwrap().push(format!("{}:sync", self.id));
         Ok(())
     }
@@ -171,7 +245,7 @@ fn swiglu_fusion_rewrites_sole_consumer_only_and_keeps_results() {
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log))];
     let mut g = ffn_like(8);
-    assign_backends(&mut g, &backends, &NoWeights).unwrap();
+    assign_backends(&mut g, &backends, &NoWeights, &everywhere(&backends)).unwrap();
     // silu2 has two consumers, so only `silu` may fuse.
     assert_eq!(fuse(&mut g, &backends), 1);
     let mul = g.nodes.iter().find(|n| n.name == "mul").unwrap();
@@ -186,7 +260,7 @@ fn swiglu_fusion_rewrites_sole_consumer_only_and_keeps_results() {
     nf.fused = false;
     let nf: Vec<Box<dyn Backend>> = vec![Box::new(nf)];
     let mut g = ffn_like(8);
-    assign_backends(&mut g, &nf, &NoWeights).unwrap();
+    assign_backends(&mut g, &nf, &NoWeights, &everywhere(&nf)).unwrap();
     assert_eq!(fuse(&mut g, &nf), 0);
 }
 
@@ -197,7 +271,7 @@ fn priority_assignment_splits_and_stages_across_backends() {
     hi.only_add = true;
     let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log)), Box::new(hi)];
     let mut g = ffn_like(8);
-    assign_backends(&mut g, &backends, &NoWeights).unwrap();
+    assign_backends(&mut g, &backends, &NoWeights, &everywhere(&backends)).unwrap();
     let be = |name: &str| {
         g.nodes
             .iter()
@@ -218,10 +292,42 @@ fn priority_assignment_splits_and_stages_across_backends() {
         assert!((a - b).abs() < 1e-6, "{a} vs {b}");
     }
     let log = log.lock().unwrap();
-    // Backend 0 syncs before backend 1 runs the add, and backend 1 syncs at the end.
-    let add = log.iter().position(|l| l == "1:add").unwrap();
-    assert_eq!(log[add - 1], "0:sync");
+    // Two splits, each run whole; the values the add needs are read in two phases: begun
+    // after backend 0's split was submitted, finished before backend 1's split; every
+    // backend syncs once, at the end.
+    let at = |s: &str| {
+        log.iter()
+            .position(|l| l == s)
+            .unwrap_or_else(|| panic!("{s} not in {log:?}"))
+    };
+    assert!(at("0:split3") < at("0:mul") && at("0:mul") < at("0:begin"));
+    assert!(at("0:begin") < at("0:finish") && at("0:finish") < at("1:split1"));
+    assert!(at("1:split1") < at("1:add"));
+    assert_eq!(log.iter().filter(|l| l.ends_with(":sync")).count(), 2);
     assert_eq!(log.last().unwrap(), "1:sync");
+}
+
+/// A device that queues work: the staged read of its value must wait for the queued work
+/// that writes it. Control: a device whose reads do not wait gives stale values.
+#[test]
+fn cross_backend_reads_wait_for_the_work_that_writes_them() {
+    for stale in [false, true] {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut lo = Mock::new(0, 100, &log);
+        lo.deferred = true;
+        lo.stale_reads = stale;
+        let mut hi = Mock::new(1, 300, &log);
+        hi.only_add = true;
+        let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(lo), Box::new(hi)];
+        let mut g = ffn_like(8);
+        assign_backends(&mut g, &backends, &NoWeights, &everywhere(&backends)).unwrap();
+        let out = run(&g, &mut backends);
+        let right = out
+            .iter()
+            .zip(expected(8))
+            .all(|(a, b)| (a - b).abs() < 1e-6);
+        assert_eq!(right, !stale, "stale reads {stale}: {out:?}");
+    }
 }
 
 #[test]
@@ -231,7 +337,7 @@ fn a_node_no_backend_supports_is_refused_by_name() {
     only.only_add = true;
     let backends: Vec<Box<dyn Backend>> = vec![Box::new(only)];
     let mut g = ffn_like(4);
-    let err = assign_backends(&mut g, &backends, &NoWeights).unwrap_err();
+    let err = assign_backends(&mut g, &backends, &NoWeights, &everywhere(&backends)).unwrap_err();
     assert!(
         matches!(&err, Error::Unsupported { node, .. } if node == "token_ids"),
         "{err}"
@@ -254,7 +360,7 @@ fn allocator_reuses_dead_buffers_aliases_sole_consumers_and_enforces_the_budget(
     let a1 = b.op("a1", Op::Add, &[m, m], [1024, 1]);
     let a2 = b.op("a2", Op::Add, &[a1, m], [1024, 1]);
     let mut g = b.finish(a2);
-    assign_backends(&mut g, &backends, &NoWeights).unwrap();
+    assign_backends(&mut g, &backends, &NoWeights, &everywhere(&backends)).unwrap();
     let mut alloc = Allocator::new();
     let plan = alloc.plan(&g, &mut backends, &|_| Ok(0)).unwrap();
     let buf = |id: minfer_graph::NodeId| plan.node_buf[id.index()].unwrap().1;
@@ -292,11 +398,13 @@ fn the_cache_reuses_a_graph_for_equal_params() {
     let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log))];
     let mut alloc = Allocator::new();
     let mut cache = GraphCache::new(2);
+    let placement = everywhere(&backends);
     let p = |n| GraphParams {
         n_tokens: n,
         n_out: 1,
         n_ctx: 16,
         cache_type: GgmlType::F32,
+        window: WindowLayout::Span,
     };
     let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
     for n in [4, 4, 1, 1, 1, 4] {
@@ -307,6 +415,7 @@ fn the_cache_reuses_a_graph_for_equal_params() {
                 &|_| Ok(0),
                 &mut backends,
                 &NoWeights,
+                &placement,
                 &mut alloc,
             )
             .unwrap();
@@ -319,6 +428,7 @@ fn the_cache_reuses_a_graph_for_equal_params() {
             &|_| Ok(0),
             &mut backends,
             &NoWeights,
+            &placement,
             &mut alloc,
         )
         .unwrap();
@@ -329,6 +439,7 @@ fn the_cache_reuses_a_graph_for_equal_params() {
             &|_| Ok(0),
             &mut backends,
             &NoWeights,
+            &placement,
             &mut alloc,
         )
         .unwrap();
@@ -340,6 +451,7 @@ fn the_cache_reuses_a_graph_for_equal_params() {
             &|_| Ok(0),
             &mut backends,
             &NoWeights,
+            &placement,
             &mut alloc,
         )
         .unwrap();
