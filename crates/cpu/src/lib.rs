@@ -12,7 +12,8 @@ pub mod threads;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, Node, Op, Result, WeightSource,
+    Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, KvLayout, Node, Op, Result,
+    RopeSpec, WeightId, WeightRef, WeightSource, WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 
@@ -69,6 +70,9 @@ pub struct CpuBackend {
     numerics: Numerics,
     /// Buffers as f32 words (4-byte aligned); `None` once freed.
     pool: Vec<Option<Vec<f32>>>,
+    /// Per weight id, the f32 values of one-row weights (norms, biases), derived once in
+    /// `prepare_weights` so no forward dequantizes them again.
+    vectors: Vec<Option<Vec<f32>>>,
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -93,6 +97,7 @@ impl CpuBackend {
             threads,
             numerics: Numerics::Native,
             pool: Vec::new(),
+            vectors: Vec::new(),
         }
     }
 
@@ -154,66 +159,66 @@ impl CpuBackend {
             let b = self.buf(id).map_err(|e| KernelError(e.to_string()))?;
             Ok(b.as_slice())
         };
-        let weight = |name: &str| {
-            args.weights
-                .weight(name)
-                .ok_or_else(|| KernelError(format!("weight {name} is not loaded")))
+        let weight = |id: WeightId| {
+            args.weights.weight(id).ok_or_else(|| {
+                KernelError(format!("weight {} is not loaded", args.weights.name(id)))
+            })
         };
-        let f32_weight = |name: &str| -> std::result::Result<Vec<f32>, KernelError> {
-            let w = weight(name)?;
-            let mut v = vec![0f32; w.ne0 * w.ne1];
-            quants::dequantize_row(w.ty, w.bytes, &mut v)?;
-            Ok(v)
+        let vector = |id: WeightId| -> std::result::Result<&[f32], KernelError> {
+            self.vectors
+                .get(id.index())
+                .and_then(|v| v.as_deref())
+                .ok_or_else(|| {
+                    KernelError(format!(
+                        "weight {} was not prepared as a vector",
+                        args.weights.name(id)
+                    ))
+                })
         };
         let n = node.n_elems();
         let [ne0, ne1] = node.shape;
         match &node.op {
             Op::Input(_) => {}
-            Op::GetRows { weight: name } => {
-                let w = weight(name)?;
+            Op::GetRows { weight: id } => {
+                let w = weight(*id)?;
                 rows::get_rows(w.ty, w.bytes, w.ne0, w.ne1, &src(0)?[..ne1], out)?;
             }
             Op::SelectRows => rows::select_rows(src(0)?, ne0, &src(1)?[..ne1], out)?,
-            Op::MatMul { weight: name, bias } => {
-                let w = weight(name)?;
+            Op::MatMul { weight: id, bias } => {
+                let w = weight(*id)?;
                 let mw = matmul::Weight {
                     ty: w.ty,
                     k: w.ne0,
                     m: w.ne1,
                     bytes: w.bytes,
                 };
-                let b = bias.as_deref().map(f32_weight).transpose()?;
+                let b = bias.map(vector).transpose()?;
                 if let Some(simd) = self.numerics.ggml() {
                     return ggml_x86::matmul(
                         simd,
                         &mw,
                         &src(0)?[..w.ne0 * ne1],
-                        b.as_deref(),
+                        b,
                         out,
                         self.threads,
                     );
                 }
-                matmul::matmul(
-                    &mw,
-                    &src(0)?[..w.ne0 * ne1],
-                    b.as_deref(),
-                    out,
-                    self.threads,
-                )?;
+                matmul::matmul(&mw, &src(0)?[..w.ne0 * ne1], b, out, self.threads)?;
             }
             Op::RmsNorm {
                 eps,
-                weight: name,
+                weight: id,
                 group,
             } => {
-                let w = f32_weight(name)?;
+                let w = vector(*id)?;
                 if w.len() != *group {
                     return Err(KernelError(format!(
-                        "norm weight {name} has {} elements, group is {group}",
+                        "norm weight {} has {} elements, group is {group}",
+                        args.weights.name(*id),
                         w.len()
                     )));
                 }
-                norm::rms_norm(&src(0)?[..n], &w, *eps, out);
+                norm::rms_norm(&src(0)?[..n], w, *eps, out);
             }
             Op::Rope {
                 style,
@@ -267,9 +272,14 @@ impl CpuBackend {
                 head_dim,
                 scale,
                 cache_type,
+                window,
                 ..
             } => {
                 let (k, v) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
+                let width = match window {
+                    WindowLayout::Span => 2,
+                    WindowLayout::KvMap => 2 * minfer_graph::KV_MAP_RUNS,
+                };
                 let p = attn::AttnParams {
                     n_head: *n_head,
                     n_head_kv: *n_head_kv,
@@ -281,7 +291,7 @@ impl CpuBackend {
                 attn::attention(
                     &p,
                     &src(0)?[..n],
-                    &src(1)?[..2 * ne1],
+                    &src(1)?[..width * ne1],
                     as_bytes(k),
                     as_bytes(v),
                     out,
@@ -329,22 +339,64 @@ impl Backend for CpuBackend {
         CPU_PRIORITY
     }
 
+    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+        if w.ty.is_supported() {
+            Ok(())
+        } else {
+            Err(format!("{} is not a supported weight type", w.ty))
+        }
+    }
+
+    fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> Result<()> {
+        self.vectors = vec![None; weights.len()];
+        for &id in ids {
+            let Some(w) = weights.weight(id) else {
+                continue;
+            };
+            // One-row weights are norms and biases: kept as f32, read by every forward.
+            if w.ne1 != 1 {
+                continue;
+            }
+            let mut v = vec![0f32; w.ne0];
+            quants::dequantize_row(w.ty, w.bytes, &mut v).map_err(|e| Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("weight {}: {e}", weights.name(id)),
+            })?;
+            self.vectors[id.index()] = Some(v);
+        }
+        Ok(())
+    }
+
+    fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
+        if !KV_TYPES.contains(&ty) {
+            return Err("the CPU backend reads f32, f16 and q8_0 KV caches".into());
+        }
+        if self.numerics != Numerics::Native && ty != GgmlType::F16 {
+            return Err(format!(
+                "--numerics {} needs an f16 KV cache",
+                self.numerics.name()
+            ));
+        }
+        Ok(())
+    }
+
     fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> bool {
-        let weight_ok = |name: &str| weights.weight(name).is_some_and(|w| w.ty.is_supported());
+        let weight_ok = |id: WeightId| weights.weight(id).is_some_and(|w| w.ty.is_supported());
+        let vector_ok = |id: WeightId| weights.weight(id).is_some_and(|w| w.ne1 == 1);
         match op {
-            Op::GetRows { weight } => weight_ok(weight),
+            Op::GetRows { weight } => weight_ok(*weight),
             Op::MatMul { weight, bias } => {
-                let ggml_ok = |name: &str| {
+                let ggml_ok = |id: WeightId| {
                     self.numerics == Numerics::Native
                         || weights
-                            .weight(name)
+                            .weight(id)
                             .is_some_and(|w| ggml_x86::supports_weight(w.ty, w.ne0, w.ne1))
                 };
-                weight_ok(weight) && ggml_ok(weight) && bias.as_deref().is_none_or(weight_ok)
+                weight_ok(*weight) && ggml_ok(*weight) && bias.is_none_or(vector_ok)
             }
-            Op::RmsNorm { weight, .. } => weight_ok(weight),
+            Op::RmsNorm { weight, .. } => vector_ok(*weight),
             Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => {
-                KV_TYPES.contains(cache_type)
+                self.check_kv_type(*cache_type).is_ok()
             }
             Op::Input(_)
             | Op::SelectRows
@@ -360,7 +412,8 @@ impl Backend for CpuBackend {
         let Op::MatMul { weight, .. } = op else {
             return None;
         };
-        let w = weights.weight(weight)?;
+        let w = weights.weight(*weight)?;
+        let weight = weights.name(*weight);
         if !w.ty.is_supported() {
             return Some(format!("{weight} is {}, not a supported type", w.ty));
         }
@@ -478,5 +531,40 @@ impl Backend for CpuBackend {
 
     fn synchronize(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    fn kv_copy_cells(
+        &mut self,
+        region: BufId,
+        cell_bytes: usize,
+        src: usize,
+        dst: usize,
+        n: usize,
+    ) -> Result<()> {
+        let mut r = self.take(region)?;
+        let res = ops::kv_cells::copy_cells(as_bytes_mut(&mut r), cell_bytes, src, dst, n);
+        self.put(region, r);
+        res.map_err(|e| Error::Backend {
+            backend: "cpu".into(),
+            problem: format!("copy of KV cells: {}", e.0),
+        })
+    }
+
+    fn kv_rope_shift(
+        &mut self,
+        k_region: BufId,
+        layout: &KvLayout,
+        rope: &RopeSpec,
+        cell: usize,
+        n: usize,
+        delta: i64,
+    ) -> Result<()> {
+        let mut r = self.take(k_region)?;
+        let res = ops::kv_cells::rope_shift(as_bytes_mut(&mut r), layout, rope, cell, n, delta);
+        self.put(k_region, r);
+        res.map_err(|e| Error::Backend {
+            backend: "cpu".into(),
+            problem: format!("shift of KV cells: {}", e.0),
+        })
     }
 }

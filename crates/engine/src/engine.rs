@@ -1,40 +1,41 @@
-//! The model engine: one loaded model, its backends, graph cache and the KV of one
-//! sequence.
+//! The model engine: one loaded model, its backends, graph cache and the KV cache of many
+//! sequences.
 //!
 //! ```no_run
-//! use minfer_engine::{Engine, EngineConfig};
+//! use minfer_engine::{BatchEntry, Engine, EngineConfig};
 //! let mut e = Engine::load("model.gguf", EngineConfig::default())?;
-//! let prompt = [785u32, 6722, 315];
-//! // Prefill: tokens at positions 0.., logits of the last row only.
-//! let logits = e.decode(&prompt, 0, 1)?;
-//! let next = logits
-//!     .iter()
-//!     .enumerate()
-//!     .max_by(|a, b| a.1.total_cmp(b.1))
-//!     .map(|(i, _)| i as u32)
-//!     .unwrap();
-//! // Decode: one token at the next position; the graph is reused, never rebuilt.
-//! let logits = e.decode(&[next], prompt.len(), 1)?;
+//! let (a, b) = (e.seq_create(), e.seq_create());
+//! // One forward for two sequences: each entry's last row gets logits.
+//! let out = e.forward_batch(&[
+//!     BatchEntry::new(a, &[785, 6722, 315], 0),
+//!     BatchEntry::new(b, &[9707, 11], 0),
+//! ])?;
+//! let next_a = out.logits(0).len();
+//! # let _ = next_a;
 //! # Ok::<(), minfer_engine::Error>(())
 //! ```
 //!
 //! - [`Engine::load`] resolves the requested backends first (unknown, not compiled in and
 //!   unavailable are distinct errors, before the model is read), then maps the GGUF (weights
 //!   are read zero-copy from the mmap), checks the architecture, hyperparameters and every
-//!   tensor's shape.
-//! - [`Engine::decode`] appends `tokens` at positions `pos0..` (a `pos0` below the current
-//!   length first drops the tail, like [`Engine::kv_truncate`]) and returns the logits of the
-//!   last `n_out` rows, `vocab` floats each, row-major. Going past `n_ctx` is
-//!   [`Error::ContextOverflow`].
-//! - [`Engine::kv_clear`] / [`Engine::kv_truncate`] forget cells; the regions stay allocated.
+//!   tensor's shape, and places the weights on the backends (once; [`Engine::placement_report`]
+//!   says what kept the model off a device).
+//! - [`Engine::forward_batch`] ([`crate::batch`]) runs entries of several sequences as one
+//!   forward; [`Engine::decode`] is the one-sequence form on the default sequence, kept for
+//!   the CLI's single-user paths.
+//! - KV operations on sequences are in [`crate::kv`], session files in [`crate::session`].
 
 use crate::backends;
+use crate::batch::BatchLogits;
+use crate::kvcells::{KvCells, SeqId};
+use crate::weights::{intern, ModelWeights};
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
-    dump, sched, Allocator, Backend, GraphCache, GraphParams, InputKind, Node, Op, WeightRef,
-    WeightSource,
+    dump, Allocator, Backend, GraphCache, GraphParams, Node, Op, Placement, WeightId,
+    WindowLayout,
 };
 use minfer_models::{build_graph, check_tensors, output_weight_name, HParams};
+use std::collections::HashMap;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,12 +58,36 @@ pub enum Error {
     TokenOutOfRange { id: u32, index: usize, vocab: usize },
     #[error("bad decode request: {0}")]
     BadRequest(String),
+    #[error("batch entry {entry}: {source}")]
+    Entry {
+        entry: usize,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("the batch needs {needed} new KV cells, the arena has {free} free of {n_cells}")]
+    ArenaFull {
+        needed: usize,
+        free: usize,
+        n_cells: usize,
+    },
     #[error("cache type {0}: {1}")]
     CacheType(String, String),
+    #[error(transparent)]
+    Cells(#[from] crate::kvcells::CellError),
     #[error(transparent)]
     Kv(#[from] crate::kv::KvError),
     #[error(transparent)]
     Session(#[from] crate::session::SessionError),
+}
+
+impl Error {
+    /// The error itself when it is wrapped in a batch entry's [`Error::Entry`].
+    pub fn inner(&self) -> &Error {
+        match self {
+            Error::Entry { source, .. } => source.inner(),
+            e => e,
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -82,7 +107,8 @@ pub fn parse_cache_type(s: &str) -> Result<GgmlType> {
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Context length (KV cells); 0 means the model's `context_length`.
+    /// Context length (KV cells of the arena, shared by all sequences); 0 means the model's
+    /// `context_length`.
     pub n_ctx: usize,
     /// CPU threads; 0 means the number of physical cores.
     pub threads: usize,
@@ -91,8 +117,10 @@ pub struct EngineConfig {
     pub backends: Vec<String>,
     /// Bytes each backend may allocate for KV regions and activations (None: unbounded).
     pub memory_budget: Option<usize>,
-    /// The CPU kernels' float arithmetic (`--numerics`).
+    /// The CPU backend's float arithmetic (`--numerics`), handed to the backend table.
     pub numerics: minfer_cpu::Numerics,
+    /// Most tokens in one forward; longer prompts run as several (chunked prefill).
+    pub n_batch: usize,
 }
 
 impl Default for EngineConfig {
@@ -104,58 +132,44 @@ impl Default for EngineConfig {
             backends: Vec::new(),
             memory_budget: None,
             numerics: minfer_cpu::Numerics::Native,
+            n_batch: 512,
         }
     }
 }
 
-/// Weights straight from the mapped GGUF.
-struct Weights<'a>(&'a GgufModel);
-
-impl WeightSource for Weights<'_> {
-    fn weight(&self, name: &str) -> Option<WeightRef<'_>> {
-        let (info, bytes) = self.0.tensor_data(name).ok()?;
-        let ne0 = *info.dims.first()? as usize;
-        Some(WeightRef {
-            ty: info.ty,
-            ne0,
-            ne1: (info.n_elements() as usize) / ne0.max(1),
-            bytes,
-        })
-    }
-}
+/// Graphs kept built (token and output buckets, both window layouts).
+const GRAPH_CACHE: usize = 16;
 
 pub struct Engine {
-    model: GgufModel,
-    hp: HParams,
+    pub(crate) model: GgufModel,
+    pub(crate) ids: HashMap<String, WeightId>,
+    pub(crate) hp: HParams,
     output_weight: &'static str,
-    backends: Vec<Box<dyn Backend>>,
-    cache: GraphCache,
-    alloc: Allocator,
-    n_ctx: usize,
-    cache_type: GgmlType,
-    n_past: usize,
-    logits: Vec<f32>,
+    pub(crate) backends: Vec<Box<dyn Backend>>,
+    pub(crate) placement: Placement,
+    pub(crate) cache: GraphCache,
+    pub(crate) alloc: Allocator,
+    pub(crate) n_ctx: usize,
+    pub(crate) n_batch: usize,
+    pub(crate) cache_type: GgmlType,
+    pub(crate) cells: KvCells,
+    /// The sequence of the one-sequence API ([`Engine::decode`], `kv_*`, sessions of one).
+    pub(crate) default_seq: SeqId,
+    pub(crate) out: BatchLogits,
 }
 
 impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
-        if cfg.numerics != minfer_cpu::Numerics::Native && cfg.cache_type != GgmlType::F16 {
-            return Err(Error::CacheType(
-                cfg.cache_type.name().into(),
-                format!("--numerics {} needs an f16 KV cache", cfg.numerics.name()),
-            ));
+        let mut backends = backends::instantiate(&ids, cfg.threads, cfg.numerics)?;
+        for be in &backends {
+            if let Err(why) = be.check_kv_type(cfg.cache_type) {
+                return Err(Error::CacheType(cfg.cache_type.name().into(), why));
+            }
         }
-        let backends = backends::instantiate(&ids, cfg.threads, cfg.numerics)?;
         let model = GgufModel::open(path)?;
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;
-        if !minfer_cpu::KV_TYPES.contains(&cfg.cache_type) {
-            return Err(Error::CacheType(
-                cfg.cache_type.name().into(),
-                "expected f32, f16 or q8_0".into(),
-            ));
-        }
         if cfg.cache_type == GgmlType::Q8_0 && !hp.head_dim.is_multiple_of(32) {
             return Err(Error::CacheType(
                 "q8_0".into(),
@@ -171,67 +185,108 @@ impl Engine {
             cfg.n_ctx
         };
         let output_weight = output_weight_name(&model);
+        let names = intern(&model);
+        let placement = {
+            let weights = ModelWeights {
+                model: &model,
+                ids: &names,
+            };
+            // The weights a forward reads: those of the smallest graph (every graph reads
+            // the same ones).
+            let probe = build_graph(&hp, &weights, output_weight, &probe_params(n_ctx, &cfg))?;
+            let mut used: Vec<WeightId> = probe.nodes.iter().flat_map(|n| n.op.weights()).collect();
+            used.sort_unstable();
+            used.dedup();
+            minfer_graph::place_weights(&mut backends, &weights, &used)?
+        };
         let mut alloc = Allocator::new();
         if let Some(b) = cfg.memory_budget {
             for be in &backends {
                 alloc.set_budget(be.id(), b);
             }
         }
+        let mut cells = KvCells::new(n_ctx);
+        let default_seq = cells.create();
         Ok(Engine {
             model,
+            ids: names,
             hp,
             output_weight,
             backends,
-            cache: GraphCache::new(4),
+            placement,
+            cache: GraphCache::new(GRAPH_CACHE),
             alloc,
             n_ctx,
+            n_batch: cfg.n_batch.max(1),
             cache_type: cfg.cache_type,
-            n_past: 0,
-            logits: Vec::new(),
+            cells,
+            default_seq,
+            out: BatchLogits::default(),
         })
     }
 
     pub fn hparams(&self) -> &HParams {
         &self.hp
     }
+    /// KV cells of the arena (and most positions of one sequence).
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
     }
-    /// Tokens currently in the KV of the sequence.
-    pub fn n_past(&self) -> usize {
-        self.n_past
+    /// Most tokens one forward takes.
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
     }
-    /// Graphs built so far (a decode step that reuses the cached graph does not add one).
+    /// Positions the default sequence holds (one past its last position).
+    pub fn n_past(&self) -> usize {
+        self.cells.next_pos(self.default_seq).unwrap_or(0)
+    }
+    /// Graphs built so far (a decode step that reuses a cached graph does not add one).
     pub fn graph_builds(&self) -> usize {
         self.cache.builds()
     }
+    /// Bytes allocated on every backend (KV regions and activation buffers).
+    pub fn bytes_in_use(&self) -> usize {
+        self.backends.iter().map(|b| self.alloc.in_use(b.id())).sum()
+    }
     /// Bytes allocated on the CPU backend (KV regions and activation buffers).
     pub fn cpu_bytes_in_use(&self) -> usize {
-        self.alloc.in_use(minfer_cpu::CPU_ID)
+        self.backends
+            .iter()
+            .filter(|b| b.name() == "cpu")
+            .map(|b| self.alloc.in_use(b.id()))
+            .sum()
     }
     pub fn model(&self) -> &GgufModel {
         &self.model
     }
-
-    pub fn kv_clear(&mut self) {
-        self.n_past = 0;
+    /// The KV element type.
+    pub fn cache_type(&self) -> GgmlType {
+        self.cache_type
+    }
+    /// One line per backend that holds none of the model's weights, naming the weight and
+    /// the reason (empty when every backend holds them).
+    pub fn placement_report(&self) -> Vec<String> {
+        self.placement.report()
+    }
+    /// The cell table of every sequence (read-only: change it through the `seq_*` calls).
+    pub fn cells(&self) -> &KvCells {
+        &self.cells
+    }
+    /// The sequence the one-sequence API works on.
+    pub fn default_seq(&self) -> SeqId {
+        self.default_seq
     }
 
-    /// Keeps the first `n` tokens.
-    pub fn kv_truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
-    }
-
-    fn params(&self, n_tokens: usize, n_out: usize) -> GraphParams {
-        GraphParams {
-            n_tokens,
-            n_out,
-            n_ctx: self.n_ctx,
-            cache_type: self.cache_type,
+    pub(crate) fn weights(&self) -> ModelWeights<'_> {
+        ModelWeights {
+            model: &self.model,
+            ids: &self.ids,
         }
     }
 
-    /// Appends `tokens` at positions `pos0..` and returns the logits of the last `n_out` rows.
+    /// Appends `tokens` to the default sequence at positions `pos0..` (a `pos0` below its
+    /// length first drops the tail) and returns the logits of the last `n_out` rows, `vocab`
+    /// floats each, row-major.
     pub fn decode(&mut self, tokens: &[u32], pos0: usize, n_out: usize) -> Result<&[f32]> {
         let nt = tokens.len();
         if nt == 0 || n_out == 0 || n_out > nt {
@@ -239,11 +294,17 @@ impl Engine {
                 "{nt} tokens, n_out {n_out}: need 1 <= n_out <= tokens"
             )));
         }
-        if pos0 > self.n_past {
-            return Err(Error::PositionGap {
-                pos0,
-                n_past: self.n_past,
-            });
+        if n_out > self.n_batch {
+            return Err(Error::BadRequest(format!(
+                "logits for {n_out} rows, more than n_batch {}",
+                self.n_batch
+            )));
+        }
+        let seq = self.default_seq;
+        // Checked whole before the first chunk runs, so a refusal changes nothing.
+        let n_past = self.n_past();
+        if pos0 > n_past {
+            return Err(Error::PositionGap { pos0, n_past });
         }
         if pos0 + nt > self.n_ctx {
             return Err(Error::ContextOverflow {
@@ -253,147 +314,149 @@ impl Engine {
             });
         }
         let vocab = self.hp.vocab_size;
-        if let Some((index, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab)
-        {
+        if let Some((index, &id)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
             return Err(Error::TokenOutOfRange { id, index, vocab });
         }
-        let params = self.params(nt, n_out);
-        let (graph, plan) = prepare(
-            &mut self.cache,
-            &self.hp,
-            self.output_weight,
-            &mut self.backends,
-            &self.model,
-            &mut self.alloc,
-            &params,
-        )?;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let pos: Vec<i32> = (pos0..pos0 + nt).map(|p| p as i32).collect();
-        // One sequence: cell = position, and each query sees cells [0, its position].
-        let span: Vec<i32> = pos.iter().flat_map(|&p| [0, p + 1]).collect();
-        let be = &mut self.backends;
-        sched::fill_input(graph, plan, be, InputKind::TokenIds, &ids)?;
-        sched::fill_input(graph, plan, be, InputKind::Positions, &pos)?;
-        sched::fill_input(graph, plan, be, InputKind::KvCells, &pos)?;
-        sched::fill_input(graph, plan, be, InputKind::AttnSpan, &span)?;
-        if n_out < nt {
-            let tail: Vec<i32> = ((nt - n_out)..nt).map(|i| i as i32).collect();
-            sched::fill_input(graph, plan, be, InputKind::TailIds, &tail)?;
+        // Chunks of at most n_batch tokens (the same bits as one forward: batch invariance);
+        // the last chunk holds every row that needs logits.
+        let mut start = 0;
+        while start < nt {
+            let rest = nt - start;
+            let len = if rest <= self.n_batch {
+                rest
+            } else {
+                self.n_batch.min(rest - n_out.min(rest))
+                    .max(1)
+            };
+            let last = start + len == nt;
+            let entry = crate::batch::BatchEntry {
+                seq,
+                tokens: &tokens[start..start + len],
+                pos0: pos0 + start,
+                logits: if last { n_out } else { 0 },
+            };
+            self.forward_batch(std::slice::from_ref(&entry))
+                .map_err(|e| match e {
+                    Error::Entry { source, .. } => *source,
+                    e => e,
+                })?;
+            start += len;
         }
-        sched::execute(graph, plan, be, &Weights(&self.model))?;
-        sched::read_output(graph, plan, be, &mut self.logits)?;
-        self.n_past = pos0 + nt;
-        Ok(&self.logits)
+        Ok(self.out.logits(0))
     }
 
     /// The graph of a request shape as Graphviz DOT, coloured by backend.
     pub fn graph_dot(&mut self, n_tokens: usize, n_out: usize) -> Result<String> {
-        let (g, _) = self.graph_for(n_tokens, n_out)?;
-        Ok(dump::to_dot(g, &backends::name_of))
+        let p = self.params(n_tokens, n_out, WindowLayout::Span);
+        self.prepare(&p)?;
+        let weights = self.weights();
+        let (g, _) = self.cache_peek()?;
+        Ok(dump::to_dot(g, &backends::name_of, &|w| {
+            minfer_graph::WeightSource::name(&weights, w).to_string()
+        }))
     }
 
     /// The graph of a request shape as JSON.
     pub fn graph_json(&mut self, n_tokens: usize, n_out: usize) -> Result<String> {
-        let (g, _) = self.graph_for(n_tokens, n_out)?;
-        Ok(dump::to_json(g, &backends::name_of))
+        let p = self.params(n_tokens, n_out, WindowLayout::Span);
+        self.prepare(&p)?;
+        let weights = self.weights();
+        let (g, _) = self.cache_peek()?;
+        Ok(dump::to_json(g, &backends::name_of, &|w| {
+            minfer_graph::WeightSource::name(&weights, w).to_string()
+        }))
     }
 
-    fn graph_for(
-        &mut self,
-        n_tokens: usize,
-        n_out: usize,
-    ) -> Result<(&minfer_graph::Graph, &minfer_graph::Plan)> {
-        let params = self.params(n_tokens, n_out);
-        prepare(
-            &mut self.cache,
-            &self.hp,
-            self.output_weight,
-            &mut self.backends,
-            &self.model,
-            &mut self.alloc,
-            &params,
-        )
+    fn cache_peek(&self) -> Result<(&minfer_graph::Graph, &minfer_graph::Plan)> {
+        self.cache
+            .most_recent()
+            .ok_or_else(|| Error::BadRequest("no graph built".into()))
     }
-}
 
-/// Builds (or reuses) the graph for a request shape.
-fn prepare<'c>(
-    cache: &'c mut GraphCache,
-    hp: &HParams,
-    output_weight: &str,
-    backends: &mut [Box<dyn Backend>],
-    model: &GgufModel,
-    alloc: &mut Allocator,
-    params: &GraphParams,
-) -> Result<(&'c minfer_graph::Graph, &'c minfer_graph::Plan)> {
-    let build = |p: &GraphParams| {
-        build_graph(hp, output_weight, p).map_err(|e| minfer_graph::Error::Graph(e.to_string()))
-    };
-    let n_ctx = params.n_ctx;
-    let kv_bytes = |n: &Node| -> minfer_graph::Result<usize> {
-        let ty = match &n.op {
-            Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => *cache_type,
-            _ => return Ok(0),
+    pub(crate) fn params(&self, n_tokens: usize, n_out: usize, window: WindowLayout) -> GraphParams {
+        GraphParams {
+            n_tokens,
+            n_out,
+            n_ctx: self.n_ctx,
+            cache_type: self.cache_type,
+            window,
+        }
+    }
+
+    /// Builds (or reuses) the graph for a request shape; it becomes the cache's most recent.
+    pub(crate) fn prepare(&mut self, params: &GraphParams) -> Result<()> {
+        let weights = ModelWeights {
+            model: &self.model,
+            ids: &self.ids,
         };
-        let n_embd_kv = (hp.head_count_kv * hp.head_dim) as u64;
-        let row = ty
-            .row_bytes(n_embd_kv)
-            .ok_or_else(|| minfer_graph::Error::Kv {
-                layer: n.layer.unwrap_or(0),
-                problem: format!("a row of {n_embd_kv} is not whole {ty} blocks"),
-            })?;
-        Ok(row as usize * n_ctx)
-    };
-    Ok(cache.get_or_build(params, &build, &kv_bytes, backends, &Weights(model), alloc)?)
-}
-
-impl crate::generate::LogitsModel for Engine {
-    type Error = Error;
-    fn forward(&mut self, tokens: &[u32], pos0: usize) -> Result<&[f32]> {
-        self.decode(tokens, pos0, 1)
+        let (hp, output_weight) = (&self.hp, self.output_weight);
+        let build = |p: &GraphParams| {
+            build_graph(hp, &weights, output_weight, p)
+                .map_err(|e| minfer_graph::Error::Graph(e.to_string()))
+        };
+        // One cell past the context: the scratch cell padding rows write and read.
+        let n_cells = params.n_ctx + 1;
+        let kv_bytes = |n: &Node| -> minfer_graph::Result<usize> {
+            let ty = match &n.op {
+                Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => *cache_type,
+                _ => return Ok(0),
+            };
+            let n_embd_kv = (hp.head_count_kv * hp.head_dim) as u64;
+            let row = ty
+                .row_bytes(n_embd_kv)
+                .ok_or_else(|| minfer_graph::Error::Kv {
+                    layer: n.layer.unwrap_or(0),
+                    problem: format!("a row of {n_embd_kv} is not whole {ty} blocks"),
+                })?;
+            Ok(row as usize * n_cells)
+        };
+        self.cache.get_or_build(
+            params,
+            &build,
+            &kv_bytes,
+            &mut self.backends,
+            &weights,
+            &self.placement,
+            &mut self.alloc,
+        )?;
+        Ok(())
     }
-    fn context_len(&self) -> usize {
-        self.n_ctx
-    }
-}
 
-/// What the KV operations ([`crate::kv`]) and session files ([`crate::session`]) reach into.
-pub(crate) struct KvAccess<'a> {
-    pub backends: &'a mut [Box<dyn Backend>],
-    pub alloc: &'a Allocator,
-    pub hp: &'a HParams,
-    pub cache_type: GgmlType,
-    pub n_ctx: usize,
-    pub n_past: &'a mut usize,
-}
-
-impl Engine {
-    /// The KV element type.
-    pub fn cache_type(&self) -> GgmlType {
-        self.cache_type
+    /// Creates the per-layer KV regions if no graph has run yet (planning a graph allocates
+    /// them).
+    pub(crate) fn ensure_kv_regions(&mut self) -> Result<()> {
+        let p = self.params(1, 1, WindowLayout::Span);
+        self.prepare(&p)
     }
 
     pub(crate) fn kv_region(&self, layer: usize) -> Option<minfer_graph::KvRegion> {
         self.alloc.kv_region(layer)
     }
+}
 
-    pub(crate) fn kv_access(&mut self) -> KvAccess<'_> {
-        KvAccess {
-            backends: &mut self.backends,
-            alloc: &self.alloc,
-            hp: &self.hp,
-            cache_type: self.cache_type,
-            n_ctx: self.n_ctx,
-            n_past: &mut self.n_past,
-        }
+impl crate::generate::LogitsModel for Engine {
+    type Error = Error;
+    fn forward_batch(&mut self, entries: &[crate::batch::BatchEntry]) -> Result<&BatchLogits> {
+        Engine::forward_batch(self, entries)
     }
+    fn context_len(&self) -> usize {
+        self.n_ctx
+    }
+    fn max_batch(&self) -> usize {
+        self.n_batch
+    }
+    fn default_seq(&self) -> SeqId {
+        self.default_seq
+    }
+}
 
-    /// Creates the per-layer KV regions if no graph has run yet (planning the decode graph
-    /// allocates them).
-    pub(crate) fn ensure_kv_regions(&mut self) -> Result<()> {
-        self.graph_for(1, 1).map(|_| ())
+/// The shape used to find which weights a forward reads.
+fn probe_params(n_ctx: usize, cfg: &EngineConfig) -> GraphParams {
+    GraphParams {
+        n_tokens: 1,
+        n_out: 1,
+        n_ctx,
+        cache_type: cfg.cache_type,
+        window: WindowLayout::Span,
     }
 }

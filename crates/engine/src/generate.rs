@@ -1,9 +1,18 @@
-//! The generation loop: prefill the prompt, then sample, decode and stream until a limit,
-//! an end-of-generation token or a stop string.
+//! The generation loop: sequences prefill their prompts, then sample, decode and stream
+//! until a limit, an end-of-generation token or a stop string, all through one batch loop.
+//!
+//! Generation state belongs to a sequence ([`SeqGen`]: sampler chain, penalty window, stop
+//! matcher, UTF-8-safe text hold). [`generate_batch`] drives any number of sequences:
+//! every step is one forward holding one decode token per generating sequence plus prompt
+//! chunks of the sequences still prefilling, up to the model's batch size (chunked prefill,
+//! so running streams keep decoding while a long prompt is read). [`generate`] is a batch of
+//! one; `run`, `chat` and `bench` all go through it.
 //!
 //! It is written against two small traits so it can be tested without a real model:
-//! [`LogitsModel`] (tokens in, last-row logits out) and [`TokenBytes`] (id → bytes).
+//! [`LogitsModel`] (batched forwards over sequences) and [`TokenBytes`] (id → bytes).
 
+use crate::batch::{BatchEntry, BatchLogits};
+use crate::kvcells::SeqId;
 use crate::sampler::{Sampler, SamplerConfig, SamplerError};
 use crate::stop::StopMatcher;
 use std::time::{Duration, Instant};
@@ -11,11 +20,15 @@ use std::time::{Duration, Instant};
 /// A model as the loop sees it.
 pub trait LogitsModel {
     type Error: std::error::Error + Send + Sync + 'static;
-    /// Appends `tokens` at positions `pos0..` of the sequence and returns the logits of the
-    /// last token (vocab-sized).
-    fn forward(&mut self, tokens: &[u32], pos0: usize) -> Result<&[f32], Self::Error>;
-    /// Most positions the sequence may hold.
+    /// One forward: each entry appends its tokens to its sequence at `pos0..`; the logits of
+    /// each entry's last `logits` rows come back in entry order.
+    fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits, Self::Error>;
+    /// Most positions a sequence may hold.
     fn context_len(&self) -> usize;
+    /// Most tokens one forward takes.
+    fn max_batch(&self) -> usize;
+    /// The sequence [`generate`] uses.
+    fn default_seq(&self) -> SeqId;
 }
 
 /// Token id → the bytes it stands for.
@@ -133,95 +146,254 @@ fn complete_prefix_len(b: &[u8]) -> usize {
     n
 }
 
-/// Runs one generation. `on_text` receives text as it becomes final (never a partial UTF-8
-/// character, never a prefix of a stop string that might still complete).
+/// One sequence's generation state.
+pub struct SeqGen {
+    pub seq: SeqId,
+    prompt: Vec<u32>,
+    /// Prompt tokens already sent to the model.
+    fed: usize,
+    max_tokens: usize,
+    eog: Vec<u32>,
+    sampler: Sampler,
+    stops: StopMatcher,
+    utf8: Utf8Hold,
+    /// Prompt and generated ids (the penalty window reads it).
+    history: Vec<u32>,
+    /// The last sampled id, to be decoded next.
+    pending: Option<u32>,
+    done: bool,
+    started: Instant,
+    prefilled_at: Option<Instant>,
+    pub out: GenerateOutput,
+}
+
+/// What one sampled token did.
+enum Step {
+    /// Text that became final (maybe empty); the sequence goes on.
+    Text(Vec<u8>),
+    /// The sequence finished; its last text.
+    Done(Vec<u8>),
+}
+
+impl SeqGen {
+    pub fn new<E: std::error::Error>(
+        seq: SeqId,
+        req: &GenerateRequest,
+        n_ctx: usize,
+    ) -> Result<SeqGen, GenerateError<E>> {
+        if req.prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if req.prompt.len() > n_ctx {
+            return Err(GenerateError::PromptTooLong {
+                prompt: req.prompt.len(),
+                n_ctx,
+            });
+        }
+        Ok(SeqGen {
+            seq,
+            prompt: req.prompt.clone(),
+            fed: 0,
+            max_tokens: req.max_tokens,
+            eog: req.eog.clone(),
+            sampler: Sampler::new(req.sampler.clone())?,
+            stops: StopMatcher::new(req.stop_strings.iter().map(|s| s.as_bytes())),
+            utf8: Utf8Hold::default(),
+            history: req.prompt.clone(),
+            pending: None,
+            done: false,
+            started: Instant::now(),
+            prefilled_at: None,
+            out: GenerateOutput {
+                tokens: Vec::new(),
+                text: Vec::new(),
+                finish: FinishReason::Length,
+                timings: Timings {
+                    prompt_tokens: req.prompt.len(),
+                    ..Timings::default()
+                },
+            },
+        })
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Samples from `logits` (the row after the last token fed) and updates the state.
+    fn accept(&mut self, logits: &mut [f32], vocab: &dyn TokenBytes, n_ctx: usize) -> Result<Step, SamplerError> {
+        let id = self.sampler.sample(logits, &self.history)?;
+        self.out.tokens.push(id);
+        self.history.push(id);
+        if self.eog.contains(&id) {
+            self.out.finish = FinishReason::Eos;
+            return Ok(Step::Done(self.flush(true)));
+        }
+        let s = self.stops.push(&vocab.token_bytes(id));
+        let text = self.utf8.push(&s.emit);
+        if s.stopped {
+            self.out.finish = FinishReason::Stop;
+            let mut text = text;
+            text.extend(self.flush(false));
+            return Ok(Step::Done(text));
+        }
+        if self.out.tokens.len() >= self.max_tokens {
+            let mut text = text;
+            text.extend(self.flush(true));
+            return Ok(Step::Done(text));
+        }
+        if self.history.len() >= n_ctx {
+            self.out.finish = FinishReason::Context;
+            let mut text = text;
+            text.extend(self.flush(true));
+            return Ok(Step::Done(text));
+        }
+        self.pending = Some(id);
+        Ok(Step::Text(text))
+    }
+
+    /// The held text at the end: a stop string that never completed is text after all
+    /// (`with_stops`), a held partial UTF-8 character is passed through.
+    fn flush(&mut self, with_stops: bool) -> Vec<u8> {
+        let mut text = Vec::new();
+        if with_stops {
+            let rest = self.stops.finish();
+            text = self.utf8.push(&rest);
+        }
+        text.extend(self.utf8.finish());
+        text
+    }
+
+    fn finish_timings(&mut self, now: Instant) {
+        self.done = true;
+        let pre = self.prefilled_at.unwrap_or(now);
+        self.out.timings.prompt_ms = ms(pre - self.started);
+        self.out.timings.generated_tokens = self.out.tokens.len();
+        self.out.timings.generate_ms = ms(now - pre);
+    }
+}
+
+/// Runs one generation on the model's default sequence. `on_text` receives text as it
+/// becomes final (never a partial UTF-8 character, never a prefix of a stop string that
+/// might still complete).
 pub fn generate<M: LogitsModel>(
     model: &mut M,
     vocab: &dyn TokenBytes,
     req: &GenerateRequest,
     mut on_text: impl FnMut(&[u8]),
 ) -> Result<GenerateOutput, GenerateError<M::Error>> {
-    if req.prompt.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
-    let n_ctx = model.context_len();
-    if req.prompt.len() > n_ctx {
-        return Err(GenerateError::PromptTooLong {
-            prompt: req.prompt.len(),
-            n_ctx,
-        });
-    }
-    let mut sampler = Sampler::new(req.sampler.clone())?;
-    let mut stops = StopMatcher::new(req.stop_strings.iter().map(|s| s.as_bytes()));
-    let mut utf8 = Utf8Hold::default();
-    let mut history = req.prompt.clone();
-    let mut out = GenerateOutput {
-        tokens: Vec::new(),
-        text: Vec::new(),
-        finish: FinishReason::Length,
-        timings: Timings {
-            prompt_tokens: req.prompt.len(),
-            ..Timings::default()
-        },
-    };
-    let mut emit = |bytes: &[u8], out: &mut GenerateOutput| {
-        if !bytes.is_empty() {
-            out.text.extend_from_slice(bytes);
-            on_text(bytes);
-        }
-    };
+    let seq = model.default_seq();
+    let mut outs = generate_batch(model, vocab, &[(seq, req.clone())], |_, b| on_text(b))?;
+    Ok(outs.remove(0))
+}
 
-    let t0 = Instant::now();
-    let mut logits = model
-        .forward(&req.prompt, 0)
-        .map_err(GenerateError::Model)?
-        .to_vec();
-    out.timings.prompt_ms = ms(t0.elapsed());
-    let t1 = Instant::now();
-    let mut finished = false;
-    while out.tokens.len() < req.max_tokens {
-        let id = sampler.sample(&mut logits, &history)?;
-        out.tokens.push(id);
-        history.push(id);
-        if req.eog.contains(&id) {
-            out.finish = FinishReason::Eos;
-            finished = true;
+/// Runs several generations, each on its own sequence, through one batch loop (see the
+/// module docs). `on_text(i, bytes)` streams request `i`'s text. Each sequence's result is
+/// what it would be alone (batch invariance), so its tokens do not depend on the others.
+pub fn generate_batch<M: LogitsModel>(
+    model: &mut M,
+    vocab: &dyn TokenBytes,
+    reqs: &[(SeqId, GenerateRequest)],
+    mut on_text: impl FnMut(usize, &[u8]),
+) -> Result<Vec<GenerateOutput>, GenerateError<M::Error>> {
+    let n_ctx = model.context_len();
+    let budget = model.max_batch().max(1);
+    let mut gens = reqs
+        .iter()
+        .map(|(seq, r)| SeqGen::new(*seq, r, n_ctx))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut row = Vec::new();
+    loop {
+        // This step's entries: a decode token per generating sequence first, then prompt
+        // chunks in request order while the batch has room.
+        let mut plan: Vec<(usize, usize, usize, bool)> = Vec::new(); // (gen, start, len, logits)
+        let mut room = budget;
+        for (i, g) in gens.iter().enumerate() {
+            if !g.done && g.pending.is_some() && room > 0 {
+                plan.push((i, usize::MAX, 1, true));
+                room -= 1;
+            }
+        }
+        for (i, g) in gens.iter().enumerate() {
+            if g.done || g.fed >= g.prompt.len() || room == 0 {
+                continue;
+            }
+            let len = (g.prompt.len() - g.fed).min(room);
+            let last = g.fed + len == g.prompt.len();
+            plan.push((i, g.fed, len, last));
+            room -= len;
+        }
+        if plan.is_empty() {
             break;
         }
-        let s = stops.push(&vocab.token_bytes(id));
-        let text = utf8.push(&s.emit);
-        emit(&text, &mut out);
-        if s.stopped {
-            out.finish = FinishReason::Stop;
-            finished = true;
-            break;
+        let pending: Vec<[u32; 1]> = plan
+            .iter()
+            .map(|&(i, _, _, _)| [gens[i].pending.unwrap_or(0)])
+            .collect();
+        let entries: Vec<BatchEntry> = plan
+            .iter()
+            .zip(&pending)
+            .map(|(&(i, start, len, logits), tok)| {
+                let g = &gens[i];
+                if start == usize::MAX {
+                    BatchEntry {
+                        seq: g.seq,
+                        tokens: tok,
+                        pos0: g.history.len() - 1,
+                        logits: 1,
+                    }
+                } else {
+                    BatchEntry {
+                        seq: g.seq,
+                        tokens: &g.prompt[start..start + len],
+                        pos0: start,
+                        logits: usize::from(logits),
+                    }
+                }
+            })
+            .collect();
+        let out = model.forward_batch(&entries).map_err(GenerateError::Model)?;
+        let now = Instant::now();
+        for (k, &(i, start, len, logits)) in plan.iter().enumerate() {
+            let g = &mut gens[i];
+            if start != usize::MAX {
+                g.fed += len;
+            }
+            if !logits {
+                continue;
+            }
+            if start != usize::MAX {
+                g.prefilled_at = Some(now);
+            }
+            if g.max_tokens == 0 {
+                // Prefill only: nothing to sample.
+                g.finish_timings(now);
+                continue;
+            }
+            row.clear();
+            row.extend_from_slice(out.logits(k));
+            match g.accept(&mut row, vocab, n_ctx)? {
+                Step::Text(t) => {
+                    if !t.is_empty() {
+                        g.out.text.extend_from_slice(&t);
+                        on_text(i, &t);
+                    }
+                }
+                Step::Done(t) => {
+                    if !t.is_empty() {
+                        g.out.text.extend_from_slice(&t);
+                        on_text(i, &t);
+                    }
+                    g.finish_timings(Instant::now());
+                }
+            }
         }
-        if out.tokens.len() >= req.max_tokens {
-            break;
-        }
-        if history.len() >= n_ctx {
-            out.finish = FinishReason::Context;
-            break;
-        }
-        logits.clear();
-        logits.extend_from_slice(
-            model
-                .forward(&[id], history.len() - 1)
-                .map_err(GenerateError::Model)?,
-        );
     }
-    if !finished || out.finish == FinishReason::Eos {
-        let rest = stops.finish();
-        let mut text = utf8.push(&rest);
-        text.extend(utf8.finish());
-        emit(&text, &mut out);
-    } else {
-        let text = utf8.finish();
-        emit(&text, &mut out);
+    let now = Instant::now();
+    for g in gens.iter_mut().filter(|g| !g.done) {
+        g.finish_timings(now);
     }
-    out.timings.generated_tokens = out.tokens.len();
-    out.timings.generate_ms = ms(t1.elapsed());
-    Ok(out)
+    Ok(gens.into_iter().map(|g| g.out).collect())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -236,21 +408,41 @@ mod tests {
     struct Counter {
         vocab: usize,
         n_ctx: usize,
-        logits: Vec<f32>,
+        logits: BatchLogits,
         calls: Vec<(usize, usize)>,
     }
 
     impl LogitsModel for Counter {
         type Error = std::io::Error;
-        fn forward(&mut self, tokens: &[u32], pos0: usize) -> Result<&[f32], std::io::Error> {
-            self.calls.push((tokens.len(), pos0));
-            let next = (*tokens.last().unwrap() as usize + 1) % self.vocab;
-            self.logits = vec![0.0; self.vocab];
-            self.logits[next] = 10.0;
+        fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits, std::io::Error> {
+            let mut data = Vec::new();
+            let mut rows = Vec::new();
+            for e in entries {
+                self.calls.push((e.tokens.len(), e.pos0));
+                rows.push((rows.len(), e.logits));
+                if e.logits == 1 {
+                    let next = (*e.tokens.last().unwrap() as usize + 1) % self.vocab;
+                    let mut l = vec![0.0; self.vocab];
+                    l[next] = 10.0;
+                    data.extend(l);
+                }
+            }
+            let mut at = 0;
+            for r in rows.iter_mut() {
+                r.0 = at;
+                at += r.1;
+            }
+            self.logits = BatchLogits::from_rows(data, rows, self.vocab);
             Ok(&self.logits)
         }
         fn context_len(&self) -> usize {
             self.n_ctx
+        }
+        fn max_batch(&self) -> usize {
+            512
+        }
+        fn default_seq(&self) -> SeqId {
+            SeqId(0)
         }
     }
 
@@ -278,7 +470,7 @@ mod tests {
         Counter {
             vocab: 26,
             n_ctx,
-            logits: vec![],
+            logits: BatchLogits::default(),
             calls: vec![],
         }
     }

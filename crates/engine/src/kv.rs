@@ -1,40 +1,33 @@
-//! KV cell operations on the engine's one sequence.
+//! KV operations on sequences. The cell table ([`crate::kvcells`]) decides what moves; the
+//! physical work is backend calls on every layer's regions ([`Backend::kv_copy_cells`],
+//! [`Backend::kv_rope_shift`]), run by the backend that owns the region. No KV arithmetic is
+//! done here.
 //!
-//! The sequence is dense: cell `i` holds position `i` for every `i < n_past` (decode's
-//! attention spans are `[0, pos]`). Every public operation keeps it so:
-//!
-//! - [`Engine::kv_move_cells`] copies `n` cells of every layer's K and V from `src` to `dst`
-//!   with `memmove` semantics: chunks go in ascending order when `dst < src` and descending
-//!   when `dst > src`, so a chunk never reads a cell an earlier chunk wrote ([`move_plan`]).
-//!   It is a raw operation: what the cells mean afterwards is the caller's business.
-//! - [`Engine::kv_shift_cells`] rotates the K rows of cells `[c0, c1)` by `delta` positions.
-//!   RoPE is a rotation per pair, so `R(p + δ) = R(δ)·R(p)`: rotating a stored row by `δ`
-//!   gives the row a fresh prefill at `p + δ` would store, up to f32 rounding of the
-//!   composed angle (and, for F16, one more rounding to half). V has no position.
-//! - [`Engine::kv_retain`] keeps some position ranges, compacts them to the front in
-//!   ascending order (every destination is at or below its source, so ascending is safe)
-//!   and shifts each by its displacement: the defragmentation that closes the holes
-//!   removals leave. [`Engine::kv_remove`] is retain of what is around one range.
+//! - [`Engine::seq_remove`] forgets a position range (later positions keep theirs: a gap);
+//!   [`Engine::seq_shift`] moves a range's positions by `delta` and re-ropes its K rows
+//!   (`R(p + δ) = R(δ)·R(p)`, up to f32 rounding of the composed angle, and for f16 one more
+//!   rounding to half). A shared cell is copied before it is rotated (copy-on-write), so the
+//!   other owners never see it.
+//! - [`Engine::seq_copy_prefix`] copies another sequence's prefix into fresh cells;
+//!   [`Engine::seq_share_prefix`] shares its cells in place.
+//! - [`Engine::defrag`] compacts the arena (cells moved verbatim) and reports the moves.
+//! - The one-sequence forms (`kv_clear`, `kv_truncate`, `kv_remove`, `kv_retain`) act on the
+//!   default sequence, removing and shifting so that its positions stay dense.
 //!
 //! Q8_0 cannot shift: rotating a row means re-quantizing every block, and the rounding
-//! compounds with each shift; [`kv_can_shift`] says which types can.
+//! compounds with each shift; [`kv_can_shift`] says which types can, and a shift of a q8_0
+//! cache is refused before anything changes.
 
-use crate::engine::{Engine, KvAccess, Result};
-use minfer_gguf::{quants, GgmlType};
-use minfer_graph::{Backend, BackendId, KvRegion, RopeStyle};
+use crate::engine::{Engine, Result};
+use crate::kvcells::{CellOp, SeqId};
+use minfer_gguf::GgmlType;
+use minfer_graph::{KvLayout, RopeSpec, RopeStyle};
 use std::ops::Range;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
     #[error("a {ty} KV cache cannot shift positions (re-quantizing rotated K rows compounds rounding); only f32 and f16 can")]
     CannotShift { ty: GgmlType },
-    #[error("{op}: cells {start}..{end} are outside the context of {n_ctx} cells")]
-    OutOfContext {
-        op: &'static str,
-        start: usize,
-        end: usize,
-        n_ctx: usize,
-    },
     #[error("{op}: positions {start}..{end} are not within the {n_past} positions held")]
     NotHeld {
         op: &'static str,
@@ -47,8 +40,8 @@ pub enum KvError {
         prev: Range<usize>,
         next: Range<usize>,
     },
-    #[error("layer {layer} has no KV region on backend {backend}")]
-    NoRegion { layer: usize, backend: BackendId },
+    #[error("layer {layer}: {problem}")]
+    Region { layer: usize, problem: String },
 }
 
 /// Whether a KV element type can shift positions (see the module docs).
@@ -56,98 +49,102 @@ pub fn kv_can_shift(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16)
 }
 
-/// Cells copied per backend read/write.
-const CHUNK_CELLS: usize = 64;
-
-/// The chunk copies `(src, dst, len)` that move `n` cells from `src` to `dst` like
-/// `memmove`: when each chunk is read whole before it is written, no chunk reads a cell an
-/// earlier chunk overwrote.
-pub fn move_plan(src: usize, dst: usize, n: usize, chunk: usize) -> Vec<(usize, usize, usize)> {
-    let chunk = chunk.max(1);
-    let mut plan = Vec::with_capacity(n.div_ceil(chunk));
-    if n == 0 || src == dst {
-        return plan;
-    }
-    if dst < src {
-        let mut off = 0;
-        while off < n {
-            let len = chunk.min(n - off);
-            plan.push((src + off, dst + off, len));
-            off += len;
-        }
-    } else {
-        let mut end = n;
-        while end > 0 {
-            let len = chunk.min(end);
-            plan.push((src + end - len, dst + end - len, len));
-            end -= len;
-        }
-    }
-    plan
+/// A move of cells defrag made: `n` cells from `src` to `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CellMove {
+    pub src: usize,
+    pub dst: usize,
+    pub n: usize,
 }
 
-fn backend_of(
-    backends: &mut [Box<dyn Backend>],
-    layer: usize,
-    id: BackendId,
-) -> Result<&mut Box<dyn Backend>> {
-    backends
-        .iter_mut()
-        .find(|b| b.id() == id)
-        .ok_or_else(|| KvError::NoRegion { layer, backend: id }.into())
-}
-
-impl KvAccess<'_> {
-    pub(crate) fn cell_bytes(&self) -> usize {
+impl Engine {
+    pub(crate) fn kv_layout(&self) -> KvLayout {
         let n_embd_kv = (self.hp.head_count_kv * self.hp.head_dim) as u64;
-        // Engine::load checked that a row is whole blocks of the cache type.
-        self.cache_type.row_bytes(n_embd_kv).unwrap_or(0) as usize
-    }
-
-    /// Every layer's region, or None when no graph has run yet (nothing stored).
-    pub(crate) fn regions(&self) -> Option<Vec<KvRegion>> {
-        (0..self.hp.block_count)
-            .map(|l| self.alloc.kv_region(l))
-            .collect()
-    }
-
-    fn check_cells(&self, op: &'static str, start: usize, n: usize) -> Result<()> {
-        if start + n > self.n_ctx {
-            return Err(KvError::OutOfContext {
-                op,
-                start,
-                end: start + n,
-                n_ctx: self.n_ctx,
-            }
-            .into());
+        KvLayout {
+            cache_type: self.cache_type,
+            n_head_kv: self.hp.head_count_kv,
+            head_dim: self.hp.head_dim,
+            // Engine::load checked that a row is whole blocks of the cache type.
+            cell_bytes: self.cache_type.row_bytes(n_embd_kv).unwrap_or(0) as usize,
         }
-        Ok(())
     }
 
-    fn move_cells(&mut self, src: usize, dst: usize, n: usize) -> Result<()> {
-        self.check_cells("kv_move_cells", src, n)?;
-        self.check_cells("kv_move_cells", dst, n)?;
-        let Some(regions) = self.regions() else {
+    fn rope_spec(&self) -> RopeSpec {
+        RopeSpec {
+            style: match self.hp.arch.rope_style() {
+                minfer_models::RopeStyle::Neox => RopeStyle::Neox,
+                minfer_models::RopeStyle::Normal => RopeStyle::Normal,
+            },
+            head_dim: self.hp.head_dim,
+            freq_base: self.hp.rope_freq_base,
+            freq_scale: 1.0 / self.hp.rope_scale,
+        }
+    }
+
+    /// Runs cell operations on every layer's regions, on the backends that own them. Before
+    /// any graph has run there are no regions and nothing stored, so nothing to move.
+    pub(crate) fn apply_cell_ops(&mut self, ops: &[CellOp]) -> Result<()> {
+        if ops.is_empty() {
             return Ok(());
-        };
-        let cb = self.cell_bytes();
-        let plan = move_plan(src, dst, n, CHUNK_CELLS);
-        let mut tmp = vec![0u8; CHUNK_CELLS.min(n) * cb];
-        for (layer, r) in regions.iter().enumerate() {
-            let be = backend_of(self.backends, layer, r.backend)?;
-            for buf in [r.pair.k, r.pair.v] {
-                for &(s, d, len) in &plan {
-                    let t = &mut tmp[..len * cb];
-                    be.read(buf, s * cb, t)?;
-                    be.write(buf, d * cb, t)?;
+        }
+        let layout = self.kv_layout();
+        let rope = self.rope_spec();
+        for layer in 0..self.hp.block_count {
+            let Some(r) = self.alloc.kv_region(layer) else {
+                continue;
+            };
+            let be = self
+                .backends
+                .iter_mut()
+                .find(|b| b.id() == r.backend)
+                .ok_or_else(|| KvError::Region {
+                    layer,
+                    problem: format!("backend {} of the region is gone", r.backend),
+                })?;
+            for op in ops {
+                match *op {
+                    CellOp::Copy { src, dst, n } => {
+                        be.kv_copy_cells(r.pair.k, layout.cell_bytes, src, dst, n)?;
+                        be.kv_copy_cells(r.pair.v, layout.cell_bytes, src, dst, n)?;
+                    }
+                    CellOp::Shift { cell, n, delta } => {
+                        be.kv_rope_shift(r.pair.k, &layout, &rope, cell, n, delta)?;
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    fn shift_cells(&mut self, c0: usize, c1: usize, delta: i64) -> Result<()> {
-        if c1 <= c0 || delta == 0 {
+    /// A new, empty sequence.
+    pub fn seq_create(&mut self) -> SeqId {
+        self.cells.create()
+    }
+
+    /// Forgets a sequence, freeing the cells no other sequence shares.
+    pub fn seq_release(&mut self, seq: SeqId) -> Result<()> {
+        Ok(self.cells.release(seq)?)
+    }
+
+    /// Empties a sequence (it stays, holding nothing).
+    pub fn seq_clear(&mut self, seq: SeqId) -> Result<()> {
+        Ok(self.cells.clear(seq)?)
+    }
+
+    /// Keeps positions below `n`.
+    pub fn seq_truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        Ok(self.cells.truncate(seq, n)?)
+    }
+
+    /// Forgets positions `range` (later positions keep theirs).
+    pub fn seq_remove(&mut self, seq: SeqId, range: Range<usize>) -> Result<()> {
+        Ok(self.cells.remove(seq, range)?)
+    }
+
+    /// Moves positions `range` by `delta`, re-roping their K rows (shared cells are copied
+    /// first). Refused for a q8_0 cache before anything changes.
+    pub fn seq_shift(&mut self, seq: SeqId, range: Range<usize>, delta: i64) -> Result<()> {
+        if delta == 0 || range.is_empty() {
             return Ok(());
         }
         if !kv_can_shift(self.cache_type) {
@@ -156,78 +153,61 @@ impl KvAccess<'_> {
             }
             .into());
         }
-        self.check_cells("kv_shift_cells", c0, c1 - c0)?;
-        let Some(regions) = self.regions() else {
-            return Ok(());
-        };
-        let hp = self.hp;
-        let n_embd_kv = hp.head_count_kv * hp.head_dim;
-        let cb = self.cell_bytes();
-        let params = minfer_cpu::ops::rope::RopeParams {
-            style: match hp.arch.rope_style() {
-                minfer_models::RopeStyle::Neox => RopeStyle::Neox,
-                minfer_models::RopeStyle::Normal => RopeStyle::Normal,
-            },
-            n_head: hp.head_count_kv,
-            head_dim: hp.head_dim,
-            freq_base: hp.rope_freq_base,
-            freq_scale: 1.0 / hp.rope_scale,
-            fused: false,
-        };
-        let ty = self.cache_type;
-        let conv = |e: minfer_gguf::Error| minfer_graph::Error::Kv {
-            layer: 0,
-            problem: format!("shift: {e}"),
-        };
-        let mut raw = vec![0u8; CHUNK_CELLS * cb];
-        let mut rows = vec![0f32; CHUNK_CELLS * n_embd_kv];
-        let mut rotated = vec![0f32; CHUNK_CELLS * n_embd_kv];
-        // The rope kernel reads positions as i32 bits in f32 slots.
-        let pos = vec![f32::from_bits(delta as i32 as u32); CHUNK_CELLS];
-        for (layer, r) in regions.iter().enumerate() {
-            let be = backend_of(self.backends, layer, r.backend)?;
-            let mut c = c0;
-            while c < c1 {
-                let len = CHUNK_CELLS.min(c1 - c);
-                let raw = &mut raw[..len * cb];
-                be.read(r.pair.k, c * cb, raw)?;
-                for (src, dst) in raw.chunks_exact(cb).zip(rows.chunks_exact_mut(n_embd_kv)) {
-                    quants::dequantize_row(ty, src, dst).map_err(conv)?;
-                }
-                let n = len * n_embd_kv;
-                minfer_cpu::ops::rope::rope(&params, &rows[..n], &pos[..len], &mut rotated[..n]);
-                for (src, dst) in rotated[..n]
-                    .chunks_exact(n_embd_kv)
-                    .zip(raw.chunks_exact_mut(cb))
-                {
-                    quants::quantize_row(ty, src, dst).map_err(conv)?;
-                }
-                be.write(r.pair.k, c * cb, raw)?;
-                c += len;
-            }
-        }
+        let mut next = self.cells.clone();
+        let ops = next.shift(seq, range, delta)?;
+        self.apply_cell_ops(&ops)?;
+        self.cells = next;
         Ok(())
     }
-}
 
-impl Engine {
-    /// Copies `n` cells from `src` to `dst` in every layer's K and V (overlap-safe; see the
-    /// module docs). Positions held are unchanged: this is the raw primitive.
-    pub fn kv_move_cells(&mut self, src: usize, dst: usize, n: usize) -> Result<()> {
-        self.kv_access().move_cells(src, dst, n)
+    /// `dst` becomes a copy of `src`'s positions `0..n`, in fresh cells of its own.
+    pub fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<()> {
+        let mut next = self.cells.clone();
+        let ops = next.copy_prefix(dst, src, n)?;
+        self.apply_cell_ops(&ops)?;
+        self.cells = next;
+        Ok(())
     }
 
-    /// Rotates the K rows of cells `[c0, c1)` by `delta` positions (raw primitive).
-    pub fn kv_shift_cells(&mut self, c0: usize, c1: usize, delta: i64) -> Result<()> {
-        self.kv_access().shift_cells(c0, c1, delta)
+    /// `dst` becomes `src`'s positions `0..n`, sharing its cells in place.
+    pub fn seq_share_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<()> {
+        Ok(self.cells.share_prefix(dst, src, n)?)
     }
 
-    /// Keeps the positions in `ranges` (ascending, disjoint, within what is held), moves
-    /// them to the front and shifts each to its new position. Everything is checked before
-    /// any cell changes.
+    /// Compacts the arena toward cell 0 (cells moved verbatim, no result changes) and
+    /// returns the moves made.
+    pub fn defrag(&mut self) -> Result<Vec<CellMove>> {
+        let mut next = self.cells.clone();
+        let ops = next.defrag();
+        self.apply_cell_ops(&ops)?;
+        self.cells = next;
+        Ok(ops
+            .iter()
+            .filter_map(|op| match *op {
+                CellOp::Copy { src, dst, n } => Some(CellMove { src, dst, n }),
+                CellOp::Shift { .. } => None,
+            })
+            .collect())
+    }
+
+    /// Forgets everything the default sequence holds.
+    pub fn kv_clear(&mut self) {
+        let seq = self.default_seq;
+        // The default sequence always exists.
+        let _ = self.cells.clear(seq);
+    }
+
+    /// Keeps the default sequence's first `n` positions.
+    pub fn kv_truncate(&mut self, n: usize) {
+        let seq = self.default_seq;
+        let _ = self.cells.truncate(seq, n);
+    }
+
+    /// Keeps the default sequence's positions in `ranges` (ascending, disjoint, within what
+    /// is held) and shifts each down to close the gaps. Everything is checked before any
+    /// cell changes.
     pub fn kv_retain(&mut self, ranges: &[Range<usize>]) -> Result<()> {
-        let mut acc = self.kv_access();
-        let n_past = *acc.n_past;
+        let n_past = self.n_past();
         let ranges: Vec<Range<usize>> = ranges.iter().filter(|r| !r.is_empty()).cloned().collect();
         for (i, r) in ranges.iter().enumerate() {
             if r.end > n_past {
@@ -253,22 +233,45 @@ impl Engine {
             dst += r.len();
             moved
         });
-        if moves && !kv_can_shift(acc.cache_type) {
-            return Err(KvError::CannotShift { ty: acc.cache_type }.into());
+        if moves && !kv_can_shift(self.cache_type) {
+            return Err(KvError::CannotShift {
+                ty: self.cache_type,
+            }
+            .into());
+        }
+        let seq = self.default_seq;
+        let mut next = self.cells.clone();
+        let mut ops = Vec::new();
+        // Remove the gaps (from the end, so earlier ranges keep their positions), then shift
+        // every kept range down to where the ranges before it end.
+        let mut gaps = Vec::new();
+        let mut at = 0;
+        for r in &ranges {
+            if r.start > at {
+                gaps.push(at..r.start);
+            }
+            at = r.end;
+        }
+        if at < n_past {
+            gaps.push(at..n_past);
+        }
+        for g in gaps.iter().rev() {
+            next.remove(seq, g.clone())?;
         }
         let mut dst = 0;
         for r in &ranges {
             if r.start != dst {
-                acc.move_cells(r.start, dst, r.len())?;
-                acc.shift_cells(dst, dst + r.len(), dst as i64 - r.start as i64)?;
+                ops.extend(next.shift(seq, r.clone(), dst as i64 - r.start as i64)?);
             }
             dst += r.len();
         }
-        *acc.n_past = dst;
+        self.apply_cell_ops(&ops)?;
+        self.cells = next;
         Ok(())
     }
 
-    /// Removes positions `[p0, p1)`; later positions move down by `p1 - p0` (K re-RoPEd).
+    /// Removes the default sequence's positions `[p0, p1)`; later positions move down by
+    /// `p1 - p0` (K re-RoPEd).
     pub fn kv_remove(&mut self, p0: usize, p1: usize) -> Result<()> {
         let n = self.n_past();
         if p0 > p1 || p1 > n {
@@ -281,35 +284,5 @@ impl Engine {
             .into());
         }
         self.kv_retain(&[0..p0, p1..n])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::move_plan;
-
-    /// The plan, each chunk read whole then written, equals `copy_within` (memmove).
-    /// Control: reversing the chunk order of an overlapping move fails this.
-    #[test]
-    fn move_plan_is_memmove() {
-        for n_cells in [1usize, 5, 9] {
-            for src in 0..n_cells {
-                for dst in 0..n_cells {
-                    for n in 0..=(n_cells - src.max(dst)) {
-                        for chunk in [1, 2, 3, 64] {
-                            let orig: Vec<u32> = (0..n_cells as u32).map(|i| i * 7 + 1).collect();
-                            let mut want = orig.clone();
-                            want.copy_within(src..src + n, dst);
-                            let mut got = orig.clone();
-                            for (s, d, len) in move_plan(src, dst, n, chunk) {
-                                let tmp: Vec<u32> = got[s..s + len].to_vec();
-                                got[d..d + len].copy_from_slice(&tmp);
-                            }
-                            assert_eq!(got, want, "src {src} dst {dst} n {n} chunk {chunk}");
-                        }
-                    }
-                }
-            }
-        }
     }
 }

@@ -4,13 +4,18 @@
 //! [`Engine`] (in [`engine`]) is the model side: see its module docs for the API.
 
 pub mod backends;
+pub mod batch;
 pub mod chat;
 pub mod engine;
 pub mod fetch;
 pub mod generate;
 pub mod kv;
+pub mod kvcells;
 pub mod sampler;
 pub mod session;
 pub mod stop;
+mod weights;
 
+pub use batch::{bucket, BatchEntry, BatchLogits};
 pub use engine::{parse_cache_type, Engine, EngineConfig, Error, Result};
+pub use kvcells::{CellError, KvCells, Run, SeqId};

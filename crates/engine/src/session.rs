@@ -1,38 +1,43 @@
-//! Session files: the tokens in the KV, the KV itself and an application blob (the chat
-//! keeps its messages there), in a self-describing, versioned, checksummed format.
+//! Session files: the sequences in the KV (their token ids and cells), and an application
+//! blob (the chat keeps its messages there), in a self-describing, versioned, checksummed
+//! format.
 //!
-//! Layout, all integers little-endian:
+//! Layout (format version 2), all integers little-endian:
 //!
 //! | offset | bytes | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `MINFSESS` |
-//! | 8 | 4 | format version (1) |
+//! | 8 | 4 | format version (2) |
 //! | 12 | 4 | reserved, 0 |
 //! | 16 | 8 | model identity ([`model_identity`]) |
 //! | 24 | 4 | n_ctx |
 //! | 28 | 4 | KV element type (GGML type id) |
 //! | 32 | 4 | layers |
 //! | 36 | 4 | K/V values per cell (`n_head_kv * head_dim`) |
-//! | 40 | 4 | n_tokens |
+//! | 40 | 4 | sequences |
 //! | 44 | 4 | application blob bytes |
-//! | 48 | 4·n_tokens | token ids |
-//! | … | blob | application blob |
-//! | … | per layer | backend id u16 (cpu 0, metal 1, cuda 2), reserved u16 = 0, K cells `0..n_tokens`, V cells `0..n_tokens` |
+//! | 48 | blob | application blob |
+//! | … | 4 per layer | backend id u16 (cpu 0, metal 1, cuda 2), reserved u16 = 0 |
+//! | … | per sequence | id u32, n_tokens u32, token ids 4·n_tokens, then per layer the K rows then the V rows of its positions `0..n_tokens` |
 //! | end−8 | 8 | FNV-1a 64 of every byte before it |
 //!
+//! Version 1 (one sequence, cells `0..n` stored raw) is refused by its version number.
 //! [`Engine::read_session`] verifies a whole file (length, checksum, then that it fits this
 //! engine: model, n_ctx, KV type, shape, backends, token ids) and returns it unapplied;
-//! [`Engine::apply_session`] then writes the cells. Nothing in the engine changes until
-//! everything is verified.
+//! [`Engine::apply_session`] (into the default sequence) and [`Engine::apply_session_all`]
+//! (every sequence, under its saved id) then write the cells. Nothing in the engine changes
+//! until everything is verified.
 
 use crate::engine::{Engine, Result};
+use crate::kvcells::{KvCells, SeqId};
 use minfer_gguf::{GgmlType, GgufModel};
 use std::path::{Path, PathBuf};
 
 pub const MAGIC: &[u8; 8] = b"MINFSESS";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER: usize = 48;
 const LAYER_HEADER: usize = 4;
+const SEQ_HEADER: usize = 8;
 const CHECKSUM: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +50,7 @@ pub enum SessionError {
     },
     #[error("not a minfer session file (magic {found:02x?}, expected \"MINFSESS\")")]
     Magic { found: Vec<u8> },
-    #[error("session format version {found}, this build reads version {VERSION}")]
+    #[error("session format version {found}, this build reads version {VERSION}{hint}", hint = if *found == 1 { " (version 1 files hold one sequence in the old cell layout; save the session again)" } else { "" })]
     Version { found: u32 },
     #[error("session file truncated: {len} bytes, the header says {expected}")]
     Truncated { len: usize, expected: usize },
@@ -77,6 +82,12 @@ pub enum SessionError {
     TooManyTokens { n_tokens: usize, n_ctx: usize },
     #[error("session token {index} is id {id}, outside the vocabulary of {vocab}")]
     TokenOutOfRange { index: usize, id: u32, vocab: usize },
+    #[error("session sequence {seq} appears twice")]
+    DuplicateSeq { seq: u32 },
+    #[error("session has no sequence {seq}")]
+    NoSuchSeq { seq: u32 },
+    #[error("the session's sequences need {needed} KV cells, the arena has {free} free")]
+    NoRoom { needed: usize, free: usize },
     #[error("cannot save a session: {0}")]
     Save(String),
 }
@@ -131,13 +142,22 @@ pub fn backend_name(id: u16) -> &'static str {
     }
 }
 
+/// One saved sequence: its id, token ids (positions `0..tokens.len()`) and per layer its K
+/// rows then V rows.
+#[derive(Debug, Clone)]
+pub struct SavedSeq {
+    pub id: u32,
+    pub tokens: Vec<u32>,
+    layers: Vec<Vec<u8>>,
+}
+
 /// A verified session, not yet applied.
 #[derive(Debug, Clone)]
 pub struct Session {
+    /// The first sequence's token ids (the one-sequence API's view).
     pub tokens: Vec<u32>,
     pub app: Vec<u8>,
-    /// Per layer: K bytes then V bytes of cells `0..tokens.len()`.
-    layers: Vec<Vec<u8>>,
+    pub seqs: Vec<SavedSeq>,
 }
 
 struct Reader<'a> {
@@ -146,7 +166,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    // Callers check the total length first, so every take is in bounds.
+    /// Callers check the declared length first, so every take is in bounds.
     fn take(&mut self, n: usize) -> &'a [u8] {
         let s = &self.b[self.at..self.at + n];
         self.at += n;
@@ -176,62 +196,79 @@ impl Engine {
         model_identity(self.model())
     }
 
-    /// The session bytes of the current KV; `tokens` are the ids it holds (one per
+    /// The session bytes of the default sequence; `tokens` are the ids it holds (one per
     /// position, `tokens.len() == n_past`).
     pub fn session_bytes(&mut self, tokens: &[u32], app: &[u8]) -> Result<Vec<u8>> {
-        if tokens.len() != self.n_past() {
-            return Err(SessionError::Save(format!(
-                "{} token ids given for a KV of {} positions",
-                tokens.len(),
-                self.n_past()
-            ))
-            .into());
+        let seq = self.default_seq();
+        self.session_bytes_of(&[(seq, tokens)], app)
+    }
+
+    /// The session bytes of several sequences, each with the token ids it holds.
+    pub fn session_bytes_of(&mut self, seqs: &[(SeqId, &[u32])], app: &[u8]) -> Result<Vec<u8>> {
+        for (i, (seq, tokens)) in seqs.iter().enumerate() {
+            let held = self.cells().n_positions(*seq)?;
+            let next = self.cells().next_pos(*seq)?;
+            if tokens.len() != held || held != next {
+                return Err(SessionError::Save(format!(
+                    "sequence {seq}: {} token ids given for a KV of {held} positions{}",
+                    tokens.len(),
+                    if held != next { " with gaps (shift it first)" } else { "" }
+                ))
+                .into());
+            }
+            if seqs[..i].iter().any(|o| o.0 == *seq) {
+                return Err(SessionError::DuplicateSeq { seq: seq.0 }.into());
+            }
         }
         let identity = self.model_identity();
-        if !tokens.is_empty() {
+        if seqs.iter().any(|s| !s.1.is_empty()) {
             self.ensure_kv_regions()?;
         }
-        let acc = self.kv_access();
-        let cb = acc.cell_bytes();
-        let n = tokens.len();
-        let hp = acc.hp;
-        let mut out = Vec::with_capacity(HEADER + 4 * n + app.len() + hp.block_count * 2 * n * cb);
+        let cb = self.kv_layout().cell_bytes;
+        let hp = self.hparams().clone();
+        let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&identity.to_le_bytes());
         for v in [
-            acc.n_ctx,
-            acc.cache_type.id() as usize,
+            self.n_ctx(),
+            self.cache_type().id() as usize,
             hp.block_count,
             hp.head_count_kv * hp.head_dim,
-            n,
+            seqs.len(),
             app.len(),
         ] {
-            let v = u32::try_from(v)
-                .map_err(|_| SessionError::Save(format!("{v} does not fit a u32 field")))?;
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for t in tokens {
-            out.extend_from_slice(&t.to_le_bytes());
+            out.extend_from_slice(&u32_field(v)?.to_le_bytes());
         }
         out.extend_from_slice(app);
-        let regions = if n == 0 { None } else { acc.regions() };
-        for layer in 0..hp.block_count {
-            let region = regions.as_ref().map(|r| r[layer]);
-            let be_id = region.map_or(minfer_cpu::CPU_ID.0, |r| r.backend.0);
-            out.extend_from_slice(&be_id.to_le_bytes());
+        let regions: Vec<Option<minfer_graph::KvRegion>> =
+            (0..hp.block_count).map(|l| self.kv_region(l)).collect();
+        for r in &regions {
+            let id = r.map_or(self.kv_backend_id(), |r| r.backend.0);
+            out.extend_from_slice(&id.to_le_bytes());
             out.extend_from_slice(&0u16.to_le_bytes());
-            if let Some(r) = region {
-                let be = acc
+        }
+        for (seq, tokens) in seqs {
+            out.extend_from_slice(&seq.0.to_le_bytes());
+            out.extend_from_slice(&u32_field(tokens.len())?.to_le_bytes());
+            for t in tokens.iter() {
+                out.extend_from_slice(&t.to_le_bytes());
+            }
+            let runs = self.cells().runs(*seq)?.to_vec();
+            for r in &regions {
+                let Some(r) = r else { continue };
+                let be = self
                     .backends
                     .iter_mut()
                     .find(|b| b.id() == r.backend)
-                    .ok_or_else(|| SessionError::Save(format!("backend {be_id} is gone")))?;
+                    .ok_or_else(|| SessionError::Save(format!("backend {} is gone", r.backend)))?;
                 for buf in [r.pair.k, r.pair.v] {
-                    let at = out.len();
-                    out.resize(at + n * cb, 0);
-                    be.read(buf, 0, &mut out[at..])?;
+                    for run in &runs {
+                        let at = out.len();
+                        out.resize(at + run.len * cb, 0);
+                        be.read(buf, run.cell * cb, &mut out[at..])?;
+                    }
                 }
             }
         }
@@ -240,15 +277,31 @@ impl Engine {
         Ok(out)
     }
 
-    /// Writes the session to `path` (through `path.partial`, renamed when complete).
+    /// The backend id a fresh engine keeps KV regions on (the one that runs KV stores).
+    fn kv_backend_id(&self) -> u16 {
+        self.backends
+            .iter()
+            .filter(|b| self.placement.holds(b.id()))
+            .max_by_key(|b| b.priority())
+            .map_or(0, |b| b.id().0)
+    }
+
+    /// Writes the default sequence's session to `path` (through `path.partial`, renamed when
+    /// complete, so an interrupted save never leaves a broken file under the name).
     pub fn save_session(&mut self, path: &Path, tokens: &[u32], app: &[u8]) -> Result<()> {
         let bytes = self.session_bytes(tokens, app)?;
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".partial");
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io(path))?;
-        Ok(())
+        write_atomic(path, &bytes)
+    }
+
+    /// Writes several sequences' session to `path` (atomically, as [`Engine::save_session`]).
+    pub fn save_session_of(
+        &mut self,
+        path: &Path,
+        seqs: &[(SeqId, &[u32])],
+        app: &[u8],
+    ) -> Result<()> {
+        let bytes = self.session_bytes_of(seqs, app)?;
+        write_atomic(path, &bytes)
     }
 
     /// Verifies session bytes against this engine; changes nothing.
@@ -266,7 +319,12 @@ impl Engine {
             }
             .into());
         }
-        let mut r = Reader { b, at: 8 };
+        if b.len() >= 12 {
+            let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
+            if version != VERSION {
+                return Err(SessionError::Version { found: version }.into());
+            }
+        }
         if b.len() < HEADER + CHECKSUM {
             return Err(SessionError::Truncated {
                 len: b.len(),
@@ -274,28 +332,23 @@ impl Engine {
             }
             .into());
         }
-        let version = r.u32();
-        if version != VERSION {
-            return Err(SessionError::Version { found: version }.into());
-        }
+        let stored = u64::from_le_bytes(b[b.len() - 8..].try_into().unwrap_or_default());
+        let computed = fnv1a64(&b[..b.len() - 8]);
+        let mut r = Reader { b, at: 12 };
         let reserved = r.u32();
         let identity = r.u64();
         let n_ctx = r.u32();
         let ty_id = r.u32();
         let n_layer = r.u32() as usize;
         let n_embd_kv = r.u32() as usize;
-        let n_tokens = r.u32() as usize;
+        let n_seqs = r.u32() as usize;
         let app_len = r.u32() as usize;
-        // The size the header implies; a row's bytes come from the saved type when it is one
-        // (an unknown type id is refused below, after the checksum has had its say).
+        // Walk the declared sizes before trusting any of them: a short file is truncated,
+        // a long one has trailing bytes, both before the checksum is consulted.
         let cb = GgmlType::from_id(ty_id)
             .and_then(|t| t.row_bytes(n_embd_kv as u64))
-            .unwrap_or(0) as u128;
-        let expected = HEADER as u128
-            + 4 * n_tokens as u128
-            + app_len as u128
-            + n_layer as u128 * (LAYER_HEADER as u128 + 2 * n_tokens as u128 * cb)
-            + CHECKSUM as u128;
+            .unwrap_or(0) as usize;
+        let expected = declared_len(b, app_len, n_layer, n_seqs, cb);
         if (b.len() as u128) < expected {
             return Err(SessionError::Truncated {
                 len: b.len(),
@@ -303,16 +356,14 @@ impl Engine {
             }
             .into());
         }
-        let expected = expected as usize;
-        if b.len() > expected {
+        if (b.len() as u128) > expected {
+            let expected = expected as usize;
             return Err(SessionError::Trailing {
                 extra: b.len() - expected,
                 expected,
             }
             .into());
         }
-        let stored = u64::from_le_bytes(b[b.len() - 8..].try_into().unwrap_or_default());
-        let computed = fnv1a64(&b[..b.len() - 8]);
         if stored != computed {
             return Err(SessionError::Checksum { stored, computed }.into());
         }
@@ -359,31 +410,13 @@ impl Engine {
             n_embd_kv as u64,
             (hp.head_count_kv * hp.head_dim) as u64,
         )?;
-        if n_tokens > self.n_ctx() {
-            return Err(SessionError::TooManyTokens {
-                n_tokens,
-                n_ctx: self.n_ctx(),
-            }
-            .into());
-        }
-        let vocab = hp.vocab_size;
-        let mut tokens = Vec::with_capacity(n_tokens);
-        for index in 0..n_tokens {
-            let id = r.u32();
-            if id as usize >= vocab {
-                return Err(SessionError::TokenOutOfRange { index, id, vocab }.into());
-            }
-            tokens.push(id);
-        }
         let app = r.take(app_len).to_vec();
-        // Backends are fixed per layer at graph build; a fresh engine plans on the CPU.
-        let this_be = minfer_cpu::CPU_ID.0;
-        let mut layers = Vec::with_capacity(n_layer);
+        let this_be = self.kv_backend_id();
         for layer in 0..n_layer {
             let be = r.u16();
             let reserved = r.u16();
             field("layer reserved", reserved as u64, 0)?;
-            let this = self.kv_backend(layer).unwrap_or(this_be);
+            let this = self.kv_region(layer).map_or(this_be, |r| r.backend.0);
             if be != this {
                 return Err(SessionError::Backend {
                     layer,
@@ -394,49 +427,169 @@ impl Engine {
                 }
                 .into());
             }
-            layers.push(r.take(2 * n_tokens * cb as usize).to_vec());
+        }
+        let vocab = hp.vocab_size;
+        let mut seqs: Vec<SavedSeq> = Vec::with_capacity(n_seqs);
+        let mut index = 0;
+        for _ in 0..n_seqs {
+            let id = r.u32();
+            let n_tokens = r.u32() as usize;
+            if seqs.iter().any(|s| s.id == id) {
+                return Err(SessionError::DuplicateSeq { seq: id }.into());
+            }
+            if n_tokens > self.n_ctx() {
+                return Err(SessionError::TooManyTokens {
+                    n_tokens,
+                    n_ctx: self.n_ctx(),
+                }
+                .into());
+            }
+            let mut tokens = Vec::with_capacity(n_tokens);
+            for _ in 0..n_tokens {
+                let t = r.u32();
+                if t as usize >= vocab {
+                    return Err(SessionError::TokenOutOfRange { index, id: t, vocab }.into());
+                }
+                tokens.push(t);
+                index += 1;
+            }
+            let layers = (0..n_layer)
+                .map(|_| r.take(2 * n_tokens * cb).to_vec())
+                .collect();
+            seqs.push(SavedSeq { id, tokens, layers });
+        }
+        let needed: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if needed > self.n_ctx() {
+            return Err(SessionError::NoRoom {
+                needed,
+                free: self.n_ctx(),
+            }
+            .into());
         }
         Ok(Session {
-            tokens,
+            tokens: seqs.first().map(|s| s.tokens.clone()).unwrap_or_default(),
             app,
-            layers,
+            seqs,
         })
     }
 
-    /// The backend id holding a layer's KV, once a graph has planned it.
-    fn kv_backend(&self, layer: usize) -> Option<u16> {
-        self.kv_region(layer).map(|r| r.backend.0)
-    }
-
-    /// Replaces the KV with a verified session's cells.
+    /// Replaces the default sequence with a verified session's first sequence.
     pub fn apply_session(&mut self, s: &Session) -> Result<()> {
-        let n = s.tokens.len();
-        if n == 0 {
+        let seq = self.default_seq();
+        let Some(saved) = s.seqs.first() else {
             self.kv_clear();
             return Ok(());
+        };
+        self.apply_saved(saved, seq)
+    }
+
+    /// Replaces `seq` with the session's sequence saved under id `saved`.
+    pub fn apply_session_seq(&mut self, s: &Session, saved: u32, seq: SeqId) -> Result<()> {
+        let sv = s
+            .seqs
+            .iter()
+            .find(|x| x.id == saved)
+            .ok_or(SessionError::NoSuchSeq { seq: saved })?;
+        self.apply_saved(sv, seq)
+    }
+
+    /// Replaces every sequence with the session's, under their saved ids (the default
+    /// sequence stays, empty unless the session has it).
+    pub fn apply_session_all(&mut self, s: &Session) -> Result<()> {
+        let needed: usize = s.seqs.iter().map(|x| x.tokens.len()).sum();
+        if needed > self.cells.n_cells() {
+            return Err(SessionError::NoRoom {
+                needed,
+                free: self.cells.n_cells(),
+            }
+            .into());
         }
+        let mut cells = KvCells::new(self.cells.n_cells());
+        cells.create_with_id(self.default_seq)?;
+        for sv in &s.seqs {
+            if !cells.contains(SeqId(sv.id)) {
+                cells.create_with_id(SeqId(sv.id))?;
+            }
+        }
+        let before = std::mem::replace(&mut self.cells, cells);
+        for sv in &s.seqs {
+            if let Err(e) = self.apply_saved(sv, SeqId(sv.id)) {
+                self.cells = before;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_saved(&mut self, sv: &SavedSeq, seq: SeqId) -> Result<()> {
+        let n = sv.tokens.len();
+        let mut next = self.cells.clone();
+        next.clear(seq)?;
+        if n == 0 {
+            self.cells = next;
+            return Ok(());
+        }
+        let free = next.n_free();
+        if n > free {
+            return Err(SessionError::NoRoom { needed: n, free }.into());
+        }
+        let cells = next.reserve(&[(seq, 0, n)])?.remove(0);
         self.ensure_kv_regions()?;
-        let acc = self.kv_access();
-        let cb = acc.cell_bytes();
-        let regions = acc.regions().unwrap_or_default();
-        for (r, blob) in regions.iter().zip(&s.layers) {
-            let be = acc
+        let cb = self.kv_layout().cell_bytes;
+        for (layer, blob) in sv.layers.iter().enumerate() {
+            let Some(r) = self.kv_region(layer) else {
+                continue;
+            };
+            let be = self
                 .backends
                 .iter_mut()
                 .find(|b| b.id() == r.backend)
                 .ok_or_else(|| SessionError::Save(format!("backend {} is gone", r.backend)))?;
-            be.write(r.pair.k, 0, &blob[..n * cb])?;
-            be.write(r.pair.v, 0, &blob[n * cb..])?;
+            for (k, buf) in [r.pair.k, r.pair.v].into_iter().enumerate() {
+                let rows = &blob[k * n * cb..(k + 1) * n * cb];
+                for (row, &c) in rows.chunks_exact(cb).zip(&cells) {
+                    be.write(buf, c * cb, row)?;
+                }
+            }
         }
-        *acc.n_past = n;
+        self.cells = next;
         Ok(())
     }
 
-    /// Reads, verifies and applies a session file; on any error the engine is unchanged.
+    /// Reads, verifies and applies a session file into the default sequence; on any error
+    /// the engine is unchanged.
     pub fn load_session(&mut self, path: &Path) -> Result<Session> {
         let bytes = std::fs::read(path).map_err(io(path))?;
         let s = self.read_session(&bytes)?;
         self.apply_session(&s)?;
         Ok(s)
     }
+}
+
+fn u32_field(v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| SessionError::Save(format!("{v} does not fit a u32 field")).into())
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    Ok(())
+}
+
+/// The file length the header and sequence headers declare (u128: no field can overflow it).
+fn declared_len(b: &[u8], app_len: usize, n_layer: usize, n_seqs: usize, cb: usize) -> u128 {
+    let mut at = HEADER as u128 + app_len as u128 + (n_layer * LAYER_HEADER) as u128;
+    for _ in 0..n_seqs {
+        let o = at as usize;
+        // A sequence header past the end: the file is at least this long plus the header.
+        if at + SEQ_HEADER as u128 + CHECKSUM as u128 > b.len() as u128 {
+            return at + SEQ_HEADER as u128 + CHECKSUM as u128;
+        }
+        let n = u32::from_le_bytes(b[o + 4..o + 8].try_into().unwrap_or_default()) as u128;
+        at += SEQ_HEADER as u128 + 4 * n + n_layer as u128 * 2 * n * cb as u128;
+    }
+    at + CHECKSUM as u128
 }

@@ -9,43 +9,51 @@ use minfer_gguf::GgmlType;
 use minfer_models::Arch;
 use synthkit::*;
 
-/// Moving cells away and back (overlapping both ways) leaves the next logits bit-identical.
-/// Control: leaving out the last move back changes them (asserted below).
+/// Where a sequence's cells lie never changes its results: a sequence scattered over
+/// several runs of cells (other sequences took the cells between) and the same sequence after
+/// `defrag` give the next logits of a plain engine, bit for bit. The sides really ran on
+/// different cells: the runs differ and defrag reports moves (asserted).
 #[test]
-fn moving_cells_leaves_the_next_logits_bit_identical() {
+fn cell_placement_and_defrag_leave_the_next_logits_bit_identical() {
     let path = model_heads(Arch::Qwen2, 2, 1, 2, 1);
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
-        let mut e = engine(&path, 96, ty);
-        let vocab = e.hparams().vocab_size;
-        let prompt = tokens(20, 3, vocab);
-        let probe = tokens(1, 9, vocab);
-        e.decode(&prompt, 0, 1).unwrap();
-        let want = e.decode(&probe, 20, 1).unwrap().to_vec();
+        let mut plain = engine(&path, 96, ty);
+        let vocab = plain.hparams().vocab_size;
+        let (p1, p2) = (tokens(10, 3, vocab), tokens(12, 4, vocab));
+        let (probe1, probe2) = (tokens(1, 9, vocab), tokens(1, 10, vocab));
+        plain.decode(&p1, 0, 1).unwrap();
+        plain.decode(&p2, 10, 1).unwrap();
+        let want1 = plain.decode(&probe1, 22, 1).unwrap().to_vec();
+        let want2 = plain.decode(&probe2, 23, 1).unwrap().to_vec();
 
         let mut e = engine(&path, 96, ty);
-        e.decode(&prompt, 0, 1).unwrap();
-        e.kv_move_cells(0, 40, 20).unwrap(); // apart
-        e.kv_move_cells(40, 30, 20).unwrap(); // overlapping, downwards
-        e.kv_move_cells(30, 35, 20).unwrap(); // overlapping, upwards
-        e.kv_move_cells(35, 0, 20).unwrap();
-        let got = e.decode(&probe, 20, 1).unwrap().to_vec();
-        assert!(
-            got.iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{ty}: logits changed after moves, max diff {}",
-            max_abs_diff(&got, &want)
-        );
-
-        let mut e = engine(&path, 96, ty);
-        e.decode(&prompt, 0, 1).unwrap();
-        e.kv_move_cells(0, 5, 20).unwrap();
-        let control = e.decode(&probe, 20, 1).unwrap().to_vec();
-        assert_ne!(
-            control, want,
-            "{ty}: control (cells not moved back) must differ"
-        );
+        let (x, y) = (e.seq_create(), e.seq_create());
+        let filler = tokens(7, 5, vocab);
+        e.forward_batch(&[minfer_engine::BatchEntry::new(x, &filler, 0)])
+            .unwrap();
+        e.decode(&p1, 0, 1).unwrap();
+        e.forward_batch(&[minfer_engine::BatchEntry::new(y, &filler[..5], 0)])
+            .unwrap();
+        e.seq_release(x).unwrap();
+        e.decode(&p2, 10, 1).unwrap();
+        let seq = e.default_seq();
+        let scattered = e.cells().runs(seq).unwrap().to_vec();
+        assert!(scattered.len() > 1, "{ty}: {scattered:?}");
+        let got1 = e.decode(&probe1, 22, 1).unwrap().to_vec();
+        assert!(bits_eq(&got1, &want1), "{ty}: scattered cells changed the logits");
+        let moves = e.defrag().unwrap();
+        e.cells().check().unwrap();
+        assert!(!moves.is_empty(), "{ty}: defrag moved nothing");
+        assert_ne!(e.cells().runs(seq).unwrap(), &scattered[..]);
+        let got2 = e.decode(&probe2, 23, 1).unwrap().to_vec();
+        assert!(bits_eq(&got2, &want2), "{ty}: defrag changed the logits");
+        // Control: a different position gives different logits (the probe is sensitive).
+        assert!(!bits_eq(&want1, &want2));
     }
+}
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// Removing positions and shifting the rest equals a fresh prefill of the remaining tokens.
@@ -54,8 +62,8 @@ fn moving_cells_leaves_the_next_logits_bit_identical() {
 /// difference is the rotation: `R(δ)·R(p)` instead of `R(p + δ)`, i.e. f32 rounding of the
 /// composed angle (~1e-6 relative per element), and for F16 one more rounding to half
 /// (2^-11 relative). Tolerances on the next logits, relative to their largest magnitude:
-/// F32 1e-4, F16 1e-2. Control: moving the cells without re-RoPE (kv_move_cells alone)
-/// misses both by far (asserted below).
+/// F32 1e-4, F16 1e-2. Control: removing without the shift (the later cells keep their
+/// positions, and the probe comes after them) misses both by far (asserted below).
 #[test]
 fn remove_and_shift_equals_a_fresh_prefill_of_the_rest() {
     let path = model(Arch::Qwen2, 1, 2);
@@ -85,9 +93,9 @@ fn remove_and_shift_equals_a_fresh_prefill_of_the_rest() {
 
         let mut e = engine(&path, 64, ty);
         e.decode(&all, 0, 1).unwrap();
-        e.kv_move_cells(18, 10, 6).unwrap();
-        e.kv_truncate(kept.len());
-        let control = e.decode(&probe, kept.len(), 1).unwrap().to_vec();
+        let seq = e.default_seq();
+        e.seq_remove(seq, 10..18).unwrap();
+        let control = e.decode(&probe, all.len(), 1).unwrap().to_vec();
         assert!(
             max_abs_diff(&control, &want) > 10.0 * tol * scale,
             "{ty}: control without re-RoPE should miss"
@@ -155,10 +163,8 @@ fn bad_ranges_are_refused_by_name() {
     );
     let err = e.kv_retain(&[2..4, 1..2]).unwrap_err();
     assert!(err.to_string().contains("ascending"), "{err}");
-    let err = e.kv_move_cells(20, 30, 5).unwrap_err();
-    assert!(
-        err.to_string().contains("outside the context of 32"),
-        "{err}"
-    );
+    let seq = e.default_seq();
+    let err = e.seq_shift(seq, 1..3, -2).unwrap_err();
+    assert!(matches!(err, Error::Cells(_)), "{err}");
     assert_eq!(e.n_past(), 4);
 }

@@ -140,29 +140,104 @@ fn another_model_n_ctx_or_kv_type_is_refused_by_name() {
     );
     assert!(matches!(err, SessionError::Magic { .. }), "{err}");
 
-    // A newer version with a correct checksum is refused by its version.
-    let mut b = bytes.clone();
-    b[8] = 2;
-    let n = b.len();
-    let sum = minfer_engine::session::fnv1a64(&b[..n - 8]);
-    b[n - 8..].copy_from_slice(&sum.to_le_bytes());
-    let err = session_err(
-        engine(&path, 32, GgmlType::F32)
-            .read_session(&b)
-            .unwrap_err(),
-    );
-    assert!(matches!(err, SessionError::Version { found: 2 }), "{err}");
+    // A version-1 file (the one-sequence format) and a newer version, each with a correct
+    // checksum, are refused by their version, naming it.
+    for (v, hint) in [(1u8, "version 1"), (3, "version 3")] {
+        let mut b = bytes.clone();
+        b[8] = v;
+        let n = b.len();
+        let sum = minfer_engine::session::fnv1a64(&b[..n - 8]);
+        b[n - 8..].copy_from_slice(&sum.to_le_bytes());
+        let err = session_err(
+            engine(&path, 32, GgmlType::F32)
+                .read_session(&b)
+                .unwrap_err(),
+        );
+        assert!(
+            matches!(err, SessionError::Version { found } if found == v as u32),
+            "{err}"
+        );
+        assert!(err.to_string().contains(hint), "{err}");
+    }
+}
+
+/// Several sequences (one sharing another's prefix, one scattered over the arena) saved
+/// together and loaded into a fresh engine, all at once or one by one into another id, each
+/// continue bit-identically.
+#[test]
+fn many_sequences_save_and_load_all_or_one() {
+    let path = model_heads(Arch::Qwen2, 2, 21, 2, 1);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
+        let mut a = engine(&path, 96, ty);
+        let vocab = a.hparams().vocab_size;
+        let (s1, s2) = (a.seq_create(), a.seq_create());
+        let (t0, t1, t2) = (tokens(9, 1, vocab), tokens(14, 2, vocab), tokens(5, 3, vocab));
+        a.decode(&t0, 0, 1).unwrap();
+        a.forward_batch(&[
+            minfer_engine::BatchEntry::new(s1, &t1, 0),
+            minfer_engine::BatchEntry::new(s2, &t2, 0),
+        ])
+        .unwrap();
+        let d = a.default_seq();
+        let seqs: Vec<(minfer_engine::SeqId, &[u32])> = vec![(d, &t0), (s1, &t1), (s2, &t2)];
+        let file = tmp("many.session");
+        a.save_session_of(&file, &seqs, b"x").unwrap();
+        let probe = tokens(1, 7, vocab);
+        let mut want = Vec::new();
+        for (seq, t) in &seqs {
+            let out = a
+                .forward_batch(&[minfer_engine::BatchEntry::new(*seq, &probe, t.len())])
+                .unwrap();
+            want.push(out.logits(0).to_vec());
+        }
+
+        let mut b = engine(&path, 96, ty);
+        let bytes = std::fs::read(&file).unwrap();
+        let s = b.read_session(&bytes).unwrap();
+        assert_eq!(s.seqs.len(), 3);
+        b.apply_session_all(&s).unwrap();
+        b.cells().check().unwrap();
+        for ((seq, t), want) in seqs.iter().zip(&want) {
+            let out = b
+                .forward_batch(&[minfer_engine::BatchEntry::new(*seq, &probe, t.len())])
+                .unwrap();
+            assert!(bits_eq(out.logits(0), want), "{ty} seq {seq}");
+        }
+        // One sequence into a new id of another engine.
+        let mut c = engine(&path, 96, ty);
+        let target = c.seq_create();
+        c.apply_session_seq(&s, s1.0, target).unwrap();
+        let out = c
+            .forward_batch(&[minfer_engine::BatchEntry::new(target, &probe, t1.len())])
+            .unwrap();
+        assert!(bits_eq(out.logits(0), &want[1]), "{ty} one sequence");
+        let err = session_err(c.apply_session_seq(&s, 77, target).unwrap_err());
+        assert!(matches!(err, SessionError::NoSuchSeq { seq: 77 }), "{err}");
+        // Control: a different sequence's saved cells do not continue this one.
+        let mut d2 = engine(&path, 96, ty);
+        let t = d2.seq_create();
+        d2.apply_session_seq(&s, s2.0, t).unwrap();
+        let out = d2
+            .forward_batch(&[minfer_engine::BatchEntry::new(t, &probe, t2.len())])
+            .unwrap();
+        assert!(!bits_eq(out.logits(0), &want[1]), "{ty}: control");
+    }
+}
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// The layout the module docs describe, read back field by field (independently of the
-/// reader): magic, version, n_ctx, type id, layers, values per cell, tokens, blob, the
-/// layer's backend id (cpu = 0) and the checksum over everything before it.
+/// reader): magic, version 2, n_ctx, type id, layers, values per cell, sequences, blob, the
+/// layer table (cpu = 0), the sequence (id, tokens, K rows, V rows) and the checksum over
+/// everything before it.
 #[test]
 fn layout_matches_the_documented_format() {
     let (_, e, toks, b) = small();
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
     assert_eq!(&b[..8], b"MINFSESS");
-    assert_eq!(u32_at(8), 1);
+    assert_eq!(u32_at(8), 2);
     assert_eq!(
         u64::from_le_bytes(b[16..24].try_into().unwrap()),
         e.model_identity()
@@ -171,16 +246,17 @@ fn layout_matches_the_documented_format() {
     assert_eq!(u32_at(28), 0); // GGML_TYPE_F32
     assert_eq!(u32_at(32), 1);
     assert_eq!(u32_at(36), 32);
-    assert_eq!(u32_at(40), toks.len() as u32);
+    assert_eq!(u32_at(40), 1, "one sequence");
     assert_eq!(u32_at(44), 3);
+    assert_eq!(&b[48..51], b"app");
+    assert_eq!(&b[51..55], &[0, 0, 0, 0], "layer 0 on the cpu");
+    assert_eq!(u32_at(55), e.default_seq().0);
+    assert_eq!(u32_at(59), toks.len() as u32);
     for (i, t) in toks.iter().enumerate() {
-        assert_eq!(u32_at(48 + 4 * i), *t);
+        assert_eq!(u32_at(63 + 4 * i), *t);
     }
-    let blob = 48 + 4 * toks.len();
-    assert_eq!(&b[blob..blob + 3], b"app");
-    assert_eq!(&b[blob + 3..blob + 7], &[0, 0, 0, 0]);
     let cells = toks.len() * 32 * 4;
-    assert_eq!(b.len(), blob + 7 + 2 * cells + 8);
+    assert_eq!(b.len(), 63 + 4 * toks.len() + 2 * cells + 8);
     let n = b.len();
     let mut h: u64 = 0xcbf29ce484222325;
     for &x in &b[..n - 8] {

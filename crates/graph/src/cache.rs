@@ -31,6 +31,11 @@ impl GraphCache {
         self.builds
     }
 
+    /// The most recently used graph and plan.
+    pub fn most_recent(&self) -> Option<(&Graph, &Plan)> {
+        self.entries.first().map(|(_, g, p)| (g, p))
+    }
+
     /// Graphs held now.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -138,6 +138,8 @@ pub enum Op {
         head_dim: usize,
         scale: f32,
         cache_type: GgmlType,
+        /// The layout of `src[1]`.
+        window: WindowLayout,
     },
 }
 

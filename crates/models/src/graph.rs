@@ -4,7 +4,10 @@
 
 use crate::arch::{names, names::Layer, HParams, RopeStyle as ArchRope};
 use crate::error::{Error, Result};
-use minfer_graph::{Graph, GraphBuilder, GraphParams, InputKind, KvKind, NodeId, Op, RopeStyle};
+use minfer_graph::{
+    Graph, GraphBuilder, GraphParams, InputKind, KvKind, NodeId, Op, RopeStyle, WeightId,
+    WeightSource, WindowLayout, KV_MAP_RUNS,
+};
 
 fn rope_style(s: ArchRope) -> RopeStyle {
     match s {
@@ -14,9 +17,20 @@ fn rope_style(s: ArchRope) -> RopeStyle {
 }
 
 /// Builds the forward graph for `p.n_tokens` new tokens, producing logits `[vocab, n_out]`
-/// for the last `n_out` of them. `output_weight` is `output.weight` or, when the embedding
-/// is tied, `token_embd.weight`.
-pub fn build_graph(hp: &HParams, output_weight: &str, p: &GraphParams) -> Result<Graph> {
+/// for the `n_out` rows the `TailIds` input names (all rows when `n_out == n_tokens`).
+/// `output_weight` is `output.weight` or, when the embedding is tied, `token_embd.weight`;
+/// weight names are resolved to the ids of `weights` here, once per build.
+pub fn build_graph(
+    hp: &HParams,
+    weights: &dyn WeightSource,
+    output_weight: &str,
+    p: &GraphParams,
+) -> Result<Graph> {
+    let id = |name: String| -> Result<WeightId> {
+        weights
+            .id(&name)
+            .ok_or_else(|| Error::MissingTensor { name: name.clone() })
+    };
     let nt = p.n_tokens;
     if nt == 0 || p.n_out == 0 || p.n_out > nt {
         return Err(Error::BadHParam(
@@ -37,19 +51,22 @@ pub fn build_graph(hp: &HParams, output_weight: &str, p: &GraphParams) -> Result
     let tokens = g.input(InputKind::TokenIds, [1, nt]);
     let pos = g.input(InputKind::Positions, [1, nt]);
     let cells = g.input(InputKind::KvCells, [1, nt]);
-    let span = g.input(InputKind::AttnSpan, [2, nt]);
+    let span = match p.window {
+        WindowLayout::Span => g.input(InputKind::AttnSpan, [2, nt]),
+        WindowLayout::KvMap => g.input(InputKind::KvMap, [2 * KV_MAP_RUNS, nt]),
+    };
     // Declared up front so that the tail gather does not split the graph.
     let tail = (p.n_out < nt).then(|| g.input(InputKind::TailIds, [1, p.n_out]));
 
     let mut x = g.op(
         "embd",
         Op::GetRows {
-            weight: names::TOKEN_EMBD.into(),
+            weight: id(names::TOKEN_EMBD.into())?,
         },
         &[tokens],
         [d, nt],
     );
-    let rms = |g: &mut GraphBuilder, name: String, x: NodeId, weight: String, group: usize| {
+    let rms = |g: &mut GraphBuilder, name: String, x: NodeId, weight: WeightId, group: usize| {
         let shape = g.shape(x);
         g.op(
             name,
@@ -65,45 +82,45 @@ pub fn build_graph(hp: &HParams, output_weight: &str, p: &GraphParams) -> Result
     let matmul = |g: &mut GraphBuilder,
                   name: String,
                   x: NodeId,
-                  weight: String,
-                  bias: Option<String>,
+                  weight: WeightId,
+                  bias: Option<WeightId>,
                   out: usize| {
         let n = g.shape(x)[1];
         g.op(name, Op::MatMul { weight, bias }, &[x], [out, n])
     };
     for l in 0..hp.block_count {
         g.set_layer(Some(l));
-        let w = |t: Layer| t.name(l);
-        let bias = |t: Layer| arch.has_qkv_bias().then(|| t.name(l));
+        let w = |t: Layer| id(t.name(l));
+        let bias = |t: Layer| arch.has_qkv_bias().then(|| id(t.name(l))).transpose();
         let last = l + 1 == hp.block_count;
-        let h = rms(&mut g, format!("L{l}.attn_norm"), x, w(Layer::AttnNorm), d);
+        let h = rms(&mut g, format!("L{l}.attn_norm"), x, w(Layer::AttnNorm)?, d);
         let mut q = matmul(
             &mut g,
             format!("L{l}.q"),
             h,
-            w(Layer::AttnQ),
-            bias(Layer::AttnQBias),
+            w(Layer::AttnQ)?,
+            bias(Layer::AttnQBias)?,
             q_dim,
         );
         let mut k = matmul(
             &mut g,
             format!("L{l}.k"),
             h,
-            w(Layer::AttnK),
-            bias(Layer::AttnKBias),
+            w(Layer::AttnK)?,
+            bias(Layer::AttnKBias)?,
             kv_dim,
         );
         let v = matmul(
             &mut g,
             format!("L{l}.v"),
             h,
-            w(Layer::AttnV),
-            bias(Layer::AttnVBias),
+            w(Layer::AttnV)?,
+            bias(Layer::AttnVBias)?,
             kv_dim,
         );
         if arch.has_qk_norm() {
-            q = rms(&mut g, format!("L{l}.q_norm"), q, w(Layer::AttnQNorm), hd);
-            k = rms(&mut g, format!("L{l}.k_norm"), k, w(Layer::AttnKNorm), hd);
+            q = rms(&mut g, format!("L{l}.q_norm"), q, w(Layer::AttnQNorm)?, hd);
+            k = rms(&mut g, format!("L{l}.k_norm"), k, w(Layer::AttnKNorm)?, hd);
         }
         let rope = |n_head| Op::Rope {
             style: rope_style(arch.rope_style()),
@@ -138,6 +155,7 @@ pub fn build_graph(hp: &HParams, output_weight: &str, p: &GraphParams) -> Result
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
             cache_type: p.cache_type,
+            window: p.window,
         };
         let mut a = g.op(format!("L{l}.attn"), attn, &[q, span, ks, vs], [q_dim, nt]);
         let mut n = nt;
@@ -156,17 +174,17 @@ pub fn build_graph(hp: &HParams, output_weight: &str, p: &GraphParams) -> Result
             &mut g,
             format!("L{l}.attn_out"),
             a,
-            w(Layer::AttnOutput),
+            w(Layer::AttnOutput)?,
             None,
             d,
         );
         x = g.op(format!("L{l}.attn_res"), Op::Add, &[o, x], [d, n]);
-        let h = rms(&mut g, format!("L{l}.ffn_norm"), x, w(Layer::FfnNorm), d);
-        let gate = matmul(&mut g, format!("L{l}.gate"), h, w(Layer::FfnGate), None, ff);
-        let up = matmul(&mut g, format!("L{l}.up"), h, w(Layer::FfnUp), None, ff);
+        let h = rms(&mut g, format!("L{l}.ffn_norm"), x, w(Layer::FfnNorm)?, d);
+        let gate = matmul(&mut g, format!("L{l}.gate"), h, w(Layer::FfnGate)?, None, ff);
+        let up = matmul(&mut g, format!("L{l}.up"), h, w(Layer::FfnUp)?, None, ff);
         let s = g.op(format!("L{l}.silu"), Op::Silu, &[gate], [ff, n]);
         let m = g.op(format!("L{l}.gate_up"), Op::Mul, &[s, up], [ff, n]);
-        let down = matmul(&mut g, format!("L{l}.down"), m, w(Layer::FfnDown), None, d);
+        let down = matmul(&mut g, format!("L{l}.down"), m, w(Layer::FfnDown)?, None, d);
         x = g.op(format!("L{l}.ffn_res"), Op::Add, &[down, x], [d, n]);
     }
     g.set_layer(None);
@@ -174,14 +192,14 @@ pub fn build_graph(hp: &HParams, output_weight: &str, p: &GraphParams) -> Result
         &mut g,
         "output_norm".into(),
         x,
-        names::OUTPUT_NORM.into(),
+        id(names::OUTPUT_NORM.into())?,
         d,
     );
     let logits = matmul(
         &mut g,
         "logits".into(),
         h,
-        output_weight.into(),
+        id(output_weight.into())?,
         None,
         hp.vocab_size,
     );

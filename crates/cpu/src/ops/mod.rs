@@ -3,6 +3,7 @@
 pub mod attn;
 pub mod attn_f16;
 pub mod elementwise;
+pub mod kv_cells;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

@@ -19,7 +19,9 @@
 
 pub mod sync;
 
+use crate::batch::{BatchEntry, BatchLogits};
 use crate::engine::{Engine, Error as EngineError};
+use crate::kvcells::SeqId;
 use crate::generate::{
     generate, FinishReason, GenerateError, GenerateRequest, LogitsModel, Timings, TokenBytes,
 };
@@ -131,17 +133,35 @@ enum StepError {
 
 impl LogitsModel for At<'_> {
     type Error = StepError;
-    fn forward(&mut self, tokens: &[u32], pos0: usize) -> std::result::Result<&[f32], StepError> {
+    fn forward_batch(
+        &mut self,
+        entries: &[BatchEntry],
+    ) -> std::result::Result<&BatchLogits, StepError> {
         // Only between reply tokens: the prompt is always prefilled whole.
-        if pos0 > 0 && self.cancel.load(Ordering::Relaxed) {
+        if entries.iter().any(|e| e.pos0 > 0) && self.cancel.load(Ordering::Relaxed) {
             return Err(StepError::Interrupted);
         }
-        let logits = self.engine.decode(tokens, self.base + pos0, 1)?;
-        self.fed.extend_from_slice(tokens);
-        Ok(logits)
+        let moved: Vec<BatchEntry> = entries
+            .iter()
+            .map(|e| BatchEntry {
+                pos0: self.base + e.pos0,
+                ..*e
+            })
+            .collect();
+        let out = self.engine.forward_batch(&moved)?;
+        for e in entries {
+            self.fed.extend_from_slice(e.tokens);
+        }
+        Ok(out)
     }
     fn context_len(&self) -> usize {
         self.engine.n_ctx() - self.base
+    }
+    fn max_batch(&self) -> usize {
+        self.engine.n_batch()
+    }
+    fn default_seq(&self) -> SeqId {
+        self.engine.default_seq()
     }
 }
 

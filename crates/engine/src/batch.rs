@@ -1,0 +1,369 @@
+//! Batched forwards: entries of several sequences become one forward.
+//!
+//! An entry is `(sequence, tokens, first position, how many of its last rows need logits)`.
+//! [`Engine::forward_batch`]:
+//! 1. checks every entry (a known sequence, once per batch; `pos0` at most its length; tokens
+//!    in the vocabulary; positions inside the context) and reserves the new cells of all of
+//!    them at once on a copy of the cell table; any refusal is a typed error naming the entry
+//!    and leaves the cache as it was;
+//! 2. derives each query's attention window from the cells' positions (one run: a span; up
+//!    to [`KV_MAP_RUNS`] runs: a kv map, the graph's layout then being the map); a sequence
+//!    that would need more runs is defragmented first (cells moved verbatim, which changes no
+//!    result: a row's attention depends on the values its window lists, not on their cells);
+//! 3. rounds the token and output counts up a small ladder ([`bucket`]) so a changing batch
+//!    reuses a handful of graphs; padding rows use token 0 at position 0, write the scratch
+//!    cell past the context and attend only to it, so they never reach a real row;
+//! 4. runs the graph and hands back each entry's logits.
+//!
+//! A row's result never depends on what else shares the forward (docs/PRECISION.md, batch
+//! invariance): kernels choose their arithmetic per row, never per forward.
+
+use crate::engine::{Engine, Error, Result};
+use crate::kvcells::{KvCells, SeqId};
+use minfer_graph::{sched, InputKind, WindowLayout, KV_MAP_RUNS};
+
+/// One sequence's part of a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchEntry<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; below the sequence's length, the tail is dropped first.
+    pub pos0: usize,
+    /// How many of the entry's last rows get logits (0: none, a prefill chunk).
+    pub logits: usize,
+}
+
+impl<'a> BatchEntry<'a> {
+    /// An entry whose last row gets logits.
+    pub fn new(seq: SeqId, tokens: &'a [u32], pos0: usize) -> Self {
+        BatchEntry {
+            seq,
+            tokens,
+            pos0,
+            logits: 1,
+        }
+    }
+}
+
+/// The logits of one forward, per entry.
+#[derive(Clone, Debug, Default)]
+pub struct BatchLogits {
+    data: Vec<f32>,
+    /// Per entry: first row in `data` and number of rows.
+    rows: Vec<(usize, usize)>,
+    vocab: usize,
+}
+
+impl BatchLogits {
+    /// Logits of `rows` = per entry (first row in `data`, rows), `vocab` floats a row.
+    pub fn from_rows(data: Vec<f32>, rows: Vec<(usize, usize)>, vocab: usize) -> Self {
+        BatchLogits { data, rows, vocab }
+    }
+
+    /// Entry `i`'s logits: its last `logits` rows, `vocab` floats each.
+    pub fn logits(&self, i: usize) -> &[f32] {
+        let (r0, n) = self.rows.get(i).copied().unwrap_or((0, 0));
+        &self.data[r0 * self.vocab..(r0 + n) * self.vocab]
+    }
+    pub fn n_entries(&self) -> usize {
+        self.rows.len()
+    }
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+}
+
+/// The bucket a token or output count is rounded up to: every count up to 8, then 12, 16,
+/// 24, 32, 48, 64, multiples of 16 up to 128, of 32 up to 256, of 64 up to 512, then of
+/// 128. Decode batches (a handful of rows) waste nothing; past 64 rows the padding stays
+/// under a quarter of the rows (under half up to 64), and 1..=512 rows need 26 graphs.
+pub fn bucket(n: usize) -> usize {
+    match n {
+        0..=8 => n.max(1),
+        9..=12 => 12,
+        13..=16 => 16,
+        17..=24 => 24,
+        25..=32 => 32,
+        33..=48 => 48,
+        49..=64 => 64,
+        65..=128 => n.div_ceil(16) * 16,
+        129..=256 => n.div_ceil(32) * 32,
+        257..=512 => n.div_ceil(64) * 64,
+        _ => n.div_ceil(128) * 128,
+    }
+}
+
+/// Everything a forward's inputs need, computed before anything changes.
+struct Staged {
+    cells: KvCells,
+    ids: Vec<i32>,
+    pos: Vec<i32>,
+    kv_cells: Vec<i32>,
+    windows: Vec<Vec<(usize, usize)>>,
+    /// Row (in the batch) of each output, in entry order.
+    out_rows: Vec<usize>,
+}
+
+fn entry_err(entry: usize, e: impl Into<Error>) -> Error {
+    Error::Entry {
+        entry,
+        source: Box::new(e.into()),
+    }
+}
+
+impl Engine {
+    /// Runs `entries` as one forward (see the module docs). Entries longer than
+    /// [`Engine::n_batch`] in all are refused; the generation loop chunks prompts.
+    pub fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits> {
+        let mut staged = self.stage(entries)?;
+        if staged.windows.iter().any(|w| w.len() > KV_MAP_RUNS) {
+            // Too fragmented for the map: compact, then stage again on the new layout.
+            self.defrag()?;
+            staged = self.stage(entries)?;
+            if let Some(w) = staged.windows.iter().find(|w| w.len() > KV_MAP_RUNS) {
+                return Err(Error::BadRequest(format!(
+                    "a sequence needs {} runs of KV cells even after defragmenting (the map \
+                     holds {KV_MAP_RUNS})",
+                    w.len()
+                )));
+            }
+        }
+        let before = std::mem::replace(&mut self.cells, staged.cells.clone());
+        match self.run_staged(entries, &staged) {
+            Ok(()) => Ok(&self.out),
+            Err(e) => {
+                // The forward failed: the cells it reserved hold nothing valid.
+                self.cells = before;
+                Err(e)
+            }
+        }
+    }
+
+    fn stage(&self, entries: &[BatchEntry]) -> Result<Staged> {
+        if entries.is_empty() {
+            return Err(Error::BadRequest("an empty batch".into()));
+        }
+        let vocab = self.hp.vocab_size;
+        let mut cells = self.cells.clone();
+        let mut total = 0;
+        for (i, e) in entries.iter().enumerate() {
+            let nt = e.tokens.len();
+            if nt == 0 || e.logits > nt {
+                return Err(entry_err(
+                    i,
+                    Error::BadRequest(format!(
+                        "{nt} tokens, logits for {}: need 1 token and at most one logit row per token",
+                        e.logits
+                    )),
+                ));
+            }
+            if entries[..i].iter().any(|o| o.seq == e.seq) {
+                return Err(entry_err(
+                    i,
+                    Error::BadRequest(format!("sequence {} appears twice in the batch", e.seq)),
+                ));
+            }
+            let n_past = cells.next_pos(e.seq).map_err(|c| entry_err(i, c))?;
+            if e.pos0 > n_past {
+                return Err(entry_err(
+                    i,
+                    Error::PositionGap {
+                        pos0: e.pos0,
+                        n_past,
+                    },
+                ));
+            }
+            if e.pos0 + nt > self.n_ctx {
+                return Err(entry_err(
+                    i,
+                    Error::ContextOverflow {
+                        pos0: e.pos0,
+                        n_tokens: nt,
+                        n_ctx: self.n_ctx,
+                    },
+                ));
+            }
+            if let Some((index, &id)) = e
+                .tokens
+                .iter()
+                .enumerate()
+                .find(|(_, &t)| t as usize >= vocab)
+            {
+                return Err(entry_err(i, Error::TokenOutOfRange { id, index, vocab }));
+            }
+            total += nt;
+        }
+        if total > self.n_batch {
+            return Err(Error::BadRequest(format!(
+                "the batch holds {total} tokens, more than n_batch {}",
+                self.n_batch
+            )));
+        }
+        for (i, e) in entries.iter().enumerate() {
+            if e.pos0 < cells.next_pos(e.seq).map_err(|c| entry_err(i, c))? {
+                cells.truncate(e.seq, e.pos0).map_err(|c| entry_err(i, c))?;
+            }
+        }
+        let reqs: Vec<(SeqId, usize, usize)> = entries
+            .iter()
+            .map(|e| (e.seq, e.pos0, e.tokens.len()))
+            .collect();
+        let needed: usize = reqs.iter().map(|r| r.2).sum();
+        let free = cells.n_free();
+        if needed > free {
+            return Err(Error::ArenaFull {
+                needed,
+                free,
+                n_cells: cells.n_cells(),
+            });
+        }
+        let reserved = cells.reserve(&reqs)?;
+        let mut staged = Staged {
+            ids: Vec::with_capacity(total),
+            pos: Vec::with_capacity(total),
+            kv_cells: Vec::with_capacity(total),
+            windows: Vec::with_capacity(total),
+            out_rows: Vec::new(),
+            cells: KvCells::new(0),
+        };
+        for (e, new_cells) in entries.iter().zip(&reserved) {
+            let row0 = staged.ids.len();
+            for (j, (&t, &c)) in e.tokens.iter().zip(new_cells).enumerate() {
+                let p = e.pos0 + j;
+                staged.ids.push(t as i32);
+                staged.pos.push(p as i32);
+                staged.kv_cells.push(c as i32);
+                staged.windows.push(cells.window(e.seq, p)?);
+            }
+            let nt = e.tokens.len();
+            staged.out_rows.extend(row0 + nt - e.logits..row0 + nt);
+        }
+        staged.cells = cells;
+        Ok(staged)
+    }
+
+    fn run_staged(&mut self, entries: &[BatchEntry], s: &Staged) -> Result<()> {
+        let nt = s.ids.len();
+        let n_tok = bucket(nt);
+        // A forward with no logit row still needs one output row (ignored).
+        let n_real_out = s.out_rows.len();
+        let out_rows: Vec<usize> = if n_real_out == 0 {
+            vec![nt - 1]
+        } else {
+            s.out_rows.clone()
+        };
+        let n_out = bucket(out_rows.len()).min(n_tok);
+        let window = if s.windows.iter().all(|w| w.len() <= 1) {
+            WindowLayout::Span
+        } else {
+            WindowLayout::KvMap
+        };
+        let params = self.params(n_tok, n_out, window);
+        self.prepare(&params)?;
+        let scratch = self.n_ctx as i32;
+        let mut ids = s.ids.clone();
+        let mut pos = s.pos.clone();
+        let mut kvc = s.kv_cells.clone();
+        ids.resize(n_tok, 0);
+        pos.resize(n_tok, 0);
+        kvc.resize(n_tok, scratch);
+        let win: Vec<i32> = match window {
+            WindowLayout::Span => {
+                let mut w = Vec::with_capacity(2 * n_tok);
+                for runs in &s.windows {
+                    let (c, len) = runs.first().copied().unwrap_or((0, 0));
+                    w.extend([c as i32, (c + len) as i32]);
+                }
+                for _ in nt..n_tok {
+                    w.extend([scratch, scratch + 1]);
+                }
+                w
+            }
+            WindowLayout::KvMap => {
+                let width = 2 * KV_MAP_RUNS;
+                let mut w = vec![0i32; width * n_tok];
+                for (r, runs) in s.windows.iter().enumerate() {
+                    for (k, &(c, len)) in runs.iter().enumerate() {
+                        w[r * width + 2 * k] = c as i32;
+                        w[r * width + 2 * k + 1] = len as i32;
+                    }
+                }
+                for r in nt..n_tok {
+                    w[r * width] = scratch;
+                    w[r * width + 1] = 1;
+                }
+                w
+            }
+        };
+        // With a tail, the graph gathers the output rows; without one (n_out == n_tok) every
+        // row gets logits and the real ones are picked below.
+        let tail: Option<Vec<i32>> = (n_out < n_tok).then(|| {
+            let mut t: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
+            t.resize(n_out, (n_tok - 1) as i32);
+            t
+        });
+        let weights = crate::weights::ModelWeights {
+            model: &self.model,
+            ids: &self.ids,
+        };
+        let (graph, plan) = self
+            .cache
+            .most_recent()
+            .ok_or_else(|| Error::BadRequest("no graph built".into()))?;
+        let be = &mut self.backends;
+        sched::fill_input(graph, plan, be, InputKind::TokenIds, &ids)?;
+        sched::fill_input(graph, plan, be, InputKind::Positions, &pos)?;
+        sched::fill_input(graph, plan, be, InputKind::KvCells, &kvc)?;
+        let win_kind = match window {
+            WindowLayout::Span => InputKind::AttnSpan,
+            WindowLayout::KvMap => InputKind::KvMap,
+        };
+        sched::fill_input(graph, plan, be, win_kind, &win)?;
+        if let Some(t) = &tail {
+            sched::fill_input(graph, plan, be, InputKind::TailIds, t)?;
+        }
+        sched::execute(graph, plan, be, &weights)?;
+        let mut all = std::mem::take(&mut self.out.data);
+        sched::read_output(graph, plan, be, &mut all)?;
+        let vocab = self.hp.vocab_size;
+        // Rows of `all` that hold each output, in entry order.
+        let src_rows: Vec<usize> = if tail.is_some() {
+            (0..n_real_out).collect()
+        } else {
+            s.out_rows.clone()
+        };
+        let mut data = Vec::with_capacity(n_real_out * vocab);
+        for &r in &src_rows {
+            data.extend_from_slice(&all[r * vocab..(r + 1) * vocab]);
+        }
+        let mut rows = Vec::with_capacity(entries.len());
+        let mut at = 0;
+        for e in entries {
+            rows.push((at, e.logits));
+            at += e.logits;
+        }
+        self.out = BatchLogits { data, rows, vocab };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_round_up_and_are_few() {
+        for n in 1..=2048 {
+            let b = bucket(n);
+            assert!(b >= n, "{n} -> {b}");
+            assert_eq!(bucket(b), b, "a bucket is its own bucket");
+            if n > 64 {
+                assert!((b - n) * 4 <= n, "{n} -> {b} wastes too much");
+            } else {
+                assert!(2 * b <= 3 * n, "{n} -> {b} wastes too much");
+            }
+        }
+        let distinct: std::collections::BTreeSet<usize> = (1..=512).map(bucket).collect();
+        assert_eq!(distinct.len(), 26);
+    }
+}
