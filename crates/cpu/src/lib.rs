@@ -367,6 +367,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn batch_invariant(&self) -> bool {
+        // llama.cpp's arithmetic changes with the number of rows (tiled paths from 8 and 64).
+        self.numerics == Numerics::Native
+    }
+
     fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
         if !KV_TYPES.contains(&ty) {
             return Err("the CPU backend reads f32, f16 and q8_0 KV caches".into());

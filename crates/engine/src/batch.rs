@@ -244,7 +244,9 @@ impl Engine {
 
     fn run_staged(&mut self, entries: &[BatchEntry], s: &Staged) -> Result<()> {
         let nt = s.ids.len();
-        let n_tok = bucket(nt);
+        // A backend whose arithmetic depends on the row count runs the exact shape.
+        let round = |n: usize| if self.bucketed { bucket(n) } else { n };
+        let n_tok = round(nt);
         // A forward with no logit row still needs one output row (ignored).
         let n_real_out = s.out_rows.len();
         let out_rows: Vec<usize> = if n_real_out == 0 {
@@ -252,7 +254,7 @@ impl Engine {
         } else {
             s.out_rows.clone()
         };
-        let n_out = bucket(out_rows.len()).min(n_tok);
+        let n_out = round(out_rows.len()).min(n_tok);
         let window = if s.windows.iter().all(|w| w.len() <= 1) {
             WindowLayout::Span
         } else {

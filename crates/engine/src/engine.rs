@@ -156,6 +156,8 @@ pub struct Engine {
     /// The sequence of the one-sequence API ([`Engine::decode`], `kv_*`, sessions of one).
     pub(crate) default_seq: SeqId,
     pub(crate) out: BatchLogits,
+    /// Every backend is batch invariant, so forwards may be padded to a bucket.
+    pub(crate) bucketed: bool,
 }
 
 impl Engine {
@@ -207,6 +209,7 @@ impl Engine {
         }
         let mut cells = KvCells::new(n_ctx);
         let default_seq = cells.create();
+        let bucketed = backends.iter().all(|b| b.batch_invariant());
         Ok(Engine {
             model,
             ids: names,
@@ -222,6 +225,7 @@ impl Engine {
             cells,
             default_seq,
             out: BatchLogits::default(),
+            bucketed,
         })
     }
 

@@ -162,6 +162,13 @@ pub trait Backend: Send {
     fn prepare_weights(&mut self, _weights: &dyn WeightSource, _ids: &[WeightId]) -> Result<()> {
         Ok(())
     }
+    /// Whether every row's result is independent of the other rows in a forward and of their
+    /// number (see docs/PRECISION.md). A backend that copies another engine's row-count
+    /// dependent arithmetic says no, and the engine then runs forwards at their exact shape
+    /// (no bucket padding).
+    fn batch_invariant(&self) -> bool {
+        true
+    }
     /// KV element types this backend's KV stores and attention read and write; `Err` says why
     /// a type is refused (given the backend's settings).
     fn check_kv_type(&self, _ty: GgmlType) -> std::result::Result<(), String> {

@@ -12,11 +12,18 @@ impl KvCells {
     pub fn check(&self) -> Result<(), String> {
         let n = self.n_cells();
         if self.pos.len() != n {
-            return Err(format!("{} owner counts but {} positions", n, self.pos.len()));
+            return Err(format!(
+                "{} owner counts but {} positions",
+                n,
+                self.pos.len()
+            ));
         }
         let free = self.owners.iter().filter(|&&o| o == 0).count();
         if free != self.n_free {
-            return Err(format!("n_free is {} but {free} cells have no owner", self.n_free));
+            return Err(format!(
+                "n_free is {} but {free} cells have no owner",
+                self.n_free
+            ));
         }
         let mut count = vec![0u32; n];
         // The last sequence seen holding each cell: sequences are checked one at a time,
@@ -24,7 +31,10 @@ impl KvCells {
         let mut seen_by: Vec<Option<SeqId>> = vec![None; n];
         for (&id, runs) in &self.seqs {
             if u64::from(id.0) >= self.next_id {
-                return Err(format!("sequence {id} is not below the next id {}", self.next_id));
+                return Err(format!(
+                    "sequence {id} is not below the next id {}",
+                    self.next_id
+                ));
             }
             let mut prev: Option<Run> = None;
             for (i, r) in runs.iter().enumerate() {
@@ -32,10 +42,17 @@ impl KvCells {
                     return Err(format!("sequence {id}: run {i} is empty"));
                 }
                 if r.cell.checked_add(r.len).is_none_or(|end| end > n) {
-                    return Err(format!("sequence {id}: run {i} {r:?} is outside the {n} cells"));
+                    return Err(format!(
+                        "sequence {id}: run {i} {r:?} is outside the {n} cells"
+                    ));
                 }
-                if r.pos.checked_add(r.len - 1).is_none_or(|last| last > MAX_POS) {
-                    return Err(format!("sequence {id}: run {i} {r:?} passes position {MAX_POS}"));
+                if r.pos
+                    .checked_add(r.len - 1)
+                    .is_none_or(|last| last > MAX_POS)
+                {
+                    return Err(format!(
+                        "sequence {id}: run {i} {r:?} passes position {MAX_POS}"
+                    ));
                 }
                 if let Some(p) = prev {
                     if r.pos < p.end_pos() {

@@ -81,7 +81,14 @@ impl KvCells {
             let old = std::mem::take(runs);
             for run in old {
                 for (cell, p) in run.cells().zip(run.pos..) {
-                    push_run(runs, Run { cell: new_of[cell], len: 1, pos: p });
+                    push_run(
+                        runs,
+                        Run {
+                            cell: new_of[cell],
+                            len: 1,
+                            pos: p,
+                        },
+                    );
                 }
             }
         }
@@ -101,10 +108,7 @@ fn plan_moves(new_of: &[usize], scratch: usize) -> Vec<(usize, usize)> {
     }
     let mut planned = vec![false; n];
     let mut chains = Vec::new();
-    for end in 0..n {
-        if new_of[end] != NONE {
-            continue;
-        }
+    for end in (0..n).filter(|&c| new_of[c] == NONE) {
         // `end` is free now: fill it, then the slot its filler left, and so on back.
         let mut slot = end;
         while writer[slot] != NONE {

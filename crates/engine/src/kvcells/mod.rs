@@ -22,7 +22,11 @@ use std::ops::Range;
 
 mod check;
 mod defrag;
+#[cfg(test)]
+mod defrag_tests;
 mod ops;
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
@@ -253,7 +257,10 @@ impl KvCells {
     /// request in position order. Any error (unknown sequence, the same sequence twice,
     /// `pos0 != next_pos`, a position past [`MAX_POS`], not enough free cells) leaves the
     /// table unchanged; the first problem found is reported.
-    pub fn reserve(&mut self, reqs: &[(SeqId, usize, usize)]) -> Result<Vec<Vec<usize>>, CellError> {
+    pub fn reserve(
+        &mut self,
+        reqs: &[(SeqId, usize, usize)],
+    ) -> Result<Vec<Vec<usize>>, CellError> {
         for &(seq, _, _) in reqs {
             self.runs(seq)?;
         }
@@ -266,17 +273,29 @@ impl KvCells {
         for &(seq, pos0, n) in reqs {
             let next_pos = self.next_pos(seq)?;
             if pos0 != next_pos {
-                return Err(CellError::NotNextPos { seq, pos0, next_pos });
+                return Err(CellError::NotNextPos {
+                    seq,
+                    pos0,
+                    next_pos,
+                });
             }
             if n > 0 && pos0 as u128 + n as u128 - 1 > MAX_POS as u128 {
                 let pos = pos0 as i128 + n as i128 - 1;
-                return Err(CellError::PositionOutOfRange { op: "reserve", seq, pos });
+                return Err(CellError::PositionOutOfRange {
+                    op: "reserve",
+                    seq,
+                    pos,
+                });
             }
             needed = needed.saturating_add(n);
         }
         if needed > self.n_free {
             let free = self.n_free;
-            return Err(CellError::NoSpace { op: "reserve", needed, free });
+            return Err(CellError::NoSpace {
+                op: "reserve",
+                needed,
+                free,
+            });
         }
         // Validated: from here nothing can fail.
         let mut out: Vec<Vec<usize>> = reqs.iter().map(|r| Vec::with_capacity(r.2)).collect();
@@ -303,7 +322,14 @@ impl KvCells {
             }
             let runs = self.seqs.get_mut(&seq).expect("validated");
             for (k, &cell) in cells.iter().enumerate() {
-                push_run(runs, Run { cell, len: 1, pos: pos0 + k });
+                push_run(
+                    runs,
+                    Run {
+                        cell,
+                        len: 1,
+                        pos: pos0 + k,
+                    },
+                );
             }
         }
         Ok(out)
@@ -334,7 +360,11 @@ impl KvCells {
 
     /// Empties the sequence (it stays, holding nothing); cells left with no owner are free.
     pub fn clear(&mut self, seq: SeqId) -> Result<(), CellError> {
-        let old = std::mem::take(self.seqs.get_mut(&seq).ok_or(CellError::UnknownSeq { seq })?);
+        let old = std::mem::take(
+            self.seqs
+                .get_mut(&seq)
+                .ok_or(CellError::UnknownSeq { seq })?,
+        );
         for run in old {
             for cell in run.cells() {
                 self.unref(cell);
@@ -372,7 +402,12 @@ impl KvCells {
         self.runs(seq)?;
         if r.start > r.end {
             let (start, end) = (r.start, r.end);
-            return Err(CellError::BadRange { op, seq, start, end });
+            return Err(CellError::BadRange {
+                op,
+                seq,
+                start,
+                end,
+            });
         }
         Ok(())
     }

@@ -19,7 +19,12 @@ fn push_copy(ops: &mut Vec<CellOp>, src: usize, dst: usize) {
 
 /// Appends a one-cell re-rope, merged into the last op when it continues it.
 fn push_shift(ops: &mut Vec<CellOp>, cell: usize, delta: i64) {
-    if let Some(CellOp::Shift { cell: c, n, delta: d }) = ops.last_mut() {
+    if let Some(CellOp::Shift {
+        cell: c,
+        n,
+        delta: d,
+    }) = ops.last_mut()
+    {
         if *c + *n == cell && *d == delta {
             *n += 1;
             return;
@@ -84,7 +89,11 @@ impl KvCells {
         let moved = |p: usize| p as i128 + i128::from(delta);
         for p in [first, last] {
             if moved(p) < 0 || moved(p) > MAX_POS as i128 {
-                return Err(CellError::PositionOutOfRange { op: "shift", seq, pos: moved(p) });
+                return Err(CellError::PositionOutOfRange {
+                    op: "shift",
+                    seq,
+                    pos: moved(p),
+                });
             }
         }
         let (start, end) = (range.start, range.end);
@@ -94,11 +103,21 @@ impl KvCells {
             _ => None,
         };
         if let Some(other) = blocker {
-            return Err(CellError::ShiftCollision { seq, start, end, delta, other });
+            return Err(CellError::ShiftCollision {
+                seq,
+                start,
+                end,
+                delta,
+                other,
+            });
         }
         if shared > self.n_free {
             let free = self.n_free;
-            return Err(CellError::NoSpace { op: "shift", needed: shared, free });
+            return Err(CellError::NoSpace {
+                op: "shift",
+                needed: shared,
+                free,
+            });
         }
         // Validated. The moved positions stay between their outside neighbours, so
         // rebuilding the runs in their old order keeps them in position order.
@@ -122,7 +141,14 @@ impl KvCells {
                     cell
                 };
                 push_shift(&mut shifts, cell, delta);
-                push_run(&mut runs, Run { cell, len: 1, pos: np });
+                push_run(
+                    &mut runs,
+                    Run {
+                        cell,
+                        len: 1,
+                        pos: np,
+                    },
+                );
             }
             push_run(&mut runs, a);
         }
@@ -134,7 +160,12 @@ impl KvCells {
     /// Replaces `dst`'s content by a physical copy of `src`'s positions `0..n` in fresh
     /// cells; returns the Copy ops. `dst`'s old cells count as free for the copy. Refused
     /// if `dst == src`, `n > next_pos(src)`, or there are not enough free cells.
-    pub fn copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<Vec<CellOp>, CellError> {
+    pub fn copy_prefix(
+        &mut self,
+        dst: SeqId,
+        src: SeqId,
+        n: usize,
+    ) -> Result<Vec<CellOp>, CellError> {
         self.check_prefix("copy_prefix", dst, src, n)?;
         let src_runs = prefix_runs(&self.seqs[&src], n);
         let needed: usize = src_runs.iter().map(|r| r.len).sum();
@@ -145,7 +176,11 @@ impl KvCells {
             .count();
         let free = self.n_free + freed;
         if needed > free {
-            return Err(CellError::NoSpace { op: "copy_prefix", needed, free });
+            return Err(CellError::NoSpace {
+                op: "copy_prefix",
+                needed,
+                free,
+            });
         }
         self.clear(dst)?;
         // src's cells are all still owned, so no fresh cell is one the copies read.
@@ -155,7 +190,14 @@ impl KvCells {
             for (cell, p) in run.cells().zip(run.pos..) {
                 let fresh = self.take_lowest_free(&mut cursor, p);
                 push_copy(&mut ops, cell, fresh);
-                push_run(&mut runs, Run { cell: fresh, len: 1, pos: p });
+                push_run(
+                    &mut runs,
+                    Run {
+                        cell: fresh,
+                        len: 1,
+                        pos: p,
+                    },
+                );
             }
         }
         *self.seqs.get_mut(&dst).expect("checked") = runs;
@@ -178,14 +220,25 @@ impl KvCells {
     }
 
     /// The checks common to `copy_prefix` and `share_prefix`.
-    fn check_prefix(&self, op: &'static str, dst: SeqId, src: SeqId, n: usize) -> Result<(), CellError> {
+    fn check_prefix(
+        &self,
+        op: &'static str,
+        dst: SeqId,
+        src: SeqId,
+        n: usize,
+    ) -> Result<(), CellError> {
         self.runs(dst)?;
         let next_pos = self.next_pos(src)?;
         if dst == src {
             return Err(CellError::SameSeq { op, seq: dst });
         }
         if n > next_pos {
-            return Err(CellError::PrefixTooLong { op, seq: src, n, next_pos });
+            return Err(CellError::PrefixTooLong {
+                op,
+                seq: src,
+                n,
+                next_pos,
+            });
         }
         Ok(())
     }

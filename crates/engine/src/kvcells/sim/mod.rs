@@ -10,32 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::ops::Range;
 
-/// splitmix64: a small seeded generator, enough for test inputs.
-pub(super) struct Rng(u64);
+mod random;
 
-impl Rng {
-    pub(super) fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n`, `n > 0` (the modulo bias is irrelevant here).
-    pub(super) fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// True with probability `percent`%.
-    pub(super) fn chance(&mut self, percent: u64) -> bool {
-        self.next_u64() % 100 < percent
-    }
-}
+pub(super) use random::Rng;
 
 /// The K/V content of a cell: which reserve wrote it, and how far it was re-roped since.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,11 +33,6 @@ pub(super) enum Fault {
     ReverseDefrag,
 }
 
-/// A sequence id no test ever creates.
-fn unknown(rng: &mut Rng) -> SeqId {
-    SeqId(50_000 + rng.below(100) as u32)
-}
-
 pub(super) struct Sim {
     pub(super) cells: KvCells,
     arena: Vec<Option<Value>>,
@@ -69,11 +41,15 @@ pub(super) struct Sim {
     ever: BTreeSet<SeqId>,
     next_value: u64,
     fault: Fault,
+    /// Whether an expected refusal is an error too (scenarios whose every call must work).
+    strict: bool,
     /// Per operation, how many calls succeeded and how many were refused.
     pub(super) tally: BTreeMap<&'static str, [usize; 2]>,
-    /// Shifts that copied shared cells, and defrags that moved cells.
+    /// Shifts that copied shared cells, defrags that moved cells, and those of them that
+    /// moved a cycle (parked a row in a scratch cell).
     pub(super) cow_shifts: usize,
     pub(super) moving_defrags: usize,
+    pub(super) cycle_defrags: usize,
 }
 
 impl Sim {
@@ -85,9 +61,11 @@ impl Sim {
             ever: BTreeSet::new(),
             next_value: 0,
             fault,
+            strict: false,
             tally: BTreeMap::new(),
             cow_shifts: 0,
             moving_defrags: 0,
+            cycle_defrags: 0,
         }
     }
 
@@ -95,6 +73,9 @@ impl Sim {
     pub(super) fn run(seed: u64, steps: usize, fault: Fault) -> Result<Sim, String> {
         let mut rng = Rng::new(seed);
         let mut sim = Sim::new(6 + rng.below(40), fault);
+        for _ in 0..2 + rng.below(3) {
+            sim.do_create()?;
+        }
         for step in 0..steps {
             sim.step(&mut rng)
                 .and_then(|()| sim.verify(&mut rng))
@@ -103,8 +84,17 @@ impl Sim {
         Ok(sim)
     }
 
+    /// Makes every later refusal an error.
+    pub(super) fn set_strict(&mut self) {
+        self.strict = true;
+    }
+
+    pub(super) fn set_fault(&mut self, fault: Fault) {
+        self.fault = fault;
+    }
+
     /// Executes ops on the arena, as the engine would on every layer.
-    fn exec(&mut self, ops: &[CellOp]) {
+    pub(super) fn exec_ops(&mut self, ops: &[CellOp]) {
         for &op in ops {
             match op {
                 CellOp::Copy { src, dst, n } => {
@@ -126,15 +116,6 @@ impl Sim {
             .map_or(0, |p| p + 1)
     }
 
-    /// A random sequence, now and then an unknown one.
-    fn pick(&self, rng: &mut Rng) -> SeqId {
-        if self.shadow.is_empty() || rng.chance(4) {
-            return unknown(rng);
-        }
-        let i = rng.below(self.shadow.len());
-        *self.shadow.keys().nth(i).expect("in range")
-    }
-
     /// Compares a call's result with the expected one; a refusal must leave the table as
     /// `before`.
     fn outcome<T: Debug>(
@@ -148,6 +129,9 @@ impl Sim {
         match (got, want) {
             (Ok(t), None) => Ok(Some(t)),
             (Err(e), Some(w)) if e == w => {
+                if self.strict {
+                    return Err(format!("{op}: refused ({e}) in a strict scenario"));
+                }
                 if self.cells != *before {
                     return Err(format!("{op}: refused ({e}), yet the table changed"));
                 }
@@ -175,7 +159,10 @@ impl Sim {
         let before = self.cells.clone();
         let want = (self.shadow.contains_key(&id)).then_some(CellError::SeqExists { seq: id });
         let got = self.cells.create_with_id(id);
-        if self.outcome("create_with_id", &before, got, want)?.is_some() {
+        if self
+            .outcome("create_with_id", &before, got, want)?
+            .is_some()
+        {
             self.ever.insert(id);
             self.shadow.insert(id, BTreeMap::new());
         }
@@ -191,15 +178,31 @@ impl Sim {
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
             return Some(CellError::DuplicateSeq { seq: w[0] });
         }
-        for &(seq, pos0, _) in reqs {
+        for &(seq, pos0, n) in reqs {
             let next_pos = self.next_pos(seq);
             if pos0 != next_pos {
-                return Some(CellError::NotNextPos { seq, pos0, next_pos });
+                return Some(CellError::NotNextPos {
+                    seq,
+                    pos0,
+                    next_pos,
+                });
+            }
+            let last = pos0 as i128 + n as i128 - 1;
+            if n > 0 && last > MAX_POS as i128 {
+                return Some(CellError::PositionOutOfRange {
+                    op: "reserve",
+                    seq,
+                    pos: last,
+                });
             }
         }
         let needed = reqs.iter().map(|r| r.2).sum();
         let free = self.cells.n_free();
-        (needed > free).then_some(CellError::NoSpace { op: "reserve", needed, free })
+        (needed > free).then_some(CellError::NoSpace {
+            op: "reserve",
+            needed,
+            free,
+        })
     }
 
     /// A reserve, writing fresh contents into the cells it returns.
@@ -215,7 +218,10 @@ impl Sim {
                 return Err(format!("reserve gave {seq} {} cells for {n}", cells.len()));
             }
             for (&cell, p) in cells.iter().zip(pos0..) {
-                let v = Value { origin: self.next_value, delta: 0 };
+                let v = Value {
+                    origin: self.next_value,
+                    delta: 0,
+                };
                 self.next_value += 1;
                 self.arena[cell] = Some(v);
                 self.shadow.get_mut(&seq).expect("known").insert(p, v);
@@ -228,11 +234,19 @@ impl Sim {
         let before = self.cells.clone();
         let want = self.known(seq).or_else(|| {
             let (start, end) = (range.start, range.end);
-            (start > end).then_some(CellError::BadRange { op: "remove", seq, start, end })
+            (start > end).then_some(CellError::BadRange {
+                op: "remove",
+                seq,
+                start,
+                end,
+            })
         });
         let got = self.cells.remove(seq, range.clone());
         if self.outcome("remove", &before, got, want)?.is_some() {
-            self.shadow.get_mut(&seq).expect("known").retain(|p, _| !range.contains(p));
+            self.shadow
+                .get_mut(&seq)
+                .expect("known")
+                .retain(|p, _| !range.contains(p));
         }
         Ok(())
     }
@@ -253,7 +267,12 @@ impl Sim {
         }
         let (start, end) = (range.start, range.end);
         if start > end {
-            return Some(CellError::BadRange { op: "shift", seq, start, end });
+            return Some(CellError::BadRange {
+                op: "shift",
+                seq,
+                start,
+                end,
+            });
         }
         let map = &self.shadow[&seq];
         let (Some(&first), Some(&last)) = (
@@ -268,7 +287,11 @@ impl Sim {
         let moved = |p: usize| p as i128 + i128::from(delta);
         for p in [first, last] {
             if moved(p) < 0 || moved(p) > MAX_POS as i128 {
-                return Some(CellError::PositionOutOfRange { op: "shift", seq, pos: moved(p) });
+                return Some(CellError::PositionOutOfRange {
+                    op: "shift",
+                    seq,
+                    pos: moved(p),
+                });
             }
         }
         let below = map.range(..start).next_back().map(|e| *e.0);
@@ -279,17 +302,32 @@ impl Sim {
             _ => None,
         };
         if let Some(other) = other {
-            return Some(CellError::ShiftCollision { seq, start, end, delta, other });
+            return Some(CellError::ShiftCollision {
+                seq,
+                start,
+                end,
+                delta,
+                other,
+            });
         }
         let needed = (self.cells.runs(seq).expect("known").iter())
             .flat_map(|r| r.cells().zip(r.pos..))
             .filter(|&(c, p)| range.contains(&p) && self.cells.owners[c] > 1)
             .count();
         let free = self.cells.n_free();
-        (needed > free).then_some(CellError::NoSpace { op: "shift", needed, free })
+        (needed > free).then_some(CellError::NoSpace {
+            op: "shift",
+            needed,
+            free,
+        })
     }
 
-    pub(super) fn do_shift(&mut self, seq: SeqId, range: Range<usize>, delta: i64) -> Result<(), String> {
+    pub(super) fn do_shift(
+        &mut self,
+        seq: SeqId,
+        range: Range<usize>,
+        delta: i64,
+    ) -> Result<(), String> {
         let before = self.cells.clone();
         let want = self.shift_want(seq, &range, delta);
         let got = self.cells.shift(seq, range.clone(), delta);
@@ -302,7 +340,10 @@ impl Sim {
             return Err(format!("shift of nothing returned {ops:?}"));
         }
         let first_shift = ops.iter().position(|op| matches!(op, CellOp::Shift { .. }));
-        if ops[first_shift.unwrap_or(ops.len())..].iter().any(|op| matches!(op, CellOp::Copy { .. })) {
+        if ops[first_shift.unwrap_or(ops.len())..]
+            .iter()
+            .any(|op| matches!(op, CellOp::Copy { .. }))
+        {
             return Err(format!("shift returned a Copy after a Shift: {ops:?}"));
         }
         if first_shift.is_some_and(|i| i > 0) {
@@ -312,7 +353,10 @@ impl Sim {
             map.remove(p);
         }
         for (p, v) in moving {
-            let v = Value { origin: v.origin, delta: v.delta + delta };
+            let v = Value {
+                origin: v.origin,
+                delta: v.delta + delta,
+            };
             map.insert((p as i128 + i128::from(delta)) as usize, v);
         }
         match self.fault {
@@ -320,7 +364,7 @@ impl Sim {
             Fault::DropShifts => ops.retain(|op| !matches!(op, CellOp::Shift { .. })),
             _ => {}
         }
-        self.exec(&ops);
+        self.exec_ops(&ops);
         Ok(())
     }
 
@@ -331,7 +375,12 @@ impl Sim {
         } else if dst == src {
             Some(CellError::SameSeq { op, seq: dst })
         } else if n > next_pos {
-            Some(CellError::PrefixTooLong { op, seq: src, n, next_pos })
+            Some(CellError::PrefixTooLong {
+                op,
+                seq: src,
+                n,
+                next_pos,
+            })
         } else if op == "copy_prefix" {
             let needed = self.shadow[&src].range(..n).count();
             let freed = (self.cells.runs(dst).expect("known").iter())
@@ -353,19 +402,30 @@ impl Sim {
             if ops.iter().any(|op| matches!(op, CellOp::Shift { .. })) {
                 return Err(format!("copy_prefix returned a Shift: {ops:?}"));
             }
-            self.exec(&ops);
-            let prefix = self.shadow[&src].range(..n).map(|(&p, &v)| (p, v)).collect();
+            self.exec_ops(&ops);
+            let prefix = self.shadow[&src]
+                .range(..n)
+                .map(|(&p, &v)| (p, v))
+                .collect();
             self.shadow.insert(dst, prefix);
         }
         Ok(())
     }
 
-    pub(super) fn do_share_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<(), String> {
+    pub(super) fn do_share_prefix(
+        &mut self,
+        dst: SeqId,
+        src: SeqId,
+        n: usize,
+    ) -> Result<(), String> {
         let before = self.cells.clone();
         let want = self.prefix_want("share_prefix", dst, src, n);
         let got = self.cells.share_prefix(dst, src, n);
         if self.outcome("share_prefix", &before, got, want)?.is_some() {
-            let prefix = self.shadow[&src].range(..n).map(|(&p, &v)| (p, v)).collect();
+            let prefix = self.shadow[&src]
+                .range(..n)
+                .map(|(&p, &v)| (p, v))
+                .collect();
             self.shadow.insert(dst, prefix);
         }
         Ok(())
@@ -402,92 +462,22 @@ impl Sim {
         }
         let n_held = self.cells.n_cells() - self.cells.n_free();
         if self.cells.n_free() > 0 && self.cells.owners[..n_held].contains(&0) {
-            return Err(format!("defrag left a hole below {n_held}: {:?}", self.cells.owners));
+            return Err(format!(
+                "defrag left a hole below {n_held}: {:?}",
+                self.cells.owners
+            ));
         }
         self.moving_defrags += usize::from(!ops.is_empty());
+        // Every cell a layout fills is below n_held: writing above is parking.
+        let parks = ops
+            .iter()
+            .any(|op| matches!(op, CellOp::Copy { dst, .. } if *dst >= n_held));
+        self.cycle_defrags += usize::from(parks);
         if self.fault == Fault::ReverseDefrag {
             ops.reverse();
         }
-        self.exec(&ops);
+        self.exec_ops(&ops);
         Ok(())
-    }
-
-    /// One random operation.
-    pub(super) fn step(&mut self, rng: &mut Rng) -> Result<(), String> {
-        match rng.below(100) {
-            0..=6 if self.shadow.len() < 7 => self.do_create().map(drop),
-            0..=8 => self.do_create_with_id(SeqId(rng.below(12) as u32)),
-            9..=38 => {
-                let mut pool: Vec<SeqId> = self.shadow.keys().copied().collect();
-                let mut reqs = Vec::new();
-                for _ in 0..1 + rng.below(4) {
-                    if pool.is_empty() {
-                        break;
-                    }
-                    let seq = pool.swap_remove(rng.below(pool.len()));
-                    let n = match rng.below(10) {
-                        0 => 0,
-                        1 => 1 + rng.below(12),
-                        _ => 1 + rng.below(3),
-                    };
-                    reqs.push((seq, self.next_pos(seq), n));
-                }
-                if rng.chance(10) {
-                    match rng.below(3) {
-                        0 => reqs.push((unknown(rng), 0, 1)),
-                        1 if !reqs.is_empty() => reqs.push(reqs[rng.below(reqs.len())]),
-                        _ => {
-                            if let Some(r) = reqs.last_mut() {
-                                r.1 = if r.1 > 0 && rng.chance(50) { r.1 - 1 } else { r.1 + 1 };
-                            }
-                        }
-                    }
-                }
-                self.do_reserve(&reqs)
-            }
-            39..=46 => {
-                let seq = self.pick(rng);
-                let start = rng.below(self.next_pos(seq) + 2);
-                let end = start + rng.below(self.next_pos(seq) + 3 - start);
-                let range = if rng.chance(5) { end + 1..start } else { start..end };
-                self.do_remove(seq, range)
-            }
-            47..=51 => {
-                let seq = self.pick(rng);
-                self.do_truncate(seq, rng.below(self.next_pos(seq) + 2))
-            }
-            52..=65 => {
-                let seq = self.pick(rng);
-                let start = rng.below(self.next_pos(seq) + 2);
-                let end = match rng.below(20) {
-                    0..=2 => usize::MAX,
-                    3 if start > 0 => start - 1,
-                    _ => start + rng.below(self.next_pos(seq) + 3 - start),
-                };
-                let delta = match rng.below(40) {
-                    0 => i64::MAX,
-                    1 => -i64::MAX,
-                    _ => rng.below(17) as i64 - 8,
-                };
-                self.do_shift(seq, start..end, delta)
-            }
-            66..=81 => {
-                let dst = self.pick(rng);
-                let src = if rng.chance(8) { dst } else { self.pick(rng) };
-                let next = self.next_pos(src);
-                let n = if rng.chance(8) { next + 1 } else { rng.below(next + 1) };
-                if rng.below(16) < 6 {
-                    self.do_copy_prefix(dst, src, n)
-                } else {
-                    self.do_share_prefix(dst, src, n)
-                }
-            }
-            82..=87 => {
-                let seq = self.pick(rng);
-                self.do_clear(seq, rng.chance(50))
-            }
-            _ => self.do_defrag(),
-        }
     }
 
     /// The invariants after every operation: `check` passes, the table's sequences and
@@ -497,7 +487,10 @@ impl Sim {
         self.cells.check()?;
         let ids: Vec<SeqId> = self.shadow.keys().copied().collect();
         if self.cells.seqs() != ids {
-            return Err(format!("the table has {:?}, the shadow {ids:?}", self.cells.seqs()));
+            return Err(format!(
+                "the table has {:?}, the shadow {ids:?}",
+                self.cells.seqs()
+            ));
         }
         for (&seq, map) in &self.shadow {
             let held: Vec<(usize, usize)> = (self.cells.runs(seq).map_err(|e| e.to_string())?)
@@ -506,7 +499,10 @@ impl Sim {
                 .collect();
             let positions: Vec<usize> = held.iter().map(|h| h.1).collect();
             if !positions.iter().eq(map.keys()) {
-                return Err(format!("{seq} holds {positions:?}, the shadow {:?}", map.keys()));
+                return Err(format!(
+                    "{seq} holds {positions:?}, the shadow {:?}",
+                    map.keys()
+                ));
             }
             for (&(cell, p), want) in held.iter().zip(map.values()) {
                 if self.arena[cell] != Some(*want) {
@@ -517,19 +513,31 @@ impl Sim {
                 }
             }
             let next_pos = self.next_pos(seq);
-            if self.cells.next_pos(seq) != Ok(next_pos) || self.cells.n_positions(seq) != Ok(held.len()) {
-                return Err(format!("{seq}: next_pos or n_positions disagree with the shadow"));
+            if self.cells.next_pos(seq) != Ok(next_pos)
+                || self.cells.n_positions(seq) != Ok(held.len())
+            {
+                return Err(format!(
+                    "{seq}: next_pos or n_positions disagree with the shadow"
+                ));
             }
             if !held.is_empty() {
                 let i = rng.below(held.len());
-                let w = self.cells.window(seq, held[i].1).map_err(|e| e.to_string())?;
+                let w = self
+                    .cells
+                    .window(seq, held[i].1)
+                    .map_err(|e| e.to_string())?;
                 let cells = w.iter().flat_map(|&(c, n)| c..c + n);
                 if !cells.eq(held[..=i].iter().map(|h| h.0)) {
-                    return Err(format!("{seq}: window at {} is {w:?}, runs say {held:?}", held[i].1));
+                    return Err(format!(
+                        "{seq}: window at {} is {w:?}, runs say {held:?}",
+                        held[i].1
+                    ));
                 }
             }
             if self.cells.window(seq, next_pos) != Err(CellError::NotHeld { seq, pos: next_pos }) {
-                return Err(format!("{seq}: window at {next_pos}, which it does not hold, answered"));
+                return Err(format!(
+                    "{seq}: window at {next_pos}, which it does not hold, answered"
+                ));
             }
         }
         Ok(())
