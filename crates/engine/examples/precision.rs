@@ -31,7 +31,7 @@ fn main() {
         let cfg = EngineConfig {
             n_ctx: 512,
             cache_type: ct,
-            numerics,
+            cpu: minfer_engine::backends::CpuSettings { numerics },
             ..Default::default()
         };
         let mut e = Engine::load(&model, cfg).expect("load");
@@ -73,7 +73,7 @@ fn main() {
         let cfg = EngineConfig {
             n_ctx: 256,
             cache_type: ct,
-            numerics,
+            cpu: minfer_engine::backends::CpuSettings { numerics },
             ..Default::default()
         };
         let mut e = Engine::load(models.join(model), cfg).expect("load");

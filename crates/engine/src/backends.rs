@@ -2,11 +2,19 @@
 //! session files and graph dumps), whether each is compiled in, and whether this machine can
 //! run it.
 
-use minfer_cpu::{CpuBackend, CPU_ID};
+use minfer_cpu::CpuBackend;
 use minfer_graph::{Backend, BackendEntry, BackendId};
 
+pub use minfer_cpu::CPU_ID;
 pub const METAL_ID: BackendId = BackendId(1);
 pub const CUDA_ID: BackendId = BackendId(2);
+
+/// Settings of the CPU backend (`--numerics`), handed to it at instantiation; the engine
+/// itself never reads them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuSettings {
+    pub numerics: minfer_cpu::Numerics,
+}
 
 pub fn table() -> Vec<BackendEntry> {
     vec![
@@ -49,12 +57,12 @@ pub fn resolve(names: &[String]) -> minfer_graph::Result<Vec<BackendId>> {
 pub fn instantiate(
     ids: &[BackendId],
     threads: usize,
-    numerics: minfer_cpu::Numerics,
+    cpu: CpuSettings,
 ) -> minfer_graph::Result<Vec<Box<dyn Backend>>> {
     ids.iter()
         .map(|&id| match id {
             CPU_ID => {
-                Ok(Box::new(CpuBackend::with_numerics(threads, numerics)) as Box<dyn Backend>)
+                Ok(Box::new(CpuBackend::with_numerics(threads, cpu.numerics)) as Box<dyn Backend>)
             }
             other => Err(minfer_graph::Error::NotCompiled {
                 name: name_of(other),

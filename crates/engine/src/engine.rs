@@ -117,8 +117,8 @@ pub struct EngineConfig {
     pub backends: Vec<String>,
     /// Bytes each backend may allocate for KV regions and activations (None: unbounded).
     pub memory_budget: Option<usize>,
-    /// The CPU backend's float arithmetic (`--numerics`), handed to the backend table.
-    pub numerics: minfer_cpu::Numerics,
+    /// CPU backend settings (`--numerics`), handed to the backend table.
+    pub cpu: backends::CpuSettings,
     /// Most tokens in one forward; longer prompts run as several (chunked prefill).
     pub n_batch: usize,
 }
@@ -131,7 +131,7 @@ impl Default for EngineConfig {
             cache_type: GgmlType::F32,
             backends: Vec::new(),
             memory_budget: None,
-            numerics: minfer_cpu::Numerics::Native,
+            cpu: backends::CpuSettings::default(),
             n_batch: 512,
         }
     }
@@ -163,7 +163,7 @@ pub struct Engine {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
-        let mut backends = backends::instantiate(&ids, cfg.threads, cfg.numerics)?;
+        let mut backends = backends::instantiate(&ids, cfg.threads, cfg.cpu)?;
         for be in &backends {
             if let Err(why) = be.check_kv_type(cfg.cache_type) {
                 return Err(Error::CacheType(cfg.cache_type.name().into(), why));
@@ -254,11 +254,7 @@ impl Engine {
     }
     /// Bytes allocated on the CPU backend (KV regions and activation buffers).
     pub fn cpu_bytes_in_use(&self) -> usize {
-        self.backends
-            .iter()
-            .filter(|b| b.name() == "cpu")
-            .map(|b| self.alloc.in_use(b.id()))
-            .sum()
+        self.alloc.in_use(backends::CPU_ID)
     }
     pub fn model(&self) -> &GgufModel {
         &self.model

@@ -74,9 +74,9 @@ pub enum SessionError {
     Backend {
         layer: usize,
         saved: u16,
-        saved_name: &'static str,
+        saved_name: String,
         this: u16,
-        this_name: &'static str,
+        this_name: String,
     },
     #[error("session holds {n_tokens} tokens, more than n_ctx {n_ctx}")]
     TooManyTokens { n_tokens: usize, n_ctx: usize },
@@ -133,13 +133,8 @@ pub fn model_identity(model: &GgufModel) -> u64 {
 }
 
 /// Backend names for the ids session files use.
-pub fn backend_name(id: u16) -> &'static str {
-    match id {
-        0 => "cpu",
-        1 => "metal",
-        2 => "cuda",
-        _ => "unknown",
-    }
+pub fn backend_name(id: u16) -> String {
+    crate::backends::name_of(minfer_graph::BackendId(id))
 }
 
 /// One saved sequence: its id, token ids (positions `0..tokens.len()`) and per layer its K

@@ -128,7 +128,7 @@ fn run_gate(model_file: &str, fixture: &str, numerics: Numerics, tol: Tol) {
     let cfg = EngineConfig {
         n_ctx: 128,
         cache_type: GgmlType::F16,
-        numerics,
+        cpu: minfer_engine::backends::CpuSettings { numerics },
         ..Default::default()
     };
     let mut e = Engine::load(&path, cfg).expect("load");

@@ -192,7 +192,7 @@ impl ModelArgs {
             threads: self.threads.unwrap_or(0),
             cache_type,
             backends: self.backends.clone(),
-            numerics,
+            cpu: minfer_engine::backends::CpuSettings { numerics },
             ..EngineConfig::default()
         };
         let engine =

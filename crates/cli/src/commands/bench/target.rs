@@ -59,7 +59,7 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
         threads,
         cache_type: parse_cache_type(&args.cache_type)?,
         backends: args.backends.clone(),
-        numerics,
+        cpu: minfer_engine::backends::CpuSettings { numerics },
         ..EngineConfig::default()
     };
     let engine =
