@@ -31,8 +31,7 @@ use crate::kvcells::{KvCells, SeqId};
 use crate::weights::{intern, ModelWeights};
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
-    dump, Allocator, Backend, GraphCache, GraphParams, Node, Op, Placement, WeightId,
-    WindowLayout,
+    dump, Allocator, Backend, GraphCache, GraphParams, Node, Op, Placement, WeightId, WindowLayout,
 };
 use minfer_models::{build_graph, check_tensors, output_weight_name, HParams};
 use std::collections::HashMap;
@@ -250,7 +249,10 @@ impl Engine {
     }
     /// Bytes allocated on every backend (KV regions and activation buffers).
     pub fn bytes_in_use(&self) -> usize {
-        self.backends.iter().map(|b| self.alloc.in_use(b.id())).sum()
+        self.backends
+            .iter()
+            .map(|b| self.alloc.in_use(b.id()))
+            .sum()
     }
     /// Bytes allocated on the CPU backend (KV regions and activation buffers).
     pub fn cpu_bytes_in_use(&self) -> usize {
@@ -314,7 +316,11 @@ impl Engine {
             });
         }
         let vocab = self.hp.vocab_size;
-        if let Some((index, &id)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
             return Err(Error::TokenOutOfRange { id, index, vocab });
         }
         // Chunks of at most n_batch tokens (the same bits as one forward: batch invariance);
@@ -325,8 +331,7 @@ impl Engine {
             let len = if rest <= self.n_batch {
                 rest
             } else {
-                self.n_batch.min(rest - n_out.min(rest))
-                    .max(1)
+                self.n_batch.min(rest - n_out.min(rest)).max(1)
             };
             let last = start + len == nt;
             let entry = crate::batch::BatchEntry {
@@ -373,7 +378,12 @@ impl Engine {
             .ok_or_else(|| Error::BadRequest("no graph built".into()))
     }
 
-    pub(crate) fn params(&self, n_tokens: usize, n_out: usize, window: WindowLayout) -> GraphParams {
+    pub(crate) fn params(
+        &self,
+        n_tokens: usize,
+        n_out: usize,
+        window: WindowLayout,
+    ) -> GraphParams {
         GraphParams {
             n_tokens,
             n_out,

@@ -221,7 +221,12 @@ impl SeqGen {
     }
 
     /// Samples from `logits` (the row after the last token fed) and updates the state.
-    fn accept(&mut self, logits: &mut [f32], vocab: &dyn TokenBytes, n_ctx: usize) -> Result<Step, SamplerError> {
+    fn accept(
+        &mut self,
+        logits: &mut [f32],
+        vocab: &dyn TokenBytes,
+        n_ctx: usize,
+    ) -> Result<Step, SamplerError> {
         let id = self.sampler.sample(logits, &self.history)?;
         self.out.tokens.push(id);
         self.history.push(id);
@@ -352,7 +357,9 @@ pub fn generate_batch<M: LogitsModel>(
                 }
             })
             .collect();
-        let out = model.forward_batch(&entries).map_err(GenerateError::Model)?;
+        let out = model
+            .forward_batch(&entries)
+            .map_err(GenerateError::Model)?;
         let now = Instant::now();
         for (k, &(i, start, len, logits)) in plan.iter().enumerate() {
             let g = &mut gens[i];
@@ -414,7 +421,10 @@ mod tests {
 
     impl LogitsModel for Counter {
         type Error = std::io::Error;
-        fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits, std::io::Error> {
+        fn forward_batch(
+            &mut self,
+            entries: &[BatchEntry],
+        ) -> Result<&BatchLogits, std::io::Error> {
             let mut data = Vec::new();
             let mut rows = Vec::new();
             for e in entries {

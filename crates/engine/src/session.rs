@@ -207,7 +207,11 @@ impl Engine {
                 return Err(SessionError::Save(format!(
                     "sequence {seq}: {} token ids given for a KV of {held} positions{}",
                     tokens.len(),
-                    if held != next { " with gaps (shift it first)" } else { "" }
+                    if held != next {
+                        " with gaps (shift it first)"
+                    } else {
+                        ""
+                    }
                 ))
                 .into());
             }
@@ -443,7 +447,12 @@ impl Engine {
             for _ in 0..n_tokens {
                 let t = r.u32();
                 if t as usize >= vocab {
-                    return Err(SessionError::TokenOutOfRange { index, id: t, vocab }.into());
+                    return Err(SessionError::TokenOutOfRange {
+                        index,
+                        id: t,
+                        vocab,
+                    }
+                    .into());
                 }
                 tokens.push(t);
                 index += 1;

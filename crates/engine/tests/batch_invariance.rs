@@ -78,7 +78,11 @@ fn in_company(
     let mut others: Vec<(SeqId, Vec<u32>, usize)> = (0..n_others)
         .map(|k| {
             let len = 1 + rng.below(90);
-            (e.seq_create(), tokens(len, 100 + k as u32 + rng.below(1000) as u32, vocab), 0)
+            (
+                e.seq_create(),
+                tokens(len, 100 + k as u32 + rng.below(1000) as u32, vocab),
+                0,
+            )
         })
         .collect();
     // A little history first, so the target lands on scattered cells.
@@ -105,9 +109,8 @@ fn in_company(
     let mut got = Vec::new();
     let mut fed = 0;
     let mut step = 0;
-    let budget_left = |entries: &Vec<BatchEntry>| {
-        1024 - entries.iter().map(|x| x.tokens.len()).sum::<usize>()
-    };
+    let budget_left =
+        |entries: &Vec<BatchEntry>| 1024 - entries.iter().map(|x| x.tokens.len()).sum::<usize>();
     loop {
         let done = fed == prompt.len() + probes.len();
         if done {
@@ -260,8 +263,16 @@ fn bad_entries_are_typed_errors_and_change_nothing() {
     let probe = [3u32];
     let next = |e: &mut Engine| -> (Vec<f32>, Vec<f32>) {
         let snapshot = e.cells().clone();
-        let pa = e.forward_batch(&[BatchEntry::new(a, &probe, 10)]).unwrap().logits(0).to_vec();
-        let pb = e.forward_batch(&[BatchEntry::new(b, &probe, 12)]).unwrap().logits(0).to_vec();
+        let pa = e
+            .forward_batch(&[BatchEntry::new(a, &probe, 10)])
+            .unwrap()
+            .logits(0)
+            .to_vec();
+        let pb = e
+            .forward_batch(&[BatchEntry::new(b, &probe, 12)])
+            .unwrap()
+            .logits(0)
+            .to_vec();
         // Undo the probes so the state is as it was.
         e.seq_truncate(a, 10).unwrap();
         e.seq_truncate(b, 12).unwrap();
@@ -274,12 +285,33 @@ fn bad_entries_are_typed_errors_and_change_nothing() {
     let big = tokens(60, 3, vocab);
     let outside = [vocab as u32 + 5];
     let bad: Vec<(Vec<BatchEntry>, &str)> = vec![
-        (vec![BatchEntry::new(a, &probe, 10), BatchEntry::new(unknown, &probe, 0)], "999"),
-        (vec![BatchEntry::new(a, &probe, 10), BatchEntry::new(b, &probe, 14)], "position"),
+        (
+            vec![
+                BatchEntry::new(a, &probe, 10),
+                BatchEntry::new(unknown, &probe, 0),
+            ],
+            "999",
+        ),
+        (
+            vec![
+                BatchEntry::new(a, &probe, 10),
+                BatchEntry::new(b, &probe, 14),
+            ],
+            "position",
+        ),
         (vec![BatchEntry::new(b, &outside, 12)], "vocabulary"),
-        (vec![BatchEntry::new(a, &probe, 10), BatchEntry::new(b, &big, 12)], "n_ctx"),
+        (
+            vec![BatchEntry::new(a, &probe, 10), BatchEntry::new(b, &big, 12)],
+            "n_ctx",
+        ),
         (vec![BatchEntry::new(a, &big[..50], 10)], "arena"),
-        (vec![BatchEntry::new(a, &probe, 10), BatchEntry::new(a, &probe, 11)], "twice"),
+        (
+            vec![
+                BatchEntry::new(a, &probe, 10),
+                BatchEntry::new(a, &probe, 11),
+            ],
+            "twice",
+        ),
     ];
     for (entries, what) in &bad {
         let err = e.forward_batch(entries).unwrap_err();
@@ -293,7 +325,10 @@ fn bad_entries_are_typed_errors_and_change_nothing() {
     let fill = tokens(40, 4, vocab);
     let before_cells = e.cells().clone();
     let err = e
-        .forward_batch(&[BatchEntry::new(c, &fill, 0), BatchEntry::new(d, &fill[..10], 0)])
+        .forward_batch(&[
+            BatchEntry::new(c, &fill, 0),
+            BatchEntry::new(d, &fill[..10], 0),
+        ])
         .unwrap_err();
     assert!(matches!(err, Error::ArenaFull { needed: 50, .. }), "{err}");
     assert_eq!(e.cells(), &before_cells);

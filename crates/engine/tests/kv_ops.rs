@@ -40,7 +40,10 @@ fn cell_placement_and_defrag_leave_the_next_logits_bit_identical() {
         let scattered = e.cells().runs(seq).unwrap().to_vec();
         assert!(scattered.len() > 1, "{ty}: {scattered:?}");
         let got1 = e.decode(&probe1, 22, 1).unwrap().to_vec();
-        assert!(bits_eq(&got1, &want1), "{ty}: scattered cells changed the logits");
+        assert!(
+            bits_eq(&got1, &want1),
+            "{ty}: scattered cells changed the logits"
+        );
         let moves = e.defrag().unwrap();
         e.cells().check().unwrap();
         assert!(!moves.is_empty(), "{ty}: defrag moved nothing");

@@ -171,7 +171,11 @@ fn many_sequences_save_and_load_all_or_one() {
         let mut a = engine(&path, 96, ty);
         let vocab = a.hparams().vocab_size;
         let (s1, s2) = (a.seq_create(), a.seq_create());
-        let (t0, t1, t2) = (tokens(9, 1, vocab), tokens(14, 2, vocab), tokens(5, 3, vocab));
+        let (t0, t1, t2) = (
+            tokens(9, 1, vocab),
+            tokens(14, 2, vocab),
+            tokens(5, 3, vocab),
+        );
         a.decode(&t0, 0, 1).unwrap();
         a.forward_batch(&[
             minfer_engine::BatchEntry::new(s1, &t1, 0),

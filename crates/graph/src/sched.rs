@@ -51,7 +51,10 @@ pub fn execute(
     for (k, (_, nodes)) in splits.iter().enumerate() {
         for &i in nodes {
             for st in &plan.stages[i] {
-                if !copies.iter().any(|c| c.2.to == st.to && c.2.from == st.from) {
+                if !copies
+                    .iter()
+                    .any(|c| c.2.to == st.to && c.2.from == st.from)
+                {
                     copies.push((split_of[st.producer.index()], k, *st));
                 }
             }

@@ -19,7 +19,8 @@ fn dot_and_json_show_nodes_edges_and_backends() {
         dot.contains("fillcolor=lightblue") && dot.contains("fillcolor=lightsalmon"),
         "{dot}"
     );
-    let json: serde_json::Value = serde_json::from_str(&dump::to_json(&graph, &name, &|w| format!("w{}", w.0))).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&dump::to_json(&graph, &name, &|w| format!("w{}", w.0))).unwrap();
     assert_eq!(json["output"], 2);
     assert_eq!(json["nodes"][2]["backend_name"], "metal");
     assert_eq!(json["nodes"][2]["src"], serde_json::json!([1, 0]));

@@ -44,6 +44,10 @@ struct Mock {
     deferred: bool,
     /// A broken device whose reads do not wait for queued work (the control).
     stale_reads: bool,
+    /// A weight type this device cannot hold.
+    refuse: Option<GgmlType>,
+    /// Weights handed over by `prepare_weights`.
+    prepared: Arc<Mutex<Vec<WeightId>>>,
 }
 
 impl Mock {
@@ -58,6 +62,8 @@ impl Mock {
             pending: Vec::new(),
             deferred: false,
             stale_reads: false,
+            refuse: None,
+            prepared: Arc::default(),
         }
     }
 
@@ -132,6 +138,20 @@ impl Backend for Mock {
     fn supports_fused(&self, _: FusedOp) -> bool {
         self.fused
     }
+    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+        match self.refuse {
+            Some(t) if t == w.ty => Err(format!("no {t} kernels")),
+            _ => Ok(()),
+        }
+    }
+    fn prepare_weights(
+        &mut self,
+        _: &dyn WeightSource,
+        ids: &[WeightId],
+    ) -> minfer_graph::Result<()> {
+        self.prepared.lock().unwrap().extend_from_slice(ids);
+        Ok(())
+    }
     fn alloc(&mut self, bytes: usize) -> minfer_graph::Result<BufId> {
         self.bufs.push(Some(vec![0.0; bytes / 4]));
         Ok(BufId(self.bufs.len() as u32 - 1))
@@ -192,7 +212,10 @@ impl Backend for Mock {
         self.run(node, args.srcs, args.out)
     }
     fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> minfer_graph::Result<()> {
-        self.log.lock().unwrap().push(format!("{}:split{}", self.id, nodes.len()));
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}:split{}", self.id, nodes.len()));
         for (n, a) in nodes.iter().zip(args) {
             self.execute_node(n, a)?;
         }
@@ -456,4 +479,140 @@ fn the_cache_reuses_a_graph_for_equal_params() {
         )
         .unwrap();
     assert_eq!(cache.builds(), 4, "the least recent was evicted");
+}
+
+/// Two cached plans never share a buffer (a prefill and a decode graph may both be alive),
+/// and evicting a plan frees its buffers on the backend: the bytes in use drop back. (Before
+/// plans owned their buffers, the second plan took the first one's dead intermediates from
+/// a shared free list, which the disjointness assertion catches.)
+#[test]
+fn cached_plans_own_their_buffers_and_eviction_frees_them() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log))];
+    let placement = everywhere(&backends);
+    let mut alloc = Allocator::new();
+    let mut cache = GraphCache::new(2);
+    let p = |n| GraphParams {
+        n_tokens: n,
+        n_out: 1,
+        n_ctx: 16,
+        cache_type: GgmlType::F32,
+        window: WindowLayout::Span,
+    };
+    let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
+    let bufs =
+        |cache: &mut GraphCache, alloc: &mut Allocator, backends: &mut Vec<Box<dyn Backend>>, n| {
+            let (_, plan) = cache
+                .get_or_build(
+                    &p(n),
+                    &build,
+                    &|_| Ok(0),
+                    backends,
+                    &NoWeights,
+                    &placement,
+                    alloc,
+                )
+                .unwrap();
+            plan.node_buf
+                .iter()
+                .flatten()
+                .map(|b| b.1 .0)
+                .collect::<std::collections::BTreeSet<u32>>()
+        };
+    let a = bufs(&mut cache, &mut alloc, &mut backends, 64);
+    let after_one = alloc.in_use(BackendId(0));
+    let b = bufs(&mut cache, &mut alloc, &mut backends, 64 * 1024);
+    assert!(
+        a.is_disjoint(&b),
+        "two cached plans share buffers: {a:?} {b:?}"
+    );
+    let after_two = alloc.in_use(BackendId(0));
+    assert!(after_two > after_one);
+    // A third shape evicts the first (capacity 2): its bytes are freed, the new ones taken.
+    let _ = bufs(&mut cache, &mut alloc, &mut backends, 64);
+    let _ = bufs(&mut cache, &mut alloc, &mut backends, 128);
+    assert_eq!(cache.len(), 2);
+    cache.clear(&mut alloc, &mut backends);
+    assert_eq!(
+        alloc.in_use(BackendId(0)),
+        0,
+        "clearing the cache frees everything"
+    );
+}
+
+/// Two weights, one of a type backend 1 cannot hold.
+struct TwoWeights(Vec<u8>);
+impl WeightSource for TwoWeights {
+    fn weight(&self, id: WeightId) -> Option<WeightRef<'_>> {
+        let ty = [GgmlType::F32, GgmlType::Q4K][id.index()];
+        Some(WeightRef {
+            ty,
+            ne0: 4,
+            ne1: 1,
+            bytes: &self.0,
+        })
+    }
+    fn name(&self, id: WeightId) -> &str {
+        ["a.weight", "b.weight"][id.index()]
+    }
+    fn id(&self, name: &str) -> Option<WeightId> {
+        ["a.weight", "b.weight"]
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| WeightId(i as u32))
+    }
+    fn len(&self) -> usize {
+        2
+    }
+}
+
+/// Placement is all or nothing per backend: a device that cannot hold one weight holds none,
+/// is told nothing, and the report names the weight and why; the CPU-like backend gets every
+/// weight once. Assignment then keeps weight-reading nodes off the refusing backend.
+#[test]
+fn placement_is_all_or_nothing_and_names_the_weight_that_kept_a_device_out() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let host = Mock::new(0, 100, &log);
+    let host_prepared = host.prepared.clone();
+    let mut dev = Mock::new(1, 300, &log);
+    dev.refuse = Some(GgmlType::Q4K);
+    let dev_prepared = dev.prepared.clone();
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(host), Box::new(dev)];
+    let w = TwoWeights(vec![0; 16]);
+    let placement =
+        minfer_graph::place_weights(&mut backends, &w, &[WeightId(0), WeightId(1)]).unwrap();
+    assert!(placement.holds(BackendId(0)) && !placement.holds(BackendId(1)));
+    assert_eq!(
+        *host_prepared.lock().unwrap(),
+        vec![WeightId(0), WeightId(1)]
+    );
+    assert!(dev_prepared.lock().unwrap().is_empty());
+    let report = placement.report().join("\n");
+    assert!(
+        report.contains("mock1") && report.contains("b.weight") && report.contains("Q4_K"),
+        "{report}"
+    );
+    // Control: with only the F32 weight, the device holds it.
+    let p2 = minfer_graph::place_weights(&mut backends, &w, &[WeightId(0)]).unwrap();
+    assert!(p2.holds(BackendId(1)));
+    // A graph node reading a weight only goes where the weights are.
+    let mut g = GraphBuilder::new();
+    let x = g.input(InputKind::TokenIds, [4, 1]);
+    let r = g.op(
+        "norm",
+        Op::RmsNorm {
+            eps: 1e-6,
+            weight: WeightId(0),
+            group: 4,
+        },
+        &[x],
+        [4, 1],
+    );
+    let mut g = g.finish(r);
+    let err = assign_backends(&mut g, &backends, &w, &placement).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("holds none of the model's weights"),
+        "{err}"
+    );
 }

@@ -180,7 +180,14 @@ pub fn build_graph(
         );
         x = g.op(format!("L{l}.attn_res"), Op::Add, &[o, x], [d, n]);
         let h = rms(&mut g, format!("L{l}.ffn_norm"), x, w(Layer::FfnNorm)?, d);
-        let gate = matmul(&mut g, format!("L{l}.gate"), h, w(Layer::FfnGate)?, None, ff);
+        let gate = matmul(
+            &mut g,
+            format!("L{l}.gate"),
+            h,
+            w(Layer::FfnGate)?,
+            None,
+            ff,
+        );
         let up = matmul(&mut g, format!("L{l}.up"), h, w(Layer::FfnUp)?, None, ff);
         let s = g.op(format!("L{l}.silu"), Op::Silu, &[gate], [ff, n]);
         let m = g.op(format!("L{l}.gate_up"), Op::Mul, &[s, up], [ff, n]);

@@ -21,11 +21,11 @@ pub mod sync;
 
 use crate::batch::{BatchEntry, BatchLogits};
 use crate::engine::{Engine, Error as EngineError};
-use crate::kvcells::SeqId;
 use crate::generate::{
     generate, FinishReason, GenerateError, GenerateRequest, LogitsModel, Timings, TokenBytes,
 };
 use crate::kv::kv_can_shift;
+use crate::kvcells::SeqId;
 use crate::sampler::SamplerConfig;
 use minfer_tokenizer::template::{self, ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::{TokenType, Tokenizer};
