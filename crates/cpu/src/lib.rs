@@ -278,10 +278,19 @@ impl CpuBackend {
                     cache_type: *cache_type,
                     ggml: self.numerics.ggml(),
                 };
+                // The window is [2, n] (span) or [KV_MAP_WIDTH, n] (kv map). ExecArgs does not
+                // carry its shape; its buffer is size-classed from its own bytes, which for a
+                // span is always fewer than KV_MAP_WIDTH * n values.
+                let w = src(1)?;
+                let width = if w.len() >= attn::KV_MAP_WIDTH * ne1 {
+                    attn::KV_MAP_WIDTH
+                } else {
+                    attn::SPAN_WIDTH
+                };
                 attn::attention(
                     &p,
                     &src(0)?[..n],
-                    &src(1)?[..2 * ne1],
+                    &w[..width * ne1],
                     as_bytes(k),
                     as_bytes(v),
                     out,
