@@ -13,14 +13,19 @@
 //!     shifted placement; the former f16 switch (llama.cpp's one-chunk kernel below 64 rows,
 //!     the flash kernel from 64); llama.cpp's numerics, which keep that switch;
 //! (d) the kv-map layout with one run equals the span layout bitwise;
-//! (e) bad windows are refused with typed errors naming the problem.
+//! (e) bad windows are refused with typed errors naming the problem;
+//! (f) KV cell operations: `copy_cells` is `copy_within`, `rope_shift` composes (d1 then d2
+//!     within f32 rounding of d1 + d2, and equals RoPE at the shifted position), q8_0 refuses.
 
 use minfer_cpu::ggml_x86::GgmlSimd;
 use minfer_cpu::ops::attn::{
     self, AttnParams, Run, Window, WindowError, BLOCK, KV_MAP_RUNS, KV_MAP_WIDTH, WINDOW,
 };
+use minfer_cpu::ops::kv_cells::{self, KvCellError, ShiftRope};
+use minfer_cpu::ops::rope::{rope, RopeParams};
 use minfer_cpu::simd::{self, Isa};
 use minfer_gguf::{quants, GgmlType};
+use minfer_graph::RopeStyle;
 
 /// splitmix64 floats in [-1, 1).
 fn floats(n: usize, seed: u64) -> Vec<f32> {
@@ -728,6 +733,160 @@ fn e_bad_windows_are_typed_errors() {
         assert!(bad(&map(&[(0, 4), (3, 1)])).contains("overlap"));
         assert!(bad(&[0, 1, 2]).contains("neither a span"));
     }
+}
+
+#[test]
+fn f_copy_cells_is_memmove() {
+    for cb in [1usize, 6, 34] {
+        let n_cells = 9;
+        let orig: Vec<u8> = (0..n_cells * cb).map(|i| (i * 7 + 3) as u8).collect();
+        for src in 0..n_cells {
+            for dst in 0..n_cells {
+                for n in 0..=(n_cells - src.max(dst)) {
+                    let mut want = orig.clone();
+                    want.copy_within(src * cb..(src + n) * cb, dst * cb);
+                    let mut got = orig.clone();
+                    kv_cells::copy_cells(&mut got, cb, src, dst, n).unwrap();
+                    assert_eq!(got, want, "cb {cb} src {src} dst {dst} n {n}");
+                }
+            }
+        }
+        let mut r = orig.clone();
+        assert!(matches!(
+            kv_cells::copy_cells(&mut r, cb, 5, 0, 5),
+            Err(KvCellError::OutOfRegion {
+                start: 5,
+                n: 5,
+                n_cells: 9,
+                ..
+            })
+        ));
+        assert!(matches!(
+            kv_cells::copy_cells(&mut r, cb, 0, 8, 2),
+            Err(KvCellError::OutOfRegion { start: 8, .. })
+        ));
+        assert_eq!(r, orig, "a refused copy changes nothing");
+    }
+}
+
+/// Rows of `n_cells` cells rotated by `rope` at positions `pos` and stored as `ty`.
+fn rotated_region(ty: GgmlType, p: &RopeParams, raw: &[f32], pos: &[usize]) -> (Vec<u8>, Vec<f32>) {
+    let nk = p.n_head * p.head_dim;
+    let slots: Vec<f32> = pos.iter().map(|&x| slot(x)).collect();
+    let mut rot = vec![0f32; raw.len()];
+    rope(p, raw, &slots, &mut rot);
+    let cb = attn::cell_bytes(ty, nk).unwrap();
+    let mut region = vec![0u8; pos.len() * cb];
+    let cells: Vec<f32> = (0..pos.len()).map(slot).collect();
+    attn::kv_store(ty, &rot, nk, &cells, &mut region).unwrap();
+    (region, rot)
+}
+
+fn dequant(ty: GgmlType, region: &[u8], nk: usize) -> Vec<f32> {
+    let cb = attn::cell_bytes(ty, nk).unwrap();
+    let mut out = vec![0f32; region.len() / cb * nk];
+    for (src, dst) in region.chunks_exact(cb).zip(out.chunks_exact_mut(nk)) {
+        quants::dequantize_row(ty, src, dst).unwrap();
+    }
+    out
+}
+
+#[test]
+fn f_rope_shift_composes_and_q8_0_refuses() {
+    // Qwen2.5's RoPE (NeoX, base 1e6) and LLaMA's (normal, base 1e4); 2 KV heads of 64.
+    let styles = [(RopeStyle::Neox, 1e6f32), (RopeStyle::Normal, 1e4)];
+    let (n_kv, hd, n) = (2usize, 64usize, 70usize);
+    let nk = n_kv * hd;
+    let raw: Vec<f32> = floats(n * nk, 12).iter().map(|x| 4.0 * x).collect();
+    let pos: Vec<usize> = (0..n).map(|i| 3 * i + 1).collect();
+    let mut worst = [0f64; 2];
+    for (style, base) in styles {
+        let sr = ShiftRope {
+            style,
+            freq_base: base,
+            freq_scale: 1.0,
+            fused: false,
+        };
+        let p = RopeParams {
+            style,
+            n_head: n_kv,
+            head_dim: hd,
+            freq_base: base,
+            freq_scale: 1.0,
+            fused: false,
+        };
+        for (ti, ty) in [GgmlType::F32, GgmlType::F16].into_iter().enumerate() {
+            for (d1, d2) in [(37i64, -11i64), (-300, 512), (1, 1)] {
+                let (mut a, _) = rotated_region(ty, &p, &raw, &pos);
+                let mut b = a.clone();
+                kv_cells::rope_shift(&mut a, ty, n_kv, hd, &sr, 0, n, d1).unwrap();
+                kv_cells::rope_shift(&mut a, ty, n_kv, hd, &sr, 0, n, d2).unwrap();
+                kv_cells::rope_shift(&mut b, ty, n_kv, hd, &sr, 0, n, d1 + d2).unwrap();
+                // Against a fresh rotation at the shifted positions (positions stay >= 0).
+                let shifted: Vec<usize> = pos
+                    .iter()
+                    .map(|&x| (x as i64 + 300 + d1 + d2) as usize)
+                    .collect();
+                let (_, fresh) = rotated_region(GgmlType::F32, &p, &raw, &shifted);
+                let (mut c, _) = rotated_region(ty, &p, &raw, &pos);
+                kv_cells::rope_shift(&mut c, ty, n_kv, hd, &sr, 0, n, 300 + d1 + d2).unwrap();
+                let (a, b, c) = (
+                    dequant(ty, &a, nk),
+                    dequant(ty, &b, nk),
+                    dequant(ty, &c, nk),
+                );
+                for ((x, y), (z, f)) in a.iter().zip(&b).zip(c.iter().zip(&fresh)) {
+                    worst[ti] = worst[ti]
+                        .max((x - y).abs() as f64)
+                        .max((z - f).abs() as f64);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "rope_shift max |err| f32 {:.2e}, f16 {:.2e}",
+        worst[0], worst[1]
+    );
+    // Bound, f32: rotations keep |x| <= 4 * sqrt(2) = 5.7. Pair j's angle is pos * s^j,
+    // s = base^(-2/64), formed by j rounded f32 products (the rounding of s itself is common
+    // to both sides and cancels): its error is at most |pos| * j * s^j * 2^-24 <= 812 * 1.3 *
+    // 6e-8 = 6e-5 rad (|pos| <= 812 here; j * s^j <= 1.3 for both bases), so 3.5e-4 per
+    // rotated value and 7e-4 between two ways of composing; asserted at 1e-3 (measured
+    // 1.8e-4). f16: each stored value rounds to half once per shift (half an ulp below 8:
+    // 2^-9 = 2e-3), three roundings between the sides: 6e-3 plus the f32 part; asserted at
+    // 1e-2 (measured 3.9e-3, one ulp).
+    assert!(worst[0] < 1e-3, "f32 {}", worst[0]);
+    assert!(worst[1] < 1e-2, "f16 {}", worst[1]);
+    // q8_0 refuses (and changes nothing); a no-op shift is fine.
+    let sr = ShiftRope {
+        style: RopeStyle::Neox,
+        freq_base: 1e6,
+        freq_scale: 1.0,
+        fused: false,
+    };
+    let cb = attn::cell_bytes(GgmlType::Q8_0, nk).unwrap();
+    let mut q8 = vec![7u8; 4 * cb];
+    let before = q8.clone();
+    assert_eq!(
+        kv_cells::rope_shift(&mut q8, GgmlType::Q8_0, n_kv, hd, &sr, 0, 4, 3),
+        Err(KvCellError::CannotShift { ty: GgmlType::Q8_0 })
+    );
+    assert_eq!(q8, before);
+    assert!(kv_cells::rope_shift(&mut q8, GgmlType::Q8_0, n_kv, hd, &sr, 0, 4, 0).is_ok());
+    let mut f = vec![0u8; 4 * nk * 4];
+    assert!(matches!(
+        kv_cells::rope_shift(&mut f, GgmlType::F32, n_kv, hd, &sr, 2, 3, 1),
+        Err(KvCellError::OutOfRegion {
+            start: 2,
+            n: 3,
+            n_cells: 4,
+            ..
+        })
+    ));
+    assert_eq!(
+        kv_cells::rope_shift(&mut f, GgmlType::F32, n_kv, hd, &sr, 0, 1, 1 << 40),
+        Err(KvCellError::DeltaRange { delta: 1 << 40 })
+    );
 }
 
 /// The row kernels the flash kernel relies on: a list of scattered cells scores and

@@ -2,6 +2,7 @@
 
 pub mod attn;
 pub mod elementwise;
+pub mod kv_cells;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
