@@ -276,9 +276,10 @@ impl CpuBackend {
                 ..
             } => {
                 let (k, v) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
+                // The window input is [2, n] (span) or [KV_MAP_WIDTH, n] (kv map), as the op says.
                 let width = match window {
-                    WindowLayout::Span => 2,
-                    WindowLayout::KvMap => 2 * minfer_graph::KV_MAP_RUNS,
+                    WindowLayout::Span => attn::SPAN_WIDTH,
+                    WindowLayout::KvMap => attn::KV_MAP_WIDTH,
                 };
                 let p = attn::AttnParams {
                     n_head: *n_head,
@@ -551,7 +552,7 @@ impl Backend for CpuBackend {
         self.put(region, r);
         res.map_err(|e| Error::Backend {
             backend: "cpu".into(),
-            problem: format!("copy of KV cells: {}", e.0),
+            problem: e.to_string(),
         })
     }
 
@@ -564,12 +565,27 @@ impl Backend for CpuBackend {
         n: usize,
         delta: i64,
     ) -> Result<()> {
+        let shift = ops::kv_cells::ShiftRope {
+            style: rope.style,
+            freq_base: rope.freq_base,
+            freq_scale: rope.freq_scale,
+            fused: false,
+        };
         let mut r = self.take(k_region)?;
-        let res = ops::kv_cells::rope_shift(as_bytes_mut(&mut r), layout, rope, cell, n, delta);
+        let res = ops::kv_cells::rope_shift(
+            as_bytes_mut(&mut r),
+            layout.cache_type,
+            layout.n_head_kv,
+            layout.head_dim,
+            &shift,
+            cell,
+            n,
+            delta,
+        );
         self.put(k_region, r);
         res.map_err(|e| Error::Backend {
             backend: "cpu".into(),
-            problem: format!("shift of KV cells: {}", e.0),
+            problem: e.to_string(),
         })
     }
 }

@@ -263,3 +263,62 @@ fn worker(shared: &'static Shared, index: usize, mut seen: u64) {
         job.refs.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+/// An output slice shared by the tasks of one job, each writing its own disjoint parts.
+///
+/// Tasks run on the pool's threads and need `&mut` access to their part of one output; this
+/// wrapper carries the slice's pointer and length (bounds-checked on every access) and the
+/// borrow's lifetime, so a part can never outlive the slice it came from.
+#[derive(Clone, Copy)]
+pub struct SharedOut<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a `SharedOut` only hands out parts through the unsafe `part`, whose callers promise
+// that concurrent parts are disjoint; f32 is Send, so sending the parts' writes is sound.
+unsafe impl Send for SharedOut<'_> {}
+// SAFETY: as above; shared references give no access except through `part`.
+unsafe impl Sync for SharedOut<'_> {}
+
+impl<'a> SharedOut<'a> {
+    /// Shares `out` (mutably borrowed for as long as the wrapper lives).
+    pub fn new(out: &'a mut [f32]) -> SharedOut<'a> {
+        SharedOut {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Elements in the shared slice.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements `start..start + len`.
+    ///
+    /// # Safety
+    /// No other live reference (from another `part` call, on any thread) may overlap this
+    /// range while the returned slice is used.
+    ///
+    /// # Panics
+    /// When the range is outside the shared slice.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn part(&self, start: usize, len: usize) -> &'a mut [f32] {
+        assert!(
+            start <= self.len && len <= self.len - start,
+            "part {start}..{} of a shared output of {}",
+            start.saturating_add(len),
+            self.len
+        );
+        // SAFETY: in bounds (checked above) of a slice borrowed for 'a; exclusive per the
+        // caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}

@@ -30,8 +30,8 @@
 //! several-rows-per-call form (`dot_q5_0_side_rows`) skipping its first row, and its
 //! broadcast-loaded nibbles shifted in the wrong half (`srlv` by (0, 0, 4, 4)), each fail it.
 
+use minfer_cpu::ggml_x86::attn_f16;
 use minfer_cpu::ops::attn::{self, AttnParams};
-use minfer_cpu::ops::attn_f16;
 use minfer_cpu::ops::matmul::{matmul, Weight};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;

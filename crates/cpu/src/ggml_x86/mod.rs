@@ -21,6 +21,7 @@
 //! Selected by `--numerics llamacpp-x86-avx2|llamacpp-x86-avx512` (see docs/PRECISION.md);
 //! types and caches outside this list are refused, never computed another way.
 
+pub mod attn_f16;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod expf;

@@ -1,7 +1,6 @@
 //! CPU kernels: plain functions over slices (no graph types), so each is testable alone.
 
 pub mod attn;
-pub mod attn_f16;
 pub mod elementwise;
 pub mod kv_cells;
 pub mod matmul;

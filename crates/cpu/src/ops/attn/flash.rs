@@ -2,17 +2,23 @@
 //! type by the row kernels of [`crate::simd::attn`].
 //!
 //! Work is cut into (KV head, query tile) pairs: a tile is up to [`TILE_TOKENS`] consecutive
-//! tokens times the query heads of one GQA group, so every K/V cell a block loads serves all of
-//! them while it is in L1. Each row (token, head) has its own span `[lo, hi)`; cells outside
-//! it are never read for that row, and a block no row of the tile needs is skipped.
+//! tokens whose windows start at the same cell (in practice: of one sequence) times the query
+//! heads of one GQA group, so every K/V cell a block loads serves all of them while it is in
+//! L1. Each row (token, head) reads only the cells its window lists.
 //!
-//! Float order, and why results do not depend on threads or tiles: a row's cells are cut into
-//! windows of [`WINDOW`] cells at absolute cell multiples. Within a window the online softmax
-//! runs block by block ([`BLOCK`] cells, also at absolute multiples): scores, block max, a
-//! rescale of the accumulator when the max grows, `exp`, sum, weighted V. Each window starts
-//! from an empty state, and the window states are merged in cell order. A row's result is
-//! therefore a function of its query, its span and the cells alone, so splitting a long
-//! context's windows across threads (decode) gives the same bits as running them in one task.
+//! Float order, and why a row's result depends on nothing but its query and the K/V values its
+//! window lists, in order: the row's cells are indexed logically, `0..len` along its runs
+//! concatenated, and cut into windows of [`WINDOW`] and blocks of [`BLOCK`] at logical
+//! multiples (never at cell multiples, so the same values at other cells, or split into other
+//! runs, give the same bits). Within a window the online softmax runs block by block: scores,
+//! block max, a rescale of the accumulator when the max grows, `exp`, sum, weighted V. A block
+//! that crosses a run boundary is one list of cells for the row kernels, which treat a list
+//! exactly as a contiguous run (the scores' 4-cell grouping counts from the block's start; the
+//! accumulation is one chain per lane in list order). Each window starts from an empty state,
+//! and the window states are merged in logical order. Other rows share loads, never
+//! arithmetic, so neither the tiles nor the rows around a row, nor splitting a long context's
+//! windows across threads (decode), change a bit. With one run starting at cell 0 (cell ==
+//! position, as before kv maps) the blocks and windows are the absolute ones of that layout.
 //!
 //! Scores are f64 (products of f32 values are exact there; the row kernels sum them in f64):
 //! real models have large query/key components (Qwen2.5's queries reach ~82), where an f32
@@ -22,9 +28,8 @@
 //! probability by 0.06 (qwen `chinese_ai_future` step 3); with f64 scores it gives the value of
 //! an all-f64 attention. Weights, the accumulator and V stay f32.
 
-use super::{AttnParams, KResult, KernelError};
-use crate::simd::attn::KvKernels;
-use crate::threads::par_tasks;
+use super::{Call, KResult};
+use crate::threads::{par_tasks, SharedOut};
 use std::cell::RefCell;
 use std::sync::Mutex;
 
@@ -34,20 +39,6 @@ pub const BLOCK: usize = 32;
 pub const WINDOW: usize = 512;
 /// Consecutive tokens per query tile.
 const TILE_TOKENS: usize = 8;
-
-/// One attention call, validated.
-pub(super) struct Call<'a> {
-    pub p: &'a AttnParams,
-    pub kern: KvKernels,
-    pub q: &'a [f32],
-    /// Per token `[lo, hi)`, inside the regions.
-    pub spans: Vec<(usize, usize)>,
-    pub k: &'a [u8],
-    pub v: &'a [u8],
-    /// Bytes of one cell (all KV heads) and of one head.
-    pub cell_bytes: usize,
-    pub head_bytes: usize,
-}
 
 /// Online-softmax state of a tile's rows: running max, sum of weights, weighted V sum.
 #[derive(Default)]
@@ -108,11 +99,19 @@ impl Call<'_> {
         (tile.t1 - tile.t0) * self.group()
     }
 
-    /// The windows some row of `tile` reaches (empty when every span is empty).
+    /// Token `t`'s cells in grid coordinates: logical indices plus its phase.
+    fn grid(&self, t: usize) -> (usize, usize) {
+        let ph = self.phase.get(t).copied().unwrap_or(0);
+        (ph, ph + self.windows[t].len())
+    }
+
+    /// The windows some row of `tile` reaches (empty when every window is).
     fn windows(&self, tile: Tile) -> std::ops::Range<usize> {
-        let live = self.spans[tile.t0..tile.t1].iter().filter(|s| s.0 < s.1);
-        let lo = live.clone().map(|s| s.0).min();
-        let hi = live.map(|s| s.1).max();
+        let live = (tile.t0..tile.t1)
+            .map(|t| self.grid(t))
+            .filter(|g| g.0 < g.1);
+        let lo = live.clone().map(|g| g.0).min();
+        let hi = live.map(|g| g.1).max();
         match (lo, hi) {
             (Some(lo), Some(hi)) => lo / WINDOW..(hi - 1) / WINDOW + 1,
             _ => 0..0,
@@ -126,7 +125,7 @@ impl Call<'_> {
         let head_off = tile.g * self.head_bytes;
         let row_len = self.p.n_head * hd;
         let clip = |t: usize| {
-            let (lo, hi) = self.spans[t];
+            let (lo, hi) = self.grid(t);
             (lo.max(w * WINDOW), hi.min((w + 1) * WINDOW))
         };
         let (mut first, mut last) = (usize::MAX, 0);
@@ -150,14 +149,22 @@ impl Call<'_> {
                     continue;
                 }
                 let n = z - a;
-                let k = &self.k[a * self.cell_bytes + head_off..];
-                let v = &self.v[a * self.cell_bytes + head_off..];
+                // The block's cells, as byte offsets of KV head `g`, in logical order.
+                let ph = self.grid(t).0;
+                let mut j = 0;
+                for (cell, len) in self.windows[t].pieces(a - ph..z - ph) {
+                    for (o, c) in buf.cells[j..j + len].iter_mut().zip(cell..) {
+                        *o = c * self.cell_bytes + head_off;
+                    }
+                    j += len;
+                }
+                let cells = &buf.cells[..n];
                 for hh in 0..group {
                     let r = (t - tile.t0) * group + hh;
                     let h = tile.g * group + hh;
                     let q = &self.q[t * row_len + h * hd..t * row_len + (h + 1) * hd];
                     let s = &mut buf.scores[..n];
-                    (self.kern.scores)(q, k, self.cell_bytes, s);
+                    (self.kern.scores)(q, self.k, cells, s);
                     let scale = self.p.scale as f64;
                     let mut mx = f64::NEG_INFINITY;
                     for x in s.iter_mut() {
@@ -184,7 +191,7 @@ impl Call<'_> {
                         *w = e as f32;
                     }
                     st.l[r] += sum;
-                    (self.kern.accum)(acc, v, self.cell_bytes, w);
+                    (self.kern.accum)(acc, self.v, cells, w);
                 }
             }
             b0 = b1;
@@ -192,7 +199,7 @@ impl Call<'_> {
     }
 
     /// Writes `tile`'s rows of the normalised result from the merged state.
-    fn write(&self, tile: Tile, st: &State, out: OutPtr) {
+    fn write(&self, tile: Tile, st: &State, out: &SharedOut) {
         let (hd, group) = (self.hd(), self.group());
         let row_len = self.p.n_head * hd;
         for t in tile.t0..tile.t1 {
@@ -200,16 +207,15 @@ impl Call<'_> {
                 let r = (t - tile.t0) * group + hh;
                 let h = tile.g * group + hh;
                 // SAFETY: row (t, h) of `out` belongs to this tile alone (tiles partition
-                // tokens x KV heads), `attention` checked `out` holds every row, and the tasks
-                // finish before `attention` returns.
-                let o = unsafe { std::slice::from_raw_parts_mut(out.at(t * row_len + h * hd), hd) };
+                // tokens x KV heads) and every task writes only its tile's rows.
+                let o = unsafe { out.part(t * row_len + h * hd, hd) };
                 let l = st.l[r];
                 let acc = &st.acc[r * hd..(r + 1) * hd];
                 if l > 0.0 {
                     let inv = (1.0 / l) as f32;
                     o.iter_mut().zip(acc).for_each(|(o, &a)| *o = a * inv);
                 } else {
-                    // An empty span (or all weights underflowed): no cell contributes.
+                    // An empty window (or all weights underflowed): no cell contributes.
                     o.fill(0.0);
                 }
             }
@@ -217,8 +223,9 @@ impl Call<'_> {
     }
 }
 
-/// One block's scores (f64: see the module notes) and weights.
+/// One block's cells (byte offsets), scores (f64: see the module notes) and weights.
 struct Buffers {
+    cells: [usize; BLOCK],
     scores: [f64; BLOCK],
     weights: [f32; BLOCK],
 }
@@ -229,34 +236,35 @@ thread_local! {
         RefCell::new((
             State { m: Vec::new(), l: Vec::new(), acc: Vec::new() },
             State { m: Vec::new(), l: Vec::new(), acc: Vec::new() },
-            Buffers { scores: [0.0; BLOCK], weights: [0.0; BLOCK] },
+            Buffers { cells: [0; BLOCK], scores: [0.0; BLOCK], weights: [0.0; BLOCK] },
         ))
     };
 }
 
-/// Runs the attention of `c` into `out` (`[n_tokens][n_head * head_dim]`, length checked by
-/// the caller) on up to `threads` threads.
-pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
-    let nt = c.spans.len();
-    let hd = c.hd();
-    let mut tiles = Vec::new();
-    for g in 0..c.p.n_head_kv {
-        for t0 in (0..nt).step_by(TILE_TOKENS) {
-            tiles.push(Tile {
-                g,
-                t0,
-                t1: (t0 + TILE_TOKENS).min(nt),
-            });
+/// The query tiles: per KV head, runs of up to [`TILE_TOKENS`] consecutive tokens whose
+/// windows begin at the same cell (rows that can share the loads of a block).
+fn tiles(c: &Call) -> Vec<Tile> {
+    let first = |t: usize| c.windows[t].runs().first().map(|r| r.cell);
+    let mut spans = Vec::new();
+    let mut t0 = 0;
+    for t in 1..=c.n_tokens() {
+        if t == c.n_tokens() || t - t0 == TILE_TOKENS || first(t) != first(t0) {
+            spans.push((t0, t));
+            t0 = t;
         }
     }
-    let needed = nt * c.p.n_head * hd;
-    if out.len() < needed {
-        return Err(KernelError(format!(
-            "attention output holds {} values, {nt} tokens need {needed}",
-            out.len()
-        )));
-    }
-    let outp = OutPtr(out.as_mut_ptr());
+    (0..c.p.n_head_kv)
+        .flat_map(|g| spans.iter().map(move |&(t0, t1)| Tile { g, t0, t1 }))
+        .collect()
+}
+
+/// Runs the attention of `c` into `out` (`[n_tokens][n_head * head_dim]`) on up to `threads`
+/// threads.
+pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
+    c.check_out(out)?;
+    let hd = c.hd();
+    let tiles = tiles(c);
+    let outp = SharedOut::new(out);
     let longest = tiles.iter().map(|&t| c.windows(t).len()).max().unwrap_or(0);
     if threads <= 1 || tiles.len() >= 2 * threads || longest <= 1 {
         // Enough tiles to keep every thread busy: one task per tile, windows in order.
@@ -269,7 +277,7 @@ pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
                     c.window(tiles[i], w, part, buf);
                     total.merge(part, hd);
                 }
-                c.write(tiles[i], total, outp);
+                c.write(tiles[i], total, &outp);
             })
         });
         return Ok(());
@@ -293,21 +301,7 @@ pub(super) fn run(c: &Call, out: &mut [f32], threads: usize) -> KResult<()> {
         for (j, _) in items.iter().enumerate().filter(|(_, it)| it.0 == i) {
             total.merge(&parts[j].lock().unwrap_or_else(|e| e.into_inner()), hd);
         }
-        c.write(tiles[i], &total, outp);
+        c.write(tiles[i], &total, &outp);
     });
     Ok(())
-}
-
-/// A raw output pointer shared by tasks that write disjoint rows.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: see `Call::write`: tasks write disjoint rows and finish before `run` returns.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The element at `i` (a method, so closures capture the whole `Sync` wrapper).
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
 }

@@ -1,8 +1,10 @@
 //! AVX2 + FMA + F16C attention row kernels. Every public-to-the-module function is a safe
 //! wrapper that [`kernels`] hands out only after [`supported`] confirmed the features.
 //!
-//! Scores: products and sums in f64 (4-lane FMAs), four cells reduced together by `hadd`.
-//! Accumulate: 32 accumulator lanes held in registers while a run of cells streams through.
+//! Scores: products and sums in f64 (4-lane FMAs), four cells reduced together by `hadd` (list
+//! entries 4j..4j + 4; the last `n % 4` one by one, in another lane order).
+//! Accumulate: 32 accumulator lanes held in registers while the cells stream through, one FMA
+//! chain per lane in list order (so pieces of a list, called in order, give the same bits).
 
 use std::arch::x86_64::*;
 
@@ -44,12 +46,12 @@ macro_rules! safe_wrappers {
 }
 
 safe_wrappers! {
-    scores_f32 => scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]),
-    scores_f16 => scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]),
-    scores_q8_0 => scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]),
-    accum_f32 => accum_f32_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
-    accum_f16 => accum_f16_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
-    accum_q8_0 => accum_q8_0_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]),
+    scores_f32 => scores_f32_k(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]),
+    scores_f16 => scores_f16_k(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]),
+    scores_q8_0 => scores_q8_0_k(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]),
+    accum_f32 => accum_f32_k(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]),
+    accum_f16 => accum_f16_k(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]),
+    accum_q8_0 => accum_q8_0_k(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]),
 }
 
 /// Horizontal sums of four 4-lane f64 vectors: `([Σa, Σb], [Σc, Σd])`.
@@ -131,17 +133,17 @@ unsafe fn scores_float(
     ty: GgmlType,
     q: &[f32],
     k: &[u8],
-    stride: usize,
+    cells: &[usize],
     out: &mut [f64],
     load8: impl Fn(*const u8, usize) -> __m256,
     one: impl Fn(*const u8, usize) -> f32,
 ) {
     let hd = q.len();
     let n = out.len();
-    check_cells(k, stride, n, head_bytes(ty, hd));
+    check_cells(k, cells, n, head_bytes(ty, hd));
     let full = hd / 8 * 8;
     let qp = q.as_ptr();
-    let cell = |j: usize| k.as_ptr().wrapping_add(j * stride);
+    let cell = |j: usize| k.as_ptr().wrapping_add(cells[j]);
     let zero = || (_mm256_setzero_pd(), _mm256_setzero_pd());
     let tail = |h: *const u8| -> f64 { (full..hd).map(|i| q[i] as f64 * one(h, i) as f64).sum() };
     // SAFETY: every cell j < n is in bounds (`check_cells`), element reads stay below `hd`.
@@ -190,15 +192,15 @@ unsafe fn accum_float(
     ty: GgmlType,
     acc: &mut [f32],
     v: &[u8],
-    stride: usize,
+    cells: &[usize],
     p: &[f32],
     load8: impl Fn(*const u8, usize) -> __m256,
     one: impl Fn(*const u8, usize) -> f32,
 ) {
     let hd = acc.len();
     let n = p.len();
-    check_cells(v, stride, n, head_bytes(ty, hd));
-    let cell = |j: usize| v.as_ptr().wrapping_add(j * stride);
+    check_cells(v, cells, n, head_bytes(ty, hd));
+    let cell = |j: usize| v.as_ptr().wrapping_add(cells[j]);
     let ap = acc.as_mut_ptr();
     // SAFETY: as in `scores_float`; accumulator reads and writes stay below `hd`.
     unsafe {
@@ -256,14 +258,14 @@ unsafe fn one_f16(h: *const u8, i: usize) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
+unsafe fn scores_f32_k(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]) {
     // SAFETY: this function's features are enabled (its caller's contract).
     unsafe {
         scores_float(
             GgmlType::F32,
             q,
             k,
-            stride,
+            cells,
             out,
             |h, i| load8_f32(h, i),
             |h, i| one_f32(h, i),
@@ -272,14 +274,14 @@ unsafe fn scores_f32_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
+unsafe fn scores_f16_k(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]) {
     // SAFETY: as `scores_f32_k`.
     unsafe {
         scores_float(
             GgmlType::F16,
             q,
             k,
-            stride,
+            cells,
             out,
             |h, i| load8_f16(h, i),
             |h, i| one_f16(h, i),
@@ -288,14 +290,14 @@ unsafe fn scores_f16_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accum_f32_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
+unsafe fn accum_f32_k(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]) {
     // SAFETY: as `scores_f32_k`.
     unsafe {
         accum_float(
             GgmlType::F32,
             acc,
             v,
-            stride,
+            cells,
             p,
             |h, i| load8_f32(h, i),
             |h, i| one_f32(h, i),
@@ -304,14 +306,14 @@ unsafe fn accum_f32_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accum_f16_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
+unsafe fn accum_f16_k(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]) {
     // SAFETY: as `scores_f32_k`.
     unsafe {
         accum_float(
             GgmlType::F16,
             acc,
             v,
-            stride,
+            cells,
             p,
             |h, i| load8_f16(h, i),
             |h, i| one_f16(h, i),
@@ -334,13 +336,13 @@ unsafe fn half_at(b: *const u8) -> f32 {
 /// Q8_0 scores with f32 queries (no query rounding): per block, 32 products summed in f64,
 /// then scaled by the block's `d` into the cell's total.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
+unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]) {
     let hd = q.len();
     let n = out.len();
-    check_cells(k, stride, n, head_bytes(GgmlType::Q8_0, hd));
+    check_cells(k, cells, n, head_bytes(GgmlType::Q8_0, hd));
     let nb = hd / 32;
     let qp = q.as_ptr();
-    let cell = |j: usize| k.as_ptr().wrapping_add(j * stride);
+    let cell = |j: usize| k.as_ptr().wrapping_add(cells[j]);
     // SAFETY: cells j < n are in bounds (`check_cells`), blocks b < hd / 32 inside each.
     let dot = |h: *const u8| -> __m256d {
         unsafe {
@@ -384,10 +386,10 @@ unsafe fn scores_q8_0_k(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accum_q8_0_k(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
+unsafe fn accum_q8_0_k(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]) {
     let hd = acc.len();
-    check_cells(v, stride, p.len(), head_bytes(GgmlType::Q8_0, hd));
-    let cell = |j: usize| v.as_ptr().wrapping_add(j * stride);
+    check_cells(v, cells, p.len(), head_bytes(GgmlType::Q8_0, hd));
+    let cell = |j: usize| v.as_ptr().wrapping_add(cells[j]);
     let ap = acc.as_mut_ptr();
     // SAFETY: cells j < p.len() are in bounds (`check_cells`); block b < hd / 32 covers
     // accumulator lanes 32b..32b + 32 < hd.

@@ -1,6 +1,14 @@
-//! Row kernels of the flash attention (`ops::attn`): the scores of one query row against a run
-//! of KV cells, and the probability-weighted sum of a run of V cells into an accumulator. They
+//! Row kernels of the flash attention (`ops::attn`): the scores of one query row against a list
+//! of KV cells, and the probability-weighted sum of a list of V cells into an accumulator. They
 //! read each cell's head in its storage type (F32, F16, Q8_0) in place: no dequantized copy.
+//!
+//! Cells are given as byte offsets of their heads, in the row's logical order, so one call can
+//! cover cells from several runs of a KV map. A cell's score depends on its position in the
+//! list only through the kernel's fixed grouping (the AVX2 scores reduce 4 consecutive list
+//! entries together): the flash kernel always passes a logical block's cells from the block's
+//! start, so the grouping is a function of logical indices alone. The accumulation is a chain
+//! per output element over the list in order, so calling it on consecutive pieces of a list
+//! gives the bits of one call over the whole list.
 //!
 //! Unlike the dots of this module's parent these are not bit-identical to a scalar reference
 //! (the AVX2 kernels use FMA and 8-lane partial sums); attention is a tolerance gate
@@ -13,12 +21,13 @@ mod portable;
 use super::Isa;
 use minfer_gguf::{Error, GgmlType, Result};
 
-/// `scores(q, k, stride, out)`: `out[j] = q · K_j` for `j < out.len()`, where `K_j` is the head
-/// of `q.len()` elements at `k[j * stride..]` in the kernel's storage type.
-pub type ScoresFn = fn(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]);
-/// `accum(acc, v, stride, p)`: `acc += Σ_j p[j] * V_j` for `j < p.len()`, where `V_j` is the
-/// head of `acc.len()` elements at `v[j * stride..]`.
-pub type AccumFn = fn(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]);
+/// `scores(q, k, cells, out)`: `out[j] = q · K_j` for `j < out.len()` (`cells.len()` is
+/// `out.len()`), where `K_j` is the head of `q.len()` elements at `k[cells[j]..]` in the
+/// kernel's storage type.
+pub type ScoresFn = fn(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]);
+/// `accum(acc, v, cells, p)`: `acc += Σ_j p[j] * V_j` for `j < p.len()` in order (`cells.len()`
+/// is `p.len()`), where `V_j` is the head of `acc.len()` elements at `v[cells[j]..]`.
+pub type AccumFn = fn(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]);
 
 /// The two row kernels for one KV storage type on one instruction set.
 #[derive(Clone, Copy)]
@@ -75,13 +84,15 @@ fn head_bytes(ty: GgmlType, hd: usize) -> usize {
     }
 }
 
-/// Checks that `n` cells of `hb` bytes at stride `stride` lie inside `bytes` (once per call,
-/// so the kernels can read cells through raw pointers).
+/// Checks that the heads of `hb` bytes at the byte offsets `cells` lie inside `bytes` and that
+/// there are `n` of them (once per call, so the kernels can read cells through raw pointers).
 #[inline]
-fn check_cells(bytes: &[u8], stride: usize, n: usize, hb: usize) {
+fn check_cells(bytes: &[u8], cells: &[usize], n: usize, hb: usize) {
+    assert_eq!(cells.len(), n, "{} KV cells for {n} values", cells.len());
+    let last = cells.iter().copied().max().unwrap_or(0);
     assert!(
-        n == 0 || (n - 1) * stride + hb <= bytes.len(),
-        "{n} KV cells of {hb} bytes at stride {stride} exceed the {} bytes given",
+        cells.is_empty() || last.checked_add(hb).is_some_and(|e| e <= bytes.len()),
+        "a KV head of {hb} bytes at offset {last} exceeds the {} bytes given",
         bytes.len()
     );
 }

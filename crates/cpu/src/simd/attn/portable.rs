@@ -35,14 +35,14 @@ fn scores_with(
     ty: GgmlType,
     q: &[f32],
     k: &[u8],
-    stride: usize,
+    cells: &[usize],
     out: &mut [f64],
     elem: impl Fn(&[u8], usize) -> f32,
 ) {
     let hb = head_bytes(ty, q.len());
-    check_cells(k, stride, out.len(), hb);
-    for (j, o) in out.iter_mut().enumerate() {
-        let h = &k[j * stride..j * stride + hb];
+    check_cells(k, cells, out.len(), hb);
+    for (&c, o) in cells.iter().zip(out.iter_mut()) {
+        let h = &k[c..c + hb];
         *o = q
             .iter()
             .enumerate()
@@ -56,42 +56,42 @@ fn accum_with(
     ty: GgmlType,
     acc: &mut [f32],
     v: &[u8],
-    stride: usize,
+    cells: &[usize],
     p: &[f32],
     elem: impl Fn(&[u8], usize) -> f32,
 ) {
     let hb = head_bytes(ty, acc.len());
-    check_cells(v, stride, p.len(), hb);
-    for (j, &w) in p.iter().enumerate() {
-        let h = &v[j * stride..j * stride + hb];
+    check_cells(v, cells, p.len(), hb);
+    for (&c, &w) in cells.iter().zip(p) {
+        let h = &v[c..c + hb];
         for (i, a) in acc.iter_mut().enumerate() {
             *a += w * elem(h, i);
         }
     }
 }
 
-fn scores_f32(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
-    scores_with(GgmlType::F32, q, k, stride, out, f32_at)
+fn scores_f32(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]) {
+    scores_with(GgmlType::F32, q, k, cells, out, f32_at)
 }
 
-fn scores_f16(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
-    scores_with(GgmlType::F16, q, k, stride, out, f16_at)
+fn scores_f16(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]) {
+    scores_with(GgmlType::F16, q, k, cells, out, f16_at)
 }
 
-fn accum_f32(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
-    accum_with(GgmlType::F32, acc, v, stride, p, f32_at)
+fn accum_f32(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]) {
+    accum_with(GgmlType::F32, acc, v, cells, p, f32_at)
 }
 
-fn accum_f16(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
-    accum_with(GgmlType::F16, acc, v, stride, p, f16_at)
+fn accum_f16(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]) {
+    accum_with(GgmlType::F16, acc, v, cells, p, f16_at)
 }
 
 /// Q8_0: per block of 32, `d * Σ q_i * x_i` (the block sum in f32, then scaled).
-fn scores_q8_0(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
+fn scores_q8_0(q: &[f32], k: &[u8], cells: &[usize], out: &mut [f64]) {
     let hb = head_bytes(GgmlType::Q8_0, q.len());
-    check_cells(k, stride, out.len(), hb);
-    for (j, o) in out.iter_mut().enumerate() {
-        let h = &k[j * stride..j * stride + hb];
+    check_cells(k, cells, out.len(), hb);
+    for (&c, o) in cells.iter().zip(out.iter_mut()) {
+        let h = &k[c..c + hb];
         let mut s = 0f64;
         for (qb, blk) in q.chunks_exact(32).zip(h.chunks_exact(34)) {
             let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
@@ -106,11 +106,11 @@ fn scores_q8_0(q: &[f32], k: &[u8], stride: usize, out: &mut [f64]) {
     }
 }
 
-fn accum_q8_0(acc: &mut [f32], v: &[u8], stride: usize, p: &[f32]) {
+fn accum_q8_0(acc: &mut [f32], v: &[u8], cells: &[usize], p: &[f32]) {
     let hb = head_bytes(GgmlType::Q8_0, acc.len());
-    check_cells(v, stride, p.len(), hb);
-    for (j, &w) in p.iter().enumerate() {
-        let h = &v[j * stride..j * stride + hb];
+    check_cells(v, cells, p.len(), hb);
+    for (&c, &w) in cells.iter().zip(p) {
+        let h = &v[c..c + hb];
         for (ab, blk) in acc.chunks_exact_mut(32).zip(h.chunks_exact(34)) {
             let wd = w * f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
             for (a, &b) in ab.iter_mut().zip(&blk[2..]) {

@@ -1,9 +1,15 @@
 //! Attention over an F16 KV cache with llama.cpp's CPU flash-attention arithmetic (ggml's
 //! `flash_attn_ext_f16_one_chunk`, which llama.cpp runs for batches of fewer than
-//! [`GGML_FA_TILE_Q`] query rows, i.e. every decode step and short prompts), so that an f16
-//! cache gives llama.cpp's rounding rather than an exact softmax over f16 values.
+//! [`GGML_FA_TILE_Q`] query rows, i.e. every decode step and short prompts, and
+//! `flash_attn_ext_tiled` from there on), so that an f16 cache gives llama.cpp's rounding
+//! rather than an exact softmax over f16 values. Which of these `ops::attn::attention` runs
+//! for which numerics and row count: the table in `ops::attn`.
 //!
-//! Per (query row, head), cells in order:
+//! A row's cells are those its window lists, in order (`ops::attn::Window`): the one-chunk
+//! kernel takes them as a sequence, the tiled kernel by logical index (see
+//! [`attend_head_tiled`] for its tiles).
+//!
+//! Per (query row, head), cells in order (the one-chunk kernel):
 //! 1. q is rounded to f16 once;
 //! 2. s = dot(k, q) · scale, the dot as ggml's AVX2 `vec_dot_f16`: 4 accumulators of 8 f32
 //!    lanes, `acc = fma(k, q, acc)` over chunks of 32, then acc0 += acc2, acc1 += acc3,
@@ -26,6 +32,10 @@
 /// llama.cpp's query-tile size: batches of at least this many rows take its tiled f32 path.
 pub const GGML_FA_TILE_Q: usize = 64;
 
+use crate::ggml_x86::GgmlSimd;
+use crate::ops::attn::Call;
+use crate::ops::{KResult, KernelError};
+use crate::threads::{par_tasks, SharedOut};
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
 
 #[inline]
@@ -33,13 +43,13 @@ fn h(b: u16) -> f32 {
     f16_to_f32(b)
 }
 
-/// `q`: one query head (f32); `k(c)`/`v(c)`: cell `c`'s head as f16 bits, for `c` in
-/// `cells`; `out`: the head's output (`v` length). Chooses the vectorised kernel when the
-/// machine has it.
+/// `q`: one query head (f32); `k(c)`/`v(c)`: cell `c`'s head as f16 bits, for the cells of
+/// `cells` in order; `out`: the head's output (`v` length). Chooses the vectorised kernel
+/// when the machine has it.
 pub fn attend_head<'a>(
     q: &[f32],
     scale: f32,
-    cells: std::ops::Range<usize>,
+    cells: impl IntoIterator<Item = usize>,
     k: impl Fn(usize) -> &'a [u16],
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
@@ -57,7 +67,7 @@ pub fn attend_head<'a>(
 pub fn attend_head_ref<'a>(
     q: &[f32],
     scale: f32,
-    cells: std::ops::Range<usize>,
+    cells: impl IntoIterator<Item = usize>,
     k: impl Fn(usize) -> &'a [u16],
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
@@ -70,7 +80,7 @@ pub fn attend_head_with<'a>(
     dot: fn(&[u16], &[u16]) -> f32,
     q: &[f32],
     scale: f32,
-    cells: std::ops::Range<usize>,
+    cells: impl IntoIterator<Item = usize>,
     k: impl Fn(usize) -> &'a [u16],
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
@@ -130,8 +140,16 @@ pub fn dot_ref(x: &[u16], y: &[u16]) -> f32 {
 pub const GGML_FA_TILE_KV: usize = 64;
 
 /// One (query row, head) of llama.cpp's tiled flash attention (`flash_attn_ext_tiled`, batches
-/// of at least [`GGML_FA_TILE_Q`] rows), as the given build computes it. KV tiles are the
-/// aligned 64-cell ranges of the cache; a tile with no cell in `cells` is skipped. Per tile:
+/// of at least [`GGML_FA_TILE_Q`] rows), as the given build computes it, over the row's `n`
+/// cells by logical index: `k(i)`/`v(i)` are the heads of its `i`-th cell, `i < n`.
+///
+/// KV tiles: llama.cpp cuts its cache into aligned 64-cell tiles, masking the cells a row does
+/// not see. Here the tiles are the aligned 64-index ranges of the row's logical sequence,
+/// the last one masked past `n`. For a window of one run starting at cell 0 (llama.cpp's
+/// layout of one sequence) these are llama.cpp's tiles, cell for cell. For any other layout
+/// (a span not starting at 0, several runs) they are not the tiles llama.cpp would use for
+/// the cells it would hold; rather than guess those, the row is tiled as if its values
+/// were stored from cell 0, which makes the result independent of where they are. Per tile:
 /// scores `s = fma`-chain over the head dim of f32 q times f32(k) (the simd_gemm order: one
 /// running fma per output), times `scale`; masked cells are -inf; the tile max M' =
 /// max(M, tile max); when it grows, `ms = expf(M - M')` scales the f32 V accumulator and S;
@@ -140,29 +158,28 @@ pub const GGML_FA_TILE_KV: usize = 64;
 /// AVX-512), added to S in f64 and rounded to f32; the V accumulator takes
 /// `acc = fma(p, v, acc)` over the tile's cells in order. Output: acc · (1 / S).
 pub fn attend_head_tiled<'a>(
-    simd: crate::ggml_x86::GgmlSimd,
+    simd: GgmlSimd,
     q: &[f32],
     scale: f32,
-    cells: std::ops::Range<usize>,
+    n: usize,
     k: impl Fn(usize) -> &'a [u16],
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
 ) {
-    use crate::ggml_x86::{expf::v_expf, hsum8, reduce16, GgmlSimd};
+    use crate::ggml_x86::{expf::v_expf, hsum8, reduce16};
     const T: usize = GGML_FA_TILE_KV;
     let mut acc = vec![0f32; out.len()];
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
     let mut p = [0f32; T];
-    if cells.is_empty() {
+    if n == 0 {
         out.fill(0.0);
         return;
     }
-    let first = cells.start / T * T;
-    for ic in (first..cells.end).step_by(T) {
+    for ic in (0..n).step_by(T) {
         let mut tile_max = f32::NEG_INFINITY;
         for (tk, p) in p.iter_mut().enumerate() {
             let c = ic + tk;
-            *p = if cells.contains(&c) {
+            *p = if c < n {
                 let kc = k(c);
                 let mut s = 0f32;
                 for (&qv, &kv) in q.iter().zip(kc) {
@@ -202,7 +219,7 @@ pub fn attend_head_tiled<'a>(
         sum = (sum as f64 + tile_sum) as f32;
         for (tk, &pk) in p.iter().enumerate() {
             let c = ic + tk;
-            if !cells.contains(&c) {
+            if c >= n {
                 // ggml multiplies these cells' V (finite) by an exact 0: no change.
                 continue;
             }
@@ -302,7 +319,7 @@ mod x86 {
     pub(super) fn attend_head<'a>(
         q: &[f32],
         scale: f32,
-        cells: std::ops::Range<usize>,
+        cells: impl IntoIterator<Item = usize>,
         k: impl Fn(usize) -> &'a [u16],
         v: impl Fn(usize) -> &'a [u16],
         out: &mut [f32],
@@ -346,4 +363,82 @@ mod x86 {
             *o = h(a) * inv;
         }
     }
+}
+
+/// The K and V regions as f16 bits (the backend's regions are f32 buffers, so aligned).
+fn as_f16(b: &[u8]) -> KResult<&[u16]> {
+    // SAFETY: every bit pattern is a valid u16; align_to only yields aligned elements.
+    let (pre, vals, _) = unsafe { b.align_to::<u16>() };
+    if pre.is_empty() && cfg!(target_endian = "little") {
+        Ok(vals)
+    } else {
+        Err(KernelError("f16 KV region is not 2-byte aligned".into()))
+    }
+}
+
+/// Runs the attention call `c` (an F16 cache) with this module's arithmetic, one task per
+/// (token, head):
+/// - `simd` `Some`: as that llama.cpp build does, [`attend_head_tiled`] when the call has at
+///   least [`GGML_FA_TILE_Q`] query rows, the one-chunk kernel below (the AVX2 build's
+///   [`attend_head`], the AVX-512 build's 16-lane dot [`dot16_ref`]);
+/// - `None`: [`attend_head`] for every row, whatever the row count.
+pub(crate) fn run(
+    simd: Option<GgmlSimd>,
+    c: &Call,
+    out: &mut [f32],
+    threads: usize,
+) -> KResult<()> {
+    c.check_out(out)?;
+    let (p, hd) = (c.p, c.p.head_dim);
+    let nt = c.n_tokens();
+    let (k16, v16) = (as_f16(c.k)?, as_f16(c.v)?);
+    let group = p.n_head / p.n_head_kv;
+    let tiled = simd.filter(|_| nt >= GGML_FA_TILE_Q);
+    let outp = SharedOut::new(out);
+    // One task per (token, head); task `t * n_head + h` owns `out[task * hd..][..hd]`.
+    par_tasks(nt * p.n_head, threads, |task| {
+        // SAFETY: tasks own disjoint `hd`-long slices of `out`.
+        let o = unsafe { outp.part(task * hd, hd) };
+        let (t, h) = (task / p.n_head, task % p.n_head);
+        let head_off = (h / group) * c.head_bytes;
+        // Cell c's head, in f16 elements (cell and head offsets are in bytes).
+        let at = |cell: usize| {
+            let o = (cell * c.cell_bytes + head_off) / 2;
+            o..o + hd
+        };
+        let window = &c.windows[t];
+        let q = &c.q[(t * p.n_head + h) * hd..][..hd];
+        if let Some(simd) = tiled {
+            let cells: Vec<usize> = window.cells().collect();
+            attend_head_tiled(
+                simd,
+                q,
+                p.scale,
+                cells.len(),
+                |i| &k16[at(cells[i])],
+                |i| &v16[at(cells[i])],
+                o,
+            );
+        } else if simd == Some(GgmlSimd::Avx512) {
+            attend_head_with(
+                dot16_ref,
+                q,
+                p.scale,
+                window.cells(),
+                |cell| &k16[at(cell)],
+                |cell| &v16[at(cell)],
+                o,
+            );
+        } else {
+            attend_head(
+                q,
+                p.scale,
+                window.cells(),
+                |cell| &k16[at(cell)],
+                |cell| &v16[at(cell)],
+                o,
+            );
+        }
+    });
+    Ok(())
 }
