@@ -437,6 +437,8 @@ impl KvCells {
         debug_assert!(self.owners[cell] > 0, "cell {cell} has no owner");
         self.owners[cell] -= 1;
         if self.owners[cell] == 0 {
+            // A free cell holds no position; keeping it 0 makes equal tables compare equal.
+            self.pos[cell] = 0;
             self.n_free += 1;
         }
     }
