@@ -3,6 +3,7 @@
 //! Kernels live in [`ops`] as plain slice functions; [`dot`] is the per-weight-type dispatch
 //! point for SIMD variants; [`threads`] splits rows across `threads` workers.
 
+pub mod cpu_features;
 pub mod dot;
 pub mod fastdot;
 pub mod ggml_x86;

@@ -21,7 +21,7 @@
 use crate::engine::{Engine, Result};
 use crate::kvcells::{CellOp, SeqId};
 use minfer_gguf::GgmlType;
-use minfer_graph::{KvLayout, RopeSpec, RopeStyle};
+use minfer_graph::{KvLayout, RopeSpec};
 use std::ops::Range;
 
 #[derive(Debug, thiserror::Error)]
@@ -71,10 +71,7 @@ impl Engine {
 
     fn rope_spec(&self) -> RopeSpec {
         RopeSpec {
-            style: match self.hp.arch.rope_style() {
-                minfer_models::RopeStyle::Neox => RopeStyle::Neox,
-                minfer_models::RopeStyle::Normal => RopeStyle::Normal,
-            },
+            style: self.hp.arch.rope_style(),
             head_dim: self.hp.head_dim,
             freq_base: self.hp.rope_freq_base,
             freq_scale: 1.0 / self.hp.rope_scale,

@@ -71,6 +71,8 @@ impl InputKind {
     }
 }
 
+/// How RoPE pairs dimensions: the one enum of the workspace (the models pick it per
+/// architecture, every backend's kernels read it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RopeStyle {
     /// Pairs `(i, i + d/2)`.

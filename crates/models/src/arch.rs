@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use minfer_gguf::Metadata;
+use minfer_graph::RopeStyle;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
@@ -56,15 +57,6 @@ impl Arch {
             Arch::Llama => RopeStyle::Normal,
         }
     }
-}
-
-/// How RoPE pairs dimensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Pairs (i, i + d/2).
-    Neox,
-    /// Pairs (2i, 2i + 1).
-    Normal,
 }
 
 /// Tensor names, as GGUF spells them.

@@ -2,19 +2,12 @@
 //! Q/K norm and RoPE pairing). A pure function of the hyperparameters and the graph params:
 //! positions, KV cells and attention spans are inputs, never topology.
 
-use crate::arch::{names, names::Layer, HParams, RopeStyle as ArchRope};
+use crate::arch::{names, names::Layer, HParams};
 use crate::error::{Error, Result};
 use minfer_graph::{
-    Graph, GraphBuilder, GraphParams, InputKind, KvKind, NodeId, Op, RopeStyle, WeightId,
-    WeightSource, WindowLayout, KV_MAP_RUNS,
+    Graph, GraphBuilder, GraphParams, InputKind, KvKind, NodeId, Op, WeightId, WeightSource,
+    WindowLayout, KV_MAP_RUNS,
 };
-
-fn rope_style(s: ArchRope) -> RopeStyle {
-    match s {
-        ArchRope::Neox => RopeStyle::Neox,
-        ArchRope::Normal => RopeStyle::Normal,
-    }
-}
 
 /// Builds the forward graph for `p.n_tokens` new tokens, producing logits `[vocab, n_out]`
 /// for the `n_out` rows the `TailIds` input names (all rows when `n_out == n_tokens`).
@@ -123,7 +116,7 @@ pub fn build_graph(
             k = rms(&mut g, format!("L{l}.k_norm"), k, w(Layer::AttnKNorm)?, hd);
         }
         let rope = |n_head| Op::Rope {
-            style: rope_style(arch.rope_style()),
+            style: arch.rope_style(),
             n_head,
             head_dim: hd,
             freq_base: hp.rope_freq_base,

@@ -8,7 +8,7 @@ pub mod reference;
 pub mod synth;
 pub mod tensors;
 
-pub use arch::{names, Arch, HParams, RopeStyle};
+pub use arch::{names, Arch, HParams};
 pub use error::{Error, Result};
 pub use graph::build_graph;
 pub use tensors::{check_tensors, output_weight_name};

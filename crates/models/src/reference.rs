@@ -2,10 +2,11 @@
 //! caching tricks, full causal attention recomputed from scratch. It is the oracle the graph
 //! path is tested against on small synthetic models; it is slow on purpose.
 
-use crate::arch::{names, names::Layer, HParams, RopeStyle};
+use crate::arch::{names, names::Layer, HParams};
 use crate::error::{Error, Result};
 use crate::tensors::output_weight_name;
 use minfer_gguf::{quants, GgufModel};
+use minfer_graph::RopeStyle;
 
 /// A weight dequantized to f64, `rows` rows of `cols`.
 struct Mat {

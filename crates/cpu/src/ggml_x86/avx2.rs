@@ -193,10 +193,7 @@ mod tests {
     /// accumulation to `_mm256_add_ps(_mm256_mul_ps(d, q), acc)` fails the Q8_0 case).
     #[test]
     fn avx2_dots_equal_scalar_references() {
-        if !(is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c"))
-        {
+        if !crate::cpu_features::avx2_fma_f16c() {
             eprintln!("SKIP: no AVX2/FMA/F16C");
             return;
         }

@@ -1,13 +1,17 @@
-//! Matmul with llama.cpp's x86 arithmetic: activations quantized by ggml's x86 quantizers
-//! (Q8_0 / Q8_1 round half to even at 127 / amax, Q8_K its reference rule), then each output
-//! the per-type dot of [`super::legacy`] / [`super::q6k`], or the repacked Q4_K path of
-//! [`super::q4k_repack`]. Which ggml path a batch takes (vec_dot, tinyBLAS, GEMV/GEMM) does not
-//! change a dot's float order for the legacy types, so one function per type serves all.
+//! Matmul with llama.cpp's x86 arithmetic, through the shared driver ([`crate::ops::matmul`]):
+//! its shape checks, activation encoding, task split and bias, with the per-task kernels of
+//! this module. Activations are encoded as ggml's x86 quantizers do (Q8_0 / Q8_1 round half to
+//! even at 127 / amax, Q8_K its reference rule), then each output is the per-type dot of
+//! [`super::legacy`] / [`super::q6k`], or a batch goes through [`super::q6k_tiled`] (Q6_K, 8
+//! rows or more) or the repacked Q4_K path of [`super::q4k_repack`]. Which ggml path a batch
+//! takes (vec_dot, tinyBLAS, GEMV/GEMM) does not change a dot's float order for the legacy
+//! types, so one function per type serves all.
 
 use super::{legacy, q4k_repack, q6k, q6k_tiled, GgmlSimd};
-use crate::ops::matmul::Weight;
+use crate::ops::matmul::{
+    add_bias, encode_activations, par_row_tasks, with_scratch, Shape, Split, Weight,
+};
 use crate::ops::{KResult, KernelError};
-use crate::threads::par_tasks;
 use minfer_gguf::{quants, GgmlType};
 
 /// Whether this arithmetic exists for a `rows` x `k` weight of `ty`: Q4_K only through the
@@ -24,22 +28,6 @@ pub fn supports_weight(ty: GgmlType, k: usize, rows: usize) -> bool {
 /// One weight row times one encoded activation row.
 type DotFn = fn(&[u8], &[u8]) -> f32;
 
-/// A raw output pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements and finish before `matmul` returns.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
-/// Weight rows per task.
-const ROWS_PER_TASK: usize = 32;
-
 /// `out[t][o] = Σ_i w[o][i] · x[t][i] (+ bias[o])` for the `x.len() / w.k` rows of `x`.
 pub fn matmul(
     simd: GgmlSimd,
@@ -49,51 +37,20 @@ pub fn matmul(
     out: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
-    let (k, m) = (w.k, w.m);
-    let nt = x.len().checked_div(k).unwrap_or(0);
-    if out.len() < nt * m || bias.is_some_and(|b| b.len() != m) {
-        return Err(KernelError(format!(
-            "matmul of {nt} rows into {m} outputs: output holds {}, bias {:?}",
-            out.len(),
-            bias.map(<[f32]>::len)
-        )));
-    }
-    let wrb =
-        w.ty.row_bytes(k as u64)
-            .ok_or_else(|| KernelError(format!("{k} weights do not fill whole {} blocks", w.ty)))?
-            as usize;
-    if w.bytes.len() < wrb * m {
-        return Err(KernelError(format!(
-            "weight holds {} bytes, {m} rows of {wrb} need {}",
-            w.bytes.len(),
-            wrb * m
-        )));
-    }
-    if w.ty == GgmlType::Q6K && nt >= q6k_tiled::MIN_BATCH {
-        // ggml's tiled path (its own float order) takes Q6_K batches of >= 8 rows.
-        let (wb, o) = (&w.bytes[..wrb * m], &mut out[..nt * m]);
-        q6k_tiled::matmul_f32(simd, wb, k, m, &x[..nt * k], o, threads)?;
-        add_bias(bias, m, o);
-        return Ok(());
-    }
+    let shape = Shape::check(w, x, bias, out)?;
+    let Shape { k, m, nt, wrb } = shape;
+    let (wb, x, out) = (&w.bytes[..wrb * m], &x[..nt * k], &mut out[..nt * m]);
     let dot: DotFn = match w.ty {
-        GgmlType::Q4_1 => simd_or(legacy::dot_q4_1, avx2_dot(w.ty)),
-        GgmlType::Q5_0 => simd_or(legacy::dot_q5_0, avx2_dot(w.ty)),
-        GgmlType::Q8_0 => simd_or(legacy::dot_q8_0, avx2_dot(w.ty)),
-        GgmlType::Q6K => simd_or(q6k::dot_q6_k, avx2_dot(w.ty)),
         GgmlType::Q4K => {
-            q4k_repack::matmul_threads(
-                simd,
-                &w.bytes[..wrb * m],
-                k,
-                m,
-                &x[..nt * k],
-                &mut out[..nt * m],
-                threads,
-            )?;
-            add_bias(bias, m, &mut out[..nt * m]);
+            // The repack quantizes its own activations: two sign rules (q4k_repack docs).
+            q4k_repack::matmul_threads(simd, wb, k, m, x, out, threads)?;
+            add_bias(bias, m, out);
             return Ok(());
         }
+        GgmlType::Q4_1 => avx2_dot(w.ty).unwrap_or(legacy::dot_q4_1),
+        GgmlType::Q5_0 => avx2_dot(w.ty).unwrap_or(legacy::dot_q5_0),
+        GgmlType::Q8_0 => avx2_dot(w.ty).unwrap_or(legacy::dot_q8_0),
+        GgmlType::Q6K => avx2_dot(w.ty).unwrap_or(q6k::dot_q6_k),
         other => {
             return Err(KernelError(format!(
                 "llama.cpp x86 numerics have no {other} matmul (they cover Q4_1, Q5_0, Q8_0, \
@@ -102,44 +59,40 @@ pub fn matmul(
         }
     };
     let at = quants::vec_dot_type(w.ty);
-    let arb = at.row_bytes(k as u64).unwrap_or(0) as usize;
-    let mut act = vec![0u8; arb * nt];
-    for (xr, ar) in x.chunks_exact(k).zip(act.chunks_exact_mut(arb)) {
-        quants::quantize_act_row(at, xr, ar)?;
-    }
-    let outp = OutPtr(out.as_mut_ptr());
-    let act = &act;
-    par_tasks(m.div_ceil(ROWS_PER_TASK), threads, |task| {
-        let rows = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m);
-        for r in rows {
-            let wr = &w.bytes[r * wrb..(r + 1) * wrb];
-            for t in 0..nt {
-                let v = dot(wr, &act[t * arb..(t + 1) * arb]);
-                // SAFETY: element t * m + r < nt * m <= out.len() (checked above); each
-                // (t, r) is written by the one task that owns row r.
-                unsafe { *outp.at(t * m + r) = v };
-            }
+    let arb = shape.act_row_bytes(at)?;
+    with_scratch(|sc| {
+        // ggml's x86 activation quantizers (`quants::quantize_act_row`) through the SIMD
+        // ones, which give the same bytes for Q8_0, Q8_1 and Q8_K on every instruction set
+        // (`tests/simd_exact.rs`, `quantize_act_is_byte_identical`).
+        encode_activations(at, x, k, arb, sc, false, threads)?;
+        let act = &sc.act;
+        if w.ty == GgmlType::Q6K && nt >= q6k_tiled::MIN_BATCH {
+            // ggml's tiled path (its own float order) takes Q6_K batches of >= 8 rows.
+            return q6k_tiled::matmul_q6k_tiled_threads(simd, wb, k, m, act, nt, out, threads);
         }
-    });
-    add_bias(bias, m, &mut out[..nt * m]);
+        par_row_tasks(out, m, nt, Split::new(m, nt, threads), |o| {
+            for r in o.rows() {
+                let wr = &wb[r * wrb..(r + 1) * wrb];
+                for t in 0..nt {
+                    o.set(t, r, dot(wr, &act[t * arb..(t + 1) * arb]));
+                }
+            }
+            Ok(())
+        })
+    })?;
+    add_bias(bias, m, out);
     Ok(())
 }
 
-/// The AVX2 form of a dot when this machine has AVX2, FMA and F16C (bit-identical, `avx2::tests`).
-fn simd_or(scalar: DotFn, simd: Option<DotFn>) -> DotFn {
-    simd.unwrap_or(scalar)
-}
-
+/// The AVX2 form of a dot when this machine has AVX2, FMA and F16C (bit-identical to the
+/// scalar one, `avx2::tests`).
 #[cfg(target_arch = "x86_64")]
 fn avx2_dot(ty: GgmlType) -> Option<DotFn> {
     use super::avx2;
-    if !(is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"))
-    {
+    if !crate::cpu_features::avx2_fma_f16c() {
         return None;
     }
-    // SAFETY (each wrapper): AVX2, FMA and F16C were detected on this machine just above.
+    // SAFETY (each wrapper): this machine has AVX2, FMA and F16C (checked just above).
     let f: DotFn = match ty {
         GgmlType::Q4_1 => |w, a| unsafe { avx2::dot_q4_1(w, a) },
         GgmlType::Q5_0 => |w, a| unsafe { avx2::dot_q5_0(w, a) },
@@ -153,15 +106,4 @@ fn avx2_dot(ty: GgmlType) -> Option<DotFn> {
 #[cfg(not(target_arch = "x86_64"))]
 fn avx2_dot(_: GgmlType) -> Option<DotFn> {
     None
-}
-
-/// ggml adds a bias as its own op after the matmul: one f32 add per output.
-fn add_bias(bias: Option<&[f32]>, m: usize, out: &mut [f32]) {
-    if let Some(b) = bias {
-        for row in out.chunks_exact_mut(m) {
-            for (o, &b) in row.iter_mut().zip(b) {
-                *o += b;
-            }
-        }
-    }
 }

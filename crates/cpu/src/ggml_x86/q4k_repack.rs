@@ -27,8 +27,8 @@
 //! So [`GgmlSimd::Avx2`] and [`GgmlSimd::Avx512`] run the same arithmetic for this path.
 
 use super::GgmlSimd;
+use crate::ops::matmul::{par_row_tasks, Split};
 use crate::ops::{KResult, KernelError};
-use crate::threads::par_tasks;
 use minfer_gguf::quants::f16_to_f32;
 
 /// Elements per super-block.
@@ -173,20 +173,6 @@ fn dot_gemm(w: &[WeightBlock], a: &[ActBlock]) -> f32 {
     acc - accm
 }
 
-/// A raw output pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements and finish before `matmul_threads` returns.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// A method, so closures capture the whole `OutPtr` (Sync), not its raw-pointer field.
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
 /// `out[t][o]` for the `x.len() / k` rows of `x` against the `m` Q4_K rows in `w`.
 pub fn matmul(
     simd: GgmlSimd,
@@ -199,8 +185,9 @@ pub fn matmul(
     matmul_threads(simd, w, k, m, x, out, 1)
 }
 
-/// [`matmul`] on up to `threads` threads (groups of eight weight rows per task); the result
-/// does not depend on `threads`.
+/// [`matmul`] on up to `threads` threads (the matmul driver's split of the weight rows,
+/// [`crate::ops::matmul`]); every output is one weight row's own loop, so the result does not
+/// depend on `threads`.
 pub fn matmul_threads(
     simd: GgmlSimd,
     w: &[u8],
@@ -250,10 +237,8 @@ pub fn matmul_threads(
             quantize_block(xb, rule)
         })
         .collect();
-    let acts = &acts;
-    let outp = OutPtr(out.as_mut_ptr());
-    par_tasks(m / ROWS_INTERLEAVED, threads, |task| {
-        for r in task * ROWS_INTERLEAVED..(task + 1) * ROWS_INTERLEAVED {
+    par_row_tasks(out, m, n, Split::new(m, n, threads), |o| {
+        for r in o.rows() {
             let wrow: Vec<WeightBlock> = w[r * nb * W_BYTES..(r + 1) * nb * W_BYTES]
                 .chunks_exact(W_BYTES)
                 .map(unpack_weight_block)
@@ -265,13 +250,11 @@ pub fn matmul_threads(
                 } else {
                     dot_gemv(&wrow, a)
                 };
-                // SAFETY: t * m + r < n * m <= out.len() (checked above); each (t, r) is
-                // written only by the task that owns weight row r.
-                unsafe { *outp.at(t * m + r) = v };
+                o.set(t, r, v);
             }
         }
-    });
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]

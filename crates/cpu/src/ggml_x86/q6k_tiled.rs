@@ -36,10 +36,9 @@
 //! takes the stored sums as its kernel does.
 
 use super::GgmlSimd;
+use crate::ops::matmul::{par_row_tasks, Split};
 use crate::ops::{KResult, KernelError};
-use crate::threads::par_ranges;
-use minfer_gguf::quants::{self, f16_to_f32};
-use minfer_gguf::GgmlType;
+use minfer_gguf::quants::f16_to_f32;
 
 /// Fewest activation rows that take the tiled path (`ggml_tiled_min_batch`).
 pub const MIN_BATCH: usize = 8;
@@ -96,47 +95,24 @@ pub fn matmul_q6k_tiled_threads(
         }
     }
     let acts = Activations::new(simd, &act_q8k[..n * nb * A_BYTES], n, nb);
-    let groups = m.div_ceil(ROW_GROUP);
-    let parts = par_ranges(groups, threads, |gs| {
-        let rows = gs.start * ROW_GROUP..(gs.end * ROW_GROUP).min(m);
-        let mut part = vec![0f32; rows.len() * n];
+    // Tasks of whole row groups (the driver's tasks are multiples of 16 rows, ROW_GROUP).
+    par_row_tasks(out, m, n, Split::new(m, n, threads), |o| {
+        let rows = o.rows();
         let mut unpacked = WeightRows::new(nb);
-        for (g, r0) in rows.clone().step_by(ROW_GROUP).enumerate() {
-            let r1 = (r0 + ROW_GROUP).min(m);
+        let mut part = vec![0f32; ROW_GROUP * n];
+        for r0 in rows.clone().step_by(ROW_GROUP) {
+            let r1 = (r0 + ROW_GROUP).min(rows.end);
             unpacked.load(&w[r0 * nb * W_BYTES..r1 * nb * W_BYTES]);
-            let dst = &mut part[g * ROW_GROUP * n..(g * ROW_GROUP + (r1 - r0)) * n];
+            let dst = &mut part[..(r1 - r0) * n];
             unpacked.matmul(&acts, dst);
-        }
-        (rows, part)
-    });
-    for (rows, part) in parts {
-        for (i, r) in rows.enumerate() {
-            for t in 0..n {
-                out[t * m + r] = part[i * n + t];
+            for (i, r) in (r0..r1).enumerate() {
+                for t in 0..n {
+                    o.set(t, r, dst[i * n + t]);
+                }
             }
         }
-    }
-    Ok(())
-}
-
-/// The hook for [`super::matmul`]: Q8_K-quantizes the `x.len() / k` rows of `x` as ggml's
-/// x86 build does (`quantize_row_q8_K`, the reference rule) and runs the tiled matmul.
-pub fn matmul_f32(
-    simd: GgmlSimd,
-    w: &[u8],
-    k: usize,
-    m: usize,
-    x: &[f32],
-    out: &mut [f32],
-    threads: usize,
-) -> KResult<()> {
-    let n = x.len().checked_div(k).unwrap_or(0);
-    let arb = (k / QK) * A_BYTES;
-    let mut act = vec![0u8; n * arb];
-    for (xr, ar) in x.chunks_exact(k).zip(act.chunks_exact_mut(arb)) {
-        quants::quantize_act_row(GgmlType::Q8K, xr, ar)?;
-    }
-    matmul_q6k_tiled_threads(simd, w, k, m, &act, n, out, threads)
+        Ok(())
+    })
 }
 
 /// Q8_K activations widened for the integer dots.
@@ -269,6 +245,7 @@ fn dot256(w: &[i16], q: &[i16]) -> i32 {
 mod tests {
     use super::*;
     use minfer_gguf::quants::random_blocks;
+    use minfer_gguf::GgmlType;
 
     #[test]
     fn bad_shapes_are_typed_errors() {

@@ -77,7 +77,8 @@ impl Isa {
         }
     }
 
-    /// Whether this machine can run the kernels (checked with CPUID, not guessed).
+    /// Whether this machine can run the kernels (detected at run time by
+    /// [`crate::cpu_features`], not guessed).
     pub fn is_available(self) -> bool {
         match self {
             Isa::Scalar => true,

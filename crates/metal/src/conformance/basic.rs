@@ -2,11 +2,12 @@
 
 use minfer_gguf::quants::quantize_row;
 use minfer_gguf::GgmlType;
+use minfer_graph::RopeStyle;
 
 use super::reference as refr;
 use super::{e, f32_bytes, i32_bytes, judge, max_err, read_f32, GateFn, GateResult, Rng};
 use crate::device::Device;
-use crate::launch::{self, KvType, RopeStyle};
+use crate::launch::{self, KvType};
 
 pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
     let list: [(&str, GateFn<D>); 14] = [
@@ -156,7 +157,7 @@ fn rope<D: Device>(dev: &D, style: RopeStyle, n_rot: usize) -> GateResult {
                 pos[i / nh],
                 n_rot,
                 10000.0,
-                style == RopeStyle::Interleaved,
+                style == RopeStyle::Normal,
             )
         })
         .collect();
@@ -167,13 +168,13 @@ fn rope<D: Device>(dev: &D, style: RopeStyle, n_rot: usize) -> GateResult {
 }
 
 fn rope_non_interleaved<D: Device>(dev: &D) -> GateResult {
-    rope(dev, RopeStyle::NonInterleaved, 64)
+    rope(dev, RopeStyle::Neox, 64)
 }
 fn rope_interleaved<D: Device>(dev: &D) -> GateResult {
-    rope(dev, RopeStyle::Interleaved, 64)
+    rope(dev, RopeStyle::Normal, 64)
 }
 fn rope_partial<D: Device>(dev: &D) -> GateResult {
-    rope(dev, RopeStyle::NonInterleaved, 32)
+    rope(dev, RopeStyle::Neox, 32)
 }
 
 struct KvCase<B> {

@@ -20,7 +20,7 @@ pub use matmul::{
     matmul_kernel_suffix, MatmulTier,
 };
 pub use norm::{launch_qk_norm, launch_rms_norm, launch_rms_norm_256};
-pub use rope::{launch_rope, RopeStyle};
+pub use rope::launch_rope;
 
 use crate::device::{Arg, Device, Dispatch};
 use crate::error::{Error, Result};

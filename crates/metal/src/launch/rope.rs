@@ -2,14 +2,16 @@ use super::{encode, need_len, read_i32s, to_u32};
 use crate::device::{as_bytes, Arg, Device};
 use crate::error::{Error, Result};
 use crate::params::RopeParams;
+use minfer_graph::RopeStyle;
 
-/// Which element pairs rotate together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// (i, i + n_rot/2): NeoX / Qwen2.
-    NonInterleaved = 0,
-    /// (2i, 2i + 1): LLaMA GGUF.
-    Interleaved = 1,
+/// The kernel's code for a pairing (`RopeParams::style`, read by `kernels/rope.metal`).
+fn style_code(style: RopeStyle) -> u32 {
+    match style {
+        // (i, i + n_rot/2): NeoX / Qwen2.
+        RopeStyle::Neox => 0,
+        // (2i, 2i + 1): LLaMA GGUF.
+        RopeStyle::Normal => 1,
+    }
 }
 
 /// RoPE over `[n_tokens, n_heads, head_dim]` f32 at i32 `positions[n_tokens]`; `dst` may be `x`.
@@ -53,7 +55,7 @@ pub fn launch_rope<D: Device>(
         n_tokens: to_u32(OP, "n_tokens", n_tokens)?,
         n_rot: to_u32(OP, "n_rot", n_rot)?,
         freq_base,
-        style: style as u32,
+        style: style_code(style),
     };
     encode(
         dev,

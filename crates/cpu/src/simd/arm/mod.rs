@@ -24,11 +24,11 @@ mod neon_legacy;
 mod neon_quantize;
 
 pub(super) fn neon_supported() -> bool {
-    std::arch::is_aarch64_feature_detected!("neon")
+    crate::cpu_features::neon()
 }
 
 pub(super) fn dotprod_supported() -> bool {
-    neon_supported() && std::arch::is_aarch64_feature_detected!("dotprod")
+    crate::cpu_features::neon_dotprod()
 }
 
 /// Exact Σ w·a of 16 signed bytes (any values) as 4 i32 lanes (which products land in which

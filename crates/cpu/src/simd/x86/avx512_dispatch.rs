@@ -13,23 +13,19 @@
 //!
 //! Soundness: the kernels are `#[target_feature]` functions, reachable only through
 //! [`avx512_dot`], [`avx512_dot4`] and [`avx512_quant`], which hand out their safe wrappers
-//! after [`avx512_supported`] has confirmed the features with CPUID.
+//! after [`avx512_supported`] has confirmed the features ([`crate::cpu_features`]).
 
 use std::arch::x86_64::*;
 
 use minfer_gguf::GgmlType;
 
-use super::{avx2_supported, load32};
+use super::load32;
 use super::{avx512_kquants, avx512_legacy, avx512_quantize};
 use crate::simd::{Dot4Fn, DotFn, QuantFn};
 
 pub(in crate::simd) fn avx512_supported() -> bool {
     // AVX2 + F16C too: on the way to an AVX-512 kernel the AVX2 helpers run.
-    avx2_supported()
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
+    crate::cpu_features::avx512_vnni()
 }
 
 /// Declares safe wrappers around AVX-512 kernels. Calling one is sound only where

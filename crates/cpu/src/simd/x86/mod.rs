@@ -3,7 +3,7 @@
 //!
 //! Soundness: the kernels are `#[target_feature]` functions. The only way to reach them is
 //! [`avx2_dot`] / [`avx2_quant`], which hand out their safe wrappers only after
-//! [`avx2_supported`] has confirmed the features with CPUID.
+//! [`avx2_supported`] has confirmed the features ([`crate::cpu_features`]).
 
 use std::arch::x86_64::*;
 
@@ -26,7 +26,7 @@ mod avx2_tiles;
 pub(super) use avx2_tiles::avx2_tile;
 
 pub(super) fn avx2_supported() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+    crate::cpu_features::avx2_f16c()
 }
 
 /// Declares safe wrappers around AVX2 kernels. Calling one is sound only where
