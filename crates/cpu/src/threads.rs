@@ -58,36 +58,6 @@ pub fn par_tasks(n_tasks: usize, threads: usize, f: impl Fn(usize) + Sync) {
     pool().run(n_tasks, threads - 1, &f);
 }
 
-/// The output buffer of a job whose tasks write disjoint elements, shared by every task.
-///
-/// `&mut [f32]` cannot be shared across tasks, so a job hands them this raw pointer and each
-/// task writes only the elements it owns (its SAFETY comment says which). Take it with
-/// [`SharedOut::new`] from the `&mut` slice the job fills, and keep that borrow alive until
-/// [`par_tasks`] (or [`par_ranges`]) has returned.
-#[derive(Clone, Copy)]
-pub struct SharedOut(*mut f32);
-
-// SAFETY: a `SharedOut` only ever points into the `&mut [f32]` it was made from; that borrow
-// outlives the job (`par_tasks` returns only after every task has finished), and the tasks of
-// a job write pairwise disjoint elements and read none another task writes, so no two threads
-// touch one element without synchronisation.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    pub fn new(out: &mut [f32]) -> SharedOut {
-        SharedOut(out.as_mut_ptr())
-    }
-
-    /// The element at `i` (a method, not a field, so that closures capture the whole `Sync`
-    /// wrapper). Computing it is safe; writing through it needs `i` in bounds and owned by
-    /// the calling task.
-    #[inline]
-    pub fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
 /// The number of physical cores (logical CPUs / 2 when SMT siblings are listed, at least 1).
 pub fn physical_cores() -> usize {
     let logical = std::thread::available_parallelism()

@@ -55,7 +55,7 @@ pub fn attend_head<'a>(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma_f16c() {
+    if crate::cpu_features::avx2_fma_f16c() {
         // SAFETY: the features were detected on this machine.
         unsafe { x86::attend_head(q, scale, cells, k, v, out) };
         return;
@@ -257,17 +257,6 @@ pub fn dot16_ref(x: &[u16], y: &[u16]) -> f32 {
         r += (h(x[e]) * h(y[e])) as f64;
     }
     r as f32
-}
-
-#[cfg(target_arch = "x86_64")]
-fn has_avx2_fma_f16c() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
 }
 
 #[cfg(target_arch = "x86_64")]

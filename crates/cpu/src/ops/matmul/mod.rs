@@ -23,7 +23,6 @@ use crate::simd::{TileMut, TileSide, TILE};
 use crate::threads::{par_tasks, SharedOut};
 use minfer_gguf::{quants, GgmlType};
 use std::cell::RefCell;
-use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -139,11 +138,10 @@ impl Split {
 /// The outputs one task owns: weight rows [`RowsOut::rows`] of every token of an `[nt][m]`
 /// output. Only [`par_row_tasks`] makes one, one per task, with pairwise disjoint rows.
 pub(crate) struct RowsOut<'a> {
-    out: SharedOut,
+    out: SharedOut<'a>,
     m: usize,
     nt: usize,
     rows: Range<usize>,
-    _out: PhantomData<&'a mut [f32]>,
 }
 
 impl RowsOut<'_> {
@@ -159,24 +157,18 @@ impl RowsOut<'_> {
             t < self.nt && self.rows.contains(&o),
             "output ({t}, {o}) is not this task's"
         );
-        // SAFETY: t < nt and o < m (rows lie in 0..m), so t * m + o < nt * m <= out.len()
-        // (checked by `par_row_tasks`); row o of every token belongs to this task alone, and
-        // `&mut self` keeps any slice of `token` from aliasing the write.
-        unsafe { *self.out.at(t * self.m + o) = v };
+        // SAFETY: row o of every token belongs to this task alone, and `&mut self` keeps
+        // any slice of `token` from aliasing the write (`part` checks the bounds).
+        unsafe { self.out.part(t * self.m + o, 1)[0] = v };
     }
 
     /// This task's outputs of token `t`: `out[t][rows]`. Panics unless `t < nt`.
     #[inline]
     pub(crate) fn token(&mut self, t: usize) -> &mut [f32] {
         assert!(t < self.nt, "token {t} of {}", self.nt);
-        // SAFETY: as in `set`: the elements t * m + rows lie within `out` and belong to this
-        // task alone; the slice borrows `self` mutably, so it is the only live access.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.out.at(t * self.m + self.rows.start),
-                self.rows.len(),
-            )
-        }
+        // SAFETY: as in `set`: the elements t * m + rows belong to this task alone; the slice
+        // borrows `self` mutably, so it is the only live access.
+        unsafe { self.out.part(t * self.m + self.rows.start, self.rows.len()) }
     }
 }
 
@@ -205,7 +197,6 @@ pub(crate) fn par_row_tasks(
             m,
             nt,
             rows: i * rpt..((i + 1) * rpt).min(m),
-            _out: PhantomData,
         };
         if let Err(e) = task(&mut rows) {
             err.lock()

@@ -13,9 +13,7 @@ use crate::simd::Isa;
 use minfer_gguf::GgmlType;
 
 pub(super) fn supported() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("fma")
+    crate::cpu_features::avx2_fma_f16c()
 }
 
 pub(super) fn kernels(ty: GgmlType) -> Option<KvKernels> {
