@@ -35,6 +35,12 @@ fn bits_eq(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+thread_local! {
+    /// The CPU arithmetic the harness loads engines with (the control switches it).
+    static NUMERICS: std::cell::Cell<minfer_cpu::Numerics> =
+        const { std::cell::Cell::new(minfer_cpu::Numerics::Native) };
+}
+
 fn engine_with(path: &std::path::PathBuf, ty: GgmlType, n_batch: usize) -> Engine {
     Engine::load(
         path,
@@ -43,6 +49,9 @@ fn engine_with(path: &std::path::PathBuf, ty: GgmlType, n_batch: usize) -> Engin
             threads: 2,
             cache_type: ty,
             n_batch,
+            cpu: minfer_engine::backends::CpuSettings {
+                numerics: NUMERICS.with(|n| n.get()),
+            },
             ..EngineConfig::default()
         },
     )
@@ -224,6 +233,43 @@ fn a_sequence_gives_the_same_bits_alone_and_in_any_batch() {
         }
     }
     assert_eq!(cases, 36);
+}
+
+/// Control for the property's harness: an arithmetic that picks its kernels by the forward's
+/// row count (llama.cpp's, which switches its f16 attention at 64 query rows and its tiled
+/// matmuls at 8) must fail it: some target row differs between alone and in company. The
+/// engine runs such a backend at exact shapes, so only the company changes the row count.
+#[test]
+fn control_a_row_count_dependent_arithmetic_fails_the_property() {
+    let mut spec = minfer_models::synth::SynthSpec::new(Arch::Qwen2, 2, 64, 2, 1, 128);
+    spec.weight_type = GgmlType::Q8_0;
+    spec.seed = 33;
+    let path = tmp("q8-control.gguf");
+    std::fs::write(
+        &path,
+        minfer_models::synth::synthesize(&spec).unwrap().to_bytes(),
+    )
+    .unwrap();
+    let llama = minfer_cpu::Numerics::parse("llamacpp-x86-avx2").unwrap();
+    let mut rng = Rng(0xc0);
+    let mut differs = 0;
+    for _ in 0..6 {
+        let prompt = tokens(1 + rng.below(40), rng.below(10_000) as u32, 128);
+        let probes = tokens(3, rng.below(10_000) as u32, 128);
+        NUMERICS.with(|n| n.set(llama));
+        let want = alone(&path, GgmlType::F16, &prompt, &probes);
+        let (got, _) = in_company(&path, GgmlType::F16, &prompt, &probes, 7, &mut rng);
+        NUMERICS.with(|n| n.set(minfer_cpu::Numerics::Native));
+        differs += got
+            .iter()
+            .zip(&want)
+            .filter(|(g, w)| !bits_eq(g, w))
+            .count();
+    }
+    assert!(
+        differs > 0,
+        "the control arithmetic passed the invariance property"
+    );
 }
 
 /// Control for the property: changing the sequence itself (one prompt token) changes its
