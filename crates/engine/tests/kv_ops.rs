@@ -171,3 +171,51 @@ fn bad_ranges_are_refused_by_name() {
     assert!(matches!(err, Error::Cells(_)), "{err}");
     assert_eq!(e.n_past(), 4);
 }
+
+/// A sequence whose cells lie in more runs than a kv map holds is defragmented before the
+/// forward (never truncated): the forward succeeds, the sequence ends up in fewer runs, and
+/// its logits are those of the same tokens in a plain engine.
+#[test]
+fn a_sequence_in_too_many_runs_is_defragmented_first() {
+    let path = model_heads(Arch::Qwen2, 2, 7, 2, 1);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
+        let mut e = engine(&path, 128, ty);
+        let vocab = e.hparams().vocab_size;
+        let a = e.default_seq();
+        let mut fed = Vec::new();
+        let mut others = Vec::new();
+        // Four runs of the sequence, each followed by another sequence's cells.
+        for i in 0..4u32 {
+            let t = tokens(3, 10 + i, vocab);
+            e.decode(&t, fed.len(), 1).unwrap();
+            fed.extend_from_slice(&t);
+            let x = e.seq_create();
+            let filler = tokens(2, 50 + i, vocab);
+            e.forward_batch(&[minfer_engine::BatchEntry::new(x, &filler, 0)])
+                .unwrap();
+            others.push(x);
+        }
+        // The holes the first three leave take the next tokens: 4 + 3 runs, more than a map holds.
+        for &x in &others[..3] {
+            e.seq_release(x).unwrap();
+        }
+        assert_eq!(e.cells().runs(a).unwrap().len(), 4, "{ty}");
+        let probe = tokens(5, 99, vocab);
+        let moves_free = e.cells().n_free();
+        let got = e.decode(&probe, fed.len(), 1).unwrap().to_vec();
+        assert_eq!(e.cells().n_free(), moves_free - 5);
+        e.cells().check().unwrap();
+        let runs_after = e.cells().runs(a).unwrap().len();
+        assert!(
+            runs_after <= 2,
+            "{ty}: still {runs_after} runs after the forward"
+        );
+        let mut plain = engine(&path, 128, ty);
+        plain.decode(&fed, 0, 1).unwrap();
+        let want = plain.decode(&probe, fed.len(), 1).unwrap().to_vec();
+        assert!(
+            bits_eq(&got, &want),
+            "{ty}: defragmented forward changed the logits"
+        );
+    }
+}
