@@ -1,6 +1,7 @@
 //! Gate for `ggml_x86::attn_f16` (llama.cpp's flash-attention arithmetic over an f16 cache):
 //! - the dispatched kernel (AVX2/FMA/F16C where present) is bit-identical to the scalar
-//!   reference, for head sizes with and without a tail past the last multiple of 32 / 8;
+//!   reference, for head sizes with and without a tail past the last multiple of 32 / 8; so
+//!   is the GQA-group kernel `attend_group`, head by head, over cells in any order;
 //! - the reference is within the f16 accumulator's rounding of exact attention (f64 softmax
 //!   over the same f16 values): each update rounds VKQ to f16 (relative 2^-11), so after n
 //!   cells the error is bounded by about n · 2^-11 · max|v|; asserted with n = 300 as 0.02.
@@ -10,7 +11,7 @@
 //! fused and unfused f32 results round to the same f16 except in double-rounding corner
 //! cases (a search over 450k (v0, v1) pairs found none), so that choice is immaterial.
 
-use minfer_cpu::ggml_x86::attn_f16::{attend_head, attend_head_ref, dot_ref};
+use minfer_cpu::ggml_x86::attn_f16::{attend_group, attend_head, attend_head_ref, dot_ref};
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
 
 struct Rng(u64);
@@ -107,4 +108,38 @@ fn dot_lane_order() {
     let mut x2 = x.clone();
     x2[0] = one;
     assert_eq!(dot_ref(&x2, &y), 1.0 + 63.0 / 4096.0);
+}
+
+#[test]
+fn group_kernel_is_bit_identical_to_reference_per_head() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut cases = 0;
+    for hd in [64usize, 128, 40, 36, 8, 3] {
+        for g in [1usize, 3, 7] {
+            for n in [1usize, 2, 7, 64, 300] {
+                let (q, k, v) = {
+                    let (q0, k, v) = case(&mut rng, hd, n, 4.0);
+                    let mut q = q0;
+                    for _ in 1..g {
+                        q.extend((0..hd).map(|_| rng.f() * 4.0));
+                    }
+                    (q, k, v)
+                };
+                // Cells in a scrambled order (a window's runs need not be ascending).
+                let cells: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % n).collect();
+                let kc = |c: usize| &k[c * hd..(c + 1) * hd];
+                let vc = |c: usize| &v[c * hd..(c + 1) * hd];
+                let mut got = vec![f32::NAN; g * hd];
+                attend_group(&q, hd, 0.125, cells.iter().copied(), kc, vc, &mut got);
+                for (qh, gh) in q.chunks_exact(hd).zip(got.chunks_exact(hd)) {
+                    let mut want = vec![0f32; hd];
+                    attend_head_ref(qh, 0.125, cells.iter().copied(), kc, vc, &mut want);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(gh), bits(&want), "hd {hd} group {g} n {n}");
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 90);
 }

@@ -63,6 +63,38 @@ pub fn attend_head<'a>(
     attend_head_ref(q, scale, cells, k, v, out)
 }
 
+/// [`attend_head`] for the `q.len() / hd` query heads of one GQA group over the same cells:
+/// `q` and `out` hold the heads one after another (`hd` each). Every head's result is
+/// bit-identical to [`attend_head`] on it alone (the same operations per head, in the same
+/// order); the heads share each cell's loads and f16 conversions, and their independent
+/// dependency chains overlap.
+pub fn attend_group<'a>(
+    q: &[f32],
+    hd: usize,
+    scale: f32,
+    cells: impl IntoIterator<Item = usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    assert!(
+        hd > 0 && q.len().is_multiple_of(hd) && out.len() == q.len(),
+        "{} query values and {} outputs for heads of {hd}",
+        q.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma_f16c() {
+        // SAFETY: the features were detected on this machine.
+        unsafe { x86::attend_group(q, hd, scale, cells, k, v, out) };
+        return;
+    }
+    let cells: Vec<usize> = cells.into_iter().collect();
+    for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+        attend_head_ref(qh, scale, cells.iter().copied(), &k, &v, oh);
+    }
+}
+
 /// The scalar reference of [`attend_head`].
 pub fn attend_head_ref<'a>(
     q: &[f32],
@@ -302,6 +334,130 @@ mod x86 {
         r as f32
     }
 
+    /// f32 to f16 and back (exact for the result: the f16 rounding of each lane, as f32).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn round_ph(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    /// [`dot`] with `y` given as f32 values of f16 numbers (exact), `x` as f16 bits: the same
+    /// products and sums in the same order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+        let n = x.len().min(y.len());
+        let np = n & !31;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        for i in (0..np).step_by(32) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 8j + 8 <= np <= both lengths.
+                let (xv, yv) = unsafe {
+                    (
+                        _mm256_loadu_ps(xp.add(i + 8 * j)),
+                        _mm256_loadu_ps(yp.add(i + 8 * j)),
+                    )
+                };
+                *a = _mm256_fmadd_ps(xv, yv, *a);
+            }
+        }
+        let a0 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps::<1>(a0));
+        let t = _mm_hadd_ps(t, t);
+        let t = _mm_hadd_ps(t, t);
+        let mut r = _mm_cvtss_f32(t) as f64;
+        for e in np..n {
+            r += (x[e] * y[e]) as f64;
+        }
+        r as f32
+    }
+
+    /// [`super::attend_group`]: per cell, K and V widened to f32 once (exact), then every
+    /// head's step of [`attend_head`], its f16 accumulator held as f32 values of f16 numbers
+    /// (rounded by [`round_ph`] where [`attend_head`] stores to f16).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn attend_group<'a>(
+        q: &[f32],
+        hd: usize,
+        scale: f32,
+        cells: impl IntoIterator<Item = usize>,
+        k: impl Fn(usize) -> &'a [u16],
+        v: impl Fn(usize) -> &'a [u16],
+        out: &mut [f32],
+    ) {
+        let g = q.len() / hd;
+        let d8 = hd & !7;
+        // Queries rounded to f16, as f32; the accumulators, one head after another.
+        let qf: Vec<f32> = q.iter().map(|&x| h(f32_to_f16(x))).collect();
+        let mut vkq = vec![0f32; g * hd];
+        let mut m = vec![f32::NEG_INFINITY; g];
+        let mut sum = vec![0f32; g];
+        let (mut kf, mut vf) = (vec![0f32; hd], vec![0f32; hd]);
+        let mut s = vec![0f32; g];
+        for c in cells {
+            let (kc, vc) = (&k(c)[..hd], &v(c)[..hd]);
+            for i in (0..d8).step_by(8) {
+                // SAFETY: i + 8 <= d8 <= hd, the length of all four slices.
+                unsafe {
+                    _mm256_storeu_ps(kf.as_mut_ptr().add(i), load_ph(kc, i));
+                    _mm256_storeu_ps(vf.as_mut_ptr().add(i), load_ph(vc, i));
+                }
+            }
+            for e in d8..hd {
+                kf[e] = h(kc[e]);
+                vf[e] = h(vc[e]);
+            }
+            for (sh, qh) in s.iter_mut().zip(qf.chunks_exact(hd)) {
+                *sh = dot_f32(&kf, qh) * scale;
+            }
+            for (hh, acc) in vkq.chunks_exact_mut(hd).enumerate() {
+                let (mut ms, mut vs) = (1f32, 1f32);
+                if s[hh] > m[hh] {
+                    let mold = m[hh];
+                    m[hh] = s[hh];
+                    ms = (mold - m[hh]).exp();
+                    let msv = _mm256_set1_ps(ms);
+                    for i in (0..d8).step_by(8) {
+                        // SAFETY: i + 8 <= d8 <= hd = acc.len().
+                        unsafe {
+                            let p = acc.as_mut_ptr().add(i);
+                            _mm256_storeu_ps(p, round_ph(_mm256_mul_ps(_mm256_loadu_ps(p), msv)));
+                        }
+                    }
+                    for a in acc[d8..].iter_mut() {
+                        *a = h(f32_to_f16(*a * ms));
+                    }
+                } else {
+                    vs = (s[hh] - m[hh]).exp();
+                }
+                let vsv = _mm256_set1_ps(vs);
+                for i in (0..d8).step_by(8) {
+                    // SAFETY: i + 8 <= d8 <= hd, the length of `acc` and `vf`.
+                    unsafe {
+                        let p = acc.as_mut_ptr().add(i);
+                        let r = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(vf.as_ptr().add(i)),
+                            vsv,
+                            _mm256_loadu_ps(p),
+                        );
+                        _mm256_storeu_ps(p, round_ph(r));
+                    }
+                }
+                for (a, &x) in acc[d8..].iter_mut().zip(&vf[d8..]) {
+                    *a = h(f32_to_f16(x.mul_add(vs, *a)));
+                }
+                sum[hh] = sum[hh].mul_add(ms, vs);
+            }
+        }
+        for ((o, acc), &sm) in out.chunks_exact_mut(hd).zip(vkq.chunks_exact(hd)).zip(&sum) {
+            let inv = if sm == 0.0 { 0.0 } else { 1.0 / sm };
+            for (o, &a) in o.iter_mut().zip(acc) {
+                *o = a * inv;
+            }
+        }
+    }
+
     /// [`super::attend_head_ref`] with 8-lane f16 loads and stores (the same roundings:
     /// F16C converts round to nearest even like `f32_to_f16`).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -371,6 +527,10 @@ fn as_f16(b: &[u8]) -> KResult<&[u16]> {
 ///   least [`GGML_FA_TILE_Q`] query rows, the one-chunk kernel below (the AVX2 build's
 ///   [`attend_head`], the AVX-512 build's 16-lane dot [`dot16_ref`]);
 /// - `None`: [`attend_head`] for every row, whatever the row count.
+///
+/// The AVX2 build's one-chunk kernel (and the native one) runs the heads of a GQA group in
+/// one task ([`attend_group`]) when there are enough such tasks for the threads; that changes
+/// no bit.
 pub(crate) fn run(
     simd: Option<GgmlSimd>,
     c: &Call,
@@ -384,6 +544,33 @@ pub(crate) fn run(
     let group = p.n_head / p.n_head_kv;
     let tiled = simd.filter(|_| nt >= GGML_FA_TILE_Q);
     let outp = SharedOut::new(out);
+    let one_chunk_avx2 = tiled.is_none() && simd != Some(GgmlSimd::Avx512);
+    if one_chunk_avx2 && group > 1 && nt * p.n_head_kv >= 2 * threads {
+        // Enough (token, KV head) tasks to keep the threads busy: each runs its GQA group's
+        // heads together (the same bits as one task per head, see `attend_group`); task
+        // `t * n_head_kv + g` owns the group's `group * hd` outputs of token t.
+        let w = group * hd;
+        par_tasks(nt * p.n_head_kv, threads, |task| {
+            // SAFETY: tasks own disjoint `w`-long slices of `out`.
+            let o = unsafe { outp.part(task * w, w) };
+            let (t, g) = (task / p.n_head_kv, task % p.n_head_kv);
+            let head_off = g * c.head_bytes;
+            let at = |cell: usize| {
+                let o = (cell * c.cell_bytes + head_off) / 2;
+                o..o + hd
+            };
+            attend_group(
+                &c.q[task * w..][..w],
+                hd,
+                p.scale,
+                c.windows[t].cells(),
+                |cell| &k16[at(cell)],
+                |cell| &v16[at(cell)],
+                o,
+            );
+        });
+        return Ok(());
+    }
     // One task per (token, head); task `t * n_head + h` owns `out[task * hd..][..hd]`.
     par_tasks(nt * p.n_head, threads, |task| {
         // SAFETY: tasks own disjoint `hd`-long slices of `out`.
