@@ -84,7 +84,7 @@ pub fn attend_group<'a>(
         out.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma_f16c() {
+    if crate::cpu_features::avx2_fma_f16c() {
         // SAFETY: the features were detected on this machine.
         unsafe { x86::attend_group(q, hd, scale, cells, k, v, out) };
         return;
