@@ -128,7 +128,8 @@ impl Engine {
                 )));
             }
         }
-        let before = std::mem::replace(&mut self.cells, staged.cells.clone());
+        let cells = std::mem::replace(&mut staged.cells, KvCells::new(0));
+        let before = std::mem::replace(&mut self.cells, cells);
         match self.run_staged(entries, &staged) {
             Ok(()) => Ok(&self.out),
             Err(e) => {

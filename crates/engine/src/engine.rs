@@ -136,8 +136,10 @@ impl Default for EngineConfig {
     }
 }
 
-/// Graphs kept built (token and output buckets, both window layouts).
+/// Graphs kept built (token and output buckets, both window layouts), and the most bytes of
+/// activation buffers their plans may hold together (each plan owns its buffers).
 const GRAPH_CACHE: usize = 16;
+const GRAPH_CACHE_BYTES: usize = 512 << 20;
 
 pub struct Engine {
     pub(crate) model: GgufModel,
@@ -216,7 +218,7 @@ impl Engine {
             output_weight,
             backends,
             placement,
-            cache: GraphCache::new(GRAPH_CACHE),
+            cache: GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES),
             alloc,
             n_ctx,
             n_batch: cfg.n_batch.max(1),
@@ -246,6 +248,10 @@ impl Engine {
     /// Graphs built so far (a decode step that reuses a cached graph does not add one).
     pub fn graph_builds(&self) -> usize {
         self.cache.builds()
+    }
+    /// Graphs cached now, and the bytes of activation buffers their plans hold.
+    pub fn graph_cache_usage(&self) -> (usize, usize) {
+        (self.cache.len(), self.cache.bytes())
     }
     /// Bytes allocated on every backend (KV regions and activation buffers).
     pub fn bytes_in_use(&self) -> usize {

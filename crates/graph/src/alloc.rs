@@ -196,15 +196,6 @@ impl Allocator {
         }
     }
 
-    /// Bytes a plan holds on `backend`.
-    pub fn plan_bytes(plan: &Plan, backend: BackendId) -> usize {
-        plan.owned
-            .iter()
-            .filter(|o| o.0 == backend)
-            .map(|o| o.2)
-            .sum()
-    }
-
     /// Assigns buffers to an assigned (and fused) graph. `kv_bytes(node)` gives the bytes of
     /// each K/V region a KV op's layer needs.
     pub fn plan(
@@ -348,6 +339,11 @@ impl Allocator {
 type FreeList = HashMap<(BackendId, usize), Vec<BufId>>;
 
 impl Plan {
+    /// Bytes of the buffers this plan owns (size classes; KV regions are not the plan's).
+    pub fn bytes(&self) -> usize {
+        self.owned.iter().map(|o| o.2).sum()
+    }
+
     /// The backend and buffer of a graph input.
     pub fn input_buf(&self, graph: &Graph, kind: InputKind) -> Option<(BackendId, BufId)> {
         graph.input(kind).and_then(|id| self.node_buf[id.index()])

@@ -14,6 +14,8 @@ use crate::placement::Placement;
 pub struct GraphCache {
     entries: Vec<(GraphParams, Graph, Plan)>,
     capacity: usize,
+    /// Most bytes the cached plans may hold together (the newest is always kept).
+    max_bytes: usize,
     builds: usize,
 }
 
@@ -22,8 +24,23 @@ impl GraphCache {
         GraphCache {
             entries: Vec::new(),
             capacity: capacity.max(1),
+            max_bytes: usize::MAX,
             builds: 0,
         }
+    }
+
+    /// A cache that also evicts the least recently used plans while the plans hold more than
+    /// `max_bytes` of buffers together.
+    pub fn with_byte_cap(capacity: usize, max_bytes: usize) -> Self {
+        GraphCache {
+            max_bytes,
+            ..GraphCache::new(capacity)
+        }
+    }
+
+    /// Bytes of buffers the cached plans hold.
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|(_, _, p)| p.bytes()).sum()
     }
 
     /// How many graphs were built so far (misses).
@@ -81,6 +98,11 @@ impl GraphCache {
             let plan = alloc.plan(&graph, backends, kv_bytes)?;
             self.builds += 1;
             self.entries.insert(0, (params.clone(), graph, plan));
+            while self.entries.len() > 1 && self.bytes() > self.max_bytes {
+                if let Some((_, _, plan)) = self.entries.pop() {
+                    alloc.release(plan, backends);
+                }
+            }
         }
         let (_, g, p) = &self.entries[0];
         Ok((g, p))

@@ -616,3 +616,69 @@ fn placement_is_all_or_nothing_and_names_the_weight_that_kept_a_device_out() {
         "{err}"
     );
 }
+
+/// The byte cap evicts the least recently used plans while the cache holds more than it
+/// allows (the newest plan always stays), freeing their buffers.
+#[test]
+fn the_byte_cap_evicts_old_plans() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Mock::new(0, 100, &log))];
+    let placement = everywhere(&backends);
+    let mut alloc = Allocator::new();
+    let p = |n| GraphParams {
+        n_tokens: n,
+        n_out: 1,
+        n_ctx: 16,
+        cache_type: GgmlType::F32,
+        window: WindowLayout::Span,
+    };
+    let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
+    let mut one = GraphCache::new(8);
+    one.get_or_build(
+        &p(4096),
+        &build,
+        &|_| Ok(0),
+        &mut backends,
+        &NoWeights,
+        &placement,
+        &mut alloc,
+    )
+    .unwrap();
+    let big = one.bytes();
+    one.clear(&mut alloc, &mut backends);
+    let mut cache = GraphCache::with_byte_cap(8, big + big / 2);
+    for n in [4096, 4097, 4098] {
+        cache
+            .get_or_build(
+                &p(n),
+                &build,
+                &|_| Ok(0),
+                &mut backends,
+                &NoWeights,
+                &placement,
+                &mut alloc,
+            )
+            .unwrap();
+        assert!(cache.len() == 1 && cache.bytes() <= big + big / 2);
+    }
+    assert_eq!(
+        alloc.in_use(BackendId(0)),
+        cache.bytes(),
+        "evicted plans were freed"
+    );
+    // Control: without the cap all three stay.
+    let mut all = GraphCache::new(8);
+    for n in [4096, 4097, 4098] {
+        all.get_or_build(
+            &p(n),
+            &build,
+            &|_| Ok(0),
+            &mut backends,
+            &NoWeights,
+            &placement,
+            &mut alloc,
+        )
+        .unwrap();
+    }
+    assert_eq!(all.len(), 3);
+}
