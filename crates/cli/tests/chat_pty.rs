@@ -6,6 +6,7 @@
 
 use minfer_models::synth::{synthesize, SynthSpec};
 use minfer_models::Arch;
+use minfer_testkit::models;
 use rexpect::session::{spawn_command, PtySession};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,16 +32,6 @@ fn slow_model() -> PathBuf {
     spec.weight_type = minfer_gguf::GgmlType::Q8_0;
     std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
     p
-}
-
-fn cached(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join(file);
-    p.exists().then_some(p)
 }
 
 fn chat(model: &Path, extra: &[&str], timeout_ms: u64) -> PtySession {
@@ -233,10 +224,7 @@ fn the_prompt_is_coloured_on_a_terminal() {
 /// The same walk on the demo model, kept short (the CPU path may be slow).
 #[test]
 fn demo_model_two_turns_and_resume() {
-    let Some(model) = cached("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
-        eprintln!("SKIP: demo model not cached");
-        return;
-    };
+    let Some(model) = models::qwen() else { return };
     let session = tmp("demo.session");
     let _ = std::fs::remove_file(&session);
     let args = [

@@ -1,33 +1,20 @@
 //! `minfer pull` and `minfer synth` end to end through the binary.
 
-use std::path::PathBuf;
+use minfer_testkit::models;
 use std::process::Command;
 
 fn minfer() -> Command {
     Command::new(env!("CARGO_BIN_EXE_minfer"))
 }
 
-fn models_dir() -> Option<PathBuf> {
-    std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models")))
-}
-
 #[test]
 fn pull_of_cached_models_is_a_no_op() {
-    let Some(dir) = models_dir() else {
+    let Some(dir) = models::dir() else {
         eprintln!("SKIP: no models directory");
         return;
     };
-    for (name, file) in [
-        (
-            "qwen2.5-coder-0.5b",
-            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        ),
-        ("smollm2-135m", "smollm2-135m-instruct-q4_1.gguf"),
-    ] {
-        if !dir.join(file).exists() {
-            eprintln!("SKIP: {name} not cached");
+    for (name, file) in models::KNOWN {
+        if models::find(file).is_none() {
             continue;
         }
         // A Python that does not exist: any download attempt would fail loudly.

@@ -2,20 +2,13 @@
 //! with the real models' templates, and falls back to ChatML with a notice on stderr.
 
 use minfer_gguf::{GgufWriter, Value};
+use minfer_testkit::models;
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/chat")
-}
-
-fn models_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("MINFER_MODELS") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/minfer/models"),
-    };
-    dir.is_dir().then_some(dir)
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -26,21 +19,12 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn render_matches_hf_fixtures() {
-    let Some(models) = models_dir() else {
-        println!("SKIP: no model directory");
-        return;
-    };
     let dir = scratch("fixtures");
     let mut checked = 0;
-    for (key, gguf) in [
-        ("qwen", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
-        ("smol", "smollm2-135m-instruct-q4_1.gguf"),
-    ] {
-        let model = models.join(gguf);
-        if !model.exists() {
-            println!("SKIP: {} absent", model.display());
+    for (key, gguf) in [("qwen", models::QWEN), ("smol", models::SMOL)] {
+        let Some(model) = models::find(gguf) else {
             continue;
-        }
+        };
         let text =
             std::fs::read_to_string(fixtures().join(format!("{key}-templates.jsonl"))).unwrap();
         for line in text.lines() {

@@ -4,21 +4,12 @@
 use minfer_gguf::{GgufWriter, Value};
 use minfer_models::synth::{synthesize, SynthSpec};
 use minfer_models::Arch;
+use minfer_testkit::models;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn minfer() -> Command {
     Command::new(env!("CARGO_BIN_EXE_minfer"))
-}
-
-fn cached(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join(file);
-    p.exists().then_some(p)
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -50,10 +41,7 @@ fn assert_refused(out: &Output, needles: &[&str]) {
 
 #[test]
 fn chat_reply_matches_llama_cpp_greedy_until_first_near_tie() {
-    let Some(model) = cached("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
-        eprintln!("SKIP: demo model not cached");
-        return;
-    };
+    let Some(model) = models::qwen() else { return };
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen-chat.jsonl");
     let text = std::fs::read_to_string(fixture).unwrap();
     let mut checked = 0;

@@ -1,18 +1,8 @@
 //! `minfer tokenize` end to end on the cached Qwen model (SKIP when absent); ids checked
 //! against llama.cpp oracle values (tokenizer fixtures: "Hello world" -> [9707, 1879]).
 
-use std::path::PathBuf;
+use minfer_testkit::models;
 use std::process::Command;
-
-fn qwen() -> Option<PathBuf> {
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    p.is_file().then_some(p)
-}
 
 fn minfer(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_minfer"))
@@ -23,10 +13,7 @@ fn minfer(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn tokenize_and_decode() {
-    let Some(model) = qwen() else {
-        println!("SKIP: qwen model not cached");
-        return;
-    };
+    let Some(model) = models::qwen() else { return };
     let m = model.to_str().unwrap();
     let out = minfer(&["tokenize", "-m", m, "--json", "Hello world"]);
     assert!(out.status.success());

@@ -4,7 +4,7 @@
 //! GB/s a decode step can reach without attention and the small ops.
 //!
 //! `MINFER_MODEL=path cargo bench -p minfer-cpu --bench decode_matvec -- [threads] [passes]`
-//! (default: `$HOME/.cache/minfer/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf`, threads 1,
+//! (default: the cached demo model, `minfer_testkit::models::qwen()`; threads 1,
 //! 5 passes). Prints, per type, the median over passes of the ms spent in that type's matmuls
 //! per pass and the GB/s that gives, and the median whole pass (the weight bytes of one token).
 //! Not a test: nothing is asserted.
@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use minfer_cpu::ops::matmul::{matmul, Weight};
 use minfer_gguf::GgufModel;
+use minfer_testkit::models;
 
 #[cfg(unix)]
 #[repr(C)]
@@ -62,14 +63,16 @@ fn main() {
         .collect();
     let threads: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(1);
     let passes: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
-    let path = std::env::var("MINFER_MODEL").unwrap_or_else(|_| {
-        let home = std::env::var("HOME").unwrap_or_default();
-        format!("{home}/.cache/minfer/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-    });
+    let Some(path) = std::env::var_os("MINFER_MODEL")
+        .map(std::path::PathBuf::from)
+        .or_else(models::qwen)
+    else {
+        return;
+    };
     let model = match GgufModel::open(&path) {
         Ok(m) => m,
         Err(e) => {
-            println!("SKIP: {path}: {e}");
+            println!("SKIP: {}: {e}", path.display());
             return;
         }
     };

@@ -20,23 +20,9 @@ use minfer_cpu::ops::attn::{self, AttnParams, WINDOW};
 use minfer_cpu::simd::{self, Isa};
 use minfer_gguf::quants;
 use minfer_gguf::GgmlType;
+use minfer_testkit::rng::floats;
 
 const REL_TOL: f64 = 2e-6;
-
-/// splitmix64 floats in [-1, 1).
-fn floats(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 fn i32_slot(v: i32) -> f32 {
     f32::from_bits(v as u32)

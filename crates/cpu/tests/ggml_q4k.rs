@@ -26,28 +26,8 @@ use std::process::Command;
 
 use minfer_cpu::ggml_x86::{q4k_repack, GgmlSimd};
 use minfer_gguf::{quants, GgmlType, GgufModel};
-
-/// splitmix64 + Box-Muller: seeded normal floats.
-struct Normal(u64);
-
-impl Normal {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    fn sample(&mut self) -> f32 {
-        let (u, v) = (self.unit(), self.unit());
-        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-    }
-}
+use minfer_testkit::models;
+use minfer_testkit::rng::Rng;
 
 fn harness() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("MINFER_Q4K_HARNESS") {
@@ -81,7 +61,7 @@ fn read_f32(path: &Path) -> Vec<f32> {
 /// 21 activation rows of k: normal, scaled per row, with a few outliers; row 6 has +amax and
 /// -amax in its first block (the two Q8_K quantizers' sign rules differ there), row 19 is zero.
 fn activations(k: usize, seed: u64) -> Vec<f32> {
-    let mut g = Normal(seed);
+    let mut g = Rng::splitmix64(seed);
     let mut x = vec![0f32; 21 * k];
     for (t, row) in x.chunks_exact_mut(k).enumerate() {
         if t == 19 {
@@ -89,7 +69,7 @@ fn activations(k: usize, seed: u64) -> Vec<f32> {
         }
         let scale = 0.05 + 0.3 * t as f32;
         for v in row.iter_mut() {
-            *v = g.sample() * scale;
+            *v = g.normal() * scale;
             if g.next_u64().is_multiple_of(97) {
                 *v *= 12.0;
             }
@@ -154,8 +134,8 @@ fn repacked_q4_k_matches_llama_cpp_bit_for_bit() {
     for k in [256usize, 4864] {
         let x = activations(k, 7 + k as u64);
         for m in [8usize, 896] {
-            let mut g = Normal(1000 + (k * m) as u64);
-            let wf: Vec<f32> = (0..m * k).map(|_| g.sample() * 0.02).collect();
+            let mut g = Rng::splitmix64(1000 + (k * m) as u64);
+            let wf: Vec<f32> = (0..m * k).map(|_| g.normal() * 0.02).collect();
             let wf_path = dir.join(format!("w-{k}-{m}.f32"));
             write_f32(&wf_path, &wf);
             let wr_path = dir.join(format!("w-{k}-{m}.q4k"));
@@ -206,16 +186,6 @@ fn repacked_q4_k_matches_llama_cpp_bit_for_bit() {
     );
 }
 
-fn cached_model(name: &str) -> Option<PathBuf> {
-    let dir: PathBuf = std::env::var_os("MINFER_MODELS")
-        .map(Into::into)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join(name);
-    p.exists().then_some(p)
-}
-
 /// A tensor dumped by scripts/peer-logprobs (4 x i64 shape, then f32).
 fn read_dump(path: &Path) -> (usize, usize, Vec<f32>) {
     let b = std::fs::read(path).unwrap();
@@ -235,8 +205,7 @@ fn read_dump(path: &Path) -> (usize, usize, Vec<f32>) {
 /// layer's 6,272 outputs; the last layer has one row, which goes through the GEMV).
 #[test]
 fn qwen_q4_k_ffn_down_matches_llama_cpp_dumps() {
-    let Some(model_path) = cached_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
-        println!("SKIP: qwen2.5-coder-0.5b-instruct-q4_k_m.gguf not in cache");
+    let Some(model_path) = models::qwen() else {
         return;
     };
     let run = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peer-logprobs/run");

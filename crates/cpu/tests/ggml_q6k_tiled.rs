@@ -29,6 +29,7 @@ use minfer_cpu::ggml_x86::q6k_tiled::{matmul_q6k_tiled, matmul_q6k_tiled_threads
 use minfer_cpu::ggml_x86::GgmlSimd;
 use minfer_gguf::quants::{quantize_act_row, random_blocks};
 use minfer_gguf::GgmlType;
+use minfer_testkit::rng::Rng;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -66,35 +67,13 @@ fn cases() -> Vec<Case> {
         .collect()
 }
 
-/// splitmix64 with Box-Muller normals.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.unit(), self.unit());
-        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-    }
-}
-
 /// Writes NAME.w, NAME.x and cases.txt under `dir`.
 fn stage(dir: &Path, cases: &[Case]) {
     std::fs::create_dir_all(dir).unwrap();
     let mut list = String::new();
     for (i, c) in cases.iter().enumerate() {
         let w = random_blocks(GgmlType::Q6K, c.m * c.k / 256, 0x5eed_0000 + i as u64);
-        let mut rng = Rng(0xac7_0000 + i as u64);
+        let mut rng = Rng::splitmix64(0xac7_0000 + i as u64);
         // A per-row magnitude so the Q8_K scales vary between rows as well as blocks.
         let x: Vec<f32> = (0..c.n)
             .flat_map(|_| {

@@ -34,6 +34,7 @@
 use minfer_cpu::simd::{self, Isa};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
+use minfer_testkit::rng::Rng;
 
 /// The types the AVX2 table must serve (everything but Q8_1, which is not a weight type).
 const AVX2_DOT_TYPES: [GgmlType; 16] = [
@@ -78,29 +79,19 @@ const AVX512_DOT4_TYPES: [GgmlType; 6] = [
     GgmlType::Iq4Nl,
 ];
 
-/// splitmix64.
-struct Rng(u64);
+/// Activations from the kit's splitmix64.
+trait Floats {
+    fn floats(&mut self, n: usize) -> Vec<f32>;
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-scale, scale).
-    fn float(&mut self, scale: f32) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
-    }
-
+impl Floats for Rng {
     fn floats(&mut self, n: usize) -> Vec<f32> {
         // Vary the magnitude per 32 elements so blocks get different scales.
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
-            let scale = [0.01f32, 1.0, 3.7, 250.0][(i / 32 + (self.next() as usize & 1)) % 4];
-            out.push(self.float(scale));
+            let scale = [0.01f32, 1.0, 3.7, 250.0][(i / 32 + (self.next_u64() as usize & 1)) % 4];
+            // Uniform in [-scale, scale).
+            out.push(self.signed() * scale);
         }
         out
     }
@@ -304,7 +295,7 @@ fn dot_is_bit_identical_to_the_reference() {
                 for seed in 0..3u64 {
                     let nb = n / ty.block_size() as usize;
                     let w = random_blocks(ty, nb, 1000 * seed + n as u64);
-                    let x = Rng(seed * 7919 + n as u64).floats(n);
+                    let x = Rng::splitmix64(seed * 7919 + n as u64).floats(n);
                     let act = act_bytes(ty, &x);
                     bad.extend(dot_mismatch(isa, ty, n, &w, &act, "random"));
                     bad.extend(side_mismatch(isa, ty, n, &w, &act, "random"));
@@ -337,7 +328,7 @@ fn dot4_is_bit_identical_to_the_reference() {
                 };
                 let w = random_blocks(ty, n / ty.block_size() as usize, 31 + n as u64);
                 let acts: Vec<Vec<u8>> = (0..4u64)
-                    .map(|r| act_bytes(ty, &Rng(r * 131 + n as u64).floats(n)))
+                    .map(|r| act_bytes(ty, &Rng::splitmix64(r * 131 + n as u64).floats(n)))
                     .collect();
                 let got = f4(&w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
                 for (r, (g, act)) in got.iter().zip(&acts).enumerate() {
@@ -361,7 +352,7 @@ fn dot4_is_bit_identical_to_the_reference() {
 /// promise exact integer sums for any bytes, so the result must still match bit for bit.
 #[test]
 fn dot_is_bit_identical_on_adversarial_bytes() {
-    let mut rng = Rng(42);
+    let mut rng = Rng::splitmix64(42);
     let mut cases = 0;
     let mut bad = Vec::new();
     for isa in simd_isas() {
@@ -408,7 +399,7 @@ fn scramble_quants(ty: GgmlType, b: &mut [u8], rng: &mut Rng) {
     };
     for blk in b.chunks_exact_mut(ts) {
         for v in &mut blk[range.clone()] {
-            *v = rng.next() as u8;
+            *v = rng.next_u64() as u8;
         }
         blk[range.start] = 0x80; // at least one -128 per block
     }
@@ -418,7 +409,7 @@ fn scramble_quants(ty: GgmlType, b: &mut [u8], rng: &mut Rng) {
 #[test]
 fn quantize_act_is_byte_identical() {
     let mut rows: Vec<Vec<f32>> = Vec::new();
-    let mut rng = Rng(3);
+    let mut rng = Rng::splitmix64(3);
     for n in [256usize, 512, 4096] {
         rows.push(rng.floats(n));
     }
@@ -487,7 +478,7 @@ fn controls_dropped_tail_and_reordered_blocks_change_bits() {
         let mut order_differs = 0;
         for seed in 0..8u64 {
             let w = random_blocks(ty, nb, 77 + seed);
-            let act = act_bytes(ty, &Rng(78 + seed).floats(nb * bs));
+            let act = act_bytes(ty, &Rng::splitmix64(78 + seed).floats(nb * bs));
             let full = simd::vec_dot_on(isa, ty, nb * bs, &w, &act).unwrap();
             let forward = quants::vec_dot(ty, nb * bs, &w, &act).unwrap();
             assert_eq!(full.to_bits(), forward.to_bits(), "{ty}");

@@ -6,33 +6,16 @@
 //! Control: with the Q4_K kernel's float part reassociated (see simd_exact.rs), this test
 //! failed (first on blk.11.ffn_down.weight of the demo model).
 
-use std::path::PathBuf;
-
 use minfer_cpu::simd::{self, Isa, RowDot};
 use minfer_gguf::quants::{self, vec_dot_type};
 use minfer_gguf::GgufModel;
-
-fn cached(name: &str) -> Option<PathBuf> {
-    let dir: PathBuf = std::env::var_os("MINFER_MODELS")
-        .map(Into::into)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join(name);
-    p.exists().then_some(p)
-}
+use minfer_testkit::models;
+use minfer_testkit::rng::Rng;
 
 /// Deterministic activations in about [-2, 2).
 fn activations(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 22) as f32) - 2.0
-        })
-        .collect()
+    let mut rng = Rng::xorshift64(seed);
+    (0..n).map(|_| 2.0 * rng.signed()).collect()
 }
 
 #[test]
@@ -48,12 +31,8 @@ fn real_model_rows_are_bit_identical() {
     let mut checked = 0;
     // Every mismatch is collected, so one run on a borrowed machine names all failing rows.
     let mut bad: Vec<String> = Vec::new();
-    for name in [
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "smollm2-135m-instruct-q4_1.gguf",
-    ] {
-        let Some(path) = cached(name) else {
-            println!("SKIP: {name} not in cache (run `minfer pull`)");
+    for name in [models::QWEN, models::SMOL] {
+        let Some(path) = models::find(name) else {
             continue;
         };
         let model = GgufModel::open(&path).unwrap();

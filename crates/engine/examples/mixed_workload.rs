@@ -51,13 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     )?;
     let vocab = e.hparams().vocab_size as u64;
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut rand = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut rng = minfer_testkit::rng::Rng::xorshift64_raw(0x2545_f491_4f6c_dd1d);
+    let mut rand = move |n: u64| rng.next_u64() % n;
     let mut reqs: Vec<Req> = Vec::new();
     let (mut forwards, mut tokens, mut finished) = (0usize, 0usize, 0usize);
     let mut shapes = BTreeSet::new();

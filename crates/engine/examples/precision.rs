@@ -10,6 +10,7 @@
 //! `P ids` prompt, `G ids` tokens to feed) and writes `OUT_DIR/our_input.txt`.
 
 use minfer_engine::{parse_cache_type, Engine, EngineConfig};
+use minfer_testkit::models;
 use serde_json::Value;
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
-    let models = PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/minfer/models");
+    let models = models::dir().expect("a models directory (MINFER_MODELS or HOME)");
     let numerics = std::env::var("NUMERICS").map_or(minfer_cpu::Numerics::Native, |n| {
         minfer_cpu::Numerics::parse(&n).expect("NUMERICS value")
     });
@@ -63,9 +64,9 @@ fn main() {
     }
     let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     for (model, fixture) in [
-        ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen-raw.jsonl"),
-        ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen-chat.jsonl"),
-        ("smollm2-135m-instruct-q4_1.gguf", "smol-raw.jsonl"),
+        (models::QWEN, "qwen-raw.jsonl"),
+        (models::QWEN, "qwen-chat.jsonl"),
+        (models::SMOL, "smol-raw.jsonl"),
     ] {
         if only.as_deref().is_some_and(|o| !fixture.starts_with(o)) {
             continue;

@@ -9,27 +9,11 @@
 //! before) fails it, and so does a composition that really changes the sequence (another
 //! token).
 
-mod synthkit;
-
 use minfer_engine::{BatchEntry, Engine, EngineConfig, Error, SeqId};
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
-use synthkit::*;
-
-/// splitmix64: a small seeded generator (no dependency).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use minfer_testkit::rng::Rng;
+use minfer_testkit::synth::*;
 
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -209,7 +193,7 @@ fn in_company(
 #[test]
 fn a_sequence_gives_the_same_bits_alone_and_in_any_batch() {
     let path = model_heads(Arch::Qwen2, 2, 31, 2, 1);
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::splitmix64(0x5eed);
     let mut cases = 0;
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
         for &chunk in &[1usize, 7, 64, 512] {
@@ -251,7 +235,7 @@ fn control_a_row_count_dependent_arithmetic_fails_the_property() {
     )
     .unwrap();
     let llama = minfer_cpu::Numerics::parse("llamacpp-x86-avx2").unwrap();
-    let mut rng = Rng(0xc0);
+    let mut rng = Rng::splitmix64(0xc0);
     let mut differs = 0;
     for _ in 0..6 {
         let prompt = tokens(1 + rng.below(40), rng.below(10_000) as u32, 128);

@@ -2,18 +2,16 @@
 //! dropped by shifting the KV, a too-long message changes nothing, /regen, interrupts and
 //! resumed sessions.
 
-mod synthkit;
-
 use minfer_engine::chat::{Chat, ChatConfig, ChatError, TurnEnd, TurnReport};
 use minfer_engine::generate::FinishReason;
 use minfer_engine::sampler::SamplerConfig;
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
+use minfer_testkit::synth::*;
 use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::TokenType;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use synthkit::*;
 
 fn config(max_tokens: usize, temperature: f32) -> ChatConfig {
     ChatConfig {
@@ -31,7 +29,7 @@ fn config(max_tokens: usize, temperature: f32) -> ChatConfig {
 /// A chat whose replies avoid tokens that are not whole UTF-8 text and control tokens other
 /// than end-of-generation (random weights would otherwise emit them, and the reply text kept
 /// in the history would not be the text of the tokens in the KV).
-fn chat(path: &PathBuf, n_ctx: usize, ty: GgmlType, cfg: ChatConfig) -> Chat {
+fn chat(path: &Path, n_ctx: usize, ty: GgmlType, cfg: ChatConfig) -> Chat {
     let mut c = Chat::new(engine(path, n_ctx, ty), cfg).unwrap();
     let tok = c.tokenizer();
     let banned: Vec<(u32, f32)> = (0..tok.n_vocab() as u32)

@@ -1,11 +1,9 @@
 //! Typed refusals at load and decode, and graph reuse across decode steps.
 
-mod common;
-
-use common::Tiny;
 use minfer_engine::{Engine, EngineConfig, Error};
 use minfer_gguf::{GgmlType, Value};
 use minfer_models::Arch;
+use minfer_testkit::synth::{self, Tiny};
 
 fn cfg() -> EngineConfig {
     EngineConfig {
@@ -18,7 +16,7 @@ fn cfg() -> EngineConfig {
 #[test]
 fn other_architectures_are_refused_by_name() {
     let t = Tiny::new(Arch::Llama, GgmlType::F32);
-    let p = common::write_with(&t, "gemma", |w| {
+    let p = synth::write_with(&t, "gemma", |w| {
         w.set("general.architecture", Value::String("gemma".into()));
     });
     let e = Engine::load(&p, cfg()).err().unwrap();
@@ -31,7 +29,7 @@ fn other_architectures_are_refused_by_name() {
 #[test]
 fn missing_and_misshapen_tensors_are_named() {
     let t = Tiny::new(Arch::Qwen2, GgmlType::F32);
-    let p = common::write_with(&t, "nobias", |w| {
+    let p = synth::write_with(&t, "nobias", |w| {
         w.tensors.retain(|x| x.name != "blk.1.attn_k.bias")
     });
     let e = Engine::load(&p, cfg()).err().unwrap();
@@ -39,7 +37,7 @@ fn missing_and_misshapen_tensors_are_named() {
         matches!(&e, Error::Model(minfer_models::Error::MissingTensor { name }) if name == "blk.1.attn_k.bias"),
         "{e}"
     );
-    let p = common::write_with(&t, "shape", |w| {
+    let p = synth::write_with(&t, "shape", |w| {
         let x = w
             .tensors
             .iter_mut()
@@ -77,7 +75,7 @@ fn unknown_and_uncompiled_backends_are_refused_before_loading() {
 
 #[test]
 fn context_overflow_and_position_gaps_are_typed_errors() {
-    let p = common::write(&Tiny::new(Arch::Llama, GgmlType::F32));
+    let p = synth::write(&Tiny::new(Arch::Llama, GgmlType::F32));
     let mut e = Engine::load(&p, cfg()).unwrap();
     e.decode(&[1; 10], 0, 1).unwrap();
     let err = e.decode(&[1; 7], 10, 1).unwrap_err();
@@ -112,7 +110,7 @@ fn context_overflow_and_position_gaps_are_typed_errors() {
 
 #[test]
 fn decode_steps_reuse_the_graph_and_truncation_replays_identically() {
-    let p = common::write(&Tiny::new(Arch::Qwen2, GgmlType::F32));
+    let p = synth::write(&Tiny::new(Arch::Qwen2, GgmlType::F32));
     let mut e = Engine::load(&p, cfg()).unwrap();
     e.decode(&[3, 4, 5], 0, 1).unwrap();
     let builds = e.graph_builds();
@@ -144,7 +142,7 @@ fn decode_steps_reuse_the_graph_and_truncation_replays_identically() {
 
 #[test]
 fn q8_0_kv_needs_whole_blocks_per_head() {
-    let p = common::write(&Tiny::new(Arch::Llama, GgmlType::F32)); // head dim 16
+    let p = synth::write(&Tiny::new(Arch::Llama, GgmlType::F32)); // head dim 16
     let mut c = cfg();
     c.cache_type = GgmlType::Q8_0;
     let e = Engine::load(&p, c).err().unwrap();
@@ -153,7 +151,7 @@ fn q8_0_kv_needs_whole_blocks_per_head() {
 
 #[test]
 fn a_memory_budget_too_small_for_the_kv_is_refused_with_figures() {
-    let p = common::write(&Tiny::new(Arch::Llama, GgmlType::F32));
+    let p = synth::write(&Tiny::new(Arch::Llama, GgmlType::F32));
     let mut c = cfg();
     // 2 layers x (K + V) x 16 cells x 32 floats = 8 KiB of KV; allow 6 KiB.
     c.memory_budget = Some(6 << 10);

@@ -56,6 +56,7 @@ use minfer_cpu::ggml_x86::GgmlSimd;
 use minfer_cpu::Numerics;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::GgmlType;
+use minfer_testkit::models::{self, QWEN, SMOL};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -65,16 +66,6 @@ const ISSUE_TOL: f64 = 0.02;
 /// Mean bound for that gate (measured: see the module docs).
 const ISSUE_MEAN_TOL: f64 = 1e-5;
 const NEAR_TIE: f64 = 0.05;
-
-fn model_path(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join(file);
-    p.exists().then_some(p)
-}
 
 fn softmax(logits: &[f32]) -> Vec<f64> {
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
@@ -121,8 +112,7 @@ struct Tol {
 }
 
 fn run_gate(model_file: &str, fixture: &str, numerics: Numerics, tol: Tol) {
-    let Some(path) = model_path(model_file) else {
-        eprintln!("SKIP: {model_file} not found (set MINFER_MODELS)");
+    let Some(path) = models::find(model_file) else {
         return;
     };
     let cfg = EngineConfig {
@@ -223,9 +213,6 @@ fn run_gate(model_file: &str, fixture: &str, numerics: Numerics, tol: Tol) {
     assert!(mean <= tol.mean, "mean |dp| {mean} > {}", tol.mean);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
-
-const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-const SMOL: &str = "smollm2-135m-instruct-q4_1.gguf";
 
 /// minfer's own arithmetic: within the cross-build noise (see the module docs).
 fn native(mean: f64) -> Tol {

@@ -1,13 +1,11 @@
 //! KV cell operations: moves are lossless, removal-with-shift equals a fresh prefill of the
 //! remaining text, q8_0 refuses to shift and is left unchanged.
 
-mod synthkit;
-
 use minfer_engine::kv::KvError;
 use minfer_engine::Error;
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
-use synthkit::*;
+use minfer_testkit::synth::*;
 
 /// Where a sequence's cells lie never changes its results: a sequence scattered over
 /// several runs of cells (other sequences took the cells between) and the same sequence after

@@ -14,12 +14,10 @@
 //! in `rope.freq_base` fails the F32 bound by orders of magnitude. Also tried by hand: swapping
 //! the RoPE pairing in the CPU kernel fails every architecture.
 
-mod common;
-
-use common::Tiny;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_models::{reference, Arch, HParams};
+use minfer_testkit::synth::{self, Tiny};
 use std::path::Path;
 
 const F32_TOL: f64 = 1e-3;
@@ -59,7 +57,7 @@ const TOKENS: [u32; 9] = [1, 5, 9, 3, 33, 7, 2, 0, 39];
 #[test]
 fn f32_weights_match_the_reference_for_every_arch() {
     for arch in Arch::ALL {
-        let path = common::write(&Tiny::new(arch, GgmlType::F32));
+        let path = synth::write(&Tiny::new(arch, GgmlType::F32));
         let cfg = EngineConfig {
             n_ctx: 32,
             threads: 2,
@@ -74,7 +72,7 @@ fn f32_weights_match_the_reference_for_every_arch() {
 #[test]
 fn q8_0_weights_and_kv_caches_match_the_reference() {
     for arch in Arch::ALL {
-        let path = common::write(&Tiny::new(arch, GgmlType::Q8_0));
+        let path = synth::write(&Tiny::new(arch, GgmlType::Q8_0));
         for cache in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
             if cache == GgmlType::Q8_0
                 && !Tiny::new(arch, GgmlType::Q8_0).head_dim.is_multiple_of(32)
@@ -101,8 +99,8 @@ fn q8_0_weights_and_kv_caches_match_the_reference() {
 fn the_gate_catches_a_wrong_rope_base() {
     for arch in Arch::ALL {
         let t = Tiny::new(arch, GgmlType::F32);
-        let path = common::write(&t);
-        let other = common::write(&Tiny {
+        let path = synth::write(&t);
+        let other = synth::write(&Tiny {
             rope_base: 1e6,
             ..t
         });
@@ -134,7 +132,7 @@ fn every_weight_type_of_the_demo_models_matches_the_reference() {
     ];
     for (i, ty) in types.into_iter().enumerate() {
         let arch = Arch::ALL[i % 3];
-        let path = common::write(&Tiny::new(arch, ty));
+        let path = synth::write(&Tiny::new(arch, ty));
         let cfg = EngineConfig {
             n_ctx: 32,
             threads: 2,

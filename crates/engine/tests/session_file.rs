@@ -1,13 +1,11 @@
 //! Session files: a restored KV continues bit-identically; every corruption is refused with
 //! its reason and leaves the engine unchanged.
 
-mod synthkit;
-
 use minfer_engine::session::SessionError;
 use minfer_engine::{Engine, Error};
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
-use synthkit::*;
+use minfer_testkit::synth::*;
 
 fn session_err(e: Error) -> SessionError {
     match e {

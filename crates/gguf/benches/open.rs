@@ -7,6 +7,7 @@
 //! median under 50 ms for the 491 MB qwen2.5-coder-0.5b Q4_K_M file.
 
 use minfer_gguf::{parse_header, GgufFile, GgufModel};
+use minfer_testkit::models;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -16,13 +17,7 @@ fn model_path() -> Option<PathBuf> {
     if let Some(p) = std::env::args().skip(1).find(|a| !a.starts_with('-')) {
         return Some(p.into());
     }
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    p.exists().then_some(p)
+    models::qwen()
 }
 
 fn report(what: &str, mut ms: Vec<f64>) {
@@ -50,10 +45,7 @@ fn time<T>(f: impl Fn() -> T) -> Vec<f64> {
 }
 
 fn main() {
-    let Some(path) = model_path() else {
-        println!("SKIP: demo model not in cache (run `minfer pull qwen2.5-coder-0.5b`)");
-        return;
-    };
+    let Some(path) = model_path() else { return };
     let file = GgufFile::open(&path).expect("model opens");
     let h = file.header();
     let n_strings: usize = h

@@ -10,23 +10,9 @@ mod common;
 
 use common::*;
 use minfer_gguf::{parse_header, Array, Error, GgmlType, GgufWriter, Value};
+use minfer_testkit::rng::Rng;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
-/// SplitMix64: tiny, seedable, good enough to spread mutations.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// Offsets of every u64 field (counts, lengths, dims, offsets) in a well-formed file, the
 /// targets of the "huge value" mutation.
@@ -90,7 +76,7 @@ fn mutate(rng: &mut Rng, base: &[u8], u64_at: &[usize]) -> (Vec<u8>, String) {
                 what.push(format!("ff {at}"));
             }
             3 if at < len => {
-                let v = rng.next() as u8;
+                let v = rng.next_u64() as u8;
                 b[at] = v;
                 what.push(format!("set {at}={v}"));
             }
@@ -101,7 +87,7 @@ fn mutate(rng: &mut Rng, base: &[u8], u64_at: &[usize]) -> (Vec<u8>, String) {
                     1 => (len as u64)
                         .wrapping_add(rng.below(64) as u64)
                         .wrapping_sub(32),
-                    _ => rng.next(),
+                    _ => rng.next_u64(),
                 };
                 if f + 8 <= len {
                     wr_u64(&mut b, f, v);
@@ -114,7 +100,7 @@ fn mutate(rng: &mut Rng, base: &[u8], u64_at: &[usize]) -> (Vec<u8>, String) {
             }
             7 => {
                 let n = 1 + rng.below(16);
-                let ins: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                let ins: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
                 b.splice(at..at, ins);
                 what.push(format!("insert {n}@{at}"));
             }
@@ -182,7 +168,7 @@ fn mutated_files_never_panic_or_over_allocate() {
     let bases = [small_file(), arrays_file()];
     let targets: Vec<Vec<usize>> = bases.iter().map(|b| u64_fields(b)).collect();
     let mut outcomes: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut rng = Rng(0x6767_7566_5EED);
+    let mut rng = Rng::splitmix64(0x6767_7566_5EED);
     let mut worst = 0f64;
     for i in 0..iterations {
         let k = (i % 2) as usize;

@@ -7,6 +7,7 @@ use minfer_gguf::quants::{
     dequantize_row, f16_to_f32, quantize_row, random_blocks, vec_dot, vec_dot_type,
 };
 use minfer_gguf::GgmlType;
+use minfer_testkit::rng::Rng;
 
 fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quants")
@@ -255,15 +256,8 @@ fn dot_tolerance(ty: GgmlType, w: &[u8], wd: &[f32], ad: &[f32], act: &[u8]) -> 
 
 /// Deterministic activations in [-1, 1).
 fn activations(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut rng = Rng::xorshift64(seed);
+    (0..n).map(|_| rng.signed()).collect()
 }
 
 struct DotCase {

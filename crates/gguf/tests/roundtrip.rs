@@ -1,6 +1,7 @@
 //! Writer → reader round trips, and the real demo models when they are in the cache.
 
 use minfer_gguf::{parse_header, Array, GgmlType, GgufModel, GgufWriter, Value};
+use minfer_testkit::models;
 
 fn every_value_type() -> GgufWriter {
     let mut w = GgufWriter::new();
@@ -53,22 +54,9 @@ fn writer_output_reads_back_identically() {
     assert_eq!(&bytes[start..start + 34], &[1u8; 34][..]);
 }
 
-fn cached(name: &str) -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(Into::into)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join(name);
-    p.exists().then_some(p)
-}
-
 #[test]
 fn demo_model_header_matches_known_facts() {
-    let Some(p) = cached("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
-        eprintln!("SKIP: demo model not in cache (run `minfer pull`)");
-        return;
-    };
+    let Some(p) = models::qwen() else { return };
     let m = GgufModel::open(p).unwrap();
     let md = m.metadata();
     assert_eq!(md.get_str("general.architecture"), Some("qwen2"));

@@ -3,6 +3,7 @@
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_models::synth::{self, SynthSpec};
 use minfer_models::{names, Arch, HParams};
+use minfer_testkit::models;
 use std::path::PathBuf;
 
 fn temp_file(tag: &str) -> PathBuf {
@@ -168,22 +169,9 @@ fn bad_shapes_are_refused_by_name() {
     assert!(err.contains("13b"), "{err}");
 }
 
-fn cached(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
-        })?;
-    let p = dir.join(name);
-    p.exists().then_some(p)
-}
-
 #[test]
 fn donor_tokenizer_is_copied_verbatim() {
-    let Some(donor) = cached("smollm2-135m-instruct-q4_1.gguf") else {
-        eprintln!("SKIP: smollm2-135m not in cache (run `minfer pull smollm2-135m`)");
-        return;
-    };
+    let Some(donor) = models::smol() else { return };
     let mut spec = small(Arch::Qwen2);
     spec.tokenizer = Some(synth::tokenizer_from(&donor).unwrap());
     let (m, path) = open(&spec, "donor");

@@ -7,6 +7,7 @@
 //! `MINFER_WRITE_FIXTURES=1` (re)writes them from the GGUFs.
 
 use minfer_gguf::{Metadata, Value as GgufValue};
+use minfer_testkit::models;
 use minfer_tokenizer::template::{
     ChatTemplate, Delta, Error, Message, RenderOptions, SpecialTokens, CHATML_TEMPLATE,
 };
@@ -33,14 +34,14 @@ struct Model {
 
 const QWEN: Model = Model {
     key: "qwen",
-    gguf: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    gguf: models::QWEN,
     bos: "<|endoftext|>",
     eos: "<|im_end|>",
     cases: 17,
 };
 const SMOL: Model = Model {
     key: "smol",
-    gguf: "smollm2-135m-instruct-q4_1.gguf",
+    gguf: models::SMOL,
     bos: "<|im_start|>",
     eos: "<|im_end|>",
     cases: 4,
@@ -101,14 +102,6 @@ fn mismatches(t: &ChatTemplate, m: &Model) -> Vec<String> {
     bad
 }
 
-fn models_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("MINFER_MODELS") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/minfer/models"),
-    };
-    dir.is_dir().then_some(dir)
-}
-
 /// Control: with Python's default separators swapped for minijinja-style compact ones
 /// (`","`/`":"`) the 7 Qwen tool cases fail; with `None` printed as `none` the hf-compat cases
 /// fail (both verified by editing pyjson.rs).
@@ -127,16 +120,10 @@ fn all_fixture_cases_byte_identical() {
 /// the BOS/EOS texts the tests assume. Writes the files with `MINFER_WRITE_FIXTURES=1`.
 #[test]
 fn templates_match_gguf() {
-    let Some(dir) = models_dir() else {
-        println!("SKIP: no model directory");
-        return;
-    };
     for m in [&QWEN, &SMOL] {
-        let path = dir.join(m.gguf);
-        if !path.exists() {
-            println!("SKIP: {} absent", path.display());
+        let Some(path) = models::find(m.gguf) else {
             continue;
-        }
+        };
         let model = minfer_gguf::GgufModel::open(&path).unwrap();
         let md = model.metadata();
         let src = md

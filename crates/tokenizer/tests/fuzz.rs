@@ -8,7 +8,8 @@
 
 mod common;
 
-use common::{load, synthetic_metadata, Rng, QWEN, SMOL};
+use common::{load, synthetic_metadata, Rng};
+use minfer_testkit::models::{QWEN, SMOL};
 use minfer_tokenizer::{Error, StreamDecoder, Tokenizer};
 
 const SEED: u64 = 0x5EED_2026_1129;

@@ -8,7 +8,8 @@
 
 mod common;
 
-use common::{fixture, load, Row, QWEN, SMOL};
+use common::{fixture, load, Row};
+use minfer_testkit::models::{QWEN, SMOL};
 use minfer_tokenizer::{Normalization, Tokenizer};
 
 /// Compares every row in both modes; returns (matches without, matches with parse_special).

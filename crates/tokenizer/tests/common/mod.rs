@@ -2,27 +2,13 @@
 
 #![allow(dead_code)]
 
+use minfer_testkit::models;
 use minfer_tokenizer::Tokenizer;
-use std::path::{Path, PathBuf};
-
-pub const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-pub const SMOL: &str = "smollm2-135m-instruct-q4_1.gguf";
-
-/// `$MINFER_MODELS/name` or `$HOME/.cache/minfer/models/name`, if the file exists.
-pub fn model_path(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("MINFER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/minfer/models")))?;
-    let p = dir.join(name);
-    p.is_file().then_some(p)
-}
+use std::path::Path;
 
 /// The tokenizer of a cached model, or `None` (after printing SKIP) when the model is absent.
 pub fn load(name: &str) -> Option<Tokenizer> {
-    let Some(path) = model_path(name) else {
-        println!("SKIP: model {name} not found (set MINFER_MODELS or run scripts/test)");
-        return None;
-    };
+    let path = models::find(name)?;
     let file = minfer_gguf::GgufFile::open(&path).expect("open model");
     Some(Tokenizer::from_metadata(&file.header().metadata).expect("build tokenizer"))
 }
@@ -102,23 +88,15 @@ pub fn synthetic_metadata(pre: &str) -> minfer_gguf::Metadata {
     md
 }
 
-/// A seeded xorshift64* generator (no external crates).
-pub struct Rng(u64);
+/// The kit's seeded xorshift64* generator, with the fuzzers' text draws.
+pub struct Rng(minfer_testkit::rng::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        Rng(minfer_testkit::rng::Rng::xorshift64star(seed))
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.next_u64() % n
     }
 
     /// A random character drawn from pools that stress the splitters: ASCII letters, digits,

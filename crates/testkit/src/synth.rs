@@ -1,10 +1,82 @@
-//! Tiny synthetic GGUF models for the engine tests (until `minfer_models::synth` lands).
-#![allow(dead_code)]
+//! Synthetic models on disk for the engine tests, and engines on them.
+//!
+//! Two ways to make one:
+//! - [`model`] / [`model_heads`]: `minfer_models::synth` (the product's synthesizer), width 64,
+//!   vocabulary 128, the seed chosen;
+//! - [`Tiny`] + [`write`] / [`write_with`]: written tensor by tensor here, any weight type
+//!   (K-quants as random blocks), tied or not, with an edit of the writer before it is saved
+//!   (a wrong architecture, a missing tensor, ...).
+//!
+//! Every file gets its own name under one directory per process ([`tmp`]), so the tests of a
+//! binary can write concurrently. The files are left for the OS's temporary-file cleanup.
 
+use crate::rng::Rng;
+use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::{quants, Array, GgmlType, GgufWriter, Value};
+use minfer_models::synth::{synthesize, SynthSpec};
 use minfer_models::{names, names::Layer, Arch};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh path `<tmp>/minfer-testkit-<pid>/<n>-<name>` (the directory exists; the file not).
+pub fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("minfer-testkit-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(format!("{}-{name}", NEXT.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// A synthetic model file: `layers` blocks of width 64, 4 heads, 2 KV heads.
+pub fn model(arch: Arch, layers: usize, seed: u64) -> PathBuf {
+    model_heads(arch, layers, seed, 4, 2)
+}
+
+/// Width 64 with `heads` query heads and `kv_heads` KV heads (2 and 1 give head dim 32,
+/// which q8_0 KV needs).
+pub fn model_heads(arch: Arch, layers: usize, seed: u64, heads: usize, kv_heads: usize) -> PathBuf {
+    let mut spec = SynthSpec::new(arch, layers, 64, heads, kv_heads, 128);
+    spec.seed = seed;
+    let p = tmp(&format!("{}-{layers}-{seed}-{heads}.gguf", arch.name()));
+    std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    p
+}
+
+/// An engine on `path`: context `n_ctx`, one thread, KV cache of `cache_type`.
+pub fn engine(path: &Path, n_ctx: usize, cache_type: GgmlType) -> Engine {
+    Engine::load(
+        path,
+        EngineConfig {
+            n_ctx,
+            threads: 1,
+            cache_type,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Deterministic token ids below `vocab` (xorshift32 from `seed`).
+pub fn tokens(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
+    let mut rng = Rng::xorshift32(seed.wrapping_mul(2_654_435_761).wrapping_add(1));
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+pub fn max_abs(a: &[f32]) -> f32 {
+    a.iter().map(|x| x.abs()).fold(0.0, f32::max)
+}
+
+/// A tiny model written tensor by tensor: [`Tiny::new`] gives the defaults, the fields are
+/// there to change before [`write`].
 pub struct Tiny {
     pub arch: Arch,
     pub d: usize,
@@ -48,19 +120,6 @@ impl Tiny {
     }
 }
 
-/// Tests of one process write concurrently: every file gets its own name.
-static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 /// Byte offsets of the f16 super-block scales (d, dmin) of the K-quants.
 fn k_quant_scales(ty: GgmlType) -> Option<&'static [usize]> {
     match ty {
@@ -80,7 +139,7 @@ fn tensor(
     offset: f32,
 ) {
     let n: usize = dims.iter().product();
-    let vals: Vec<f32> = (0..n).map(|_| offset + scale * rng.next()).collect();
+    let vals: Vec<f32> = (0..n).map(|_| offset + scale * rng.signed()).collect();
     let ty = if dims.len() == 1 { GgmlType::F32 } else { ty };
     let rb = ty.row_bytes(dims[0] as u64).expect("whole blocks") as usize;
     let mut bytes = vec![0u8; rb * (n / dims[0])];
@@ -88,8 +147,8 @@ fn tensor(
         // K-quants have no quantizer: random blocks (values within about ±8), with the f16
         // super-block scales shrunk so values spread like the quantizable types' (± `scale`).
         let bs = ty.type_size() as usize;
-        bytes = quants::random_blocks(ty, bytes.len() / bs, rng.0);
-        rng.next();
+        bytes = quants::random_blocks(ty, bytes.len() / bs, rng.state());
+        rng.next_u64();
         for block in bytes.chunks_exact_mut(bs) {
             for &off in scale_at {
                 let d = quants::f16_to_f32(u16::from_le_bytes([block[off], block[off + 1]]));
@@ -106,11 +165,12 @@ fn tensor(
     w.add_tensor(name, &dims, ty, bytes).expect("tensor");
 }
 
+/// Writes the model `t` describes to a fresh temporary file.
 pub fn write(t: &Tiny) -> PathBuf {
     write_with(t, "", |_| {})
 }
 
-/// Writes the model after `edit` changed the writer; `tag` keeps the file name unique.
+/// Writes the model after `edit` changed the writer; `tag` goes into the file name.
 pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
     let mut w = GgufWriter::new();
     let a = t.arch.name();
@@ -136,7 +196,7 @@ pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> Pa
         "tokenizer.ggml.tokens",
         Value::Array(Array::String(toks.into())),
     );
-    let mut rng = Rng(t.seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
+    let mut rng = Rng::xorshift64(t.seed);
     let (d, q, kv, ff) = (t.d, t.n_head * t.head_dim, t.n_head_kv * t.head_dim, t.ff);
     let s = |fan_in: usize| 1.5 / (fan_in as f32).sqrt();
     tensor(
@@ -184,19 +244,48 @@ pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> Pa
         add(Layer::FfnDown, &[ff, d], s(ff), 0.0);
     }
     edit(&mut w);
-    let dir = std::env::temp_dir().join("minfer-engine-tests");
-    std::fs::create_dir_all(&dir).expect("tmp dir");
-    let path = dir.join(format!(
-        "{}{}-{}-{}-{}-{}-{}-{}.gguf",
-        tag,
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        a,
+    let name = format!(
+        "{a}-{}-{}-{}-{}.gguf",
         t.ty.name(),
         t.tied,
         t.seed,
-        t.rope_base,
-        std::process::id()
-    ));
+        t.rope_base
+    );
+    let path = tmp(&if tag.is_empty() {
+        name
+    } else {
+        format!("{tag}-{name}")
+    });
     w.write_to(&path).expect("write gguf");
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_files_are_distinct_and_load() {
+        let t = Tiny::new(Arch::Llama, GgmlType::F32);
+        let (a, b) = (write(&t), write_with(&t, "tag", |_| {}));
+        assert_ne!(a, b);
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        let name = b.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.contains("-tag-llama-"), "{name}");
+        let mut e = engine(&a, 16, GgmlType::F32);
+        assert_eq!(e.decode(&[1, 2], 0, 1).unwrap().len(), 40);
+    }
+
+    #[test]
+    fn synthesized_models_load_and_tokens_are_in_range() {
+        let p = model_heads(Arch::Qwen2, 1, 3, 2, 1);
+        let mut e = engine(&p, 32, GgmlType::F16);
+        let t = tokens(20, 9, 128);
+        assert!(t.iter().all(|&x| x < 128));
+        let vocab = e.hparams().vocab_size;
+        let logits = e.decode(&t, 0, 1).unwrap().to_vec();
+        assert_eq!(logits.len(), vocab);
+        assert!(max_abs(&logits) > 0.0);
+        assert_eq!(max_abs_diff(&logits, &logits), 0.0);
+    }
 }

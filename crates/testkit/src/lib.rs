@@ -1,0 +1,14 @@
+//! Test support shared by the workspace's tests, benches and examples. A dev-dependency only:
+//! no product crate depends on it normally.
+//!
+//! - [`models`]: where the real demo models are cached, one function per model (`None`, after
+//!   the test's SKIP line, when it is absent).
+//! - [`rng`]: one seeded generator, [`rng::Rng`], with the algorithms the tests' expected
+//!   numbers were drawn from (splitmix64, xorshift64, xorshift64*, xorshift32).
+//! - `synth` (feature `synth`): synthetic models on disk and engines on them, for the engine
+//!   tests.
+
+pub mod models;
+pub mod rng;
+#[cfg(feature = "synth")]
+pub mod synth;
