@@ -30,7 +30,7 @@ use report::Row;
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     /// A GGUF path or a known model name (pulled on first use), as for `minfer run`.
-    #[arg(short = 'm', long = "model", default_value = super::run::DEFAULT_MODEL)]
+    #[arg(short = 'm', long = "model", default_value = super::args::DEFAULT_MODEL)]
     pub model: String,
     /// Prompt lengths for pp tests, comma-separated; 0 skips pp.
     #[arg(
