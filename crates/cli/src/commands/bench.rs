@@ -67,7 +67,7 @@ pub struct Args {
     pub parallel: Vec<usize>,
     /// With --parallel, where the sequences' KV cells go: slots (each sequence owns P + T
     /// contiguous cells, as llama.cpp's per-sequence KV streams; made by an untimed layout
-    /// pass) or first-fit (the engine's allocator from an empty arena, cells interleaved).
+    /// pass of one forward) or first-fit (the engine's allocator from an empty arena, cells interleaved).
     #[arg(long = "kv-layout", value_enum, default_value = "slots")]
     pub kv_layout: parallel::KvLayout,
     /// Most tokens in one forward (prompts are cut into forwards of this size).
@@ -146,6 +146,8 @@ pub trait Target {
     fn seq_clear(&mut self, seq: SeqId) -> anyhow::Result<()>;
     /// Forgets positions `range` of `seq` (later positions keep theirs).
     fn seq_remove(&mut self, seq: SeqId, range: std::ops::Range<usize>) -> anyhow::Result<()>;
+    /// `dst` becomes a copy of `src`'s positions `0..n` in fresh cells (KV rows copied).
+    fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> anyhow::Result<()>;
     /// One forward of entries of several sequences (logits computed, not returned).
     fn forward_batch(&mut self, entries: &[BatchEntry]) -> anyhow::Result<()>;
 }
@@ -438,6 +440,9 @@ mod tests {
             Ok(())
         }
         fn seq_remove(&mut self, _: SeqId, _: std::ops::Range<usize>) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn seq_copy_prefix(&mut self, _: SeqId, _: SeqId, _: usize) -> anyhow::Result<()> {
             Ok(())
         }
         fn forward_batch(&mut self, _: &[BatchEntry]) -> anyhow::Result<()> {

@@ -122,8 +122,9 @@ pub enum KvLayout {
     //
     // What llama.cpp's per-sequence KV streams give it. The engine has no call that
     // reserves cells for a sequence, so the slots are made through the cell allocator: an
-    // untimed pass prefills P + T tokens into every sequence of a spare set and drops their
-    // first P positions, leaving a P-cell hole followed by T held cells per slot; the timed
+    // untimed pass fills every slot with a sequence of a spare set (one forward of P + T
+    // tokens, then copies of its cells) and drops their first P positions, leaving a P-cell
+    // hole followed by T held cells per slot; the timed
     // prefill fills the holes (first fit, in order), the spare set is cleared (untimed) and
     // decode grows every sequence in place. Afterwards the measured set drops its first P
     // positions and becomes the next run's spare set, so later runs need no extra forward.
@@ -189,21 +190,26 @@ fn prefill(
     Ok(())
 }
 
-/// The slot layout's untimed pass, from an empty arena: the spare set takes every slot
-/// (P + T tokens each, packed in order) and drops its first P positions.
+/// The slot layout's untimed pass, from an empty arena: the first spare prefills P + T
+/// tokens (cells `0..P + T`), the others copy its cells into the next free ones (a copy of
+/// KV rows, no forward), and every spare drops its first P positions.
 fn lay_out_slots(
     target: &mut dyn Target,
     shape: Shape,
     sets: &SeqSets,
     tokens: &Tokens,
 ) -> anyhow::Result<()> {
-    let full = |j: usize| {
-        let mut t = tokens.prompts[j].clone();
-        t.extend_from_slice(&tokens.gen[j]);
+    let n = shape.n_prompt + shape.n_gen;
+    let full = |_: usize| {
+        let mut t = tokens.prompts[0].clone();
+        t.extend_from_slice(&tokens.gen[0]);
         t
     };
-    let n = shape.n_prompt + shape.n_gen;
-    prefill(target, &sets.spare, &full, n, false, "slot layout")?;
+    let first = sets.spare[0];
+    prefill(target, &[first], &full, n, false, "slot layout")?;
+    for &s in &sets.spare[1..] {
+        target.seq_copy_prefix(s, first, n)?;
+    }
     for &s in &sets.spare {
         target.seq_remove(s, 0..shape.n_prompt)?;
     }
@@ -600,6 +606,7 @@ mod tests {
     enum Call {
         Clear(u32),
         Remove(u32, std::ops::Range<usize>),
+        Copy(u32, u32, usize),
         /// (sequence, pos0, tokens, logits) per entry.
         Fwd(Vec<(u32, usize, usize, usize)>),
     }
@@ -651,6 +658,11 @@ mod tests {
         fn seq_remove(&mut self, seq: SeqId, r: std::ops::Range<usize>) -> anyhow::Result<()> {
             self.calls.push(Call::Remove(seq.0, r.clone()));
             Ok(self.cells.remove(seq, r)?)
+        }
+        fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> anyhow::Result<()> {
+            self.calls.push(Call::Copy(dst.0, src.0, n));
+            self.cells.copy_prefix(dst, src, n)?;
+            Ok(())
         }
         fn forward_batch(&mut self, entries: &[BatchEntry]) -> anyhow::Result<()> {
             assert!(entries.iter().map(|e| e.tokens.len()).sum::<usize>() <= self.n_batch);
@@ -745,15 +757,13 @@ mod tests {
         assert_eq!(f.max_runs, 1);
         f.cells.check().unwrap();
         let fwds = f.fwds();
-        // Layout: the spares (3, 4, 5) take 3 x 8 cells in forwards of 8, no logits.
-        assert_eq!(
-            fwds[..3],
-            [vec![(3, 0, 8, 0)], vec![(4, 0, 8, 0)], vec![(5, 0, 8, 0)]]
-        );
+        // Layout: spare 3 prefills 8 tokens (no logits), spares 4 and 5 copy its cells.
+        assert_eq!(fwds[0], vec![(3, 0, 8, 0)]);
+        assert!(f.calls.contains(&Call::Copy(4, 3, 8)) && f.calls.contains(&Call::Copy(5, 3, 8)));
         // Then 4 runs (warm-up + 3), each 2 prefill forwards and 3 decode steps, the sets
         // taking turns: 0..3, 3..6, 0..3, 3..6.
-        assert_eq!(fwds.len(), 3 + 4 * 5);
-        for (k, run) in fwds[3..].chunks(5).enumerate() {
+        assert_eq!(fwds.len(), 1 + 4 * 5);
+        for (k, run) in fwds[1..].chunks(5).enumerate() {
             let q0 = if k % 2 == 0 { 0 } else { 3 };
             assert_eq!(
                 run[..2],

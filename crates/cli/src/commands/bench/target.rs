@@ -48,6 +48,10 @@ impl Target for EngineTarget {
         self.0.seq_remove(seq, range)?;
         Ok(())
     }
+    fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> anyhow::Result<()> {
+        self.0.seq_copy_prefix(dst, src, n)?;
+        Ok(())
+    }
     fn forward_batch(&mut self, entries: &[BatchEntry]) -> anyhow::Result<()> {
         self.0.forward_batch(entries)?;
         Ok(())
