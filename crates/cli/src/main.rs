@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(a) => commands::bench::run(*a),
-        Command::Run(a) => commands::run::run(*a),
+        Command::Run(a) => commands::run_or_chat(*a),
         Command::Chat(a) => commands::chat::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),

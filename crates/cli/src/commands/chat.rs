@@ -5,7 +5,7 @@
 //! generated and keeps the chat; at the prompt it exits. Per turn, the tokens prefilled and
 //! generated go to stderr.
 
-use super::run::{ModelArgs, SamplingArgs};
+use super::args::{ModelArgs, SamplingArgs};
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use minfer_engine::chat::{Chat, ChatConfig, TurnEnd, TurnReport};
@@ -305,29 +305,6 @@ impl Repl {
             ))
         );
     }
-}
-
-/// What `minfer run --cnv` passes on.
-pub struct FromRun {
-    pub prompt: Option<String>,
-    pub system: Option<String>,
-    pub n_predict: i64,
-    pub stop: Vec<String>,
-}
-
-pub fn run_from_run(model: ModelArgs, sampling: SamplingArgs, r: FromRun) -> anyhow::Result<()> {
-    run(Args {
-        model,
-        sampling,
-        prompt: r.prompt,
-        system: r.system,
-        single_turn: false,
-        multiline: false,
-        n_predict: r.n_predict,
-        stop: r.stop,
-        session: None,
-        color: "auto".into(),
-    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

@@ -156,7 +156,7 @@ impl Row {
 }
 
 /// llama-bench's size column: MiB below 1 GiB, GiB above.
-fn size_text(bytes: u64) -> String {
+pub(super) fn size_text(bytes: u64) -> String {
     let mib = bytes as f64 / (1u64 << 20) as f64;
     if mib < 1024.0 {
         format!("{mib:.2} MiB")
@@ -173,7 +173,11 @@ fn params_text(n: u64) -> String {
     }
 }
 
-fn write_header(out: &mut dyn Write, sys: &SysInfo, bws: &[MemBw]) -> std::io::Result<()> {
+pub(super) fn write_header(
+    out: &mut dyn Write,
+    sys: &SysInfo,
+    bws: &[MemBw],
+) -> std::io::Result<()> {
     writeln!(
         out,
         "minfer {} ({}); CPU: {} ({} logical); SIMD at run time: {}; compiled for: {}",

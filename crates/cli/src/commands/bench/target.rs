@@ -4,7 +4,7 @@
 use super::report::{model_facts, ModelFacts};
 use super::{Args, Target};
 use anyhow::Context;
-use minfer_engine::{backends, parse_cache_type, Engine, EngineConfig};
+use minfer_engine::{backends, parse_cache_type, BatchEntry, Engine, EngineConfig, SeqId};
 use std::path::Path;
 
 pub struct Loaded {
@@ -34,6 +34,28 @@ impl Target for EngineTarget {
         self.0.decode(tokens, pos0, n_out)?;
         Ok(())
     }
+    fn n_batch(&self) -> usize {
+        self.0.n_batch()
+    }
+    fn seq_create(&mut self) -> SeqId {
+        self.0.seq_create()
+    }
+    fn seq_clear(&mut self, seq: SeqId) -> anyhow::Result<()> {
+        self.0.seq_clear(seq)?;
+        Ok(())
+    }
+    fn seq_remove(&mut self, seq: SeqId, range: std::ops::Range<usize>) -> anyhow::Result<()> {
+        self.0.seq_remove(seq, range)?;
+        Ok(())
+    }
+    fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> anyhow::Result<()> {
+        self.0.seq_copy_prefix(dst, src, n)?;
+        Ok(())
+    }
+    fn forward_batch(&mut self, entries: &[BatchEntry]) -> anyhow::Result<()> {
+        self.0.forward_batch(entries)?;
+        Ok(())
+    }
 }
 
 pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::Result<Loaded> {
@@ -60,6 +82,7 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
         cache_type: parse_cache_type(&args.cache_type)?,
         backends: args.backends.clone(),
         cpu: minfer_engine::backends::CpuSettings { numerics },
+        n_batch: args.n_batch,
         ..EngineConfig::default()
     };
     let engine =
