@@ -230,7 +230,7 @@ impl super::RowDot {
     pub fn side_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<RowSideFn> {
         self.kernel_for(n, w_len, act_len)?;
         #[cfg(target_arch = "x86_64")]
-        if self.isa == super::Isa::Avx2 {
+        if avx2_kernels_run(self.isa) {
             return super::x86::avx2_side(self.ty);
         }
         None
@@ -241,9 +241,22 @@ impl super::RowDot {
     pub fn tile_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TileFn> {
         self.kernel_for(n, w_len, act_len)?;
         #[cfg(target_arch = "x86_64")]
-        if self.isa == super::Isa::Avx2 {
+        if avx2_kernels_run(self.isa) {
             return super::x86::avx2_tile(self.ty);
         }
         None
+    }
+}
+
+/// Whether the AVX2 tile and side kernels serve rows of `isa`'s dots: on AVX2, and on AVX-512
+/// machines (which run AVX2 code too), where no AVX-512 tile kernel exists. Every kernel gives
+/// the scalar reference's bits (`tests/split_exact.rs`, `simd_exact.rs`), so mixing the AVX2
+/// tiles with AVX-512 single-row dots changes no result.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernels_run(isa: super::Isa) -> bool {
+    match isa {
+        super::Isa::Avx2 => true,
+        super::Isa::Avx512Vnni => crate::cpu_features::avx2_f16c(),
+        _ => false,
     }
 }
