@@ -13,7 +13,8 @@
 //!     shifted placement; the former f16 switch (llama.cpp's one-chunk kernel below 64 rows,
 //!     the flash kernel from 64); llama.cpp's numerics, which keep that switch;
 //! (d) the kv-map layout with one run equals the span layout bitwise;
-//! (e) bad windows are refused with typed errors naming the problem;
+//! (e) bad windows are refused with typed errors naming the problem, and the backend's
+//!     attention node takes both layouts from buffers sized as the allocator sizes them;
 //! (f) KV cell operations: `copy_cells` is `copy_within`, `rope_shift` composes (d1 then d2
 //!     within f32 rounding of d1 + d2, and equals RoPE at the shifted position), q8_0 refuses.
 
@@ -972,5 +973,88 @@ fn row_kernels_take_lists_of_cells() {
         }
         assert!(whole.iter().all(|&x| x == 0.0), "{ty}: {whole:?}");
         assert_ne!(whole, pieces, "{ty}: control: pieces regroup the scores");
+    }
+}
+
+struct NoWeights;
+impl minfer_graph::WeightSource for NoWeights {
+    fn weight(&self, _: &str) -> Option<minfer_graph::WeightRef<'_>> {
+        None
+    }
+}
+
+/// The backend's attention node takes both window layouts from buffers sized as the
+/// allocator sizes them (size classes), with the same bits as the kernel called directly.
+#[test]
+fn backend_attention_node_takes_both_layouts() {
+    use minfer_cpu::CpuBackend;
+    use minfer_graph::{size_class, Backend, BufId, DType, ExecArgs, KvPair, Node, NodeId, Op};
+    let ty = GgmlType::F16;
+    let n_cells = 900;
+    let reg = Regions::new(ty, SHAPE, n_cells, 31);
+    let row = SHAPE.row();
+    let mut rng = Rng(77);
+    for nt in [1usize, 2, 3, 5, 64, 300] {
+        let q = floats(nt * row, 32 + nt as u64);
+        let runs: Vec<Vec<Run>> = (0..nt)
+            .map(|_| {
+                let (a, b) = (1 + rng.below(200), 1 + rng.below(300));
+                vec![Run { cell: 500, len: a }, Run { cell: 7, len: b }]
+            })
+            .collect();
+        let ranges: Vec<(usize, usize)> = (0..nt)
+            .map(|_| {
+                let lo = rng.below(400);
+                (lo, lo + rng.below(400))
+            })
+            .collect();
+        for window in [spans(&ranges), kv_map(&runs)] {
+            let want = reg.run(Path::Native, &q, &window, 2);
+            let mut be = CpuBackend::new(2);
+            let put = |be: &mut CpuBackend, data: &[u8]| -> BufId {
+                let id = be.alloc(size_class(data.len())).unwrap();
+                be.write(id, 0, data).unwrap();
+                id
+            };
+            let qb = put(&mut be, as_bytes(&q));
+            let wb = put(&mut be, as_bytes(&window));
+            let kb = put(&mut be, as_bytes(&reg.k));
+            let vb = put(&mut be, as_bytes(&reg.v));
+            let ob = be.alloc(size_class(4 * nt * row)).unwrap();
+            let node = Node {
+                id: NodeId(2),
+                name: "attn".into(),
+                op: Op::Attention {
+                    layer: 0,
+                    n_head: SHAPE.n_head,
+                    n_head_kv: SHAPE.n_head_kv,
+                    head_dim: SHAPE.hd,
+                    scale: 1.0 / (SHAPE.hd as f32).sqrt(),
+                    cache_type: ty,
+                },
+                src: vec![NodeId(0), NodeId(1)],
+                shape: [row, nt],
+                dtype: DType::F32,
+                backend: None,
+                layer: Some(0),
+                dead: false,
+            };
+            let args = ExecArgs {
+                srcs: &[Some(qb), Some(wb)],
+                out: Some(ob),
+                kv: Some(KvPair { k: kb, v: vb }),
+                weights: &NoWeights,
+            };
+            be.execute_node(&node, &args).unwrap();
+            let mut got = vec![0u8; 4 * nt * row];
+            be.read(ob, 0, &mut got).unwrap();
+            assert!(
+                got.chunks_exact(4)
+                    .zip(&want)
+                    .all(|(g, w)| u32::from_le_bytes([g[0], g[1], g[2], g[3]]) == w.to_bits()),
+                "{nt} rows, {} window values",
+                window.len()
+            );
+        }
     }
 }

@@ -158,8 +158,12 @@ impl Window {
     }
 
     /// The cells in logical order.
-    pub fn cells(&self) -> impl Iterator<Item = usize> + '_ {
-        self.runs().iter().flat_map(|r| r.cell..r.cell + r.len)
+    pub fn cells(&self) -> Cells<'_> {
+        Cells {
+            runs: self.runs(),
+            cur: 0,
+            end: 0,
+        }
     }
 
     /// The cell of logical index `i`.
@@ -192,6 +196,38 @@ impl Window {
         })
     }
 }
+
+/// The cells of a [`Window`] in logical order (one compare per cell within a run).
+#[derive(Clone, Debug)]
+pub struct Cells<'a> {
+    /// The runs after the current one.
+    runs: &'a [Run],
+    /// The current run's next cell and end.
+    cur: usize,
+    end: usize,
+}
+
+impl Iterator for Cells<'_> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.cur == self.end {
+            let (r, rest) = self.runs.split_first()?;
+            self.runs = rest;
+            (self.cur, self.end) = (r.cell, r.cell + r.len);
+        }
+        self.cur += 1;
+        Some(self.cur - 1)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.end - self.cur + self.runs.iter().map(|r| r.len).sum::<usize>();
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Cells<'_> {}
 
 /// A window input the kernels refuse.
 #[derive(Clone, Debug, PartialEq, Eq)]
