@@ -1,10 +1,10 @@
-//! Checks `ggml_x86::attn_f16` bit for bit against llama.cpp's flash attention: reads the tensors
+//! Checks `llamacpp_x86::attn_f16` bit for bit against llama.cpp's flash attention: reads the tensors
 //! `scripts/peer-logprobs` dumps for a prompt step (`Qcur-L`, `Kcur-L`, `Vcur-L` in f32, the
 //! output `kqv_out-L`), stores K/V as f16 as llama.cpp's cache does, attends causally (token t
 //! sees cells 0..=t, scale 1/sqrt(head_dim)) and counts differing output bits.
 //!
 //! `cargo run --release -p minfer-cpu --example fa_check -- DUMP_DIR LAYER`
-use minfer_cpu::ggml_x86::attn_f16::attend_head_ref;
+use minfer_cpu::llamacpp_x86::attn_f16::attend_head_ref;
 use minfer_gguf::quants::f32_to_f16;
 
 fn rd(p: &str) -> (Vec<i64>, Vec<f32>) {

@@ -4,7 +4,7 @@
 //!
 //! Each function names exactly the feature set one family of kernels is compiled for:
 //! - [`avx2_f16c`]: minfer's native x86 kernels (`simd::x86`); FMA deliberately unused there.
-//! - [`avx2_fma_f16c`]: llama.cpp's x86 arithmetic (`ggml_x86`) and the attention row kernels,
+//! - [`avx2_fma_f16c`]: llama.cpp's x86 arithmetic (`llamacpp_x86`) and the attention row kernels,
 //!   whose float order has fused multiply-adds.
 //! - [`avx512_vnni`]: the native AVX-512 kernels (which also call AVX2 + F16C helpers).
 //! - [`neon`], [`neon_dotprod`]: the aarch64 kernels (`simd::arm`).

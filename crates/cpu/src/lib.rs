@@ -6,7 +6,7 @@
 pub mod cpu_features;
 pub mod dot;
 pub mod fastdot;
-pub mod ggml_x86;
+pub mod llamacpp_x86;
 pub mod ops;
 pub mod simd;
 pub mod threads;
@@ -31,8 +31,8 @@ pub enum Numerics {
     /// minfer's own order: the same bits on every instruction set, the fastest kernels.
     #[default]
     Native,
-    /// llama.cpp's x86 CPU build, float op for float op ([`ggml_x86`]); refuses what it lacks.
-    LlamaCppX86(ggml_x86::GgmlSimd),
+    /// llama.cpp's x86 CPU build, float op for float op ([`llamacpp_x86`]); refuses what it lacks.
+    LlamaCpp(llamacpp_x86::LlamaCppX86),
 }
 
 impl Numerics {
@@ -40,28 +40,28 @@ impl Numerics {
     pub const NAMES: [&'static str; 3] = ["native", "llamacpp-x86-avx2", "llamacpp-x86-avx512"];
 
     pub fn parse(s: &str) -> Option<Numerics> {
-        use ggml_x86::GgmlSimd as S;
+        use llamacpp_x86::LlamaCppX86 as S;
         match s {
             "native" => Some(Numerics::Native),
-            "llamacpp-x86-avx2" => Some(Numerics::LlamaCppX86(S::Avx2)),
-            "llamacpp-x86-avx512" => Some(Numerics::LlamaCppX86(S::Avx512)),
+            "llamacpp-x86-avx2" => Some(Numerics::LlamaCpp(S::Avx2)),
+            "llamacpp-x86-avx512" => Some(Numerics::LlamaCpp(S::Avx512)),
             _ => None,
         }
     }
 
     pub fn name(self) -> &'static str {
-        use ggml_x86::GgmlSimd as S;
+        use llamacpp_x86::LlamaCppX86 as S;
         match self {
             Numerics::Native => Self::NAMES[0],
-            Numerics::LlamaCppX86(S::Avx2) => Self::NAMES[1],
-            Numerics::LlamaCppX86(S::Avx512) => Self::NAMES[2],
+            Numerics::LlamaCpp(S::Avx2) => Self::NAMES[1],
+            Numerics::LlamaCpp(S::Avx512) => Self::NAMES[2],
         }
     }
 
-    fn ggml(self) -> Option<ggml_x86::GgmlSimd> {
+    fn llamacpp(self) -> Option<llamacpp_x86::LlamaCppX86> {
         match self {
             Numerics::Native => None,
-            Numerics::LlamaCppX86(s) => Some(s),
+            Numerics::LlamaCpp(s) => Some(s),
         }
     }
 }
@@ -194,8 +194,8 @@ impl CpuBackend {
                     bytes: w.bytes,
                 };
                 let b = bias.map(vector).transpose()?;
-                if let Some(simd) = self.numerics.ggml() {
-                    return ggml_x86::matmul(
+                if let Some(simd) = self.numerics.llamacpp() {
+                    return llamacpp_x86::matmul(
                         simd,
                         &mw,
                         &src(0)?[..w.ne0 * ne1],
@@ -234,18 +234,20 @@ impl CpuBackend {
                     head_dim: *head_dim,
                     freq_base: *freq_base,
                     freq_scale: *freq_scale,
-                    fused: self.numerics.ggml().is_some(),
+                    fused: self.numerics.llamacpp().is_some(),
                 };
                 rope::rope(&p, &src(0)?[..n], &src(1)?[..ne1], out);
             }
             Op::Add => ew::add(&src(0)?[..n], &src(1)?[..n], out),
             Op::Mul => ew::mul(&src(0)?[..n], &src(1)?[..n], out),
-            Op::Silu => match self.numerics.ggml() {
-                Some(simd) => ggml_x86::expf::silu(simd, &src(0)?[..n], out),
+            Op::Silu => match self.numerics.llamacpp() {
+                Some(simd) => llamacpp_x86::expf::silu(simd, &src(0)?[..n], out),
                 None => ew::silu_into(&src(0)?[..n], out),
             },
-            Op::SwiGLU => match self.numerics.ggml() {
-                Some(simd) => ggml_x86::expf::swiglu(simd, &src(0)?[..n], &src(1)?[..n], ne0, out),
+            Op::SwiGLU => match self.numerics.llamacpp() {
+                Some(simd) => {
+                    llamacpp_x86::expf::swiglu(simd, &src(0)?[..n], &src(1)?[..n], ne0, out)
+                }
                 None => ew::swiglu(&src(0)?[..n], &src(1)?[..n], out),
             },
             Op::KvStore {
@@ -288,7 +290,7 @@ impl CpuBackend {
                     head_dim: *head_dim,
                     scale: *scale,
                     cache_type: *cache_type,
-                    ggml: self.numerics.ggml(),
+                    llamacpp: self.numerics.llamacpp(),
                 };
                 attn::attention(
                     &p,
@@ -397,7 +399,7 @@ impl Backend for CpuBackend {
                     self.numerics == Numerics::Native
                         || weights
                             .weight(id)
-                            .is_some_and(|w| ggml_x86::supports_weight(w.ty, w.ne0, w.ne1))
+                            .is_some_and(|w| llamacpp_x86::supports_weight(w.ty, w.ne0, w.ne1))
                 };
                 weight_ok(*weight) && ggml_ok(*weight) && bias.is_none_or(vector_ok)
             }
@@ -424,8 +426,8 @@ impl Backend for CpuBackend {
         if !w.ty.is_supported() {
             return Some(format!("{weight} is {}, not a supported type", w.ty));
         }
-        match self.numerics.ggml() {
-            Some(_) if !ggml_x86::supports_weight(w.ty, w.ne0, w.ne1) => Some(format!(
+        match self.numerics.llamacpp() {
+            Some(_) if !llamacpp_x86::supports_weight(w.ty, w.ne0, w.ne1) => Some(format!(
                 "--numerics {} has no {} matmul of {} rows: it reproduces Q4_1, Q5_0, Q8_0, \
                  Q6_K, and Q4_K with a multiple of 8 rows",
                 self.numerics.name(),

@@ -1,4 +1,4 @@
-//! Gate for `ggml_x86::attn_f16` (llama.cpp's flash-attention arithmetic over an f16 cache):
+//! Gate for `llamacpp_x86::attn_f16` (llama.cpp's flash-attention arithmetic over an f16 cache):
 //! - the dispatched kernel (AVX2/FMA/F16C where present) is bit-identical to the scalar
 //!   reference, for head sizes with and without a tail past the last multiple of 32 / 8; so
 //!   is the GQA-group kernel `attend_group`, head by head, over cells in any order;
@@ -11,7 +11,7 @@
 //! fused and unfused f32 results round to the same f16 except in double-rounding corner
 //! cases (a search over 450k (v0, v1) pairs found none), so that choice is immaterial.
 
-use minfer_cpu::ggml_x86::attn_f16::{attend_group, attend_head, attend_head_ref, dot_ref};
+use minfer_cpu::llamacpp_x86::attn_f16::{attend_group, attend_head, attend_head_ref, dot_ref};
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
 use minfer_testkit::rng::Rng;
 

@@ -92,7 +92,7 @@ impl Case {
             head_dim: self.hd,
             scale: 1.0 / (self.hd as f32).sqrt(),
             cache_type: self.ty,
-            ggml: None,
+            llamacpp: None,
         }
     }
 

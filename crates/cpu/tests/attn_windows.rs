@@ -18,7 +18,7 @@
 //! (f) KV cell operations: `copy_cells` is `copy_within`, `rope_shift` composes (d1 then d2
 //!     within f32 rounding of d1 + d2, and equals RoPE at the shifted position), q8_0 refuses.
 
-use minfer_cpu::ggml_x86::GgmlSimd;
+use minfer_cpu::llamacpp_x86::LlamaCppX86;
 use minfer_cpu::ops::attn::{
     self, AttnParams, Run, Window, WindowError, BLOCK, KV_MAP_RUNS, KV_MAP_WIDTH, WINDOW,
 };
@@ -87,7 +87,7 @@ impl Shape {
 enum Path {
     Native,
     Flash(Isa),
-    Ggml(GgmlSimd),
+    Ggml(LlamaCppX86),
 }
 
 /// The paths that must be batch invariant for `ty`.
@@ -154,14 +154,14 @@ impl Regions {
         .unwrap();
     }
 
-    fn params(&self, ggml: Option<GgmlSimd>) -> AttnParams {
+    fn params(&self, llamacpp: Option<LlamaCppX86>) -> AttnParams {
         AttnParams {
             n_head: self.shape.n_head,
             n_head_kv: self.shape.n_head_kv,
             head_dim: self.shape.hd,
             scale: 1.0 / (self.shape.hd as f32).sqrt(),
             cache_type: self.ty,
-            ggml,
+            llamacpp,
         }
     }
 
@@ -339,7 +339,10 @@ fn a_placement_does_not_change_bits() {
             let q = floats(lens.len() * SHAPE.row(), 3 + len as u64);
             let mut paths = invariant_paths(ty);
             if ty == GgmlType::F16 {
-                paths.extend([Path::Ggml(GgmlSimd::Avx2), Path::Ggml(GgmlSimd::Avx512)]);
+                paths.extend([
+                    Path::Ggml(LlamaCppX86::Avx2),
+                    Path::Ggml(LlamaCppX86::Avx512),
+                ]);
             }
             for path in paths {
                 let mut want: Option<Vec<u32>> = None;
@@ -557,7 +560,7 @@ fn c_controls_differ() {
     // 3. llama.cpp's numerics keep the switch: the last row of a 64-row call differs from the
     //    same row in a 63-row call.
     let row = SHAPE.row();
-    for simd in [GgmlSimd::Avx2, GgmlSimd::Avx512] {
+    for simd in [LlamaCppX86::Avx2, LlamaCppX86::Avx512] {
         let full = reg.run(Path::Ggml(simd), &q, &map, 1);
         let short = reg.run(Path::Ggml(simd), &q[row..], &map[KV_MAP_WIDTH..], 1);
         assert_ne!(
@@ -600,7 +603,10 @@ fn d_one_run_kv_map_equals_span() {
         let q = floats(ranges.len() * SHAPE.row(), 4);
         let mut paths = invariant_paths(ty);
         if ty == GgmlType::F16 {
-            paths.extend([Path::Ggml(GgmlSimd::Avx2), Path::Ggml(GgmlSimd::Avx512)]);
+            paths.extend([
+                Path::Ggml(LlamaCppX86::Avx2),
+                Path::Ggml(LlamaCppX86::Avx512),
+            ]);
         }
         for path in paths {
             let a = reg.run(path, &q, &spans(&ranges), 2);
@@ -723,7 +729,7 @@ fn e_bad_windows_are_typed_errors() {
     for path in [
         Path::Native,
         Path::Flash(Isa::Scalar),
-        Path::Ggml(GgmlSimd::Avx2),
+        Path::Ggml(LlamaCppX86::Avx2),
     ] {
         let bad = |v: &[i32]| {
             let slots: Vec<f32> = v.iter().map(|&x| f32::from_bits(x as u32)).collect();
@@ -978,8 +984,17 @@ fn row_kernels_take_lists_of_cells() {
 
 struct NoWeights;
 impl minfer_graph::WeightSource for NoWeights {
-    fn weight(&self, _: &str) -> Option<minfer_graph::WeightRef<'_>> {
+    fn weight(&self, _: minfer_graph::WeightId) -> Option<minfer_graph::WeightRef<'_>> {
         None
+    }
+    fn name(&self, _: minfer_graph::WeightId) -> &str {
+        "none"
+    }
+    fn id(&self, _: &str) -> Option<minfer_graph::WeightId> {
+        None
+    }
+    fn len(&self) -> usize {
+        0
     }
 }
 
@@ -1008,7 +1023,10 @@ fn backend_attention_node_takes_both_layouts() {
                 (lo, lo + rng.below(400))
             })
             .collect();
-        for window in [spans(&ranges), kv_map(&runs)] {
+        for (window, layout) in [
+            (spans(&ranges), minfer_graph::WindowLayout::Span),
+            (kv_map(&runs), minfer_graph::WindowLayout::KvMap),
+        ] {
             let want = reg.run(Path::Native, &q, &window, 2);
             let mut be = CpuBackend::new(2);
             let put = |be: &mut CpuBackend, data: &[u8]| -> BufId {
@@ -1031,6 +1049,7 @@ fn backend_attention_node_takes_both_layouts() {
                     head_dim: SHAPE.hd,
                     scale: 1.0 / (SHAPE.hd as f32).sqrt(),
                     cache_type: ty,
+                    window: layout,
                 },
                 src: vec![NodeId(0), NodeId(1)],
                 shape: [row, nt],

@@ -1,4 +1,4 @@
-//! Gate: `ggml_x86::q4k_repack::matmul` against llama.cpp's own compiled code, bit for bit.
+//! Gate: `llamacpp_x86::q4k_repack::matmul` against llama.cpp's own compiled code, bit for bit.
 //!
 //! scripts/ggml-harness/q4k.cpp runs a Q4_K x f32 `ggml_mul_mat` on the peer's CPU backend with
 //! the weight in the CPU_REPACK buffer (repack to block_q4_Kx8, `ggml_quantize_mat_q8_K_4x8` +
@@ -10,7 +10,7 @@
 //! Every output must have the same bits. Prints SKIP when the peer build (scripts/peer-build)
 //! is absent.
 //!
-//! The harness is the AVX2 peer build (GgmlSimd::Avx2). On an AVX-512 machine, build it from
+//! The harness is the AVX2 peer build (LlamaCppX86::Avx2). On an AVX-512 machine, build it from
 //! source as q4k.cpp's header says and run with MINFER_Q4K_HARNESS=path and
 //! MINFER_Q4K_FLAVOUR=avx512.
 //!
@@ -24,7 +24,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use minfer_cpu::ggml_x86::{q4k_repack, GgmlSimd};
+use minfer_cpu::llamacpp_x86::{q4k_repack, LlamaCppX86};
 use minfer_gguf::{quants, GgmlType, GgufModel};
 use minfer_testkit::models;
 use minfer_testkit::rng::Rng;
@@ -123,8 +123,8 @@ fn run_peer(bin: &Path, dir: &Path, c: &Case, w: &Path, x: &[f32]) -> (Vec<f32>,
 #[test]
 fn repacked_q4_k_matches_llama_cpp_bit_for_bit() {
     let simd = match std::env::var("MINFER_Q4K_FLAVOUR").as_deref() {
-        Ok("avx512") => GgmlSimd::Avx512,
-        _ => GgmlSimd::Avx2,
+        Ok("avx512") => LlamaCppX86::Avx512,
+        _ => LlamaCppX86::Avx2,
     };
     let Some(bin) = harness() else { return };
     let dir = std::env::temp_dir().join(format!("minfer-ggml-q4k-{}", std::process::id()));
@@ -247,7 +247,7 @@ fn qwen_q4_k_ffn_down_matches_llama_cpp_dumps() {
         let rows = if l == 23 { 1 } else { 7 };
         assert_eq!((n, n2), (rows, rows), "layer {l}: dumped {n} / {n2} rows");
         let mut got = vec![0f32; n * m];
-        q4k_repack::matmul(GgmlSimd::Avx2, w, k, m, &x, &mut got).unwrap();
+        q4k_repack::matmul(LlamaCppX86::Avx2, w, k, m, &x, &mut got).unwrap();
         let diff = got
             .iter()
             .zip(&want)
@@ -273,8 +273,8 @@ fn thread_count_does_not_change_bits() {
     let x = activations(k, 3);
     let mut one = vec![0f32; n * m];
     let mut four = vec![0f32; n * m];
-    q4k_repack::matmul(GgmlSimd::Avx2, &w, k, m, &x[..n * k], &mut one).unwrap();
-    q4k_repack::matmul_threads(GgmlSimd::Avx2, &w, k, m, &x[..n * k], &mut four, 4).unwrap();
+    q4k_repack::matmul(LlamaCppX86::Avx2, &w, k, m, &x[..n * k], &mut one).unwrap();
+    q4k_repack::matmul_threads(LlamaCppX86::Avx2, &w, k, m, &x[..n * k], &mut four, 4).unwrap();
     let a: Vec<u32> = one.iter().map(|v| v.to_bits()).collect();
     let b: Vec<u32> = four.iter().map(|v| v.to_bits()).collect();
     assert_eq!(a, b);

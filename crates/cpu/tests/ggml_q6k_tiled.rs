@@ -1,4 +1,4 @@
-//! Gate: `ggml_x86::q6k_tiled` equals llama.cpp's own tiled Q6_K matmul bit for bit.
+//! Gate: `llamacpp_x86::q6k_tiled` equals llama.cpp's own tiled Q6_K matmul bit for bit.
 //!
 //! The reference is llama.cpp 0c1e570 itself: scripts/ggml-harness/q6k_tiled.c runs one
 //! MUL_MAT graph against the peer build's static libraries (scripts/peer-build; an AVX2
@@ -24,9 +24,9 @@
 //! AVX-512 (VNNI microkernel): no AVX-512 here; `remote_avx512_outputs` compares outputs made
 //! by the harness on an AVX-512 build (scripts/ggml-harness/q6k-tiled-avx512 stages it).
 
-use minfer_cpu::ggml_x86::q6k::dot_q6_k;
-use minfer_cpu::ggml_x86::q6k_tiled::{matmul_q6k_tiled, matmul_q6k_tiled_threads};
-use minfer_cpu::ggml_x86::GgmlSimd;
+use minfer_cpu::llamacpp_x86::q6k::dot_q6_k;
+use minfer_cpu::llamacpp_x86::q6k_tiled::{matmul_q6k_tiled, matmul_q6k_tiled_threads};
+use minfer_cpu::llamacpp_x86::LlamaCppX86;
 use minfer_gguf::quants::{quantize_act_row, random_blocks};
 use minfer_gguf::GgmlType;
 use minfer_testkit::rng::Rng;
@@ -162,7 +162,7 @@ fn read_f32(path: &Path) -> Vec<f32> {
 /// harness left in `outputs` (NAME.q8) with its results there (NAME.y); returns (outputs
 /// compared, outputs that differ); `report` prints each case's first difference.
 fn compare(
-    simd: GgmlSimd,
+    simd: LlamaCppX86,
     inputs: &Path,
     outputs: &Path,
     cases: &[Case],
@@ -240,18 +240,24 @@ fn q6k_tiled_matches_llama_cpp_avx2_build() {
 
     check_q8(&tiled_dir, &tiled_dir, &cases);
 
-    let (total, bad) = compare(GgmlSimd::Avx2, &tiled_dir, &tiled_dir, &cases, 1, true);
+    let (total, bad) = compare(LlamaCppX86::Avx2, &tiled_dir, &tiled_dir, &cases, 1, true);
     assert_eq!(
         bad, 0,
         "{bad} of {total} outputs differ from llama.cpp's tiled path"
     );
-    let (_, bad) = compare(GgmlSimd::Avx2, &tiled_dir, &tiled_dir, &cases, 3, true);
+    let (_, bad) = compare(LlamaCppX86::Avx2, &tiled_dir, &tiled_dir, &cases, 3, true);
     assert_eq!(bad, 0, "3 threads differ");
     println!("{total} outputs in {} cases bit-identical", cases.len());
 
     // Control: the vec_dot order is a different result, which minfer's dot_q6_k reproduces.
-    let (_, tiled_vs_vec_dot) =
-        compare(GgmlSimd::Avx2, &vec_dot_dir, &vec_dot_dir, &cases, 1, false);
+    let (_, tiled_vs_vec_dot) = compare(
+        LlamaCppX86::Avx2,
+        &vec_dot_dir,
+        &vec_dot_dir,
+        &cases,
+        1,
+        false,
+    );
     assert!(
         tiled_vs_vec_dot > 0,
         "vec_dot and tiled outputs agree everywhere: the gate cannot tell them apart"
@@ -303,7 +309,7 @@ fn remote_avx512_outputs() {
     stage(&inputs, &cases);
     let outputs = Path::new(&outputs);
     check_q8(&inputs, outputs, &cases);
-    let (total, bad) = compare(GgmlSimd::Avx512, &inputs, outputs, &cases, 1, true);
+    let (total, bad) = compare(LlamaCppX86::Avx512, &inputs, outputs, &cases, 1, true);
     assert_eq!(
         bad, 0,
         "{bad} of {total} outputs differ from the AVX-512 build"

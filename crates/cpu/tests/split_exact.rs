@@ -30,7 +30,7 @@
 //! several-rows-per-call form (`dot_q5_0_side_rows`) skipping its first row, and its
 //! broadcast-loaded nibbles shifted in the wrong half (`srlv` by (0, 0, 4, 4)), each fail it.
 
-use minfer_cpu::ggml_x86::attn_f16;
+use minfer_cpu::llamacpp_x86::attn_f16;
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::matmul::{matmul, Weight};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
@@ -170,7 +170,7 @@ fn f16_attention_is_exact_for_every_thread_count() {
             head_dim: hd,
             scale,
             cache_type,
-            ggml: None,
+            llamacpp: None,
         };
         for threads in [1, 2, 3, 8] {
             let mut got = vec![f32::NAN; nt * n_head * hd];

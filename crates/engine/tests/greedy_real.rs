@@ -11,7 +11,7 @@
 //!
 //! Two arithmetics, two gates per fixture:
 //! - `*_llamacpp_numerics_match_fixtures`: `--numerics llamacpp-x86-avx512` (llama.cpp's x86
-//!   build float op for float op, `minfer_cpu::ggml_x86`), probabilities formed as llama-server
+//!   build float op for float op, `minfer_cpu::llamacpp_x86`), probabilities formed as llama-server
 //!   forms them ([`server_probs`]), at the issue's bound 0.02 per value and mean 1e-5.
 //!   Measured 2026-11-30: max 4.8e-5 / mean 2.7e-7 (qwen raw, 985 values), 7.0e-5 / 1.5e-6
 //!   (qwen chat, 120), 4.2e-5 / 3.0e-7 (smol, 235); 7 of 12 prompts within 1.5e-8. The same
@@ -52,7 +52,7 @@
 //! bounds); the milder `freq_base` x 2 flips an id at code step 18 (fails). The f64-reference
 //! gate (`tests/reference.rs`) is the tight check of the math.
 
-use minfer_cpu::ggml_x86::GgmlSimd;
+use minfer_cpu::llamacpp_x86::LlamaCppX86;
 use minfer_cpu::Numerics;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::GgmlType;
@@ -225,7 +225,7 @@ fn native(mean: f64) -> Tol {
 
 /// llama.cpp's x86 AVX-512 arithmetic (the fixture build): the issue's bound, 0.02 per value,
 /// with the probabilities formed as llama-server forms them.
-const LLAMA_AVX512: Numerics = Numerics::LlamaCppX86(GgmlSimd::Avx512);
+const LLAMA_AVX512: Numerics = Numerics::LlamaCpp(LlamaCppX86::Avx512);
 fn as_fixture_build() -> Tol {
     Tol {
         max: ISSUE_TOL,

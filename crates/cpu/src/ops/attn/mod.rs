@@ -16,7 +16,7 @@
 //! | numerics | cache | query rows in the call | kernel | batch invariant |
 //! |---|---|---|---|---|
 //! | native | F32, Q8_0 | any | [`flash`]: blocks and windows at logical multiples, f64 scores | yes |
-//! | native | F16 | any | `ggml_x86::attn_f16::attend_head` (`attend_group` per GQA group when there are enough tasks: the same bits): llama.cpp's one-chunk arithmetic (f16 Q, f16 V accumulator), cells in logical order | yes |
+//! | native | F16 | any | `llamacpp_x86::attn_f16::attend_head` (`attend_group` per GQA group when there are enough tasks: the same bits): llama.cpp's one-chunk arithmetic (f16 Q, f16 V accumulator), cells in logical order | yes |
 //! | llamacpp-x86-* | F16 | < 64 ([`attn_f16::GGML_FA_TILE_Q`]) | `attend_head` / `attend_group` (AVX2 build), `attend_head_with(dot16_ref)` (AVX-512 build) | no: switches at 64 rows |
 //! | llamacpp-x86-* | F16 | >= 64 | `attend_head_tiled`: llama.cpp's tiled f32 kernel, 64-cell tiles at logical multiples | no: switches at 64 rows |
 //! | llamacpp-x86-* | F32, Q8_0 | any | refused (typed error) | - |
@@ -33,7 +33,7 @@ pub use flash::{BLOCK, WINDOW};
 pub use minfer_graph::KV_MAP_RUNS;
 
 use super::{as_i32, KResult, KernelError};
-use crate::ggml_x86::attn_f16;
+use crate::llamacpp_x86::attn_f16;
 use crate::simd::attn::KvKernels;
 use crate::simd::Isa;
 use minfer_gguf::{quants, GgmlType};
@@ -417,7 +417,7 @@ pub struct AttnParams {
     pub scale: f32,
     pub cache_type: GgmlType,
     /// `Some`: llama.cpp's x86 flash-attention arithmetic of that build (f16 caches only).
-    pub ggml: Option<crate::ggml_x86::GgmlSimd>,
+    pub llamacpp: Option<crate::llamacpp_x86::LlamaCppX86>,
 }
 
 /// `q`/`out`: `[n_tokens][n_head * head_dim]`; `window`: the window input, `[n_tokens][2]`
@@ -438,7 +438,7 @@ pub fn attention(
     out: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
-    if let Some(simd) = p.ggml {
+    if let Some(simd) = p.llamacpp {
         if p.cache_type != GgmlType::F16 {
             return Err(KernelError(format!(
                 "llama.cpp x86 numerics cover attention over an f16 KV cache, not {}",

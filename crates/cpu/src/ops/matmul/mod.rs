@@ -11,7 +11,7 @@
 //! - [`add_bias`]: one f32 add per output after the products (what ggml does too).
 //!
 //! An arithmetic plugs in its per-task kernel, a closure that fills one [`RowsOut`]: minfer's
-//! own order in [`native`] ([`matmul`]), llama.cpp's x86 order in [`crate::ggml_x86`]. Which
+//! own order in [`native`] ([`matmul`]), llama.cpp's x86 order in [`crate::llamacpp_x86`]. Which
 //! task or thread computes an output never changes its bits.
 
 mod native;

@@ -32,7 +32,7 @@
 /// llama.cpp's query-tile size: batches of at least this many rows take its tiled f32 path.
 pub const GGML_FA_TILE_Q: usize = 64;
 
-use crate::ggml_x86::GgmlSimd;
+use crate::llamacpp_x86::LlamaCppX86;
 use crate::ops::attn::Call;
 use crate::ops::{KResult, KernelError};
 use crate::threads::{par_tasks, SharedOut};
@@ -190,7 +190,7 @@ pub const GGML_FA_TILE_KV: usize = 64;
 /// AVX-512), added to S in f64 and rounded to f32; the V accumulator takes
 /// `acc = fma(p, v, acc)` over the tile's cells in order. Output: acc · (1 / S).
 pub fn attend_head_tiled<'a>(
-    simd: GgmlSimd,
+    simd: LlamaCppX86,
     q: &[f32],
     scale: f32,
     n: usize,
@@ -198,7 +198,7 @@ pub fn attend_head_tiled<'a>(
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
 ) {
-    use crate::ggml_x86::{expf::v_expf, hsum8, reduce16};
+    use crate::llamacpp_x86::{expf::v_expf, hsum8, reduce16};
     const T: usize = GGML_FA_TILE_KV;
     let mut acc = vec![0f32; out.len()];
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
@@ -239,11 +239,11 @@ pub fn attend_head_tiled<'a>(
             *p = v_expf(simd, *p - m);
         }
         let tile_sum: f64 = match simd {
-            GgmlSimd::Avx2 => p
+            LlamaCppX86::Avx2 => p
                 .chunks_exact(8)
                 .map(|c| hsum8(c.try_into().expect("8 lanes")) as f64)
                 .sum(),
-            GgmlSimd::Avx512 => p
+            LlamaCppX86::Avx512 => p
                 .chunks_exact(16)
                 .map(|c| reduce16(c.try_into().expect("16 lanes")) as f64)
                 .sum(),
@@ -268,7 +268,7 @@ pub fn attend_head_tiled<'a>(
 
 /// ggml's `vec_dot_f16` in an AVX-512 (F, no FP16) build: 4 accumulators of 16 f32 lanes,
 /// `acc = fma(k, q, acc)` over chunks of 64, then acc0 += acc2, acc1 += acc3, acc0 += acc1,
-/// the 16 lanes folded by GCC's `_mm512_reduce_add_ps` ([`crate::ggml_x86::reduce16`]);
+/// the 16 lanes folded by GCC's `_mm512_reduce_add_ps` ([`crate::llamacpp_x86::reduce16`]);
 /// elements past the last multiple of 64 added in f64.
 pub fn dot16_ref(x: &[u16], y: &[u16]) -> f32 {
     let n = x.len().min(y.len());
@@ -284,7 +284,7 @@ pub fn dot16_ref(x: &[u16], y: &[u16]) -> f32 {
     }
     let [a0, a1, a2, a3] = acc;
     let a0: [f32; 16] = std::array::from_fn(|l| (a0[l] + a2[l]) + (a1[l] + a3[l]));
-    let mut r = crate::ggml_x86::reduce16(&a0) as f64;
+    let mut r = crate::llamacpp_x86::reduce16(&a0) as f64;
     for e in np..n {
         r += (h(x[e]) * h(y[e])) as f64;
     }
@@ -532,7 +532,7 @@ fn as_f16(b: &[u8]) -> KResult<&[u16]> {
 /// one task ([`attend_group`]) when there are enough such tasks for the threads; that changes
 /// no bit.
 pub(crate) fn run(
-    simd: Option<GgmlSimd>,
+    simd: Option<LlamaCppX86>,
     c: &Call,
     out: &mut [f32],
     threads: usize,
@@ -544,7 +544,7 @@ pub(crate) fn run(
     let group = p.n_head / p.n_head_kv;
     let tiled = simd.filter(|_| nt >= GGML_FA_TILE_Q);
     let outp = SharedOut::new(out);
-    let one_chunk_avx2 = tiled.is_none() && simd != Some(GgmlSimd::Avx512);
+    let one_chunk_avx2 = tiled.is_none() && simd != Some(LlamaCppX86::Avx512);
     if one_chunk_avx2 && group > 1 && nt * p.n_head_kv >= 2 * threads {
         // Enough (token, KV head) tasks to keep the threads busy: each runs its GQA group's
         // heads together (the same bits as one task per head, see `attend_group`); task
@@ -595,7 +595,7 @@ pub(crate) fn run(
                 |i| &v16[at(cells[i])],
                 o,
             );
-        } else if simd == Some(GgmlSimd::Avx512) {
+        } else if simd == Some(LlamaCppX86::Avx512) {
             attend_head_with(
                 dot16_ref,
                 q,

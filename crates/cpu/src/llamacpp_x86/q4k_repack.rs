@@ -24,9 +24,9 @@
 //!   float product (and so the output) bit-identical; both rules are still reproduced as
 //!   written.
 //!
-//! So [`GgmlSimd::Avx2`] and [`GgmlSimd::Avx512`] run the same arithmetic for this path.
+//! So [`LlamaCppX86::Avx2`] and [`LlamaCppX86::Avx512`] run the same arithmetic for this path.
 
-use super::GgmlSimd;
+use super::LlamaCppX86;
 use crate::ops::matmul::{par_row_tasks, Split};
 use crate::ops::{KResult, KernelError};
 use minfer_gguf::quants::f16_to_f32;
@@ -175,7 +175,7 @@ fn dot_gemm(w: &[WeightBlock], a: &[ActBlock]) -> f32 {
 
 /// `out[t][o]` for the `x.len() / k` rows of `x` against the `m` Q4_K rows in `w`.
 pub fn matmul(
-    simd: GgmlSimd,
+    simd: LlamaCppX86,
     w: &[u8],
     k: usize,
     m: usize,
@@ -189,7 +189,7 @@ pub fn matmul(
 /// [`crate::ops::matmul`]); every output is one weight row's own loop, so the result does not
 /// depend on `threads`.
 pub fn matmul_threads(
-    simd: GgmlSimd,
+    simd: LlamaCppX86,
     w: &[u8],
     k: usize,
     m: usize,
@@ -198,7 +198,7 @@ pub fn matmul_threads(
     threads: usize,
 ) -> KResult<()> {
     // Both builds run the same arithmetic on this path (module docs).
-    let (GgmlSimd::Avx2 | GgmlSimd::Avx512) = simd;
+    let (LlamaCppX86::Avx2 | LlamaCppX86::Avx512) = simd;
     if k == 0 || !k.is_multiple_of(QK) {
         return Err(KernelError(format!(
             "llama.cpp x86 repacked Q4_K: row length {k} is not a positive multiple of {QK}"
@@ -297,7 +297,7 @@ mod tests {
     fn refuses_rows_not_multiple_of_eight() {
         let w = vec![0u8; 4 * W_BYTES];
         let mut out = [0f32; 4];
-        let e = matmul(GgmlSimd::Avx2, &w, QK, 4, &[0.0; QK], &mut out).unwrap_err();
+        let e = matmul(LlamaCppX86::Avx2, &w, QK, 4, &[0.0; QK], &mut out).unwrap_err();
         assert!(e.0.contains("not a multiple of 8"), "{}", e.0);
     }
 }

@@ -35,7 +35,7 @@
 //! quantizer always writes them so); for blocks where they are not, the `Avx512` flavour
 //! takes the stored sums as its kernel does.
 
-use super::GgmlSimd;
+use super::LlamaCppX86;
 use crate::ops::matmul::{par_row_tasks, Split};
 use crate::ops::{KResult, KernelError};
 use minfer_gguf::quants::f16_to_f32;
@@ -52,7 +52,7 @@ const ROW_GROUP: usize = 16;
 /// `out[t * m + r]` for the `n` Q8_K activation rows of `act_q8k` against the `m` Q6_K
 /// weight rows of `w` (`k` elements each), on the calling thread.
 pub fn matmul_q6k_tiled(
-    simd: GgmlSimd,
+    simd: LlamaCppX86,
     w: &[u8],
     k: usize,
     m: usize,
@@ -67,7 +67,7 @@ pub fn matmul_q6k_tiled(
 /// is computed by one thread in one fixed order, so the result does not depend on `threads`.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_q6k_tiled_threads(
-    simd: GgmlSimd,
+    simd: LlamaCppX86,
     w: &[u8],
     k: usize,
     m: usize,
@@ -129,7 +129,7 @@ struct Activations {
 }
 
 impl Activations {
-    fn new(simd: GgmlSimd, a: &[u8], n: usize, nb: usize) -> Self {
+    fn new(simd: LlamaCppX86, a: &[u8], n: usize, nb: usize) -> Self {
         let mut q = Vec::with_capacity(n * nb * QK);
         let mut d = Vec::with_capacity(n * nb);
         let mut bsum_excess = Vec::with_capacity(n * nb);
@@ -138,7 +138,7 @@ impl Activations {
             let qs = &blk[4..4 + QK];
             q.extend(qs.iter().map(|&v| v as i8 as i16));
             let mut excess = [0i32; 16];
-            if simd == GgmlSimd::Avx512 {
+            if simd == LlamaCppX86::Avx512 {
                 for (s, e) in excess.iter_mut().enumerate() {
                     let sum: i32 = qs[16 * s..16 * s + 16]
                         .iter()
@@ -251,9 +251,9 @@ mod tests {
     fn bad_shapes_are_typed_errors() {
         let (w, a) = (vec![0u8; W_BYTES], vec![0u8; A_BYTES * 8]);
         let mut out = vec![0f32; 8];
-        let r = matmul_q6k_tiled(GgmlSimd::Avx2, &w, 128, 1, &a, 8, &mut out);
+        let r = matmul_q6k_tiled(LlamaCppX86::Avx2, &w, 128, 1, &a, 8, &mut out);
         assert!(r.unwrap_err().0.contains("multiple of 256"));
-        let r = matmul_q6k_tiled(GgmlSimd::Avx2, &w, 256, 2, &a, 8, &mut out);
+        let r = matmul_q6k_tiled(LlamaCppX86::Avx2, &w, 256, 2, &a, 8, &mut out);
         assert!(r.unwrap_err().0.contains("weight holds 210, needs 420"));
     }
 
@@ -287,7 +287,7 @@ mod tests {
             })
             .sum();
         assert_ne!(avx2, vnni);
-        for (simd, s1) in [(GgmlSimd::Avx2, avx2), (GgmlSimd::Avx512, vnni)] {
+        for (simd, s1) in [(LlamaCppX86::Avx2, avx2), (LlamaCppX86::Avx512, vnni)] {
             let mut out = vec![0f32; 8];
             matmul_q6k_tiled(simd, &w, 256, 1, &a, 8, &mut out).unwrap();
             assert_eq!(

@@ -12,7 +12,7 @@
 //! This module is that arithmetic, written from the kernels' documented structure as plain
 //! scalar Rust (lanes are arrays), for the ops the Qwen2/LLaMA graphs of the demo models use:
 //! Q4_1, Q5_0, Q8_0, Q6_K matmuls (`vec_dot` and tinyBLAS, which share one order), Q4_K through
-//! the 8x8 repack (GEMV/GEMM), SwiGLU, and f16-cache flash attention. [`GgmlSimd`] picks the
+//! the 8x8 repack (GEMV/GEMM), SwiGLU, and f16-cache flash attention. [`LlamaCppX86`] picks the
 //! build: `Avx2` is a `-march=native` build on an AVX2 machine, `Avx512` one on an AVX-512
 //! (F/BW/DQ/VL/VNNI) machine such as the one llama.cpp's reference fixtures came from. The two
 //! differ only in SiLU's `expf`, the flash-attention f16 dot and the Q4_K repack kernels; the
@@ -35,7 +35,7 @@ pub use matmul::{matmul, supports_weight};
 
 /// Which llama.cpp x86 build's arithmetic to reproduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GgmlSimd {
+pub enum LlamaCppX86 {
     /// `-march=native` on an AVX2 + FMA + F16C machine.
     Avx2,
     /// `-march=native` on an AVX-512 F/BW/DQ/VL/VNNI machine (no AVX512-FP16).

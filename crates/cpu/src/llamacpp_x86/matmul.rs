@@ -7,7 +7,7 @@
 //! takes (vec_dot, tinyBLAS, GEMV/GEMM) does not change a dot's float order for the legacy
 //! types, so one function per type serves all.
 
-use super::{legacy, q4k_repack, q6k, q6k_tiled, GgmlSimd};
+use super::{legacy, q4k_repack, q6k, q6k_tiled, LlamaCppX86};
 use crate::ops::matmul::{
     add_bias, encode_activations, par_row_tasks, with_scratch, Shape, Split, Weight,
 };
@@ -30,7 +30,7 @@ type DotFn = fn(&[u8], &[u8]) -> f32;
 
 /// `out[t][o] = Σ_i w[o][i] · x[t][i] (+ bias[o])` for the `x.len() / w.k` rows of `x`.
 pub fn matmul(
-    simd: GgmlSimd,
+    simd: LlamaCppX86,
     w: &Weight,
     x: &[f32],
     bias: Option<&[f32]>,

@@ -4,7 +4,7 @@
 //! Elements past the last whole vector use ggml's scalar `x / (1 + expf(-x))` with the C
 //! library's `expf`, which is what Rust's `f32::exp` calls on Linux.
 
-use super::GgmlSimd;
+use super::LlamaCppX86;
 
 const SHIFT: f32 = 12_582_912.0; // 0x1.8p23: adding it rounds to an integer
 const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
@@ -18,14 +18,14 @@ const C1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
 
 /// One lane of `ggml_v_expf` as the given build computes it.
 #[inline]
-pub fn v_expf(simd: GgmlSimd, x: f32) -> f32 {
+pub fn v_expf(simd: LlamaCppX86, x: f32) -> f32 {
     let z = x.mul_add(LOG2E, SHIFT);
     let n = z - SHIFT;
     let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
     let u = b * b;
     let poly = C5.mul_add(b, C4).mul_add(u, C3.mul_add(b, C2));
     match simd {
-        GgmlSimd::Avx512 => {
+        LlamaCppX86::Avx512 => {
             let j = poly.mul_add(u, C1.mul_add(b, 1.0));
             if n.abs() > 192.0 {
                 // ggml blends +inf for n > 0 and 0 for n <= 0.
@@ -33,7 +33,7 @@ pub fn v_expf(simd: GgmlSimd, x: f32) -> f32 {
             }
             scalef(j, n)
         }
-        GgmlSimd::Avx2 => {
+        LlamaCppX86::Avx2 => {
             let j = poly.mul_add(u, C1 * b);
             let e = z.to_bits().wrapping_shl(23);
             let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
@@ -62,16 +62,16 @@ fn scalef(j: f32, n: f32) -> f32 {
 }
 
 /// Vector width of the build's SiLU loops.
-fn lanes(simd: GgmlSimd) -> usize {
+fn lanes(simd: LlamaCppX86) -> usize {
     match simd {
-        GgmlSimd::Avx2 => 8,
-        GgmlSimd::Avx512 => 16,
+        LlamaCppX86::Avx2 => 8,
+        LlamaCppX86::Avx512 => 16,
     }
 }
 
 /// `ggml_v_silu`: x / (1 + expf(0 - x)).
 #[inline]
-fn v_silu(simd: GgmlSimd, x: f32) -> f32 {
+fn v_silu(simd: LlamaCppX86, x: f32) -> f32 {
     x / (1.0 + v_expf(simd, 0.0 - x))
 }
 
@@ -82,7 +82,7 @@ fn silu_scalar(x: f32) -> f32 {
 }
 
 /// `ggml_vec_silu_f32` over `x`.
-pub fn silu(simd: GgmlSimd, x: &[f32], out: &mut [f32]) {
+pub fn silu(simd: LlamaCppX86, x: &[f32], out: &mut [f32]) {
     let whole = x.len() / lanes(simd) * lanes(simd);
     for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
         *o = if i < whole {
@@ -95,7 +95,7 @@ pub fn silu(simd: GgmlSimd, x: &[f32], out: &mut [f32]) {
 
 /// `ggml_vec_swiglu_f32`: silu(gate) * up, row by row (`row` elements each, as ggml calls it
 /// once per row, so the scalar tail is per row).
-pub fn swiglu(simd: GgmlSimd, gate: &[f32], up: &[f32], row: usize, out: &mut [f32]) {
+pub fn swiglu(simd: LlamaCppX86, gate: &[f32], up: &[f32], row: usize, out: &mut [f32]) {
     let row = row.max(1);
     let whole = row / lanes(simd) * lanes(simd);
     for ((o, g), u) in out
@@ -133,7 +133,7 @@ mod tests {
         let mut x = -80.0f32;
         while x < 80.0 {
             let t = (x as f64).exp();
-            for simd in [GgmlSimd::Avx2, GgmlSimd::Avx512] {
+            for simd in [LlamaCppX86::Avx2, LlamaCppX86::Avx512] {
                 let r = v_expf(simd, x) as f64;
                 let ulp = (t as f32).abs() as f64 * f32::EPSILON as f64;
                 assert!(
@@ -141,15 +141,15 @@ mod tests {
                     "{simd:?} exp({x}) = {r}, want {t}"
                 );
             }
-            if v_expf(GgmlSimd::Avx2, x) != v_expf(GgmlSimd::Avx512, x) {
+            if v_expf(LlamaCppX86::Avx2, x) != v_expf(LlamaCppX86::Avx512, x) {
                 differ += 1;
             }
             x += 0.013;
         }
         assert!(differ > 0);
-        assert_eq!(v_expf(GgmlSimd::Avx512, -200.0), 0.0);
-        assert_eq!(v_expf(GgmlSimd::Avx512, 200.0), f32::INFINITY);
-        assert_eq!(v_expf(GgmlSimd::Avx2, -200.0), 0.0);
-        assert_eq!(v_expf(GgmlSimd::Avx2, 200.0), f32::INFINITY);
+        assert_eq!(v_expf(LlamaCppX86::Avx512, -200.0), 0.0);
+        assert_eq!(v_expf(LlamaCppX86::Avx512, 200.0), f32::INFINITY);
+        assert_eq!(v_expf(LlamaCppX86::Avx2, -200.0), 0.0);
+        assert_eq!(v_expf(LlamaCppX86::Avx2, 200.0), f32::INFINITY);
     }
 }
