@@ -154,6 +154,10 @@ impl ModelArgs {
         };
         let engine =
             Engine::load(&path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
+        // What kept the model off a device (a backend that holds none of its weights).
+        for line in engine.placement_report() {
+            eprintln!("note: {line}");
+        }
         Ok((engine, t0.elapsed().as_secs_f64() * 1e3))
     }
 }

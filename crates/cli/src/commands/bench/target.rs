@@ -87,6 +87,10 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
     };
     let engine =
         Engine::load(path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
+    // What kept the model off a device (a backend that holds none of its weights).
+    for line in engine.placement_report() {
+        eprintln!("note: {line}");
+    }
     let facts = model_facts(engine.model(), path);
     Ok(Loaded {
         target: Box::new(EngineTarget(engine)),
