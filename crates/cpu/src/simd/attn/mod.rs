@@ -64,6 +64,12 @@ impl KvKernels {
                 }
                 avx2::kernels(ty).ok_or_else(|| unsupported(ty))
             }
+            // AVX-512 machines run the AVX2 row kernels (there are no AVX-512 ones): an x86
+            // machine then attends with the same bits whichever of the two it has.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni if avx2::supported() => {
+                avx2::kernels(ty).ok_or_else(|| unsupported(ty))
+            }
             _ => Ok(portable),
         }
     }
