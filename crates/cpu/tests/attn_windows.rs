@@ -27,32 +27,7 @@ use minfer_cpu::ops::rope::{rope, RopeParams};
 use minfer_cpu::simd::{self, Isa};
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::RopeStyle;
-
-/// splitmix64 floats in [-1, 1).
-fn floats(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-/// A small deterministic generator for layouts.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n.max(1) as u64) as usize
-    }
-}
+use minfer_testkit::rng::{floats, Rng};
 
 fn slot(v: usize) -> f32 {
     f32::from_bits(v as u32)
@@ -419,7 +394,7 @@ impl Batch {
 
 #[test]
 fn b_rows_do_not_depend_on_the_batch() {
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng::xorshift64_raw(0x2545_f491_4f6c_dd1d);
     for ty in TYPES {
         let b = Batch::new(ty, SHAPE);
         let row = SHAPE.row();
@@ -1008,7 +983,7 @@ fn backend_attention_node_takes_both_layouts() {
     let n_cells = 900;
     let reg = Regions::new(ty, SHAPE, n_cells, 31);
     let row = SHAPE.row();
-    let mut rng = Rng(77);
+    let mut rng = Rng::xorshift64_raw(77);
     for nt in [1usize, 2, 3, 5, 64, 300] {
         let q = floats(nt * row, 32 + nt as u64);
         let runs: Vec<Vec<Run>> = (0..nt)

@@ -519,16 +519,7 @@ pub fn write(
                 )?;
             }
         }
-        Format::Json => {
-            let doc = serde_json::json!({
-                "system": sys,
-                "model": facts,
-                "membw": bws,
-                "results": rows,
-            });
-            let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
-            writeln!(out, "{text}")?;
-        }
+        Format::Json => super::report::write_json(out, sys, facts, bws, rows)?,
     }
     Ok(())
 }

@@ -277,18 +277,27 @@ pub fn write(
                 )?;
             }
         }
-        Format::Json => {
-            let doc = serde_json::json!({
-                "system": sys,
-                "model": facts,
-                "membw": bws,
-                "results": rows,
-            });
-            let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
-            writeln!(out, "{text}")?;
-        }
+        Format::Json => write_json(out, sys, facts, bws, rows)?,
     }
     Ok(())
+}
+
+/// The JSON document both bench reports print: system, model, memory bandwidths, rows.
+pub(super) fn write_json<R: serde::Serialize>(
+    out: &mut dyn Write,
+    sys: &SysInfo,
+    facts: Option<&ModelFacts>,
+    bws: &[MemBw],
+    rows: &[R],
+) -> std::io::Result<()> {
+    let doc = serde_json::json!({
+        "system": sys,
+        "model": facts,
+        "membw": bws,
+        "results": rows,
+    });
+    let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
+    writeln!(out, "{text}")
 }
 
 #[cfg(test)]
