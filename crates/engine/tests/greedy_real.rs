@@ -23,7 +23,7 @@
 //! - `*_native_within_noise_of_llama_cpp`: minfer's own kernels, bounds explained below.
 //!
 //! KV cache f16, as llama.cpp ran: with fewer than 64 query rows our f16 attention uses
-//! llama.cpp's flash-attention arithmetic (`minfer_cpu::ops::attn_f16`), and activations are
+//! llama.cpp's flash-attention arithmetic (`minfer_cpu::llamacpp_x86::attn_f16`), and activations are
 //! quantized with its x86 rule (`quants::quantize_act_row`).
 //!
 //! Native, why not 0.02 per value: these steps are chaotic. llama.cpp itself, same commit and

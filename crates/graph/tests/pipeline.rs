@@ -254,6 +254,36 @@ fn run(graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Vec<f32> {
     out
 }
 
+/// The ffn-like test graph of `n` elements, built (or reused) by `cache`.
+fn cached(
+    cache: &mut GraphCache,
+    alloc: &mut Allocator,
+    backends: &mut [Box<dyn Backend>],
+    placement: &Placement,
+    n: usize,
+) -> Vec<u32> {
+    let p = GraphParams {
+        n_tokens: n,
+        n_out: 1,
+        n_ctx: 16,
+        cache_type: GgmlType::F32,
+        window: WindowLayout::Span,
+    };
+    let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
+    let (_, plan) = cache
+        .get_or_build(
+            &p,
+            &build,
+            &|_| Ok(0),
+            backends,
+            &NoWeights,
+            placement,
+            alloc,
+        )
+        .unwrap();
+    plan.node_buf.iter().flatten().map(|b| b.1 .0).collect()
+}
+
 fn expected(n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
@@ -422,62 +452,14 @@ fn the_cache_reuses_a_graph_for_equal_params() {
     let mut alloc = Allocator::new();
     let mut cache = GraphCache::new(2);
     let placement = everywhere(&backends);
-    let p = |n| GraphParams {
-        n_tokens: n,
-        n_out: 1,
-        n_ctx: 16,
-        cache_type: GgmlType::F32,
-        window: WindowLayout::Span,
-    };
-    let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
     for n in [4, 4, 1, 1, 1, 4] {
-        cache
-            .get_or_build(
-                &p(n),
-                &build,
-                &|_| Ok(0),
-                &mut backends,
-                &NoWeights,
-                &placement,
-                &mut alloc,
-            )
-            .unwrap();
+        cached(&mut cache, &mut alloc, &mut backends, &placement, n);
     }
     assert_eq!(cache.builds(), 2);
-    cache
-        .get_or_build(
-            &p(2),
-            &build,
-            &|_| Ok(0),
-            &mut backends,
-            &NoWeights,
-            &placement,
-            &mut alloc,
-        )
-        .unwrap();
-    cache
-        .get_or_build(
-            &p(4),
-            &build,
-            &|_| Ok(0),
-            &mut backends,
-            &NoWeights,
-            &placement,
-            &mut alloc,
-        )
-        .unwrap();
+    cached(&mut cache, &mut alloc, &mut backends, &placement, 2);
+    cached(&mut cache, &mut alloc, &mut backends, &placement, 4);
     assert_eq!(cache.builds(), 3, "capacity 2 keeps the two most recent");
-    cache
-        .get_or_build(
-            &p(1),
-            &build,
-            &|_| Ok(0),
-            &mut backends,
-            &NoWeights,
-            &placement,
-            &mut alloc,
-        )
-        .unwrap();
+    cached(&mut cache, &mut alloc, &mut backends, &placement, 1);
     assert_eq!(cache.builds(), 4, "the least recent was evicted");
 }
 
@@ -492,36 +474,22 @@ fn cached_plans_own_their_buffers_and_eviction_frees_them() {
     let placement = everywhere(&backends);
     let mut alloc = Allocator::new();
     let mut cache = GraphCache::new(2);
-    let p = |n| GraphParams {
-        n_tokens: n,
-        n_out: 1,
-        n_ctx: 16,
-        cache_type: GgmlType::F32,
-        window: WindowLayout::Span,
-    };
-    let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
-    let bufs =
-        |cache: &mut GraphCache, alloc: &mut Allocator, backends: &mut Vec<Box<dyn Backend>>, n| {
-            let (_, plan) = cache
-                .get_or_build(
-                    &p(n),
-                    &build,
-                    &|_| Ok(0),
-                    backends,
-                    &NoWeights,
-                    &placement,
-                    alloc,
-                )
-                .unwrap();
-            plan.node_buf
-                .iter()
-                .flatten()
-                .map(|b| b.1 .0)
-                .collect::<std::collections::BTreeSet<u32>>()
-        };
-    let a = bufs(&mut cache, &mut alloc, &mut backends, 64);
+    let set = |v: Vec<u32>| v.into_iter().collect::<std::collections::BTreeSet<u32>>();
+    let a = set(cached(
+        &mut cache,
+        &mut alloc,
+        &mut backends,
+        &placement,
+        64,
+    ));
     let after_one = alloc.in_use(BackendId(0));
-    let b = bufs(&mut cache, &mut alloc, &mut backends, 64 * 1024);
+    let b = set(cached(
+        &mut cache,
+        &mut alloc,
+        &mut backends,
+        &placement,
+        64 * 1024,
+    ));
     assert!(
         a.is_disjoint(&b),
         "two cached plans share buffers: {a:?} {b:?}"
@@ -529,8 +497,8 @@ fn cached_plans_own_their_buffers_and_eviction_frees_them() {
     let after_two = alloc.in_use(BackendId(0));
     assert!(after_two > after_one);
     // A third shape evicts the first (capacity 2): its bytes are freed, the new ones taken.
-    let _ = bufs(&mut cache, &mut alloc, &mut backends, 64);
-    let _ = bufs(&mut cache, &mut alloc, &mut backends, 128);
+    cached(&mut cache, &mut alloc, &mut backends, &placement, 64);
+    cached(&mut cache, &mut alloc, &mut backends, &placement, 128);
     assert_eq!(cache.len(), 2);
     cache.clear(&mut alloc, &mut backends);
     assert_eq!(
