@@ -130,7 +130,7 @@ impl Engine {
         }
         let cells = std::mem::replace(&mut staged.cells, KvCells::new(0));
         let before = std::mem::replace(&mut self.cells, cells);
-        match self.run_staged(entries, &staged) {
+        match self.run_staged(entries, staged) {
             Ok(()) => Ok(&self.out),
             Err(e) => {
                 // The forward failed: the cells it reserved hold nothing valid.
@@ -243,19 +243,13 @@ impl Engine {
         Ok(staged)
     }
 
-    fn run_staged(&mut self, entries: &[BatchEntry], s: &Staged) -> Result<()> {
+    fn run_staged(&mut self, entries: &[BatchEntry], s: Staged) -> Result<()> {
         let nt = s.ids.len();
         // A backend whose arithmetic depends on the row count runs the exact shape.
         let round = |n: usize| if self.bucketed { bucket(n) } else { n };
         let n_tok = round(nt);
-        // A forward with no logit row still needs one output row (ignored).
         let n_real_out = s.out_rows.len();
-        let out_rows: Vec<usize> = if n_real_out == 0 {
-            vec![nt - 1]
-        } else {
-            s.out_rows.clone()
-        };
-        let n_out = round(out_rows.len()).min(n_tok);
+        let n_out = round(n_real_out.max(1)).min(n_tok);
         let window = if s.windows.iter().all(|w| w.len() <= 1) {
             WindowLayout::Span
         } else {
@@ -264,16 +258,21 @@ impl Engine {
         let params = self.params(n_tok, n_out, window);
         self.prepare(&params)?;
         let scratch = self.n_ctx as i32;
-        let mut ids = s.ids.clone();
-        let mut pos = s.pos.clone();
-        let mut kvc = s.kv_cells.clone();
+        let Staged {
+            mut ids,
+            mut pos,
+            kv_cells: mut kvc,
+            windows,
+            out_rows,
+            ..
+        } = s;
         ids.resize(n_tok, 0);
         pos.resize(n_tok, 0);
         kvc.resize(n_tok, scratch);
         let win: Vec<i32> = match window {
             WindowLayout::Span => {
                 let mut w = Vec::with_capacity(2 * n_tok);
-                for runs in &s.windows {
+                for runs in &windows {
                     let (c, len) = runs.first().copied().unwrap_or((0, 0));
                     w.extend([c as i32, (c + len) as i32]);
                 }
@@ -285,7 +284,7 @@ impl Engine {
             WindowLayout::KvMap => {
                 let width = 2 * KV_MAP_RUNS;
                 let mut w = vec![0i32; width * n_tok];
-                for (r, runs) in s.windows.iter().enumerate() {
+                for (r, runs) in windows.iter().enumerate() {
                     for (k, &(c, len)) in runs.iter().enumerate() {
                         w[r * width + 2 * k] = c as i32;
                         w[r * width + 2 * k + 1] = len as i32;
@@ -300,9 +299,10 @@ impl Engine {
         };
         // With a tail, the graph gathers the output rows; without one (n_out == n_tok) every
         // row gets logits and the real ones are picked below.
+        // A forward with no logit row still computes one output row (ignored).
         let tail: Option<Vec<i32>> = (n_out < n_tok).then(|| {
             let mut t: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
-            t.resize(n_out, (n_tok - 1) as i32);
+            t.resize(n_out, (nt - 1) as i32);
             t
         });
         let weights = crate::weights::ModelWeights {
@@ -326,19 +326,20 @@ impl Engine {
             sched::fill_input(graph, plan, be, InputKind::TailIds, t)?;
         }
         sched::execute(graph, plan, be, &weights)?;
-        let mut all = std::mem::take(&mut self.out.data);
-        sched::read_output(graph, plan, be, &mut all)?;
+        // The output buffer is reused from the last forward; the real rows are compacted to
+        // its front in place (with a tail they are already there).
+        let mut data = std::mem::take(&mut self.out.data);
+        sched::read_output(graph, plan, be, &mut data)?;
         let vocab = self.hp.vocab_size;
-        // Rows of `all` that hold each output, in entry order.
-        let src_rows: Vec<usize> = if tail.is_some() {
-            (0..n_real_out).collect()
-        } else {
-            s.out_rows.clone()
-        };
-        let mut data = Vec::with_capacity(n_real_out * vocab);
-        for &r in &src_rows {
-            data.extend_from_slice(&all[r * vocab..(r + 1) * vocab]);
+        if tail.is_none() {
+            // Output rows ascend, so each one moves down (or stays): in place is safe.
+            for (k, &r) in out_rows.iter().enumerate() {
+                if r != k {
+                    data.copy_within(r * vocab..(r + 1) * vocab, k * vocab);
+                }
+            }
         }
+        data.truncate(n_real_out * vocab);
         let mut rows = Vec::with_capacity(entries.len());
         let mut at = 0;
         for e in entries {

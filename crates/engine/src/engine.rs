@@ -358,22 +358,30 @@ impl Engine {
 
     /// The graph of a request shape as Graphviz DOT, coloured by backend.
     pub fn graph_dot(&mut self, n_tokens: usize, n_out: usize) -> Result<String> {
-        let p = self.params(n_tokens, n_out, WindowLayout::Span);
-        self.prepare(&p)?;
-        let weights = self.weights();
-        let (g, _) = self.cache_peek()?;
-        Ok(dump::to_dot(g, &backends::name_of, &|w| {
-            minfer_graph::WeightSource::name(&weights, w).to_string()
-        }))
+        self.graph_dump(n_tokens, n_out, dump::to_dot)
     }
 
     /// The graph of a request shape as JSON.
     pub fn graph_json(&mut self, n_tokens: usize, n_out: usize) -> Result<String> {
+        self.graph_dump(n_tokens, n_out, dump::to_json)
+    }
+
+    /// Builds (or reuses) the graph of a request shape and exports it with `export`.
+    fn graph_dump(
+        &mut self,
+        n_tokens: usize,
+        n_out: usize,
+        export: fn(
+            &minfer_graph::Graph,
+            &dyn Fn(minfer_graph::BackendId) -> String,
+            dump::WeightNames,
+        ) -> String,
+    ) -> Result<String> {
         let p = self.params(n_tokens, n_out, WindowLayout::Span);
         self.prepare(&p)?;
         let weights = self.weights();
         let (g, _) = self.cache_peek()?;
-        Ok(dump::to_json(g, &backends::name_of, &|w| {
+        Ok(export(g, &backends::name_of, &|w| {
             minfer_graph::WeightSource::name(&weights, w).to_string()
         }))
     }

@@ -167,6 +167,15 @@ pub struct SeqGen {
     pub out: GenerateOutput,
 }
 
+/// A sequence's part of one forward.
+#[derive(Clone, Copy)]
+enum Part {
+    /// Its last sampled token.
+    Decode,
+    /// Prompt tokens `start..start + len`.
+    Prompt { start: usize, len: usize },
+}
+
 /// What one sampled token did.
 enum Step {
     /// Text that became final (maybe empty); the sequence goes on.
@@ -311,11 +320,11 @@ pub fn generate_batch<M: LogitsModel>(
     loop {
         // This step's entries: a decode token per generating sequence first, then prompt
         // chunks in request order while the batch has room.
-        let mut plan: Vec<(usize, usize, usize, bool)> = Vec::new(); // (gen, start, len, logits)
+        let mut plan: Vec<(usize, Part)> = Vec::new();
         let mut room = budget;
         for (i, g) in gens.iter().enumerate() {
             if !g.done && g.pending.is_some() && room > 0 {
-                plan.push((i, usize::MAX, 1, true));
+                plan.push((i, Part::Decode));
                 room -= 1;
             }
         }
@@ -324,8 +333,7 @@ pub fn generate_batch<M: LogitsModel>(
                 continue;
             }
             let len = (g.prompt.len() - g.fed).min(room);
-            let last = g.fed + len == g.prompt.len();
-            plan.push((i, g.fed, len, last));
+            plan.push((i, Part::Prompt { start: g.fed, len }));
             room -= len;
         }
         if plan.is_empty() {
@@ -333,43 +341,42 @@ pub fn generate_batch<M: LogitsModel>(
         }
         let pending: Vec<[u32; 1]> = plan
             .iter()
-            .map(|&(i, _, _, _)| [gens[i].pending.unwrap_or(0)])
+            .map(|&(i, _)| [gens[i].pending.unwrap_or(0)])
             .collect();
         let entries: Vec<BatchEntry> = plan
             .iter()
             .zip(&pending)
-            .map(|(&(i, start, len, logits), tok)| {
+            .map(|(&(i, part), tok)| {
                 let g = &gens[i];
-                if start == usize::MAX {
-                    BatchEntry {
+                match part {
+                    Part::Decode => BatchEntry {
                         seq: g.seq,
                         tokens: tok,
                         pos0: g.history.len() - 1,
                         logits: 1,
-                    }
-                } else {
-                    BatchEntry {
+                    },
+                    Part::Prompt { start, len } => BatchEntry {
                         seq: g.seq,
                         tokens: &g.prompt[start..start + len],
                         pos0: start,
-                        logits: usize::from(logits),
-                    }
+                        // Only the prompt's last chunk samples the first reply token.
+                        logits: usize::from(start + len == g.prompt.len()),
+                    },
                 }
             })
             .collect();
+        let wants: Vec<bool> = entries.iter().map(|e| e.logits > 0).collect();
         let out = model
             .forward_batch(&entries)
             .map_err(GenerateError::Model)?;
         let now = Instant::now();
-        for (k, &(i, start, len, logits)) in plan.iter().enumerate() {
+        for (k, (&(i, part), &wants)) in plan.iter().zip(&wants).enumerate() {
             let g = &mut gens[i];
-            if start != usize::MAX {
+            if let Part::Prompt { len, .. } = part {
                 g.fed += len;
-            }
-            if !logits {
-                continue;
-            }
-            if start != usize::MAX {
+                if !wants {
+                    continue;
+                }
                 g.prefilled_at = Some(now);
             }
             if g.max_tokens == 0 {
@@ -379,20 +386,16 @@ pub fn generate_batch<M: LogitsModel>(
             }
             row.clear();
             row.extend_from_slice(out.logits(k));
-            match g.accept(&mut row, vocab, n_ctx)? {
-                Step::Text(t) => {
-                    if !t.is_empty() {
-                        g.out.text.extend_from_slice(&t);
-                        on_text(i, &t);
-                    }
-                }
-                Step::Done(t) => {
-                    if !t.is_empty() {
-                        g.out.text.extend_from_slice(&t);
-                        on_text(i, &t);
-                    }
-                    g.finish_timings(Instant::now());
-                }
+            let (text, done) = match g.accept(&mut row, vocab, n_ctx)? {
+                Step::Text(t) => (t, false),
+                Step::Done(t) => (t, true),
+            };
+            if !text.is_empty() {
+                g.out.text.extend_from_slice(&text);
+                on_text(i, &text);
+            }
+            if done {
+                g.finish_timings(Instant::now());
             }
         }
     }
