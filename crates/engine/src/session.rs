@@ -149,10 +149,15 @@ pub struct SavedSeq {
 /// A verified session, not yet applied.
 #[derive(Debug, Clone)]
 pub struct Session {
-    /// The first sequence's token ids (the one-sequence API's view).
-    pub tokens: Vec<u32>,
     pub app: Vec<u8>,
     pub seqs: Vec<SavedSeq>,
+}
+
+impl Session {
+    /// The first sequence's token ids (the one-sequence API's view; empty without one).
+    pub fn tokens(&self) -> &[u32] {
+        self.seqs.first().map_or(&[], |s| &s.tokens)
+    }
 }
 
 struct Reader<'a> {
@@ -470,11 +475,7 @@ impl Engine {
             }
             .into());
         }
-        Ok(Session {
-            tokens: seqs.first().map(|s| s.tokens.clone()).unwrap_or_default(),
-            app,
-            seqs,
-        })
+        Ok(Session { app, seqs })
     }
 
     /// Replaces the default sequence with a verified session's first sequence.

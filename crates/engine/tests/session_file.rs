@@ -40,7 +40,7 @@ fn restored_kv_continues_bit_identically() {
 
         let mut b = engine(&path, 64, ty);
         let s = b.load_session(&file).unwrap();
-        assert_eq!(s.tokens, toks);
+        assert_eq!(s.tokens(), toks);
         assert_eq!(s.app, b"{}");
         assert_eq!(b.n_past(), 17);
         let got = b.decode(&probe, 17, 3).unwrap().to_vec();

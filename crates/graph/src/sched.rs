@@ -149,14 +149,22 @@ pub fn read_output(
     let node = graph.node(graph.output);
     let (be, buf) = plan.node_buf[graph.output.index()]
         .ok_or_else(|| Error::Graph("the output has no buffer".into()))?;
-    let mut bytes = vec![0u8; node.n_bytes()];
     let bi = index_of(backends, be)?;
-    backends[bi].read(buf, 0, &mut bytes)?;
+    let n = node.n_elems();
     out.clear();
-    out.extend(
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-    );
+    out.resize(n, 0.0);
+    if cfg!(target_endian = "little") {
+        // Read straight into the floats (a forward's logits, read every step): buffers hold
+        // little-endian f32, which on a little-endian host is the f32's own bytes.
+        // SAFETY: `out` holds `n` initialised f32s, 4 bytes each; u8 has alignment 1, and
+        // every byte pattern the read writes is a valid f32.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), 4 * n) };
+        return backends[bi].read(buf, 0, bytes);
+    }
+    let mut bytes = vec![0u8; 4 * n];
+    backends[bi].read(buf, 0, &mut bytes)?;
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
     Ok(())
 }

@@ -523,7 +523,7 @@ impl Chat {
         self.engine.apply_session(&s)?;
         self.messages = app.messages;
         self.generation = app.generation;
-        self.kv = s.tokens;
+        self.kv = s.tokens().to_vec();
         Ok(())
     }
 }
