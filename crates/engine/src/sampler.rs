@@ -48,7 +48,7 @@ impl Default for SamplerConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum SamplerError {
     #[error("sampler setting {name} = {value} is out of range ({why})")]
     BadSetting {

@@ -112,6 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sampler: sampler.clone(),
         stop_strings: args.stop.clone(),
         eog: tok.eog_ids().to_vec(),
+        logprobs: None,
     };
     let stream = !args.json;
     let mut stdout = std::io::stdout().lock();

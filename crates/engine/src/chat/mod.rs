@@ -378,6 +378,7 @@ impl Chat {
             sampler: self.sampler_for_this_reply(),
             stop_strings: self.cfg.stop.clone(),
             eog: self.tok.eog_ids().to_vec(),
+            logprobs: None,
         };
         let mut at = At {
             engine: &mut self.engine,

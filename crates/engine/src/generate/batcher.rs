@@ -1,0 +1,217 @@
+//! The steppable batch loop: sequences join and leave between forwards, and every
+//! [`Batcher::step`] is one forward that advances all of them (continuous batching).
+//!
+//! A step holds one decode token per generating sequence first, then prompt chunks of the
+//! sequences still prefilling, in the order they joined, while the step has room: at most
+//! `chunk` prompt tokens and the model's batch size in all. A long prompt therefore reads
+//! over several steps while running streams keep decoding. Each sequence's rows are computed
+//! as they would be alone (batch invariance), so its tokens do not depend on the others or on
+//! where its prompt was cut.
+
+use super::seq::{Failure, SeqGen, Step, TokenLogprob};
+use super::{GenerateError, LogitsModel, TokenBytes};
+use crate::batch::BatchEntry;
+use std::time::Instant;
+
+/// What happened to one sequence in a step.
+pub enum Event<'a> {
+    /// A token was sampled; `text` is what became final with it (maybe empty, maybe more
+    /// than the token's own bytes once a held stop-string prefix is released).
+    Token {
+        id: u32,
+        text: &'a [u8],
+        logprob: Option<&'a TokenLogprob>,
+    },
+    /// A prompt chunk was read (no token sampled yet).
+    Prefilled { tokens: usize },
+    /// The sequence finished (its `out` is complete) or failed ([`SeqGen::failure`]).
+    Done,
+}
+
+/// A sequence's part of one forward.
+#[derive(Clone, Copy)]
+enum Part {
+    /// Its last sampled token.
+    Decode,
+    /// Prompt tokens `start..start + len`.
+    Prompt { start: usize, len: usize },
+}
+
+/// The running sequences, each with the caller's tag `T`.
+pub struct Batcher<T> {
+    seqs: Vec<(T, SeqGen)>,
+    chunk: usize,
+    row: Vec<f32>,
+}
+
+/// A forward failed; every sequence it held is marked failed (the others go on).
+#[derive(Debug)]
+pub struct StepFailed<E: std::error::Error + 'static> {
+    pub error: GenerateError<E>,
+    /// How many sequences the forward held.
+    pub sequences: usize,
+}
+
+impl<T> Batcher<T> {
+    /// `chunk`: most prompt tokens one step reads (all sequences together).
+    pub fn new(chunk: usize) -> Self {
+        Batcher {
+            seqs: Vec::new(),
+            chunk: chunk.max(1),
+            row: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, tag: T, g: SeqGen) {
+        self.seqs.push((tag, g));
+    }
+
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &(T, SeqGen)> {
+        self.seqs.iter()
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut (T, SeqGen)> {
+        self.seqs.iter_mut()
+    }
+
+    /// Takes out every sequence `pred` selects (finished, failed, cancelled…), in order.
+    pub fn take_where(&mut self, mut pred: impl FnMut(&T, &SeqGen) -> bool) -> Vec<(T, SeqGen)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.seqs.len() {
+            if pred(&self.seqs[i].0, &self.seqs[i].1) {
+                out.push(self.seqs.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// One forward over every sequence that has work (see the module docs). Returns false
+    /// when none had any. `on_event` sees each sequence's events of this step in order.
+    pub fn step<M: LogitsModel>(
+        &mut self,
+        model: &mut M,
+        vocab: &dyn TokenBytes,
+        mut on_event: impl FnMut(&mut T, &SeqGen, Event),
+    ) -> Result<bool, StepFailed<M::Error>> {
+        let n_ctx = model.context_len();
+        let budget = model.max_batch().max(1);
+        let mut plan: Vec<(usize, Part)> = Vec::new();
+        let mut room = budget;
+        for (i, (_, g)) in self.seqs.iter().enumerate() {
+            if !g.done && g.pending.is_some() && room > 0 {
+                plan.push((i, Part::Decode));
+                room -= 1;
+            }
+        }
+        let mut prompt_room = self.chunk.min(room);
+        for (i, (_, g)) in self.seqs.iter().enumerate() {
+            if g.done || g.fed >= g.prompt.len() || prompt_room == 0 {
+                continue;
+            }
+            let len = (g.prompt.len() - g.fed).min(prompt_room);
+            plan.push((i, Part::Prompt { start: g.fed, len }));
+            prompt_room -= len;
+        }
+        if plan.is_empty() {
+            return Ok(false);
+        }
+        let pending: Vec<[u32; 1]> = plan
+            .iter()
+            .map(|&(i, _)| [self.seqs[i].1.pending.unwrap_or(0)])
+            .collect();
+        let entries: Vec<BatchEntry> = plan
+            .iter()
+            .zip(&pending)
+            .map(|(&(i, part), tok)| {
+                let g = &self.seqs[i].1;
+                match part {
+                    Part::Decode => BatchEntry {
+                        seq: g.seq,
+                        tokens: tok,
+                        pos0: g.history.len() - 1,
+                        logits: 1,
+                    },
+                    Part::Prompt { start, len } => BatchEntry {
+                        seq: g.seq,
+                        tokens: &g.prompt[start..start + len],
+                        pos0: start,
+                        // Only the prompt's last chunk samples the first reply token.
+                        logits: usize::from(start + len == g.prompt.len()),
+                    },
+                }
+            })
+            .collect();
+        let wants: Vec<bool> = entries.iter().map(|e| e.logits > 0).collect();
+        let out = match model.forward_batch(&entries) {
+            Ok(out) => out,
+            Err(e) => {
+                let why = e.to_string();
+                for &(i, _) in &plan {
+                    self.seqs[i].1.fail(Failure::Forward(why.clone()));
+                }
+                return Err(StepFailed {
+                    error: GenerateError::Model(e),
+                    sequences: plan.len(),
+                });
+            }
+        };
+        let now = Instant::now();
+        for (k, (&(i, part), &wants)) in plan.iter().zip(&wants).enumerate() {
+            let (tag, g) = &mut self.seqs[i];
+            if let Part::Prompt { len, .. } = part {
+                g.fed += len;
+                if !wants {
+                    on_event(tag, g, Event::Prefilled { tokens: len });
+                    continue;
+                }
+                g.mark_prefilled(now);
+            }
+            if g.max_tokens_is_zero() {
+                // Prefill only: nothing to sample.
+                g.finish_timings(now);
+                on_event(tag, g, Event::Done);
+                continue;
+            }
+            self.row.clear();
+            self.row.extend_from_slice(out.logits(k));
+            let (text, done) = match g.accept(&mut self.row, vocab, n_ctx) {
+                Ok(Step::Text(t)) => (t, false),
+                Ok(Step::Done(t)) => (t, true),
+                Err(e) => {
+                    g.fail(Failure::Sampler(e));
+                    on_event(tag, g, Event::Done);
+                    continue;
+                }
+            };
+            g.out.text.extend_from_slice(&text);
+            let id = *g.out.tokens.last().expect("accept pushed a token");
+            let g: &SeqGen = g;
+            on_event(
+                tag,
+                g,
+                Event::Token {
+                    id,
+                    text: &text,
+                    logprob: g.out.logprobs.last(),
+                },
+            );
+            if done {
+                let (tag, g) = &mut self.seqs[i];
+                g.finish_timings(Instant::now());
+                on_event(tag, g, Event::Done);
+            }
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,316 @@
+//! One sequence's generation state: its prompt and how much of it the KV holds, the sampler
+//! chain, penalty window, stop matcher, UTF-8-safe text hold and log probabilities.
+
+use super::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, TokenBytes, Timings};
+use crate::kvcells::SeqId;
+use crate::sampler::{log_softmax, Sampler, SamplerError};
+use crate::stop::StopMatcher;
+use std::time::{Duration, Instant};
+
+/// The log probability (natural log, of the raw distribution before bias, penalties and
+/// truncation, as OpenAI reports them) of a sampled token, and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The `n` most likely tokens, best first (ties by id).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a sequence stopped without finishing.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Failure {
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    /// A forward that held the sequence failed (the message is the model's error).
+    #[error("model forward failed: {0}")]
+    Forward(String),
+}
+
+/// Holds back a trailing incomplete UTF-8 sequence so a stream never splits a character.
+#[derive(Default, Debug)]
+pub(crate) struct Utf8Hold {
+    pending: Vec<u8>,
+}
+
+impl Utf8Hold {
+    pub(crate) fn push(&mut self, b: &[u8]) -> Vec<u8> {
+        self.pending.extend_from_slice(b);
+        let cut = complete_prefix_len(&self.pending);
+        self.pending.drain(..cut).collect()
+    }
+    pub(crate) fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Length of the longest prefix that does not end inside a UTF-8 sequence that could still
+/// complete. Invalid bytes are passed through (the caller decides how to show them).
+fn complete_prefix_len(b: &[u8]) -> usize {
+    let n = b.len();
+    for back in 1..=3.min(n) {
+        let c = b[n - back];
+        if c & 0xC0 == 0x80 {
+            continue;
+        }
+        let need = match c {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if need > back { n - back } else { n };
+    }
+    n
+}
+
+/// One sequence's generation state.
+pub struct SeqGen {
+    pub seq: SeqId,
+    pub(crate) prompt: Vec<u32>,
+    /// Prompt tokens the KV holds (sent to the model, or shared from a cached prefix).
+    pub(crate) fed: usize,
+    max_tokens: usize,
+    eog: Vec<u32>,
+    sampler: Sampler,
+    stops: StopMatcher,
+    utf8: Utf8Hold,
+    logprobs: Option<usize>,
+    /// Prompt and generated ids (the penalty window reads it).
+    pub(crate) history: Vec<u32>,
+    /// The last sampled id, to be decoded next.
+    pub(crate) pending: Option<u32>,
+    pub(crate) done: bool,
+    failed: Option<Failure>,
+    started: Instant,
+    prefilled_at: Option<Instant>,
+    pub out: GenerateOutput,
+}
+
+/// What one sampled token did.
+pub(crate) enum Step {
+    /// Text that became final (maybe empty); the sequence goes on.
+    Text(Vec<u8>),
+    /// The sequence finished; its last text.
+    Done(Vec<u8>),
+}
+
+impl SeqGen {
+    pub fn new<E: std::error::Error>(
+        seq: SeqId,
+        req: &GenerateRequest,
+        n_ctx: usize,
+    ) -> Result<SeqGen, GenerateError<E>> {
+        if req.prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if req.prompt.len() > n_ctx {
+            return Err(GenerateError::PromptTooLong {
+                prompt: req.prompt.len(),
+                n_ctx,
+            });
+        }
+        Ok(SeqGen {
+            seq,
+            prompt: req.prompt.clone(),
+            fed: 0,
+            max_tokens: req.max_tokens,
+            eog: req.eog.clone(),
+            sampler: Sampler::new(req.sampler.clone())?,
+            stops: StopMatcher::new(req.stop_strings.iter().map(|s| s.as_bytes())),
+            utf8: Utf8Hold::default(),
+            logprobs: req.logprobs,
+            history: req.prompt.clone(),
+            pending: None,
+            done: false,
+            failed: None,
+            started: Instant::now(),
+            prefilled_at: None,
+            out: GenerateOutput {
+                tokens: Vec::new(),
+                text: Vec::new(),
+                finish: FinishReason::Length,
+                timings: Timings {
+                    prompt_tokens: req.prompt.len(),
+                    ..Timings::default()
+                },
+                logprobs: Vec::new(),
+            },
+        })
+    }
+
+    /// Marks the first `n` prompt tokens as already in the sequence's KV (a cached prefix
+    /// shared into it); at least the last prompt token is always fed, since its logits pick
+    /// the first reply token. Returns the count taken.
+    pub fn skip_cached(&mut self, n: usize) -> usize {
+        let n = n.min(self.prompt.len() - 1);
+        self.fed = self.fed.max(n);
+        self.fed
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// Prompt tokens the KV holds so far.
+    pub fn prompt_fed(&self) -> usize {
+        self.fed
+    }
+
+    /// The tokens whose KV the sequence holds, in position order: the prompt as far as it
+    /// was fed, then every generated token but the last sampled one (not decoded yet).
+    pub fn kv_tokens(&self) -> &[u32] {
+        let n = if self.fed < self.prompt.len() {
+            self.fed
+        } else {
+            self.prompt.len() + self.out.tokens.len().saturating_sub(1)
+        };
+        &self.history[..n]
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Why the sequence failed, if it did.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failed.as_ref()
+    }
+
+    pub(crate) fn fail(&mut self, why: Failure) {
+        self.failed = Some(why);
+        self.done = true;
+    }
+
+    pub(crate) fn max_tokens_is_zero(&self) -> bool {
+        self.max_tokens == 0
+    }
+
+    /// Samples from `logits` (the row after the last token fed) and updates the state.
+    pub(crate) fn accept(
+        &mut self,
+        logits: &mut [f32],
+        vocab: &dyn TokenBytes,
+        n_ctx: usize,
+    ) -> Result<Step, SamplerError> {
+        let lp = self.logprobs.map(|n| top_logprobs(logits, n));
+        let id = self.sampler.sample(logits, &self.history)?;
+        if let Some((all, top)) = lp {
+            self.out.logprobs.push(TokenLogprob {
+                id,
+                logprob: all[id as usize] as f32,
+                top,
+            });
+        }
+        self.out.tokens.push(id);
+        self.history.push(id);
+        if self.eog.contains(&id) {
+            self.out.finish = FinishReason::Eos;
+            return Ok(Step::Done(self.flush(true)));
+        }
+        let s = self.stops.push(&vocab.token_bytes(id));
+        let text = self.utf8.push(&s.emit);
+        if s.stopped {
+            self.out.finish = FinishReason::Stop;
+            let mut text = text;
+            text.extend(self.flush(false));
+            return Ok(Step::Done(text));
+        }
+        if self.out.tokens.len() >= self.max_tokens {
+            let mut text = text;
+            text.extend(self.flush(true));
+            return Ok(Step::Done(text));
+        }
+        if self.history.len() >= n_ctx {
+            self.out.finish = FinishReason::Context;
+            let mut text = text;
+            text.extend(self.flush(true));
+            return Ok(Step::Done(text));
+        }
+        self.pending = Some(id);
+        Ok(Step::Text(text))
+    }
+
+    /// The held text at the end: a stop string that never completed is text after all
+    /// (`with_stops`), a held partial UTF-8 character is passed through.
+    fn flush(&mut self, with_stops: bool) -> Vec<u8> {
+        let mut text = Vec::new();
+        if with_stops {
+            let rest = self.stops.finish();
+            text = self.utf8.push(&rest);
+        }
+        text.extend(self.utf8.finish());
+        text
+    }
+
+    /// Ends the sequence here (a context that cannot grow, a caller's limit): held text is
+    /// released and the finish reason set.
+    pub fn finish_now(&mut self, reason: FinishReason) -> Vec<u8> {
+        let text = self.flush(true);
+        self.out.text.extend_from_slice(&text);
+        self.out.finish = reason;
+        self.pending = None;
+        self.finish_timings(Instant::now());
+        text
+    }
+
+    pub(crate) fn mark_prefilled(&mut self, now: Instant) {
+        self.prefilled_at = Some(now);
+    }
+
+    pub(crate) fn finish_timings(&mut self, now: Instant) {
+        self.done = true;
+        let pre = self.prefilled_at.unwrap_or(now);
+        self.out.timings.prompt_ms = ms(pre - self.started);
+        self.out.timings.generated_tokens = self.out.tokens.len();
+        self.out.timings.generate_ms = ms(now - pre);
+    }
+}
+
+/// The full log-softmax and its `n` best entries (best first, ties by id).
+fn top_logprobs(logits: &[f32], n: usize) -> (Vec<f64>, Vec<(u32, f32)>) {
+    let all = log_softmax(logits);
+    let mut idx: Vec<u32> = (0..all.len() as u32).collect();
+    let by = |a: &u32, b: &u32| all[*b as usize].total_cmp(&all[*a as usize]).then(a.cmp(b));
+    let n = n.min(idx.len());
+    if n > 0 && n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, by);
+    }
+    idx.truncate(n);
+    idx.sort_unstable_by(by);
+    let top = idx.iter().map(|&i| (i, all[i as usize] as f32)).collect();
+    (all, top)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_is_never_split() {
+        let s = "é日🙂".as_bytes();
+        let mut h = Utf8Hold::default();
+        let mut out = Vec::new();
+        for b in s {
+            let part = h.push(&[*b]);
+            assert!(std::str::from_utf8(&part).is_ok());
+            out.extend(part);
+        }
+        out.extend(h.finish());
+        assert_eq!(out, s);
+    }
+
+    #[test]
+    fn top_logprobs_are_the_best_of_a_normalised_distribution() {
+        let (all, top) = top_logprobs(&[1.0, 3.0, 2.0, 3.0], 3);
+        let total: f64 = all.iter().map(|l| l.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-12);
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 2]);
+        assert_eq!(top[0].1, top[1].1);
+    }
+}

@@ -1,0 +1,1 @@
+//! Server metrics, rendered in the Prometheus text format (stub; see the issue).
