@@ -32,6 +32,8 @@ enum Command {
     Pull(commands::pull::Args),
     /// Print the prompt a model's chat template makes of an OpenAI-style message list.
     Render(commands::render::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API, with a chat page at /.
+    Serve(Box<commands::serve::Args>),
     /// Print the token ids (and pieces) of a text, or decode ids with --decode.
     Tokenize(commands::tokenize::Args),
 }
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),
         Command::Render(a) => commands::render::run(a),
+        Command::Serve(a) => commands::serve::run(*a),
         Command::Tokenize(a) => commands::tokenize::run(a),
     };
     match result {

@@ -159,6 +159,8 @@ pub struct Engine {
     pub(crate) out: BatchLogits,
     /// Every backend is batch invariant, so forwards may be padded to a bucket.
     pub(crate) bucketed: bool,
+    /// Defragmentations run so far (by a forward or [`Engine::defrag`]).
+    pub(crate) defrags: usize,
 }
 
 impl Engine {
@@ -227,6 +229,7 @@ impl Engine {
             default_seq,
             out: BatchLogits::default(),
             bucketed,
+            defrags: 0,
         })
     }
 
@@ -244,6 +247,10 @@ impl Engine {
     /// Positions the default sequence holds (one past its last position).
     pub fn n_past(&self) -> usize {
         self.cells.next_pos(self.default_seq).unwrap_or(0)
+    }
+    /// Defragmentations of the KV arena run so far.
+    pub fn defrags(&self) -> usize {
+        self.defrags
     }
     /// Graphs built so far (a decode step that reuses a cached graph does not add one).
     pub fn graph_builds(&self) -> usize {

@@ -178,6 +178,7 @@ impl Engine {
         let ops = next.defrag();
         self.apply_cell_ops(&ops)?;
         self.cells = next;
+        self.defrags += 1;
         Ok(ops
             .iter()
             .filter_map(|op| match *op {

@@ -1,5 +1,150 @@
 //! `minfer serve`: an OpenAI-compatible HTTP server over one engine, with continuous
 //! batching and prefix caching.
+//!
+//! - [`AppState::start`] moves a loaded [`Engine`] onto the engine-loop thread
+//!   ([`scheduler`]) and keeps what handlers need (tokenizer, template, limits, metrics).
+//! - [`app`] builds the router (tests call it without a socket); [`serve`] runs it on a
+//!   listener with graceful shutdown (SIGINT/SIGTERM: stop accepting, 503 new requests,
+//!   let in-flight ones finish within the drain timeout).
+//! - Handlers validate a request completely ([`request`]) before it takes a place in the
+//!   bounded queue; errors are OpenAI-shaped ([`error`]).
 
+pub mod error;
 pub mod metrics;
+pub mod prompt;
+pub mod request;
+pub mod routes;
+pub mod scheduler;
+pub mod shutdown;
+pub mod submit;
 pub mod tools;
+
+use anyhow::Context;
+use metrics::Metrics;
+use minfer_engine::Engine;
+use minfer_tokenizer::template::ChatTemplate;
+use minfer_tokenizer::Tokenizer;
+use request::Limits;
+use scheduler::{EngineLoop, Faults, Job, LoopConfig};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+pub use routes::app;
+pub use shutdown::serve;
+
+/// Server settings (the engine's are in its own config).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The name `/v1/models` reports.
+    pub model_id: String,
+    /// Most sequences running at once (`--parallel`).
+    pub parallel: usize,
+    /// Most requests waiting for a sequence (`--queue`); beyond it 503.
+    pub queue: usize,
+    /// Most prompt tokens one forward reads (`--chunk`).
+    pub chunk: usize,
+    pub api_key: Option<String>,
+    /// Parse special-token text in raw completion prompts (`--no-parse-special` turns it off).
+    pub parse_special: bool,
+    /// Largest request body accepted.
+    pub body_limit: usize,
+    /// How long in-flight requests may run after SIGINT/SIGTERM.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            model_id: "minfer".into(),
+            parallel: 8,
+            queue: 64,
+            chunk: 512,
+            api_key: None,
+            parse_special: true,
+            body_limit: 4 << 20,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+pub struct AppState {
+    pub cfg: ServeConfig,
+    pub tok: Arc<Tokenizer>,
+    /// None when the model has no usable chat template (chat requests are refused).
+    pub template: Option<ChatTemplate>,
+    pub template_error: Option<String>,
+    pub limits: Limits,
+    pub eog: Vec<u32>,
+    jobs: Mutex<mpsc::Sender<Job>>,
+    /// Requests accepted and not yet admitted by the engine loop.
+    pub queued: Arc<AtomicUsize>,
+    /// Requests being answered (queued, running or streaming).
+    pub in_flight: AtomicUsize,
+    pub draining: AtomicBool,
+    pub metrics: Arc<Metrics>,
+    pub faults: Arc<Faults>,
+    /// Unix seconds the server started (`created` of `/v1/models`).
+    pub created: u64,
+}
+
+impl AppState {
+    /// Starts the engine loop on its own thread with `engine`, which it then owns.
+    pub fn start(engine: Engine, cfg: ServeConfig) -> anyhow::Result<Arc<AppState>> {
+        let md = engine.model().metadata();
+        let tok = Arc::new(Tokenizer::from_metadata(md).context("cannot build the tokenizer")?);
+        let (template, template_error) = match ChatTemplate::from_metadata(md) {
+            Ok(l) => {
+                if let Some(n) = &l.notice {
+                    eprintln!("note: {n}");
+                }
+                (Some(l.template), None)
+            }
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let limits = Limits {
+            n_ctx: engine.n_ctx(),
+            max_n: cfg.parallel,
+            vocab: engine.hparams().vocab_size,
+        };
+        let eog = tok.eog_ids().to_vec();
+        let metrics = Arc::new(Metrics::new());
+        let faults = Arc::new(Faults::default());
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = mpsc::channel();
+        let lp = EngineLoop::new(
+            engine,
+            tok.clone(),
+            LoopConfig {
+                parallel: cfg.parallel,
+                chunk: cfg.chunk,
+                cache_entries: 64.max(cfg.parallel * 2),
+            },
+            metrics.clone(),
+            faults.clone(),
+            queued.clone(),
+        );
+        std::thread::Builder::new()
+            .name("minfer-engine".into())
+            .spawn(move || lp.run(rx))
+            .context("cannot start the engine thread")?;
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(Arc::new(AppState {
+            cfg,
+            tok,
+            template,
+            template_error,
+            limits,
+            eog,
+            jobs: Mutex::new(tx),
+            queued,
+            in_flight: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            metrics,
+            faults,
+            created,
+        }))
+    }
+}

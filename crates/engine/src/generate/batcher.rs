@@ -41,6 +41,8 @@ enum Part {
 pub struct Batcher<T> {
     seqs: Vec<(T, SeqGen)>,
     chunk: usize,
+    /// Most prompt tokens the next step may read (cells left in the arena); None: `chunk`.
+    prompt_cap: Option<usize>,
     row: Vec<f32>,
 }
 
@@ -58,6 +60,7 @@ impl<T> Batcher<T> {
         Batcher {
             seqs: Vec::new(),
             chunk: chunk.max(1),
+            prompt_cap: None,
             row: Vec::new(),
         }
     }
@@ -80,6 +83,28 @@ impl<T> Batcher<T> {
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut (T, SeqGen)> {
         self.seqs.iter_mut()
+    }
+
+    /// Sequences that decode a token in the next step (each needs one new KV cell).
+    pub fn decode_rows(&self) -> usize {
+        self.seqs
+            .iter()
+            .filter(|(_, g)| !g.done && g.pending.is_some())
+            .count()
+    }
+
+    /// Prompt tokens still to read, over every sequence.
+    pub fn prompt_backlog(&self) -> usize {
+        self.seqs
+            .iter()
+            .filter(|(_, g)| !g.done)
+            .map(|(_, g)| g.prompt.len() - g.fed)
+            .sum()
+    }
+
+    /// Limits the prompt tokens of the next step only (e.g. to the free KV cells).
+    pub fn cap_next_prompt(&mut self, n: usize) {
+        self.prompt_cap = Some(n);
     }
 
     /// Takes out every sequence `pred` selects (finished, failed, cancelled…), in order.
@@ -114,7 +139,8 @@ impl<T> Batcher<T> {
                 room -= 1;
             }
         }
-        let mut prompt_room = self.chunk.min(room);
+        let cap = self.prompt_cap.take().unwrap_or(usize::MAX);
+        let mut prompt_room = self.chunk.min(room).min(cap);
         for (i, (_, g)) in self.seqs.iter().enumerate() {
             if g.done || g.fed >= g.prompt.len() || prompt_room == 0 {
                 continue;

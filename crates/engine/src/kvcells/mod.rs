@@ -203,6 +203,11 @@ impl KvCells {
         self.n_free
     }
 
+    /// The number of cells more than one sequence owns (shared prefixes).
+    pub fn n_shared(&self) -> usize {
+        self.owners.iter().filter(|&&o| o > 1).count()
+    }
+
     /// Creates a new empty sequence with an id never handed out before.
     ///
     /// # Panics

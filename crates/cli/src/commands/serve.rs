@@ -1,0 +1,104 @@
+//! `minfer serve [-m MODEL] [--host 127.0.0.1] [--port 8080] …`: the OpenAI-compatible
+//! server (crate `minfer-server`); this module only maps flags to its config.
+
+use super::args::ModelArgs;
+use anyhow::{bail, Context};
+use clap::Args as ClapArgs;
+use minfer_server::{AppState, ServeConfig};
+use std::time::Duration;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to bind (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences generated at once (continuous batching).
+    #[arg(long, default_value_t = 8)]
+    pub parallel: usize,
+    /// Requests that may wait for a sequence; beyond it 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Most prompt tokens one forward reads, so long prompts do not stall running streams.
+    #[arg(long, default_value_t = 512)]
+    pub chunk: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Tokenize special-token text in raw completion prompts as plain text.
+    #[arg(long = "no-parse-special")]
+    pub no_parse_special: bool,
+    /// Seconds in-flight requests may run after SIGINT/SIGTERM.
+    #[arg(long = "drain-timeout", default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    /// The model name /v1/models reports (default: the model file's stem).
+    #[arg(long)]
+    pub alias: Option<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.parallel == 0 || args.parallel > 256 {
+        bail!("--parallel {}: expected 1 to 256", args.parallel);
+    }
+    if args.chunk == 0 {
+        bail!("--chunk must be at least 1");
+    }
+    if !(args.drain_timeout >= 0.0 && args.drain_timeout.is_finite()) {
+        bail!(
+            "--drain-timeout {}: expected seconds >= 0",
+            args.drain_timeout
+        );
+    }
+    let host: std::net::IpAddr = args
+        .host
+        .parse()
+        .with_context(|| format!("--host {}: not an IP address", args.host))?;
+    if !host.is_loopback() && args.api_key.is_none() {
+        eprintln!(
+            "warning: serving on {host} without --api-key: anyone who can reach it can use it"
+        );
+    }
+    let (engine, load_ms) = args.model.load()?;
+    let model_id = args.alias.clone().unwrap_or_else(|| {
+        std::path::Path::new(&args.model.model)
+            .file_stem()
+            .map_or_else(
+                || args.model.model.clone(),
+                |s| s.to_string_lossy().into_owned(),
+            )
+    });
+    let n_ctx = engine.n_ctx();
+    let cfg = ServeConfig {
+        model_id,
+        parallel: args.parallel,
+        queue: args.queue,
+        chunk: args.chunk,
+        api_key: args.api_key.clone(),
+        parse_special: !args.no_parse_special,
+        drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+        ..ServeConfig::default()
+    };
+    let state = AppState::start(engine, cfg)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((host, args.port))
+            .await
+            .with_context(|| format!("cannot bind {host}:{}", args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "load: {load_ms:.1} ms; n_ctx {n_ctx}, {} parallel sequences",
+            args.parallel
+        );
+        eprintln!("listening on http://{addr}");
+        minfer_server::serve(state, listener, minfer_server::shutdown::signal()).await?;
+        anyhow::Ok(())
+    })
+}

@@ -1,0 +1,95 @@
+//! Prompts from requests: chat messages through the model's template (with tools), raw
+//! text, token ids; and the context-length check.
+
+use crate::error::ApiError;
+use crate::request::chat::{ChatRequest, ToolChoice};
+use crate::request::completion::Prompt;
+use crate::AppState;
+use minfer_tokenizer::template::RenderOptions;
+
+/// A chat prompt and the text the reply is forced to start with (`tool_choice` required
+/// or named: the opening of a tool call is written for the model).
+pub struct ChatPrompt {
+    pub tokens: Vec<u32>,
+    pub forced: String,
+}
+
+/// What marks a tool call in the output of the templates minfer parses (Qwen's).
+pub const TOOL_CALL_OPEN: &str = "<tool_call>";
+
+pub fn chat_prompt(state: &AppState, req: &ChatRequest) -> Result<ChatPrompt, ApiError> {
+    let template = state.template.as_ref().ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "the model's chat template cannot be used: {}",
+            state.template_error.as_deref().unwrap_or("none")
+        ))
+    })?;
+    let tools = match req.tool_choice {
+        ToolChoice::None => None,
+        _ => req.tools.clone(),
+    };
+    if tools.is_some() && !template.source().contains("tools") {
+        return Err(ApiError::bad_field(
+            "tools",
+            "the model's chat template does not render tools",
+        ));
+    }
+    let forced = match &req.tool_choice {
+        ToolChoice::Required | ToolChoice::Named(_)
+            if !template.source().contains(TOOL_CALL_OPEN) =>
+        {
+            return Err(ApiError::bad_field(
+                "tool_choice",
+                "the model's chat template has no <tool_call> syntax to force a call with",
+            ))
+        }
+        ToolChoice::Required => format!("{TOOL_CALL_OPEN}\n"),
+        ToolChoice::Named(name) => {
+            let name = serde_json::to_string(name).unwrap_or_default();
+            format!("{TOOL_CALL_OPEN}\n{{\"name\": {name}, \"arguments\": ")
+        }
+        _ => String::new(),
+    };
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        tools,
+        ..RenderOptions::default()
+    };
+    let mut text = template.render(&req.messages, &opts).map_err(|e| {
+        ApiError::bad_request(format!("the chat template refused the messages: {e}"))
+    })?;
+    text.push_str(&forced);
+    let tokens = state.tok.encode(&text, true);
+    check_len(state, &tokens)?;
+    Ok(ChatPrompt { tokens, forced })
+}
+
+/// A raw completion prompt's tokens (special-token text parsed unless turned off).
+pub fn text_prompt(
+    state: &AppState,
+    p: &Prompt,
+    parse_special: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let tokens = match p {
+        Prompt::Text(s) => state.tok.encode_prompt(s, true, parse_special),
+        Prompt::Tokens(t) => t.clone(),
+    };
+    check_len(state, &tokens)?;
+    Ok(tokens)
+}
+
+/// A prompt must leave room for at least one generated token.
+pub fn check_len(state: &AppState, tokens: &[u32]) -> Result<(), ApiError> {
+    let n_ctx = state.limits.n_ctx;
+    if tokens.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if tokens.len() >= n_ctx {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {} tokens, but the context holds {n_ctx} (it must leave room for a reply)",
+            tokens.len()
+        ))
+        .with_code("context_length_exceeded"));
+    }
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! `POST /v1/chat/completions`, streamed (SSE) and not, with tool calls parsed from the
+//! model's `<tool_call>` blocks (streamed as OpenAI streams them: one `tool_calls` delta per
+//! call, with its id, name and arguments).
+
+use super::collect::{self, apply, chat_logprobs, finish_metric, finish_name, gather, ChoiceAcc};
+use super::{body, refused};
+use crate::error::ApiError;
+use crate::metrics::Finish;
+use crate::prompt::chat_prompt;
+use crate::request::chat::{parse, ChatRequest, ToolChoice};
+use crate::request::parse_json;
+use crate::scheduler::JobEvent;
+use crate::submit::{choices, submit, Submitted};
+use crate::tools::{new_call_id, parse_tool_calls, random_id, ParsedCall, ToolDelta, ToolStream};
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+pub async fn handle(
+    State(st): State<Arc<AppState>>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (req, forced, sub) = start(&st, b).map_err(|e| refused(&st, e))?;
+    if req.gen.stream {
+        Ok(stream(st, req, forced, sub).into_response())
+    } else {
+        let mut sub = sub;
+        let r = respond(&st, &req, &forced, &mut sub).await;
+        if r.is_err() {
+            st.metrics.request_finished(Finish::Error);
+        }
+        r.map(IntoResponse::into_response)
+    }
+}
+
+fn start(
+    st: &Arc<AppState>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<(ChatRequest, String, Submitted), ApiError> {
+    let v = parse_json(&body(st, b)?)?;
+    let req = parse(&v, &st.limits)?;
+    let prompt = chat_prompt(st, &req)?;
+    let sub = submit(st, choices(st, &prompt.tokens, &req.gen))?;
+    Ok((req, prompt.forced, sub))
+}
+
+fn tools_on(req: &ChatRequest) -> bool {
+    req.tool_choice != ToolChoice::None
+}
+
+fn call_json(index: usize, c: &ParsedCall) -> Value {
+    json!({
+        "index": index,
+        "id": new_call_id(),
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    })
+}
+
+async fn respond(
+    st: &AppState,
+    req: &ChatRequest,
+    forced: &str,
+    sub: &mut Submitted,
+) -> Result<Json<Value>, ApiError> {
+    let accs = gather(&mut sub.events, req.gen.n).await?;
+    let mut out = Vec::new();
+    for (i, a) in accs.iter().enumerate() {
+        let text = String::from_utf8_lossy(&a.text).into_owned();
+        let mut finish = finish_name(a.finish.expect("gathered"));
+        let mut message = json!({"role": "assistant", "content": text});
+        if tools_on(req) {
+            let full = format!("{forced}{text}");
+            let (content, calls) = parse_tool_calls(&full).map_err(|e| {
+                ApiError::server(format!("the model wrote a malformed tool call: {e}"))
+            })?;
+            if !calls.is_empty() {
+                finish = "tool_calls";
+                message["content"] = content.map_or(Value::Null, Value::String);
+                message["tool_calls"] = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| {
+                        let mut j = call_json(k, c);
+                        j.as_object_mut().map(|o| o.remove("index"));
+                        j
+                    })
+                    .collect();
+            }
+        }
+        let logprobs = req
+            .gen
+            .logprobs
+            .map_or(Value::Null, |_| chat_logprobs(st, &a.logprobs));
+        out.push(json!({
+            "index": i,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }));
+        st.metrics.request_finished(finish_metric(finish));
+    }
+    let (prompt, completion, cached) = totals(&accs);
+    Ok(Json(json!({
+        "id": random_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": collect::unix_now(),
+        "model": st.cfg.model_id,
+        "choices": out,
+        "usage": collect::usage(prompt, completion, cached),
+        "system_fingerprint": "minfer",
+    })))
+}
+
+/// Usage over the choices of one prompt (its tokens counted once).
+fn totals(accs: &[ChoiceAcc]) -> (usize, usize, usize) {
+    let prompt = accs.first().map_or(0, |a| a.prompt_tokens);
+    let cached = accs.iter().map(|a| a.cached_tokens).min().unwrap_or(0);
+    (
+        prompt,
+        accs.iter().map(|a| a.completion_tokens).sum(),
+        cached,
+    )
+}
+
+type SseTx = mpsc::Sender<Result<Event, Infallible>>;
+
+/// The SSE response: a task turns job events into chunks; when the client goes away the
+/// channel closes, the task ends and the job's receiver is dropped, which frees its
+/// sequences in the engine loop.
+fn stream(
+    st: Arc<AppState>,
+    req: ChatRequest,
+    forced: String,
+    sub: Submitted,
+) -> impl IntoResponse {
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    tokio::spawn(async move {
+        let _ = drive(&st, &req, &forced, sub, &tx).await;
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+}
+
+async fn send(tx: &SseTx, v: &Value) -> Result<(), ()> {
+    tx.send(Ok(Event::default().data(v.to_string())))
+        .await
+        .map_err(|_| ())
+}
+
+async fn drive(
+    st: &AppState,
+    req: &ChatRequest,
+    forced: &str,
+    mut sub: Submitted,
+    tx: &SseTx,
+) -> Result<(), ()> {
+    let id = random_id("chatcmpl-");
+    let created = collect::unix_now();
+    let n = req.gen.n;
+    let chunk = |choice: usize, delta: Value, logprobs: Value, finish: Value| {
+        json!({
+            "id": id, "object": "chat.completion.chunk", "created": created,
+            "model": st.cfg.model_id, "system_fingerprint": "minfer",
+            "choices": [{"index": choice, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        })
+    };
+    for i in 0..n {
+        send(
+            tx,
+            &chunk(
+                i,
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+                Value::Null,
+            ),
+        )
+        .await?;
+    }
+    let tools = tools_on(req);
+    let mut parsers: Vec<ToolStream> = (0..n).map(|_| ToolStream::new()).collect();
+    let mut calls = vec![0usize; n];
+    if tools {
+        for p in &mut parsers {
+            // The forced opening is inside a call: it yields no content.
+            p.push(forced).map_err(|_| ())?;
+        }
+    }
+    let mut accs: Vec<ChoiceAcc> = (0..n).map(|_| ChoiceAcc::default()).collect();
+    while !accs.iter().all(ChoiceAcc::is_over) {
+        let Some(ev) = sub.events.recv().await else {
+            let e = ApiError::server("the engine loop stopped");
+            send(tx, &e.body()).await?;
+            break;
+        };
+        let text_of = |e: &JobEvent| match e {
+            JobEvent::Token { text, .. } | JobEvent::Text { text, .. } => {
+                Some(String::from_utf8_lossy(text).into_owned())
+            }
+            _ => None,
+        };
+        let text = text_of(&ev);
+        let lp = match &ev {
+            JobEvent::Token {
+                logprob: Some(l), ..
+            } => Some(l.clone()),
+            _ => None,
+        };
+        let c = apply(&mut accs, ev);
+        if let Some(why) = accs[c].failed.clone() {
+            st.metrics.request_finished(Finish::Error);
+            send(
+                tx,
+                &ApiError::server(format!("generation failed: {why}")).body(),
+            )
+            .await?;
+            return tx
+                .send(Ok(Event::default().data("[DONE]")))
+                .await
+                .map_err(|_| ());
+        }
+        let logprobs = match &lp {
+            Some(l) => chat_logprobs(st, std::slice::from_ref(l)),
+            None => Value::Null,
+        };
+        let mut deltas: Vec<ToolDelta> = Vec::new();
+        if let Some(t) = text.filter(|t| !t.is_empty()) {
+            if tools {
+                match parsers[c].push(&t) {
+                    Ok(d) => deltas = d,
+                    Err(e) => {
+                        send(
+                            tx,
+                            &ApiError::server(format!(
+                                "the model wrote a malformed tool call: {e}"
+                            ))
+                            .body(),
+                        )
+                        .await?;
+                        return tx
+                            .send(Ok(Event::default().data("[DONE]")))
+                            .await
+                            .map_err(|_| ());
+                    }
+                }
+            } else {
+                deltas.push(ToolDelta::Content(t));
+            }
+        }
+        if accs[c].finish.is_some() && tools {
+            match parsers[c].finish() {
+                Ok(d) => deltas.extend(d),
+                Err(e) => {
+                    send(
+                        tx,
+                        &ApiError::server(format!("the model wrote a malformed tool call: {e}"))
+                            .body(),
+                    )
+                    .await?;
+                    return tx
+                        .send(Ok(Event::default().data("[DONE]")))
+                        .await
+                        .map_err(|_| ());
+                }
+            }
+        }
+        let mut lp_sent = false;
+        for d in deltas {
+            let delta = match d {
+                ToolDelta::Content(s) => json!({"content": s}),
+                ToolDelta::Call(call) => {
+                    calls[c] += 1;
+                    json!({"tool_calls": [call_json(calls[c] - 1, &call)]})
+                }
+            };
+            let l = if lp_sent {
+                Value::Null
+            } else {
+                logprobs.clone()
+            };
+            lp_sent = true;
+            send(tx, &chunk(c, delta, l, Value::Null)).await?;
+        }
+        if !lp_sent && !logprobs.is_null() {
+            send(tx, &chunk(c, json!({}), logprobs, Value::Null)).await?;
+        }
+        if let Some(f) = accs[c].finish {
+            let finish = if calls[c] > 0 {
+                "tool_calls"
+            } else {
+                finish_name(f)
+            };
+            st.metrics.request_finished(finish_metric(finish));
+            send(tx, &chunk(c, json!({}), Value::Null, json!(finish))).await?;
+        }
+    }
+    if req.gen.include_usage {
+        let (p, c, cached) = totals(&accs);
+        let v = json!({
+            "id": id, "object": "chat.completion.chunk", "created": created,
+            "model": st.cfg.model_id, "system_fingerprint": "minfer",
+            "choices": [], "usage": collect::usage(p, c, cached),
+        });
+        send(tx, &v).await?;
+    }
+    tx.send(Ok(Event::default().data("[DONE]")))
+        .await
+        .map_err(|_| ())
+}
