@@ -25,7 +25,7 @@ use minfer_engine::Engine;
 use minfer_tokenizer::template::ChatTemplate;
 use minfer_tokenizer::Tokenizer;
 use request::Limits;
-use scheduler::{EngineLoop, Faults, Job, LoopConfig};
+use scheduler::{EngineLoop, Faults, Job, LoopConfig, LoopStats};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
@@ -84,6 +84,7 @@ pub struct AppState {
     pub draining: AtomicBool,
     pub metrics: Arc<Metrics>,
     pub faults: Arc<Faults>,
+    pub stats: Arc<LoopStats>,
     /// Unix seconds the server started (`created` of `/v1/models`).
     pub created: u64,
 }
@@ -110,6 +111,7 @@ impl AppState {
         let eog = tok.eog_ids().to_vec();
         let metrics = Arc::new(Metrics::new());
         let faults = Arc::new(Faults::default());
+        let stats = Arc::new(LoopStats::default());
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = mpsc::channel();
         let lp = EngineLoop::new(
@@ -122,6 +124,7 @@ impl AppState {
             },
             metrics.clone(),
             faults.clone(),
+            stats.clone(),
             queued.clone(),
         );
         std::thread::Builder::new()
@@ -144,6 +147,7 @@ impl AppState {
             draining: AtomicBool::new(false),
             metrics,
             faults,
+            stats,
             created,
         }))
     }

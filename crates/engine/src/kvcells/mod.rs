@@ -203,6 +203,11 @@ impl KvCells {
         self.n_free
     }
 
+    /// How many sequences own `cell` (0: free; out of range: 0).
+    pub fn owner_count(&self, cell: usize) -> u32 {
+        self.owners.get(cell).copied().unwrap_or(0)
+    }
+
     /// The number of cells more than one sequence owns (shared prefixes).
     pub fn n_shared(&self) -> usize {
         self.owners.iter().filter(|&&o| o > 1).count()

@@ -31,6 +31,37 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
+/// Most segments of shared cells a new sequence takes from its source (see [`shareable`]).
+const SHARED_SEGMENTS: usize = minfer_engine::KV_MAP_RUNS - 2;
+
+/// How many leading positions of `src` a new sequence may share.
+///
+/// A forward maps each sequence's window as at most `KV_MAP_RUNS` runs of cells, and
+/// defrag can lay a sequence out in one run per *segment*: a stretch of positions whose
+/// cells have the same owners. Along a sequence's positions the owner sets only shrink
+/// (a prefix is shared by everyone sharing a longer one), so a segment ends exactly where
+/// the owner count changes. Sharing at most `SHARED_SEGMENTS` segments leaves the rest of
+/// the map for the sequence's own cells. Superseded cached prefixes are released, so a
+/// conversation that grows turn by turn keeps merging back into few segments.
+fn shareable(cells: &minfer_engine::KvCells, src: SeqId) -> usize {
+    let Ok(runs) = cells.runs(src) else { return 0 };
+    let mut segments = 0;
+    let mut last = None;
+    for r in runs {
+        for (k, cell) in r.cells().enumerate() {
+            let owners = cells.owner_count(cell);
+            if last != Some(owners) {
+                segments += 1;
+                if segments > SHARED_SEGMENTS {
+                    return r.pos + k;
+                }
+                last = Some(owners);
+            }
+        }
+    }
+    usize::MAX
+}
+
 /// One request: its choices, each run as its own sequence.
 pub struct Job {
     pub choices: Vec<GenerateRequest>,
@@ -76,6 +107,14 @@ pub struct LoopConfig {
 #[derive(Default, Debug)]
 pub struct Faults {
     pub fail_forwards: AtomicUsize,
+}
+
+/// Counters the tests read to check that requests really shared forwards.
+#[derive(Default, Debug)]
+pub struct LoopStats {
+    pub forwards: AtomicUsize,
+    /// Most sequences running during one forward.
+    pub max_running: AtomicUsize,
 }
 
 /// Where a sequence's events go.
@@ -142,6 +181,7 @@ pub struct EngineLoop {
     cfg: LoopConfig,
     metrics: Arc<Metrics>,
     faults: Arc<Faults>,
+    stats: Arc<LoopStats>,
     /// Jobs accepted by handlers and not yet admitted (the queue's length).
     queued: Arc<AtomicUsize>,
     waiting: VecDeque<Job>,
@@ -157,6 +197,7 @@ impl EngineLoop {
         cfg: LoopConfig,
         metrics: Arc<Metrics>,
         faults: Arc<Faults>,
+        stats: Arc<LoopStats>,
         queued: Arc<AtomicUsize>,
     ) -> Self {
         let batch = Batcher::new(cfg.chunk);
@@ -167,6 +208,7 @@ impl EngineLoop {
             cfg,
             metrics,
             faults,
+            stats,
             queued,
             waiting: VecDeque::new(),
             batch,
@@ -304,7 +346,10 @@ impl EngineLoop {
                 best = Some((g.seq, n));
             }
         }
-        let take = best.map_or(0, |(_, n)| n.min(prompt.len() - 1));
+        let mut take = best.map_or(0, |(_, n)| n.min(prompt.len() - 1));
+        if let Some((src, _)) = best {
+            take = take.min(shareable(self.engine.cells(), src));
+        }
         self.metrics.add_prefix_lookup(prompt.len(), take);
         if take == 0 {
             return 0;
@@ -380,6 +425,13 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        self.stats.forwards.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .max_running
+            .fetch_max(self.batch.len(), Ordering::Relaxed);
         let pieces = Pieces(&self.tok);
         let metrics = &self.metrics;
         let mut model = Model {
@@ -403,6 +455,7 @@ impl EngineLoop {
         });
         if let Err(f) = res {
             let _: &GenerateError<minfer_engine::Error> = &f.error;
+
             metrics.forward_failed();
             // The cells of cached prefixes are not trusted after a failed forward.
             for seq in self.cache.clear() {
