@@ -1,86 +1,355 @@
-//! Tool calls in model output (placeholder until the streaming parser lands).
-#![allow(dead_code)]
+//! Tool calls in model output, in the Qwen (Hermes) style:
+//!
+//! ```text
+//! Let me look that up.
+//! <tool_call>
+//! {"name": "get_weather", "arguments": {"city": "Paris"}}
+//! </tool_call>
+//! ```
+//!
+//! A reply may hold several blocks and text around them. [`parse_tool_calls`] splits a
+//! whole reply; [`ToolStream`] does the same incrementally for streamed replies. They are
+//! written independently and share only the parse of one block's JSON, so the tests can
+//! hold each one to the other.
 
-#[derive(Clone, Debug, PartialEq)]
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+/// How much of the offending text an error message quotes.
+const SNIPPET_CHARS: usize = 200;
+
+/// One tool call the model asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParsedCall {
     pub name: String,
+    /// The arguments object as compact JSON text (what OpenAI's `function.arguments` holds).
     pub arguments: String,
 }
-#[derive(Debug, thiserror::Error)]
-pub enum ToolParseError {
-    #[error("bad tool call: {0}")]
-    Bad(String),
-}
+
+/// What a [`ToolStream`] releases: content text that is final, or a whole call.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToolDelta {
     Content(String),
     Call(ParsedCall),
 }
-#[derive(Default)]
-pub struct ToolStream {
-    text: String,
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ToolParseError {
+    #[error("tool call is not valid JSON ({reason}): {snippet}")]
+    BadJson { reason: String, snippet: String },
+    #[error("tool call JSON is not an object: {snippet}")]
+    NotAnObject { snippet: String },
+    #[error("tool call has no \"name\" string: {snippet}")]
+    MissingName { snippet: String },
+    #[error(
+        "tool call {name:?}: \"arguments\" is neither an object nor a string holding one: {snippet}"
+    )]
+    BadArguments { name: String, snippet: String },
+    #[error("tool call block is not closed and its JSON is incomplete: {snippet}")]
+    Unclosed { snippet: String },
 }
-impl ToolStream {
-    pub fn new() -> Self {
-        ToolStream::default()
-    }
-    pub fn push(&mut self, piece: &str) -> Result<Vec<ToolDelta>, ToolParseError> {
-        self.text.push_str(piece);
-        Ok(Vec::new())
-    }
-    pub fn finish(&mut self) -> Result<Vec<ToolDelta>, ToolParseError> {
-        let (c, calls) = parse_tool_calls(&self.text)?;
-        let mut v: Vec<ToolDelta> = c.into_iter().map(ToolDelta::Content).collect();
-        v.extend(calls.into_iter().map(ToolDelta::Call));
-        Ok(v)
-    }
-    pub fn saw_call(&self) -> bool {
-        self.text.contains("<tool_call>")
+
+/// At most [`SNIPPET_CHARS`] characters of `text`, marked when cut.
+fn snippet(text: &str) -> String {
+    match text.char_indices().nth(SNIPPET_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }
-pub fn parse_tool_calls(text: &str) -> Result<(Option<String>, Vec<ParsedCall>), ToolParseError> {
-    let mut calls = Vec::new();
-    let mut content = String::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("<tool_call>") {
-        content.push_str(&rest[..i]);
-        let after = &rest[i + 11..];
-        let (body, next) = match after.find("</tool_call>") {
-            Some(j) => (&after[..j], &after[j + 12..]),
-            None => (after, ""),
-        };
-        let v: serde_json::Value =
-            serde_json::from_str(body.trim()).map_err(|e| ToolParseError::Bad(e.to_string()))?;
-        let name = v["name"]
-            .as_str()
-            .ok_or_else(|| ToolParseError::Bad("no name".into()))?;
-        let arguments = match &v["arguments"] {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Null => "{}".into(),
-            a => a.to_string(),
-        };
-        calls.push(ParsedCall {
-            name: name.into(),
-            arguments,
+
+/// Parses the text between `<tool_call>` and `</tool_call>`.
+fn parse_block(inner: &str) -> Result<ParsedCall, ToolParseError> {
+    let json = inner.trim();
+    let value: Value = serde_json::from_str(json).map_err(|err| ToolParseError::BadJson {
+        reason: err.to_string(),
+        snippet: snippet(json),
+    })?;
+    call_from_value(value, json)
+}
+
+/// Parses a block the reply ended inside of. Models often stop at EOS right after the
+/// JSON, or partway through the closing tag, so a complete call is still accepted; only
+/// JSON that is itself incomplete (or not JSON) makes this an error.
+fn parse_unclosed(inner: &str) -> Result<ParsedCall, ToolParseError> {
+    let mut json = inner.trim_end();
+    let partial_close = partial_tag_len(json, CLOSE);
+    json = json[..json.len() - partial_close].trim();
+    match serde_json::from_str::<Value>(json) {
+        Ok(value) => call_from_value(value, json),
+        Err(_) => Err(ToolParseError::Unclosed {
+            snippet: snippet(inner.trim()),
+        }),
+    }
+}
+
+fn call_from_value(value: Value, json: &str) -> Result<ParsedCall, ToolParseError> {
+    let Value::Object(mut fields) = value else {
+        return Err(ToolParseError::NotAnObject {
+            snippet: snippet(json),
         });
-        rest = next;
+    };
+    let name = match fields.remove("name") {
+        Some(Value::String(name)) if !name.trim().is_empty() => name,
+        _ => {
+            return Err(ToolParseError::MissingName {
+                snippet: snippet(json),
+            })
+        }
+    };
+    let bad_arguments = |name: &str| ToolParseError::BadArguments {
+        name: name.to_string(),
+        snippet: snippet(json),
+    };
+    let arguments = match fields.remove("arguments") {
+        // A function without parameters: models write nothing, null or "".
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::String(text)) if text.trim().is_empty() => "{}".to_string(),
+        Some(object @ Value::Object(_)) => compact(&object),
+        // Some models double-encode the arguments, as OpenAI's own wire format does.
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
+            Ok(object @ Value::Object(_)) => compact(&object),
+            _ => return Err(bad_arguments(&name)),
+        },
+        Some(_) => return Err(bad_arguments(&name)),
+    };
+    Ok(ParsedCall { name, arguments })
+}
+
+fn compact(value: &Value) -> String {
+    // serde_json's `preserve_order` feature (enabled in Cargo.toml) keeps the model's key
+    // order, so the arguments read as the model wrote them.
+    serde_json::to_string(value).expect("a serde_json::Value always serializes")
+}
+
+/// Length of the longest proper prefix of `tag` that `text` ends with (0 if none).
+fn partial_tag_len(text: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&len| text.ends_with(&tag[..len]))
+        .unwrap_or(0)
+}
+
+/// Splits a whole reply into its content (the text outside the blocks, trimmed; `None`
+/// when only whitespace) and its calls, in order. The first bad block is an error.
+pub fn parse_tool_calls(text: &str) -> Result<(Option<String>, Vec<ParsedCall>), ToolParseError> {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(OPEN) {
+        content.push_str(&rest[..start]);
+        let body = &rest[start + OPEN.len()..];
+        match body.find(CLOSE) {
+            Some(end) => {
+                calls.push(parse_block(&body[..end])?);
+                rest = &body[end + CLOSE.len()..];
+            }
+            None => {
+                calls.push(parse_unclosed(body)?);
+                rest = "";
+            }
+        }
     }
     content.push_str(rest);
-    let c = content.trim();
-    Ok(((!c.is_empty()).then(|| c.to_string()), calls))
+    let content = content.trim();
+    Ok(((!content.is_empty()).then(|| content.to_string()), calls))
 }
-pub fn random_id(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(1);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64;
-    format!(
-        "{prefix}{:016x}{:08x}",
-        t,
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+
+/// Incremental tool-call parser for a streamed reply.
+///
+/// Feed each decoded piece to [`push`](Self::push); call [`finish`](Self::finish) at the
+/// end. Content is released as soon as it is final: text that might still become
+/// `<tool_call>` is held back, so the tag never leaks into content. The released content,
+/// concatenated, equals what [`parse_tool_calls`] reports for the whole reply, so leading
+/// and trailing whitespace is dropped too: whitespace is held until more content follows
+/// it (possibly after a call). Each call is released when its closing tag arrives.
+///
+/// When `push` or `finish` returns an error, the bad block is discarded and the deltas
+/// completed before it in the same call are kept and returned by the next call.
+#[derive(Debug, Default)]
+pub struct ToolStream {
+    /// Text not yet released: in content, a tail that may be the start of `<tool_call>`;
+    /// inside a block, the block's text so far.
+    pending: String,
+    in_block: bool,
+    /// Inside a block, where in `pending` the search for `</tool_call>` resumes; earlier
+    /// bytes were already searched and cannot start the tag.
+    close_scan: usize,
+    /// Whitespace after the last released content, released only if more content follows.
+    held_space: String,
+    /// Whether any non-whitespace content has been released; before that, whitespace is
+    /// leading and dropped.
+    released_any: bool,
+    saw_call: bool,
+    /// Deltas completed before an error, for the next call to return.
+    carried: Vec<ToolDelta>,
 }
+
+impl ToolStream {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether any call has been released so far (the reply's finish reason is then
+    /// `tool_calls`).
+    pub fn saw_call(&self) -> bool {
+        self.saw_call
+    }
+
+    pub fn push(&mut self, piece: &str) -> Result<Vec<ToolDelta>, ToolParseError> {
+        self.pending.push_str(piece);
+        let mut out = std::mem::take(&mut self.carried);
+        match self.advance(&mut out) {
+            Ok(()) => Ok(out),
+            Err(err) => {
+                self.carried = out;
+                Err(err)
+            }
+        }
+    }
+
+    /// Ends the reply: held-back text is content after all (trailing whitespace is
+    /// dropped), and a block left open counts as a call if its JSON is complete. The
+    /// stream is then ready for a new reply; `saw_call` keeps its value.
+    pub fn finish(&mut self) -> Result<Vec<ToolDelta>, ToolParseError> {
+        let mut out = std::mem::take(&mut self.carried);
+        let pending = std::mem::take(&mut self.pending);
+        let result = if self.in_block {
+            parse_unclosed(&pending).map(|call| self.release_call(call, &mut out))
+        } else {
+            self.release_content(&pending, &mut out);
+            Ok(())
+        };
+        self.in_block = false;
+        self.close_scan = 0;
+        self.held_space.clear();
+        self.released_any = false;
+        match result {
+            Ok(()) => Ok(out),
+            Err(err) => {
+                self.carried = out;
+                Err(err)
+            }
+        }
+    }
+
+    /// Consumes as much of `pending` as is decided.
+    fn advance(&mut self, out: &mut Vec<ToolDelta>) -> Result<(), ToolParseError> {
+        loop {
+            if self.in_block {
+                let Some(found) = self.pending[self.close_scan..].find(CLOSE) else {
+                    let mut resume = self.pending.len().saturating_sub(CLOSE.len() - 1);
+                    while !self.pending.is_char_boundary(resume) {
+                        resume -= 1;
+                    }
+                    self.close_scan = resume;
+                    return Ok(());
+                };
+                let end = self.close_scan + found;
+                let call = parse_block(&self.pending[..end]);
+                self.pending.drain(..end + CLOSE.len());
+                self.in_block = false;
+                self.close_scan = 0;
+                self.release_call(call?, out);
+            } else if let Some(start) = self.pending.find(OPEN) {
+                let before: String = self.pending.drain(..start + OPEN.len()).collect();
+                self.release_content(&before[..start], out);
+                self.in_block = true;
+                self.close_scan = 0;
+            } else {
+                let cut = self.pending.len() - partial_tag_len(&self.pending, OPEN);
+                let text: String = self.pending.drain(..cut).collect();
+                self.release_content(&text, out);
+                return Ok(());
+            }
+        }
+    }
+
+    fn release_call(&mut self, call: ParsedCall, out: &mut Vec<ToolDelta>) {
+        self.saw_call = true;
+        out.push(ToolDelta::Call(call));
+    }
+
+    /// Releases content text, holding back its trailing whitespace.
+    fn release_content(&mut self, text: &str, out: &mut Vec<ToolDelta>) {
+        let body_end = text.trim_end().len();
+        if body_end == 0 {
+            if self.released_any {
+                self.held_space.push_str(text);
+            }
+            return;
+        }
+        let body = &text[..body_end];
+        let mut piece = std::mem::take(&mut self.held_space);
+        piece.push_str(if self.released_any {
+            body
+        } else {
+            body.trim_start()
+        });
+        self.held_space.push_str(&text[body_end..]);
+        self.released_any = true;
+        // Pieces released in one call merge, so a caller sends one content chunk per push.
+        match out.last_mut() {
+            Some(ToolDelta::Content(last)) => last.push_str(&piece),
+            _ => out.push(ToolDelta::Content(piece)),
+        }
+    }
+}
+
+/// A tool call id as OpenAI formats them: `call_` and 24 alphanumeric characters.
 pub fn new_call_id() -> String {
     random_id("call_")
 }
+
+const ID_ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// One splitmix64 step: a bijection of u64 that scrambles its input thoroughly.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(GOLDEN_GAMMA);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn clock_nanos() -> u64 {
+    // Only entropy, so a clock before the epoch is as good as any other value.
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64)
+}
+
+fn push_base62(out: &mut String, mut value: u64, digits: usize) {
+    for _ in 0..digits {
+        out.push(ID_ALPHABET[(value % 62) as usize] as char);
+        value /= 62;
+    }
+}
+
+/// `prefix` followed by 24 random-looking alphanumeric characters (e.g. `chatcmpl-…`).
+///
+/// The first 11 characters encode, in full, a bijective scramble of a process-wide
+/// counter under a per-process seed, so ids never repeat within a process; the other 13
+/// mix in the clock at the time of the call so ids from different processes differ too.
+pub fn random_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static SEED: OnceLock<u64> = OnceLock::new();
+    let seed = *SEED.get_or_init(|| splitmix64(clock_nanos() ^ u64::from(std::process::id())));
+    let n = COUNTER.fetch_add(1, Relaxed);
+    let head = splitmix64(seed.wrapping_add(n.wrapping_mul(GOLDEN_GAMMA)));
+    let tail = splitmix64(head ^ clock_nanos());
+    let mut id = String::with_capacity(prefix.len() + 24);
+    id.push_str(prefix);
+    // 62^11 > 2^64, so 11 digits hold `head` without loss.
+    push_base62(&mut id, head, 11);
+    push_base62(&mut id, tail, 11);
+    push_base62(&mut id, splitmix64(tail), 2);
+    id
+}
+
+#[cfg(test)]
+#[path = "tools_tests.rs"]
+mod tests;
