@@ -2,4 +2,5 @@
 //! batching and prefix caching.
 
 pub mod metrics;
+pub mod page;
 pub mod tools;
