@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod metrics;
+pub mod page;
 pub mod prompt;
 pub mod request;
 pub mod routes;

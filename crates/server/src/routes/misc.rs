@@ -9,16 +9,10 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::header;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use std::sync::Arc;
-
-const PAGE: &str = include_str!("../page/index.html");
-
-pub async fn page() -> Html<&'static str> {
-    Html(PAGE)
-}
 
 pub async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))

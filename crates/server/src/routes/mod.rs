@@ -23,7 +23,7 @@ use std::sync::Arc;
 pub fn app(state: Arc<AppState>) -> Router {
     let limit = state.cfg.body_limit;
     Router::new()
-        .route("/", get(misc::page))
+        .route("/", get(crate::page::index))
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/v1/models", get(misc::models))
