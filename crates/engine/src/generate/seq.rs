@@ -1,7 +1,7 @@
 //! One sequence's generation state: its prompt and how much of it the KV holds, the sampler
 //! chain, penalty window, stop matcher, UTF-8-safe text hold and log probabilities.
 
-use super::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, TokenBytes, Timings};
+use super::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, Timings, TokenBytes};
 use crate::kvcells::SeqId;
 use crate::sampler::{log_softmax, Sampler, SamplerError};
 use crate::stop::StopMatcher;
