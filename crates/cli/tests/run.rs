@@ -1,5 +1,6 @@
 //! `minfer run` end to end through the binary: the chat path (template → tokenizer →
-//! engine → sampler) against llama.cpp's greedy output, and the one-line refusals.
+//! engine → sampler) against llama.cpp's greedy output, raw prompts' ids (special tokens
+//! parsed unless `--no-parse-special`) against llama.cpp's, and the one-line refusals.
 
 use minfer_gguf::{GgufWriter, Value};
 use minfer_models::synth::{synthesize, SynthSpec};
@@ -270,4 +271,104 @@ fn dump_graph_writes_dot_and_json() {
     );
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(js).unwrap()).unwrap();
     assert!(v.is_object() || v.is_array());
+}
+
+/// `run --json`'s `prompt_ids` for `prompt` fed raw (`--no-template`), with `extra` flags;
+/// `-n 0` so nothing is generated.
+fn raw_prompt_ids(model: &Path, prompt: &str, extra: &[&str]) -> Vec<u64> {
+    let out = minfer()
+        .args(["run", "--no-template", "--temp", "0", "-n", "0", "--json"])
+        .args(extra)
+        .arg("-m")
+        .arg(model)
+        .arg(prompt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["generated_ids"], serde_json::json!([]));
+    ids_of(&v["prompt_ids"])
+}
+
+fn ids_of(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+fn fixture_lines(name: &str) -> Vec<serde_json::Value> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A prompt rendered elsewhere and fed raw gives llama.cpp's ids: its `<|im_start|>` is the
+/// control id 151644 (the rendered chat prompts of qwen-chat.jsonl, tokenized by llama-server
+/// with parse_special), and with `--no-parse-special` the plain-text ids of llama.cpp's
+/// `parse_special: false` (rows of the tokenizer oracle, qwen-special-text.jsonl).
+#[test]
+fn raw_prompt_parses_special_tokens_like_llama_cpp() {
+    let Some(model) = models::qwen() else { return };
+    let mut checked = 0;
+    for case in fixture_lines("qwen-chat.jsonl") {
+        let prompt = case["prompt"].as_str().unwrap();
+        let want = ids_of(&case["prompt_ids"]);
+        assert_eq!(
+            want[0], 151644,
+            "{}: starts with <|im_start|>",
+            case["name"]
+        );
+        assert_eq!(
+            raw_prompt_ids(&model, prompt, &[]),
+            want,
+            "{}",
+            case["name"]
+        );
+        checked += 1;
+    }
+    for row in fixture_lines("qwen-special-text.jsonl") {
+        let text = row["text"].as_str().unwrap();
+        let special = ids_of(&row["ids_parse_special"]);
+        let plain = ids_of(&row["ids"]);
+        assert!(special.contains(&151644) && !plain.contains(&151644));
+        assert_eq!(raw_prompt_ids(&model, text, &[]), special, "i={}", row["i"]);
+        assert_eq!(
+            raw_prompt_ids(&model, text, &["--no-parse-special"]),
+            plain,
+            "i={} --no-parse-special",
+            row["i"]
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+}
+
+#[test]
+fn no_parse_special_needs_no_template() {
+    let p = write(&tiny(Arch::Qwen2), "nps.gguf");
+    let out = minfer()
+        .args(["run", "-n", "1", "--no-parse-special", "-m"])
+        .arg(&p)
+        .arg("hi")
+        .output()
+        .unwrap();
+    assert_refused(&out, &["--no-parse-special", "--no-template"]);
+    let out = minfer()
+        .args(["run", "-n", "1", "--no-template", "--system", "s", "-m"])
+        .arg(&p)
+        .arg("hi")
+        .output()
+        .unwrap();
+    assert_refused(&out, &["--system", "--no-template"]);
 }

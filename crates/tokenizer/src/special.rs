@@ -56,13 +56,30 @@ impl SpecialSet {
 
     /// Splits `text` into plain ranges and matched tokens, appending to `out`.
     pub fn partition(&self, text: &[u8], out: &mut Vec<Fragment>) {
+        self.partition_where(text, out, |_, _, _| true);
+    }
+
+    /// [`SpecialSet::partition`] matching only tokens for which `allow(id, start, end)` holds,
+    /// `start..end` being where the token's text would lie. A refused token's bytes stay
+    /// plain text, and the scan goes on at the next byte, where a shorter token may still
+    /// start (the same as if the refused token were not in the set at that position).
+    pub fn partition_where(
+        &self,
+        text: &[u8],
+        out: &mut Vec<Fragment>,
+        allow: impl Fn(u32, usize, usize) -> bool,
+    ) {
         let mut start = 0;
         let mut i = 0;
         if !self.tokens.is_empty() {
             while i < text.len() {
                 if self.first_byte[text[i] as usize] {
                     let rest = &text[i..];
-                    if let Some((t, id)) = self.tokens.iter().find(|(t, _)| rest.starts_with(t)) {
+                    let found = self
+                        .tokens
+                        .iter()
+                        .find(|(t, id)| rest.starts_with(t) && allow(*id, i, i + t.len()));
+                    if let Some((t, id)) = found {
                         if start < i {
                             out.push(Fragment::Text(start, i));
                         }

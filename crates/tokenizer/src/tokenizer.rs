@@ -8,6 +8,7 @@ use crate::special::{Fragment, SpecialSet};
 use crate::vocab::{SpecialIds, TokenType, Vocab, NO_TOKEN};
 use minfer_gguf::Metadata;
 use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Mutex;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
@@ -178,11 +179,53 @@ impl Tokenizer {
 
     /// A prompt's tokens: BOS/EOS added when `add_special` and the vocabulary asks for them.
     pub fn encode_prompt(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 4);
+        self.with_bos_eos(add_special, text.len(), |out| {
+            self.encode_into(text, parse_special, out)
+        })
+    }
+
+    /// [`Tokenizer::encode_prompt`] with `parse_special`, except that no control or unknown
+    /// token is matched where its text overlaps a `protected` byte range: those bytes are
+    /// tokenized as plain text together with the plain text around them, as
+    /// `parse_special = false` would. This is for a rendered chat prompt whose message
+    /// contents lie at the protected ranges, so a `<|im_start|>` typed by a user cannot
+    /// become the control token the template itself writes.
+    ///
+    /// User-defined tokens (Qwen's `<tool_call>`) are matched even in protected ranges:
+    /// llama.cpp and HF match them in plain text too, so a protected range is tokenized the
+    /// way `encode(.., false)` tokenizes it. Ranges may be unsorted, overlap, or reach past
+    /// the text; empty ones protect nothing. When no range overlaps the text of a token that
+    /// `encode_prompt(text, add_special, true)` matches, the result equals that.
+    pub fn encode_protected(
+        &self,
+        text: &str,
+        add_special: bool,
+        protected: &[Range<usize>],
+    ) -> Vec<u32> {
+        let spans = merged(protected);
+        let types = &self.vocab.types;
+        self.with_bos_eos(add_special, text.len(), |out| {
+            let mut fragments = Vec::new();
+            self.with_special
+                .partition_where(text.as_bytes(), &mut fragments, |id, a, b| {
+                    types[id as usize] == TokenType::UserDefined || !overlaps(&spans, a, b)
+                });
+            self.encode_fragments(text, &fragments, out);
+        })
+    }
+
+    /// Runs `body` between the BOS and EOS that `add_special` and the vocabulary ask for.
+    fn with_bos_eos(
+        &self,
+        add_special: bool,
+        len: usize,
+        body: impl FnOnce(&mut Vec<u32>),
+    ) -> Vec<u32> {
+        let mut out = Vec::with_capacity(len / 3 + 4);
         if add_special && self.vocab.add_bos {
             out.extend(self.vocab.special.bos);
         }
-        self.encode_into(text, parse_special, &mut out);
+        body(&mut out);
         if add_special && self.vocab.add_eos {
             out.extend(self.vocab.special.eos);
         }
@@ -197,11 +240,17 @@ impl Tokenizer {
         };
         let mut fragments = Vec::new();
         set.partition(text.as_bytes(), &mut fragments);
+        self.encode_fragments(text, &fragments, out);
+    }
+
+    /// Appends the ids of partitioned `text`: matched tokens as they are, plain ranges through
+    /// normalization, pre-tokenization and BPE.
+    fn encode_fragments(&self, text: &str, fragments: &[Fragment], out: &mut Vec<u32>) {
         let mut scratch = Scratch::default();
         let mut words = Vec::new();
         // One lock per call; a contended or poisoned cache is simply not used.
         let mut cache = self.cache.try_lock().ok();
-        for fragment in fragments {
+        for &fragment in fragments {
             let (a, b) = match fragment {
                 Fragment::Token(id) => {
                     out.push(id);
@@ -292,8 +341,55 @@ impl Tokenizer {
     }
 }
 
+/// Non-empty `ranges` sorted by start with overlapping and touching ones joined, so that
+/// [`overlaps`] can binary-search them.
+fn merged(ranges: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut v: Vec<Range<usize>> = ranges.iter().filter(|r| r.start < r.end).cloned().collect();
+    v.sort_unstable_by_key(|r| r.start);
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(v.len());
+    for r in v {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// Whether `a..b` shares a byte with one of `spans` (sorted and disjoint, see [`merged`]).
+fn overlaps(spans: &[Range<usize>], a: usize, b: usize) -> bool {
+    // The first span ending after `a` is the only one that can reach into `a..b`.
+    let k = spans.partition_point(|s| s.end <= a);
+    spans.get(k).is_some_and(|s| s.start < b)
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{merged, overlaps};
+
+    #[test]
+    #[allow(clippy::reversed_empty_ranges)] // a reversed range is one of the inputs tested
+    fn merged_ranges_are_sorted_disjoint_and_non_empty() {
+        assert_eq!(
+            merged(&[5..9, 1..3, 3..4, 8..12, 7..7, 20..15]),
+            vec![1..4, 5..12]
+        );
+        assert!(merged(&[]).is_empty());
+    }
+
+    #[test]
+    fn overlap_needs_a_shared_byte() {
+        let s = merged(&[4..6, 10..12]);
+        assert!(!overlaps(&s, 0, 4));
+        assert!(overlaps(&s, 0, 5));
+        assert!(overlaps(&s, 5, 8));
+        assert!(!overlaps(&s, 6, 10));
+        assert!(overlaps(&s, 6, 11));
+        assert!(overlaps(&s, 11, 30));
+        assert!(!overlaps(&s, 12, 30));
+        assert!(!overlaps(&[], 0, 100));
+    }
+
     #[test]
     fn tokenizer_is_shareable_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}

@@ -30,9 +30,15 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub n_predict: i64,
-    /// Feed the prompt as raw text, without the model's chat template.
+    /// Feed the prompt as raw text, without the model's chat template. Special-token text in
+    /// it (`<|im_start|>`) becomes the token's id, as in llama.cpp, so a prompt rendered
+    /// elsewhere gives the same ids.
     #[arg(long)]
     pub no_template: bool,
+    /// With --no-template: tokenize special-token text as plain text (`<|im_start|>` becomes
+    /// `<`, `|`, `im`, ...) instead of the token's id.
+    #[arg(long)]
+    pub no_parse_special: bool,
     /// Stop when the output contains this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -52,6 +58,13 @@ pub struct Args {
 
 /// One reply; `--cnv` is dispatched to `chat` before this (see [`super::run_or_chat`]).
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Flag combinations are refused before the prompt is read and the model loaded.
+    if args.no_template && args.system.is_some() {
+        bail!("--system needs the chat template; it cannot be used with --no-template");
+    }
+    if args.no_parse_special && !args.no_template {
+        bail!("--no-parse-special applies to raw prompts; it needs --no-template (the chat template's prompt always parses its special tokens)");
+    }
     let sampler = args.sampling.to_config()?;
     let prompt_text = match &args.prompt {
         Some(p) => p.clone(),
@@ -70,10 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let md = engine.model().metadata();
     let tok = Tokenizer::from_metadata(md).context("cannot build the tokenizer")?;
     let prompt = if args.no_template {
-        if args.system.is_some() {
-            bail!("--system needs the chat template; it cannot be used with --no-template");
-        }
-        tok.encode_prompt(&prompt_text, true, false)
+        tok.encode_prompt(&prompt_text, true, !args.no_parse_special)
     } else {
         let loaded = ChatTemplate::from_metadata(md).context("cannot load the chat template")?;
         if let Some(n) = &loaded.notice {

@@ -16,8 +16,13 @@
 //! - [`Chat::save`] / [`Chat::load`] keep the messages in a session file's application blob
 //!   and the KV in its cells, so a resumed chat prefills nothing and continues
 //!   bit-identically.
+//! - [`render_prompt`] renders a whole conversation to ids with the message contents kept
+//!   plain text (the server's path; see [`prompt`]).
 
+pub mod prompt;
 pub mod sync;
+
+pub use prompt::{render_prompt, PromptError};
 
 use crate::batch::{BatchEntry, BatchLogits};
 use crate::engine::{Engine, Error as EngineError};
