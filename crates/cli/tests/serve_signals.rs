@@ -141,14 +141,23 @@ fn sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0() {
     log_until(&s, "shutting down");
     // New work on the open connection: 503, draining.
     (&idle)
-        .write_all(post("/v1/chat/completions", r#"{"messages":[{"role":"user","content":"hi"}]}"#).as_bytes())
+        .write_all(
+            post(
+                "/v1/chat/completions",
+                r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            )
+            .as_bytes(),
+        )
         .unwrap();
     let (code, body) = read_response(&mut idle_r);
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("draining"), "{body}");
     // No new connections.
     let refused = TcpStream::connect_timeout(&s.addr.parse().unwrap(), Duration::from_secs(1));
-    assert!(refused.is_err(), "a new connection was accepted while draining");
+    assert!(
+        refused.is_err(),
+        "a new connection was accepted while draining"
+    );
     // The in-flight stream runs to its end.
     let mut rest = String::new();
     busy_r.read_to_string(&mut rest).unwrap();

@@ -5,6 +5,7 @@ use crate::error::ApiError;
 use crate::request::chat::{ChatRequest, ToolChoice};
 use crate::request::completion::Prompt;
 use crate::AppState;
+use minfer_engine::chat::{render_prompt, PromptError};
 use minfer_tokenizer::template::RenderOptions;
 
 /// A chat prompt and the text the reply is forced to start with (`tool_choice` required
@@ -55,11 +56,18 @@ pub fn chat_prompt(state: &AppState, req: &ChatRequest) -> Result<ChatPrompt, Ap
         tools,
         ..RenderOptions::default()
     };
-    let mut text = template.render(&req.messages, &opts).map_err(|e| {
-        ApiError::bad_request(format!("the chat template refused the messages: {e}"))
-    })?;
-    text.push_str(&forced);
-    let tokens = state.tok.encode(&text, true);
+    // Message content is tokenized as plain text: a user's `<|im_start|>` is not a
+    // control token (the template's own are).
+    let (_, mut tokens) =
+        render_prompt(template, &state.tok, &req.messages, &opts).map_err(|e| match e {
+            PromptError::Template(e) => {
+                ApiError::bad_request(format!("the chat template refused the messages: {e}"))
+            }
+            other => ApiError::bad_field("messages", other.to_string()),
+        })?;
+    // The forced opening starts with a special token, so tokenizing it apart from the
+    // rendered prompt gives the ids of the whole text.
+    tokens.extend(state.tok.encode(&forced, true));
     check_len(state, &tokens)?;
     Ok(ChatPrompt { tokens, forced })
 }
