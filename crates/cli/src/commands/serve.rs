@@ -63,13 +63,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let (engine, load_ms) = args.model.load()?;
+    // A known name as given (`qwen2.5-coder-0.5b`), a file as its name without `.gguf`.
     let model_id = args.alias.clone().unwrap_or_else(|| {
-        std::path::Path::new(&args.model.model)
-            .file_stem()
-            .map_or_else(
-                || args.model.model.clone(),
-                |s| s.to_string_lossy().into_owned(),
-            )
+        let m = &args.model.model;
+        let file = std::path::Path::new(m)
+            .file_name()
+            .map_or_else(|| m.clone(), |f| f.to_string_lossy().into_owned());
+        file.strip_suffix(".gguf").unwrap_or(&file).to_string()
     });
     let n_ctx = engine.n_ctx();
     let cfg = ServeConfig {

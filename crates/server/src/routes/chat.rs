@@ -79,10 +79,13 @@ async fn respond(
         let mut message = json!({"role": "assistant", "content": text});
         if tools_on(req) {
             let full = format!("{forced}{text}");
-            let (content, calls) = parse_tool_calls(&full).map_err(|e| {
-                ApiError::server(format!("the model wrote a malformed tool call: {e}"))
-            })?;
-            if !calls.is_empty() {
+            // A block the model got wrong is its text, not a server error: the reply is
+            // then plain content (what it wrote, forced opening included).
+            let (content, calls) =
+                parse_tool_calls(&full).unwrap_or_else(|_| (Some(full), Vec::new()));
+            if calls.is_empty() {
+                message["content"] = json!(content.unwrap_or_default());
+            } else {
                 finish = "tool_calls";
                 message["content"] = content.map_or(Value::Null, Value::String);
                 message["tool_calls"] = calls
@@ -132,6 +135,59 @@ fn totals(accs: &[ChoiceAcc]) -> (usize, usize, usize) {
 }
 
 type SseTx = mpsc::Sender<Result<Event, Infallible>>;
+
+/// A streamed choice's text through the tool-call parser. A block the model gets wrong
+/// turns the choice into plain content from that block on (its text is the model's, not a
+/// server error), as the non-streamed reply does.
+struct ToolState {
+    parser: Option<ToolStream>,
+    /// Everything the model wrote, the forced opening included.
+    raw: String,
+}
+
+impl ToolState {
+    fn new(tools: bool, forced: &str) -> ToolState {
+        let mut t = ToolState {
+            parser: tools.then(ToolStream::new),
+            raw: String::new(),
+        };
+        // The forced opening is inside a call: it yields no content.
+        t.push(forced);
+        t
+    }
+
+    fn push(&mut self, piece: &str) -> Vec<ToolDelta> {
+        self.raw.push_str(piece);
+        let Some(p) = &mut self.parser else {
+            return if piece.is_empty() {
+                Vec::new()
+            } else {
+                vec![ToolDelta::Content(piece.to_string())]
+            };
+        };
+        match p.push(piece) {
+            Ok(d) => d,
+            Err(_) => self.give_up(),
+        }
+    }
+
+    fn finish(&mut self) -> Vec<ToolDelta> {
+        let Some(p) = &mut self.parser else {
+            return Vec::new();
+        };
+        match p.finish() {
+            Ok(d) => d,
+            Err(_) => self.give_up(),
+        }
+    }
+
+    /// Plain content from the failing block on.
+    fn give_up(&mut self) -> Vec<ToolDelta> {
+        self.parser = None;
+        let from = self.raw.rfind(crate::prompt::TOOL_CALL_OPEN).unwrap_or(0);
+        vec![ToolDelta::Content(self.raw[from..].to_string())]
+    }
+}
 
 /// The SSE response: a task turns job events into chunks; when the client goes away the
 /// channel closes, the task ends and the job's receiver is dropped, which frees its
@@ -185,14 +241,8 @@ async fn drive(
         .await?;
     }
     let tools = tools_on(req);
-    let mut parsers: Vec<ToolStream> = (0..n).map(|_| ToolStream::new()).collect();
+    let mut parsers: Vec<ToolState> = (0..n).map(|_| ToolState::new(tools, forced)).collect();
     let mut calls = vec![0usize; n];
-    if tools {
-        for p in &mut parsers {
-            // The forced opening is inside a call: it yields no content.
-            p.push(forced).map_err(|_| ())?;
-        }
-    }
     let mut accs: Vec<ChoiceAcc> = (0..n).map(|_| ChoiceAcc::default()).collect();
     while !accs.iter().all(ChoiceAcc::is_over) {
         let Some(ev) = sub.events.recv().await else {
@@ -232,44 +282,10 @@ async fn drive(
         };
         let mut deltas: Vec<ToolDelta> = Vec::new();
         if let Some(t) = text.filter(|t| !t.is_empty()) {
-            if tools {
-                match parsers[c].push(&t) {
-                    Ok(d) => deltas = d,
-                    Err(e) => {
-                        send(
-                            tx,
-                            &ApiError::server(format!(
-                                "the model wrote a malformed tool call: {e}"
-                            ))
-                            .body(),
-                        )
-                        .await?;
-                        return tx
-                            .send(Ok(Event::default().data("[DONE]")))
-                            .await
-                            .map_err(|_| ());
-                    }
-                }
-            } else {
-                deltas.push(ToolDelta::Content(t));
-            }
+            deltas = parsers[c].push(&t);
         }
-        if accs[c].finish.is_some() && tools {
-            match parsers[c].finish() {
-                Ok(d) => deltas.extend(d),
-                Err(e) => {
-                    send(
-                        tx,
-                        &ApiError::server(format!("the model wrote a malformed tool call: {e}"))
-                            .body(),
-                    )
-                    .await?;
-                    return tx
-                        .send(Ok(Event::default().data("[DONE]")))
-                        .await
-                        .map_err(|_| ());
-                }
-            }
+        if accs[c].finish.is_some() {
+            deltas.extend(parsers[c].finish());
         }
         let mut lp_sent = false;
         for d in deltas {
