@@ -109,7 +109,9 @@ async fn respond(
             "logprobs": logprobs,
             "finish_reason": finish,
         }));
-        st.metrics.request_finished(finish_metric(finish));
+        if i == 0 {
+            st.metrics.request_finished(finish_metric(finish));
+        }
     }
     let (prompt, completion, cached) = totals(&accs);
     Ok(Json(json!({
@@ -313,7 +315,9 @@ async fn drive(
             } else {
                 finish_name(f)
             };
-            st.metrics.request_finished(finish_metric(finish));
+            if c == 0 {
+                st.metrics.request_finished(finish_metric(finish));
+            }
             send(tx, &chunk(c, json!({}), Value::Null, json!(finish))).await?;
         }
     }
