@@ -44,7 +44,8 @@ pub fn chat_prompt(state: &AppState, req: &ChatRequest) -> Result<ChatPrompt, Ap
                 "the model's chat template has no <tool_call> syntax to force a call with",
             ))
         }
-        ToolChoice::Required => format!("{TOOL_CALL_OPEN}\n"),
+        // Up to the name: after a bare opening small models often end the reply at once.
+        ToolChoice::Required => format!("{TOOL_CALL_OPEN}\n{{\"name\": \""),
         ToolChoice::Named(name) => {
             let name = serde_json::to_string(name).unwrap_or_default();
             format!("{TOOL_CALL_OPEN}\n{{\"name\": {name}, \"arguments\": ")

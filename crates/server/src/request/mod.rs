@@ -232,7 +232,7 @@ fn logit_bias(f: &Fields, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
             ))),
         }
     };
-    match f.get("logit_bias") {
+    let list: Vec<(u32, f32)> = match f.get("logit_bias") {
         None => Ok(Vec::new()),
         Some(Value::Object(m)) => m
             .iter()
@@ -262,7 +262,21 @@ fn logit_bias(f: &Fields, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
             "`logit_bias` must be an object of token id → bias, got {}",
             fields::kind(v)
         ))),
+    }?;
+    // Banning the whole vocabulary leaves the sampler nothing to pick: the request's fault.
+    let mut banned: Vec<u32> = list
+        .iter()
+        .filter(|(_, b)| *b == f32::NEG_INFINITY)
+        .map(|&(id, _)| id)
+        .collect();
+    banned.sort_unstable();
+    banned.dedup();
+    if !banned.is_empty() && banned.len() >= vocab {
+        return Err(bad(format!(
+            "`logit_bias` bans all {vocab} tokens of the vocabulary; nothing is left to sample"
+        )));
     }
+    Ok(list)
 }
 
 /// A seed for requests that give none: different per request, like llama-server's.
