@@ -486,3 +486,49 @@ async fn chat_content_never_becomes_control_tokens_but_raw_prompts_parse_them() 
         "raw text without special parsing has no control ids at all"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_is_read_in_chunks_between_decode_steps() {
+    let Some(m) = models::smol() else { return };
+    let cfg = ServeConfig {
+        chunk: 32,
+        ..ServeConfig::default()
+    };
+    let s = std::sync::Arc::new(start(&m, 4096, cfg));
+    // A stream long enough to still run when the long prompt arrives (counting rarely ends).
+    let short = json!({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 256, "temperature": 0});
+    let (_, alone) = s.post("/v1/completions", &short).await;
+    let long_text = "The quick brown fox jumps over the lazy dog. ".repeat(60);
+    let long = chat(&format!("Summarise: {long_text}"), 4);
+    let stream = {
+        let s = s.clone();
+        let mut body = short.clone();
+        body["stream"] = json!(true);
+        tokio::spawn(async move { s.stream("/v1/completions", &body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (st, v) = s.post("/v1/chat/completions", &long).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (_, events) = stream.await.unwrap();
+    // The running stream kept decoding while the long prompt was read 32 tokens a forward,
+    // and its reply is the one it gives alone.
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(prompt > 500, "{prompt}");
+    assert!(s.state.stats.max_prompt_tokens.load(Ordering::Relaxed) <= 32);
+    let mixed = s.state.stats.mixed.load(Ordering::Relaxed);
+    assert!(
+        mixed >= 4,
+        "only {mixed} forwards mixed decode rows with prompt chunks"
+    );
+    let streamed: String = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, alone["choices"][0]["text"].as_str().unwrap());
+}

@@ -43,6 +43,8 @@ pub struct Batcher<T> {
     chunk: usize,
     /// Most prompt tokens the next step may read (cells left in the arena); None: `chunk`.
     prompt_cap: Option<usize>,
+    /// The last step's decode rows and prompt tokens.
+    last: (usize, usize),
     row: Vec<f32>,
 }
 
@@ -61,6 +63,7 @@ impl<T> Batcher<T> {
             seqs: Vec::new(),
             chunk: chunk.max(1),
             prompt_cap: None,
+            last: (0, 0),
             row: Vec::new(),
         }
     }
@@ -100,6 +103,11 @@ impl<T> Batcher<T> {
             .filter(|(_, g)| !g.done)
             .map(|(_, g)| g.prompt.len() - g.fed)
             .sum()
+    }
+
+    /// The shape of the last step: decode rows and prompt tokens it read.
+    pub fn last_step(&self) -> (usize, usize) {
+        self.last
     }
 
     /// Limits the prompt tokens of the next step only (e.g. to the free KV cells).
@@ -149,6 +157,11 @@ impl<T> Batcher<T> {
             plan.push((i, Part::Prompt { start: g.fed, len }));
             prompt_room -= len;
         }
+        let decodes = plan
+            .iter()
+            .filter(|(_, p)| matches!(p, Part::Decode))
+            .count();
+        self.last = (decodes, (self.chunk.min(room).min(cap)) - prompt_room);
         if plan.is_empty() {
             return Ok(false);
         }

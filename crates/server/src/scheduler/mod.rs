@@ -115,6 +115,10 @@ pub struct LoopStats {
     pub forwards: AtomicUsize,
     /// Most sequences running during one forward.
     pub max_running: AtomicUsize,
+    /// Forwards that read prompt tokens while other sequences decoded (chunked prefill).
+    pub mixed: AtomicUsize,
+    /// Most prompt tokens one forward read.
+    pub max_prompt_tokens: AtomicUsize,
 }
 
 /// Where a sequence's events go.
@@ -453,6 +457,13 @@ impl EngineLoop {
                 });
             }
         });
+        let (decodes, prompt) = self.batch.last_step();
+        if decodes > 0 && prompt > 0 {
+            self.stats.mixed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats
+            .max_prompt_tokens
+            .fetch_max(prompt, Ordering::Relaxed);
         if let Err(f) = res {
             let _: &GenerateError<minfer_engine::Error> = &f.error;
 
