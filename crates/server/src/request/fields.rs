@@ -25,6 +25,21 @@ fn wrong(name: &str, want: &str, got: &Value) -> ApiError {
     ApiError::bad_field(name, format!("`{name}` must be {want}, got {}", kind(got)))
 }
 
+fn out_of_range<T: std::fmt::Display>(
+    name: &str,
+    x: T,
+    range: &std::ops::RangeInclusive<T>,
+) -> ApiError {
+    ApiError::bad_field(
+        name,
+        format!(
+            "`{name}` = {x} is out of range ({} to {})",
+            range.start(),
+            range.end()
+        ),
+    )
+}
+
 impl<'a> Fields<'a> {
     /// The body must be a JSON object.
     pub fn of(body: &'a Value) -> Result<Fields<'a>, ApiError> {
@@ -69,14 +84,7 @@ impl<'a> Fields<'a> {
         };
         let x = v.as_f64().ok_or_else(|| wrong(name, "a number", v))?;
         if !x.is_finite() || !range.contains(&x) {
-            return Err(ApiError::bad_field(
-                name,
-                format!(
-                    "`{name}` = {x} is out of range ({} to {})",
-                    range.start(),
-                    range.end()
-                ),
-            ));
+            return Err(out_of_range(name, x, &range));
         }
         Ok(Some(x))
     }
@@ -104,14 +112,7 @@ impl<'a> Fields<'a> {
         }
         .ok_or_else(|| wrong(name, "an integer", v))?;
         if !range.contains(&x) {
-            return Err(ApiError::bad_field(
-                name,
-                format!(
-                    "`{name}` = {x} is out of range ({} to {})",
-                    range.start(),
-                    range.end()
-                ),
-            ));
+            return Err(out_of_range(name, x, &range));
         }
         Ok(Some(x))
     }

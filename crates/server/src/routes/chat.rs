@@ -3,6 +3,7 @@
 //! call, with its id, name and arguments).
 
 use super::collect::{self, apply, chat_logprobs, finish_metric, finish_name, gather, ChoiceAcc};
+use super::sse::{self, send, Gone, SseTx};
 use super::{body, refused};
 use crate::error::ApiError;
 use crate::metrics::Finish;
@@ -16,13 +17,10 @@ use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 pub async fn handle(
     State(st): State<Arc<AppState>>,
@@ -30,7 +28,10 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let (req, forced, sub) = start(&st, b).map_err(|e| refused(&st, e))?;
     if req.gen.stream {
-        Ok(stream(st, req, forced, sub).into_response())
+        Ok(
+            sse::respond(move |tx| async move { drive(&st, &req, &forced, sub, &tx).await })
+                .into_response(),
+        )
     } else {
         let mut sub = sub;
         let r = respond(&st, &req, &forced, &mut sub).await;
@@ -136,8 +137,6 @@ fn totals(accs: &[ChoiceAcc]) -> (usize, usize, usize) {
     )
 }
 
-type SseTx = mpsc::Sender<Result<Event, Infallible>>;
-
 /// A streamed choice's text through the tool-call parser. A block the model gets wrong
 /// turns the choice into plain content from that block on (its text is the model's, not a
 /// server error), as the non-streamed reply does.
@@ -191,35 +190,13 @@ impl ToolState {
     }
 }
 
-/// The SSE response: a task turns job events into chunks; when the client goes away the
-/// channel closes, the task ends and the job's receiver is dropped, which frees its
-/// sequences in the engine loop.
-fn stream(
-    st: Arc<AppState>,
-    req: ChatRequest,
-    forced: String,
-    sub: Submitted,
-) -> impl IntoResponse {
-    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
-    tokio::spawn(async move {
-        let _ = drive(&st, &req, &forced, sub, &tx).await;
-    });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
-}
-
-async fn send(tx: &SseTx, v: &Value) -> Result<(), ()> {
-    tx.send(Ok(Event::default().data(v.to_string())))
-        .await
-        .map_err(|_| ())
-}
-
 async fn drive(
     st: &AppState,
     req: &ChatRequest,
     forced: &str,
     mut sub: Submitted,
     tx: &SseTx,
-) -> Result<(), ()> {
+) -> Result<(), Gone> {
     let id = random_id("chatcmpl-");
     let created = collect::unix_now();
     let n = req.gen.n;
@@ -267,16 +244,7 @@ async fn drive(
         };
         let c = apply(&mut accs, ev);
         if let Some(why) = accs[c].failed.clone() {
-            st.metrics.request_finished(Finish::Error);
-            send(
-                tx,
-                &ApiError::server(format!("generation failed: {why}")).body(),
-            )
-            .await?;
-            return tx
-                .send(Ok(Event::default().data("[DONE]")))
-                .await
-                .map_err(|_| ());
+            return sse::fail(st, tx, &why).await;
         }
         let logprobs = match &lp {
             Some(l) => chat_logprobs(st, std::slice::from_ref(l)),
@@ -330,7 +298,5 @@ async fn drive(
         });
         send(tx, &v).await?;
     }
-    tx.send(Ok(Event::default().data("[DONE]")))
-        .await
-        .map_err(|_| ())
+    sse::done(tx).await
 }

@@ -4,6 +4,7 @@
 use super::collect::{
     self, apply, completion_logprobs, finish_metric, finish_name, gather, ChoiceAcc,
 };
+use super::sse::{self, send, Gone, SseTx};
 use super::{body, refused};
 use crate::error::ApiError;
 use crate::metrics::Finish;
@@ -17,13 +18,10 @@ use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 struct Started {
     req: CompletionRequest,
@@ -38,7 +36,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let s = start(&st, b).map_err(|e| refused(&st, e))?;
     if s.req.gen.stream {
-        Ok(stream(st, s).into_response())
+        Ok(sse::respond(move |tx| async move { drive(&st, s, &tx).await }).into_response())
     } else {
         let r = respond(&st, s).await;
         if r.is_err() {
@@ -118,23 +116,7 @@ async fn respond(st: &AppState, mut s: Started) -> Result<Json<Value>, ApiError>
     })))
 }
 
-type SseTx = mpsc::Sender<Result<Event, Infallible>>;
-
-fn stream(st: Arc<AppState>, s: Started) -> impl IntoResponse {
-    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
-    tokio::spawn(async move {
-        let _ = drive(&st, s, &tx).await;
-    });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
-}
-
-async fn send(tx: &SseTx, v: &Value) -> Result<(), ()> {
-    tx.send(Ok(Event::default().data(v.to_string())))
-        .await
-        .map_err(|_| ())
-}
-
-async fn drive(st: &AppState, mut s: Started, tx: &SseTx) -> Result<(), ()> {
+async fn drive(st: &AppState, mut s: Started, tx: &SseTx) -> Result<(), Gone> {
     let id = random_id("cmpl-");
     let created = collect::unix_now();
     let n = s.req.gen.n;
@@ -169,16 +151,7 @@ async fn drive(st: &AppState, mut s: Started, tx: &SseTx) -> Result<(), ()> {
         };
         let c = apply(&mut accs, ev);
         if let Some(why) = accs[c].failed.clone() {
-            st.metrics.request_finished(Finish::Error);
-            send(
-                tx,
-                &ApiError::server(format!("generation failed: {why}")).body(),
-            )
-            .await?;
-            return tx
-                .send(Ok(Event::default().data("[DONE]")))
-                .await
-                .map_err(|_| ());
+            return sse::fail(st, tx, &why).await;
         }
         let logprobs = match &lp {
             Some(l) if s.req.gen.logprobs.is_some() => {
@@ -204,7 +177,5 @@ async fn drive(st: &AppState, mut s: Started, tx: &SseTx) -> Result<(), ()> {
         });
         send(tx, &v).await?;
     }
-    tx.send(Ok(Event::default().data("[DONE]")))
-        .await
-        .map_err(|_| ())
+    sse::done(tx).await
 }

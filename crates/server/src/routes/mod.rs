@@ -5,6 +5,7 @@ mod chat;
 mod collect;
 mod completions;
 mod misc;
+mod sse;
 
 use crate::error::ApiError;
 use crate::metrics::Reject;

@@ -1,0 +1,54 @@
+//! Server-sent events for streamed replies: a task turns job events into `data:` chunks;
+//! when the client goes away the channel closes, the task ends and drops the job's event
+//! receiver, which frees its sequences in the engine loop.
+
+use crate::error::ApiError;
+use crate::metrics::Finish;
+use crate::AppState;
+use axum::response::sse::{Event, Sse};
+use axum::response::IntoResponse;
+use serde_json::Value;
+use std::convert::Infallible;
+use std::future::Future;
+use tokio::sync::mpsc;
+
+pub type SseTx = mpsc::Sender<Result<Event, Infallible>>;
+
+/// The client went away: nothing more can be sent.
+pub struct Gone;
+
+/// The streamed response, fed by `drive` on its own task.
+pub fn respond<F>(drive: impl FnOnce(SseTx) -> F) -> impl IntoResponse
+where
+    F: Future<Output = Result<(), Gone>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    tokio::spawn(drive(tx));
+    // No keep-alive comments: OpenAI and llama-server send none, and strict clients count them
+    // as protocol errors (a queued stream gets its role chunk at once anyway).
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+pub async fn send(tx: &SseTx, v: &Value) -> Result<(), Gone> {
+    tx.send(Ok(Event::default().data(v.to_string())))
+        .await
+        .map_err(|_| Gone)
+}
+
+/// The last event of every stream.
+pub async fn done(tx: &SseTx) -> Result<(), Gone> {
+    tx.send(Ok(Event::default().data("[DONE]")))
+        .await
+        .map_err(|_| Gone)
+}
+
+/// Ends a stream whose generation failed: an OpenAI error event, then `[DONE]`.
+pub async fn fail(st: &AppState, tx: &SseTx, why: &str) -> Result<(), Gone> {
+    st.metrics.request_finished(Finish::Error);
+    send(
+        tx,
+        &ApiError::server(format!("generation failed: {why}")).body(),
+    )
+    .await?;
+    done(tx).await
+}
