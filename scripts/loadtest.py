@@ -475,8 +475,10 @@ class ChunkChecker:
         return "".join(self.parts)
 
 
-def stream_reply(target, model, prompt, max_tokens, timeout):
-    """One streaming request. Returns (measurements, reply) or raises RequestError."""
+def stream_reply(target, model, prompt, max_tokens, timeout, allow_comments=False):
+    """One streaming request. Returns (measurements, reply) or raises RequestError.
+    allow_comments: SSE comment lines (`:` keep-alives) between events are skipped, each
+    with its blank line, and counted; otherwise they are protocol errors."""
     t0 = time.monotonic()
     ex = Exchange(target, t0 + timeout)
     checker = ChunkChecker(max_tokens)
@@ -489,6 +491,8 @@ def stream_reply(target, model, prompt, max_tokens, timeout):
             raise protocol(f"streamed reply has Content-Type {ex.media_type()!r}")
         data = None  # the data line of the event being read, until its blank line
         done = False
+        comment = False  # a comment line was read: a blank line may close it
+        comments = 0
         while True:
             line = ex.readline()
             if not line:
@@ -503,8 +507,16 @@ def stream_reply(target, model, prompt, max_tokens, timeout):
             if done:
                 raise protocol(f"data after [DONE]: {line[:80]!r}")
             if data is None:
+                if allow_comments and line.startswith(b":"):
+                    comment = True
+                    comments += 1
+                    continue
+                if allow_comments and comment and not line:
+                    comment = False
+                    continue
                 if not line.startswith(b"data: "):
                     raise protocol(f"expected a `data: ` line, got {line[:80]!r}")
+                comment = False
                 data = line[6:]
                 continue
             if line:
@@ -527,7 +539,7 @@ def stream_reply(target, model, prompt, max_tokens, timeout):
              "finish_reason": checker.finish}
     m = {"ttft_s": ttft if ttft is not None else total, "total_s": total,
          "completion_tokens": tokens, "content_deltas": checker.deltas,
-         "prompt_tokens": checker.usage["prompt_tokens"]}
+         "prompt_tokens": checker.usage["prompt_tokens"], "sse_comments": comments}
     return m, reply
 
 
@@ -657,6 +669,7 @@ class TimedRun:
         self.max_tokens, self.timeout, self.max_requests = a.max_tokens, a.timeout, a.max_requests
         self.duration, self.clients = a.duration, clients
         self.allow_divergence = allow_divergence
+        self.allow_comments = a.allow_sse_comments
         self.lock = threading.Lock()
         self.started = 0
         self.records = []
@@ -682,7 +695,7 @@ class TimedRun:
                    "start_s": time.monotonic() - self.t0}
             try:
                 m, reply = stream_reply(self.target, self.model, self.prompts[k],
-                                        self.max_tokens, self.timeout)
+                                        self.max_tokens, self.timeout, self.allow_comments)
                 rec.update(m)
                 bad = compare_reply(k, self.refs[k], reply)
                 if bad and (bad[0] != "divergence" or not self.allow_divergence):
@@ -758,6 +771,8 @@ def summarize(run):
         "max_tokens": run.max_tokens, "wall_s": wall,
         "requests": len(recs), "ok": len(ok), "errors": len(bad),
         "allow_divergence": run.allow_divergence, "diverged_ok": len(diverged),
+        "allow_sse_comments": run.allow_comments,
+        "sse_comments": sum(r.get("sse_comments", 0) for r in ok),
         "divergence_samples": diverged[:5],
         "errors_by_kind": errors, "http_statuses": statuses, "error_samples": samples,
         "ttft_ms": dist_ms([r["ttft_s"] for r in ok]),
@@ -794,6 +809,8 @@ def print_summary(s, out=sys.stdout):
           + "\n")
     w(f"  completion tokens {s['completion_tokens']} (usage), {s['content_deltas']} content "
       f"deltas; {s['tokens_per_s']:.2f} completion tok/s, {s['requests_per_s']:.3f} req/s\n")
+    if s["allow_sse_comments"]:
+        w(f"  SSE comment lines skipped (--allow-sse-comments): {s['sse_comments']}\n")
     for kind, details in s["error_samples"].items():
         for d in details:
             w(f"  {kind}: {d}\n")
@@ -925,6 +942,10 @@ def add_load_args(ap):
     ap.add_argument("--prompts", default=DEFAULT_PROMPTS, help="one prompt per line")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=300, help="hard limit per request (s)")
+    ap.add_argument("--allow-sse-comments", action="store_true",
+                    help="skip SSE comment lines (`:` keep-alives, e.g. axum's after 15 s "
+                    "without an event) between events, counted in the report; by default they "
+                    "are protocol errors (llama-server and OpenAI send none)")
     ap.add_argument("--ref-concurrency", type=int, default=1,
                     help="reference replies fetched this many at a time (default 1: each "
                     "alone, so the references are unbatched decodes)")

@@ -96,6 +96,7 @@ def aggregate(samples):
         "ok": sum(s["ok"] for s in samples),
         "errors": sum(s["errors"] for s in samples),
         "diverged_ok": sum(s["diverged_ok"] for s in samples),
+        "sse_comments": sum(s.get("sse_comments", 0) for s in samples),
         "errors_by_kind": {k: sum(s["errors_by_kind"][k] for s in samples)
                            for k in lt.ERROR_KINDS},
     }
@@ -201,7 +202,7 @@ def main():
         "n_prompts": len(prompts), "max_tokens": a.max_tokens, "duration_s": a.duration,
         "max_requests": a.max_requests, "timeout_s": a.timeout, "reps": a.reps,
         "clients": clients, "sides": names, "skipped": skipped, "commands": commands,
-        "allow_divergence": a.allow_divergence,
+        "allow_divergence": a.allow_divergence, "allow_sse_comments": a.allow_sse_comments,
         "command": "scripts/loadtest-compare " + " ".join(sys.argv[1:]),
         "reference_agreement": reference_agreement(refs),
         "results": results,
@@ -291,6 +292,7 @@ def print_md(s):
     print()
     for n in live:
         div = sum(row[n]["diverged_ok"] for row in s["results"])
+        comments = sum(row[n].get("sse_comments", 0) for row in s["results"])
         errs = {}
         for row in s["results"]:
             for k, v in row[n]["errors_by_kind"].items():
@@ -299,6 +301,8 @@ def print_md(s):
         print(f"{n}: errors " + (", ".join(f"{k} {v}" for k, v in errs.items() if v) or "none")
               + (f"; {div} ok replies forked from the reference (greedy divergence, tolerated)"
                  if div else "")
+              + (f"; {comments} SSE comment lines skipped (--allow-sse-comments)"
+                 if comments else "")
               + (f"; reference replies identical at all {agree[2]} starts: {agree[0]}/{agree[1]}"
                  if agree and agree[2] > 1 else ""))
     if "across" in s["reference_agreement"]:

@@ -28,7 +28,7 @@ SCENARIOS = {
     "good_one_delta": "ok",          # the whole text in one delta (usage still 7 tokens)
     "no_done": "protocol",
     "no_usage": "protocol",
-    "comment_line": "protocol",
+    "comment_line": "protocol",      # an SSE comment (a keep-alive): strict mode refuses it
     "two_data_lines": "protocol",
     "bad_json": "protocol",
     "no_blank_line_at_end": "protocol",
@@ -48,6 +48,15 @@ SCENARIOS = {
     "http_500": "http",
     "slow": "timeout",
     "close_before_response": "connection",
+}
+
+# The same server with --allow-sse-comments: keep-alive comments between events are skipped.
+SCENARIOS_COMMENTS = {
+    "good": "ok",
+    "comment_line": "ok",
+    "comment_first": "ok",           # a keep-alive before the first event (a queued request)
+    "comment_inside_event": "protocol",
+    "no_done": "protocol",
 }
 
 
@@ -100,6 +109,10 @@ def events(scenario):
         lines[2] = "data: {not json" + nl + nl
     if scenario == "comment_line":
         lines.insert(2, ": keep-alive" + nl + nl)
+    if scenario == "comment_first":
+        lines.insert(0, ":" + nl + nl)
+    if scenario == "comment_inside_event":
+        lines[2] = lines[2].replace(nl + nl, nl + ":" + nl + nl)
     if scenario == "two_data_lines":
         lines[2] = lines[2].replace(nl + nl, nl + "data: {}" + nl + nl)
     if scenario != "no_done":
@@ -174,42 +187,51 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         pass  # the client hanging up on a broken stream is part of the test
 
 
-def main():
-    srv = Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    names = list(SCENARIOS)
+def run_pass(port, scenarios, extra):
+    """Runs each scenario once through loadtest.main; the number of misclassified ones."""
+    names = list(scenarios)
     with tempfile.TemporaryDirectory() as tmp:
         prompts = os.path.join(tmp, "prompts.txt")
         with open(prompts, "w") as f:
             f.write("\n".join(names) + "\n")
         out = os.path.join(tmp, "report.json")
-        # Refused: a host that is not loopback.
-        try:
-            lt.loopback_target("http://192.0.2.1:8080")
-            print("FAIL: a non-loopback URL was accepted")
-            return 1
-        except SystemExit:
-            pass
-        rc = lt.main(["--url", f"http://127.0.0.1:{srv.server_address[1]}", "--clients", "3",
+        rc = lt.main(["--url", f"http://127.0.0.1:{port}", "--clients", "3",
                       "--duration", "60", "--max-requests", str(len(names)),
-                      "--prompts", prompts, "--timeout", "1.5", "--json", out])
+                      "--prompts", prompts, "--timeout", "1.5", "--json", out] + extra)
         with open(out) as f:
             doc = json.load(f)
-    srv.shutdown()
     failures = 0
+    print(f"-- loadtest {' '.join(extra)}")
     for rec in doc["records"]:
         name = names[rec["prompt"]]
         got = "ok" if rec["ok"] else rec["kind"]
-        want = SCENARIOS[name]
+        want = scenarios[name]
         mark = "ok  " if got == want else "FAIL"
         failures += got != want
         print(f"{mark} {name:24} expected {want:11} got {got:11} {rec.get('detail', '')[:90]}")
     if len(doc["records"]) != len(names):
         print(f"FAIL: {len(doc['records'])} requests, expected {len(names)}")
         failures += 1
-    if rc != 1:
-        print(f"FAIL: exit status {rc}, expected 1 (errors occurred)")
+    want_rc = 1 if any(v != "ok" for v in scenarios.values()) else 0
+    if rc != want_rc:
+        print(f"FAIL: exit status {rc}, expected {want_rc}")
         failures += 1
+    return failures
+
+
+def main():
+    try:
+        lt.loopback_target("http://192.0.2.1:8080")
+        print("FAIL: a non-loopback URL was accepted")
+        return 1
+    except SystemExit:
+        pass
+    srv = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    failures = run_pass(port, SCENARIOS, [])
+    failures += run_pass(port, SCENARIOS_COMMENTS, ["--allow-sse-comments"])
+    srv.shutdown()
     print("loadtest self-test: " + ("PASS" if not failures else f"{failures} FAILED"))
     return 1 if failures else 0
 
