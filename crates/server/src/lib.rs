@@ -26,7 +26,7 @@ use minfer_engine::Engine;
 use minfer_tokenizer::template::ChatTemplate;
 use minfer_tokenizer::Tokenizer;
 use request::Limits;
-use scheduler::{EngineLoop, Faults, Job, LoopConfig, LoopStats};
+use scheduler::{EngineLoop, Faults, Job, LoopConfig, LoopShared, LoopStats};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
@@ -123,10 +123,12 @@ impl AppState {
                 chunk: cfg.chunk,
                 cache_entries: 64.max(cfg.parallel * 2),
             },
-            metrics.clone(),
-            faults.clone(),
-            stats.clone(),
-            queued.clone(),
+            LoopShared {
+                metrics: metrics.clone(),
+                faults: faults.clone(),
+                stats: stats.clone(),
+                queued: queued.clone(),
+            },
         );
         std::thread::Builder::new()
             .name("minfer-engine".into())

@@ -179,6 +179,15 @@ impl LogitsModel for Model<'_> {
     }
 }
 
+/// What the loop shares with the handlers.
+pub struct LoopShared {
+    pub metrics: Arc<Metrics>,
+    pub faults: Arc<Faults>,
+    pub stats: Arc<LoopStats>,
+    /// Jobs accepted by handlers and not yet admitted (the queue's length).
+    pub queued: Arc<AtomicUsize>,
+}
+
 pub struct EngineLoop {
     engine: Engine,
     tok: Arc<Tokenizer>,
@@ -186,7 +195,6 @@ pub struct EngineLoop {
     metrics: Arc<Metrics>,
     faults: Arc<Faults>,
     stats: Arc<LoopStats>,
-    /// Jobs accepted by handlers and not yet admitted (the queue's length).
     queued: Arc<AtomicUsize>,
     waiting: VecDeque<Job>,
     batch: Batcher<Tag>,
@@ -195,29 +203,25 @@ pub struct EngineLoop {
 }
 
 impl EngineLoop {
-    pub fn new(
-        engine: Engine,
-        tok: Arc<Tokenizer>,
-        cfg: LoopConfig,
-        metrics: Arc<Metrics>,
-        faults: Arc<Faults>,
-        stats: Arc<LoopStats>,
-        queued: Arc<AtomicUsize>,
-    ) -> Self {
-        let batch = Batcher::new(cfg.chunk);
-        let cache = PrefixCache::new(cfg.cache_entries);
+    pub fn new(engine: Engine, tok: Arc<Tokenizer>, cfg: LoopConfig, shared: LoopShared) -> Self {
+        let LoopShared {
+            metrics,
+            faults,
+            stats,
+            queued,
+        } = shared;
         EngineLoop {
             engine,
             tok,
+            batch: Batcher::new(cfg.chunk),
+            cache: PrefixCache::new(cfg.cache_entries),
             cfg,
             metrics,
             faults,
             stats,
             queued,
             waiting: VecDeque::new(),
-            batch,
             parked: Vec::new(),
-            cache,
         }
     }
 
