@@ -33,25 +33,33 @@ const CHUNK: usize = 32;
 
 /// Σ over the block's 8 groups of 4 elements of `vpdpbusd(weights of group g broadcast,
 /// interleaved activations of group g)`: lane t = Σ u·a of token t over the block, exact
-/// (|lane| <= 32·255·128). `u`: the block's 32 unsigned weight bytes as 8 four-byte words
-/// (f32 only as their carrier: `broadcast_ss` moves bits); `iq`: the block's interleaved
-/// activations. Four independent chains, so that the adds' latency overlaps.
+/// (|lane| <= 32·255·128). `u`: the block's 32 unsigned weight bytes (8 four-byte words);
+/// `iq`: the block's interleaved activations. Two groups per 512-bit vector: one 64-byte
+/// load holds groups 2p and 2p + 1 of all 8 tokens, and one permute puts word 2p of `u` in
+/// the low 8 lanes, word 2p + 1 in the high 8; the halves are added at the end.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-fn dot_interleaved(u: &[f32; 8], iq: &[u8]) -> __m256i {
+fn dot_interleaved(u: &[u8; 32], iq: &[u8]) -> __m256i {
     let iq = &iq[..IQ_BLOCK];
-    // SAFETY: `iq` holds 8 groups of 32 bytes.
-    let group = |g: usize| unsafe { ld(iq.as_ptr().add(32 * g)) };
-    // A broadcast from memory: a load, no shuffle.
-    let four = |g: usize| _mm256_castps_si256(_mm256_broadcast_ss(&u[g]));
-    let mut acc = [_mm256_setzero_si256(); 4];
-    for g in 0..8 {
-        acc[g % 4] = _mm256_dpbusd_epi32(acc[g % 4], four(g), group(g));
-    }
-    _mm256_add_epi32(
-        _mm256_add_epi32(acc[0], acc[1]),
-        _mm256_add_epi32(acc[2], acc[3]),
-    )
+    // SAFETY: `u` has 32 bytes; the upper 256 bits of the cast are never selected.
+    let u = _mm512_castsi256_si512(unsafe { ld(u.as_ptr()) });
+    let pair = |p: i32| {
+        let (lo, hi) = (2 * p, 2 * p + 1);
+        let idx = _mm512_setr_epi32(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
+        let w = _mm512_permutexvar_epi32(idx, u);
+        // SAFETY: `iq` holds 4 pairs of groups of 64 bytes.
+        let a = unsafe { _mm512_loadu_si512(iq.as_ptr().add(64 * p as usize).cast()) };
+        (w, a)
+    };
+    let zero = _mm512_setzero_si512();
+    let (w0, a0) = pair(0);
+    let (w1, a1) = pair(1);
+    let (w2, a2) = pair(2);
+    let (w3, a3) = pair(3);
+    let x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, w0, a0), w2, a2);
+    let y = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, w1, a1), w3, a3);
+    let s = _mm512_add_epi32(x, y);
+    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
 }
 
 /// Q5_0 weights: q = q5 - 16, so Σ q·a = Σ q5·a - 16·Σ a; the block value is
@@ -72,7 +80,7 @@ unsafe fn tile_q5_0(
     );
     // The row's quants are unpacked into `q5` by a first pass over a chunk of blocks, so that
     // the second reads each 4 of them by a broadcast load.
-    let mut q5 = [[0f32; 8]; CHUNK];
+    let mut q5 = [[0u8; 32]; CHUNK];
     let mut dw = [0f32; CHUNK];
     for c0 in range.clone().step_by(CHUNK) {
         let chunk = c0..(c0 + CHUNK).min(range.end);
@@ -114,7 +122,7 @@ unsafe fn tile_q8_0(
         side.iq.len() >= w.len() / 34 * IQ_BLOCK,
         "tile kernel: no interleaved quants"
     );
-    let mut u = [[0f32; 8]; CHUNK];
+    let mut u = [[0u8; 32]; CHUNK];
     let mut dw = [0f32; CHUNK];
     for c0 in range.clone().step_by(CHUNK) {
         let chunk = c0..(c0 + CHUNK).min(range.end);
