@@ -25,6 +25,7 @@ use std::ops::Range;
 
 use super::super::tiles::{TileAcc, TileFn, TileSlice, IQ_BLOCK, TILE};
 use super::avx2_tiles::{check, ld, ldf, ldi, sum8, walk, Q8K, Q8_0};
+use super::avx512_kquants::scales_mins_k4;
 use super::{f16_at, load16, nibbles32};
 use minfer_gguf::GgmlType;
 
@@ -45,7 +46,9 @@ fn dot_interleaved(u: &[u8; 32], iq: &[u8]) -> __m256i {
     let u = _mm512_castsi256_si512(unsafe { ld(u.as_ptr()) });
     let pair = |p: i32| {
         let (lo, hi) = (2 * p, 2 * p + 1);
-        let idx = _mm512_setr_epi32(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
+        let idx = _mm512_setr_epi32(
+            lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+        );
         let w = _mm512_permutexvar_epi32(idx, u);
         // SAFETY: `iq` holds 4 pairs of groups of 64 bytes.
         let a = unsafe { _mm512_loadu_si512(iq.as_ptr().add(64 * p as usize).cast()) };
@@ -164,7 +167,10 @@ unsafe fn tile_q4_k(
     let m4 = _mm512_set1_epi8(0x0f);
     walk(range, state, |b| {
         let wb = &w[b * 144..][..144];
-        let (sc, mn) = minfer_gguf::quants::unpack_scale_min_k4(&wb[4..16]);
+        // Scale s in byte s of `sc`, min s in byte s of `mn` (gated against the reference's
+        // unpacking in `avx512_kquants`).
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let byte = |v: u64, s: usize| (v >> (8 * s)) as u8 as i16;
         let mut isum = [_mm512_setzero_si512(); TILE];
         for j in 0..4 {
             // SAFETY: `wb` has 144 bytes; quants of sub-blocks 2j, 2j + 1 at 16 + 32j.
@@ -173,8 +179,8 @@ unsafe fn tile_q4_k(
             // Low nibbles in the low 256 bits (sub-block 2j), high ones in the high 256 bits.
             let q = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(both, 0xffff_0000, both), m4);
             let sc = _mm512_inserti64x4::<1>(
-                _mm512_set1_epi16(sc[2 * j] as i16),
-                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+                _mm512_set1_epi16(byte(sc, 2 * j)),
+                _mm256_set1_epi16(byte(sc, 2 * j + 1)),
             );
             for (t, isum) in isum.iter_mut().enumerate() {
                 let a = acts.as_ptr().wrapping_add(t * arb + b * Q8K + 4 + 64 * j);
@@ -187,10 +193,10 @@ unsafe fn tile_q4_k(
         let isum = isum.map(|v| {
             _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
         });
-        // Each min twice: a 32-element sub-block covers two 16-element block sums.
-        let mins: [i16; 16] = std::array::from_fn(|i| mn[i / 2] as i16);
-        // SAFETY: `mins` is 32 bytes.
-        let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+        // Each min twice (m0 m0 m1 m1 ..): a 32-element sub-block covers two 16-element
+        // block sums.
+        let mn = _mm_cvtsi64_si128(mn as i64);
+        let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
         let mut mprod = [_mm256_setzero_si256(); TILE];
         for (t, mprod) in mprod.iter_mut().enumerate() {
             // SAFETY: `check`: block sums at 260..292 of each super-block.
@@ -224,7 +230,8 @@ unsafe fn tile_q6_k(
     walk(range, state, |b| {
         let wb = &w[b * 210..][..210];
         let sc16 = _mm256_cvtepi8_epi16(load16(&wb[192..208]));
-        let mut isum = [_mm256_setzero_si256(); TILE];
+        let sc512 = _mm512_castsi256_si512(sc16);
+        let mut isum = [_mm512_setzero_si512(); TILE];
         for h in 0..2 {
             // SAFETY: `wb` has 210 bytes: ql at 0..128, qh at 128..192.
             let (ql0, ql1, qh) = unsafe {
@@ -241,31 +248,39 @@ unsafe fn tile_q6_k(
                 _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
                 _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
             ];
-            for (i, low) in lows.into_iter().enumerate() {
+            // Chunk i: 32 elements, the quants of sub-blocks 8h + 2i and 8h + 2i + 1.
+            let q6: [__m256i; 4] = std::array::from_fn(|i| {
                 let high =
                     _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * i as i32)), m2);
-                let q6 = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
-                // Sub-blocks s (elements 0..16) and s + 1 (16..32) of this chunk.
-                let s = 8 * h + 2 * i;
-                let sc = _mm256_set_m128i(
-                    _mm_set1_epi16(wb[192 + s + 1] as i8 as i16),
-                    _mm_set1_epi16(wb[192 + s] as i8 as i16),
-                );
+                _mm256_or_si256(lows[i], _mm256_slli_epi16::<4>(high))
+            });
+            for pair in 0..2 {
+                // Chunks 2·pair and 2·pair + 1 in one vector; 128-bit lane l holds sub-block
+                // s + l, whose scale the permute spreads over the lane's 8 words.
+                let q =
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q6[2 * pair]), q6[2 * pair + 1]);
+                let s = 8 * h + 4 * pair;
+                let idx: [i16; 32] = std::array::from_fn(|i| (s + i / 8) as i16);
+                // SAFETY: `idx` is 64 bytes.
+                let idx = unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) };
+                let sc = _mm512_permutexvar_epi16(idx, sc512);
                 for (t, isum) in isum.iter_mut().enumerate() {
-                    let off = t * arb + b * Q8K + 4 + 128 * h + 32 * i;
+                    let off = t * arb + b * Q8K + 4 + 128 * h + 64 * pair;
                     // SAFETY: `check`: quants at 4..260 of each super-block.
-                    let a = unsafe { ld(acts.as_ptr().add(off)) };
+                    let a = unsafe { _mm512_loadu_si512(acts.as_ptr().add(off).cast()) };
                     // q6·a pairs: at most 2·63·128, no saturation.
-                    *isum = _mm256_dpwssd_epi32(*isum, _mm256_maddubs_epi16(q6, a), sc);
+                    *isum = _mm512_dpwssd_epi32(*isum, _mm512_maddubs_epi16(q, a), sc);
                 }
             }
         }
-        for (t, isum) in isum.iter_mut().enumerate() {
+        let isum: [__m256i; TILE] = std::array::from_fn(|t| {
+            let v = isum[t];
+            let v = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
             // SAFETY: `check`: block sums at 260..292 of each super-block.
             let bs = unsafe { ld(acts.as_ptr().add(t * arb + b * Q8K + 260)) };
             let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
-            *isum = _mm256_sub_epi32(*isum, corr);
-        }
+            _mm256_sub_epi32(v, corr)
+        });
         let isum = _mm256_cvtepi32_ps(sum8(isum));
         let d = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 208)), ldf(side.fs, b * TILE));
         _mm256_mul_ps(d, isum)
