@@ -29,6 +29,19 @@
 //! and so does swapping the two halves of its i16 fold (`hadd_epi32(h23, h01)`). Its
 //! several-rows-per-call form (`dot_q5_0_side_rows`) skipping its first row, and its
 //! broadcast-loaded nibbles shifted in the wrong half (`srlv` by (0, 0, 4, 4)), each fail it.
+//!
+//! The AVX-512 VNNI tile kernels (`simd/x86/avx512_tiles.rs`: Q5_0, Q8_0, Q4_K, Q6_K) run in
+//! the matmul test on AVX-512 VNNI machines, and `tile_kernels_are_exact_on_every_isa` calls
+//! every instruction set's tile kernels directly (so an AVX-512 machine checks its AVX2 tiles
+//! too), over one block range and over uneven ones (odd starts, across the 32-block chunks).
+//! Each control made both tests fail (2026-12-01, AMD EPYC with AVX-512 VNNI): Q8_0's bias
+//! taken back as 64 · Σa instead of 128 · Σa; Q8_0 weights clamped to -127 before the bias
+//! (the planted -128 weights); the interleaved groups paired with the neighbouring group's
+//! weights (`group(g ^ 1)`, Q5_0 and Q8_0); Q5_0's float part reassociated as
+//! d_w · (d_a · s); Q4_K's nibble mask shifting the low half (`0x0000_ffff`); Q4_K's mins
+//! not doubled per 32-element sub-block; Q6_K's scales spread to the neighbouring sub-block
+//! (`(s + i / 8) ^ 1`), and its sub-block scales of a chunk swapped (ymm form); Q6_K's
+//! second chunk of a pair read 32 bytes off.
 
 use minfer_cpu::llamacpp_x86::attn_f16;
 use minfer_cpu::ops::attn::{self, AttnParams};
