@@ -72,7 +72,7 @@ fn matmul_is_exact_for_every_thread_count() {
     for (k, m, ty) in types.into_iter().flat_map(|ty| {
         // Odd shapes: rows whose blocks the tile kernels walk in several ranges, starting at
         // odd blocks (45 blocks per range of Q8_0 activations, 5 of Q8_K ones), beyond the
-        // 32-block chunks of the Q5_0 / Q8_0 kernels' first pass; m not a multiple of 16.
+        // 32-block chunks of the Q5_0 kernel's first pass; m not a multiple of 16.
         let odd = if ty.block_size() == 256 {
             (2304, 24, ty)
         } else {
@@ -138,7 +138,7 @@ fn tile_kernels_are_exact_on_every_isa() {
     // Every tile kernel of every instruction set this machine runs (the AVX2 tiles and, on
     // AVX-512 VNNI machines, the AVX-512 ones), called directly on 2 tiles of 8 tokens, each
     // row's blocks walked in one range and in uneven ranges (odd starts, ranges crossing the
-    // 32-block chunks of the Q5_0 / Q8_0 first pass), against the scalar reference dot.
+    // 32-block chunks of the Q5_0 first pass), against the scalar reference dot.
     let types = [
         GgmlType::Q4K,
         GgmlType::Q6K,
