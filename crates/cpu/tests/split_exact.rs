@@ -37,7 +37,8 @@
 //! Each control made both tests fail (2026-12-01, AMD EPYC with AVX-512 VNNI): Q8_0's bias
 //! taken back as 64 · Σa instead of 128 · Σa; Q8_0 weights clamped to -127 before the bias
 //! (the planted -128 weights); the interleaved groups paired with the neighbouring group's
-//! weights (`group(g ^ 1)`, Q5_0 and Q8_0); Q5_0's float part reassociated as
+//! weights (Q5_0 and Q8_0: `group(g ^ 1)` in the first, 256-bit form, the two groups of a
+//! 512-bit pair swapped in the permute in the final one); Q5_0's float part reassociated as
 //! d_w · (d_a · s); Q4_K's nibble mask shifting the low half (`0x0000_ffff`); Q4_K's mins
 //! not doubled per 32-element sub-block; Q6_K's scales spread to the neighbouring sub-block
 //! (`(s + i / 8) ^ 1`), and its sub-block scales of a chunk swapped (ymm form); Q6_K's
