@@ -29,10 +29,25 @@
 //! and so does swapping the two halves of its i16 fold (`hadd_epi32(h23, h01)`). Its
 //! several-rows-per-call form (`dot_q5_0_side_rows`) skipping its first row, and its
 //! broadcast-loaded nibbles shifted in the wrong half (`srlv` by (0, 0, 4, 4)), each fail it.
+//!
+//! The AVX-512 VNNI tile kernels (`simd/x86/avx512_tiles.rs`: Q5_0, Q8_0, Q4_K, Q6_K) run in
+//! the matmul test on AVX-512 VNNI machines, and `tile_kernels_are_exact_on_every_isa` calls
+//! every instruction set's tile kernels directly (so an AVX-512 machine checks its AVX2 tiles
+//! too), over one block range and over uneven ones (odd starts, across the 32-block chunks).
+//! Each control made both tests fail (2026-12-01, AMD EPYC with AVX-512 VNNI): Q8_0's bias
+//! taken back as 64 · Σa instead of 128 · Σa; Q8_0 weights clamped to -127 before the bias
+//! (the planted -128 weights); the interleaved groups paired with the neighbouring group's
+//! weights (Q5_0 and Q8_0: `group(g ^ 1)` in the first, 256-bit form, the two groups of a
+//! 512-bit pair swapped in the permute in the final one); Q5_0's float part reassociated as
+//! d_w · (d_a · s); Q4_K's nibble mask shifting the low half (`0x0000_ffff`); Q4_K's mins
+//! not doubled per 32-element sub-block; Q6_K's scales spread to the neighbouring sub-block
+//! (`(s + i / 8) ^ 1`), and its sub-block scales of a chunk swapped (ymm form); Q6_K's
+//! second chunk of a pair read 32 bytes off.
 
 use minfer_cpu::llamacpp_x86::attn_f16;
 use minfer_cpu::ops::attn::{self, AttnParams};
 use minfer_cpu::ops::matmul::{matmul, Weight};
+use minfer_cpu::simd::{self, finish_tile, Isa, TileAcc, TileSide, TILE};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
 use minfer_testkit::rng::floats;
@@ -55,22 +70,22 @@ fn matmul_is_exact_for_every_thread_count() {
         GgmlType::Q5_0,
         GgmlType::Q4_1,
     ];
-    for (k, m, ty) in types
-        .into_iter()
-        .flat_map(|ty| [(512, 200, ty), (1280, 40, ty), (512, 1000, ty)])
-    {
+    for (k, m, ty) in types.into_iter().flat_map(|ty| {
+        // Odd shapes: rows whose blocks the tile kernels walk in several ranges, starting at
+        // odd blocks (45 blocks per range of Q8_0 activations, 5 of Q8_K ones), beyond the
+        // 32-block chunks of the Q5_0 kernel's first pass; m not a multiple of 16.
+        let odd = if ty.block_size() == 256 {
+            (2304, 24, ty)
+        } else {
+            (4864, 24, ty)
+        };
+        [(512, 200, ty), (1280, 40, ty), (512, 1000, ty), odd]
+    }) {
         let wrb = ty.row_bytes(k as u64).unwrap() as usize;
-        let bs = ty.block_size() as usize;
-        let mut wbytes = random_blocks(ty, m * k / bs, 7);
-        if ty == GgmlType::Q8_0 {
-            // Weights from a file may hold -128, which the tile kernel must take exactly.
-            for blk in wbytes.chunks_exact_mut(34).step_by(3) {
-                blk[2] = 0x80;
-                blk[20] = 0x80;
-            }
-        }
+        // Weights from a file may hold -128 (Q8_0), which the tile kernels must take exactly.
+        let wbytes = weights(ty, k, m, 7);
         assert_eq!(wbytes.len(), wrb * m);
-        for nt in [1usize, 3, 19] {
+        for nt in [1usize, 3, 8, 19] {
             let x = floats(nt * k, 11 + nt as u64);
             // Reference: quantize each token row, then the scalar dot per (row, token).
             let at = vec_dot_type(ty);
@@ -104,6 +119,106 @@ fn matmul_is_exact_for_every_thread_count() {
             }
         }
     }
+}
+
+/// Weight rows of `ty` for `m` rows of `k`, with -128 planted in Q8_0 weights (legal in a
+/// file; the AVX2 Q8_0 tile moves its sign, the AVX-512 one biases it).
+fn weights(ty: GgmlType, k: usize, m: usize, seed: u64) -> Vec<u8> {
+    let mut wbytes = random_blocks(ty, m * k / ty.block_size() as usize, seed);
+    if ty == GgmlType::Q8_0 {
+        for blk in wbytes.chunks_exact_mut(34).step_by(3) {
+            blk[2] = 0x80;
+            blk[20] = 0x80;
+        }
+    }
+    wbytes
+}
+
+#[test]
+fn tile_kernels_are_exact_on_every_isa() {
+    // Every tile kernel of every instruction set this machine runs (the AVX2 tiles and, on
+    // AVX-512 VNNI machines, the AVX-512 ones), called directly on 2 tiles of 8 tokens, each
+    // row's blocks walked in one range and in uneven ranges (odd starts, ranges crossing the
+    // 32-block chunks of the Q5_0 first pass), against the scalar reference dot.
+    let types = [
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_1,
+    ];
+    let mut checked = 0;
+    for isa in simd::available() {
+        for ty in types {
+            let ks: &[usize] = if ty.block_size() == 256 {
+                &[256, 1280, 2304]
+            } else {
+                &[32, 96, 1440, 2400]
+            };
+            for &k in ks {
+                let dot = simd::RowDot::on(isa, ty).unwrap();
+                let wrb = ty.row_bytes(k as u64).unwrap() as usize;
+                let at = vec_dot_type(ty);
+                let arb = at.row_bytes(k as u64).unwrap() as usize;
+                let Some(f) = dot.tile_for(k, wrb, arb) else {
+                    continue;
+                };
+                let served = dot.tile_served_by().unwrap();
+                if isa == Isa::Avx512Vnni && matches!(ty, GgmlType::Q4_1) {
+                    assert_eq!(served, Isa::Avx2, "{ty}: no AVX-512 tile");
+                } else {
+                    assert_eq!(served, isa, "{ty} on {isa}");
+                }
+                let (m, nt) = (5, 2 * TILE);
+                let wbytes = weights(ty, k, m, 21 + k as u64);
+                let x = floats(nt * k, 31 + k as u64);
+                let mut act = vec![0u8; nt * arb];
+                for (xr, ar) in x.chunks_exact(k).zip(act.chunks_exact_mut(arb)) {
+                    quants::quantize_row(at, xr, ar).unwrap();
+                }
+                let mut side = TileSide::default();
+                assert!(side.reset(at, arb, nt));
+                for (tile, mut s) in side.tiles_mut().enumerate() {
+                    let rows = &act[tile * TILE * arb..(tile + 1) * TILE * arb];
+                    assert!(TileSide::fill(at, rows, arb, &mut s));
+                }
+                let blocks = k / ty.block_size() as usize;
+                let cuts = [0, 1, 7, 33, 34, 45].map(|c: usize| c.min(blocks));
+                for tile in 0..nt / TILE {
+                    let acts = &act[tile * TILE * arb..(tile + 1) * TILE * arb];
+                    for o in 0..m {
+                        let wr = &wbytes[o * wrb..(o + 1) * wrb];
+                        let want: Vec<f32> = (0..TILE)
+                            .map(|t| {
+                                let a = &acts[t * arb..(t + 1) * arb];
+                                quants::vec_dot(ty, k, wr, a).unwrap()
+                            })
+                            .collect();
+                        // One range, then the cuts (the last range to the end).
+                        let mut whole = TileAcc::default();
+                        f(wr, acts, arb, side.tile(tile), 0..blocks, &mut whole);
+                        let mut parts = TileAcc::default();
+                        let mut starts: Vec<usize> = cuts.to_vec();
+                        starts.push(blocks);
+                        starts.dedup();
+                        for r in starts.windows(2) {
+                            f(wr, acts, arb, side.tile(tile), r[0]..r[1], &mut parts);
+                        }
+                        for (what, state) in [("one range", whole), ("ranges", parts)] {
+                            let got = finish_tile(&state);
+                            assert!(
+                                bits(&got) == bits(&want),
+                                "{isa} ({served} tile) {ty} k={k} row {o} tile {tile} ({what}): \
+                                 got {got:?}, reference {want:?}"
+                            );
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 0 || !simd::available().contains(&Isa::Avx2));
 }
 
 #[test]

@@ -240,16 +240,35 @@ impl super::RowDot {
     /// bytes, where this type has one on this instruction set and the rows fit it.
     pub fn tile_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TileFn> {
         self.kernel_for(n, w_len, act_len)?;
+        self.tile_kernel().map(|(_, f)| f)
+    }
+
+    /// The instruction set whose tile kernel serves this dot's weight type, where there is
+    /// one: AVX-512 VNNI's own tile where it has one (Q5_0, Q8_0, Q4_K, Q6_K), else the AVX2
+    /// tile (on AVX2 machines, and for the other types on AVX-512 ones).
+    pub fn tile_served_by(&self) -> Option<super::Isa> {
+        self.tile_kernel().map(|(isa, _)| isa)
+    }
+
+    fn tile_kernel(&self) -> Option<(super::Isa, TileFn)> {
         #[cfg(target_arch = "x86_64")]
-        if avx2_kernels_run(self.isa) {
-            return super::x86::avx2_tile(self.ty);
+        {
+            if self.isa == super::Isa::Avx512Vnni {
+                if let Some(f) = super::x86::avx512_tile(self.ty) {
+                    return Some((super::Isa::Avx512Vnni, f));
+                }
+            }
+            if avx2_kernels_run(self.isa) {
+                return super::x86::avx2_tile(self.ty).map(|f| (super::Isa::Avx2, f));
+            }
         }
         None
     }
 }
 
 /// Whether the AVX2 tile and side kernels serve rows of `isa`'s dots: on AVX2, and on AVX-512
-/// machines (which run AVX2 code too), where no AVX-512 tile kernel exists. Every kernel gives
+/// machines (which run AVX2 code too) for the types without an AVX-512 tile kernel and for
+/// every side kernel (no AVX-512 side kernel exists). Every kernel gives
 /// the scalar reference's bits (`tests/split_exact.rs`, `simd_exact.rs`), so mixing the AVX2
 /// tiles with AVX-512 single-row dots changes no result.
 #[cfg(target_arch = "x86_64")]

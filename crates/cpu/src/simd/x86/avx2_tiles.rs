@@ -12,14 +12,14 @@ use super::super::tiles::{TileAcc, TileFn, TileSlice, IQ_BLOCK, TILE};
 use super::{f16_at, load16, nibbles32};
 use minfer_gguf::GgmlType;
 
-const Q8_0: usize = 34;
+pub(super) const Q8_0: usize = 34;
 const Q8_1: usize = 36;
-const Q8K: usize = 292;
+pub(super) const Q8K: usize = 292;
 
 /// Lane t = Σ of the 8 i32 lanes of `v[t]` (exact: the sums it is used for never wrap).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn sum8(v: [__m256i; TILE]) -> __m256i {
+pub(super) fn sum8(v: [__m256i; TILE]) -> __m256i {
     let h01 = _mm256_hadd_epi32(v[0], v[1]);
     let h23 = _mm256_hadd_epi32(v[2], v[3]);
     let h45 = _mm256_hadd_epi32(v[4], v[5]);
@@ -57,7 +57,7 @@ fn sum8_small(p: [__m256i; TILE]) -> __m256i {
 /// 32 bytes at `p` (caller guarantees 32 readable bytes).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn ld(p: *const u8) -> __m256i {
+pub(super) unsafe fn ld(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 32 readable bytes; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
@@ -65,7 +65,7 @@ unsafe fn ld(p: *const u8) -> __m256i {
 /// 8 f32 at `fs[i..i + 8]` (bounds-checked).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ldf(fs: &[f32], i: usize) -> __m256 {
+pub(super) fn ldf(fs: &[f32], i: usize) -> __m256 {
     let s = &fs[i..i + TILE];
     // SAFETY: `s` has 8 readable f32.
     unsafe { _mm256_loadu_ps(s.as_ptr()) }
@@ -74,7 +74,7 @@ fn ldf(fs: &[f32], i: usize) -> __m256 {
 /// 8 i32 at `is[i..i + 8]` (bounds-checked).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ldi(is: &[i32], i: usize) -> __m256i {
+pub(super) fn ldi(is: &[i32], i: usize) -> __m256i {
     let s = &is[i..i + TILE];
     // SAFETY: `s` has 8 readable i32.
     unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
@@ -85,7 +85,11 @@ fn ldi(is: &[i32], i: usize) -> __m256i {
 /// after each block instead of the `match` (an indirect jump per block) measured no faster.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn walk(range: Range<usize>, state: &mut TileAcc, mut value: impl FnMut(usize) -> __m256) {
+pub(super) fn walk(
+    range: Range<usize>,
+    state: &mut TileAcc,
+    mut value: impl FnMut(usize) -> __m256,
+) {
     // SAFETY: each lane row holds 8 f32.
     let [mut a0, mut a1, mut a2, mut a3] = state.map(|l| unsafe { _mm256_loadu_ps(l.as_ptr()) });
     for b in range {
@@ -106,7 +110,7 @@ fn walk(range: Range<usize>, state: &mut TileAcc, mut value: impl FnMut(usize) -
 /// Checks the lengths every tile kernel relies on: whole weight blocks of `wb` bytes, 8
 /// activation rows of `arb` = blocks × `ab` bytes, `nf` f32 and `ni` i32 facts per block in
 /// the side table, `range` within the blocks.
-fn check(
+pub(super) fn check(
     w: &[u8],
     acts: &[u8],
     arb: usize,

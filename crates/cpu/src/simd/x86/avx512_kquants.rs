@@ -32,7 +32,7 @@ fn spread_index(first: usize, run: usize) -> __m512i {
 /// same for the mins; bytes 8..12 the low 4 bits of scales 4..8 (low nibble) and of mins 4..8
 /// (high nibble).
 #[inline]
-fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
+pub(super) fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
     let word = |i: usize| {
         let mut v = [0u8; 4];
         v.copy_from_slice(&s[i..i + 4]);
