@@ -683,15 +683,17 @@ fn e_bad_windows_are_typed_errors() {
             second: (1, _)
         })
     ));
-    let five: Vec<Run> = (0..5)
+    let too_many: Vec<Run> = (0..KV_MAP_RUNS + 1)
         .map(|i| Run {
             cell: 10 * i,
             len: 2,
         })
         .collect();
     assert_eq!(
-        Window::from_runs(&five),
-        Err(WindowError::TooManyRuns { runs: 5 })
+        Window::from_runs(&too_many),
+        Err(WindowError::TooManyRuns {
+            runs: KV_MAP_RUNS + 1
+        })
     );
     // Valid: unused runs anywhere, adjacent runs, runs in any cell order.
     let w = parse(&map(&[(40, 10), (0, 0), (0, 40)]), 1).unwrap();

@@ -182,8 +182,9 @@ fn a_sequence_in_too_many_runs_is_defragmented_first() {
         let a = e.default_seq();
         let mut fed = Vec::new();
         let mut others = Vec::new();
-        // Four runs of the sequence, each followed by another sequence's cells.
-        for i in 0..4u32 {
+        // KV_MAP_RUNS runs of the sequence, each followed by another sequence's cells.
+        let runs = minfer_engine::KV_MAP_RUNS;
+        for i in 0..runs as u32 {
             let t = tokens(3, 10 + i, vocab);
             e.decode(&t, fed.len(), 1).unwrap();
             fed.extend_from_slice(&t);
@@ -193,15 +194,17 @@ fn a_sequence_in_too_many_runs_is_defragmented_first() {
                 .unwrap();
             others.push(x);
         }
-        // The holes the first three leave take the next tokens: 4 + 3 runs, more than a map holds.
-        for &x in &others[..3] {
+        // The two-cell holes all but the last leave take the next tokens: more runs than a
+        // map holds.
+        for &x in &others[..runs - 1] {
             e.seq_release(x).unwrap();
         }
-        assert_eq!(e.cells().runs(a).unwrap().len(), 4, "{ty}");
-        let probe = tokens(5, 99, vocab);
+        assert_eq!(e.cells().runs(a).unwrap().len(), runs, "{ty}");
+        let n_probe = 2 * (runs - 1) - 1;
+        let probe = tokens(n_probe, 99, vocab);
         let moves_free = e.cells().n_free();
         let got = e.decode(&probe, fed.len(), 1).unwrap().to_vec();
-        assert_eq!(e.cells().n_free(), moves_free - 5);
+        assert_eq!(e.cells().n_free(), moves_free - n_probe);
         e.cells().check().unwrap();
         let runs_after = e.cells().runs(a).unwrap().len();
         assert!(

@@ -35,9 +35,11 @@ impl DType {
     }
 }
 
-/// Runs of cells a [`InputKind::KvMap`] row holds (a shared prefix, a private tail and
-/// room for two more); a sequence that needs more is defragmented first.
-pub const KV_MAP_RUNS: usize = 4;
+/// Runs of cells a [`InputKind::KvMap`] row holds: up to six segments of shared prefixes
+/// (a tree of cached prompts: system prompt, then common openings of user turns), a private
+/// tail and one more; a sequence that needs more is defragmented first. The map costs
+/// 2 i32 per run and query row, so a wide map is cheap.
+pub const KV_MAP_RUNS: usize = 8;
 
 /// Host-filled graph inputs (all i32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -532,3 +532,32 @@ async fn a_long_prompt_is_read_in_chunks_between_decode_steps() {
         .collect();
     assert_eq!(streamed, alone["choices"][0]["text"].as_str().unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_of_cached_prompts_still_hits_in_full() {
+    let Some(m) = models::smol() else { return };
+    let s = start(&m, 4096, ServeConfig::default());
+    // Prompts sharing the template's opening, then openings of their own at several depths:
+    // each new one shares cells of earlier ones, so the cells of one prompt carry several
+    // owner counts (segments).
+    let prompts = [
+        "Write a function that adds two numbers.",
+        "Write a function that reverses a list.",
+        "Write a function that reverses a string.",
+        "Write a loop that counts to ten.",
+        "Explain what a closure is.",
+        "Write a function that reverses a string in place.",
+    ];
+    for p in prompts {
+        let (st, v) = s.post("/v1/chat/completions", &chat(p, 4)).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+    }
+    for p in prompts {
+        let (_, v) = s.post("/v1/chat/completions", &chat(p, 4)).await;
+        let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(cached, prompt - 1, "{p}: {cached} of {prompt} cached");
+    }
+}
