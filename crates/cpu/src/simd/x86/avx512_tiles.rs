@@ -281,23 +281,6 @@ unsafe fn tile_q6_k(
     });
 }
 
-macro_rules! tile_wrappers {
-    ($($name:ident => $kernel:ident),* $(,)?) => {
-        $(fn $name(
-            w: &[u8],
-            acts: &[u8],
-            arb: usize,
-            side: TileSlice,
-            range: Range<usize>,
-            state: &mut TileAcc,
-        ) {
-            // SAFETY: only handed out by `avx512_tile` after `avx512_supported()` returned
-            // true; the kernel checks every length it reads through (`check`).
-            unsafe { $kernel(w, acts, arb, side, range, state) }
-        })*
-    };
-}
-
 tile_wrappers! {
     safe_q5_0 => tile_q5_0,
     safe_q8_0 => tile_q8_0,

@@ -11,6 +11,26 @@ use minfer_gguf::GgmlType;
 
 use super::{Dot4Fn, DotFn, QuantFn};
 
+/// Safe entry points (`TileFn`) over unsafe tile kernels: `$name => $kernel` each, for the
+/// tile table of an instruction set. Only handed out by that set's `*_tile` lookup after its
+/// `*_supported()` check returned true; each kernel checks every length it reads through
+/// (`check`).
+macro_rules! tile_wrappers {
+    ($($name:ident => $kernel:ident),* $(,)?) => {
+        $(fn $name(
+            w: &[u8],
+            acts: &[u8],
+            arb: usize,
+            side: TileSlice,
+            range: Range<usize>,
+            state: &mut TileAcc,
+        ) {
+            // SAFETY: see the macro's docs: the CPU supports the kernel's instruction set.
+            unsafe { $kernel(w, acts, arb, side, range, state) }
+        })*
+    };
+}
+
 mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
