@@ -539,7 +539,8 @@ async fn a_tree_of_cached_prompts_still_hits_in_full() {
     let s = start(&m, 4096, ServeConfig::default());
     // Prompts sharing the template's opening, then openings of their own at several depths:
     // each new one shares cells of earlier ones, so the cells of one prompt carry several
-    // owner counts (segments).
+    // owner counts (segments). Control: with kv maps of 4 runs (2 shareable segments) the
+    // repeats hit only the common opening ("… adds two numbers.": 26 of 38 cached).
     let prompts = [
         "Write a function that adds two numbers.",
         "Write a function that reverses a list.",
