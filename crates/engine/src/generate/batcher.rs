@@ -148,7 +148,8 @@ impl<T> Batcher<T> {
             }
         }
         let cap = self.prompt_cap.take().unwrap_or(usize::MAX);
-        let mut prompt_room = self.chunk.min(room).min(cap);
+        let prompt_budget = self.chunk.min(room).min(cap);
+        let mut prompt_room = prompt_budget;
         for (i, (_, g)) in self.seqs.iter().enumerate() {
             if g.done || g.fed >= g.prompt.len() || prompt_room == 0 {
                 continue;
@@ -161,7 +162,7 @@ impl<T> Batcher<T> {
             .iter()
             .filter(|(_, p)| matches!(p, Part::Decode))
             .count();
-        self.last = (decodes, (self.chunk.min(room).min(cap)) - prompt_room);
+        self.last = (decodes, prompt_budget - prompt_room);
         if plan.is_empty() {
             return Ok(false);
         }

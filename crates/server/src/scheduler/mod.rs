@@ -20,7 +20,7 @@ use crate::metrics::{Finish, Metrics};
 use minfer_engine::batch::BatchLogits;
 use minfer_engine::chat::Pieces;
 use minfer_engine::generate::{
-    Batcher, Event, FinishReason, GenerateError, GenerateRequest, LogitsModel, SeqGen, TokenLogprob,
+    Batcher, Event, FinishReason, GenerateRequest, LogitsModel, SeqGen, TokenLogprob,
 };
 use minfer_engine::{BatchEntry, Engine, SeqId};
 use minfer_tokenizer::Tokenizer;
@@ -468,9 +468,8 @@ impl EngineLoop {
         self.stats
             .max_prompt_tokens
             .fetch_max(prompt, Ordering::Relaxed);
-        if let Err(f) = res {
-            let _: &GenerateError<minfer_engine::Error> = &f.error;
-
+        if res.is_err() {
+            // The batcher marked the sequences the forward held as failed; `reap` answers them.
             metrics.forward_failed();
             // The cells of cached prefixes are not trusted after a failed forward.
             for seq in self.cache.clear() {
