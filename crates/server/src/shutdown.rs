@@ -12,10 +12,13 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// A listener that closes its socket once draining starts.
+/// A listener that closes its socket once draining starts. It says so through `closed`, so
+/// the drain is announced only once the kernel refuses new connections (announcing on the
+/// signal alone let a client connect in between).
 struct DrainingListener {
     inner: Option<TcpListener>,
     draining: watch::Receiver<bool>,
+    closed: Option<tokio::sync::oneshot::Sender<()>>,
     addr: std::net::SocketAddr,
 }
 
@@ -28,6 +31,9 @@ impl axum::serve::Listener for DrainingListener {
             loop {
                 if *self.draining.borrow() {
                     self.inner = None;
+                    if let Some(closed) = self.closed.take() {
+                        let _ = closed.send(());
+                    }
                 }
                 let Some(l) = &self.inner else {
                     return std::future::pending().await;
@@ -52,27 +58,28 @@ impl axum::serve::Listener for DrainingListener {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Installs the SIGINT and SIGTERM handlers now and returns a future that resolves on either.
+/// Registration is eager (not at the future's first poll) so that a signal arriving right
+/// after the caller announces its address is caught rather than killing the process. Must be
+/// called inside a tokio runtime.
+pub fn signal() -> std::io::Result<impl Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
 
@@ -85,9 +92,11 @@ pub async fn serve(
 ) -> std::io::Result<usize> {
     let addr = listener.local_addr()?;
     let (tx, rx) = watch::channel(false);
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
     let l = DrainingListener {
         inner: Some(listener),
         draining: rx,
+        closed: Some(closed_tx),
         addr,
     };
     let server = tokio::spawn(axum::serve(l, app(state.clone())).into_future());
@@ -95,6 +104,9 @@ pub async fn serve(
     state.draining.store(true, Ordering::SeqCst);
     state.metrics.set_draining(true);
     let _ = tx.send(true);
+    // The accept loop is always parked in `accept`, so it sees the flag at once; the bound
+    // only guards against a server task that already ended.
+    let _ = tokio::time::timeout(Duration::from_secs(2), closed_rx).await;
     let timeout = state.cfg.drain_timeout;
     let n = state.in_flight.load(Ordering::SeqCst);
     eprintln!(
