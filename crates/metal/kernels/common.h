@@ -7,7 +7,18 @@ using namespace metal;
 
 struct ElementwiseParams { uint n; };
 struct RmsNormParams { uint ncols; uint nrows; float eps; };
-struct RopeParams { uint head_dim; uint n_heads; uint n_tokens; uint n_rot; float freq_base; uint style; };
+struct RopeParams {
+    uint head_dim; uint n_heads; uint n_tokens; uint n_rot; float freq_base; float freq_scale; uint style;
+};
+struct RopeShiftParams {
+    uint head_dim; uint n_heads; uint n_cells; uint cell0; int delta; float freq_base; float freq_scale;
+    uint style;
+};
+struct AddRowsParams { uint ncols; uint nrows; };
+struct WindowAttnParams {
+    uint n_head; uint n_head_kv; uint head_dim; uint n_tokens; uint kv_stride; uint kv_row_bytes;
+    uint window_width; uint n_chunks; uint chunk_len; float scale;
+};
 struct KvStoreParams { uint row_elems; uint n_tokens; uint n_ctx; uint dst_row_bytes; };
 struct GetRowsParams { uint ncols; uint n_ids; uint row_bytes; uint n_rows; };
 struct MatmulParams { uint k; uint n; uint nt; uint row_bytes; };
@@ -33,3 +44,40 @@ inline uint mf_ld_u32(device const uchar * p) {
     return uint(p[0]) | (uint(p[1]) << 8) | (uint(p[2]) << 16) | (uint(p[3]) << 24);
 }
 inline float mf_silu(float x) { return x / (1.0f + exp(-x)); }
+
+// RoPE angle of pair i at position pos, as the CPU computes it (crates/cpu/src/ops/rope.rs):
+// theta_0 = pos, theta_{j+1} = theta_j * base^(-2/n_rot), each step rounded to f32, then
+// freq_scale * theta_i. precise:: so the angle does not depend on fast-math approximations.
+inline void mf_rope_cs(float pos, uint i, uint n_rot, float base, float freq_scale,
+                       thread float & c, thread float & s) {
+    float ts = precise::pow(base, -2.0f / float(n_rot));
+    float theta = pos;
+    for (uint j = 0; j < i; ++j) { theta *= ts; }
+    float th = freq_scale * theta;
+    c = precise::cos(th);
+    s = precise::sin(th);
+}
+
+// Attention windows (WindowAttnParams::window_width i32 per query): width 2 is a span
+// (lo, hi) listing cells lo..hi; otherwise MF_WIN_RUNS (cell, len) runs, unused ones of length
+// 0. The cells listed, concatenated in order, are the query's logical rows 0..len. The
+// launcher has checked every run against the region on the host.
+constant uint MF_WIN_RUNS = 8;
+
+inline uint mf_win_len(device const int * w, uint width) {
+    if (width == 2) { return uint(w[1] - w[0]); }
+    uint n = 0;
+    for (uint r = 0; r < MF_WIN_RUNS; ++r) { n += uint(w[2 * r + 1]); }
+    return n;
+}
+
+// The cell of logical row i (i < mf_win_len).
+inline uint mf_win_cell(device const int * w, uint width, uint i) {
+    if (width == 2) { return uint(w[0]) + i; }
+    for (uint r = 0; r < MF_WIN_RUNS; ++r) {
+        uint len = uint(w[2 * r + 1]);
+        if (i < len) { return uint(w[2 * r]) + i; }
+        i -= len;
+    }
+    return 0;
+}

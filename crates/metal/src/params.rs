@@ -36,7 +36,46 @@ params!(
         n_tokens: u32,
         n_rot: u32,
         freq_base: f32,
+        /// Position scale (linear RoPE scaling): `theta = freq_scale * pos * base^(-2i/n_rot)`.
+        freq_scale: f32,
         style: u32,
+    }
+);
+params!(
+    /// RoPE shift of the K rows of cells `cell0..cell0 + n_cells` of a K region (`n_heads`
+    /// heads of `head_dim` per cell, every dimension rotated) by `delta` positions.
+    RopeShiftParams {
+        head_dim: u32,
+        n_heads: u32,
+        n_cells: u32,
+        cell0: u32,
+        delta: i32,
+        freq_base: f32,
+        freq_scale: f32,
+        style: u32,
+    }
+);
+params!(
+    /// `dst[t][i] = x[t][i] + b[i]` over `nrows` rows of `ncols`.
+    AddRowsParams { ncols: u32, nrows: u32 }
+);
+params!(
+    /// Attention over explicit windows. q/out `[n_tokens, n_head * head_dim]`; K/V regions of
+    /// `n_cells` rows of `kv_stride` elements (`kv_row_bytes` bytes for packed q8_0); the
+    /// window buffer holds `window_width` i32 per query: 2 = a span `(lo, hi)`, 16 = a kv map
+    /// of 8 `(cell, len)` runs. Flash: chunk `c` of a query covers its logical rows
+    /// `[c * chunk_len, (c + 1) * chunk_len)`; `n_chunks` partials per (query, head).
+    WindowAttnParams {
+        n_head: u32,
+        n_head_kv: u32,
+        head_dim: u32,
+        n_tokens: u32,
+        kv_stride: u32,
+        kv_row_bytes: u32,
+        window_width: u32,
+        n_chunks: u32,
+        chunk_len: u32,
+        scale: f32,
     }
 );
 params!(

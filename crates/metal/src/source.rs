@@ -32,6 +32,14 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
         "fa_prefill.metal",
         include_str!("../kernels/fa_prefill.metal"),
     ),
+    (
+        "attn_window.metal",
+        include_str!("../kernels/attn_window.metal"),
+    ),
+    (
+        "fa_window.metal",
+        include_str!("../kernels/fa_window.metal"),
+    ),
 ];
 
 fn strip_local(src: &str) -> String {

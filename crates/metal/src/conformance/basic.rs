@@ -146,7 +146,7 @@ fn rope<D: Device>(dev: &D, style: RopeStyle, n_rot: usize) -> GateResult {
     let xb = dev.buffer_from(&f32_bytes(&x)).map_err(e)?;
     let pb = dev.buffer_from(&i32_bytes(&pos)).map_err(e)?;
     // in place, as the executor runs it when the allocator aliases
-    launch::launch_rope(dev, &xb, &pb, &xb, hd, nh, nt, n_rot, 10000.0, style).map_err(e)?;
+    launch::launch_rope(dev, &xb, &pb, &xb, hd, nh, nt, n_rot, 10000.0, 1.0, style).map_err(e)?;
     let got = read_f32(dev, &xb, x.len())?;
     let want: Vec<f64> = x
         .chunks(hd)
@@ -157,6 +157,7 @@ fn rope<D: Device>(dev: &D, style: RopeStyle, n_rot: usize) -> GateResult {
                 pos[i / nh],
                 n_rot,
                 10000.0,
+                1.0,
                 style == RopeStyle::Normal,
             )
         })

@@ -19,7 +19,9 @@
 mod attention;
 mod basic;
 mod matmul;
+mod ops;
 mod reference;
+mod window;
 
 use crate::device::Device;
 
@@ -43,6 +45,8 @@ pub fn gates<D: Device>() -> Vec<(String, GateFn<D>)> {
     basic::register(&mut v);
     matmul::register(&mut v);
     attention::register(&mut v);
+    window::register(&mut v);
+    ops::register(&mut v);
     v
 }
 

@@ -27,7 +27,7 @@ impl KvType {
         }
     }
     /// Bytes of one KV row of `elems` elements.
-    fn row_bytes(self, elems: usize) -> usize {
+    pub(crate) fn row_bytes(self, elems: usize) -> usize {
         match self {
             KvType::F32 => elems * 4,
             KvType::F16 => elems * 2,

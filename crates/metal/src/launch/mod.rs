@@ -8,19 +8,24 @@ mod kv;
 mod matmul;
 mod norm;
 mod rope;
+mod window;
 
 pub use attention::{
     decode_chunks, launch_attention, launch_attn_classic, launch_flash_decode,
     launch_flash_prefill, launch_flash_prefill_with_tail_origin, AttnShape, KvType,
 };
-pub use elementwise::{launch_add, launch_mul, launch_swiglu};
+pub use elementwise::{launch_add, launch_add_rows, launch_mul, launch_silu, launch_swiglu};
 pub use kv::{launch_store_kv, q8_0_row_bytes};
 pub use matmul::{
     launch_get_rows, launch_matmul, launch_matmul_tier, launch_mm, launch_mv, launch_mv_multi,
     matmul_kernel_suffix, MatmulTier,
 };
 pub use norm::{launch_qk_norm, launch_rms_norm, launch_rms_norm_256};
-pub use rope::launch_rope;
+pub use rope::{launch_kv_rope_shift, launch_rope};
+pub use window::{
+    check_windows, launch_attention_window, launch_attention_window_with, window_kernel,
+    window_scratch_bytes, WindowAttn, WindowKernel, WindowKind, FLASH_WINDOW_CHUNK,
+};
 
 use crate::device::{Arg, Device, Dispatch};
 use crate::error::{Error, Result};

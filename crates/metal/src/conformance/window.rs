@@ -1,0 +1,599 @@
+//! Gates for attention over explicit windows: both kernel families against the f64
+//! reference (span and kv-map layouts, windows starting past cell 0, the KV tails 72 / 96 /
+//! 98 / 128 / 197, windows crossing flash chunks, an empty window, 1 and 13 queries), batch
+//! invariance with its control, classic vs flash, and the host-side window check.
+
+use minfer_gguf::quants::{dequantize_row, quantize_row};
+use minfer_gguf::GgmlType;
+
+use super::reference as refr;
+use super::{e, f32_bytes, i32_bytes, judge, max_err, read_f32, GateFn, GateResult, Rng};
+use crate::device::Device;
+use crate::launch::{self, KvType, WindowAttn, WindowKernel, WindowKind};
+
+/// The attention gates' bar (see conformance/attention.rs): outputs are convex mixes of V
+/// rows in [-1, 1], scores and sums in f32.
+const TOL: f64 = 2e-4;
+/// Classic vs flash: both f32, different summation orders.
+const TOL_KERNELS: f64 = 1e-5;
+const NH: usize = 4;
+const NKV: usize = 2;
+
+const C: u8 = 0;
+const F: u8 = 1;
+
+pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
+    let list: [(&str, GateFn<D>); 15] = [
+        (
+            "window_classic_f32_hd64_matches_reference",
+            vs_ref::<D, C, 0, 64>,
+        ),
+        (
+            "window_classic_f32_hd128_matches_reference",
+            vs_ref::<D, C, 0, 128>,
+        ),
+        (
+            "window_classic_f16_hd64_matches_reference",
+            vs_ref::<D, C, 1, 64>,
+        ),
+        (
+            "window_classic_f16_hd128_matches_reference",
+            vs_ref::<D, C, 1, 128>,
+        ),
+        (
+            "window_classic_f32_hd80_matches_reference",
+            vs_ref::<D, C, 0, 80>,
+        ),
+        (
+            "window_classic_q8_0_hd64_matches_reference",
+            vs_ref::<D, C, 2, 64>,
+        ),
+        (
+            "window_flash_f32_hd64_matches_reference",
+            vs_ref::<D, F, 0, 64>,
+        ),
+        (
+            "window_flash_f32_hd128_matches_reference",
+            vs_ref::<D, F, 0, 128>,
+        ),
+        (
+            "window_flash_f16_hd64_matches_reference",
+            vs_ref::<D, F, 1, 64>,
+        ),
+        (
+            "window_flash_f16_hd128_matches_reference",
+            vs_ref::<D, F, 1, 128>,
+        ),
+        ("window_flash_matches_classic", flash_vs_classic::<D>),
+        ("window_flash_is_batch_invariant", invariant::<D, F>),
+        ("window_classic_is_batch_invariant", invariant::<D, C>),
+        ("window_kernel_choice_follows_the_shape", kernel_choice::<D>),
+        (
+            "window_attention_refuses_a_run_past_the_region",
+            refuses::<D>,
+        ),
+    ];
+    v.extend(list.into_iter().map(|(n, f)| (n.to_string(), f)));
+}
+
+fn kv_of(k: u8) -> KvType {
+    match k {
+        0 => KvType::F32,
+        1 => KvType::F16,
+        _ => KvType::Q8_0,
+    }
+}
+
+fn kernel_of(k: u8) -> WindowKernel {
+    if k == C {
+        WindowKernel::Classic
+    } else {
+        WindowKernel::Flash
+    }
+}
+
+/// Encodes f32 rows of `stride` into the region bytes of `kv`, replacing each value with the
+/// one the device will read (f16 rounding, q8_0 quantization by the CPU quantizer).
+fn encode_rows(kv: KvType, x: &mut [f32], stride: usize) -> Vec<u8> {
+    match kv {
+        KvType::F32 => f32_bytes(x),
+        KvType::F16 => x
+            .iter_mut()
+            .flat_map(|val| {
+                let h = half::f16::from_f32(*val);
+                *val = h.to_f32();
+                h.to_le_bytes()
+            })
+            .collect(),
+        KvType::Q8_0 => {
+            let rb = launch::q8_0_row_bytes(stride);
+            let mut out = vec![0u8; x.len() / stride * rb];
+            for (row, dst) in x.chunks_mut(stride).zip(out.chunks_mut(rb)) {
+                let packed = &mut dst[..stride / 32 * 34];
+                if quantize_row(GgmlType::Q8_0, row, packed).is_ok() {
+                    let _ = dequantize_row(GgmlType::Q8_0, packed, row);
+                }
+            }
+            out
+        }
+    }
+}
+
+/// The window buffer of per-query runs `(cell, len)`: a span takes the one run (none: the
+/// empty span `[0, 0)`); a kv map puts the runs at the even slots and zero-length runs with
+/// out-of-region cells at the odd ones (they must be skipped, not read).
+fn window_values(kind: WindowKind, runs: &[Vec<(i32, i32)>]) -> Vec<i32> {
+    let mut out = Vec::new();
+    for r in runs {
+        match kind {
+            WindowKind::Span => {
+                let (lo, len) = r.first().copied().unwrap_or((0, 0));
+                out.extend([lo, lo + len]);
+            }
+            WindowKind::Map => {
+                let mut slots = [(0i32, 0i32); 8];
+                for (i, s) in slots.iter_mut().enumerate() {
+                    *s = (if i % 2 == 0 { -7 } else { 99_999 }, 0);
+                }
+                for (i, &run) in r.iter().enumerate() {
+                    slots[if r.len() <= 4 { 2 * i } else { i }] = run;
+                }
+                out.extend(slots.iter().flat_map(|&(c, l)| [c, l]));
+            }
+        }
+    }
+    out
+}
+
+fn cells_of(runs: &[Vec<(i32, i32)>]) -> Vec<Vec<usize>> {
+    runs.iter()
+        .map(|r| {
+            r.iter()
+                .flat_map(|&(c, l)| c as usize..(c + l) as usize)
+                .collect()
+        })
+        .collect()
+}
+
+/// Per query its runs `(cell, len)` in logical order.
+type Runs = Vec<Vec<(i32, i32)>>;
+/// A row placed before upload: cell, K bytes, V bytes, K values, V values.
+type Placed<'a> = (usize, &'a [u8], &'a [u8], &'a [f32], &'a [f32]);
+
+struct Case<B> {
+    s: WindowAttn,
+    q: B,
+    k: B,
+    v: B,
+    win: B,
+    out: B,
+    want: Vec<f64>,
+}
+
+/// A launch over regions of `n_cells` random rows with the given windows and queries
+/// (`q` None: random); `place` puts raw rows (k bytes, v bytes) at cells before upload.
+#[allow(clippy::too_many_arguments)]
+fn build<D: Device>(
+    dev: &D,
+    kv: KvType,
+    hd: usize,
+    n_cells: usize,
+    kind: WindowKind,
+    runs: &[Vec<(i32, i32)>],
+    q: Option<Vec<f32>>,
+    place: &[Placed<'_>],
+    seed: u64,
+) -> Result<Case<D::Buffer>, String> {
+    let stride = NKV * hd;
+    let nt = runs.len();
+    let mut r = Rng::new(seed);
+    let q = q.unwrap_or_else(|| r.vec(nt * NH * hd));
+    let mut k = r.vec(n_cells * stride);
+    let mut v = r.vec(n_cells * stride);
+    let mut kb = encode_rows(kv, &mut k, stride);
+    let mut vb = encode_rows(kv, &mut v, stride);
+    let rb = kb.len() / n_cells;
+    for &(cell, kr, vr, kf, vf) in place {
+        kb[cell * rb..(cell + 1) * rb].copy_from_slice(kr);
+        vb[cell * rb..(cell + 1) * rb].copy_from_slice(vr);
+        k[cell * stride..(cell + 1) * stride].copy_from_slice(kf);
+        v[cell * stride..(cell + 1) * stride].copy_from_slice(vf);
+    }
+    let scale = 0.7 / (hd as f32).sqrt();
+    let want = refr::window_attention(&q, &k, &v, &cells_of(runs), NH, NKV, hd, scale);
+    Ok(Case {
+        s: WindowAttn {
+            n_head: NH,
+            n_head_kv: NKV,
+            head_dim: hd,
+            n_tokens: nt,
+            n_cells,
+            kv,
+            scale,
+            window: kind,
+        },
+        q: dev.buffer_from(&f32_bytes(&q)).map_err(e)?,
+        k: dev.buffer_from(&kb).map_err(e)?,
+        v: dev.buffer_from(&vb).map_err(e)?,
+        win: dev
+            .buffer_from(&i32_bytes(&window_values(kind, runs)))
+            .map_err(e)?,
+        out: dev.new_buffer(nt * NH * hd * 4).map_err(e)?,
+        want,
+    })
+}
+
+fn run<D: Device>(dev: &D, kernel: WindowKernel, c: &Case<D::Buffer>) -> Result<Vec<f32>, String> {
+    let max_len = launch::check_windows(dev, &c.s, &c.win).map_err(e)?;
+    let bytes = launch::window_scratch_bytes(&c.s, max_len);
+    let scratch = dev.new_buffer(bytes.max(4)).map_err(e)?;
+    launch::launch_attention_window_with(
+        dev, kernel, &c.s, &c.q, &c.k, &c.v, &c.win, &scratch, &c.out,
+    )
+    .map_err(e)?;
+    read_f32(dev, &c.out, c.s.n_tokens * NH * c.s.head_dim)
+}
+
+/// Window lengths of the 13-query cases: the KV tails, windows crossing the 256-row flash
+/// chunk, an empty window and a single row.
+const LENS: [i32; 13] = [72, 96, 98, 128, 197, 300, 0, 1, 33, 72, 257, 197, 96];
+
+/// Span runs: query t reads `len` cells from `3 + 2t` (never from cell 0).
+fn span_runs(lens: &[i32]) -> Runs {
+    lens.iter()
+        .enumerate()
+        .map(|(t, &l)| vec![(3 + 2 * t as i32, l)])
+        .collect()
+}
+
+/// Map runs: query t's window cut into up to 4 runs of at most 130 cells, laid out in
+/// descending cell order (logical order is not cell order), each run in its own 140-cell slot.
+fn map_runs(lens: &[i32]) -> Runs {
+    lens.iter()
+        .enumerate()
+        .map(|(t, &l)| {
+            if l == 0 {
+                return Vec::new();
+            }
+            let k = (1 + t as i32 % 4).max((l + 129) / 130).min(l);
+            (0..k)
+                .map(|r| {
+                    let len = if r == k - 1 {
+                        l - (k - 1) * (l / k)
+                    } else {
+                        l / k
+                    };
+                    ((k - 1 - r) * 140 + 1 + t as i32 % 5, len)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn vs_ref<D: Device, const K: u8, const KV: u8, const HD: usize>(dev: &D) -> GateResult {
+    let kv = kv_of(KV);
+    let seed = 100 + HD as u64 + 10 * KV as u64 + K as u64;
+    let cases: [(WindowKind, Runs, usize); 4] = [
+        (WindowKind::Span, span_runs(&LENS), 330),
+        (WindowKind::Map, map_runs(&LENS), 570),
+        (WindowKind::Span, vec![vec![(11, 197)]], 215),
+        (WindowKind::Map, map_runs(&[0, 0, 197])[2..].to_vec(), 430),
+    ];
+    let mut out = Vec::new();
+    let mut worst = 0.0f64;
+    for (i, (kind, runs, n_cells)) in cases.iter().enumerate() {
+        let c = build(
+            dev,
+            kv,
+            HD,
+            *n_cells,
+            *kind,
+            runs,
+            None,
+            &[],
+            seed + i as u64,
+        )?;
+        let got = run(dev, kernel_of(K), &c)?;
+        let err = max_err(&got, &c.want, |_| 1.0);
+        if err > TOL {
+            return Err(format!(
+                "{kind:?} windows, {} queries: max error {err:.3e} exceeds {TOL:.1e}",
+                runs.len()
+            ));
+        }
+        worst = worst.max(err);
+        out.extend(f32_bytes(&got));
+    }
+    judge("window attention", out, worst, TOL)
+}
+
+fn flash_vs_classic<D: Device>(dev: &D) -> GateResult {
+    let mut out = Vec::new();
+    let mut worst = 0.0f64;
+    for (kv, hd, kind, runs, n_cells) in [
+        (KvType::F32, 64, WindowKind::Span, span_runs(&LENS), 330),
+        (KvType::F16, 128, WindowKind::Map, map_runs(&LENS), 570),
+    ] {
+        let c = build(dev, kv, hd, n_cells, kind, &runs, None, &[], 7 + hd as u64)?;
+        let flash = run(dev, WindowKernel::Flash, &c)?;
+        let classic = run(dev, WindowKernel::Classic, &c)?;
+        let classic64: Vec<f64> = classic.iter().map(|&x| x as f64).collect();
+        worst = worst.max(max_err(&flash, &classic64, |_| 1.0));
+        out.extend(f32_bytes(&flash));
+    }
+    judge("window flash vs classic", out, worst, TOL_KERNELS)
+}
+
+/// One query row's output launched three ways must have the same bits: alone (span, its rows
+/// at cells 4..), as query 2 of 5 in a kv map with its rows split over three runs in another
+/// order of cells next to longer windows in a larger region, and as query 0 of 3 (span,
+/// rows at 611..) next to a window of the whole region. Control: one listed K value changed
+/// changes the output. Flash: f32 hd64 and f16 hd128; classic: f32 hd80 and q8_0 hd64.
+fn invariant<D: Device, const K: u8>(dev: &D) -> GateResult {
+    let kernel = kernel_of(K);
+    let shapes = if K == F {
+        [(KvType::F32, 64), (KvType::F16, 128)]
+    } else {
+        [(KvType::F32, 80), (KvType::Q8_0, 64)]
+    };
+    let mut out = Vec::new();
+    for (kv, hd) in shapes {
+        let stride = NKV * hd;
+        // 530 rows: three flash chunks, the last a tail of 18
+        const L: usize = 530;
+        let mut r = Rng::new(77 + hd as u64);
+        let qx = r.vec(NH * hd);
+        let mut kf = r.vec(L * stride);
+        let mut vf = r.vec(L * stride);
+        let kb = encode_rows(kv, &mut kf, stride);
+        let vb = encode_rows(kv, &mut vf, stride);
+        let rb = kb.len() / L;
+        let rows = |cells: &mut dyn Iterator<Item = usize>| {
+            cells
+                .enumerate()
+                .map(|(j, c)| {
+                    (
+                        c,
+                        &kb[j * rb..(j + 1) * rb],
+                        &vb[j * rb..(j + 1) * rb],
+                        &kf[j * stride..(j + 1) * stride],
+                        &vf[j * stride..(j + 1) * stride],
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let li = L as i32;
+        // A: alone, span [4, 4 + L) of a region of L + 10 cells
+        let a = build(
+            dev,
+            kv,
+            hd,
+            L + 10,
+            WindowKind::Span,
+            &[vec![(4, li)]],
+            Some(qx.clone()),
+            &rows(&mut (4..4 + L)),
+            1,
+        )?;
+        let got_a = run(dev, kernel, &a)?;
+        // B: query 2 of 5, runs (700, 100), (50, 230), (400, 200) of 1100 cells
+        let split: Vec<usize> = (700..800).chain(50..280).chain(400..600).collect();
+        let mut qb = Rng::new(5).vec(5 * NH * hd);
+        qb[2 * NH * hd..3 * NH * hd].copy_from_slice(&qx);
+        let runs_b = vec![
+            vec![(0, 1100)],
+            vec![(5, 10)],
+            vec![(700, 100), (50, 230), (400, 200)],
+            vec![],
+            vec![(300, 800)],
+        ];
+        let b = build(
+            dev,
+            kv,
+            hd,
+            1100,
+            WindowKind::Map,
+            &runs_b,
+            Some(qb),
+            &rows(&mut split.into_iter()),
+            2,
+        )?;
+        let got_b = run(dev, kernel, &b)?;
+        // C: query 0 of 3, span [611, 611 + L) of 1200 cells
+        let mut qc = Rng::new(6).vec(3 * NH * hd);
+        qc[..NH * hd].copy_from_slice(&qx);
+        let c = build(
+            dev,
+            kv,
+            hd,
+            1200,
+            WindowKind::Span,
+            &[vec![(611, li)], vec![(0, 1200)], vec![(100, 613)]],
+            Some(qc),
+            &rows(&mut (611..611 + L)),
+            3,
+        )?;
+        let got_c = run(dev, kernel, &c)?;
+        let row = NH * hd;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if bits(&got_a) != bits(&got_b[2 * row..3 * row]) {
+            return Err(format!(
+                "{kv:?} hd{hd}: the row differs as query 2 of 5 over a kv map"
+            ));
+        }
+        if bits(&got_a) != bits(&got_c[..row]) {
+            return Err(format!(
+                "{kv:?} hd{hd}: the row differs as query 0 of 3 at other cells"
+            ));
+        }
+        let err = max_err(&got_a, &a.want, |_| 1.0);
+        if err > TOL {
+            return Err(format!(
+                "{kv:?} hd{hd}: max error {err:.3e} vs the reference"
+            ));
+        }
+        // control: one listed K value (logical row 300, KV head 0) changed
+        let mut kf2 = kf.clone();
+        kf2[300 * stride] += 0.5;
+        let kb2 = encode_rows(kv, &mut kf2, stride);
+        let mut placed = rows(&mut (4..4 + L));
+        placed[300].1 = &kb2[300 * rb..301 * rb];
+        placed[300].3 = &kf2[300 * stride..301 * stride];
+        let a2 = build(
+            dev,
+            kv,
+            hd,
+            L + 10,
+            WindowKind::Span,
+            &[vec![(4, li)]],
+            Some(qx.clone()),
+            &placed,
+            1,
+        )?;
+        let got_a2 = run(dev, kernel, &a2)?;
+        if bits(&got_a2) == bits(&got_a) {
+            return Err(format!(
+                "{kv:?} hd{hd}: control: changing a listed K value left the output unchanged"
+            ));
+        }
+        out.extend(f32_bytes(&got_a));
+    }
+    judge("window batch invariance", out, 0.0, 0.0)
+}
+
+fn kernel_choice<D: Device>(dev: &D) -> GateResult {
+    let s = |kv, head_dim| WindowAttn {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim,
+        n_tokens: 3,
+        n_cells: 10,
+        kv,
+        scale: 1.0,
+        window: WindowKind::Span,
+    };
+    let want = [
+        (KvType::F32, 64, WindowKernel::Flash),
+        (KvType::F16, 128, WindowKernel::Flash),
+        (KvType::Q8_0, 64, WindowKernel::Classic),
+        (KvType::F32, 80, WindowKernel::Classic),
+        (KvType::F16, 256, WindowKernel::Classic),
+    ];
+    for (kv, hd, k) in want {
+        let got = launch::window_kernel(&s(kv, hd));
+        if got != k {
+            return Err(format!("{kv:?} hd{hd}: took {got:?}, not {k:?}"));
+        }
+        let bytes = launch::window_scratch_bytes(&s(kv, hd), 600);
+        let need = if k == WindowKernel::Flash {
+            3 * 4 * 3 * (hd + 2) * 4
+        } else {
+            0
+        };
+        if bytes != need {
+            return Err(format!("{kv:?} hd{hd}: scratch {bytes}, not {need}"));
+        }
+    }
+    // the dispatch entry point takes the chosen kernel
+    let c = build(
+        dev,
+        KvType::F32,
+        80,
+        40,
+        WindowKind::Span,
+        &span_runs(&[30]),
+        None,
+        &[],
+        4,
+    )?;
+    let k = launch::launch_attention_window(dev, &c.s, &c.q, &c.k, &c.v, &c.win, &c.q, &c.out)
+        .map_err(e)?;
+    let got = read_f32(dev, &c.out, c.want.len())?;
+    if k != WindowKernel::Classic {
+        return Err(format!("hd80 ran {k:?}"));
+    }
+    let err = max_err(&got, &c.want, |_| 1.0);
+    judge("window kernel choice", f32_bytes(&got), err, TOL)
+}
+
+fn refuses<D: Device>(dev: &D) -> GateResult {
+    let n_cells = 50;
+    let ok_runs = vec![vec![(0, 10)], vec![(5, 20)], vec![(40, 10), (0, 5)]];
+    let c = build(
+        dev,
+        KvType::F32,
+        64,
+        n_cells,
+        WindowKind::Map,
+        &ok_runs,
+        None,
+        &[],
+        9,
+    )?;
+    // control: the in-bounds windows are accepted
+    let got = run(dev, WindowKernel::Flash, &c).map_err(|m| format!("control refused: {m}"))?;
+    let mut msgs = Vec::new();
+    let bad: [(WindowKind, Runs, &str); 4] = [
+        (
+            WindowKind::Map,
+            vec![vec![(0, 10)], vec![(5, 20)], vec![(1, 5), (47, 5)]],
+            "query 2: kv map run 2",
+        ),
+        (
+            WindowKind::Map,
+            vec![vec![(0, 10)], vec![(-1, 3)], vec![]],
+            "query 1: kv map run 0",
+        ),
+        (
+            WindowKind::Span,
+            vec![vec![(0, 10)], vec![(45, 6)], vec![]],
+            "query 1: span",
+        ),
+        (
+            WindowKind::Map,
+            vec![vec![(0, -2)], vec![], vec![]],
+            "query 0: kv map run 0 has negative length",
+        ),
+    ];
+    for (kind, runs, want) in bad {
+        let mut s = c.s;
+        s.window = kind;
+        let win = dev
+            .buffer_from(&i32_bytes(&window_values(kind, &runs)))
+            .map_err(e)?;
+        let scratch = dev.new_buffer(1 << 16).map_err(e)?;
+        for kernel in [WindowKernel::Flash, WindowKernel::Classic] {
+            let msg = match launch::launch_attention_window_with(
+                dev, kernel, &s, &c.q, &c.k, &c.v, &win, &scratch, &c.out,
+            ) {
+                Err(err) => err.to_string(),
+                Ok(()) => return Err(format!("{kind:?} {runs:?} was accepted")),
+            };
+            if !msg.contains(want) {
+                return Err(format!("refusal does not name `{want}`: {msg}"));
+            }
+            msgs.push(msg);
+        }
+    }
+    // flash refuses a packed region by name
+    let mut s = c.s;
+    s.kv = KvType::Q8_0;
+    match launch::launch_attention_window_with(
+        dev,
+        WindowKernel::Flash,
+        &s,
+        &c.q,
+        &c.k,
+        &c.v,
+        &c.win,
+        &c.q,
+        &c.out,
+    ) {
+        Err(crate::Error::UnsupportedType { ty, .. }) if ty.contains("q8_0") => {}
+        other => return Err(format!("flash over q8_0 was not refused: {other:?}")),
+    }
+    let err = max_err(&got, &c.want, |_| 1.0);
+    let mut output = f32_bytes(&got);
+    output.extend(msgs.join("\n").into_bytes());
+    judge("window refusal", output, err, TOL)
+}
