@@ -22,6 +22,7 @@ mod matmul;
 mod ops;
 mod reference;
 mod window;
+mod window_invariance;
 
 use crate::device::Device;
 

@@ -13,17 +13,17 @@ use crate::launch::{self, KvType, WindowAttn, WindowKernel, WindowKind};
 
 /// The attention gates' bar (see conformance/attention.rs): outputs are convex mixes of V
 /// rows in [-1, 1], scores and sums in f32.
-const TOL: f64 = 2e-4;
+pub(super) const TOL: f64 = 2e-4;
 /// Classic vs flash: both f32, different summation orders.
 const TOL_KERNELS: f64 = 1e-5;
-const NH: usize = 4;
-const NKV: usize = 2;
+pub(super) const NH: usize = 4;
+pub(super) const NKV: usize = 2;
 
-const C: u8 = 0;
-const F: u8 = 1;
+pub(super) const C: u8 = 0;
+pub(super) const F: u8 = 1;
 
 pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
-    let list: [(&str, GateFn<D>); 15] = [
+    let list: [(&str, GateFn<D>); 16] = [
         (
             "window_classic_f32_hd64_matches_reference",
             vs_ref::<D, C, 0, 64>,
@@ -65,9 +65,16 @@ pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
             vs_ref::<D, F, 1, 128>,
         ),
         ("window_flash_matches_classic", flash_vs_classic::<D>),
-        ("window_flash_is_batch_invariant", invariant::<D, F>),
-        ("window_classic_is_batch_invariant", invariant::<D, C>),
+        (
+            "window_flash_is_batch_invariant",
+            super::window_invariance::invariant::<D, F>,
+        ),
+        (
+            "window_classic_is_batch_invariant",
+            super::window_invariance::invariant::<D, C>,
+        ),
         ("window_kernel_choice_follows_the_shape", kernel_choice::<D>),
+        ("window_attention_of_empty_windows_is_zero", empty::<D>),
         (
             "window_attention_refuses_a_run_past_the_region",
             refuses::<D>,
@@ -76,7 +83,7 @@ pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
     v.extend(list.into_iter().map(|(n, f)| (n.to_string(), f)));
 }
 
-fn kv_of(k: u8) -> KvType {
+pub(super) fn kv_of(k: u8) -> KvType {
     match k {
         0 => KvType::F32,
         1 => KvType::F16,
@@ -84,7 +91,7 @@ fn kv_of(k: u8) -> KvType {
     }
 }
 
-fn kernel_of(k: u8) -> WindowKernel {
+pub(super) fn kernel_of(k: u8) -> WindowKernel {
     if k == C {
         WindowKernel::Classic
     } else {
@@ -94,7 +101,7 @@ fn kernel_of(k: u8) -> WindowKernel {
 
 /// Encodes f32 rows of `stride` into the region bytes of `kv`, replacing each value with the
 /// one the device will read (f16 rounding, q8_0 quantization by the CPU quantizer).
-fn encode_rows(kv: KvType, x: &mut [f32], stride: usize) -> Vec<u8> {
+pub(super) fn encode_rows(kv: KvType, x: &mut [f32], stride: usize) -> Vec<u8> {
     match kv {
         KvType::F32 => f32_bytes(x),
         KvType::F16 => x
@@ -122,7 +129,7 @@ fn encode_rows(kv: KvType, x: &mut [f32], stride: usize) -> Vec<u8> {
 /// The window buffer of per-query runs `(cell, len)`: a span takes the one run (none: the
 /// empty span `[0, 0)`); a kv map puts the runs at the even slots and zero-length runs with
 /// out-of-region cells at the odd ones (they must be skipped, not read).
-fn window_values(kind: WindowKind, runs: &[Vec<(i32, i32)>]) -> Vec<i32> {
+pub(super) fn window_values(kind: WindowKind, runs: &[Vec<(i32, i32)>]) -> Vec<i32> {
     let mut out = Vec::new();
     for r in runs {
         match kind {
@@ -145,7 +152,7 @@ fn window_values(kind: WindowKind, runs: &[Vec<(i32, i32)>]) -> Vec<i32> {
     out
 }
 
-fn cells_of(runs: &[Vec<(i32, i32)>]) -> Vec<Vec<usize>> {
+pub(super) fn cells_of(runs: &[Vec<(i32, i32)>]) -> Vec<Vec<usize>> {
     runs.iter()
         .map(|r| {
             r.iter()
@@ -156,24 +163,24 @@ fn cells_of(runs: &[Vec<(i32, i32)>]) -> Vec<Vec<usize>> {
 }
 
 /// Per query its runs `(cell, len)` in logical order.
-type Runs = Vec<Vec<(i32, i32)>>;
+pub(super) type Runs = Vec<Vec<(i32, i32)>>;
 /// A row placed before upload: cell, K bytes, V bytes, K values, V values.
-type Placed<'a> = (usize, &'a [u8], &'a [u8], &'a [f32], &'a [f32]);
+pub(super) type Placed<'a> = (usize, &'a [u8], &'a [u8], &'a [f32], &'a [f32]);
 
-struct Case<B> {
-    s: WindowAttn,
-    q: B,
-    k: B,
-    v: B,
-    win: B,
-    out: B,
-    want: Vec<f64>,
+pub(super) struct Case<B> {
+    pub s: WindowAttn,
+    pub q: B,
+    pub k: B,
+    pub v: B,
+    pub win: B,
+    pub out: B,
+    pub want: Vec<f64>,
 }
 
 /// A launch over regions of `n_cells` random rows with the given windows and queries
 /// (`q` None: random); `place` puts raw rows (k bytes, v bytes) at cells before upload.
 #[allow(clippy::too_many_arguments)]
-fn build<D: Device>(
+pub(super) fn build<D: Device>(
     dev: &D,
     kv: KvType,
     hd: usize,
@@ -223,7 +230,11 @@ fn build<D: Device>(
     })
 }
 
-fn run<D: Device>(dev: &D, kernel: WindowKernel, c: &Case<D::Buffer>) -> Result<Vec<f32>, String> {
+pub(super) fn run<D: Device>(
+    dev: &D,
+    kernel: WindowKernel,
+    c: &Case<D::Buffer>,
+) -> Result<Vec<f32>, String> {
     let max_len = launch::check_windows(dev, &c.s, &c.win).map_err(e)?;
     let bytes = launch::window_scratch_bytes(&c.s, max_len);
     let scratch = dev.new_buffer(bytes.max(4)).map_err(e)?;
@@ -236,10 +247,10 @@ fn run<D: Device>(dev: &D, kernel: WindowKernel, c: &Case<D::Buffer>) -> Result<
 
 /// Window lengths of the 13-query cases: the KV tails, windows crossing the 256-row flash
 /// chunk, an empty window and a single row.
-const LENS: [i32; 13] = [72, 96, 98, 128, 197, 300, 0, 1, 33, 72, 257, 197, 96];
+pub(super) const LENS: [i32; 13] = [72, 96, 98, 128, 197, 300, 0, 1, 33, 72, 257, 197, 96];
 
 /// Span runs: query t reads `len` cells from `3 + 2t` (never from cell 0).
-fn span_runs(lens: &[i32]) -> Runs {
+pub(super) fn span_runs(lens: &[i32]) -> Runs {
     lens.iter()
         .enumerate()
         .map(|(t, &l)| vec![(3 + 2 * t as i32, l)])
@@ -248,7 +259,7 @@ fn span_runs(lens: &[i32]) -> Runs {
 
 /// Map runs: query t's window cut into up to 4 runs of at most 130 cells, laid out in
 /// descending cell order (logical order is not cell order), each run in its own 140-cell slot.
-fn map_runs(lens: &[i32]) -> Runs {
+pub(super) fn map_runs(lens: &[i32]) -> Runs {
     lens.iter()
         .enumerate()
         .map(|(t, &l)| {
@@ -322,143 +333,6 @@ fn flash_vs_classic<D: Device>(dev: &D) -> GateResult {
         out.extend(f32_bytes(&flash));
     }
     judge("window flash vs classic", out, worst, TOL_KERNELS)
-}
-
-/// One query row's output launched three ways must have the same bits: alone (span, its rows
-/// at cells 4..), as query 2 of 5 in a kv map with its rows split over three runs in another
-/// order of cells next to longer windows in a larger region, and as query 0 of 3 (span,
-/// rows at 611..) next to a window of the whole region. Control: one listed K value changed
-/// changes the output. Flash: f32 hd64 and f16 hd128; classic: f32 hd80 and q8_0 hd64.
-fn invariant<D: Device, const K: u8>(dev: &D) -> GateResult {
-    let kernel = kernel_of(K);
-    let shapes = if K == F {
-        [(KvType::F32, 64), (KvType::F16, 128)]
-    } else {
-        [(KvType::F32, 80), (KvType::Q8_0, 64)]
-    };
-    let mut out = Vec::new();
-    for (kv, hd) in shapes {
-        let stride = NKV * hd;
-        // 530 rows: three flash chunks, the last a tail of 18
-        const L: usize = 530;
-        let mut r = Rng::new(77 + hd as u64);
-        let qx = r.vec(NH * hd);
-        let mut kf = r.vec(L * stride);
-        let mut vf = r.vec(L * stride);
-        let kb = encode_rows(kv, &mut kf, stride);
-        let vb = encode_rows(kv, &mut vf, stride);
-        let rb = kb.len() / L;
-        let rows = |cells: &mut dyn Iterator<Item = usize>| {
-            cells
-                .enumerate()
-                .map(|(j, c)| {
-                    (
-                        c,
-                        &kb[j * rb..(j + 1) * rb],
-                        &vb[j * rb..(j + 1) * rb],
-                        &kf[j * stride..(j + 1) * stride],
-                        &vf[j * stride..(j + 1) * stride],
-                    )
-                })
-                .collect::<Vec<_>>()
-        };
-        let li = L as i32;
-        // A: alone, span [4, 4 + L) of a region of L + 10 cells
-        let a = build(
-            dev,
-            kv,
-            hd,
-            L + 10,
-            WindowKind::Span,
-            &[vec![(4, li)]],
-            Some(qx.clone()),
-            &rows(&mut (4..4 + L)),
-            1,
-        )?;
-        let got_a = run(dev, kernel, &a)?;
-        // B: query 2 of 5, runs (700, 100), (50, 230), (400, 200) of 1100 cells
-        let split: Vec<usize> = (700..800).chain(50..280).chain(400..600).collect();
-        let mut qb = Rng::new(5).vec(5 * NH * hd);
-        qb[2 * NH * hd..3 * NH * hd].copy_from_slice(&qx);
-        let runs_b = vec![
-            vec![(0, 1100)],
-            vec![(5, 10)],
-            vec![(700, 100), (50, 230), (400, 200)],
-            vec![],
-            vec![(300, 800)],
-        ];
-        let b = build(
-            dev,
-            kv,
-            hd,
-            1100,
-            WindowKind::Map,
-            &runs_b,
-            Some(qb),
-            &rows(&mut split.into_iter()),
-            2,
-        )?;
-        let got_b = run(dev, kernel, &b)?;
-        // C: query 0 of 3, span [611, 611 + L) of 1200 cells
-        let mut qc = Rng::new(6).vec(3 * NH * hd);
-        qc[..NH * hd].copy_from_slice(&qx);
-        let c = build(
-            dev,
-            kv,
-            hd,
-            1200,
-            WindowKind::Span,
-            &[vec![(611, li)], vec![(0, 1200)], vec![(100, 613)]],
-            Some(qc),
-            &rows(&mut (611..611 + L)),
-            3,
-        )?;
-        let got_c = run(dev, kernel, &c)?;
-        let row = NH * hd;
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if bits(&got_a) != bits(&got_b[2 * row..3 * row]) {
-            return Err(format!(
-                "{kv:?} hd{hd}: the row differs as query 2 of 5 over a kv map"
-            ));
-        }
-        if bits(&got_a) != bits(&got_c[..row]) {
-            return Err(format!(
-                "{kv:?} hd{hd}: the row differs as query 0 of 3 at other cells"
-            ));
-        }
-        let err = max_err(&got_a, &a.want, |_| 1.0);
-        if err > TOL {
-            return Err(format!(
-                "{kv:?} hd{hd}: max error {err:.3e} vs the reference"
-            ));
-        }
-        // control: one listed K value (logical row 300, KV head 0) changed
-        let mut kf2 = kf.clone();
-        kf2[300 * stride] += 0.5;
-        let kb2 = encode_rows(kv, &mut kf2, stride);
-        let mut placed = rows(&mut (4..4 + L));
-        placed[300].1 = &kb2[300 * rb..301 * rb];
-        placed[300].3 = &kf2[300 * stride..301 * stride];
-        let a2 = build(
-            dev,
-            kv,
-            hd,
-            L + 10,
-            WindowKind::Span,
-            &[vec![(4, li)]],
-            Some(qx.clone()),
-            &placed,
-            1,
-        )?;
-        let got_a2 = run(dev, kernel, &a2)?;
-        if bits(&got_a2) == bits(&got_a) {
-            return Err(format!(
-                "{kv:?} hd{hd}: control: changing a listed K value left the output unchanged"
-            ));
-        }
-        out.extend(f32_bytes(&got_a));
-    }
-    judge("window batch invariance", out, 0.0, 0.0)
 }
 
 fn kernel_choice<D: Device>(dev: &D) -> GateResult {
@@ -596,4 +470,32 @@ fn refuses<D: Device>(dev: &D) -> GateResult {
     let mut output = f32_bytes(&got);
     output.extend(msgs.join("\n").into_bytes());
     judge("window refusal", output, err, TOL)
+}
+
+/// A launch whose every window is empty writes zeros over whatever `out` held (both kernels,
+/// both layouts); control: the same launch with one non-empty window writes non-zeros there.
+fn empty<D: Device>(dev: &D) -> GateResult {
+    let mut out = Vec::new();
+    for (kind, kernel) in [
+        (WindowKind::Span, WindowKernel::Flash),
+        (WindowKind::Map, WindowKernel::Classic),
+        (WindowKind::Map, WindowKernel::Flash),
+    ] {
+        for live in [false, true] {
+            let runs: Runs = vec![vec![], if live { vec![(2, 3)] } else { vec![] }];
+            let c = build(dev, KvType::F32, 64, 8, kind, &runs, None, &[], 21)?;
+            dev.write_bytes(&c.out, 0, &f32_bytes(&vec![f32::NAN; 2 * NH * 64]))
+                .map_err(e)?;
+            let got = run(dev, kernel, &c)?;
+            let zeros = got.iter().filter(|v| v.to_bits() == 0).count();
+            let want = if live { NH * 64 } else { 2 * NH * 64 };
+            if zeros != want {
+                return Err(format!(
+                    "{kind:?} {kernel:?} (live window {live}): {zeros} zero outputs, not {want}"
+                ));
+            }
+            out.extend(f32_bytes(&got));
+        }
+    }
+    judge("empty windows", out, 0.0, 0.0)
 }
