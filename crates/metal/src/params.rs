@@ -1,5 +1,5 @@
 //! `#[repr(C)]` kernel parameter structs, field for field the structs in `kernels/common.h`.
-//! Only `u32`/`f32` fields, so there is no padding and the byte view is well defined. The
+//! Only `u32`/`i32`/`f32` fields, so there is no padding and the byte view is well defined. The
 //! emulator checks each struct's size against the kernel's `constant T&` parameter.
 
 /// Marker for a params struct that may be viewed as bytes ([`crate::device::as_bytes`]).
@@ -14,7 +14,7 @@ macro_rules! params {
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq)]
         pub struct $name { $($(#[$fm])* pub $field: $ty),* }
-        // SAFETY: repr(C), only u32/f32 fields (4 bytes each), so no padding.
+        // SAFETY: repr(C), only u32/i32/f32 fields (4 bytes each), so no padding.
         unsafe impl Params for $name {}
     };
 }

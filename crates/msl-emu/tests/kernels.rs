@@ -92,6 +92,7 @@ gate_tests!(
     window_flash_is_batch_invariant,
     window_classic_is_batch_invariant,
     window_kernel_choice_follows_the_shape,
+    window_attention_at_other_head_shapes,
     window_attention_of_empty_windows_is_zero,
     window_attention_refuses_a_run_past_the_region,
     matmul_tier_follows_the_design,

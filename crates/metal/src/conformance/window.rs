@@ -23,7 +23,7 @@ pub(super) const C: u8 = 0;
 pub(super) const F: u8 = 1;
 
 pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
-    let list: [(&str, GateFn<D>); 16] = [
+    let list: [(&str, GateFn<D>); 17] = [
         (
             "window_classic_f32_hd64_matches_reference",
             vs_ref::<D, C, 0, 64>,
@@ -74,6 +74,7 @@ pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
             super::window_invariance::invariant::<D, C>,
         ),
         ("window_kernel_choice_follows_the_shape", kernel_choice::<D>),
+        ("window_attention_at_other_head_shapes", head_shapes::<D>),
         ("window_attention_of_empty_windows_is_zero", empty::<D>),
         (
             "window_attention_refuses_a_run_past_the_region",
@@ -191,10 +192,41 @@ pub(super) fn build<D: Device>(
     place: &[Placed<'_>],
     seed: u64,
 ) -> Result<Case<D::Buffer>, String> {
-    let stride = NKV * hd;
+    let scale = 0.7 / (hd as f32).sqrt();
+    build_heads(
+        dev,
+        (NH, NKV),
+        scale,
+        kv,
+        hd,
+        n_cells,
+        kind,
+        runs,
+        q,
+        place,
+        seed,
+    )
+}
+
+/// [`build`] with `(n_head, n_head_kv)` heads and a score scale.
+#[allow(clippy::too_many_arguments)]
+fn build_heads<D: Device>(
+    dev: &D,
+    (nh, nkv): (usize, usize),
+    scale: f32,
+    kv: KvType,
+    hd: usize,
+    n_cells: usize,
+    kind: WindowKind,
+    runs: &[Vec<(i32, i32)>],
+    q: Option<Vec<f32>>,
+    place: &[Placed<'_>],
+    seed: u64,
+) -> Result<Case<D::Buffer>, String> {
+    let stride = nkv * hd;
     let nt = runs.len();
     let mut r = Rng::new(seed);
-    let q = q.unwrap_or_else(|| r.vec(nt * NH * hd));
+    let q = q.unwrap_or_else(|| r.vec(nt * nh * hd));
     let mut k = r.vec(n_cells * stride);
     let mut v = r.vec(n_cells * stride);
     let mut kb = encode_rows(kv, &mut k, stride);
@@ -206,12 +238,11 @@ pub(super) fn build<D: Device>(
         k[cell * stride..(cell + 1) * stride].copy_from_slice(kf);
         v[cell * stride..(cell + 1) * stride].copy_from_slice(vf);
     }
-    let scale = 0.7 / (hd as f32).sqrt();
-    let want = refr::window_attention(&q, &k, &v, &cells_of(runs), NH, NKV, hd, scale);
+    let want = refr::window_attention(&q, &k, &v, &cells_of(runs), nh, nkv, hd, scale);
     Ok(Case {
         s: WindowAttn {
-            n_head: NH,
-            n_head_kv: NKV,
+            n_head: nh,
+            n_head_kv: nkv,
             head_dim: hd,
             n_tokens: nt,
             n_cells,
@@ -225,7 +256,7 @@ pub(super) fn build<D: Device>(
         win: dev
             .buffer_from(&i32_bytes(&window_values(kind, runs)))
             .map_err(e)?,
-        out: dev.new_buffer(nt * NH * hd * 4).map_err(e)?,
+        out: dev.new_buffer(nt * nh * hd * 4).map_err(e)?,
         want,
     })
 }
@@ -242,7 +273,7 @@ pub(super) fn run<D: Device>(
         dev, kernel, &c.s, &c.q, &c.k, &c.v, &c.win, &scratch, &c.out,
     )
     .map_err(e)?;
-    read_f32(dev, &c.out, c.s.n_tokens * NH * c.s.head_dim)
+    read_f32(dev, &c.out, c.s.n_tokens * c.s.n_head * c.s.head_dim)
 }
 
 /// Window lengths of the 13-query cases: the KV tails, windows crossing the 256-row flash
@@ -498,4 +529,46 @@ fn empty<D: Device>(dev: &D) -> GateResult {
         }
     }
     judge("empty windows", out, 0.0, 0.0)
+}
+
+/// Head shapes the other gates do not reach: head dims 1, 2 and 512 (classic's range ends),
+/// no GQA, one KV head for many, q8_0 heads of three blocks, flash without GQA; scores scaled
+/// by 4 (peaked softmax weights: the running max moves by several units between blocks).
+fn head_shapes<D: Device>(dev: &D) -> GateResult {
+    let shapes = [
+        (WindowKernel::Classic, KvType::F32, 1, (3, 3)),
+        (WindowKernel::Classic, KvType::F16, 2, (4, 1)),
+        (WindowKernel::Classic, KvType::F32, 512, (2, 1)),
+        (WindowKernel::Classic, KvType::Q8_0, 96, (6, 2)),
+        (WindowKernel::Flash, KvType::F16, 128, (8, 8)),
+        (WindowKernel::Flash, KvType::F32, 64, (6, 1)),
+    ];
+    let mut out = Vec::new();
+    let mut worst = 0.0f64;
+    for (i, (kernel, kv, hd, heads)) in shapes.into_iter().enumerate() {
+        let runs = map_runs(&[40, 0, 97]);
+        let c = build_heads(
+            dev,
+            heads,
+            4.0,
+            kv,
+            hd,
+            430,
+            WindowKind::Map,
+            &runs,
+            None,
+            &[],
+            40 + i as u64,
+        )?;
+        let got = run(dev, kernel, &c)?;
+        let err = max_err(&got, &c.want, |_| 1.0);
+        if err > TOL {
+            return Err(format!(
+                "{kernel:?} {kv:?} hd{hd} heads {heads:?}: max error {err:.3e} exceeds {TOL:.1e}"
+            ));
+        }
+        worst = worst.max(err);
+        out.extend(f32_bytes(&got));
+    }
+    judge("window head shapes", out, worst, TOL)
 }
