@@ -1,6 +1,6 @@
-//! The backend table of this build: fixed ids (cpu 0, metal 1, cuda 2; written into
-//! session files and graph dumps), whether each is compiled in, and whether this machine can
-//! run it.
+//! The backend table of this build: fixed ids (cpu 0, metal 1, cuda 2, metal-emu 3; written
+//! into session files and graph dumps), whether each is compiled in, whether this machine can
+//! run it, and whether it takes part unless named (the emulator does not).
 
 use minfer_cpu::CpuBackend;
 use minfer_graph::{Backend, BackendEntry, BackendId};
@@ -8,6 +8,9 @@ use minfer_graph::{Backend, BackendEntry, BackendId};
 pub use minfer_cpu::CPU_ID;
 pub const METAL_ID: BackendId = BackendId(1);
 pub const CUDA_ID: BackendId = BackendId(2);
+/// The Metal executor on the MSL emulator: the same code as `metal`, run on the CPU, for
+/// proof and debugging on machines without a Mac (slow).
+pub const METAL_EMU_ID: BackendId = BackendId(3);
 
 /// Settings of the CPU backend (`--numerics`), handed to it at instantiation; the engine
 /// itself never reads them.
@@ -23,18 +26,32 @@ pub fn table() -> Vec<BackendEntry> {
             name: "cpu",
             compiled: Ok(()),
             available: Ok(()),
+            by_default: true,
         },
         BackendEntry {
             id: METAL_ID,
             name: "metal",
             compiled: Err("this build has no Metal backend yet (macOS only)".into()),
             available: Err("not compiled".into()),
+            by_default: true,
         },
         BackendEntry {
             id: CUDA_ID,
             name: "cuda",
             compiled: Err("this build has no CUDA backend (cargo feature `cuda`)".into()),
             available: Err("not compiled".into()),
+            by_default: true,
+        },
+        BackendEntry {
+            id: METAL_EMU_ID,
+            name: "metal-emu",
+            compiled: if cfg!(feature = "metal-emu") {
+                Ok(())
+            } else {
+                Err("this build has no Metal emulator (cargo feature `metal-emu`)".into())
+            },
+            available: Ok(()),
+            by_default: false,
         },
     ]
 }
@@ -64,10 +81,22 @@ pub fn instantiate(
             CPU_ID => {
                 Ok(Box::new(CpuBackend::with_numerics(threads, cpu.numerics)) as Box<dyn Backend>)
             }
+            #[cfg(feature = "metal-emu")]
+            METAL_EMU_ID => Ok(Box::new(minfer_metal::MetalBackend::new(
+                minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward),
+                METAL_EMU_ID,
+                "metal-emu",
+            )) as Box<dyn Backend>),
             other => Err(minfer_graph::Error::NotCompiled {
                 name: name_of(other),
                 why: "no backend implementation in this build".into(),
             }),
         })
         .collect()
+}
+
+/// Whether a backend is a device (not the CPU): the engine picks the KV element type for
+/// device engines by model size (see `EngineConfig::cache_type_auto`).
+pub fn is_device(id: BackendId) -> bool {
+    id != CPU_ID
 }

@@ -91,6 +91,17 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// The KV element type of a device engine under `--cache-type auto` (seed §2.3): f16 when
+/// `n_layers × n_kv_embd >= 8192` (the 7B class, where attention is KV-bandwidth bound),
+/// f32 below (small models are dispatch bound and f16 measured slower there).
+pub fn auto_cache_type(hp: &HParams) -> GgmlType {
+    if hp.block_count * hp.head_count_kv * hp.head_dim >= 8192 {
+        GgmlType::F16
+    } else {
+        GgmlType::F32
+    }
+}
+
 /// KV cache element types, as `--cache-type` spells them.
 pub fn parse_cache_type(s: &str) -> Result<GgmlType> {
     match s.trim().to_ascii_lowercase().as_str() {
@@ -112,6 +123,10 @@ pub struct EngineConfig {
     /// CPU threads; 0 means the number of physical cores.
     pub threads: usize,
     pub cache_type: GgmlType,
+    /// `--cache-type auto`: an engine on a device picks its KV element type by model size
+    /// ([`auto_cache_type`]); a CPU-only engine keeps `cache_type`. Per engine, never
+    /// process-wide: two engines in one process may hold different formats.
+    pub cache_type_auto: bool,
     /// `--backend` names; empty means every available backend.
     pub backends: Vec<String>,
     /// Bytes each backend may allocate for KV regions and activations (None: unbounded).
@@ -128,6 +143,7 @@ impl Default for EngineConfig {
             n_ctx: 4096,
             threads: 0,
             cache_type: GgmlType::F32,
+            cache_type_auto: false,
             backends: Vec::new(),
             memory_budget: None,
             cpu: backends::CpuSettings::default(),
@@ -142,11 +158,13 @@ const GRAPH_CACHE: usize = 16;
 const GRAPH_CACHE_BYTES: usize = 512 << 20;
 
 pub struct Engine {
+    /// Declared before `model`: fields drop in order, and a device backend may hold
+    /// zero-copy wraps of the model's mapping (and submit pending work when dropped).
+    pub(crate) backends: Vec<Box<dyn Backend>>,
     pub(crate) model: GgufModel,
     pub(crate) ids: HashMap<String, WeightId>,
     pub(crate) hp: HParams,
     output_weight: &'static str,
-    pub(crate) backends: Vec<Box<dyn Backend>>,
     pub(crate) placement: Placement,
     pub(crate) cache: GraphCache,
     pub(crate) alloc: Allocator,
@@ -167,14 +185,18 @@ impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
         let mut backends = backends::instantiate(&ids, cfg.threads, cfg.cpu)?;
+        let model = GgufModel::open(path)?;
+        let hp = HParams::from_metadata(model.metadata())?;
+        check_tensors(&model, &hp)?;
+        let mut cfg = cfg;
+        if cfg.cache_type_auto && ids.iter().any(|&id| backends::is_device(id)) {
+            cfg.cache_type = auto_cache_type(&hp);
+        }
         for be in &backends {
             if let Err(why) = be.check_kv_type(cfg.cache_type) {
                 return Err(Error::CacheType(cfg.cache_type.name().into(), why));
             }
         }
-        let model = GgufModel::open(path)?;
-        let hp = HParams::from_metadata(model.metadata())?;
-        check_tensors(&model, &hp)?;
         if cfg.cache_type == GgmlType::Q8_0 && !hp.head_dim.is_multiple_of(32) {
             return Err(Error::CacheType(
                 "q8_0".into(),
@@ -282,6 +304,25 @@ impl Engine {
     /// the reason (empty when every backend holds them).
     pub fn placement_report(&self) -> Vec<String> {
         self.placement.report()
+    }
+    /// Live nodes of the graph for `n_tokens` tokens per backend name, in table order (the
+    /// startup line, and the gate that a device engine really runs on the device).
+    pub fn nodes_per_backend(&mut self, n_tokens: usize) -> Result<Vec<(String, usize)>> {
+        let p = self.params(n_tokens, 1, WindowLayout::Span);
+        self.prepare(&p)?;
+        let (g, _) = self.cache_peek()?;
+        let mut counts: Vec<(minfer_graph::BackendId, usize)> =
+            self.backends.iter().map(|b| (b.id(), 0)).collect();
+        for n in g.nodes.iter().filter(|n| !n.dead) {
+            if let Some(c) = counts.iter_mut().find(|(id, _)| Some(*id) == n.backend) {
+                c.1 += 1;
+            }
+        }
+        counts.sort_by_key(|(id, _)| *id);
+        Ok(counts
+            .into_iter()
+            .map(|(id, n)| (backends::name_of(id), n))
+            .collect())
     }
     /// The cell table of every sequence (read-only: change it through the `seq_*` calls).
     pub fn cells(&self) -> &KvCells {

@@ -17,6 +17,6 @@ pub mod stop;
 mod weights;
 
 pub use batch::{bucket, BatchEntry, BatchLogits};
-pub use engine::{parse_cache_type, Engine, EngineConfig, Error, Result};
+pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};
 pub use kvcells::{CellError, KvCells, Run, SeqId};
 pub use minfer_graph::KV_MAP_RUNS;

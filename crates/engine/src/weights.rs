@@ -49,4 +49,9 @@ impl WeightSource for ModelWeights<'_> {
     fn len(&self) -> usize {
         self.model.tensors().len()
     }
+
+    fn part(&self, id: WeightId) -> Option<(usize, &[u8])> {
+        let t = self.model.tensors().get(id.index())?;
+        Some((t.part, self.model.parts()[t.part].mapping()))
+    }
 }

@@ -115,7 +115,8 @@ impl Allocator {
         be: BackendId,
         class: usize,
     ) -> Result<BufId> {
-        let used = self.in_use(be);
+        // Weights a device holds count against its budget too (they share its memory).
+        let used = self.in_use(be) + backend_mut(backends, be)?.weights_bytes();
         if let Some(&budget) = self.budget.get(&be) {
             if used + class > budget {
                 return Err(Error::OverBudget {

@@ -64,6 +64,13 @@ pub trait WeightSource: Sync {
     fn id(&self, name: &str) -> Option<WeightId>;
     /// How many weights there are (ids are `0..len`).
     fn len(&self) -> usize;
+    /// The mapped file part holding a weight: its index and the whole mapping (page-aligned
+    /// base), so a device can wrap each part once, zero-copy, and address the weight at
+    /// `bytes.as_ptr() - mapping.as_ptr()`. `None` when the weight is not in a mapping (the
+    /// device copies it).
+    fn part(&self, _id: WeightId) -> Option<(usize, &[u8])> {
+        None
+    }
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -161,6 +168,12 @@ pub trait Backend: Send {
     /// uploads or wraps them, the CPU derives what it would otherwise compute per call.
     fn prepare_weights(&mut self, _weights: &dyn WeightSource, _ids: &[WeightId]) -> Result<()> {
         Ok(())
+    }
+    /// Bytes of device memory the prepared weights occupy (wrapped or copied); memory budgets
+    /// charge them next to KV regions and activations. 0 for a backend reading the host's
+    /// mapping in place (the CPU).
+    fn weights_bytes(&self) -> usize {
+        0
     }
     /// Whether every row's result is independent of the other rows in a forward and of their
     /// number (see docs/PRECISION.md). A backend that copies another engine's row-count

@@ -8,7 +8,7 @@ pub enum Error {
         op: String,
         backends: String,
     },
-    #[error("memory budget of backend {backend} exceeded: request {request_mib:.2} MiB (size class) + in use {in_use_mib:.2} MiB > budget {budget_mib:.2} MiB")]
+    #[error("memory budget of backend {backend} exceeded: request {request_mib:.2} MiB (size class) + in use {in_use_mib:.2} MiB (weights included) > budget {budget_mib:.2} MiB")]
     OverBudget {
         backend: BackendId,
         request_mib: f64,

@@ -13,10 +13,14 @@ pub struct BackendEntry {
     pub compiled: std::result::Result<(), String>,
     /// `Err(why)` when it is compiled in but this machine cannot run it.
     pub available: std::result::Result<(), String>,
+    /// Whether an empty request includes it (false for a backend only named on purpose,
+    /// such as an emulator).
+    pub by_default: bool,
 }
 
 /// Resolves requested names (case-insensitive, trimmed; comma lists allowed) to backend ids,
-/// in table order. An empty request means every compiled and available backend. Three
+/// in table order. An empty request means every compiled and available backend that takes
+/// part by default. Three
 /// distinct refusals: an unknown name, a backend not compiled in, and one compiled in but
 /// unavailable. `always` (the CPU) always takes part.
 pub fn resolve_backends(
@@ -29,7 +33,7 @@ pub fn resolve_backends(
         chosen.extend(
             table
                 .iter()
-                .filter(|e| e.compiled.is_ok() && e.available.is_ok())
+                .filter(|e| e.by_default && e.compiled.is_ok() && e.available.is_ok())
                 .map(|e| e.id),
         );
     }

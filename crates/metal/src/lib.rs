@@ -6,6 +6,7 @@
 //! `minfer-msl-emu` (the MSL emulator, Linux CI). The `conformance` feature exposes the kernel
 //! gate suite both run.
 
+pub mod backend;
 pub mod device;
 pub mod error;
 pub mod launch;
@@ -16,6 +17,7 @@ pub mod weights;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use backend::MetalBackend;
 pub use device::{Arg, Device, Dispatch, Limits};
 pub use error::{Error, Result};
 pub use weights::WeightRegistry;

@@ -23,10 +23,12 @@ pub struct ModelArgs {
     /// CPU threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// KV cache element type: f32, f16 or q8_0.
-    #[arg(long = "cache-type", default_value = "f32")]
+    /// KV cache element type: f32, f16, q8_0, or auto (f32 on the CPU; on a GPU f16 from
+    /// n_layers x n_kv_embd >= 8192, else f32).
+    #[arg(long = "cache-type", default_value = "auto")]
     pub cache_type: String,
-    /// Limit the backends that take part (repeatable or comma-separated: cpu, metal, cuda).
+    /// Limit the backends that take part (repeatable or comma-separated: cpu, metal, cuda;
+    /// metal-emu runs the Metal executor on the MSL emulator: slow, for proof and debugging).
     #[arg(long = "backend", value_delimiter = ',')]
     pub backends: Vec<String>,
     /// CPU float arithmetic: native (fastest, the same bits on every CPU), or llamacpp-x86-avx2 /
@@ -117,7 +119,12 @@ impl ModelArgs {
     /// (pulling a known one on first use) and loads it.
     pub fn load(&self) -> anyhow::Result<(Engine, f64)> {
         backends::resolve(&self.backends)?;
-        let cache_type = parse_cache_type(&self.cache_type)?;
+        let cache_type_auto = self.cache_type.trim().eq_ignore_ascii_case("auto");
+        let cache_type = if cache_type_auto {
+            minfer_gguf::GgmlType::F32
+        } else {
+            parse_cache_type(&self.cache_type)?
+        };
         let numerics = minfer_cpu::Numerics::parse(&self.numerics).ok_or_else(|| {
             anyhow::anyhow!(
                 "--numerics {}: expected one of {}",
@@ -148,18 +155,45 @@ impl ModelArgs {
             n_ctx,
             threads: self.threads.unwrap_or(0),
             cache_type,
+            cache_type_auto,
             backends: self.backends.clone(),
             cpu: minfer_engine::backends::CpuSettings { numerics },
             ..EngineConfig::default()
         };
-        let engine =
+        let mut engine =
             Engine::load(&path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
         // What kept the model off a device (a backend that holds none of its weights).
         for line in engine.placement_report() {
             eprintln!("note: {line}");
         }
+        startup_line(&mut engine)?;
         Ok((engine, t0.elapsed().as_secs_f64() * 1e3))
     }
+}
+
+/// Where the model runs: decode-graph nodes per backend and the KV type, plus a warning for
+/// the emulator (it is correct and slow).
+fn startup_line(engine: &mut Engine) -> anyhow::Result<()> {
+    let counts = engine.nodes_per_backend(1)?;
+    if counts.len() < 2 {
+        return Ok(());
+    }
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(name, n)| format!("{name} {n} nodes"))
+        .collect();
+    eprintln!(
+        "runs on: {} (decode graph); KV cache {}",
+        parts.join(", "),
+        engine.cache_type().name()
+    );
+    if counts.iter().any(|(name, n)| name == "metal-emu" && *n > 0) {
+        eprintln!(
+            "note: metal-emu runs the Metal kernels on the MSL emulator (CPU): correct and \
+             very slow, for proof and debugging"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,327 @@
+//! Whole synthetic models on the Metal executor under the MSL emulator (`--backend
+//! metal-emu`), against the plain f64 reference forward and the CPU backend (seed §7.3).
+//!
+//! Tolerance classes, named before measuring:
+//! - Metal reads f32 activations against the weights' dequantized values, as the reference
+//!   does; the only difference is f32 accumulation (and its order) against f64. Bar: max
+//!   |dlogit| <= `ACC_TOL` (1e-3, the CPU's F32 bar), for f32 *and* quantized weights.
+//! - An f16 KV cache rounds every K/V value to f16 (rel 2^-11): bar 2% of the logits' RMS.
+//! - Forwards of 9 rows or more take the GEMM tier, which stages weight tiles as f16 (as
+//!   llama.cpp's kernel does; rel 2^-11 per weight): bar `GEMM_REL` (2e-3) of the logits'
+//!   RMS, against the reference and across shapes (chunked vs unchunked prefill, a sequence
+//!   alone vs in a batch, where the tier changes with the row count).
+//! - Metal against itself at the same shape: bit for bit (three runs).
+//!
+//! Every comparison checks that the two engines' graphs really differ in assignment.
+
+#![cfg(feature = "metal-emu")]
+
+use minfer_engine::{auto_cache_type, BatchEntry, Engine, EngineConfig};
+use minfer_gguf::{GgmlType, GgufModel};
+use minfer_models::{reference, Arch, HParams};
+use minfer_testkit::synth::{self, Tiny};
+use std::path::{Path, PathBuf};
+
+const ACC_TOL: f64 = 1e-3;
+const GEMM_REL: f64 = 2e-3;
+
+fn tiny(arch: Arch, ty: GgmlType, head_dim: usize) -> PathBuf {
+    let mut t = Tiny::new(arch, ty);
+    t.d = 256;
+    t.ff = 512;
+    t.head_dim = head_dim;
+    t.n_head = if arch == Arch::Qwen3 {
+        4
+    } else {
+        256 / head_dim
+    };
+    t.n_head_kv = if t.n_head >= 4 { 2 } else { 1 };
+    synth::write(&t)
+}
+
+fn engine(path: &Path, metal: bool, cache: GgmlType, n_batch: usize) -> Engine {
+    Engine::load(
+        path,
+        EngineConfig {
+            n_ctx: 160,
+            threads: 1,
+            cache_type: cache,
+            backends: if metal {
+                vec!["metal-emu".into()]
+            } else {
+                vec!["cpu".into()]
+            },
+            n_batch,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn reference_logits(path: &Path, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let gguf = GgufModel::open(path).unwrap();
+    let hp = HParams::from_metadata(gguf.metadata()).unwrap();
+    reference::forward(&gguf, &hp, tokens).unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max((*x as f64 - y).abs()))
+}
+
+fn rms(v: &[Vec<f64>]) -> f64 {
+    let n: usize = v.iter().map(|r| r.len()).sum();
+    (v.iter().flatten().map(|x| x * x).sum::<f64>() / n as f64).sqrt()
+}
+
+/// Nodes on the CPU and on the emulated Metal backend in the decode graph.
+fn split_counts(e: &mut Engine) -> (usize, usize) {
+    let c = e.nodes_per_backend(1).unwrap();
+    let get = |name: &str| c.iter().find(|(n, _)| n == name).map_or(0, |x| x.1);
+    (get("cpu"), get("metal-emu"))
+}
+
+/// Prefill all but the last 3 tokens (every row's logits), then decode one by one: every
+/// row's logits in order.
+fn run_logits(e: &mut Engine, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let vocab = e.hparams().vocab_size;
+    let split = tokens.len() - 3;
+    let mut rows: Vec<Vec<f32>> = e
+        .decode(&tokens[..split], 0, split)
+        .unwrap()
+        .chunks_exact(vocab)
+        .map(<[f32]>::to_vec)
+        .collect();
+    for (i, &t) in tokens[split..].iter().enumerate() {
+        rows.push(e.decode(&[t], split + i, 1).unwrap().to_vec());
+    }
+    rows
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .0 as u32
+}
+
+fn greedy(e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut next = argmax(e.decode(prompt, 0, 1).unwrap());
+    for i in 0..n {
+        out.push(next);
+        next = argmax(e.decode(&[next], prompt.len() + i, 1).unwrap());
+    }
+    out
+}
+
+const TOKENS: [u32; 9] = [1, 5, 9, 3, 33, 7, 2, 0, 39];
+
+#[test]
+fn every_arch_matches_the_reference_and_the_cpu_greedy_at_hd_64_and_128() {
+    for arch in Arch::ALL {
+        for hd in [64, 128] {
+            for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4K] {
+                let path = tiny(arch, ty, hd);
+                let want = reference_logits(&path, &TOKENS);
+                let mut m = engine(&path, true, GgmlType::F32, 512);
+                let mut c = engine(&path, false, GgmlType::F32, 512);
+                let (mc, mm) = split_counts(&mut m);
+                let (cc, cm) = split_counts(&mut c);
+                assert!(
+                    mc == 0 && mm > 20,
+                    "{arch:?}: metal engine {mc} cpu / {mm} metal"
+                );
+                assert!(
+                    cm == 0 && cc > 20,
+                    "{arch:?}: cpu engine {cc} cpu / {cm} metal"
+                );
+                let got = run_logits(&mut m, &TOKENS);
+                let d = got
+                    .iter()
+                    .zip(&want)
+                    .fold(0f64, |x, (g, w)| x.max(max_diff(g, w)));
+                println!(
+                    "{arch:?} hd {hd} {ty}: metal vs reference max |dlogit| {d:.3e} (rms {:.3})",
+                    rms(&want)
+                );
+                assert!(d <= ACC_TOL, "{arch:?} hd {hd} {ty}: {d}");
+                // The same 16 greedy tokens as the CPU.
+                let (gm, gc) = (greedy(&mut m, &TOKENS, 16), greedy(&mut c, &TOKENS, 16));
+                assert_eq!(gm, gc, "{arch:?} hd {hd} {ty}: greedy tokens");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_f16_kv_cache_on_metal_stays_in_its_class() {
+    for arch in Arch::ALL {
+        let path = tiny(arch, GgmlType::F32, 64);
+        let want = reference_logits(&path, &TOKENS);
+        let mut m = engine(&path, true, GgmlType::F16, 512);
+        let got = run_logits(&mut m, &TOKENS);
+        let d = got
+            .iter()
+            .zip(&want)
+            .fold(0f64, |x, (g, w)| x.max(max_diff(g, w)));
+        let bar = 0.02 * rms(&want);
+        println!("{arch:?} f16 KV: max |dlogit| {d:.3e}, bar {bar:.3e}");
+        assert!(d <= bar, "{arch:?}: {d} > {bar}");
+        assert!(
+            d > 0.0,
+            "the f16 rounding is visible (the cache really is f16)"
+        );
+    }
+}
+
+fn long_prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7 + 3) % 40).collect()
+}
+
+#[test]
+fn chunked_prefill_answers_like_an_unchunked_one() {
+    // Prompts past 64 tokens, so the windows have partial 64-row tails.
+    for arch in [Arch::Qwen2, Arch::Qwen3] {
+        let path = tiny(arch, GgmlType::Q8_0, 64);
+        let prompt = long_prompt(100);
+        let mut whole = engine(&path, true, GgmlType::F32, 512);
+        let mut chunked = engine(&path, true, GgmlType::F32, 24);
+        let a = whole.decode(&prompt, 0, 1).unwrap().to_vec();
+        let b = chunked.decode(&prompt, 0, 1).unwrap().to_vec();
+        let d = a
+            .iter()
+            .zip(&b)
+            .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+        let want = reference_logits(&path, &prompt);
+        let r = max_diff(&a, want.last().unwrap());
+        let bar = GEMM_REL * rms(&want);
+        println!("{arch:?}: chunked vs whole {d:.3e}, whole vs reference {r:.3e}, bar {bar:.3e}");
+        assert!(d <= bar && r <= bar, "{arch:?}: {d} / {r} > {bar}");
+        assert!(d > 0.0, "the chunk shapes took different tiers");
+    }
+}
+
+#[test]
+fn three_runs_are_bit_identical() {
+    let path = tiny(Arch::Qwen2, GgmlType::Q4K, 64);
+    let prompt = long_prompt(70);
+    let runs: Vec<Vec<u32>> = (0..3)
+        .map(|_| {
+            let mut e = engine(&path, true, GgmlType::F32, 512);
+            e.decode(&prompt, 0, 1)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        })
+        .collect();
+    assert_eq!(runs[0], runs[1]);
+    assert_eq!(runs[0], runs[2]);
+}
+
+#[test]
+fn two_engines_with_different_kv_formats_share_a_process() {
+    let path = tiny(Arch::Llama, GgmlType::F32, 64);
+    let want = reference_logits(&path, &TOKENS);
+    let mut a = engine(&path, true, GgmlType::F32, 512);
+    let mut b = engine(&path, true, GgmlType::F16, 512);
+    assert_eq!(
+        (a.cache_type(), b.cache_type()),
+        (GgmlType::F32, GgmlType::F16)
+    );
+    // Interleaved steps: neither engine's format leaks into the other.
+    let vocab = a.hparams().vocab_size;
+    let pa = a.decode(&TOKENS[..6], 0, 6).unwrap().to_vec();
+    let pb = b.decode(&TOKENS[..6], 0, 6).unwrap().to_vec();
+    for (r, w) in want.iter().take(6).enumerate() {
+        assert!(max_diff(&pa[r * vocab..(r + 1) * vocab], w) <= ACC_TOL);
+        assert!(max_diff(&pb[r * vocab..(r + 1) * vocab], w) <= 0.02 * rms(&want));
+    }
+    let pa = a.decode(&TOKENS[6..7], 6, 1).unwrap().to_vec();
+    let pb = b.decode(&TOKENS[6..7], 6, 1).unwrap().to_vec();
+    assert!(max_diff(&pa, &want[6]) <= ACC_TOL);
+    assert!(max_diff(&pb, &want[6]) <= 0.02 * rms(&want));
+    assert_ne!(pa, pb, "the f16 engine really rounds");
+}
+
+#[test]
+fn the_auto_kv_type_follows_model_size_per_engine() {
+    let path = tiny(Arch::Qwen2, GgmlType::F32, 64);
+    let gguf = GgufModel::open(&path).unwrap();
+    let mut hp = HParams::from_metadata(gguf.metadata()).unwrap();
+    assert_eq!(auto_cache_type(&hp), GgmlType::F32, "2 x 128 is small");
+    hp.block_count = 28;
+    hp.head_count_kv = 4;
+    hp.head_dim = 128;
+    assert_eq!(auto_cache_type(&hp), GgmlType::F16, "the 7B class");
+    let auto = |backend: &str| {
+        Engine::load(
+            &path,
+            EngineConfig {
+                n_ctx: 64,
+                threads: 1,
+                cache_type: GgmlType::Q8_0,
+                cache_type_auto: true,
+                backends: vec![backend.into()],
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+        .cache_type()
+    };
+    // A device engine picks by size; a CPU-only engine keeps what it was given.
+    assert_eq!(auto("metal-emu"), GgmlType::F32);
+    assert_eq!(auto("cpu"), GgmlType::Q8_0);
+}
+
+#[test]
+fn sequences_batched_on_metal_answer_like_each_alone() {
+    let path = tiny(Arch::Qwen2, GgmlType::Q8_0, 64);
+    let prompts: [Vec<u32>; 3] = [
+        long_prompt(9),
+        long_prompt(70)[5..].to_vec(),
+        vec![4, 8, 15],
+    ];
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| {
+            engine(&path, true, GgmlType::F32, 512)
+                .decode(p, 0, 1)
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    let mut e = engine(&path, true, GgmlType::F32, 512);
+    // Cells are taken in order, so the later sequences' windows do not start at cell 0.
+    let seqs: Vec<_> = (0..3).map(|_| e.seq_create()).collect();
+    let entries: Vec<BatchEntry> = seqs
+        .iter()
+        .zip(&prompts)
+        .map(|(&s, p)| BatchEntry::new(s, p, 0))
+        .collect();
+    let out = e.forward_batch(&entries).unwrap();
+    for (i, a) in alone.iter().enumerate() {
+        let d = a
+            .iter()
+            .zip(out.logits(i))
+            .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+        let rms = (a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
+        println!(
+            "sequence {i}: batched vs alone {d:.3e} (bar {:.3e})",
+            GEMM_REL * rms
+        );
+        assert!(d <= GEMM_REL * rms, "sequence {i}: {d}");
+    }
+    // Control: a different prompt is far outside the class.
+    let other = engine(&path, true, GgmlType::F32, 512)
+        .decode(&[4, 8, 16], 0, 1)
+        .unwrap()
+        .to_vec();
+    let d = other
+        .iter()
+        .zip(&alone[2])
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+    assert!(d > 100.0 * ACC_TOL, "{d}");
+}

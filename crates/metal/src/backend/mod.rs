@@ -1,0 +1,369 @@
+//! `MetalBackend`: the graph executor on a Metal [`Device`] (seed §2.2, §4.1–4.9). The same
+//! code drives a real GPU (crate `minfer-metal-objc`) and the MSL emulator (crate
+//! `minfer-msl-emu`), so the emulator proves the executor, not just the kernels.
+//!
+//! Rhythm: a split's nodes are encoded into the device's pending command buffer, each
+//! dispatch followed by a buffer-scope barrier (the launch fns do that), and the buffer is
+//! submitted at the end of the split; `synchronize` and `Drop` submit anything pending. Host
+//! reads and writes of a buffer first submit pending work (a host view is only meaningful
+//! after the submit that produced it: the seed's stale-read rule). Every kernel-invariant
+//! violation is an `Err` naming the node; nothing falls back to the CPU mid-run.
+
+mod exec;
+mod pool;
+mod profile;
+mod resident;
+
+use std::time::Instant;
+
+use minfer_gguf::GgmlType;
+use minfer_graph::{
+    Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout, Node, Op,
+    Result as GraphResult, RopeSpec, WeightId, WeightRef, WeightSource,
+};
+
+use crate::device::Device;
+use crate::error::Error;
+use crate::launch::KvType;
+use pool::Pool;
+use profile::{OpProfile, TraceRing};
+use resident::Residency;
+
+/// Assignment priority: Metal → CUDA → CPU (the CPU's is 100; higher wins).
+pub const METAL_PRIORITY: u32 = 300;
+
+/// KV element types the Metal kernels read and write.
+pub const METAL_KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
+
+pub struct MetalBackend<D: Device> {
+    id: BackendId,
+    name: String,
+    dev: D,
+    pool: Pool<D>,
+    weights: Residency<D>,
+    /// Attention partials, grown on demand and reused by every attention dispatch (each
+    /// dispatch's combine runs, behind a barrier, before the next one writes it).
+    scratch: Option<D::Buffer>,
+    /// Commands encoded since the last submit.
+    pending: bool,
+    profile: Option<OpProfile>,
+    trace: Option<TraceRing>,
+    /// `MINFER_WEIGHT_COPY=1`: copy weights instead of wrapping the mapping.
+    weight_copy: bool,
+    /// Nodes encoded so far (tests check a device path really ran).
+    encoded: u64,
+}
+
+impl<D: Device> MetalBackend<D> {
+    /// A backend over `dev`, registered under `id` and shown as `name` (e.g. "metal",
+    /// "metal-emu").
+    pub fn new(dev: D, id: BackendId, name: impl Into<String>) -> Self {
+        MetalBackend {
+            id,
+            name: name.into(),
+            dev,
+            pool: Pool::default(),
+            weights: Residency::default(),
+            scratch: None,
+            pending: false,
+            profile: OpProfile::from_env(),
+            trace: TraceRing::from_env(),
+            weight_copy: std::env::var("MINFER_WEIGHT_COPY").is_ok_and(|v| v == "1"),
+            encoded: 0,
+        }
+    }
+
+    /// The same backend copying weights (`true`) or wrapping the mapping (`false`), whatever
+    /// `MINFER_WEIGHT_COPY` says; takes effect at `prepare_weights`.
+    pub fn with_weight_copy(mut self, copy: bool) -> Self {
+        self.weight_copy = copy;
+        self
+    }
+
+    /// Nodes encoded since the backend was made.
+    pub fn nodes_encoded(&self) -> u64 {
+        self.encoded
+    }
+
+    /// The device buffer behind a graph buffer, read without submitting pending work: only
+    /// for the stale-read gate's control arm.
+    #[doc(hidden)]
+    pub fn raw_buffer(&self, id: BufId) -> Option<&D::Buffer> {
+        self.pool.get(id.0)
+    }
+
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// Whether the weights were copied (`MINFER_WEIGHT_COPY=1`) rather than wrapped.
+    pub fn weights_copied(&self) -> bool {
+        self.weights.copied
+    }
+
+    /// Bytes the pool holds (live and free buffers; never released).
+    pub fn pool_bytes(&self) -> usize {
+        self.pool.held_bytes(&self.dev)
+    }
+
+    fn err(&self, problem: impl std::fmt::Display) -> GraphError {
+        GraphError::Backend {
+            backend: self.name.clone(),
+            problem: problem.to_string(),
+        }
+    }
+
+    fn buffer(&self, id: BufId) -> GraphResult<&D::Buffer> {
+        self.pool
+            .get(id.0)
+            .ok_or_else(|| self.err(format!("buffer {} does not exist", id.0)))
+    }
+
+    /// Submits pending commands, bounded by the device; an error carries the device's
+    /// recent dispatch labels (and, with `MINFER_TRACE`, the last nodes encoded).
+    fn submit(&mut self) -> GraphResult<()> {
+        if !self.pending {
+            return Ok(());
+        }
+        self.pending = false;
+        let t0 = Instant::now();
+        let r = self.dev.submit();
+        if let Some(p) = &mut self.profile {
+            p.submitted(t0.elapsed());
+        }
+        r.map_err(|e| match &self.trace {
+            Some(t) => self.err(format!("{e}; {}", t.describe())),
+            None => self.err(e),
+        })
+    }
+
+    /// The attention scratch buffer, at least `bytes` long.
+    fn scratch(&mut self, bytes: usize) -> Result<D::Buffer, Error>
+    where
+        D::Buffer: Clone,
+    {
+        if let Some(s) = &self.scratch {
+            if self.dev.buffer_len(s) >= bytes {
+                return Ok(s.clone());
+            }
+        }
+        let s = self.dev.new_buffer(bytes.max(16))?;
+        self.scratch = Some(s.clone());
+        Ok(s)
+    }
+
+    fn kv_type(op: &'static str, ty: GgmlType) -> Result<KvType, Error> {
+        match ty {
+            GgmlType::F32 => Ok(KvType::F32),
+            GgmlType::F16 => Ok(KvType::F16),
+            GgmlType::Q8_0 => Ok(KvType::Q8_0),
+            other => Err(Error::UnsupportedType {
+                op,
+                ty: format!("{other} KV cache"),
+            }),
+        }
+    }
+}
+
+impl<D: Device> Drop for MetalBackend<D> {
+    fn drop(&mut self) {
+        if let Err(e) = self.submit() {
+            eprintln!("{}: pending work failed at shutdown: {e}", self.name);
+        }
+        if let Some(p) = &self.profile {
+            p.print("at exit");
+        }
+    }
+}
+
+impl<D> Backend for MetalBackend<D>
+where
+    D: Device + Send,
+    D::Buffer: Clone + Send,
+{
+    fn id(&self) -> BackendId {
+        self.id
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn priority(&self) -> u32 {
+        METAL_PRIORITY
+    }
+
+    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+        if w.ne1 == 1 {
+            // Gains and biases become f32 vectors at load.
+            return quants_ok(w.ty);
+        }
+        exec::matrix_refusal(&self.dev, w.ty, w.ne0).map_or(Ok(()), Err)
+    }
+
+    fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+        self.weights =
+            Residency::load(&self.dev, weights, ids, self.weight_copy).map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn weights_bytes(&self) -> usize {
+        self.weights.bytes
+    }
+
+    fn batch_invariant(&self) -> bool {
+        // The matmul tier (mat-vec, multi-row, GEMM) is chosen by the forward's row count
+        // and the tiers round differently, so a row's bits depend on its batch.
+        false
+    }
+
+    fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
+        if METAL_KV_TYPES.contains(&ty) {
+            Ok(())
+        } else {
+            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name))
+        }
+    }
+
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> bool {
+        exec::op_refusal(&self.dev, op, weights).is_none()
+    }
+
+    fn refusal(&self, op: &Op, weights: &dyn WeightSource) -> Option<String> {
+        exec::op_refusal(&self.dev, op, weights)
+    }
+
+    fn supports_fused(&self, op: FusedOp) -> bool {
+        match op {
+            FusedOp::SwiGLU => true,
+        }
+    }
+
+    fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
+        let (id, reused) = self.pool.take(&self.dev, bytes).map_err(|e| self.err(e))?;
+        if reused {
+            // Zeroed on the host, so no pending command may still use it.
+            self.submit()?;
+            let len = self.dev.buffer_len(self.buffer(BufId(id))?);
+            let zeros = vec![0u8; len];
+            let buf = self.buffer(BufId(id))?;
+            self.dev
+                .write_bytes(buf, 0, &zeros)
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(BufId(id))
+    }
+
+    fn free(&mut self, buf: BufId) {
+        self.pool.give_back(&self.dev, buf.0);
+    }
+
+    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> GraphResult<()> {
+        // A host write must not change the input of a command not yet run.
+        self.submit()?;
+        let b = self.buffer(buf)?;
+        self.dev
+            .write_bytes(b, offset, data)
+            .map_err(|e| self.err(e))
+    }
+
+    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> GraphResult<()> {
+        // Ordered after the pending work that may write `buf` (never a stale read).
+        self.submit()?;
+        let b = self.buffer(buf)?;
+        self.dev.read_bytes(b, offset, out).map_err(|e| self.err(e))
+    }
+
+    fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> GraphResult<()> {
+        let t0 = self.profile.as_ref().map(|_| Instant::now());
+        if let Some(t) = &mut self.trace {
+            t.push(&node.name);
+        }
+        let r = self.encode(node, args);
+        self.pending = true;
+        self.encoded += 1;
+        if let (Some(p), Some(t0)) = (&mut self.profile, t0) {
+            p.encoded(node.op.name(), t0.elapsed());
+        }
+        r.map_err(|e| GraphError::Exec {
+            node: node.name.clone(),
+            problem: format!("{} ({}): {e}", self.name, node.op.name()),
+        })
+    }
+
+    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> GraphResult<()> {
+        for (node, a) in nodes.iter().zip(args) {
+            if let Err(e) = self.execute_node(node, a) {
+                // What was encoded is valid work (KV stores among it): run it, then fail.
+                let _ = self.submit();
+                return Err(e);
+            }
+        }
+        // One command buffer per split, submitted at the split boundary.
+        self.submit()
+    }
+
+    fn synchronize(&mut self) -> GraphResult<()> {
+        self.submit()
+    }
+
+    fn kv_copy_cells(
+        &mut self,
+        region: BufId,
+        cell_bytes: usize,
+        src: usize,
+        dst: usize,
+        n: usize,
+    ) -> GraphResult<()> {
+        if n == 0 || src == dst {
+            return Ok(());
+        }
+        let b = self.buffer(region)?;
+        // copy_rows moves row by row in the overlap-safe order (ascending when moving down).
+        self.dev
+            .copy_rows(b, b, cell_bytes as u64, src as u64, dst as u64, n as u64)
+            .map_err(|e| self.err(e))?;
+        self.pending = true;
+        Ok(())
+    }
+
+    fn kv_rope_shift(
+        &mut self,
+        k_region: BufId,
+        layout: &KvLayout,
+        rope: &RopeSpec,
+        cell: usize,
+        n: usize,
+        delta: i64,
+    ) -> GraphResult<()> {
+        if n == 0 || delta == 0 {
+            return Ok(());
+        }
+        let kv = Self::kv_type("kv_rope_shift", layout.cache_type).map_err(|e| self.err(e))?;
+        let b = self.buffer(k_region)?;
+        let n_cells = self.dev.buffer_len(b) / layout.cell_bytes.max(1);
+        crate::launch::launch_kv_rope_shift(
+            &self.dev,
+            kv,
+            b,
+            layout.n_head_kv,
+            layout.head_dim,
+            n_cells,
+            cell,
+            n,
+            delta,
+            rope.freq_base,
+            rope.freq_scale,
+            rope.style,
+        )
+        .map_err(|e| self.err(e))?;
+        self.pending = true;
+        Ok(())
+    }
+}
+
+fn quants_ok(ty: GgmlType) -> std::result::Result<(), String> {
+    if ty.is_supported() {
+        Ok(())
+    } else {
+        Err(format!("{ty} vectors cannot be converted to f32"))
+    }
+}
