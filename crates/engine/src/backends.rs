@@ -31,8 +31,18 @@ pub fn table() -> Vec<BackendEntry> {
         BackendEntry {
             id: METAL_ID,
             name: "metal",
-            compiled: Err("this build has no Metal backend yet (macOS only)".into()),
-            available: Err("not compiled".into()),
+            compiled: if cfg!(all(feature = "metal", target_os = "macos")) {
+                Ok(())
+            } else if cfg!(target_os = "macos") {
+                Err("this build has no Metal backend (cargo feature `metal`)".into())
+            } else {
+                Err(
+                    "Metal needs macOS (on Linux, `metal-emu` runs the same executor on the \
+                     MSL emulator)"
+                        .into(),
+                )
+            },
+            available: metal_available(),
             by_default: true,
         },
         BackendEntry {
@@ -81,6 +91,19 @@ pub fn instantiate(
             CPU_ID => {
                 Ok(Box::new(CpuBackend::with_numerics(threads, cpu.numerics)) as Box<dyn Backend>)
             }
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            METAL_ID => {
+                let dev = minfer_metal_objc::SharedDevice::get().map_err(|e| {
+                    minfer_graph::Error::Unavailable {
+                        name: "metal".into(),
+                        why: e.to_string(),
+                    }
+                })?;
+                Ok(
+                    Box::new(minfer_metal::MetalBackend::new(dev, METAL_ID, "metal"))
+                        as Box<dyn Backend>,
+                )
+            }
             #[cfg(feature = "metal-emu")]
             METAL_EMU_ID => Ok(Box::new(minfer_metal::MetalBackend::new(
                 minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward),
@@ -93,6 +116,23 @@ pub fn instantiate(
             }),
         })
         .collect()
+}
+
+/// Whether this machine has a Metal device (macOS builds with the `metal` feature).
+fn metal_available() -> Result<(), String> {
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    {
+        if std::env::var_os("MINFER_DISABLE_MPS").is_some() {
+            return Err("MINFER_DISABLE_MPS is set".into());
+        }
+        minfer_metal_objc::SharedDevice::get()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(all(feature = "metal", target_os = "macos")))]
+    {
+        Err("not compiled".into())
+    }
 }
 
 /// Whether a backend is a device (not the CPU): the engine picks the KV element type for

@@ -11,6 +11,9 @@
 //! (scripts/mac-gate).
 
 mod profile;
+mod shared;
+
+pub use shared::{SharedBuffer, SharedDevice};
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
