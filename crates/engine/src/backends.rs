@@ -106,7 +106,9 @@ pub fn instantiate(
             }
             #[cfg(feature = "metal-emu")]
             METAL_EMU_ID => Ok(Box::new(minfer_metal::MetalBackend::new(
-                minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward),
+                // One forward is one submit; emulated, a big model's takes minutes.
+                minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward)
+                    .with_submit_timeout(std::time::Duration::from_secs(900)),
                 METAL_EMU_ID,
                 "metal-emu",
             )) as Box<dyn Backend>),
