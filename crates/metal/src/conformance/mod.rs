@@ -14,14 +14,18 @@
 //! - Q4_K dequantizer reading the other nibble: `get_rows_q4_k` (2.6), `mv_q4_k` (0.18),
 //!   `mv_multi_q4_k` / `mm_q4_k` (0.34).
 //! - The flash-prefill tail read from the last 64 rows (the design's recorded bug) is built in
-//!   as `flash_prefill_tail_overlap_bug_is_caught`, which fails unless every tail case errs.
+//!   as `flash_prefill_tail_overlap_bug_is_caught` (causal) and
+//!   `window_prefill_flash_tail_overlap_bug_is_caught` (windows), which fail unless every
+//!   tail case errs.
 
 mod attention;
 mod basic;
+mod index_tails;
 mod matmul;
 mod ops;
 mod reference;
 mod window;
+mod window_fast;
 mod window_invariance;
 
 use crate::device::Device;
@@ -47,6 +51,8 @@ pub fn gates<D: Device>() -> Vec<(String, GateFn<D>)> {
     matmul::register(&mut v);
     attention::register(&mut v);
     window::register(&mut v);
+    window_fast::register(&mut v);
+    index_tails::register(&mut v);
     ops::register(&mut v);
     v
 }
