@@ -113,8 +113,9 @@ fn tail_cases() -> Vec<(KvType, usize, WindowKind, i32)> {
 }
 
 /// Every query tile meets a partial last block (leader lengths 8, 16, ..., n): the design's
-/// #314 KV-tail gate over windows. Also pins the host's tile grouping: one sequence tiles by
-/// 8 with the longest as leader; sequences never share a tile.
+/// #314 KV-tail gate over windows, plus 150 one-query tiles (three waves of tiles). Also pins
+/// the host's tile grouping: one sequence tiles by 8 with the longest as leader; sequences
+/// never share a tile.
 fn prefill_tails<D: Device>(dev: &D) -> GateResult {
     let (a, b) = sequences();
     let tiles =
@@ -161,6 +162,34 @@ fn prefill_tails<D: Device>(dev: &D) -> GateResult {
         worst = worst.max(err);
         out.extend(f32_bytes(&got));
     }
+    // 150 one-query sequences (150 tiles: three waves reusing the pad slots), leader lengths
+    // 72 / 98 / 197 / 128 in turn, from cells t (f16 hd64)
+    let many: Runs = (0..150)
+        .map(|t| vec![(t, [72, 98, 197, 128][t as usize % 4])])
+        .collect();
+    if tiles(WindowKind::Span, &many).len() != 150 {
+        return Err("150 sequences did not give 150 tiles".into());
+    }
+    let c = build(
+        dev,
+        KvType::F16,
+        64,
+        350,
+        WindowKind::Span,
+        &many,
+        None,
+        &[],
+        71,
+    )?;
+    let got = run(dev, WindowKernel::PrefillFlash, &c)?;
+    let err = max_err(&got, &c.want, |_| 1.0);
+    if err > TOL {
+        return Err(format!(
+            "150 one-query tiles: max error {err:.3e} exceeds {TOL:.1e}"
+        ));
+    }
+    worst = worst.max(err);
+    out.extend(f32_bytes(&got));
     judge("window prefill flash tails", out, worst, TOL)
 }
 
