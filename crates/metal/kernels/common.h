@@ -17,7 +17,8 @@ struct RopeShiftParams {
 struct AddRowsParams { uint ncols; uint nrows; };
 struct WindowAttnParams {
     uint n_head; uint n_head_kv; uint head_dim; uint n_tokens; uint kv_stride; uint kv_row_bytes;
-    uint window_width; uint n_chunks; uint chunk_len; float scale;
+    uint window_width; uint n_chunks; uint chunk_len; float scale; uint row_stride; uint n_tiles;
+    uint tail_bug;
 };
 struct KvStoreParams { uint row_elems; uint n_tokens; uint n_ctx; uint dst_row_bytes; };
 struct GetRowsParams { uint ncols; uint n_ids; uint row_bytes; uint n_rows; };

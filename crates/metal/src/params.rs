@@ -64,7 +64,8 @@ params!(
     /// `n_cells` rows of `kv_stride` elements (`kv_row_bytes` bytes for packed q8_0); the
     /// window buffer holds `window_width` i32 per query: 2 = a span `(lo, hi)`, 16 = a kv map
     /// of 8 `(cell, len)` runs. Flash: chunk `c` of a query covers its logical rows
-    /// `[c * chunk_len, (c + 1) * chunk_len)`; `n_chunks` partials per (query, head).
+    /// `[c * chunk_len, (c + 1) * chunk_len)`; `n_chunks` partials per (query, head) (split:
+    /// the split slots per (query, head)).
     WindowAttnParams {
         n_head: u32,
         n_head_kv: u32,
@@ -76,6 +77,13 @@ params!(
         n_chunks: u32,
         chunk_len: u32,
         scale: f32,
+        /// Three-pass: floats per (query, head) row of the score buffer (>= every length).
+        row_stride: u32,
+        /// Flash prefill: tiles in this wave (the tile table's entries).
+        n_tiles: u32,
+        /// Flash prefill tail pad: 1 reads the leader's last 64 rows instead of the rows
+        /// from the last block boundary (the seed's #314 double-count bug; gate control only).
+        tail_bug: u32,
     }
 );
 params!(

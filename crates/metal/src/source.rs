@@ -40,6 +40,18 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
         "fa_window.metal",
         include_str!("../kernels/fa_window.metal"),
     ),
+    (
+        "attn_split.metal",
+        include_str!("../kernels/attn_split.metal"),
+    ),
+    (
+        "fa_window_prefill.metal",
+        include_str!("../kernels/fa_window_prefill.metal"),
+    ),
+    (
+        "attn_3pass.metal",
+        include_str!("../kernels/attn_3pass.metal"),
+    ),
 ];
 
 fn strip_local(src: &str) -> String {

@@ -158,10 +158,33 @@ type Launch<D> = fn(
     &<D as Device>::Buffer,
     &<D as Device>::Buffer,
     &<D as Device>::Buffer,
+    &<D as Device>::Buffer,
 ) -> crate::Result<()>;
 
+/// [`launch::launch_attn_classic`] in the [`Launch`] shape (it takes no scratch).
+#[allow(clippy::too_many_arguments)]
+fn classic<D: Device>(
+    dev: &D,
+    s: &AttnShape,
+    q: &D::Buffer,
+    k: &D::Buffer,
+    v: &D::Buffer,
+    pos: &D::Buffer,
+    _scratch: &D::Buffer,
+    out: &D::Buffer,
+) -> crate::Result<()> {
+    launch::launch_attn_classic(dev, s, q, k, v, pos, out)
+}
+
+/// A scratch buffer of exactly the bytes the launches of `s` ask for (at least 4).
+fn scratch_for<D: Device>(dev: &D, s: &AttnShape) -> Result<D::Buffer, String> {
+    dev.new_buffer(launch::attention_scratch_bytes(s).max(4))
+        .map_err(e)
+}
+
 fn run<D: Device>(dev: &D, c: &Case<D::Buffer>, f: Launch<D>) -> Result<Vec<f32>, String> {
-    f(dev, &c.shape, &c.q, &c.k, &c.v, &c.pos, &c.out).map_err(e)?;
+    let scratch = scratch_for(dev, &c.shape)?;
+    f(dev, &c.shape, &c.q, &c.k, &c.v, &c.pos, &scratch, &c.out).map_err(e)?;
     read_f32(dev, &c.out, c.want.len())
 }
 
@@ -181,28 +204,19 @@ fn kv_of(k: u8) -> KvType {
 
 fn classic_f32_hd80<D: Device>(dev: &D) -> GateResult {
     let c = case(dev, KvType::F32, 80, 5, 45, 1)?;
-    check(
-        dev,
-        "classic f32 hd80",
-        &c,
-        launch::launch_attn_classic::<D>,
-    )
+    check(dev, "classic f32 hd80", &c, classic::<D>)
 }
 
 fn classic_f16_hd64<D: Device>(dev: &D) -> GateResult {
     let c = case(dev, KvType::F16, 64, 3, 70, 2)?;
-    check(
-        dev,
-        "classic f16 hd64",
-        &c,
-        launch::launch_attn_classic::<D>,
-    )
+    check(dev, "classic f16 hd64", &c, classic::<D>)
 }
 
 fn classic_q8_0<D: Device>(dev: &D) -> GateResult {
     let c = case(dev, KvType::Q8_0, 64, 4, 50, 12)?;
     // the flash kernels refuse a packed region by name; the dispatch routes it to classic
-    match launch::launch_flash_prefill(dev, &c.shape, &c.q, &c.k, &c.v, &c.pos, &c.out) {
+    let scratch = scratch_for(dev, &c.shape)?;
+    match launch::launch_flash_prefill(dev, &c.shape, &c.q, &c.k, &c.v, &c.pos, &scratch, &c.out) {
         Err(crate::Error::UnsupportedType { ty, .. }) if ty.contains("q8_0") => {}
         other => {
             return Err(format!(
@@ -227,7 +241,7 @@ fn decode<D: Device, const KV: u8, const HD: usize>(dev: &D) -> GateResult {
 fn decode_vs_classic<D: Device>(dev: &D) -> GateResult {
     let c = case(dev, KvType::F32, 64, 1, 77, 9)?;
     let flash = run(dev, &c, launch::launch_flash_decode::<D>)?;
-    let classic = run(dev, &c, launch::launch_attn_classic::<D>)?;
+    let classic = run(dev, &c, classic::<D>)?;
     let classic64: Vec<f64> = classic.iter().map(|&v| v as f64).collect();
     // both accumulate in f32, in different orders: 1e-5 absolute
     let err = max_err(&flash, &classic64, |_| 1.0);
@@ -268,6 +282,7 @@ fn overlap_bug_is_caught<D: Device>(dev: &D) -> GateResult {
     for n_kv in TAILS.into_iter().filter(|n| n % 64 != 0) {
         let c = case(dev, KvType::F32, 64, n_kv, n_kv, 7 + n_kv as u64)?;
         let shape = c.shape;
+        let scratch = scratch_for(dev, &shape)?;
         launch::launch_flash_prefill_with_tail_origin(
             dev,
             &shape,
@@ -275,6 +290,7 @@ fn overlap_bug_is_caught<D: Device>(dev: &D) -> GateResult {
             &c.k,
             &c.v,
             &c.pos,
+            &scratch,
             &c.out,
             Some(n_kv - 64),
         )
@@ -298,10 +314,12 @@ fn refuses_position<D: Device>(dev: &D) -> GateResult {
     let bad = dev
         .buffer_from(&i32_bytes(&[3, c.shape.n_ctx as i32]))
         .map_err(e)?;
-    let msg = match launch::launch_attention(dev, &c.shape, &c.q, &c.k, &c.v, &bad, &c.out) {
-        Err(err) => err.to_string(),
-        Ok(()) => return Err("a query past the region was accepted".into()),
-    };
+    let scratch = scratch_for(dev, &c.shape)?;
+    let msg =
+        match launch::launch_attention(dev, &c.shape, &c.q, &c.k, &c.v, &bad, &scratch, &c.out) {
+            Err(err) => err.to_string(),
+            Ok(()) => return Err("a query past the region was accepted".into()),
+        };
     if !msg.contains(&format!("position {}", c.shape.n_ctx)) {
         return Err(format!("refusal does not name the position: {msg}"));
     }

@@ -13,15 +13,25 @@
 //!   while other threads still read them (`attn_classic_*`, 0.39 / 0.17).
 //! - Q4_K dequantizer reading the other nibble: `get_rows_q4_k` (2.6), `mv_q4_k` (0.18),
 //!   `mv_multi_q4_k` / `mm_q4_k` (0.34).
+//! - Split window pass 1 without the barrier between the weights' write and the V sum
+//!   (`window_split_*`, inf: NaN poison); three-pass softmax without the barrier between the
+//!   maxima's last read and the sums' write (`window_three_pass_*`, 0.040); prefill-flash
+//!   tiles led by their first query instead of the longest (`window_prefill_flash_*`, 0.11,
+//!   and the tile pin of the tail gate); tiles grouped without comparing mappings
+//!   (`window_prefill_flash_*`, 1.7-1.9, and `window_prefill_flash_is_batch_invariant`).
 //! - The flash-prefill tail read from the last 64 rows (the design's recorded bug) is built in
-//!   as `flash_prefill_tail_overlap_bug_is_caught`, which fails unless every tail case errs.
+//!   as `flash_prefill_tail_overlap_bug_is_caught` (causal) and
+//!   `window_prefill_flash_tail_overlap_bug_is_caught` (windows), which fail unless every
+//!   tail case errs.
 
 mod attention;
 mod basic;
+mod index_tails;
 mod matmul;
 mod ops;
 mod reference;
 mod window;
+mod window_fast;
 mod window_invariance;
 
 use crate::device::Device;
@@ -47,6 +57,8 @@ pub fn gates<D: Device>() -> Vec<(String, GateFn<D>)> {
     matmul::register(&mut v);
     attention::register(&mut v);
     window::register(&mut v);
+    window_fast::register(&mut v);
+    index_tails::register(&mut v);
     ops::register(&mut v);
     v
 }

@@ -1,7 +1,9 @@
-//! Gates for attention over explicit windows: both kernel families against the f64
-//! reference (span and kv-map layouts, windows starting past cell 0, the KV tails 72 / 96 /
-//! 98 / 128 / 197, windows crossing flash chunks, an empty window, 1 and 13 queries), batch
-//! invariance with its control, classic vs flash, and the host-side window check.
+//! Gates for attention over explicit windows: every kernel family against the f64 reference
+//! (span and kv-map layouts, windows starting past cell 0, the KV tails 72 / 96 / 98 / 128 /
+//! 197, windows crossing flash chunks, an empty window, 1 and 13 queries, two sequences whose
+//! queries share their mapping), batch invariance with its control, classic vs flash, and the
+//! host-side window check. The families past classic and flash are registered in
+//! conformance/window_fast.rs.
 
 use minfer_gguf::quants::{dequantize_row, quantize_row};
 use minfer_gguf::GgmlType;
@@ -21,9 +23,12 @@ pub(super) const NKV: usize = 2;
 
 pub(super) const C: u8 = 0;
 pub(super) const F: u8 = 1;
+pub(super) const S: u8 = 2;
+pub(super) const P: u8 = 3;
+pub(super) const T: u8 = 4;
 
 pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
-    let list: [(&str, GateFn<D>); 17] = [
+    let list: [(&str, GateFn<D>); 16] = [
         (
             "window_classic_f32_hd64_matches_reference",
             vs_ref::<D, C, 0, 64>,
@@ -73,7 +78,6 @@ pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
             "window_classic_is_batch_invariant",
             super::window_invariance::invariant::<D, C>,
         ),
-        ("window_kernel_choice_follows_the_shape", kernel_choice::<D>),
         ("window_attention_at_other_head_shapes", head_shapes::<D>),
         ("window_attention_of_empty_windows_is_zero", empty::<D>),
         (
@@ -93,10 +97,12 @@ pub(super) fn kv_of(k: u8) -> KvType {
 }
 
 pub(super) fn kernel_of(k: u8) -> WindowKernel {
-    if k == C {
-        WindowKernel::Classic
-    } else {
-        WindowKernel::Flash
+    match k {
+        C => WindowKernel::Classic,
+        F => WindowKernel::Flash,
+        S => WindowKernel::Split,
+        P => WindowKernel::PrefillFlash,
+        _ => WindowKernel::ThreePass,
     }
 }
 
@@ -267,7 +273,7 @@ pub(super) fn run<D: Device>(
     c: &Case<D::Buffer>,
 ) -> Result<Vec<f32>, String> {
     let max_len = launch::check_windows(dev, &c.s, &c.win).map_err(e)?;
-    let bytes = launch::window_scratch_bytes(&c.s, max_len);
+    let bytes = launch::window_family_scratch_bytes(kernel, &c.s, max_len);
     let scratch = dev.new_buffer(bytes.max(4)).map_err(e)?;
     launch::launch_attention_window_with(
         dev, kernel, &c.s, &c.q, &c.k, &c.v, &c.win, &scratch, &c.out,
@@ -312,14 +318,35 @@ pub(super) fn map_runs(lens: &[i32]) -> Runs {
         .collect()
 }
 
-fn vs_ref<D: Device, const K: u8, const KV: u8, const HD: usize>(dev: &D) -> GateResult {
+/// Lengths of sequence A in [`sequences`]: every KV tail, one query past each.
+pub(super) const SEQ_A: [i32; 12] = [72, 73, 80, 96, 97, 98, 110, 128, 129, 150, 197, 198];
+/// Lengths of sequence B in [`sequences`].
+pub(super) const SEQ_B: [i32; 5] = [96, 98, 128, 150, 197];
+
+/// Two sequences of a batch whose queries share their mapping (what prefill-flash tiles
+/// group): A, a span from cell 9 per query; B, a kv map of a shared prefix (cells 400..430
+/// and the adjacent 430..440, two runs of one mapping) and a private run from cell 100.
+/// Over 460 cells.
+pub(super) fn sequences() -> (Runs, Runs) {
+    let a = SEQ_A.iter().map(|&l| vec![(9, l)]).collect();
+    let b = SEQ_B
+        .iter()
+        .map(|&l| vec![(400, 30), (430, 10), (100, l - 40)])
+        .collect();
+    (a, b)
+}
+
+pub(super) fn vs_ref<D: Device, const K: u8, const KV: u8, const HD: usize>(dev: &D) -> GateResult {
     let kv = kv_of(KV);
     let seed = 100 + HD as u64 + 10 * KV as u64 + K as u64;
-    let cases: [(WindowKind, Runs, usize); 4] = [
+    let (seq_a, seq_b) = sequences();
+    let cases: [(WindowKind, Runs, usize); 6] = [
         (WindowKind::Span, span_runs(&LENS), 330),
         (WindowKind::Map, map_runs(&LENS), 570),
         (WindowKind::Span, vec![vec![(11, 197)]], 215),
         (WindowKind::Map, map_runs(&[0, 0, 197])[2..].to_vec(), 430),
+        (WindowKind::Span, seq_a, 460),
+        (WindowKind::Map, seq_b, 460),
     ];
     let mut out = Vec::new();
     let mut worst = 0.0f64;
@@ -364,61 +391,6 @@ fn flash_vs_classic<D: Device>(dev: &D) -> GateResult {
         out.extend(f32_bytes(&flash));
     }
     judge("window flash vs classic", out, worst, TOL_KERNELS)
-}
-
-fn kernel_choice<D: Device>(dev: &D) -> GateResult {
-    let s = |kv, head_dim| WindowAttn {
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim,
-        n_tokens: 3,
-        n_cells: 10,
-        kv,
-        scale: 1.0,
-        window: WindowKind::Span,
-    };
-    let want = [
-        (KvType::F32, 64, WindowKernel::Flash),
-        (KvType::F16, 128, WindowKernel::Flash),
-        (KvType::Q8_0, 64, WindowKernel::Classic),
-        (KvType::F32, 80, WindowKernel::Classic),
-        (KvType::F16, 256, WindowKernel::Classic),
-    ];
-    for (kv, hd, k) in want {
-        let got = launch::window_kernel(&s(kv, hd));
-        if got != k {
-            return Err(format!("{kv:?} hd{hd}: took {got:?}, not {k:?}"));
-        }
-        let bytes = launch::window_scratch_bytes(&s(kv, hd), 600);
-        let need = if k == WindowKernel::Flash {
-            3 * 4 * 3 * (hd + 2) * 4
-        } else {
-            0
-        };
-        if bytes != need {
-            return Err(format!("{kv:?} hd{hd}: scratch {bytes}, not {need}"));
-        }
-    }
-    // the dispatch entry point takes the chosen kernel
-    let c = build(
-        dev,
-        KvType::F32,
-        80,
-        40,
-        WindowKind::Span,
-        &span_runs(&[30]),
-        None,
-        &[],
-        4,
-    )?;
-    let k = launch::launch_attention_window(dev, &c.s, &c.q, &c.k, &c.v, &c.win, &c.q, &c.out)
-        .map_err(e)?;
-    let got = read_f32(dev, &c.out, c.want.len())?;
-    if k != WindowKernel::Classic {
-        return Err(format!("hd80 ran {k:?}"));
-    }
-    let err = max_err(&got, &c.want, |_| 1.0);
-    judge("window kernel choice", f32_bytes(&got), err, TOL)
 }
 
 fn refuses<D: Device>(dev: &D) -> GateResult {

@@ -1,21 +1,24 @@
 //! The batch-invariance gate of the window attention kernels (see conformance/window.rs).
 
-use super::window::{build, encode_rows, kernel_of, run, F, NH, NKV, TOL};
+use super::window::{build, encode_rows, kernel_of, run, C, NH, NKV, TOL};
 use super::{f32_bytes, judge, max_err, GateResult, Rng};
 use crate::device::Device;
 use crate::launch::{KvType, WindowKind};
 
 /// One query row's output launched three ways must have the same bits: alone (span, its rows
 /// at cells 4..), as query 2 of 5 in a kv map with its rows split over three runs in another
-/// order of cells next to longer windows in a larger region, and as query 0 of 3 (span,
-/// rows at 611..) next to a window of the whole region. Control: one listed K value changed
-/// changes the output. Flash: f32 hd64 and f16 hd128; classic: f32 hd80 and q8_0 hd64.
+/// order of cells next to longer windows in a larger region, as query 0 of 3 (span, rows
+/// at 611..) next to a window of the whole region, and as query 2 of 6 of one sequence (span
+/// from cell 4, the others 5 shorter to 100 longer: one prefill-flash tile whose leader's
+/// blocks put the row's partial block in a full block, the region read past the row's
+/// window holding other values). Control: one listed K value changed changes the output.
+/// Classic: f32 hd80 and q8_0 hd64; every other family: f32 hd64 and f16 hd128.
 pub(super) fn invariant<D: Device, const K: u8>(dev: &D) -> GateResult {
     let kernel = kernel_of(K);
-    let shapes = if K == F {
-        [(KvType::F32, 64), (KvType::F16, 128)]
-    } else {
+    let shapes = if K == C {
         [(KvType::F32, 80), (KvType::Q8_0, 64)]
+    } else {
+        [(KvType::F32, 64), (KvType::F16, 128)]
     };
     let mut out = Vec::new();
     for (kv, hd) in shapes {
@@ -95,11 +98,35 @@ pub(super) fn invariant<D: Device, const K: u8>(dev: &D) -> GateResult {
             3,
         )?;
         let got_c = run(dev, kernel, &c)?;
+        // D: query 2 of 6 of one sequence, spans [4, 4 + L + d) of L + 110 cells
+        let mut qd = Rng::new(8).vec(6 * NH * hd);
+        qd[2 * NH * hd..3 * NH * hd].copy_from_slice(&qx);
+        let runs_d: Vec<Vec<(i32, i32)>> = [-5, 100, 0, 3, -64, 46]
+            .iter()
+            .map(|d| vec![(4, li + d)])
+            .collect();
+        let d = build(
+            dev,
+            kv,
+            hd,
+            L + 110,
+            WindowKind::Span,
+            &runs_d,
+            Some(qd),
+            &rows(&mut (4..4 + L)),
+            4,
+        )?;
+        let got_d = run(dev, kernel, &d)?;
         let row = NH * hd;
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         if bits(&got_a) != bits(&got_b[2 * row..3 * row]) {
             return Err(format!(
                 "{kv:?} hd{hd}: the row differs as query 2 of 5 over a kv map"
+            ));
+        }
+        if bits(&got_a) != bits(&got_d[2 * row..3 * row]) {
+            return Err(format!(
+                "{kv:?} hd{hd}: the row differs as query 2 of 6 of one sequence"
             ));
         }
         if bits(&got_a) != bits(&got_c[..row]) {

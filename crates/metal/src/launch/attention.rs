@@ -175,7 +175,14 @@ fn fast_hd(op: &'static str, hd: usize) -> Result<()> {
     Ok(())
 }
 
-/// Flash decode (one token, head dim 64/128): chunk partials, then the combine kernel.
+/// Scratch bytes [`launch_flash_decode`] needs for `s`: the chunk partials of the most
+/// chunks [`decode_chunks`] gives (16), whatever the position.
+pub fn flash_decode_scratch_bytes(s: &AttnShape) -> usize {
+    s.n_head * 16 * (s.head_dim + 2) * 4
+}
+
+/// Flash decode (one token, head dim 64/128): chunk partials into the caller's `scratch`
+/// (at least [`flash_decode_scratch_bytes`]), then the combine kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_flash_decode<D: Device>(
     dev: &D,
@@ -184,6 +191,7 @@ pub fn launch_flash_decode<D: Device>(
     k: &D::Buffer,
     v: &D::Buffer,
     positions: &D::Buffer,
+    scratch: &D::Buffer,
     out: &D::Buffer,
 ) -> Result<()> {
     const OP: &str = "flash_decode";
@@ -198,7 +206,8 @@ pub fn launch_flash_decode<D: Device>(
     let (chunks, chunk_len) = decode_chunks(c.n_kv);
     c.p.n_chunks = chunks as u32;
     c.p.chunk_len = chunk_len as u32;
-    let partial = dev.new_buffer(s.n_head * chunks * (s.head_dim + 2) * 4)?;
+    let need = s.n_head * chunks * (s.head_dim + 2) * 4;
+    need_len(dev, OP, "scratch", scratch, 0, need as u64)?;
     encode(
         dev,
         &format!("kernel_flash_decode_{}_hd{}", s.kv.suffix(OP)?, s.head_dim),
@@ -209,7 +218,7 @@ pub fn launch_flash_decode<D: Device>(
             Arg::Buffer(k, 0),
             Arg::Buffer(v, 0),
             Arg::Buffer(positions, 0),
-            Arg::Buffer(&partial, 0),
+            Arg::Buffer(scratch, 0),
             Arg::Bytes(as_bytes(&c.p)),
         ],
         &[],
@@ -220,7 +229,7 @@ pub fn launch_flash_decode<D: Device>(
         [c.p.n_head, 1, 1],
         [128, 1, 1],
         &[
-            Arg::Buffer(&partial, 0),
+            Arg::Buffer(scratch, 0),
             Arg::Buffer(out, 0),
             Arg::Bytes(as_bytes(&c.p)),
         ],
@@ -228,8 +237,24 @@ pub fn launch_flash_decode<D: Device>(
     )
 }
 
+/// Scratch bytes [`launch_flash_prefill`] needs for `s`: the K and V tail pads of 64 rows.
+pub fn flash_prefill_scratch_bytes(s: &AttnShape) -> usize {
+    2 * 64 * s.n_head_kv * s.head_dim * s.kv.elem_bytes()
+}
+
+/// Scratch bytes [`launch_attention`] needs for `s` (the family it picks).
+pub fn attention_scratch_bytes(s: &AttnShape) -> usize {
+    match (s.head_dim, s.n_tokens) {
+        _ if s.kv == KvType::Q8_0 => 0,
+        (64 | 128, 1) => flash_decode_scratch_bytes(s),
+        (64 | 128, _) => flash_prefill_scratch_bytes(s),
+        _ => 0,
+    }
+}
+
 /// Flash prefill (head dim 64/128) with the partial-tail pad taken from the first row after
-/// the last full block.
+/// the last full block, held in the caller's `scratch` (at least
+/// [`flash_prefill_scratch_bytes`]).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_flash_prefill<D: Device>(
     dev: &D,
@@ -238,9 +263,10 @@ pub fn launch_flash_prefill<D: Device>(
     k: &D::Buffer,
     v: &D::Buffer,
     positions: &D::Buffer,
+    scratch: &D::Buffer,
     out: &D::Buffer,
 ) -> Result<()> {
-    launch_flash_prefill_with_tail_origin(dev, s, q, k, v, positions, out, None)
+    launch_flash_prefill_with_tail_origin(dev, s, q, k, v, positions, scratch, out, None)
 }
 
 /// [`launch_flash_prefill`] with the tail block's first row overridden. Only for the tail
@@ -254,6 +280,7 @@ pub fn launch_flash_prefill_with_tail_origin<D: Device>(
     k: &D::Buffer,
     v: &D::Buffer,
     positions: &D::Buffer,
+    scratch: &D::Buffer,
     out: &D::Buffer,
     tail_origin: Option<usize>,
 ) -> Result<()> {
@@ -268,7 +295,8 @@ pub fn launch_flash_prefill_with_tail_origin<D: Device>(
     c.p.tail_pos0 = to_u32(OP, "tail origin", tail_origin.unwrap_or(full * 64))?;
     let kv_stride = s.n_head_kv * s.head_dim;
     let pad_half = (64 * kv_stride * s.kv.elem_bytes()) as u64;
-    let pad = dev.new_buffer(2 * pad_half as usize)?;
+    need_len(dev, OP, "scratch", scratch, 0, 2 * pad_half)?;
+    let pad = scratch;
     if has_tail {
         encode(
             dev,
@@ -278,8 +306,8 @@ pub fn launch_flash_prefill_with_tail_origin<D: Device>(
             &[
                 Arg::Buffer(k, 0),
                 Arg::Buffer(v, 0),
-                Arg::Buffer(&pad, 0),
-                Arg::Buffer(&pad, pad_half),
+                Arg::Buffer(pad, 0),
+                Arg::Buffer(pad, pad_half),
                 Arg::Bytes(as_bytes(&c.p)),
             ],
             &[],
@@ -298,8 +326,8 @@ pub fn launch_flash_prefill_with_tail_origin<D: Device>(
             Arg::Buffer(q, 0),
             Arg::Buffer(k, 0),
             Arg::Buffer(v, 0),
-            Arg::Buffer(&pad, 0),
-            Arg::Buffer(&pad, pad_half),
+            Arg::Buffer(pad, 0),
+            Arg::Buffer(pad, pad_half),
             Arg::Buffer(positions, 0),
             Arg::Buffer(out, 0),
             Arg::Bytes(as_bytes(&c.p)),
@@ -309,7 +337,8 @@ pub fn launch_flash_prefill_with_tail_origin<D: Device>(
 }
 
 /// The design's dispatch: head dim 64/128 take flash decode (one token) or flash prefill;
-/// any other head dim, and a packed q8_0 region, take the classic kernel.
+/// any other head dim, and a packed q8_0 region, take the classic kernel. `scratch` holds at
+/// least [`attention_scratch_bytes`].
 #[allow(clippy::too_many_arguments)]
 pub fn launch_attention<D: Device>(
     dev: &D,
@@ -318,12 +347,13 @@ pub fn launch_attention<D: Device>(
     k: &D::Buffer,
     v: &D::Buffer,
     positions: &D::Buffer,
+    scratch: &D::Buffer,
     out: &D::Buffer,
 ) -> Result<()> {
     match (s.head_dim, s.n_tokens) {
         _ if s.kv == KvType::Q8_0 => launch_attn_classic(dev, s, q, k, v, positions, out),
-        (64 | 128, 1) => launch_flash_decode(dev, s, q, k, v, positions, out),
-        (64 | 128, _) => launch_flash_prefill(dev, s, q, k, v, positions, out),
+        (64 | 128, 1) => launch_flash_decode(dev, s, q, k, v, positions, scratch, out),
+        (64 | 128, _) => launch_flash_prefill(dev, s, q, k, v, positions, scratch, out),
         _ => launch_attn_classic(dev, s, q, k, v, positions, out),
     }
 }

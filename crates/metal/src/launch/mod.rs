@@ -9,9 +9,11 @@ mod matmul;
 mod norm;
 mod rope;
 mod window;
+mod window_fast;
 
 pub use attention::{
-    decode_chunks, launch_attention, launch_attn_classic, launch_flash_decode,
+    attention_scratch_bytes, decode_chunks, flash_decode_scratch_bytes,
+    flash_prefill_scratch_bytes, launch_attention, launch_attn_classic, launch_flash_decode,
     launch_flash_prefill, launch_flash_prefill_with_tail_origin, AttnShape, KvType,
 };
 pub use elementwise::{launch_add, launch_add_rows, launch_mul, launch_silu, launch_swiglu};
@@ -23,9 +25,12 @@ pub use matmul::{
 pub use norm::{launch_qk_norm, launch_rms_norm, launch_rms_norm_256};
 pub use rope::{launch_kv_rope_shift, launch_rope};
 pub use window::{
-    check_windows, launch_attention_window, launch_attention_window_with, window_kernel,
-    window_scratch_bytes, WindowAttn, WindowKernel, WindowKind, FLASH_WINDOW_CHUNK,
+    check_windows, launch_attention_window, launch_attention_window_with,
+    launch_window_prefill_with_tail_bug, window_family_scratch_bytes, window_kernel,
+    window_kernel_for, window_scratch_bytes, AttnEnv, WindowAttn, WindowKernel, WindowKind,
+    FLASH_WINDOW_CHUNK, SPLIT_WINDOW_ROWS,
 };
+pub use window_fast::{prefill_tiles, PREFILL_TILE_QUERIES, PREFILL_WAVE_TILES};
 
 use crate::device::{Arg, Device, Dispatch};
 use crate::error::{Error, Result};

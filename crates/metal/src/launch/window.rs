@@ -4,13 +4,20 @@
 //! are the query's logical rows `0..len`. Scores use the op's `scale`. An empty window gives
 //! zeros (as the CPU's flash kernel does).
 //!
-//! Batch invariance: a query's output bits depend only on its q row and the K/V values its
-//! window lists, in logical order. Both kernels walk the logical rows in blocks/chunks at
-//! fixed logical multiples (classic: 32-row blocks; flash: [`FLASH_WINDOW_CHUNK`]-row chunks,
-//! combined in chunk order); no boundary depends on the cells, the other queries of the
-//! launch, their number, or the region's size.
+//! Five kernel families ([`WindowKernel`]), picked per the seed's §4.4.1 by
+//! [`window_kernel`]. Batch invariance: within a family, a query's output bits depend only on
+//! its q row and the K/V values its window lists, in logical order. Every family walks the
+//! logical rows in blocks at fixed logical multiples (classic: 32 rows; flash: chunks of
+//! [`FLASH_WINDOW_CHUNK`] combined in chunk order; split: [`SPLIT_WINDOW_ROWS`]-row splits
+//! combined in split order; prefill flash: 64-row blocks; three-pass: single rows in order);
+//! no boundary depends on the cells, the other queries of the launch, their number, or the
+//! region's size. Across families a row's bits may differ (different summation orders): the
+//! executor declares itself non-batch-invariant, so a family switch between two launches is
+//! allowed; a switch inside one launch never happens.
 
-use super::{encode, need_len, read_i32s, to_u32, KvType};
+use std::sync::OnceLock;
+
+use super::{encode, need_len, read_i32s, to_u32, window_fast, KvType};
 use crate::device::{as_bytes, Arg, Device};
 use crate::error::{Error, Result};
 use crate::params::WindowAttnParams;
@@ -19,6 +26,10 @@ use minfer_graph::KV_MAP_RUNS;
 /// Logical rows per flash chunk: chunk `c` of every query covers its rows
 /// `[c * FLASH_WINDOW_CHUNK, (c + 1) * FLASH_WINDOW_CHUNK)`.
 pub const FLASH_WINDOW_CHUNK: usize = 256;
+
+/// Logical rows per split of the KV-split family (one simdgroup per split): split `s` of
+/// every query covers its rows `[s * SPLIT_WINDOW_ROWS, (s + 1) * SPLIT_WINDOW_ROWS)`.
+pub const SPLIT_WINDOW_ROWS: usize = 64;
 
 /// Layout of the window buffer (i32): `[n_tokens][2]` spans or `[n_tokens][2 * KV_MAP_RUNS]`
 /// kv-map runs.
@@ -56,21 +67,68 @@ pub struct WindowAttn {
 /// The kernel family a windowed attention runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WindowKernel {
+    /// `attn_window.metal`: any head dim up to 512, every KV type (the correctness kernel).
     Classic,
+    /// `fa_window.metal`: chunked flash decode + in-order combine (head dim 64/128, f32/f16).
     Flash,
+    /// `attn_split.metal`: KV-split two-pass, one simdgroup per split (head dim 64/128).
+    Split,
+    /// `fa_window_prefill.metal`: 8-query tiles over 64-row blocks with the tail pad.
+    PrefillFlash,
+    /// `attn_3pass.metal`: scores, masked softmax, output (head dim 64/128).
+    ThreePass,
+}
+
+/// The dispatch switches of §4.4.1, read from the environment once per process
+/// ([`AttnEnv::get`]). A switch is on when its variable is set to a non-empty value other
+/// than `0`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttnEnv {
+    /// `MINFER_NO_FLASH_ATTN`: decode skips the flash family.
+    pub no_flash: bool,
+    /// `MINFER_NO_SPLIT_ATTN`: decode skips the split family.
+    pub no_split: bool,
+    /// `MINFER_NO_PREFILL_FLASH`: prefill skips the flash prefill family.
+    pub no_prefill_flash: bool,
+    /// `MINFER_NO_MATMUL_ATTN`: prefill skips the three-pass family.
+    pub no_matmul: bool,
+}
+
+impl AttnEnv {
+    /// The switches as the environment sets them now.
+    pub fn from_env() -> AttnEnv {
+        let on = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0");
+        AttnEnv {
+            no_flash: on("MINFER_NO_FLASH_ATTN"),
+            no_split: on("MINFER_NO_SPLIT_ATTN"),
+            no_prefill_flash: on("MINFER_NO_PREFILL_FLASH"),
+            no_matmul: on("MINFER_NO_MATMUL_ATTN"),
+        }
+    }
+
+    /// The switches read at the first call, for the rest of the process.
+    pub fn get() -> &'static AttnEnv {
+        static ENV: OnceLock<AttnEnv> = OnceLock::new();
+        ENV.get_or_init(AttnEnv::from_env)
+    }
 }
 
 const OP: &str = "attention_window";
 
-fn shape(reason: String) -> Error {
+pub(super) fn shape(reason: String) -> Error {
     Error::Shape { op: OP, reason }
 }
 
-/// Reads the window buffer on the host (it is host-written input), checks every run lies in
+/// Reads the window buffer on the host (it is host-written input), only its first
+/// `n_tokens` windows (a longer buffer's tail is never read), and checks every run lies in
 /// `0..n_cells` (span: `0 <= lo <= hi <= n_cells`; map: `len >= 0` and, for a non-empty run,
-/// `0 <= cell`, `cell + len <= n_cells`; overlap is not checked), returns the longest window
-/// length. Errors are [`Error::Shape`] naming the query and run.
-pub fn check_windows<D: Device>(dev: &D, s: &WindowAttn, window: &D::Buffer) -> Result<usize> {
+/// `0 <= cell`, `cell + len <= n_cells`; overlap is not checked). Returns the values and the
+/// longest window length. Errors are [`Error::Shape`] naming the query and run.
+pub(super) fn read_windows<D: Device>(
+    dev: &D,
+    s: &WindowAttn,
+    window: &D::Buffer,
+) -> Result<(Vec<i32>, usize)> {
     let width = s.window.width();
     need_len(
         dev,
@@ -116,7 +174,13 @@ pub fn check_windows<D: Device>(dev: &D, s: &WindowAttn, window: &D::Buffer) -> 
         };
         longest = longest.max(len);
     }
-    Ok(longest)
+    Ok((vals, longest))
+}
+
+/// Checks the first `n_tokens` windows ([`read_windows`]'s rules), returns the longest
+/// window length.
+pub fn check_windows<D: Device>(dev: &D, s: &WindowAttn, window: &D::Buffer) -> Result<usize> {
+    read_windows(dev, s, window).map(|(_, longest)| longest)
 }
 
 /// Chunks per (query, head) the flash launch provides for windows up to `max_len` (>= 1).
@@ -124,19 +188,49 @@ fn flash_chunks(max_len: usize) -> usize {
     max_len.div_ceil(FLASH_WINDOW_CHUNK).max(1)
 }
 
-/// Scratch bytes the launch needs for windows up to `max_len` (0 for the classic kernel).
+/// Split slots per (query, head) for windows up to `max_len` (>= 1).
+pub(super) fn split_slots(max_len: usize) -> usize {
+    max_len.div_ceil(SPLIT_WINDOW_ROWS).max(1)
+}
+
+/// Scratch bytes the family [`window_kernel`] picks for `s` needs for windows up to
+/// `max_len` (what [`launch_attention_window`] asks of its `scratch`).
 pub fn window_scratch_bytes(s: &WindowAttn, max_len: usize) -> usize {
-    match window_kernel(s) {
+    window_family_scratch_bytes(window_kernel(s), s, max_len)
+}
+
+/// Scratch bytes family `kernel` needs for windows up to `max_len`: classic 0; flash the
+/// chunk partials; split the split partials; three-pass the score rows; prefill flash the
+/// tail pads of one wave of tiles (the tile table itself travels as constant bytes).
+pub fn window_family_scratch_bytes(kernel: WindowKernel, s: &WindowAttn, max_len: usize) -> usize {
+    let rows = s.n_tokens * s.n_head;
+    match kernel {
         WindowKernel::Classic => 0,
-        WindowKernel::Flash => s.n_tokens * s.n_head * flash_chunks(max_len) * (s.head_dim + 2) * 4,
+        WindowKernel::Flash => rows * flash_chunks(max_len) * (s.head_dim + 2) * 4,
+        WindowKernel::Split => rows * split_slots(max_len) * (s.head_dim + 2) * 4,
+        WindowKernel::ThreePass => rows * max_len.max(1) * 4,
+        WindowKernel::PrefillFlash => window_fast::prefill_pad_bytes(s, s.n_tokens),
     }
 }
 
-/// Which kernel a shape takes: Flash for head_dim 64/128 with f32/f16 KV, else Classic.
+/// Which family a shape takes with the process's switches ([`AttnEnv::get`]).
 pub fn window_kernel(s: &WindowAttn) -> WindowKernel {
-    match (s.head_dim, s.kv) {
-        (64 | 128, KvType::F32 | KvType::F16) => WindowKernel::Flash,
-        _ => WindowKernel::Classic,
+    window_kernel_for(s, AttnEnv::get())
+}
+
+/// The §4.4.1 choice: head dim 64/128 over f32/f16 KV: decode (one query) takes flash, else
+/// split, else classic; prefill takes flash prefill, else three-pass, else classic. Other
+/// head dims and q8_0 regions take classic.
+pub fn window_kernel_for(s: &WindowAttn, env: &AttnEnv) -> WindowKernel {
+    let fast = matches!(s.head_dim, 64 | 128) && s.kv != KvType::Q8_0;
+    match (fast, s.n_tokens) {
+        (false, _) => WindowKernel::Classic,
+        (true, 1) if !env.no_flash => WindowKernel::Flash,
+        (true, 1) if !env.no_split => WindowKernel::Split,
+        (true, 1) => WindowKernel::Classic,
+        (true, _) if !env.no_prefill_flash => WindowKernel::PrefillFlash,
+        (true, _) if !env.no_matmul => WindowKernel::ThreePass,
+        (true, _) => WindowKernel::Classic,
     }
 }
 
@@ -158,8 +252,19 @@ pub fn launch_attention_window<D: Device>(
     Ok(kernel)
 }
 
-/// [`launch_attention_window`] forcing one kernel family (tests). Flash refuses head dims
-/// other than 64/128 and q8_0 regions; classic takes head dims 1..=512 and every KV type.
+/// The buffers of one windowed launch.
+pub(super) struct Bufs<'a, B> {
+    pub q: &'a B,
+    pub k: &'a B,
+    pub v: &'a B,
+    pub window: &'a B,
+    pub scratch: &'a B,
+    pub out: &'a B,
+}
+
+/// [`launch_attention_window`] forcing one kernel family (tests), with `scratch` holding
+/// [`window_family_scratch_bytes`] of it. Every family but classic refuses head dims other
+/// than 64/128 and q8_0 regions; classic takes head dims 1..=512 and every KV type.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_attention_window_with<D: Device>(
     dev: &D,
@@ -172,6 +277,50 @@ pub fn launch_attention_window_with<D: Device>(
     scratch: &D::Buffer,
     out: &D::Buffer,
 ) -> Result<()> {
+    let b = Bufs {
+        q,
+        k,
+        v,
+        window,
+        scratch,
+        out,
+    };
+    launch_family(dev, kernel, s, &b, false)
+}
+
+/// [`launch_attention_window_with`] for the prefill flash family with the tail pad reading
+/// the leader's last 64 rows: the seed's #314 double-counting bug, for the tail gate's
+/// control arm only.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn launch_window_prefill_with_tail_bug<D: Device>(
+    dev: &D,
+    s: &WindowAttn,
+    q: &D::Buffer,
+    k: &D::Buffer,
+    v: &D::Buffer,
+    window: &D::Buffer,
+    scratch: &D::Buffer,
+    out: &D::Buffer,
+) -> Result<()> {
+    let b = Bufs {
+        q,
+        k,
+        v,
+        window,
+        scratch,
+        out,
+    };
+    launch_family(dev, WindowKernel::PrefillFlash, s, &b, true)
+}
+
+fn launch_family<D: Device>(
+    dev: &D,
+    kernel: WindowKernel,
+    s: &WindowAttn,
+    b: &Bufs<'_, D::Buffer>,
+    tail_bug: bool,
+) -> Result<()> {
     if s.n_head == 0 || s.n_head_kv == 0 || !s.n_head.is_multiple_of(s.n_head_kv) {
         return Err(shape(format!(
             "n_head {} must be a non-zero multiple of n_head_kv {}",
@@ -181,19 +330,20 @@ pub fn launch_attention_window_with<D: Device>(
     if s.head_dim == 0 || s.head_dim > 512 {
         return Err(shape(format!("head_dim {} outside 1..=512", s.head_dim)));
     }
-    if kernel == WindowKernel::Flash {
+    if kernel != WindowKernel::Classic {
         if s.head_dim != 64 && s.head_dim != 128 {
             return Err(shape(format!(
-                "flash window kernels exist for head dim 64 and 128, got {}",
+                "{kernel:?} window kernels exist for head dim 64 and 128, got {}",
                 s.head_dim
             )));
         }
         if s.kv == KvType::Q8_0 {
             return Err(Error::UnsupportedType {
                 op: OP,
-                ty: "q8_0 KV (the flash window kernels read f32/f16 regions; use the classic \
-                     kernel)"
-                    .into(),
+                ty: format!(
+                    "q8_0 KV (the {kernel:?} window kernels read f32/f16 regions; use the \
+                     classic kernel)"
+                ),
             });
         }
     }
@@ -205,15 +355,23 @@ pub fn launch_attention_window_with<D: Device>(
     }
     let row_bytes = s.kv.row_bytes(kv_stride);
     let q_bytes = (s.n_tokens * s.n_head * s.head_dim) as u64 * 4;
-    need_len(dev, OP, "q", q, 0, q_bytes)?;
-    need_len(dev, OP, "out", out, 0, q_bytes)?;
-    need_len(dev, OP, "k region", k, 0, (s.n_cells * row_bytes) as u64)?;
-    need_len(dev, OP, "v region", v, 0, (s.n_cells * row_bytes) as u64)?;
-    let max_len = check_windows(dev, s, window)?;
+    need_len(dev, OP, "q", b.q, 0, q_bytes)?;
+    need_len(dev, OP, "out", b.out, 0, q_bytes)?;
+    need_len(dev, OP, "k region", b.k, 0, (s.n_cells * row_bytes) as u64)?;
+    need_len(dev, OP, "v region", b.v, 0, (s.n_cells * row_bytes) as u64)?;
+    let (vals, max_len) = read_windows(dev, s, b.window)?;
     if s.n_tokens == 0 {
         return Ok(());
     }
-    let n_chunks = flash_chunks(max_len);
+    if kernel != WindowKernel::PrefillFlash {
+        // (prefill flash checks the pads of its actual tiles, at most this bound)
+        let need = window_family_scratch_bytes(kernel, s, max_len);
+        need_len(dev, OP, "scratch", b.scratch, 0, need as u64)?;
+    }
+    let n_chunks = match kernel {
+        WindowKernel::Split => split_slots(max_len),
+        _ => flash_chunks(max_len),
+    };
     let p = WindowAttnParams {
         n_head: to_u32(OP, "n_head", s.n_head)?,
         n_head_kv: to_u32(OP, "n_head_kv", s.n_head_kv)?,
@@ -225,6 +383,9 @@ pub fn launch_attention_window_with<D: Device>(
         n_chunks: to_u32(OP, "n_chunks", n_chunks)?,
         chunk_len: FLASH_WINDOW_CHUNK as u32,
         scale: s.scale,
+        row_stride: to_u32(OP, "score row stride", max_len.max(1))?,
+        n_tiles: 0,
+        tail_bug: tail_bug as u32,
     };
     let suffix = match s.kv {
         KvType::F32 => "f32",
@@ -238,29 +399,27 @@ pub fn launch_attention_window_with<D: Device>(
             [p.n_head, p.n_tokens, 1],
             [128, 1, 1],
             &[
-                Arg::Buffer(q, 0),
-                Arg::Buffer(k, 0),
-                Arg::Buffer(v, 0),
-                Arg::Buffer(window, 0),
-                Arg::Buffer(out, 0),
+                Arg::Buffer(b.q, 0),
+                Arg::Buffer(b.k, 0),
+                Arg::Buffer(b.v, 0),
+                Arg::Buffer(b.window, 0),
+                Arg::Buffer(b.out, 0),
                 Arg::Bytes(as_bytes(&p)),
             ],
             &[],
         ),
         WindowKernel::Flash => {
-            let need = s.n_tokens * s.n_head * n_chunks * (s.head_dim + 2) * 4;
-            need_len(dev, OP, "scratch", scratch, 0, need as u64)?;
             encode(
                 dev,
                 &format!("kernel_flash_window_{suffix}_hd{}", s.head_dim),
                 [p.n_chunks, p.n_head, p.n_tokens],
                 [128, 1, 1],
                 &[
-                    Arg::Buffer(q, 0),
-                    Arg::Buffer(k, 0),
-                    Arg::Buffer(v, 0),
-                    Arg::Buffer(window, 0),
-                    Arg::Buffer(scratch, 0),
+                    Arg::Buffer(b.q, 0),
+                    Arg::Buffer(b.k, 0),
+                    Arg::Buffer(b.v, 0),
+                    Arg::Buffer(b.window, 0),
+                    Arg::Buffer(b.scratch, 0),
                     Arg::Bytes(as_bytes(&p)),
                 ],
                 &[],
@@ -271,13 +430,16 @@ pub fn launch_attention_window_with<D: Device>(
                 [p.n_head, p.n_tokens, 1],
                 [128, 1, 1],
                 &[
-                    Arg::Buffer(scratch, 0),
-                    Arg::Buffer(window, 0),
-                    Arg::Buffer(out, 0),
+                    Arg::Buffer(b.scratch, 0),
+                    Arg::Buffer(b.window, 0),
+                    Arg::Buffer(b.out, 0),
                     Arg::Bytes(as_bytes(&p)),
                 ],
                 &[],
             )
         }
+        WindowKernel::Split => window_fast::split(dev, s, b, &p, suffix),
+        WindowKernel::ThreePass => window_fast::three_pass(dev, b, &p, suffix),
+        WindowKernel::PrefillFlash => window_fast::prefill(dev, s, b, &p, suffix, &vals),
     }
 }
