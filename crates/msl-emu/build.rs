@@ -43,7 +43,8 @@ fn main() {
 
     let flags = [
         "-std=c++17",
-        "-O2",
+        "-O3",
+        "-fno-plt",
         "-fPIC",
         "-fsigned-char",
         "-fno-exceptions",

@@ -37,12 +37,22 @@ void * arg_threadgroup_ptr(int index);
 void builtin3(int which, unsigned out[3]);
 void * tg_static(int id, size_t bytes, size_t align);
 void tg_barrier(const char * file, int line);
+// What a lane sees of its simdgroup after a collective: the participating lanes, and where
+// lane i's deposited value lies (base + i * stride).
+struct SimdView {
+    uint64_t mask;
+    const unsigned char * base;
+    size_t stride;
+    unsigned lane; // the caller's lane
+    const void * value(unsigned i) const { return base + size_t(i) * stride; }
+};
 // A simd collective: deposits `n` bytes of `val`, waits for every live lane of the simdgroup
-// at the same call site, and returns the mask of participating lanes.
-uint64_t simd_sync(const void * val, size_t n, const char * op, const char * file, int line);
-const void * simd_value(unsigned lane);
-unsigned simd_lane();
-void simd_done();
+// at the same call site, and returns the view of the simdgroup's deposits.
+SimdView simd_sync(const void * val, size_t n, const char * op, const char * file, int line);
+// Scratch of at least `bytes` for the caller's next simdgroup-matrix product: one slot per
+// (simdgroup, product number since the lane's last sync point), shared by the simdgroup's
+// lanes; nullptr when none fits.
+void * mma_memo(size_t bytes);
 void register_kernel(const char * name, void (*fn)(), const ParamInfo * params, int n_params,
                      const char * file);
 
@@ -159,6 +169,37 @@ template <class T, class U> T as_type(const U & u) {
     return t;
 }
 
+} // namespace metal
+
+namespace emu {
+// half -> float without the library call g++ emits when F16C is not assumed; bit exact with
+// the compiler's conversion, NaN payloads kept as they are (checked over every pattern by
+// emu_selftest_half).
+inline float h2f(metal::half h) {
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    uint32_t em = b & 0x7fffu;
+    uint32_t r;
+    if (em >= 0x7c00u) {
+        r = 0x7f800000u | (em & 0x3ffu) << 13;
+    } else if (em >= 0x0400u) {
+        r = (em << 13) + 0x38000000u; // rebias the exponent by 127 - 15
+    } else {
+        float f = float(int(em)) * 5.9604644775390625e-8f; // subnormal: em * 2^-24, exact
+        std::memcpy(&r, &f, 4);
+    }
+    r |= uint32_t(b & 0x8000u) << 16;
+    float out;
+    std::memcpy(&out, &r, 4);
+    return out;
+}
+// Widening to float for the simdgroup-matrix paths (half through h2f).
+template <class U> inline float to_f(U x) { return float(x); }
+inline float to_f(float x) { return x; }
+inline float to_f(metal::half x) { return h2f(x); }
+} // namespace emu
+
+namespace metal {
 // ---- math (builtins only: <cmath> would add ambiguous global overloads) ----
 #define EMU_F1(name, builtin)                                                  \
     inline float name(float x) { return builtin(x); }                          \
@@ -222,13 +263,12 @@ inline void threadgroup_barrier(mem_flags, const char * file = __builtin_FILE(),
 }
 inline void simdgroup_barrier(mem_flags, const char * file = __builtin_FILE(), int line = __builtin_LINE()) {
     emu::simd_sync(nullptr, 0, "simdgroup_barrier", file, line);
-    emu::simd_done();
 }
 
 // ---- simd collectives: lanes reduce in lane order (Metal uses a tree; tolerances cover it) ----
-template <class T> inline T emu_lane_value(unsigned lane) {
+template <class T> inline T emu_lane_value(const emu::SimdView & s, unsigned lane) {
     T v;
-    std::memcpy(&v, emu::simd_value(lane), sizeof(T));
+    std::memcpy(&v, s.value(lane), sizeof(T));
     return v;
 }
 // Shuffle sources outside the simdgroup or on an inactive lane get all-ones bits (NaN for
@@ -239,58 +279,46 @@ template <class T> inline T emu_poison() {
     return v;
 }
 template <class T> inline T simd_sum(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_sum", f, l);
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_sum", f, l);
     T acc = T(0);
-    for (unsigned i = 0; i < 64; ++i) if (m >> i & 1) acc += emu_lane_value<T>(i);
-    emu::simd_done();
+    for (unsigned i = 0; i < 32; ++i) if (s.mask >> i & 1) acc += emu_lane_value<T>(s, i);
     return acc;
 }
 template <class T> inline T simd_max(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_max", f, l);
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_max", f, l);
     T acc = v;
-    for (unsigned i = 0; i < 64; ++i) if (m >> i & 1) acc = max(acc, emu_lane_value<T>(i));
-    emu::simd_done();
+    for (unsigned i = 0; i < 32; ++i) if (s.mask >> i & 1) acc = max(acc, emu_lane_value<T>(s, i));
     return acc;
 }
 template <class T> inline T simd_min(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_min", f, l);
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_min", f, l);
     T acc = v;
-    for (unsigned i = 0; i < 64; ++i) if (m >> i & 1) acc = min(acc, emu_lane_value<T>(i));
-    emu::simd_done();
+    for (unsigned i = 0; i < 32; ++i) if (s.mask >> i & 1) acc = min(acc, emu_lane_value<T>(s, i));
     return acc;
 }
 template <class T> inline T simd_prefix_exclusive_sum(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_prefix_exclusive_sum", f, l);
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_prefix_exclusive_sum", f, l);
     T acc = T(0);
-    for (unsigned i = 0; i < emu::simd_lane(); ++i) if (m >> i & 1) acc += emu_lane_value<T>(i);
-    emu::simd_done();
+    for (unsigned i = 0; i < s.lane; ++i) if (s.mask >> i & 1) acc += emu_lane_value<T>(s, i);
     return acc;
 }
 template <class T> inline T simd_broadcast(T v, ushort src, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_broadcast", f, l);
-    T r = (src < 64 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
-    emu::simd_done();
-    return r;
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_broadcast", f, l);
+    return (src < 64 && (s.mask >> src & 1)) ? emu_lane_value<T>(s, src) : emu_poison<T>();
 }
 template <class T> inline T simd_shuffle(T v, ushort src, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_shuffle", f, l);
-    T r = (src < 64 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
-    emu::simd_done();
-    return r;
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_shuffle", f, l);
+    return (src < 64 && (s.mask >> src & 1)) ? emu_lane_value<T>(s, src) : emu_poison<T>();
 }
 template <class T> inline T simd_shuffle_down(T v, ushort delta, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_shuffle_down", f, l);
-    unsigned src = emu::simd_lane() + delta;
-    T r = (src < 32 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
-    emu::simd_done();
-    return r;
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_shuffle_down", f, l);
+    unsigned src = s.lane + delta;
+    return (src < 32 && (s.mask >> src & 1)) ? emu_lane_value<T>(s, src) : emu_poison<T>();
 }
 template <class T> inline T simd_shuffle_xor(T v, ushort mask, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
-    uint64_t m = emu::simd_sync(&v, sizeof(T), "simd_shuffle_xor", f, l);
-    unsigned src = emu::simd_lane() ^ mask;
-    T r = (src < 32 && (m >> src & 1)) ? emu_lane_value<T>(src) : emu_poison<T>();
-    emu::simd_done();
-    return r;
+    emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_shuffle_xor", f, l);
+    unsigned src = s.lane ^ mask;
+    return (src < 32 && (s.mask >> src & 1)) ? emu_lane_value<T>(s, src) : emu_poison<T>();
 }
 
 // ---- simdgroup matrices: every lane holds the whole matrix and computes it redundantly ----
@@ -310,7 +338,9 @@ inline void simdgroup_load(simdgroup_matrix<T, C, R> & d, const U * src, ulong e
     for (int i = 0; i < R; ++i)
         for (int j = 0; j < C; ++j) {
             ulong r = origin[1] + i, c = origin[0] + j;
-            d.e[i][j] = transpose ? T(src[c * elements_per_row + r]) : T(src[r * elements_per_row + c]);
+            const U & v = transpose ? src[c * elements_per_row + r] : src[r * elements_per_row + c];
+            if constexpr (std::is_same_v<T, float>) d.e[i][j] = emu::to_f(v);
+            else d.e[i][j] = T(v);
         }
 }
 template <class T, int C, int R, class U>
@@ -323,22 +353,71 @@ inline void simdgroup_store(const simdgroup_matrix<T, C, R> & m, U * dst, ulong 
             else dst[r * elements_per_row + c] = U(m.e[i][j]);
         }
 }
+// The product itself: widen once (emu::h2f for half), then multiply in float, each output
+// element summed over k in order.
 template <class TD, class TA, class TB, class TC, int N>
-inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
-                                          const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
-    // Widen once (half -> float is a library call without F16C), then multiply in float.
+inline void emu_mma(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
+                    const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
     float fa[N][N], fb[N][N], fc[N][N];
     for (int i = 0; i < N; ++i)
         for (int j = 0; j < N; ++j) {
-            fa[i][j] = float(a.e[i][j]);
-            fb[i][j] = float(b.e[i][j]);
-            fc[i][j] = float(c.e[i][j]);
+            fa[i][j] = emu::to_f(a.e[i][j]);
+            fb[i][j] = emu::to_f(b.e[i][j]);
+            fc[i][j] = emu::to_f(c.e[i][j]);
         }
-    for (int i = 0; i < N; ++i)
-        for (int k = 0; k < N; ++k)
-            for (int j = 0; j < N; ++j) fc[i][j] += fa[i][k] * fb[k][j];
+    if constexpr (N == 8) {
+        // rows as 8-float vectors (two SSE registers), the same operations in the same order
+        typedef float row8 __attribute__((vector_size(32), aligned(4)));
+        for (int i = 0; i < 8; ++i) {
+            row8 acc;
+            std::memcpy(&acc, fc[i], 32);
+            for (int k = 0; k < 8; ++k) {
+                row8 bk;
+                std::memcpy(&bk, fb[k], 32);
+                acc += fa[i][k] * bk;
+            }
+            std::memcpy(fc[i], &acc, 32);
+        }
+    } else {
+        for (int i = 0; i < N; ++i)
+            for (int k = 0; k < N; ++k)
+                for (int j = 0; j < N; ++j) fc[i][j] += fa[i][k] * fb[k][j];
+    }
     for (int i = 0; i < N; ++i)
         for (int j = 0; j < N; ++j) d.e[i][j] = TD(fc[i][j]);
+}
+// Every lane of a simdgroup holds the whole matrices and multiplies them redundantly; the
+// lanes after the first usually find the same inputs in the simdgroup's memo slot for this
+// call (the runtime numbers a lane's products since its last sync point) and copy the result.
+// The key is the input bytes, so a hit is the same pure function of the same bits.
+template <class TD, class TA, class TB, class TC, int N>
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
+                                          const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
+    static const char tag = 0; // one per instantiation, program-wide
+    constexpr size_t ka = sizeof(a), kb = sizeof(b), kc = sizeof(c), kd = sizeof(d);
+    unsigned char * m = static_cast<unsigned char *>(emu::mma_memo(16 + ka + kb + kc + kd));
+    if (!m) {
+        emu_mma(d, a, b, c);
+        return;
+    }
+    unsigned char * ma = m + 16, * mb = ma + ka, * mc = mb + kb, * md = mc + kc;
+    const void * t;
+    std::memcpy(&t, m, sizeof(t));
+    if (t == &tag && std::memcmp(ma, &a, ka) == 0 && std::memcmp(mb, &b, kb) == 0 &&
+        std::memcmp(mc, &c, kc) == 0) {
+        std::memcpy(&d, md, kd);
+        return;
+    }
+    // inputs first: d may alias one of them
+    t = &tag;
+    std::memcpy(m, &t, sizeof(t));
+    std::memcpy(ma, &a, ka);
+    std::memcpy(mb, &b, kb);
+    std::memcpy(mc, &c, kc);
+    simdgroup_matrix<TD, N, N> r;
+    emu_mma(r, a, b, c);
+    std::memcpy(md, &r, kd);
+    d = r;
 }
 template <class TD, class TA, class TB, int N>
 inline void simdgroup_multiply(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
