@@ -702,10 +702,17 @@ extern "C" unsigned emu_default_workers() {
     return n ? n : 1;
 }
 
-// Every half -> float conversion of the shim's fast path against the compiler's own (all
-// 65536 bit patterns); returns the number of mismatches. Signalling NaNs may differ in the
-// quiet bit alone: libgcc's conversion sets it, Rust's compiler-builtins (which a Rust binary
-// links instead) keeps the payload as is, like h2f.
+// The half conversions of the kernels: build.rs renames the compiler's library calls in the
+// kernel objects (__extendhfsf2, __truncsfhf2: soft-float code without F16C, which is not
+// assumed of the machines this runs on) to these.
+extern "C" float emu_extendhfsf2(half h) { return emu::h2f(h); }
+extern "C" half emu_truncsfhf2(float f) { return emu::f2h(f); }
+
+// The shim's half conversions against the compiler's own (this file's conversions are the
+// library calls): every half pattern widened, and floats narrowed at a stride over all
+// patterns plus the rounding edges. Returns the number of mismatches. Signalling NaNs may
+// differ in the quiet bit alone when widened: libgcc sets it, Rust's compiler-builtins (which
+// a Rust binary links instead) keeps the payload as is, like h2f.
 extern "C" unsigned emu_selftest_half() {
     unsigned bad = 0;
     for (unsigned h = 0; h < 65536; ++h) {
@@ -722,6 +729,24 @@ extern "C" unsigned emu_selftest_half() {
             gb &= ~0x400000u;
         }
         if (wb != gb) ++bad;
+        // narrowing: this half's value, and the floats just around it and half-way up
+        uint32_t base = gb;
+        for (uint32_t d : {0u, 1u, 0x0fffu, 0x1000u, 0x1001u, 0x1fffu, 0xffffffffu}) {
+            uint32_t fb = base + d;
+            float f;
+            std::memcpy(&f, &fb, 4);
+            volatile float vf = f;
+            half wh = half(vf), gh = emu::f2h(f);
+            if (std::memcmp(&wh, &gh, 2) != 0) ++bad;
+        }
+    }
+    for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) {
+        uint32_t fb = uint32_t(u);
+        float f;
+        std::memcpy(&f, &fb, 4);
+        volatile float vf = f;
+        half wh = half(vf), gh = emu::f2h(f);
+        if (std::memcmp(&wh, &gh, 2) != 0) ++bad;
     }
     return bad;
 }

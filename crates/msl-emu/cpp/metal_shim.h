@@ -193,6 +193,36 @@ inline float h2f(metal::half h) {
     std::memcpy(&out, &r, 4);
     return out;
 }
+// float -> half, round to nearest even, overflow to infinity, NaNs quieted keeping the top
+// payload bits (as the compiler's conversion; checked by emu_selftest_half).
+inline metal::half f2h(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    uint32_t h;
+    if (ax > 0x7f800000u) {
+        h = 0x7e00u | ((ax >> 13) & 0x1ffu);
+    } else if (ax >= 0x477ff000u) {
+        h = 0x7c00u; // rounds to 65520 or more: infinity
+    } else if (ax < 0x38800000u) {
+        // below 2^-14: adding 0.5 aligns the half subnormal's bits at the bottom of the
+        // float's mantissa, rounded to nearest even by the addition itself
+        float a, t;
+        std::memcpy(&a, &ax, 4);
+        t = a + 0.5f;
+        uint32_t tb;
+        std::memcpy(&tb, &t, 4);
+        h = tb - 0x3f000000u;
+    } else {
+        // rebias the exponent by 15 - 127 and round the 13 dropped bits to nearest even
+        h = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
+    }
+    uint16_t b = uint16_t(h | sign);
+    metal::half out;
+    std::memcpy(&out, &b, 2);
+    return out;
+}
 // Widening to float for the simdgroup-matrix paths (half through h2f).
 template <class U> inline float to_f(U x) { return float(x); }
 inline float to_f(float x) { return x; }
