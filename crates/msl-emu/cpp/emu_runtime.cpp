@@ -87,7 +87,6 @@ struct Thread {
     const char * file = "";
     const char * op = "";
     unsigned coll = 0;
-    unsigned mma_seq = 0; // simdgroup-matrix products since the last sync point
     alignas(64) unsigned char slot[2][64];
 };
 
@@ -108,7 +107,7 @@ constexpr unsigned MAX_THREADS = 1024;
 constexpr size_t ARENA_SLACK = 64 * 1024;
 constexpr uint64_t NONE = ~uint64_t(0);
 constexpr size_t MEMO_BYTES = 1088;  // tag + a, b, c, d of an 8x8 float product
-constexpr unsigned MEMO_SLOTS = 64; // products per simdgroup between sync points
+constexpr unsigned MEMO_SLOTS = 128; // loads and products per simdgroup between sync points
 
 // One dispatch, shared by every OS thread working on it (read-only but for the atomics and
 // the error slot).
@@ -174,6 +173,11 @@ struct Ctx {
     uint64_t simd_mask[MAX_THREADS / 32][2] = {};
     std::vector<unsigned> runnable;
     std::vector<unsigned char> memo; // MEMO_SLOTS slots per simdgroup, content-keyed
+    // The running thread's simdgroup memo slots and its products so far in this run (a run
+    // goes from one sync point to the next, so the count restarts at every resume).
+    unsigned char * memo_sg = nullptr;
+    unsigned memo_seq = 0;
+    uint64_t next_matrix_id = 0;
     unsigned n_done = 0;
     uint64_t rng = 0;
     bool failed = false;
@@ -283,6 +287,8 @@ void start_thread(Ctx & c, Thread & t) {
 
 inline void resume(Ctx & c, Thread & t) {
     c.cur = &t;
+    c.memo_sg = c.memo.data() + size_t(t.index / 32) * (MEMO_SLOTS * MEMO_BYTES);
+    c.memo_seq = 0;
 #if defined(__x86_64__)
     emu_switch(&c.sched_sp, t.sp);
 #else
@@ -419,7 +425,6 @@ void run_threadgroup(Ctx & c) {
         t.tid3[2] = i / (tg[0] * tg[1]);
         t.state = RUNNABLE;
         t.coll = 0;
-        t.mma_seq = 0;
         start_thread(c, t);
         c.runnable.push_back(i);
     }
@@ -459,6 +464,7 @@ void work(Job & j) {
     c.nthreads = j.nthreads;
     c.nsg = (j.nthreads + 31) / 32;
     c.arena_len = size_t(j.d->tg_mem_limit) + ARENA_SLACK;
+    if (c.memo.size() < size_t(c.nsg) * MEMO_SLOTS * MEMO_BYTES) c.memo.resize(size_t(c.nsg) * MEMO_SLOTS * MEMO_BYTES, 0);
     if (c.arena.size() < c.arena_len) c.arena.resize(c.arena_len);
     const EmuDispatch * d = j.d;
     for (;;) {
@@ -613,7 +619,6 @@ void tg_barrier(const char * file, int line) {
     t.line = line;
     t.op = "threadgroup_barrier";
     yield(c);
-    t.mma_seq = 0;
 }
 
 SimdView simd_sync(const void * val, size_t n, const char * op, const char * file, int line) {
@@ -633,7 +638,6 @@ SimdView simd_sync(const void * val, size_t n, const char * op, const char * fil
     t.op = op;
     yield(c);
     t.coll += 1;
-    t.mma_seq = 0;
     unsigned lo = t.index & ~31u;
     SimdView v;
     v.mask = c.simd_mask[lo / 32][parity];
@@ -645,13 +649,11 @@ SimdView simd_sync(const void * val, size_t n, const char * op, const char * fil
 
 void * mma_memo(size_t bytes) {
     Ctx & c = *g_ctx;
-    Thread & t = *c.cur;
-    if (bytes > MEMO_BYTES || t.mma_seq >= MEMO_SLOTS) return nullptr;
-    size_t need = size_t(c.nsg) * MEMO_SLOTS * MEMO_BYTES;
-    if (c.memo.size() < need) c.memo.resize(need, 0);
-    size_t slot = size_t(t.index / 32) * MEMO_SLOTS + t.mma_seq++;
-    return c.memo.data() + slot * MEMO_BYTES;
+    if (bytes > MEMO_BYTES || c.memo_seq >= MEMO_SLOTS) return nullptr;
+    return c.memo_sg + size_t(c.memo_seq++) * MEMO_BYTES;
 }
+
+uint64_t matrix_id() { return ++g_ctx->next_matrix_id; }
 
 void register_kernel(const char * name, void (*fn)(), const ParamInfo * params, int n_params, const char * file) {
     KernelInfo k;

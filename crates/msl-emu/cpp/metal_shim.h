@@ -49,10 +49,12 @@ struct SimdView {
 // A simd collective: deposits `n` bytes of `val`, waits for every live lane of the simdgroup
 // at the same call site, and returns the view of the simdgroup's deposits.
 SimdView simd_sync(const void * val, size_t n, const char * op, const char * file, int line);
-// Scratch of at least `bytes` for the caller's next simdgroup-matrix product: one slot per
-// (simdgroup, product number since the lane's last sync point), shared by the simdgroup's
-// lanes; nullptr when none fits.
+// Scratch of at least `bytes` for the caller's next simdgroup-matrix load or product: one
+// slot per (simdgroup, operation number since the lane's last sync point), shared by the
+// simdgroup's lanes; nullptr when none fits.
 void * mma_memo(size_t bytes);
+// A fresh identity for a simdgroup matrix's content (unique on this OS thread, below 2^63).
+uint64_t matrix_id();
 void register_kernel(const char * name, void (*fn)(), const ParamInfo * params, int n_params,
                      const char * file);
 
@@ -223,6 +225,22 @@ inline metal::half f2h(float f) {
     std::memcpy(&out, &b, 2);
     return out;
 }
+// Byte equality without an early exit (the memo's hits compare everything anyway); n is a
+// multiple of 8 for the matrices it compares, any tail is compared bytewise.
+inline bool same_bytes(const void * a, const void * b, size_t n) {
+    const unsigned char * p = static_cast<const unsigned char *>(a);
+    const unsigned char * q = static_cast<const unsigned char *>(b);
+    uint64_t acc = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x, y;
+        std::memcpy(&x, p + i, 8);
+        std::memcpy(&y, q + i, 8);
+        acc |= x ^ y;
+    }
+    for (; i < n; ++i) acc |= uint64_t(p[i] ^ q[i]);
+    return acc == 0;
+}
 // Widening to float for the simdgroup-matrix paths (half through h2f).
 template <class U> inline float to_f(U x) { return float(x); }
 inline float to_f(float x) { return x; }
@@ -352,7 +370,17 @@ template <class T> inline T simd_shuffle_xor(T v, ushort mask, const char * f = 
 }
 
 // ---- simdgroup matrices: every lane holds the whole matrix and computes it redundantly ----
-template <class T, int C, int R = C> struct simdgroup_matrix { T e[R][C]; };
+// A matrix also carries `emu_id`, an identity of its content: 0 = unknown, else the matrix
+// holds exactly the bytes that id was given to (ids come from the OS thread's counter,
+// `emu::matrix_id`, or, with the top bit set, from a filled value). Lanes of a simdgroup run
+// one after another between sync points and repeat the same loads and products; the memo
+// slots (one per simdgroup and operation number since the lane's last sync point) let each
+// lane after the first prove its operands equal to the first lane's (content for loads,
+// identity for products) and take the first lane's result instead of recomputing it.
+template <class T, int C, int R = C> struct simdgroup_matrix {
+    T e[R][C];
+    uint64_t emu_id = 0;
+};
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
@@ -360,28 +388,65 @@ template <class T, int C, int R = C> simdgroup_matrix<T, C, R> make_filled_simdg
     simdgroup_matrix<T, C, R> m;
     for (int i = 0; i < R; ++i)
         for (int j = 0; j < C; ++j) m.e[i][j] = v;
+    if constexpr (sizeof(T) <= 4) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &v, sizeof(T));
+        m.emu_id = (uint64_t(1) << 63) | bits; // the same bits give the same content
+    }
     return m;
+}
+// Load memo slot: [tag][id][content].
+template <class T, int C, int R>
+inline void emu_memo_load(simdgroup_matrix<T, C, R> & d) {
+    static const char tag = 0; // one per instantiation, program-wide
+    constexpr size_t n = sizeof(d.e);
+    unsigned char * m = static_cast<unsigned char *>(emu::mma_memo(16 + n));
+    if (!m) {
+        d.emu_id = 0;
+        return;
+    }
+    const void * t;
+    std::memcpy(&t, m, sizeof(t));
+    if (t == &tag && emu::same_bytes(m + 16, d.e, n)) {
+        std::memcpy(&d.emu_id, m + 8, 8);
+        return;
+    }
+    t = &tag;
+    d.emu_id = emu::matrix_id();
+    std::memcpy(m, &t, sizeof(t));
+    std::memcpy(m + 8, &d.emu_id, 8);
+    std::memcpy(m + 16, d.e, n);
 }
 template <class T, int C, int R, class U>
 inline void simdgroup_load(simdgroup_matrix<T, C, R> & d, const U * src, ulong elements_per_row = C,
                            ulong2 origin = ulong2(0, 0), bool transpose = false) {
-    for (int i = 0; i < R; ++i)
-        for (int j = 0; j < C; ++j) {
-            ulong r = origin[1] + i, c = origin[0] + j;
-            const U & v = transpose ? src[c * elements_per_row + r] : src[r * elements_per_row + c];
-            if constexpr (std::is_same_v<T, float>) d.e[i][j] = emu::to_f(v);
-            else d.e[i][j] = T(v);
+    auto cvt = [](const U & v) -> T {
+        if constexpr (std::is_same_v<T, float>) return emu::to_f(v);
+        else return T(v);
+    };
+    if (!transpose) {
+        for (int i = 0; i < R; ++i) {
+            const U * row = src + (origin[1] + i) * elements_per_row + origin[0];
+            for (int j = 0; j < C; ++j) d.e[i][j] = cvt(row[j]);
         }
+    } else {
+        for (int i = 0; i < R; ++i)
+            for (int j = 0; j < C; ++j) d.e[i][j] = cvt(src[(origin[0] + j) * elements_per_row + origin[1] + i]);
+    }
+    emu_memo_load(d);
 }
 template <class T, int C, int R, class U>
 inline void simdgroup_store(const simdgroup_matrix<T, C, R> & m, U * dst, ulong elements_per_row = C,
                             ulong2 origin = ulong2(0, 0), bool transpose = false) {
-    for (int i = 0; i < R; ++i)
-        for (int j = 0; j < C; ++j) {
-            ulong r = origin[1] + i, c = origin[0] + j;
-            if (transpose) dst[c * elements_per_row + r] = U(m.e[i][j]);
-            else dst[r * elements_per_row + c] = U(m.e[i][j]);
+    if (!transpose) {
+        for (int i = 0; i < R; ++i) {
+            U * row = dst + (origin[1] + i) * elements_per_row + origin[0];
+            for (int j = 0; j < C; ++j) row[j] = U(m.e[i][j]);
         }
+    } else {
+        for (int i = 0; i < R; ++i)
+            for (int j = 0; j < C; ++j) dst[(origin[0] + j) * elements_per_row + origin[1] + i] = U(m.e[i][j]);
+    }
 }
 // The product itself: widen once (emu::h2f for half), then multiply in float, each output
 // element summed over k in order.
@@ -416,37 +481,47 @@ inline void emu_mma(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N
     for (int i = 0; i < N; ++i)
         for (int j = 0; j < N; ++j) d.e[i][j] = TD(fc[i][j]);
 }
-// Every lane of a simdgroup holds the whole matrices and multiplies them redundantly; the
-// lanes after the first usually find the same inputs in the simdgroup's memo slot for this
-// call (the runtime numbers a lane's products since its last sync point) and copy the result.
-// The key is the input bytes, so a hit is the same pure function of the same bits.
+// Product memo slot: [tag][id a][id b][id c][id d][a][b][c][d]. Operands with known ids are
+// compared by id, unknown ones by content.
 template <class TD, class TA, class TB, class TC, int N>
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
                                           const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
     static const char tag = 0; // one per instantiation, program-wide
-    constexpr size_t ka = sizeof(a), kb = sizeof(b), kc = sizeof(c), kd = sizeof(d);
-    unsigned char * m = static_cast<unsigned char *>(emu::mma_memo(16 + ka + kb + kc + kd));
+    constexpr size_t ka = sizeof(a.e), kb = sizeof(b.e), kc = sizeof(c.e), kd = sizeof(d.e);
+    unsigned char * m = static_cast<unsigned char *>(emu::mma_memo(40 + ka + kb + kc + kd));
     if (!m) {
         emu_mma(d, a, b, c);
+        d.emu_id = 0;
         return;
     }
-    unsigned char * ma = m + 16, * mb = ma + ka, * mc = mb + kb, * md = mc + kc;
+    unsigned char * ma = m + 40, * mb = ma + ka, * mc = mb + kb, * md = mc + kc;
     const void * t;
     std::memcpy(&t, m, sizeof(t));
-    if (t == &tag && std::memcmp(ma, &a, ka) == 0 && std::memcmp(mb, &b, kb) == 0 &&
-        std::memcmp(mc, &c, kc) == 0) {
-        std::memcpy(&d, md, kd);
-        return;
+    if (t == &tag) {
+        uint64_t id[4];
+        std::memcpy(id, m + 8, 32);
+        auto same = [](uint64_t want, uint64_t have, const unsigned char * mem, const void * val, size_t n) {
+            return (have != 0 && have == want) || emu::same_bytes(mem, val, n);
+        };
+        if (same(id[0], a.emu_id, ma, a.e, ka) && same(id[1], b.emu_id, mb, b.e, kb) &&
+            same(id[2], c.emu_id, mc, c.e, kc)) {
+            std::memcpy(d.e, md, kd);
+            d.emu_id = id[3];
+            return;
+        }
     }
     // inputs first: d may alias one of them
-    t = &tag;
-    std::memcpy(m, &t, sizeof(t));
-    std::memcpy(ma, &a, ka);
-    std::memcpy(mb, &b, kb);
-    std::memcpy(mc, &c, kc);
     simdgroup_matrix<TD, N, N> r;
     emu_mma(r, a, b, c);
-    std::memcpy(md, &r, kd);
+    r.emu_id = emu::matrix_id();
+    uint64_t id[4] = {a.emu_id, b.emu_id, c.emu_id, r.emu_id};
+    t = &tag;
+    std::memcpy(m, &t, sizeof(t));
+    std::memcpy(m + 8, id, 32);
+    std::memcpy(ma, a.e, ka);
+    std::memcpy(mb, b.e, kb);
+    std::memcpy(mc, c.e, kc);
+    std::memcpy(md, r.e, kd);
     d = r;
 }
 template <class TD, class TA, class TB, int N>
