@@ -171,6 +171,8 @@ struct Ctx {
     size_t static_used = 0;
     std::vector<std::pair<int, size_t>> statics;
     uint64_t simd_mask[MAX_THREADS / 32][2] = {};
+    alignas(64) unsigned char simd_shared[MAX_THREADS / 32][2][64] = {};
+    bool simd_shared_ok[MAX_THREADS / 32][2] = {};
     std::vector<unsigned> runnable;
     std::vector<unsigned char> memo; // MEMO_SLOTS slots per simdgroup, content-keyed
     // The running thread's simdgroup memo slots and its products so far in this run (a run
@@ -363,6 +365,7 @@ bool resolve_simd(Ctx & c) {
             mask |= uint64_t(1) << (i - lo);
         }
         c.simd_mask[g][first->coll & 1] = mask;
+        c.simd_shared_ok[g][first->coll & 1] = false;
         for (unsigned i = lo; i < hi; ++i) {
             if (c.threads[i].state == AT_SIMD) {
                 c.threads[i].state = RUNNABLE;
@@ -417,12 +420,20 @@ void run_threadgroup(Ctx & c) {
     c.n_done = 0;
     const unsigned * tg = c.d->tg;
     c.runnable.clear();
+    unsigned x = 0, y = 0, z = 0;
     for (unsigned i = 0; i < c.nthreads; ++i) {
         Thread & t = c.threads[i];
         t.index = i;
-        t.tid3[0] = i % tg[0];
-        t.tid3[1] = (i / tg[0]) % tg[1];
-        t.tid3[2] = i / (tg[0] * tg[1]);
+        t.tid3[0] = x;
+        t.tid3[1] = y;
+        t.tid3[2] = z;
+        if (++x == tg[0]) {
+            x = 0;
+            if (++y == tg[1]) {
+                y = 0;
+                ++z;
+            }
+        }
         t.state = RUNNABLE;
         t.coll = 0;
         start_thread(c, t);
@@ -644,6 +655,8 @@ SimdView simd_sync(const void * val, size_t n, const char * op, const char * fil
     v.base = c.threads[lo].slot[parity];
     v.stride = sizeof(Thread);
     v.lane = t.index - lo;
+    v.shared = c.simd_shared[lo / 32][parity];
+    v.shared_ok = &c.simd_shared_ok[lo / 32][parity];
     return v;
 }
 

@@ -44,6 +44,10 @@ struct SimdView {
     const unsigned char * base;
     size_t stride;
     unsigned lane; // the caller's lane
+    // A lane-independent result of this collective (simd_sum's), computed by the first lane
+    // that gets here and reused by the others; *shared_ok is cleared at every release.
+    unsigned char * shared;
+    bool * shared_ok;
     const void * value(unsigned i) const { return base + size_t(i) * stride; }
 };
 // A simd collective: deposits `n` bytes of `val`, waits for every live lane of the simdgroup
@@ -329,7 +333,13 @@ template <class T> inline T emu_poison() {
 template <class T> inline T simd_sum(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
     emu::SimdView s = emu::simd_sync(&v, sizeof(T), "simd_sum", f, l);
     T acc = T(0);
+    if (*s.shared_ok) {
+        std::memcpy(&acc, s.shared, sizeof(T));
+        return acc;
+    }
     for (unsigned i = 0; i < 32; ++i) if (s.mask >> i & 1) acc += emu_lane_value<T>(s, i);
+    std::memcpy(s.shared, &acc, sizeof(T));
+    *s.shared_ok = true;
     return acc;
 }
 template <class T> inline T simd_max(T v, const char * f = __builtin_FILE(), int l = __builtin_LINE()) {
@@ -376,7 +386,9 @@ template <class T> inline T simd_shuffle_xor(T v, ushort mask, const char * f = 
 // one after another between sync points and repeat the same loads and products; the memo
 // slots (one per simdgroup and operation number since the lane's last sync point) let each
 // lane after the first prove its operands equal to the first lane's (content for loads,
-// identity for products) and take the first lane's result instead of recomputing it.
+// identity for products) and take the first lane's result instead of recomputing it. A slot
+// is written whole by one lane between two of its reads (coroutines are never preempted),
+// and any mismatch recomputes, so a hit is always the same pure function of the same bits.
 template <class T, int C, int R = C> struct simdgroup_matrix {
     T e[R][C];
     uint64_t emu_id = 0;
@@ -481,8 +493,9 @@ inline void emu_mma(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N
     for (int i = 0; i < N; ++i)
         for (int j = 0; j < N; ++j) d.e[i][j] = TD(fc[i][j]);
 }
-// Product memo slot: [tag][id a][id b][id c][id d][a][b][c][d]. Operands with known ids are
-// compared by id, unknown ones by content.
+// Product memo slot: [tag][id a][id b][id c][id d][d][a][b][c]. An operand stored with a
+// known id matches by id alone (and its content is not stored); one stored with id 0 matches
+// by content.
 template <class TD, class TA, class TB, class TC, int N>
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
                                           const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
@@ -494,14 +507,14 @@ inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const 
         d.emu_id = 0;
         return;
     }
-    unsigned char * ma = m + 40, * mb = ma + ka, * mc = mb + kb, * md = mc + kc;
+    unsigned char * md = m + 40, * ma = md + kd, * mb = ma + ka, * mc = mb + kb;
     const void * t;
     std::memcpy(&t, m, sizeof(t));
     if (t == &tag) {
         uint64_t id[4];
         std::memcpy(id, m + 8, 32);
-        auto same = [](uint64_t want, uint64_t have, const unsigned char * mem, const void * val, size_t n) {
-            return (have != 0 && have == want) || emu::same_bytes(mem, val, n);
+        auto same = [](uint64_t stored, uint64_t have, const unsigned char * mem, const void * val, size_t n) {
+            return stored != 0 ? have == stored : emu::same_bytes(mem, val, n);
         };
         if (same(id[0], a.emu_id, ma, a.e, ka) && same(id[1], b.emu_id, mb, b.e, kb) &&
             same(id[2], c.emu_id, mc, c.e, kc)) {
@@ -511,16 +524,16 @@ inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, N, N> & d, const 
         }
     }
     // inputs first: d may alias one of them
+    uint64_t id[4] = {a.emu_id, b.emu_id, c.emu_id, 0};
+    if (!id[0]) std::memcpy(ma, a.e, ka);
+    if (!id[1]) std::memcpy(mb, b.e, kb);
+    if (!id[2]) std::memcpy(mc, c.e, kc);
     simdgroup_matrix<TD, N, N> r;
     emu_mma(r, a, b, c);
-    r.emu_id = emu::matrix_id();
-    uint64_t id[4] = {a.emu_id, b.emu_id, c.emu_id, r.emu_id};
+    r.emu_id = id[3] = emu::matrix_id();
     t = &tag;
     std::memcpy(m, &t, sizeof(t));
     std::memcpy(m + 8, id, 32);
-    std::memcpy(ma, a.e, ka);
-    std::memcpy(mb, b.e, kb);
-    std::memcpy(mc, c.e, kc);
     std::memcpy(md, r.e, kd);
     d = r;
 }

@@ -130,44 +130,81 @@ fn main() {
         }
         i += 1;
     }
-    let cases = vec![
-        matmul_case("mv q8_0 896->4864", Mv, GgmlType::Q8_0, 896, 4864, 1),
-        matmul_case("mv q4_k 4864->896", Mv, GgmlType::Q4K, 4864, 896, 1),
-        matmul_case("mv q6_k 4864->896", Mv, GgmlType::Q6K, 4864, 896, 1),
-        matmul_case(
+    // built lazily: a filtered-out case costs nothing (its random weights included)
+    type Make = Box<dyn Fn() -> Case>;
+    let cases: Vec<(&str, Make)> = vec![
+        (
+            "mv q8_0 896->4864",
+            Box::new(|| matmul_case("mv q8_0 896->4864", Mv, GgmlType::Q8_0, 896, 4864, 1)),
+        ),
+        (
+            "mv q4_k 4864->896",
+            Box::new(|| matmul_case("mv q4_k 4864->896", Mv, GgmlType::Q4K, 4864, 896, 1)),
+        ),
+        (
+            "mv q6_k 4864->896",
+            Box::new(|| matmul_case("mv q6_k 4864->896", Mv, GgmlType::Q6K, 4864, 896, 1)),
+        ),
+        (
             "multi q8_0 896->4864 x4",
-            Multi,
-            GgmlType::Q8_0,
-            896,
-            4864,
-            4,
+            Box::new(|| {
+                matmul_case(
+                    "multi q8_0 896->4864 x4",
+                    Multi,
+                    GgmlType::Q8_0,
+                    896,
+                    4864,
+                    4,
+                )
+            }),
         ),
-        matmul_case(
+        (
             "gemm q4_k 4864->896 x32",
-            Gemm,
-            GgmlType::Q4K,
-            4864,
-            896,
-            32,
+            Box::new(|| {
+                matmul_case(
+                    "gemm q4_k 4864->896 x32",
+                    Gemm,
+                    GgmlType::Q4K,
+                    4864,
+                    896,
+                    32,
+                )
+            }),
         ),
-        matmul_case(
+        (
             "gemm q8_0 896->4864 x32",
-            Gemm,
-            GgmlType::Q8_0,
-            896,
-            4864,
-            32,
+            Box::new(|| {
+                matmul_case(
+                    "gemm q8_0 896->4864 x32",
+                    Gemm,
+                    GgmlType::Q8_0,
+                    896,
+                    4864,
+                    32,
+                )
+            }),
         ),
-        norm_case("rms_norm 896 x64", 896, 64),
-        attn_case("flash decode ctx 512", 1, 512),
-        attn_case("flash prefill 64 tok", 64, 64),
+        (
+            "rms_norm 896 x64",
+            Box::new(|| norm_case("rms_norm 896 x64", 896, 64)),
+        ),
+        (
+            "flash decode ctx 512",
+            Box::new(|| attn_case("flash decode ctx 512", 1, 512)),
+        ),
+        (
+            "flash prefill 64 tok",
+            Box::new(|| attn_case("flash prefill 64 tok", 64, 64)),
+        ),
     ];
     let dev = EmuDevice::new(Schedule::Forward);
+    println!("workers: {}", dev.workers());
     let mut total = 0.0;
-    for c in cases
-        .iter()
-        .filter(|c| filter.as_ref().is_none_or(|f| c.name.contains(f.as_str())))
-    {
+    for (name, make) in &cases {
+        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        let c = make();
         let out = (c.run)(&dev); // warm-up (maps stacks, starts workers)
         let mut bytes = vec![0u8; c.out_len];
         dev.read_bytes(&out, 0, &mut bytes).unwrap();
