@@ -364,13 +364,13 @@ bool resolve_simd(Ctx & c) {
             }
             mask |= uint64_t(1) << (i - lo);
         }
-        c.simd_mask[g][first->coll & 1] = mask;
-        c.simd_shared_ok[g][first->coll & 1] = false;
-        for (unsigned i = lo; i < hi; ++i) {
-            if (c.threads[i].state == AT_SIMD) {
-                c.threads[i].state = RUNNABLE;
-                c.runnable.push_back(i);
-            }
+        unsigned p = first->coll & 1;
+        c.simd_mask[g][p] = mask;
+        c.simd_shared_ok[g][p] = false;
+        for (uint64_t m = mask; m; m &= m - 1) {
+            unsigned k = lo + unsigned(__builtin_ctzll(m));
+            c.threads[k].state = RUNNABLE;
+            c.runnable.push_back(k);
         }
         any = true;
     }
@@ -642,7 +642,10 @@ SimdView simd_sync(const void * val, size_t n, const char * op, const char * fil
     // Collectives alternate between two slots, so a lane that races on to the next one
     // cannot overwrite a value its slower neighbours still read.
     unsigned parity = t.coll & 1;
-    if (n) std::memcpy(t.slot[parity], val, n);
+    // the common widths as fixed-size copies (no library call)
+    if (n == 4) std::memcpy(t.slot[parity], val, 4);
+    else if (n == 8) std::memcpy(t.slot[parity], val, 8);
+    else if (n) std::memcpy(t.slot[parity], val, n);
     t.state = AT_SIMD;
     t.file = file;
     t.line = line;
