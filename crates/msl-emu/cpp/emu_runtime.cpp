@@ -69,6 +69,9 @@ emu_switch:
 #endif
 
 namespace emu {
+
+__thread MemoCursor memo_cursor = {nullptr, nullptr};
+
 namespace {
 
 enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_SIMD = 2, DONE = 3 };
@@ -106,7 +109,6 @@ constexpr size_t STACK_BYTES = 128 * 1024;
 constexpr unsigned MAX_THREADS = 1024;
 constexpr size_t ARENA_SLACK = 64 * 1024;
 constexpr uint64_t NONE = ~uint64_t(0);
-constexpr size_t MEMO_BYTES = 1088;  // tag + a, b, c, d of an 8x8 float product
 constexpr unsigned MEMO_SLOTS = 128; // loads and products per simdgroup between sync points
 
 // One dispatch, shared by every OS thread working on it (read-only but for the atomics and
@@ -175,10 +177,6 @@ struct Ctx {
     bool simd_shared_ok[MAX_THREADS / 32][2] = {};
     std::vector<unsigned> runnable;
     std::vector<unsigned char> memo; // MEMO_SLOTS slots per simdgroup, content-keyed
-    // The running thread's simdgroup memo slots and its products so far in this run (a run
-    // goes from one sync point to the next, so the count restarts at every resume).
-    unsigned char * memo_sg = nullptr;
-    unsigned memo_seq = 0;
     uint64_t next_matrix_id = 0;
     unsigned n_done = 0;
     uint64_t rng = 0;
@@ -289,8 +287,10 @@ void start_thread(Ctx & c, Thread & t) {
 
 inline void resume(Ctx & c, Thread & t) {
     c.cur = &t;
-    c.memo_sg = c.memo.data() + size_t(t.index / 32) * (MEMO_SLOTS * MEMO_BYTES);
-    c.memo_seq = 0;
+    // The lane's memo slots, numbered from its last sync point: a run goes from one sync point
+    // to the next.
+    memo_cursor.next = c.memo.data() + size_t(t.index / 32) * (MEMO_SLOTS * MEMO_BYTES);
+    memo_cursor.end = memo_cursor.next + MEMO_SLOTS * MEMO_BYTES;
 #if defined(__x86_64__)
     emu_switch(&c.sched_sp, t.sp);
 #else
@@ -663,12 +663,6 @@ SimdView simd_sync(const void * val, size_t n, const char * op, const char * fil
     return v;
 }
 
-void * mma_memo(size_t bytes) {
-    Ctx & c = *g_ctx;
-    if (bytes > MEMO_BYTES || c.memo_seq >= MEMO_SLOTS) return nullptr;
-    return c.memo_sg + size_t(c.memo_seq++) * MEMO_BYTES;
-}
-
 uint64_t matrix_id() { return ++g_ctx->next_matrix_id; }
 
 void register_kernel(const char * name, void (*fn)(), const ParamInfo * params, int n_params, const char * file) {
@@ -756,6 +750,20 @@ extern "C" unsigned emu_selftest_half() {
             volatile float vf = f;
             half wh = half(vf), gh = emu::f2h(f);
             if (std::memcmp(&wh, &gh, 2) != 0) ++bad;
+        }
+    }
+    // the four-at-a-time widening against h2f, every pattern
+    for (unsigned h = 0; h < 65536; h += 64) {
+        half src[64];
+        float dst[64];
+        for (unsigned i = 0; i < 64; ++i) {
+            uint16_t b = uint16_t(h + i);
+            std::memcpy(&src[i], &b, 2);
+        }
+        emu::h2f_n(src, dst, 64);
+        for (unsigned i = 0; i < 64; ++i) {
+            float one = emu::h2f(src[i]);
+            if (std::memcmp(&one, &dst[i], 4) != 0) ++bad;
         }
     }
     for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) {

@@ -53,10 +53,24 @@ struct SimdView {
 // A simd collective: deposits `n` bytes of `val`, waits for every live lane of the simdgroup
 // at the same call site, and returns the view of the simdgroup's deposits.
 SimdView simd_sync(const void * val, size_t n, const char * op, const char * file, int line);
+// The running lane's next memo slot and the end of its simdgroup's slots; the runtime sets
+// them at every resume (a lane's operations are numbered from its last sync point).
+struct MemoCursor {
+    unsigned char * next;
+    unsigned char * end;
+};
+extern __thread MemoCursor memo_cursor;
+constexpr size_t MEMO_BYTES = 1088; // tag + ids + a, b, c, d of an 8x8 float product
 // Scratch of at least `bytes` for the caller's next simdgroup-matrix load or product: one
 // slot per (simdgroup, operation number since the lane's last sync point), shared by the
 // simdgroup's lanes; nullptr when none fits.
-void * mma_memo(size_t bytes);
+inline void * mma_memo(size_t bytes) {
+    MemoCursor & m = memo_cursor;
+    if (bytes > MEMO_BYTES || m.next == m.end) return nullptr;
+    void * p = m.next;
+    m.next += MEMO_BYTES;
+    return p;
+}
 // A fresh identity for a simdgroup matrix's content (unique on this OS thread, below 2^63).
 uint64_t matrix_id();
 void register_kernel(const char * name, void (*fn)(), const ParamInfo * params, int n_params,
@@ -244,6 +258,28 @@ inline bool same_bytes(const void * a, const void * b, size_t n) {
     }
     for (; i < n; ++i) acc |= uint64_t(p[i] ^ q[i]);
     return acc == 0;
+}
+// h2f of n halves (n a multiple of 4), four at a time with GCC vector types (SSE2 / NEON):
+// the same bits as h2f, by masks instead of branches.
+inline void h2f_n(const metal::half * src, float * dst, size_t n) {
+    typedef int32_t v4i __attribute__((vector_size(16)));
+    typedef float v4f __attribute__((vector_size(16)));
+    for (size_t i = 0; i < n; i += 4) {
+        uint16_t h[4];
+        std::memcpy(h, src + i, 8);
+        v4i b = {h[0], h[1], h[2], h[3]};
+        v4i em = b & 0x7fff;
+        v4i norm = (em << 13) + 0x38000000;
+        v4i inf = 0x7f800000 | ((em & 0x3ff) << 13);
+        v4f sf = __builtin_convertvector(em, v4f) * 5.9604644775390625e-8f;
+        v4i sub;
+        std::memcpy(&sub, &sf, 16);
+        v4i is_inf = em >= 0x7c00;
+        v4i is_norm = em >= 0x400;
+        v4i r = (inf & is_inf) | (norm & ~is_inf & is_norm) | (sub & ~is_norm);
+        r |= (b & 0x8000) << 16;
+        std::memcpy(dst + i, &r, 16);
+    }
 }
 // Widening to float for the simdgroup-matrix paths (half through h2f).
 template <class U> inline float to_f(U x) { return float(x); }
@@ -466,12 +502,18 @@ template <class TD, class TA, class TB, class TC, int N>
 inline void emu_mma(simdgroup_matrix<TD, N, N> & d, const simdgroup_matrix<TA, N, N> & a,
                     const simdgroup_matrix<TB, N, N> & b, const simdgroup_matrix<TC, N, N> & c) {
     float fa[N][N], fb[N][N], fc[N][N];
-    for (int i = 0; i < N; ++i)
-        for (int j = 0; j < N; ++j) {
-            fa[i][j] = emu::to_f(a.e[i][j]);
-            fb[i][j] = emu::to_f(b.e[i][j]);
-            fc[i][j] = emu::to_f(c.e[i][j]);
+    auto widen = [](const auto & src, float(&dst)[N][N]) {
+        using E = std::remove_cv_t<std::remove_reference_t<decltype(src[0][0])>>;
+        if constexpr (std::is_same_v<E, half> && (N * N) % 4 == 0) {
+            emu::h2f_n(&src[0][0], &dst[0][0], N * N);
+        } else {
+            for (int i = 0; i < N; ++i)
+                for (int j = 0; j < N; ++j) dst[i][j] = emu::to_f(src[i][j]);
         }
+    };
+    widen(a.e, fa);
+    widen(b.e, fb);
+    widen(c.e, fc);
     if constexpr (N == 8) {
         // rows as 8-float vectors (two SSE registers), the same operations in the same order
         typedef float row8 __attribute__((vector_size(32), aligned(4)));
