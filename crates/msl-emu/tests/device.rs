@@ -276,3 +276,35 @@ fn the_submit_bound_stops_a_dispatch_running_on_many_workers() {
     );
     assert!(t.elapsed() < std::time::Duration::from_secs(20));
 }
+
+#[test]
+fn devices_on_several_threads_share_the_pool_and_keep_their_bytes() {
+    let want = multi_threadgroup_outputs(&EmuDevice::new(Schedule::Forward).with_workers(1));
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = [
+            Schedule::Forward,
+            Schedule::Reverse,
+            Schedule::Random(9),
+            Schedule::Forward,
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            scope.spawn(move || {
+                let dev = EmuDevice::new(s).with_workers(2 + i);
+                (0..2)
+                    .map(|_| multi_threadgroup_outputs(&dev))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+        for r in runs {
+            for got in r.join().unwrap() {
+                assert!(
+                    got == want,
+                    "a concurrent run differs from the sequential one"
+                );
+            }
+        }
+    });
+}
