@@ -413,7 +413,7 @@ void resolve_barrier(Ctx & c) {
 void run_threadgroup(Ctx & c) {
     // Poison the dynamic threadgroup buffers; kernel-scope threadgroup variables are poisoned
     // as they are placed (tg_static).
-    std::memset(c.arena.data(), 0xff, c.job->dyn_end);
+    if (c.job->dyn_end) std::memset(c.arena.data(), 0xff, c.job->dyn_end);
     c.statics.clear();
     c.static_used = c.job->dyn_end;
     c.failed = false;
