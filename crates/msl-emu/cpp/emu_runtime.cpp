@@ -71,20 +71,20 @@ emu_switch:
 namespace emu {
 
 __thread MemoCursor memo_cursor = {nullptr, nullptr};
+__thread GroupView group_view = {};
+__thread const ThreadIds * cur_ids = nullptr;
 
 namespace {
 
 enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_SIMD = 2, DONE = 3 };
 
-struct Thread {
+struct Thread : ThreadIds {
 #if defined(__x86_64__)
     void * sp = nullptr;
 #else
     ucontext_t uc;
 #endif
     char * stack = nullptr;
-    unsigned index = 0;
-    unsigned tid3[3] = {0, 0, 0};
     int state = RUNNABLE;
     int line = 0;
     const char * file = "";
@@ -169,6 +169,7 @@ struct Ctx {
     unsigned nsg = 0;
     unsigned tgpig[3] = {0, 0, 0};
     std::vector<unsigned char> arena;
+    std::vector<void *> arg_ptrs; // the dispatch's argument pointers (group_view.args)
     size_t arena_len = 0; // tg_mem_limit + ARENA_SLACK of the current dispatch
     size_t static_used = 0;
     std::vector<std::pair<int, size_t>> statics;
@@ -287,6 +288,7 @@ void start_thread(Ctx & c, Thread & t) {
 
 inline void resume(Ctx & c, Thread & t) {
     c.cur = &t;
+    cur_ids = &t;
     // The lane's memo slots, numbered from its last sync point: a run goes from one sync point
     // to the next.
     memo_cursor.next = c.memo.data() + size_t(t.index / 32) * (MEMO_SLOTS * MEMO_BYTES);
@@ -477,6 +479,17 @@ void work(Job & j) {
     c.arena_len = size_t(j.d->tg_mem_limit) + ARENA_SLACK;
     if (c.memo.size() < size_t(c.nsg) * MEMO_SLOTS * MEMO_BYTES) c.memo.resize(size_t(c.nsg) * MEMO_SLOTS * MEMO_BYTES, 0);
     if (c.arena.size() < c.arena_len) c.arena.resize(c.arena_len);
+    c.arg_ptrs.resize(j.d->n_args);
+    for (unsigned i = 0; i < j.d->n_args; ++i) c.arg_ptrs[i] = const_cast<void *>(j.d->args[i].ptr);
+    GroupView & v = group_view;
+    v.args = c.arg_ptrs.data();
+    v.arena = c.arena.data();
+    v.dyn_off = j.dyn_off;
+    for (int i = 0; i < 3; ++i) {
+        v.tg[i] = j.d->tg[i];
+        v.grid[i] = j.d->grid[i];
+    }
+    v.nsg = c.nsg;
     const EmuDispatch * d = j.d;
     for (;;) {
         uint64_t pos = j.next.fetch_add(1, std::memory_order_relaxed);
@@ -485,6 +498,7 @@ void work(Job & j) {
         c.tgpig[0] = g % d->grid[0];
         c.tgpig[1] = (g / d->grid[0]) % d->grid[1];
         c.tgpig[2] = g / (d->grid[0] * d->grid[1]);
+        for (int i = 0; i < 3; ++i) group_view.tgpig[i] = c.tgpig[i];
         c.rng = mix64(d->seed * 0x9E3779B97F4A7C15ULL + g) | 1;
         run_threadgroup(c);
         if (c.failed) {
@@ -559,50 +573,6 @@ void run_job(Job & j, unsigned workers) {
 }
 
 } // namespace
-
-void * arg_buffer_ptr(int index) {
-    Ctx & c = *g_ctx;
-    return const_cast<void *>(c.d->args[index].ptr);
-}
-
-void * arg_threadgroup_ptr(int index) {
-    Ctx & c = *g_ctx;
-    return c.arena.data() + c.job->dyn_off[index];
-}
-
-void builtin3(int which, unsigned out[3]) {
-    Ctx & c = *g_ctx;
-    const Thread & t = *c.cur;
-    const unsigned * tg = c.d->tg;
-    const unsigned * grid = c.d->grid;
-    out[0] = out[1] = out[2] = 0;
-    switch (which) {
-    case B_THREAD_POSITION_IN_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = c.tgpig[i] * tg[i] + t.tid3[i];
-        break;
-    case B_THREADGROUP_POSITION_IN_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = c.tgpig[i];
-        break;
-    case B_THREAD_POSITION_IN_THREADGROUP:
-        for (int i = 0; i < 3; ++i) out[i] = t.tid3[i];
-        break;
-    case B_THREAD_INDEX_IN_THREADGROUP: out[0] = t.index; break;
-    case B_THREADS_PER_THREADGROUP:
-        for (int i = 0; i < 3; ++i) out[i] = tg[i];
-        break;
-    case B_THREADGROUPS_PER_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = grid[i];
-        break;
-    case B_SIMDGROUP_INDEX_IN_THREADGROUP: out[0] = t.index / 32; break;
-    case B_THREAD_INDEX_IN_SIMDGROUP: out[0] = t.index % 32; break;
-    case B_THREADS_PER_SIMDGROUP: out[0] = 32; break;
-    case B_SIMDGROUPS_PER_THREADGROUP: out[0] = c.nsg; break;
-    case B_THREADS_PER_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = grid[i] * tg[i];
-        break;
-    default: break;
-    }
-}
 
 void * tg_static(int id, size_t bytes, size_t align) {
     Ctx & c = *g_ctx;

@@ -32,9 +32,55 @@ struct ParamInfo {
     size_t ref_size; // sizeof the referenced struct for `constant T&` buffers, else 0
 };
 
-void * arg_buffer_ptr(int index);
-void * arg_threadgroup_ptr(int index);
-void builtin3(int which, unsigned out[3]);
+// What the running thread reads of its dispatch, threadgroup and own position: set by the
+// runtime per dispatch (args, arena), per threadgroup (tgpig) and per resume (cur_ids), so the
+// kernels' parameter reads are plain loads.
+struct ThreadIds {
+    unsigned index;
+    unsigned tid3[3];
+};
+struct GroupView {
+    void * const * args;    // buffer/bytes argument i
+    unsigned char * arena;  // threadgroup memory
+    const size_t * dyn_off; // offset of threadgroup(i) in the arena
+    unsigned tgpig[3], tg[3], grid[3];
+    unsigned nsg;
+};
+extern __thread GroupView group_view;
+extern __thread const ThreadIds * cur_ids;
+inline void * arg_buffer_ptr(int index) { return group_view.args[index]; }
+inline void * arg_threadgroup_ptr(int index) { return group_view.arena + group_view.dyn_off[index]; }
+inline void builtin3(int which, unsigned out[3]) {
+    const GroupView & g = group_view;
+    const ThreadIds & t = *cur_ids;
+    out[0] = out[1] = out[2] = 0;
+    switch (which) {
+    case B_THREAD_POSITION_IN_GRID:
+        for (int i = 0; i < 3; ++i) out[i] = g.tgpig[i] * g.tg[i] + t.tid3[i];
+        break;
+    case B_THREADGROUP_POSITION_IN_GRID:
+        for (int i = 0; i < 3; ++i) out[i] = g.tgpig[i];
+        break;
+    case B_THREAD_POSITION_IN_THREADGROUP:
+        for (int i = 0; i < 3; ++i) out[i] = t.tid3[i];
+        break;
+    case B_THREAD_INDEX_IN_THREADGROUP: out[0] = t.index; break;
+    case B_THREADS_PER_THREADGROUP:
+        for (int i = 0; i < 3; ++i) out[i] = g.tg[i];
+        break;
+    case B_THREADGROUPS_PER_GRID:
+        for (int i = 0; i < 3; ++i) out[i] = g.grid[i];
+        break;
+    case B_SIMDGROUP_INDEX_IN_THREADGROUP: out[0] = t.index / 32; break;
+    case B_THREAD_INDEX_IN_SIMDGROUP: out[0] = t.index % 32; break;
+    case B_THREADS_PER_SIMDGROUP: out[0] = 32; break;
+    case B_SIMDGROUPS_PER_THREADGROUP: out[0] = g.nsg; break;
+    case B_THREADS_PER_GRID:
+        for (int i = 0; i < 3; ++i) out[i] = g.grid[i] * g.tg[i];
+        break;
+    default: break;
+    }
+}
 void * tg_static(int id, size_t bytes, size_t align);
 void tg_barrier(const char * file, int line);
 // What a lane sees of its simdgroup after a collective: the participating lanes, and where
