@@ -19,9 +19,10 @@
 
 mod ffi;
 
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use minfer_metal::device::check_page_aligned;
@@ -210,6 +211,12 @@ impl EmuDevice {
             .collect()
     }
 
+    /// The registry's names as a set, built once (every launch looks its pipeline up).
+    fn kernel_set() -> &'static HashSet<String> {
+        static SET: OnceLock<HashSet<String>> = OnceLock::new();
+        SET.get_or_init(|| EmuDevice::kernel_names().into_iter().collect())
+    }
+
     fn run(&self, cmd: &Cmd, deadline: Instant) -> std::result::Result<(), String> {
         match cmd {
             Cmd::Dispatch {
@@ -352,7 +359,7 @@ impl Device for EmuDevice {
             name: name.to_string(),
             device: self.name(),
         };
-        if !EmuDevice::kernel_names().iter().any(|k| k == name) {
+        if !EmuDevice::kernel_set().contains(name) {
             return Err(unknown());
         }
         Ok(EmuPipeline {
