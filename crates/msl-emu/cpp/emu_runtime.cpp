@@ -84,7 +84,9 @@ struct Thread : ThreadIds {
 #else
     ucontext_t uc;
 #endif
-    char * stack = nullptr;
+    char * stack = nullptr;     // the stack mapped for slot i (the worker's stack pool)
+    char * run_stack = nullptr; // the stack this thread runs on, taken at its first resume
+    bool started = false;
     int state = RUNNABLE;
     int line = 0;
     const char * file = "";
@@ -177,6 +179,10 @@ struct Ctx {
     alignas(64) unsigned char simd_shared[MAX_THREADS / 32][2][64] = {};
     bool simd_shared_ok[MAX_THREADS / 32][2] = {};
     std::vector<unsigned> runnable;
+    // Stacks not held by a started, unfinished thread: a thread takes one at its first resume
+    // and gives it back when it returns, so threads that never wait (kernels without sync
+    // points) all run on the same hot stack.
+    std::vector<char *> free_stacks;
     std::vector<unsigned char> memo; // MEMO_SLOTS slots per simdgroup, content-keyed
     uint64_t next_matrix_id = 0;
     unsigned n_done = 0;
@@ -210,6 +216,7 @@ Ctx & ctx() {
         g_holder.c = g_ctx;
         g_ctx->threads.resize(MAX_THREADS);
         g_ctx->runnable.reserve(MAX_THREADS);
+        g_ctx->free_stacks.reserve(MAX_THREADS);
         g_ctx->page = size_t(sysconf(_SC_PAGESIZE));
     }
     return *g_ctx;
@@ -257,6 +264,8 @@ void coro_main() {
     c.kernel->fn();
     t->state = DONE;
     c.n_done += 1;
+    // still running on it, but nothing of this frame is needed once switched away
+    c.free_stacks.push_back(t->run_stack);
 #if defined(__x86_64__)
     void * dead;
     emu_switch(&dead, c.sched_sp);
@@ -271,7 +280,7 @@ void start_thread(Ctx & c, Thread & t) {
     // Initial frame popped by emu_switch: [r15][r14][r13][r12][rbx][rbp][ret]. The top is
     // staggered by a cache line per thread, so the threads' hot frames do not all fall in
     // the same L1 sets.
-    uintptr_t top = (uintptr_t(t.stack) + STACK_BYTES - (t.index % 64) * 64) & ~uintptr_t(15);
+    uintptr_t top = (uintptr_t(t.run_stack) + STACK_BYTES - (t.index % 64) * 64) & ~uintptr_t(15);
     uintptr_t ret_slot = top - 16; // 16-aligned, so coro_main starts with rsp % 16 == 8
     uint64_t * sp = reinterpret_cast<uint64_t *>(ret_slot) - 6;
     for (int i = 0; i < 6; ++i) sp[i] = 0;
@@ -279,7 +288,7 @@ void start_thread(Ctx & c, Thread & t) {
     t.sp = sp;
 #else
     getcontext(&t.uc);
-    t.uc.uc_stack.ss_sp = t.stack;
+    t.uc.uc_stack.ss_sp = t.run_stack;
     t.uc.uc_stack.ss_size = STACK_BYTES;
     t.uc.uc_link = nullptr;
     makecontext(&t.uc, coro_main, 0);
@@ -287,6 +296,12 @@ void start_thread(Ctx & c, Thread & t) {
 }
 
 inline void resume(Ctx & c, Thread & t) {
+    if (!t.started) {
+        t.run_stack = c.free_stacks.back();
+        c.free_stacks.pop_back();
+        start_thread(c, t);
+        t.started = true;
+    }
     c.cur = &t;
     cur_ids = &t;
     // The lane's memo slots, numbered from its last sync point: a run goes from one sync point
@@ -422,6 +437,8 @@ void run_threadgroup(Ctx & c) {
     c.n_done = 0;
     const unsigned * tg = c.d->tg;
     c.runnable.clear();
+    c.free_stacks.clear();
+    for (unsigned i = c.nthreads; i-- > 0;) c.free_stacks.push_back(c.threads[i].stack);
     unsigned x = 0, y = 0, z = 0;
     for (unsigned i = 0; i < c.nthreads; ++i) {
         Thread & t = c.threads[i];
@@ -438,7 +455,7 @@ void run_threadgroup(Ctx & c) {
         }
         t.state = RUNNABLE;
         t.coll = 0;
-        start_thread(c, t);
+        t.started = false;
         c.runnable.push_back(i);
     }
     const unsigned schedule = c.d->schedule;
@@ -565,7 +582,8 @@ void run_job(Job & j, unsigned workers) {
         }
         p.jobs.push_back(&j);
     }
-    p.work_cv.notify_all();
+    // wake as many idle pool threads as may join (the busy ones look for work when done)
+    for (unsigned i = 0; i < helpers; ++i) p.work_cv.notify_one();
     work(j);
     std::unique_lock<std::mutex> lk(p.mu);
     p.jobs.erase(std::find(p.jobs.begin(), p.jobs.end(), &j));

@@ -115,6 +115,27 @@ fn norm_case(name: &'static str, ncols: usize, nrows: usize) -> Case {
     }
 }
 
+/// Per-dispatch overhead: 100 small adds (896 f32, the hidden size) in one submit.
+fn small_case(name: &'static str) -> Case {
+    let a = floats(896, 31);
+    let b = floats(896, 32);
+    Case {
+        name,
+        out_len: 896 * 4,
+        run: Box::new(move |dev| {
+            let ab = dev.buffer_from(&a).unwrap();
+            let bb = dev.buffer_from(&b).unwrap();
+            let out = dev.new_buffer(896 * 4).unwrap();
+            launch::launch_add(dev, &ab, &bb, &out, 896).unwrap();
+            for _ in 0..99 {
+                launch::launch_add(dev, &out, &bb, &out, 896).unwrap();
+            }
+            dev.submit().unwrap();
+            out
+        }),
+    }
+}
+
 fn main() {
     use launch::MatmulTier::{Gemm, Multi, Mv};
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -196,6 +217,7 @@ fn main() {
             "flash prefill 64 tok",
             Box::new(|| attn_case("flash prefill 64 tok", 64, 64)),
         ),
+        ("100 x add 896", Box::new(|| small_case("100 x add 896"))),
     ];
     let dev = EmuDevice::new(Schedule::Forward);
     println!("workers: {}", dev.workers());
