@@ -75,6 +75,13 @@ fn main() {
         "-Wno-unused-parameter",
         "-Wno-unused-variable",
     ];
+    // extra compiler flags for the kernels and the runtime (e.g. -DEMU_FORCE_UCONTEXT)
+    println!("cargo:rerun-if-env-changed=MINFER_EMU_CXXFLAGS");
+    let extra: Vec<String> = std::env::var("MINFER_EMU_CXXFLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
     let mut objects = Vec::new();
     let mut stems = Vec::new();
     let files: Vec<(PathBuf, String)> = metal_files(&kernels)
@@ -98,6 +105,7 @@ fn main() {
         let obj = out.join(format!("{stem}.o"));
         run(Command::new(&cxx)
             .args(flags)
+            .args(&extra)
             .arg("-I")
             .arg(&shim)
             .arg("-I")
@@ -130,6 +138,7 @@ fn main() {
         let obj = out.join(name);
         run(Command::new(&cxx)
             .args(flags)
+            .args(&extra)
             .arg("-I")
             .arg(&shim)
             .arg("-c")

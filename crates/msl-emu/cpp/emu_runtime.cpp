@@ -34,7 +34,15 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__)
+// The hand-written x86-64 switch, or POSIX ucontext elsewhere (and with -DEMU_FORCE_UCONTEXT,
+// e.g. through MINFER_EMU_CXXFLAGS, to test that path on x86-64).
+#if defined(__x86_64__) && !defined(EMU_FORCE_UCONTEXT)
+#define EMU_X86_SWITCH 1
+#else
+#define EMU_X86_SWITCH 0
+#endif
+
+#if EMU_X86_SWITCH
 extern "C" void emu_switch(void ** save_sp, void * new_sp);
 // Saves the callee-saved integer registers on the current stack, stores the stack pointer to
 // *save_sp and resumes the context whose stack is new_sp. MXCSR and the x87 control word are
@@ -79,7 +87,7 @@ namespace {
 enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_SIMD = 2, DONE = 3 };
 
 struct Thread : ThreadIds {
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     void * sp = nullptr;
 #else
     ucontext_t uc;
@@ -158,7 +166,7 @@ struct Job {
 struct Ctx {
     std::vector<Thread> threads;
     size_t page = 4096;
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     void * sched_sp = nullptr;
 #else
     ucontext_t sched_uc;
@@ -266,7 +274,7 @@ void coro_main() {
     c.n_done += 1;
     // still running on it, but nothing of this frame is needed once switched away
     c.free_stacks.push_back(t->run_stack);
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     void * dead;
     emu_switch(&dead, c.sched_sp);
 #else
@@ -276,7 +284,7 @@ void coro_main() {
 }
 
 void start_thread(Ctx & c, Thread & t) {
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     // Initial frame popped by emu_switch: [r15][r14][r13][r12][rbx][rbp][ret]. The top is
     // staggered by a cache line per thread, so the threads' hot frames do not all fall in
     // the same L1 sets.
@@ -308,7 +316,7 @@ inline void resume(Ctx & c, Thread & t) {
     // to the next.
     memo_cursor.next = c.memo.data() + size_t(t.index / 32) * (MEMO_SLOTS * MEMO_BYTES);
     memo_cursor.end = memo_cursor.next + MEMO_SLOTS * MEMO_BYTES;
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     emu_switch(&c.sched_sp, t.sp);
 #else
     swapcontext(&c.sched_uc, &t.uc);
@@ -318,7 +326,7 @@ inline void resume(Ctx & c, Thread & t) {
 
 inline void yield(Ctx & c) {
     Thread * t = c.cur;
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     emu_switch(&t->sp, c.sched_sp);
 #else
     swapcontext(&t->uc, &c.sched_uc);
