@@ -445,8 +445,6 @@ void run_threadgroup(Ctx & c) {
     c.n_done = 0;
     const unsigned * tg = c.d->tg;
     c.runnable.clear();
-    c.free_stacks.clear();
-    for (unsigned i = c.nthreads; i-- > 0;) c.free_stacks.push_back(c.threads[i].stack);
     unsigned x = 0, y = 0, z = 0;
     for (unsigned i = 0; i < c.nthreads; ++i) {
         Thread & t = c.threads[i];
@@ -496,6 +494,10 @@ void work(Job & j) {
         j.record_error(j.next.load(), j.kernel->name + ": cannot map coroutine stacks");
         return;
     }
+    // Every stack of the dispatch's threads is free; a threadgroup that completes returns all
+    // it took, and after a failed one this worker stops.
+    c.free_stacks.clear();
+    for (unsigned i = j.nthreads; i-- > 0;) c.free_stacks.push_back(c.threads[i].stack);
     c.job = &j;
     c.kernel = j.kernel;
     c.d = j.d;
