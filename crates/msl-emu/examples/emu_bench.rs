@@ -63,18 +63,25 @@ fn matmul_case(
     }
 }
 
-fn attn_case(name: &'static str, n_tokens: usize, n_ctx: usize) -> Case {
+fn attn_case(name: &'static str, n_tokens: usize, n_ctx: usize, kv_type: KvType) -> Case {
     let s = AttnShape {
         n_head: 14,
         n_head_kv: 2,
         head_dim: 64,
         n_tokens,
         n_ctx,
-        kv: KvType::F32,
+        kv: kv_type,
     };
     let q = floats(n_tokens * 14 * 64, 11);
-    let kv = floats(n_ctx * 2 * 64, 12);
-    let vv = floats(n_ctx * 2 * 64, 13);
+    let (kv, vv) = if kv_type == KvType::Q8_0 {
+        // rows of 128 elements: 4 blocks each
+        (
+            random_blocks(GgmlType::Q8_0, n_ctx * 4, 12),
+            random_blocks(GgmlType::Q8_0, n_ctx * 4, 13),
+        )
+    } else {
+        (floats(n_ctx * 2 * 64, 12), floats(n_ctx * 2 * 64, 13))
+    };
     let pos: Vec<u8> = (0..n_tokens)
         .flat_map(|t| ((n_ctx - n_tokens + t) as i32).to_le_bytes())
         .collect();
@@ -87,7 +94,9 @@ fn attn_case(name: &'static str, n_tokens: usize, n_ctx: usize) -> Case {
             let vb = dev.buffer_from(&vv).unwrap();
             let pb = dev.buffer_from(&pos).unwrap();
             let out = dev.new_buffer(n_tokens * 14 * 64 * 4).unwrap();
-            if n_tokens == 1 {
+            if kv_type == KvType::Q8_0 {
+                launch::launch_attn_classic(dev, &s, &qb, &kb, &vb, &pb, &out).unwrap();
+            } else if n_tokens == 1 {
                 launch::launch_flash_decode(dev, &s, &qb, &kb, &vb, &pb, &out).unwrap();
             } else {
                 launch::launch_flash_prefill(dev, &s, &qb, &kb, &vb, &pb, &out).unwrap();
@@ -211,11 +220,19 @@ fn main() {
         ),
         (
             "flash decode ctx 512",
-            Box::new(|| attn_case("flash decode ctx 512", 1, 512)),
+            Box::new(|| attn_case("flash decode ctx 512", 1, 512, KvType::F32)),
         ),
         (
             "flash prefill 64 tok",
-            Box::new(|| attn_case("flash prefill 64 tok", 64, 64)),
+            Box::new(|| attn_case("flash prefill 64 tok", 64, 64, KvType::F32)),
+        ),
+        (
+            "classic q8_0 decode ctx 512",
+            Box::new(|| attn_case("classic q8_0 decode ctx 512", 1, 512, KvType::Q8_0)),
+        ),
+        (
+            "classic q8_0 prefill 64 tok",
+            Box::new(|| attn_case("classic q8_0 prefill 64 tok", 64, 64, KvType::Q8_0)),
         ),
         ("100 x add 896", Box::new(|| small_case("100 x add 896"))),
     ];
