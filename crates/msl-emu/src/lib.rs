@@ -485,7 +485,7 @@ impl Device for EmuDevice {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_shims_half_widening_matches_the_compilers_bit_for_bit() {
+    fn the_shims_half_conversions_match_the_compilers_bit_for_bit() {
         super::init();
         // SAFETY: a self-contained check in the C++ runtime.
         assert_eq!(unsafe { super::ffi::emu_selftest_half() }, 0);
