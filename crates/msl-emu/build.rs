@@ -28,6 +28,28 @@ fn run(cmd: &mut Command) {
     }
 }
 
+/// Points a kernel object's half <-> float library calls (soft-float code when F16C is not
+/// assumed) at the runtime's bit-exact fast versions. Without objcopy the kernels keep the
+/// library calls: slower, same results.
+fn redirect_half_calls(objcopy: &str, obj: &Path) {
+    let ok = Command::new(objcopy)
+        .args([
+            "--redefine-sym",
+            "__extendhfsf2=emu_extendhfsf2",
+            "--redefine-sym",
+            "__truncsfhf2=emu_truncsfhf2",
+        ])
+        .arg(obj)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!(
+            "cargo:warning={objcopy} failed on {}: the kernels keep the library half conversions",
+            obj.display()
+        );
+    }
+}
+
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
@@ -35,21 +57,31 @@ fn main() {
     let broken = manifest.join("tests/broken");
     let shim = manifest.join("cpp");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
+    let objcopy = std::env::var("OBJCOPY").unwrap_or_else(|_| "objcopy".to_string());
     for d in [&kernels, &broken, &shim] {
         println!("cargo:rerun-if-changed={}", d.display());
     }
     println!("cargo:rerun-if-changed=build/rewrite.rs");
     println!("cargo:rerun-if-env-changed=CXX");
+    println!("cargo:rerun-if-env-changed=OBJCOPY");
 
     let flags = [
         "-std=c++17",
-        "-O2",
+        "-O3",
+        "-fno-plt",
         "-fPIC",
         "-fsigned-char",
         "-fno-exceptions",
         "-Wno-unused-parameter",
         "-Wno-unused-variable",
     ];
+    // extra compiler flags for the kernels and the runtime (e.g. -DEMU_FORCE_UCONTEXT)
+    println!("cargo:rerun-if-env-changed=MINFER_EMU_CXXFLAGS");
+    let extra: Vec<String> = std::env::var("MINFER_EMU_CXXFLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
     let mut objects = Vec::new();
     let mut stems = Vec::new();
     let files: Vec<(PathBuf, String)> = metal_files(&kernels)
@@ -73,6 +105,7 @@ fn main() {
         let obj = out.join(format!("{stem}.o"));
         run(Command::new(&cxx)
             .args(flags)
+            .args(&extra)
             .arg("-I")
             .arg(&shim)
             .arg("-I")
@@ -83,6 +116,7 @@ fn main() {
             .arg(&cpp)
             .arg("-o")
             .arg(&obj));
+        redirect_half_calls(&objcopy, &obj);
         objects.push(obj);
         stems.push(stem);
     }
@@ -104,6 +138,7 @@ fn main() {
         let obj = out.join(name);
         run(Command::new(&cxx)
             .args(flags)
+            .args(&extra)
             .arg("-I")
             .arg(&shim)
             .arg("-c")

@@ -1,5 +1,6 @@
-// The emulator runtime: kernel registry, threadgroup arena, and the SIMT scheduler that runs a
-// threadgroup's threads as coroutines on one OS thread.
+// The emulator runtime: kernel registry, threadgroup arena, the SIMT scheduler that runs a
+// threadgroup's threads as coroutines on one OS thread, and the worker pool that runs the
+// threadgroups of one dispatch on several OS threads.
 //
 // Scheduling: every thread runs until it reaches a sync point (threadgroup_barrier, a simd
 // collective) or returns. When none can run, the scheduler resolves: first any simdgroup whose
@@ -8,6 +9,14 @@
 // reported with the .metal file and line. Between sync points the run order is forward,
 // reverse or seeded-random, and threadgroup memory starts as NaN-poison (0xFF bytes), so a
 // missing barrier shows as output that changes with the schedule.
+//
+// Parallelism: threadgroups are independent (Metal gives no order between them), so a
+// dispatch hands its threadgroups out, in the schedule's threadgroup order, to the calling
+// thread and up to `workers - 1` threads of a persistent pool. Each OS thread has its own
+// coroutine stacks and arena; a threadgroup's random schedule is seeded from the dispatch seed
+// and the threadgroup's index, so every threadgroup computes the same bytes whatever the
+// worker count. Of several failing threadgroups, the one earliest in the hand-out order is
+// reported (the one a sequential run stops at); the later ones are not started.
 #define EMU_RUNTIME
 #include "emu_runtime.h"
 
@@ -16,15 +25,29 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
-#if defined(__x86_64__)
+// The hand-written x86-64 switch, or POSIX ucontext elsewhere (and with -DEMU_FORCE_UCONTEXT,
+// e.g. through MINFER_EMU_CXXFLAGS, to test that path on x86-64).
+#if defined(__x86_64__) && !defined(EMU_FORCE_UCONTEXT)
+#define EMU_X86_SWITCH 1
+#else
+#define EMU_X86_SWITCH 0
+#endif
+
+#if EMU_X86_SWITCH
 extern "C" void emu_switch(void ** save_sp, void * new_sp);
-// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack,
-// stores the stack pointer to *save_sp and resumes the context whose stack is new_sp.
+// Saves the callee-saved integer registers on the current stack, stores the stack pointer to
+// *save_sp and resumes the context whose stack is new_sp. MXCSR and the x87 control word are
+// not switched: every coroutine of an OS thread shares its floating-point environment (no
+// kernel changes rounding modes).
 asm(R"(
 .text
 .globl emu_switch
@@ -36,14 +59,8 @@ emu_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -60,25 +77,30 @@ emu_switch:
 #endif
 
 namespace emu {
+
+__thread MemoCursor memo_cursor = {nullptr, nullptr};
+__thread GroupView group_view = {};
+__thread const ThreadIds * cur_ids = nullptr;
+
 namespace {
 
 enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_SIMD = 2, DONE = 3 };
 
-struct Thread {
-#if defined(__x86_64__)
+struct Thread : ThreadIds {
+#if EMU_X86_SWITCH
     void * sp = nullptr;
 #else
     ucontext_t uc;
 #endif
-    char * stack = nullptr;
-    unsigned index = 0;
-    unsigned tid3[3] = {0, 0, 0};
+    char * stack = nullptr;     // the stack mapped for slot i (the worker's stack pool)
+    char * run_stack = nullptr; // the stack this thread runs on, taken at its first resume
+    bool started = false;
     int state = RUNNABLE;
-    const char * file = "";
     int line = 0;
+    const char * file = "";
     const char * op = "";
     unsigned coll = 0;
-    alignas(16) unsigned char slot[2][64];
+    alignas(64) unsigned char slot[2][64];
 };
 
 struct KernelInfo {
@@ -96,31 +118,83 @@ std::vector<KernelInfo> & registry() {
 constexpr size_t STACK_BYTES = 128 * 1024;
 constexpr unsigned MAX_THREADS = 1024;
 constexpr size_t ARENA_SLACK = 64 * 1024;
+constexpr uint64_t NONE = ~uint64_t(0);
+constexpr unsigned MEMO_SLOTS = 128; // loads and products per simdgroup between sync points
 
+// One dispatch, shared by every OS thread working on it (read-only but for the atomics and
+// the error slot).
+struct Job {
+    const KernelInfo * kernel = nullptr;
+    const EmuDispatch * d = nullptr;
+    unsigned nthreads = 0;
+    size_t dyn_off[EMU_MAX_TG_BUFFERS] = {};
+    size_t dyn_end = 0; // bytes of dynamic threadgroup memory (poisoned per threadgroup)
+    uint64_t total = 0;
+    const std::vector<unsigned> * order = nullptr; // random schedule: the threadgroup order
+    uint64_t deadline_ns = 0;                      // CLOCK_MONOTONIC; 0 = none
+    std::atomic<uint64_t> next{0};                 // next hand-out position
+    std::atomic<uint64_t> stop_at{NONE};           // earliest failed position
+    std::mutex err_mu;
+    uint64_t err_pos = NONE;
+    std::string error;
+    unsigned max_helpers = 0; // pool threads that may join (workers - 1)
+    unsigned helpers = 0;     // pool threads working on it; guarded by the pool mutex
+
+    unsigned group_at(uint64_t pos) const {
+        if (order) return (*order)[pos];
+        if (d->schedule == EMU_SCHEDULE_REVERSE) return unsigned(total - 1 - pos);
+        return unsigned(pos);
+    }
+    bool has_work() const {
+        uint64_t n = next.load(std::memory_order_relaxed);
+        return n < total && n <= stop_at.load(std::memory_order_relaxed);
+    }
+    void record_error(uint64_t pos, std::string msg) {
+        std::lock_guard<std::mutex> lk(err_mu);
+        if (pos < err_pos) {
+            err_pos = pos;
+            error = std::move(msg);
+        }
+        uint64_t s = stop_at.load(std::memory_order_relaxed);
+        while (pos < s && !stop_at.compare_exchange_weak(s, pos, std::memory_order_relaxed)) {
+        }
+    }
+};
+
+// One worker's state: coroutine machinery and arena (kept across dispatches on its OS
+// thread) and the threadgroup it runs.
 struct Ctx {
-    // coroutine machinery, kept across dispatches on this OS thread
     std::vector<Thread> threads;
-    char * stacks = nullptr;
     size_t page = 4096;
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     void * sched_sp = nullptr;
-    unsigned mxcsr_init = 0x1f80;
 #else
     ucontext_t sched_uc;
 #endif
     Thread * cur = nullptr;
-    // dispatch
+    Job * job = nullptr;
     const KernelInfo * kernel = nullptr;
     const EmuDispatch * d = nullptr;
     unsigned nthreads = 0;
+    unsigned nsg = 0;
     unsigned tgpig[3] = {0, 0, 0};
     std::vector<unsigned char> arena;
-    size_t dyn_off[EMU_MAX_TG_BUFFERS] = {};
-    size_t static_base = 0, static_used = 0;
+    std::vector<void *> arg_ptrs; // the dispatch's argument pointers (group_view.args)
+    size_t arena_len = 0; // tg_mem_limit + ARENA_SLACK of the current dispatch
+    size_t static_used = 0;
     std::vector<std::pair<int, size_t>> statics;
     uint64_t simd_mask[MAX_THREADS / 32][2] = {};
+    alignas(64) unsigned char simd_shared[MAX_THREADS / 32][2][64] = {};
+    bool simd_shared_ok[MAX_THREADS / 32][2] = {};
+    std::vector<unsigned> runnable;
+    // Stacks not held by a started, unfinished thread: a thread takes one at its first resume
+    // and gives it back when it returns, so threads that never wait (kernels without sync
+    // points) all run on the same hot stack.
+    std::vector<char *> free_stacks;
+    std::vector<unsigned char> memo; // MEMO_SLOTS slots per simdgroup, content-keyed
+    uint64_t next_matrix_id = 0;
+    unsigned n_done = 0;
     uint64_t rng = 0;
-    uint64_t deadline_ns = 0; // CLOCK_MONOTONIC; 0 = none
     bool failed = false;
     std::string error;
 };
@@ -149,10 +223,9 @@ Ctx & ctx() {
         g_ctx = new Ctx();
         g_holder.c = g_ctx;
         g_ctx->threads.resize(MAX_THREADS);
+        g_ctx->runnable.reserve(MAX_THREADS);
+        g_ctx->free_stacks.reserve(MAX_THREADS);
         g_ctx->page = size_t(sysconf(_SC_PAGESIZE));
-#if defined(__x86_64__)
-        g_ctx->mxcsr_init = __builtin_ia32_stmxcsr();
-#endif
     }
     return *g_ctx;
 }
@@ -198,7 +271,10 @@ void coro_main() {
     Thread * t = c.cur;
     c.kernel->fn();
     t->state = DONE;
-#if defined(__x86_64__)
+    c.n_done += 1;
+    // still running on it, but nothing of this frame is needed once switched away
+    c.free_stacks.push_back(t->run_stack);
+#if EMU_X86_SWITCH
     void * dead;
     emu_switch(&dead, c.sched_sp);
 #else
@@ -208,28 +284,39 @@ void coro_main() {
 }
 
 void start_thread(Ctx & c, Thread & t) {
-#if defined(__x86_64__)
-    // Initial frame popped by emu_switch: [mxcsr|fpucw][r15][r14][r13][r12][rbx][rbp][ret].
-    uintptr_t top = (uintptr_t(t.stack) + STACK_BYTES) & ~uintptr_t(15);
+#if EMU_X86_SWITCH
+    // Initial frame popped by emu_switch: [r15][r14][r13][r12][rbx][rbp][ret]. The top is
+    // staggered by a cache line per thread, so the threads' hot frames do not all fall in
+    // the same L1 sets.
+    uintptr_t top = (uintptr_t(t.run_stack) + STACK_BYTES - (t.index % 64) * 64) & ~uintptr_t(15);
     uintptr_t ret_slot = top - 16; // 16-aligned, so coro_main starts with rsp % 16 == 8
-    uint64_t * sp = reinterpret_cast<uint64_t *>(ret_slot) - 7;
-    for (int i = 1; i < 7; ++i) sp[i] = 0;
-    uint32_t csr[2] = {c.mxcsr_init, 0x037f};
-    std::memcpy(sp, csr, 8);
+    uint64_t * sp = reinterpret_cast<uint64_t *>(ret_slot) - 6;
+    for (int i = 0; i < 6; ++i) sp[i] = 0;
     *reinterpret_cast<uint64_t *>(ret_slot) = uint64_t(uintptr_t(&coro_main));
     t.sp = sp;
 #else
     getcontext(&t.uc);
-    t.uc.uc_stack.ss_sp = t.stack;
+    t.uc.uc_stack.ss_sp = t.run_stack;
     t.uc.uc_stack.ss_size = STACK_BYTES;
     t.uc.uc_link = nullptr;
     makecontext(&t.uc, coro_main, 0);
 #endif
 }
 
-void resume(Ctx & c, Thread & t) {
+inline void resume(Ctx & c, Thread & t) {
+    if (!t.started) {
+        t.run_stack = c.free_stacks.back();
+        c.free_stacks.pop_back();
+        start_thread(c, t);
+        t.started = true;
+    }
     c.cur = &t;
-#if defined(__x86_64__)
+    cur_ids = &t;
+    // The lane's memo slots, numbered from its last sync point: a run goes from one sync point
+    // to the next.
+    memo_cursor.next = c.memo.data() + size_t(t.index / 32) * (MEMO_SLOTS * MEMO_BYTES);
+    memo_cursor.end = memo_cursor.next + MEMO_SLOTS * MEMO_BYTES;
+#if EMU_X86_SWITCH
     emu_switch(&c.sched_sp, t.sp);
 #else
     swapcontext(&c.sched_uc, &t.uc);
@@ -237,40 +324,50 @@ void resume(Ctx & c, Thread & t) {
     c.cur = nullptr;
 }
 
-void yield(Ctx & c) {
+inline void yield(Ctx & c) {
     Thread * t = c.cur;
-#if defined(__x86_64__)
+#if EMU_X86_SWITCH
     emu_switch(&t->sp, c.sched_sp);
 #else
     swapcontext(&t->uc, &c.sched_uc);
 #endif
 }
 
-uint64_t next_rand(Ctx & c) {
+uint64_t next_rand(uint64_t & s) {
     // xorshift64*
-    c.rng ^= c.rng >> 12;
-    c.rng ^= c.rng << 25;
-    c.rng ^= c.rng >> 27;
-    return c.rng * 0x2545F4914F6CDD1DULL;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 0x2545F4914F6CDD1DULL;
 }
 
-void order(Ctx & c, std::vector<unsigned> & v) {
-    if (c.d->schedule == EMU_SCHEDULE_REVERSE) {
-        for (size_t i = 0; i < v.size() / 2; ++i) std::swap(v[i], v[v.size() - 1 - i]);
-    } else if (c.d->schedule == EMU_SCHEDULE_RANDOM) {
-        for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[next_rand(c) % i]);
+uint64_t mix64(uint64_t z) {
+    // splitmix64's finaliser
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+void order(unsigned schedule, uint64_t & rng, std::vector<unsigned> & v) {
+    if (schedule == EMU_SCHEDULE_REVERSE) {
+        std::reverse(v.begin(), v.end());
+    } else if (schedule == EMU_SCHEDULE_RANDOM) {
+        for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[next_rand(rng) % i]);
     }
 }
 
-bool same_site(const Thread & a, const Thread & b) {
-    return a.line == b.line && std::strcmp(a.file, b.file) == 0 && std::strcmp(a.op, b.op) == 0;
+// Call sites come from __builtin_FILE() literals, merged within a translation unit, so the
+// pointers are nearly always equal; the string compare is the fallback.
+inline bool same_str(const char * a, const char * b) { return a == b || std::strcmp(a, b) == 0; }
+
+inline bool same_site(const Thread & a, const Thread & b) {
+    return a.line == b.line && same_str(a.file, b.file) && same_str(a.op, b.op);
 }
 
 // Resolves simd collectives. Returns true when at least one simdgroup was released.
 bool resolve_simd(Ctx & c) {
     bool any = false;
-    unsigned nsg = (c.nthreads + 31) / 32;
-    for (unsigned g = 0; g < nsg && !c.failed; ++g) {
+    for (unsigned g = 0; g < c.nsg && !c.failed; ++g) {
         unsigned lo = g * 32, hi = std::min(c.nthreads, lo + 32);
         const Thread * first = nullptr;
         for (unsigned i = lo; i < hi; ++i) {
@@ -292,9 +389,13 @@ bool resolve_simd(Ctx & c) {
             }
             mask |= uint64_t(1) << (i - lo);
         }
-        c.simd_mask[g][first->coll & 1] = mask;
-        for (unsigned i = lo; i < hi; ++i) {
-            if (c.threads[i].state == AT_SIMD) c.threads[i].state = RUNNABLE;
+        unsigned p = first->coll & 1;
+        c.simd_mask[g][p] = mask;
+        c.simd_shared_ok[g][p] = false;
+        for (uint64_t m = mask; m; m &= m - 1) {
+            unsigned k = lo + unsigned(__builtin_ctzll(m));
+            c.threads[k].state = RUNNABLE;
+            c.runnable.push_back(k);
         }
         any = true;
     }
@@ -303,12 +404,11 @@ bool resolve_simd(Ctx & c) {
 
 void resolve_barrier(Ctx & c) {
     const Thread * first = nullptr;
-    unsigned done = 0, waiting = 0;
+    unsigned waiting = 0;
     const Thread * a_done = nullptr;
     for (unsigned i = 0; i < c.nthreads; ++i) {
         const Thread & t = c.threads[i];
         if (t.state == DONE) {
-            ++done;
             if (!a_done) a_done = &t;
         } else if (t.state == AT_BARRIER) {
             ++waiting;
@@ -321,51 +421,62 @@ void resolve_barrier(Ctx & c) {
             }
         }
     }
-    if (waiting && done) {
-        fail(c, "barrier divergence in " + tg_name(c) + ": " + std::to_string(done) + " thread(s) (first: " +
+    if (waiting && c.n_done) {
+        fail(c, "barrier divergence in " + tg_name(c) + ": " + std::to_string(c.n_done) + " thread(s) (first: " +
                     std::to_string(a_done->index) + ") returned while " + std::to_string(waiting) +
                     " wait at " + site(*first));
         return;
     }
     for (unsigned i = 0; i < c.nthreads; ++i) {
-        if (c.threads[i].state == AT_BARRIER) c.threads[i].state = RUNNABLE;
+        if (c.threads[i].state == AT_BARRIER) {
+            c.threads[i].state = RUNNABLE;
+            c.runnable.push_back(i);
+        }
     }
 }
 
 void run_threadgroup(Ctx & c) {
-    std::memset(c.arena.data(), 0xff, c.arena.size());
+    // Poison the dynamic threadgroup buffers; kernel-scope threadgroup variables are poisoned
+    // as they are placed (tg_static).
+    if (c.job->dyn_end) std::memset(c.arena.data(), 0xff, c.job->dyn_end);
     c.statics.clear();
-    c.static_used = c.static_base;
-    std::memset(c.simd_mask, 0, sizeof(c.simd_mask));
+    c.static_used = c.job->dyn_end;
+    c.failed = false;
+    c.n_done = 0;
     const unsigned * tg = c.d->tg;
+    c.runnable.clear();
+    unsigned x = 0, y = 0, z = 0;
     for (unsigned i = 0; i < c.nthreads; ++i) {
         Thread & t = c.threads[i];
         t.index = i;
-        t.tid3[0] = i % tg[0];
-        t.tid3[1] = (i / tg[0]) % tg[1];
-        t.tid3[2] = i / (tg[0] * tg[1]);
+        t.tid3[0] = x;
+        t.tid3[1] = y;
+        t.tid3[2] = z;
+        if (++x == tg[0]) {
+            x = 0;
+            if (++y == tg[1]) {
+                y = 0;
+                ++z;
+            }
+        }
         t.state = RUNNABLE;
         t.coll = 0;
-        start_thread(c, t);
+        t.started = false;
+        c.runnable.push_back(i);
     }
-    std::vector<unsigned> runnable;
-    runnable.reserve(c.nthreads);
+    const unsigned schedule = c.d->schedule;
     for (;;) {
-        runnable.clear();
-        for (unsigned i = 0; i < c.nthreads; ++i) {
-            if (c.threads[i].state == RUNNABLE) runnable.push_back(i);
-        }
-        order(c, runnable);
-        for (unsigned i : runnable) {
-            resume(c, c.threads[i]);
+        // Released threads were appended in index order; the schedule permutes them.
+        if (schedule != EMU_SCHEDULE_FORWARD) order(schedule, c.rng, c.runnable);
+        for (size_t k = 0; k < c.runnable.size(); ++k) {
+            resume(c, c.threads[c.runnable[k]]);
             if (c.failed) return;
         }
-        bool all_done = true;
-        for (unsigned i = 0; i < c.nthreads; ++i) all_done &= c.threads[i].state == DONE;
-        if (all_done) return;
+        c.runnable.clear();
+        if (c.n_done == c.nthreads) return;
         // The submit bound: a kernel that keeps meeting sync points past its budget is stopped
         // (one that never reaches a sync point cannot be interrupted here).
-        if (c.deadline_ns && now_ns() > c.deadline_ns) {
+        if (c.job->deadline_ns && now_ns() > c.job->deadline_ns) {
             fail(c, "no completion within the submit bound: " + tg_name(c) + " still running");
             return;
         }
@@ -376,51 +487,120 @@ void run_threadgroup(Ctx & c) {
     }
 }
 
-} // namespace
-
-void * arg_buffer_ptr(int index) {
-    Ctx & c = *g_ctx;
-    return const_cast<void *>(c.d->args[index].ptr);
+// Runs threadgroups of `j` on this OS thread until none are left (or one failed).
+void work(Job & j) {
+    Ctx & c = ctx();
+    if (!ensure_stacks(c, j.nthreads)) {
+        j.record_error(j.next.load(), j.kernel->name + ": cannot map coroutine stacks");
+        return;
+    }
+    // Every stack of the dispatch's threads is free; a threadgroup that completes returns all
+    // it took, and after a failed one this worker stops.
+    c.free_stacks.clear();
+    for (unsigned i = j.nthreads; i-- > 0;) c.free_stacks.push_back(c.threads[i].stack);
+    c.job = &j;
+    c.kernel = j.kernel;
+    c.d = j.d;
+    c.nthreads = j.nthreads;
+    c.nsg = (j.nthreads + 31) / 32;
+    c.arena_len = size_t(j.d->tg_mem_limit) + ARENA_SLACK;
+    if (c.memo.size() < size_t(c.nsg) * MEMO_SLOTS * MEMO_BYTES) c.memo.resize(size_t(c.nsg) * MEMO_SLOTS * MEMO_BYTES, 0);
+    if (c.arena.size() < c.arena_len) c.arena.resize(c.arena_len);
+    c.arg_ptrs.resize(j.d->n_args);
+    for (unsigned i = 0; i < j.d->n_args; ++i) c.arg_ptrs[i] = const_cast<void *>(j.d->args[i].ptr);
+    GroupView & v = group_view;
+    v.args = c.arg_ptrs.data();
+    v.arena = c.arena.data();
+    v.dyn_off = j.dyn_off;
+    for (int i = 0; i < 3; ++i) {
+        v.tg[i] = j.d->tg[i];
+        v.grid[i] = j.d->grid[i];
+    }
+    v.nsg = c.nsg;
+    const EmuDispatch * d = j.d;
+    for (;;) {
+        uint64_t pos = j.next.fetch_add(1, std::memory_order_relaxed);
+        if (pos >= j.total || pos > j.stop_at.load(std::memory_order_relaxed)) break;
+        unsigned g = j.group_at(pos);
+        c.tgpig[0] = g % d->grid[0];
+        c.tgpig[1] = (g / d->grid[0]) % d->grid[1];
+        c.tgpig[2] = g / (d->grid[0] * d->grid[1]);
+        for (int i = 0; i < 3; ++i) group_view.tgpig[i] = c.tgpig[i];
+        c.rng = mix64(d->seed * 0x9E3779B97F4A7C15ULL + g) | 1;
+        run_threadgroup(c);
+        if (c.failed) {
+            j.record_error(pos, c.error);
+            break;
+        }
+    }
+    c.job = nullptr;
 }
 
-void * arg_threadgroup_ptr(int index) {
-    Ctx & c = *g_ctx;
-    return c.arena.data() + c.dyn_off[index];
+// The persistent pool: threads that help with whichever dispatch has work left. Leaked on
+// purpose, so that exit never destroys a mutex a pool thread waits on.
+struct Pool {
+    std::mutex mu;
+    std::condition_variable work_cv; // a job was posted
+    std::condition_variable idle_cv; // a helper left a job
+    std::vector<Job *> jobs;
+    unsigned nthreads = 0;
+};
+
+Pool & pool() {
+    static Pool * p = new Pool();
+    return *p;
 }
 
-void builtin3(int which, unsigned out[3]) {
-    Ctx & c = *g_ctx;
-    const Thread & t = *c.cur;
-    const unsigned * tg = c.d->tg;
-    const unsigned * grid = c.d->grid;
-    out[0] = out[1] = out[2] = 0;
-    switch (which) {
-    case B_THREAD_POSITION_IN_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = c.tgpig[i] * tg[i] + t.tid3[i];
-        break;
-    case B_THREADGROUP_POSITION_IN_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = c.tgpig[i];
-        break;
-    case B_THREAD_POSITION_IN_THREADGROUP:
-        for (int i = 0; i < 3; ++i) out[i] = t.tid3[i];
-        break;
-    case B_THREAD_INDEX_IN_THREADGROUP: out[0] = t.index; break;
-    case B_THREADS_PER_THREADGROUP:
-        for (int i = 0; i < 3; ++i) out[i] = tg[i];
-        break;
-    case B_THREADGROUPS_PER_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = grid[i];
-        break;
-    case B_SIMDGROUP_INDEX_IN_THREADGROUP: out[0] = t.index / 32; break;
-    case B_THREAD_INDEX_IN_SIMDGROUP: out[0] = t.index % 32; break;
-    case B_THREADS_PER_SIMDGROUP: out[0] = 32; break;
-    case B_SIMDGROUPS_PER_THREADGROUP: out[0] = (c.nthreads + 31) / 32; break;
-    case B_THREADS_PER_GRID:
-        for (int i = 0; i < 3; ++i) out[i] = grid[i] * tg[i];
-        break;
-    default: break;
+void helper_main() {
+    Pool & p = pool();
+    std::unique_lock<std::mutex> lk(p.mu);
+    for (;;) {
+        Job * j = nullptr;
+        for (Job * cand : p.jobs) {
+            if (cand->helpers < cand->max_helpers && cand->has_work()) {
+                j = cand;
+                break;
+            }
+        }
+        if (!j) {
+            p.work_cv.wait(lk);
+            continue;
+        }
+        j->helpers += 1;
+        lk.unlock();
+        work(*j);
+        lk.lock();
+        j->helpers -= 1;
+        if (j->helpers == 0) p.idle_cv.notify_all();
     }
 }
+
+// Runs the whole job: on this thread alone for one worker, else with pool helpers.
+void run_job(Job & j, unsigned workers) {
+    unsigned helpers = unsigned(std::min<uint64_t>(workers ? workers - 1 : 0, j.total ? j.total - 1 : 0));
+    if (helpers == 0) {
+        work(j);
+        return;
+    }
+    j.max_helpers = helpers;
+    Pool & p = pool();
+    {
+        std::lock_guard<std::mutex> lk(p.mu);
+        while (p.nthreads < helpers) {
+            std::thread(helper_main).detach();
+            p.nthreads += 1;
+        }
+        p.jobs.push_back(&j);
+    }
+    // wake as many idle pool threads as may join (the busy ones look for work when done)
+    for (unsigned i = 0; i < helpers; ++i) p.work_cv.notify_one();
+    work(j);
+    std::unique_lock<std::mutex> lk(p.mu);
+    p.jobs.erase(std::find(p.jobs.begin(), p.jobs.end(), &j));
+    p.idle_cv.wait(lk, [&] { return j.helpers == 0; });
+}
+
+} // namespace
 
 void * tg_static(int id, size_t bytes, size_t align) {
     Ctx & c = *g_ctx;
@@ -432,10 +612,11 @@ void * tg_static(int id, size_t bytes, size_t align) {
         fail(c, "threadgroup memory of " + c.kernel->name + " needs " + std::to_string(off + bytes) +
                     " bytes, device limit " + std::to_string(c.d->tg_mem_limit));
         // keep the thread running on slack memory until the scheduler aborts at its next stop
-        return c.arena.data() + c.arena.size() - ARENA_SLACK;
+        return c.arena.data() + c.arena_len - ARENA_SLACK;
     }
     c.statics.push_back({id, off});
     c.static_used = off + bytes;
+    std::memset(c.arena.data() + off, 0xff, bytes);
     return c.arena.data() + off;
 }
 
@@ -449,32 +630,38 @@ void tg_barrier(const char * file, int line) {
     yield(c);
 }
 
-uint64_t simd_sync(const void * val, size_t n, const char * op, const char * file, int line) {
+SimdView simd_sync(const void * val, size_t n, const char * op, const char * file, int line) {
     Ctx & c = *g_ctx;
     Thread & t = *c.cur;
     if (n > sizeof(t.slot[0])) {
         fail(c, std::string(op) + " on a value wider than 64 bytes");
         n = 0;
     }
-    if (n) std::memcpy(t.slot[t.coll & 1], val, n);
+    // Collectives alternate between two slots, so a lane that races on to the next one
+    // cannot overwrite a value its slower neighbours still read.
+    unsigned parity = t.coll & 1;
+    // the common widths as fixed-size copies (no library call)
+    if (n == 4) std::memcpy(t.slot[parity], val, 4);
+    else if (n == 8) std::memcpy(t.slot[parity], val, 8);
+    else if (n) std::memcpy(t.slot[parity], val, n);
     t.state = AT_SIMD;
     t.file = file;
     t.line = line;
     t.op = op;
     yield(c);
-    return c.simd_mask[t.index / 32][t.coll & 1];
+    t.coll += 1;
+    unsigned lo = t.index & ~31u;
+    SimdView v;
+    v.mask = c.simd_mask[lo / 32][parity];
+    v.base = c.threads[lo].slot[parity];
+    v.stride = sizeof(Thread);
+    v.lane = t.index - lo;
+    v.shared = c.simd_shared[lo / 32][parity];
+    v.shared_ok = &c.simd_shared_ok[lo / 32][parity];
+    return v;
 }
 
-const void * simd_value(unsigned lane) {
-    Ctx & c = *g_ctx;
-    const Thread & t = *c.cur;
-    unsigned idx = (t.index / 32) * 32 + lane;
-    return c.threads[idx].slot[t.coll & 1];
-}
-
-unsigned simd_lane() { return g_ctx->cur->index % 32; }
-
-void simd_done() { g_ctx->cur->coll += 1; }
+uint64_t matrix_id() { return ++g_ctx->next_matrix_id; }
 
 void register_kernel(const char * name, void (*fn)(), const ParamInfo * params, int n_params, const char * file) {
     KernelInfo k;
@@ -520,6 +707,74 @@ extern "C" unsigned emu_kernel_count() { return unsigned(registry().size()); }
 
 extern "C" const char * emu_kernel_name(unsigned i) { return i < registry().size() ? registry()[i].name.c_str() : nullptr; }
 
+extern "C" unsigned emu_default_workers() {
+    unsigned n = std::thread::hardware_concurrency();
+    return n ? n : 1;
+}
+
+// The half conversions of the kernels: build.rs renames the compiler's library calls in the
+// kernel objects (__extendhfsf2, __truncsfhf2: soft-float code without F16C, which is not
+// assumed of the machines this runs on) to these.
+extern "C" float emu_extendhfsf2(half h) { return emu::h2f(h); }
+extern "C" half emu_truncsfhf2(float f) { return emu::f2h(f); }
+
+// The shim's half conversions against the compiler's own (this file's conversions are the
+// library calls): every half pattern widened, and floats narrowed at a stride over all
+// patterns plus the rounding edges. Returns the number of mismatches. Signalling NaNs may
+// differ in the quiet bit alone when widened: libgcc sets it, Rust's compiler-builtins (which
+// a Rust binary links instead) keeps the payload as is, like h2f.
+extern "C" unsigned emu_selftest_half() {
+    unsigned bad = 0;
+    for (unsigned h = 0; h < 65536; ++h) {
+        uint16_t b = uint16_t(h);
+        half x;
+        std::memcpy(&x, &b, 2);
+        volatile float want = float(x);
+        float w = want, got = emu::h2f(x);
+        uint32_t wb, gb;
+        std::memcpy(&wb, &w, 4);
+        std::memcpy(&gb, &got, 4);
+        if ((b & 0x7fffu) > 0x7c00u) {
+            wb &= ~0x400000u;
+            gb &= ~0x400000u;
+        }
+        if (wb != gb) ++bad;
+        // narrowing: this half's value, and the floats just around it and half-way up
+        uint32_t base = gb;
+        for (uint32_t d : {0u, 1u, 0x0fffu, 0x1000u, 0x1001u, 0x1fffu, 0xffffffffu}) {
+            uint32_t fb = base + d;
+            float f;
+            std::memcpy(&f, &fb, 4);
+            volatile float vf = f;
+            half wh = half(vf), gh = emu::f2h(f);
+            if (std::memcmp(&wh, &gh, 2) != 0) ++bad;
+        }
+    }
+    // the four-at-a-time widening against h2f, every pattern
+    for (unsigned h = 0; h < 65536; h += 64) {
+        half src[64];
+        float dst[64];
+        for (unsigned i = 0; i < 64; ++i) {
+            uint16_t b = uint16_t(h + i);
+            std::memcpy(&src[i], &b, 2);
+        }
+        emu::h2f_n(src, dst, 64);
+        for (unsigned i = 0; i < 64; ++i) {
+            float one = emu::h2f(src[i]);
+            if (std::memcmp(&one, &dst[i], 4) != 0) ++bad;
+        }
+    }
+    for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) {
+        uint32_t fb = uint32_t(u);
+        float f;
+        std::memcpy(&f, &fb, 4);
+        volatile float vf = f;
+        half wh = half(vf), gh = emu::f2h(f);
+        if (std::memcmp(&wh, &gh, 2) != 0) ++bad;
+    }
+    return bad;
+}
+
 extern "C" int emu_dispatch(const EmuDispatch * d) {
     const KernelInfo * k = find_kernel(d->kernel);
     if (!k) {
@@ -553,21 +808,14 @@ extern "C" int emu_dispatch(const EmuDispatch * d) {
                        std::to_string(std::min(MAX_THREADS, d->max_threads)) + ")");
         return 1;
     }
-    Ctx & c = ctx();
-    if (!ensure_stacks(c, nthreads)) {
-        set_err(d, k->name + ": cannot map coroutine stacks");
-        return 1;
-    }
-    c.kernel = k;
-    c.d = d;
-    c.nthreads = nthreads;
-    c.failed = false;
-    c.error.clear();
-    c.rng = d->seed * 0x9E3779B97F4A7C15ULL + 1;
-    c.deadline_ns = d->timeout_ns ? now_ns() + d->timeout_ns : 0;
+    Job j;
+    j.kernel = k;
+    j.d = d;
+    j.nthreads = nthreads;
+    j.deadline_ns = d->timeout_ns ? now_ns() + d->timeout_ns : 0;
     size_t off = 0;
     for (unsigned i = 0; i < d->n_tg && i < EMU_MAX_TG_BUFFERS; ++i) {
-        c.dyn_off[i] = off;
+        j.dyn_off[i] = off;
         off += (d->tg_len[i] + 15) / 16 * 16;
     }
     if (off > d->tg_mem_limit) {
@@ -575,22 +823,20 @@ extern "C" int emu_dispatch(const EmuDispatch * d) {
                        std::to_string(d->tg_mem_limit));
         return 1;
     }
-    c.static_base = off;
-    c.arena.assign(d->tg_mem_limit + ARENA_SLACK, 0);
+    j.dyn_end = off;
+    j.total = (unsigned long long)d->grid[0] * d->grid[1] * d->grid[2];
     std::vector<unsigned> groups;
-    unsigned long long total = (unsigned long long)d->grid[0] * d->grid[1] * d->grid[2];
-    groups.reserve(size_t(total));
-    for (unsigned long long i = 0; i < total; ++i) groups.push_back(unsigned(i));
-    order(c, groups);
-    for (unsigned g : groups) {
-        c.tgpig[0] = g % d->grid[0];
-        c.tgpig[1] = (g / d->grid[0]) % d->grid[1];
-        c.tgpig[2] = g / (d->grid[0] * d->grid[1]);
-        run_threadgroup(c);
-        if (c.failed) {
-            set_err(d, c.error);
-            return 1;
-        }
+    if (d->schedule == EMU_SCHEDULE_RANDOM) {
+        groups.reserve(size_t(j.total));
+        for (unsigned long long i = 0; i < j.total; ++i) groups.push_back(unsigned(i));
+        uint64_t rng = d->seed * 0x9E3779B97F4A7C15ULL + 1;
+        order(d->schedule, rng, groups);
+        j.order = &groups;
+    }
+    run_job(j, d->workers);
+    if (j.err_pos != NONE) {
+        set_err(d, j.error);
+        return 1;
     }
     return 0;
 }

@@ -27,5 +27,6 @@ struct EmuDispatch {
     char * err;
     uint64_t err_cap;
     uint64_t timeout_ns; // wall-clock budget for this dispatch (0 = unbounded)
+    unsigned workers;    // OS threads that run its threadgroups (the caller and the pool); 1 = sequential
 };
 }

@@ -28,6 +28,7 @@ pub struct EmuDispatch {
     pub err: *mut c_char,
     pub err_cap: u64,
     pub timeout_ns: u64,
+    pub workers: c_uint,
 }
 
 extern "C" {
@@ -35,4 +36,7 @@ extern "C" {
     pub fn emu_kernel_count() -> c_uint;
     pub fn emu_kernel_name(i: c_uint) -> *const c_char;
     pub fn emu_dispatch(d: *const EmuDispatch) -> c_int;
+    pub fn emu_default_workers() -> c_uint;
+    #[cfg(test)]
+    pub fn emu_selftest_half() -> c_uint;
 }

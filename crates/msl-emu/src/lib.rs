@@ -7,15 +7,22 @@
 //! sync points in a chosen [`Schedule`] with NaN-poisoned threadgroup memory, so a missing
 //! barrier changes the output from one schedule to the next.
 //!
+//! The threadgroups of one dispatch run in parallel on a persistent pool of OS threads
+//! ([`EmuDevice::with_workers`]; by default `MINFER_EMU_THREADS` or every core), each with its
+//! own coroutine stacks; every threadgroup computes the same bytes whatever the worker count,
+//! and of several failing threadgroups the first in the schedule's threadgroup order is
+//! reported.
+//!
 //! Not modelled: Metal's tree-order reductions and fast math (compare against references
 //! with a named tolerance), races between threadgroups beyond reordering them, atomics, and
 //! `dispatchThreads` partial threadgroups.
 
 mod ffi;
 
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use minfer_metal::device::check_page_aligned;
@@ -75,8 +82,9 @@ impl Drop for Mem {
     }
 }
 
-// SAFETY: the memory is plain bytes; commands touching it run on the submitting thread while
-// the device's queue lock is held, as on a real shared-storage buffer.
+// SAFETY: the memory is plain bytes; commands touching it run during `submit` (on the
+// submitting thread and the emulator's pool threads, which `submit` waits for), as on a real
+// shared-storage buffer.
 unsafe impl Send for Mem {}
 // SAFETY: as above.
 unsafe impl Sync for Mem {}
@@ -118,6 +126,7 @@ enum Cmd {
 /// The emulated device. Commands queue until [`Device::submit`] runs them in order.
 pub struct EmuDevice {
     schedule: Schedule,
+    workers: usize,
     submit_timeout: Duration,
     limits: Limits,
     queue: Mutex<Vec<Cmd>>,
@@ -130,11 +139,28 @@ fn init() {
     ONCE.call_once(|| unsafe { ffi::emu_init() });
 }
 
+/// The worker count of a new device: `MINFER_EMU_THREADS` when set to a positive number, else
+/// the machine's available parallelism.
+pub fn default_workers() -> usize {
+    if let Some(n) = std::env::var("MINFER_EMU_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        return n;
+    }
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        // SAFETY: a plain query of the C++ runtime.
+        .unwrap_or_else(|_| unsafe { ffi::emu_default_workers() } as usize)
+}
+
 impl EmuDevice {
     pub fn new(schedule: Schedule) -> EmuDevice {
         init();
         EmuDevice {
             schedule,
+            workers: default_workers(),
             submit_timeout: EMU_SUBMIT_TIMEOUT,
             limits: EMU_LIMITS,
             queue: Mutex::new(Vec::new()),
@@ -154,8 +180,21 @@ impl EmuDevice {
         self
     }
 
+    /// The same device running each dispatch's threadgroups on `n` OS threads (the submitting
+    /// thread and `n - 1` threads of the emulator's persistent pool); 1 runs them one after
+    /// another on the submitting thread. 0 is taken as 1.
+    pub fn with_workers(mut self, n: usize) -> EmuDevice {
+        self.workers = n.max(1);
+        self
+    }
+
     pub fn schedule(&self) -> Schedule {
         self.schedule
+    }
+
+    /// The OS threads a dispatch runs on (see [`EmuDevice::with_workers`]).
+    pub fn workers(&self) -> usize {
+        self.workers
     }
 
     /// Names of every kernel compiled into the emulator library.
@@ -170,6 +209,12 @@ impl EmuDevice {
                 (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
             })
             .collect()
+    }
+
+    /// The registry's names as a set, built once (every launch looks its pipeline up).
+    fn kernel_set() -> &'static HashSet<String> {
+        static SET: OnceLock<HashSet<String>> = OnceLock::new();
+        SET.get_or_init(|| EmuDevice::kernel_names().into_iter().collect())
     }
 
     fn run(&self, cmd: &Cmd, deadline: Instant) -> std::result::Result<(), String> {
@@ -221,6 +266,7 @@ impl EmuDevice {
                         .saturating_duration_since(Instant::now())
                         .as_nanos() as u64)
                         .max(1),
+                    workers: self.workers.min(u32::MAX as usize) as u32,
                 };
                 // SAFETY: every pointer in `d` refers to memory alive for this call (buffers
                 // are held by the command, bytes by `c_args`' sources).
@@ -313,7 +359,7 @@ impl Device for EmuDevice {
             name: name.to_string(),
             device: self.name(),
         };
-        if !EmuDevice::kernel_names().iter().any(|k| k == name) {
+        if !EmuDevice::kernel_set().contains(name) {
             return Err(unknown());
         }
         Ok(EmuPipeline {
@@ -433,5 +479,15 @@ impl Device for EmuDevice {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shims_half_conversions_match_the_compilers_bit_for_bit() {
+        super::init();
+        // SAFETY: a self-contained check in the C++ runtime.
+        assert_eq!(unsafe { super::ffi::emu_selftest_half() }, 0);
     }
 }

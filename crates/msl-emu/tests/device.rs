@@ -118,3 +118,193 @@ fn threads_over_the_queried_limit_are_refused_before_dispatch() {
         "{err}"
     );
 }
+
+/// Runs a fixed set of multi-threadgroup dispatches (GEMM with edge tiles, the multi-row
+/// matmul, flash prefill with a tail block, RMSNorm) and returns their output bytes.
+fn multi_threadgroup_outputs(dev: &EmuDevice) -> Vec<Vec<u8>> {
+    use minfer_metal::launch::{AttnShape, KvType};
+    let floats = |n: usize, seed: u32| -> Vec<u8> {
+        (0..n as u32)
+            .flat_map(|i| {
+                let h = (i ^ seed).wrapping_mul(0x9E37_79B9).rotate_left(13);
+                ((h >> 8) as f32 / (1u32 << 24) as f32 - 0.5).to_le_bytes()
+            })
+            .collect()
+    };
+    let read = |b: &<EmuDevice as Device>::Buffer, n: usize| {
+        let mut v = vec![0u8; n];
+        dev.read_bytes(b, 0, &mut v).unwrap();
+        v
+    };
+    let mut outs = Vec::new();
+    // GEMM: 200 rows (a partial 64-row tile) x 40 tokens (a partial token tile)
+    let (k, n, nt) = (256, 200, 40);
+    let w = dev
+        .buffer_from(&random_blocks(GgmlType::Q8_0, n * k / 32, 5))
+        .unwrap();
+    let x = dev.buffer_from(&floats(k * nt, 1)).unwrap();
+    let out = dev.new_buffer(n * nt * 4).unwrap();
+    launch::launch_mm(dev, GgmlType::Q8_0, &w, 0, &x, &out, k, n, nt).unwrap();
+    dev.submit().unwrap();
+    outs.push(read(&out, n * nt * 4));
+    // multi-row matmul of a K-quant: 150 threadgroups
+    let (k, n, nt) = (512, 300, 3);
+    let w = dev
+        .buffer_from(&random_blocks(GgmlType::Q4K, n * k / 256, 6))
+        .unwrap();
+    let x = dev.buffer_from(&floats(k * nt, 2)).unwrap();
+    let out = dev.new_buffer(n * nt * 4).unwrap();
+    launch::launch_mv_multi(dev, GgmlType::Q4K, &w, 0, &x, &out, k, n, nt).unwrap();
+    dev.submit().unwrap();
+    outs.push(read(&out, n * nt * 4));
+    // flash prefill over 70 tokens (one full 64-row block and a tail)
+    let s = AttnShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_tokens: 70,
+        n_ctx: 70,
+        kv: KvType::F32,
+    };
+    let q = dev.buffer_from(&floats(70 * 4 * 64, 3)).unwrap();
+    let kb = dev.buffer_from(&floats(70 * 2 * 64, 4)).unwrap();
+    let vb = dev.buffer_from(&floats(70 * 2 * 64, 5)).unwrap();
+    let pos: Vec<u8> = (0..70i32).flat_map(|p| p.to_le_bytes()).collect();
+    let pb = dev.buffer_from(&pos).unwrap();
+    let out = dev.new_buffer(70 * 4 * 64 * 4).unwrap();
+    launch::launch_flash_prefill(dev, &s, &q, &kb, &vb, &pb, &out).unwrap();
+    dev.submit().unwrap();
+    outs.push(read(&out, 70 * 4 * 64 * 4));
+    // RMSNorm of 24 rows
+    let x = dev.buffer_from(&floats(896 * 24, 7)).unwrap();
+    let g = dev.buffer_from(&floats(896, 8)).unwrap();
+    let out = dev.new_buffer(896 * 24 * 4).unwrap();
+    launch::launch_rms_norm(dev, &x, &g, &out, 896, 24, 1e-6).unwrap();
+    dev.submit().unwrap();
+    outs.push(read(&out, 896 * 24 * 4));
+    outs
+}
+
+#[test]
+fn every_threadgroup_computes_the_same_bytes_whatever_the_worker_count() {
+    for s in Schedule::GATE_SET {
+        let one = EmuDevice::new(s).with_workers(1);
+        assert_eq!(one.workers(), 1);
+        let want = multi_threadgroup_outputs(&one);
+        for workers in [2, 4, 7] {
+            let dev = EmuDevice::new(s).with_workers(workers);
+            assert_eq!(dev.workers(), workers);
+            let got = multi_threadgroup_outputs(&dev);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g == w,
+                    "dispatch {i} under {s:?}: {workers} workers differ from 1"
+                );
+            }
+        }
+    }
+}
+
+fn detector_error(dev: &EmuDevice, kernel: &str, grid: u32, threads: u32) -> (String, Vec<String>) {
+    use minfer_metal::{Arg, Dispatch};
+    let out = dev.new_buffer(threads as usize * 4).unwrap();
+    let p = dev.pipeline(kernel).unwrap();
+    dev.dispatch(
+        &p,
+        &Dispatch {
+            label: "many threadgroups",
+            grid: [grid, 1, 1],
+            threadgroup: [threads, 1, 1],
+            args: &[Arg::Buffer(&out, 0)],
+            threadgroup_memory: &[],
+        },
+    )
+    .unwrap();
+    match dev.submit() {
+        Err(Error::Submit { reason, labels }) => (reason, labels),
+        other => panic!("expected a submit error from {kernel}, got {other:?}"),
+    }
+}
+
+#[test]
+fn divergence_is_reported_for_the_first_threadgroup_in_order_with_many_workers() {
+    for s in Schedule::GATE_SET {
+        let (want, _) = detector_error(
+            &EmuDevice::new(s).with_workers(1),
+            "broken_early_return",
+            97,
+            64,
+        );
+        let dev = EmuDevice::new(s).with_workers(4);
+        let (reason, labels) = detector_error(&dev, "broken_early_return", 97, 64);
+        assert!(reason.contains("barrier divergence"), "{reason}");
+        assert!(
+            reason.contains("tests/broken/detectors.metal:13"),
+            "{reason}"
+        );
+        assert_eq!(reason, want, "under {s:?}");
+        assert!(
+            labels.iter().any(|l| l.contains("broken_early_return")),
+            "{labels:?}"
+        );
+        match s {
+            Schedule::Forward => assert!(reason.contains("threadgroup (0,0,0)"), "{reason}"),
+            Schedule::Reverse => assert!(reason.contains("threadgroup (96,0,0)"), "{reason}"),
+            Schedule::Random(_) => {}
+        }
+        let (reason, _) = detector_error(&dev, "broken_simd_divergence", 97, 32);
+        assert!(
+            reason.contains("simdgroup divergence")
+                && reason.contains("simd_sum at tests/broken/detectors.metal:33"),
+            "{reason}"
+        );
+        // the pool is still usable after a failed dispatch
+        assert_eq!(multi_threadgroup_outputs(&dev).len(), 4);
+    }
+}
+
+#[test]
+fn the_submit_bound_stops_a_dispatch_running_on_many_workers() {
+    let dev = EmuDevice::new(Schedule::Forward)
+        .with_workers(3)
+        .with_submit_timeout(std::time::Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    let (reason, _) = detector_error(&dev, "broken_endless_loop", 16, 32);
+    assert!(
+        reason.contains("no completion within the submit bound"),
+        "{reason}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(20));
+}
+
+#[test]
+fn devices_on_several_threads_share_the_pool_and_keep_their_bytes() {
+    let want = multi_threadgroup_outputs(&EmuDevice::new(Schedule::Forward).with_workers(1));
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = [
+            Schedule::Forward,
+            Schedule::Reverse,
+            Schedule::Random(9),
+            Schedule::Forward,
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            scope.spawn(move || {
+                let dev = EmuDevice::new(s).with_workers(2 + i);
+                (0..2)
+                    .map(|_| multi_threadgroup_outputs(&dev))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+        for r in runs {
+            for got in r.join().unwrap() {
+                assert!(
+                    got == want,
+                    "a concurrent run differs from the sequential one"
+                );
+            }
+        }
+    });
+}
