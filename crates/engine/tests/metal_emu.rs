@@ -13,6 +13,8 @@
 //! - Metal against itself at the same shape: bit for bit (three runs).
 //!
 //! Every comparison checks that the two engines' graphs really differ in assignment.
+//!
+//! `MINFER_GATE_METAL_BACKEND=metal` runs the same gates on a Mac's GPU (scripts/mac-gate).
 
 #![cfg(feature = "metal-emu")]
 
@@ -23,6 +25,11 @@ use minfer_testkit::synth::{self, Tiny};
 use std::path::{Path, PathBuf};
 
 const ACC_TOL: f64 = 1e-3;
+
+/// The Metal backend the gates run on: the emulator here, the GPU on a Mac.
+fn metal_backend() -> String {
+    std::env::var("MINFER_GATE_METAL_BACKEND").unwrap_or_else(|_| "metal-emu".into())
+}
 const GEMM_REL: f64 = 2e-3;
 
 fn tiny(arch: Arch, ty: GgmlType, head_dim: usize) -> PathBuf {
@@ -47,7 +54,7 @@ fn engine(path: &Path, metal: bool, cache: GgmlType, n_batch: usize) -> Engine {
             threads: 1,
             cache_type: cache,
             backends: if metal {
-                vec!["metal-emu".into()]
+                vec![metal_backend()]
             } else {
                 vec!["cpu".into()]
             },
@@ -78,8 +85,8 @@ fn rms(v: &[Vec<f64>]) -> f64 {
 /// Nodes on the CPU and on the emulated Metal backend in the decode graph.
 fn split_counts(e: &mut Engine) -> (usize, usize) {
     let c = e.nodes_per_backend(1).unwrap();
-    let get = |name: &str| c.iter().find(|(n, _)| n == name).map_or(0, |x| x.1);
-    (get("cpu"), get("metal-emu"))
+    let get = |name: &str| c.iter().find(|(n, _)| *n == name).map_or(0, |x| x.1);
+    (get("cpu"), get(&metal_backend()))
 }
 
 /// Prefill all but the last 3 tokens (every row's logits), then decode one by one: every
@@ -272,7 +279,7 @@ fn the_auto_kv_type_follows_model_size_per_engine() {
         .cache_type()
     };
     // A device engine picks by size; a CPU-only engine keeps what it was given.
-    assert_eq!(auto("metal-emu"), GgmlType::F32);
+    assert_eq!(auto(&metal_backend()), GgmlType::F32);
     assert_eq!(auto("cpu"), GgmlType::Q8_0);
 }
 

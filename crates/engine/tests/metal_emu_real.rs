@@ -55,12 +55,13 @@ fn the_demo_model_decodes_the_cpus_greedy_tokens_on_the_emulator() {
         return;
     };
     let mut cpu = engine(&path, "cpu");
-    let mut mtl = engine(&path, "metal-emu");
+    let backend = std::env::var("MINFER_GATE_METAL_BACKEND").unwrap_or_else(|_| "metal-emu".into());
+    let mut mtl = engine(&path, &backend);
     let on_metal = mtl.nodes_per_backend(1).unwrap();
     let count =
         |c: &[(String, usize)], name: &str| c.iter().find(|x| x.0 == name).map_or(0, |x| x.1);
     assert_eq!(count(&on_metal, "cpu"), 0, "{on_metal:?}");
-    assert!(count(&on_metal, "metal-emu") > 300, "{on_metal:?}");
+    assert!(count(&on_metal, &backend) > 300, "{on_metal:?}");
     let t0 = std::time::Instant::now();
     let (want, lc) = greedy(&mut cpu);
     let (got, lm) = greedy(&mut mtl);
