@@ -4,7 +4,9 @@
 //!   check and fails at the weight it was never given);
 //! - the load-time concatenation: in place when the group lies contiguous in one mapped part,
 //!   else one copy charged in `weights_bytes`; on every path `FfnGateUp` gives the bits of
-//!   `MatMul`, `MatMul`, `SwiGLU`.
+//!   `MatMul`, `MatMul`, `SwiGLU`;
+//! - the fused KV store's bound (#38): a cell past the region is an Err naming it and the
+//!   region's n_ctx, before any dispatch (control: the last cell is stored, nothing else).
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
@@ -254,4 +256,94 @@ fn ffn_gate_up_concatenates_once_in_place_or_copied_and_matches_the_chain_bit_fo
         assert!(same, "mapped {mapped}, apart {apart}: fused != chain");
         println!("mapped {mapped}, apart {apart}: {charged} bytes charged, fused == chain");
     }
+}
+
+/// A decode QkvRopeStore node of 4 heads of 16 over 2 KV heads, f32 everything.
+fn qkv_node(wq: WeightId, wk: WeightId, wv: WeightId) -> Node {
+    let op = Op::QkvRopeStore(Box::new(QkvFused {
+        wq,
+        wk,
+        wv,
+        bias: None,
+        norm: None,
+        rope: RopeSpec {
+            style: RopeStyle::Neox,
+            head_dim: 16,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        },
+        n_head: 4,
+        n_head_kv: 2,
+        layer: 0,
+        cache_type: GgmlType::F32,
+    }));
+    fused_node(op, [64, 1])
+}
+
+#[test]
+fn the_fused_kv_store_refuses_a_cell_past_the_region() {
+    const N_CELLS: usize = 8;
+    let f32s = |n, seed| encoded(GgmlType::F32, &values(n, seed));
+    let w = Weights::new(
+        vec![
+            ("wq", GgmlType::F32, D, 64, f32s(D * 64, 3)),
+            ("wk", GgmlType::F32, D, 32, f32s(D * 32, 5)),
+            ("wv", GgmlType::F32, D, 32, f32s(D * 32, 9)),
+        ],
+        true,
+    );
+    let (wq, wk, wv) = (WeightId(0), WeightId(1), WeightId(2));
+    let mut be = metal();
+    be.prepare_weights(&w, &w.ids()).unwrap();
+    be.prepare_concat(&w, &[vec![wq, wk, wv]]).unwrap();
+    assert_eq!(
+        be.concats(),
+        (1, 0),
+        "q|k|v lie back to back: addressed in place"
+    );
+    let i32s = |v: i32| v.to_le_bytes().to_vec();
+    let x = be.alloc(D * 4).unwrap();
+    be.write(x, 0, &encoded(GgmlType::F32, &values(D, 17)))
+        .unwrap();
+    let (pos, cells, out) = (
+        be.alloc(4).unwrap(),
+        be.alloc(4).unwrap(),
+        be.alloc(64 * 4).unwrap(),
+    );
+    let kv = minfer_graph::KvPair {
+        k: be.alloc(32 * 4 * N_CELLS).unwrap(),
+        v: be.alloc(32 * 4 * N_CELLS).unwrap(),
+    };
+    be.write(pos, 0, &i32s(5)).unwrap();
+    let node = qkv_node(wq, wk, wv);
+    let srcs = [Some(x), Some(pos), Some(cells)];
+    let args = ExecArgs {
+        srcs: &srcs,
+        out: Some(out),
+        kv: Some(kv),
+        weights: &w,
+    };
+    for bad in [N_CELLS as i32, 100, -1] {
+        be.write(cells, 0, &i32s(bad)).unwrap();
+        let e = be.execute_node(&node, &args).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("cell {bad}")) && e.contains(&format!("n_ctx {N_CELLS}")),
+            "{e}"
+        );
+    }
+    // Control: the last cell of the region is stored, and only that row changes.
+    be.write(cells, 0, &i32s(N_CELLS as i32 - 1)).unwrap();
+    be.execute_node(&node, &args).unwrap();
+    be.synchronize().unwrap();
+    let mut k = vec![0u8; 32 * 4 * N_CELLS];
+    be.read(kv.k, 0, &mut k).unwrap();
+    let row = 32 * 4 * (N_CELLS - 1);
+    assert!(
+        k[..row].iter().all(|&b| b == 0),
+        "rows before the cell untouched"
+    );
+    assert!(
+        k[row..].iter().any(|&b| b != 0),
+        "the cell's row was written"
+    );
 }
