@@ -12,6 +12,7 @@ mod fusion_common;
 use fusion_common::{cases, count, engine, fused_equals_unfused, FUSED};
 use minfer_engine::FusionConfig;
 use minfer_gguf::GgmlType;
+use minfer_graph::MAX_FUSED_FFN;
 use minfer_models::Arch;
 use minfer_testkit::synth::{self, Tiny};
 
@@ -60,4 +61,57 @@ fn each_decode_fusion_switches_off_on_its_own() {
         count(&f, "QkvRopeStore") == 0 && count(&f, "FfnGateUp") > 0,
         "{f:?}"
     );
+}
+
+/// Re-encodes one f32 tensor of the writer as `ty` (the mixed-quant layers of a real
+/// Q4_K_M file, where attn_v or ffn_up may differ from their siblings).
+fn retype(w: &mut minfer_gguf::GgufWriter, name: &str, ty: GgmlType) {
+    let t = w.tensors.iter_mut().find(|t| t.name == name).unwrap();
+    assert_eq!(t.ty, GgmlType::F32);
+    let v: Vec<f32> = t
+        .data
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let row = t.dims[0] as usize;
+    let rb = ty.row_bytes(row as u64).unwrap() as usize;
+    let mut out = vec![0u8; rb * (v.len() / row)];
+    for (x, o) in v.chunks_exact(row).zip(out.chunks_exact_mut(rb)) {
+        minfer_gguf::quants::quantize_row(ty, x, o).unwrap();
+    }
+    t.ty = ty;
+    t.data = out;
+}
+
+#[test]
+fn a_layer_whose_weights_do_not_concatenate_keeps_its_chain_and_the_bits() {
+    let t = Tiny::new(Arch::Qwen2, GgmlType::F32);
+    assert_eq!(t.layers, 2);
+    let path = synth::write_with(&t, "mixed", |w| {
+        retype(w, "blk.1.attn_v.weight", GgmlType::Q8_0);
+        retype(w, "blk.0.ffn_up.weight", GgmlType::Q8_0);
+    });
+    let mut fused = engine(&path, "metal-emu", GgmlType::F32, FusionConfig::ALL);
+    let mut plain = engine(&path, "metal-emu", GgmlType::F32, FusionConfig::NONE);
+    let g = fused.ops_in_graph(1).unwrap();
+    // Layer 0's QKV and layer 1's FFN fuse; layer 1's QKV and layer 0's FFN keep the chain.
+    assert_eq!(count(&g, "QkvRopeStore"), 1, "{g:?}");
+    assert_eq!(count(&g, "FfnGateUp"), 1, "{g:?}");
+    assert_eq!(count(&g, "KvStore"), 2, "{g:?}");
+    assert_eq!(count(&g, "Rope"), 2, "{g:?}");
+    assert_eq!(count(&g, "SwiGLU"), 1, "{g:?}");
+    fusion_common::compare_decode(&mut fused, &mut plain, "mixed Qwen2");
+}
+
+#[test]
+fn an_ffn_past_the_cap_is_not_fused() {
+    for (ff, fused_ffn) in [(MAX_FUSED_FFN, 2), (MAX_FUSED_FFN + 64, 0)] {
+        let mut t = Tiny::new(Arch::Llama, GgmlType::F32);
+        t.ff = ff;
+        let path = synth::write(&t);
+        let mut e = engine(&path, "metal-emu", GgmlType::F32, FusionConfig::ALL);
+        let g = e.ops_in_graph(1).unwrap();
+        assert_eq!(count(&g, "FfnGateUp"), fused_ffn, "ff {ff}: {g:?}");
+        assert_eq!(count(&g, "QkvRopeStore"), 2, "ff {ff}: {g:?}");
+    }
 }

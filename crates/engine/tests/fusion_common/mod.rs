@@ -54,7 +54,6 @@ pub fn cases() -> Vec<(Arch, GgmlType, GgmlType)> {
 /// Per case: a fused and an unfused Metal engine on the same model; their decode graphs
 /// really differ, then the same prompt and 8 greedy decode steps give the same logits bits.
 pub fn fused_equals_unfused(cases: &[(Arch, GgmlType, GgmlType)]) {
-    let prompt = [1u32, 5, 9, 3, 33, 7];
     for &(arch, ty, cache) in cases {
         let t = Tiny::new(arch, ty);
         let layers = t.layers;
@@ -88,7 +87,7 @@ pub fn fused_equals_unfused(cases: &[(Arch, GgmlType, GgmlType)]) {
         }
         assert_eq!(count(&p1, "KvStore"), 2 * layers, "{what}: {p1:?}");
         assert_eq!(count(&p1, "SwiGLU"), layers, "{what}: {p1:?}");
-        let f6 = fused.ops_in_graph(prompt.len()).unwrap();
+        let f6 = fused.ops_in_graph(6).unwrap();
         for f in FUSED {
             assert_eq!(count(&f6, f), 0, "{what}: fused prefill {f6:?}");
         }
@@ -100,27 +99,33 @@ pub fn fused_equals_unfused(cases: &[(Arch, GgmlType, GgmlType)]) {
             );
         }
 
-        // The same prompt, then 8 greedy decode steps: every step's logits bit for bit.
-        let a = fused.decode(&prompt, 0, 1).unwrap().to_vec();
-        let b = plain.decode(&prompt, 0, 1).unwrap().to_vec();
-        assert_eq!(bits(&a), bits(&b), "{what}: prefill");
-        let mut next = argmax(&a);
-        for step in 0..8 {
-            let pos = prompt.len() + step;
-            let a = fused.decode(&[next], pos, 1).unwrap().to_vec();
-            let b = plain.decode(&[next], pos, 1).unwrap().to_vec();
-            let diff = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits());
-            assert_eq!(
-                diff.count(),
-                0,
-                "{what}: decode step {step} differs (max |d| {:e})",
-                a.iter()
-                    .zip(&b)
-                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-            );
-            assert!(a.iter().all(|x| x.is_finite()), "{what}: step {step}");
-            next = argmax(&a);
-        }
+        compare_decode(&mut fused, &mut plain, &what);
         println!("{what}: fused == unfused over 8 decode steps ({f1:?})");
+    }
+}
+
+/// The same prompt, then 8 greedy decode steps on both engines: every step's logits bit for
+/// bit.
+pub fn compare_decode(fused: &mut Engine, plain: &mut Engine, what: &str) {
+    let prompt = [1u32, 5, 9, 3, 33, 7];
+    let a = fused.decode(&prompt, 0, 1).unwrap().to_vec();
+    let b = plain.decode(&prompt, 0, 1).unwrap().to_vec();
+    assert_eq!(bits(&a), bits(&b), "{what}: prefill");
+    let mut next = argmax(&a);
+    for step in 0..8 {
+        let pos = prompt.len() + step;
+        let a = fused.decode(&[next], pos, 1).unwrap().to_vec();
+        let b = plain.decode(&[next], pos, 1).unwrap().to_vec();
+        let diff = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(
+            diff.count(),
+            0,
+            "{what}: decode step {step} differs (max |d| {:e})",
+            a.iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        );
+        assert!(a.iter().all(|x| x.is_finite()), "{what}: step {step}");
+        next = argmax(&a);
     }
 }
