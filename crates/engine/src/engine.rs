@@ -337,8 +337,8 @@ impl Engine {
             .map(|(id, n)| (backends::name_of(id), n))
             .collect())
     }
-    /// How many live nodes of each op (by [`Op::name`]) the graph for `n_tokens` new tokens
-    /// has, sorted by name (what fusion made of it).
+    /// How many live nodes of each op (by [`minfer_graph::Op::name`]) the graph for
+    /// `n_tokens` new tokens has, sorted by name (what fusion made of it).
     pub fn ops_in_graph(&mut self, n_tokens: usize) -> Result<Vec<(&'static str, usize)>> {
         let p = self.params(n_tokens, 1, WindowLayout::Span);
         self.prepare(&p)?;
