@@ -107,12 +107,22 @@ pub fn fused_equals_unfused(cases: &[(Arch, GgmlType, GgmlType)]) {
 /// The same prompt, then 8 greedy decode steps on both engines: every step's logits bit for
 /// bit.
 pub fn compare_decode(fused: &mut Engine, plain: &mut Engine, what: &str) {
-    let prompt = [1u32, 5, 9, 3, 33, 7];
-    let a = fused.decode(&prompt, 0, 1).unwrap().to_vec();
-    let b = plain.decode(&prompt, 0, 1).unwrap().to_vec();
+    compare_decode_with(fused, plain, what, &[1, 5, 9, 3, 33, 7], 8);
+}
+
+/// [`compare_decode`] from `prompt` over `steps` decode steps.
+pub fn compare_decode_with(
+    fused: &mut Engine,
+    plain: &mut Engine,
+    what: &str,
+    prompt: &[u32],
+    steps: usize,
+) {
+    let a = fused.decode(prompt, 0, 1).unwrap().to_vec();
+    let b = plain.decode(prompt, 0, 1).unwrap().to_vec();
     assert_eq!(bits(&a), bits(&b), "{what}: prefill");
     let mut next = argmax(&a);
-    for step in 0..8 {
+    for step in 0..steps {
         let pos = prompt.len() + step;
         let a = fused.decode(&[next], pos, 1).unwrap().to_vec();
         let b = plain.decode(&[next], pos, 1).unwrap().to_vec();
