@@ -302,6 +302,13 @@ impl CpuBackend {
                     self.threads,
                 )?;
             }
+            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => {
+                // supports_op refuses them, so fusion never gives the CPU one.
+                return Err(KernelError(format!(
+                    "{} is a fused decode op the CPU does not run (it runs the unfused chain)",
+                    node.op.name()
+                )));
+            }
         }
         Ok(())
     }
@@ -414,6 +421,7 @@ impl Backend for CpuBackend {
             | Op::Mul
             | Op::Silu
             | Op::SwiGLU => true,
+            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => false,
         }
     }
 
@@ -441,6 +449,8 @@ impl Backend for CpuBackend {
     fn supports_fused(&self, op: FusedOp) -> bool {
         match op {
             FusedOp::SwiGLU => true,
+            // The decode fusions exist for dispatch-bound devices; the CPU keeps the chain.
+            FusedOp::QkvRopeStore | FusedOp::QkvNormRopeStore | FusedOp::FfnGateUp => false,
         }
     }
 

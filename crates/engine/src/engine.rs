@@ -31,7 +31,8 @@ use crate::kvcells::{KvCells, SeqId};
 use crate::weights::{intern, ModelWeights};
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
-    dump, Allocator, Backend, GraphCache, GraphParams, Node, Op, Placement, WeightId, WindowLayout,
+    dump, Allocator, Backend, FusionConfig, GraphCache, GraphParams, Node, Placement, WeightId,
+    WindowLayout,
 };
 use minfer_models::{build_graph, check_tensors, output_weight_name, HParams};
 use std::collections::HashMap;
@@ -135,6 +136,9 @@ pub struct EngineConfig {
     pub cpu: backends::CpuSettings,
     /// Most tokens in one forward; longer prompts run as several (chunked prefill).
     pub n_batch: usize,
+    /// Which decode fusions a device backend gets (default: on, less what
+    /// `MINFER_NO_FUSE_QKV=1` / `MINFER_NO_FUSE_FFN=1` turn off). Per engine.
+    pub fusion: FusionConfig,
 }
 
 impl Default for EngineConfig {
@@ -148,6 +152,7 @@ impl Default for EngineConfig {
             memory_budget: None,
             cpu: backends::CpuSettings::default(),
             n_batch: 512,
+            fusion: FusionConfig::from_env(),
         }
     }
 }
@@ -220,12 +225,20 @@ impl Engine {
             };
             // The weights a forward reads: those of the smallest graph (every graph reads
             // the same ones).
-            let probe = build_graph(&hp, &weights, output_weight, &probe_params(n_ctx, &cfg))?;
+            let mut probe = build_graph(&hp, &weights, output_weight, &probe_params(n_ctx, &cfg))?;
             let mut used: Vec<WeightId> = probe.nodes.iter().flat_map(|n| n.op.weights()).collect();
             used.sort_unstable();
             used.dedup();
-            minfer_graph::place_weights(&mut backends, &weights, &used)?
+            let placement = minfer_graph::place_weights(&mut backends, &weights, &used)?;
+            // The probe is a decode graph: its fused nodes name the weight concatenations a
+            // device builds now, once.
+            minfer_graph::assign_backends(&mut probe, &backends, &weights, &placement)?;
+            minfer_graph::fuse(&mut probe, &backends, &weights, cfg.fusion);
+            minfer_graph::prepare_concats(&probe, &mut backends, &weights)?;
+            placement
         };
+        let mut cache = GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES);
+        cache.set_fusion(cfg.fusion);
         let mut alloc = Allocator::new();
         if let Some(b) = cfg.memory_budget {
             for be in &backends {
@@ -242,7 +255,7 @@ impl Engine {
             output_weight,
             backends,
             placement,
-            cache: GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES),
+            cache,
             alloc,
             n_ctx,
             n_batch: cfg.n_batch.max(1),
@@ -323,6 +336,22 @@ impl Engine {
             .into_iter()
             .map(|(id, n)| (backends::name_of(id), n))
             .collect())
+    }
+    /// How many live nodes of each op (by [`minfer_graph::Op::name`]) the graph for
+    /// `n_tokens` new tokens has, sorted by name (what fusion made of it).
+    pub fn ops_in_graph(&mut self, n_tokens: usize) -> Result<Vec<(&'static str, usize)>> {
+        let p = self.params(n_tokens, 1, WindowLayout::Span);
+        self.prepare(&p)?;
+        let (g, _) = self.cache_peek()?;
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for n in g.nodes.iter().filter(|n| !n.dead) {
+            match counts.iter_mut().find(|(name, _)| *name == n.op.name()) {
+                Some(c) => c.1 += 1,
+                None => counts.push((n.op.name(), 1)),
+            }
+        }
+        counts.sort();
+        Ok(counts)
     }
     /// The cell table of every sequence (read-only: change it through the `seq_*` calls).
     pub fn cells(&self) -> &KvCells {
@@ -469,9 +498,8 @@ impl Engine {
         // One cell past the context: the scratch cell padding rows write and read.
         let n_cells = params.n_ctx + 1;
         let kv_bytes = |n: &Node| -> minfer_graph::Result<usize> {
-            let ty = match &n.op {
-                Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => *cache_type,
-                _ => return Ok(0),
+            let Some(ty) = n.op.kv_cache_type() else {
+                return Ok(0);
             };
             let n_embd_kv = (hp.head_count_kv * hp.head_dim) as u64;
             let row = ty

@@ -61,7 +61,8 @@ fn the_demo_model_decodes_the_cpus_greedy_tokens_on_the_emulator() {
     let count =
         |c: &[(String, usize)], name: &str| c.iter().find(|x| x.0 == name).map_or(0, |x| x.1);
     assert_eq!(count(&on_metal, "cpu"), 0, "{on_metal:?}");
-    assert!(count(&on_metal, &backend) > 300, "{on_metal:?}");
+    // 24 layers, fused or not: every node of the decode graph is on the device.
+    assert!(count(&on_metal, &backend) > 250, "{on_metal:?}");
     let t0 = std::time::Instant::now();
     let (want, lc) = greedy(&mut cpu);
     let (got, lm) = greedy(&mut mtl);

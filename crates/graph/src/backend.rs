@@ -31,6 +31,12 @@ pub struct KvPair {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FusedOp {
     SwiGLU,
+    /// [`crate::Op::QkvRopeStore`] without per-head norm (Qwen2, LLaMA).
+    QkvRopeStore,
+    /// [`crate::Op::QkvRopeStore`] with per-head Q/K norm (Qwen3).
+    QkvNormRopeStore,
+    /// [`crate::Op::FfnGateUp`].
+    FfnGateUp,
 }
 
 /// A model weight, interned once at load: ops name weights by id, and the hot path indexes
@@ -167,6 +173,17 @@ pub trait Backend: Send {
     /// Receives the weights placed on this backend, once, before the first forward: a device
     /// uploads or wraps them, the CPU derives what it would otherwise compute per call.
     fn prepare_weights(&mut self, _weights: &dyn WeightSource, _ids: &[WeightId]) -> Result<()> {
+        Ok(())
+    }
+    /// Receives, once at load after [`Backend::prepare_weights`], the weight groups its fused
+    /// nodes read as one matrix ([`crate::Op::concat_groups`]: rows of each group appended):
+    /// a device builds each concatenation once here, never per step, and charges it in
+    /// [`Backend::weights_bytes`].
+    fn prepare_concat(
+        &mut self,
+        _weights: &dyn WeightSource,
+        _groups: &[Vec<WeightId>],
+    ) -> Result<()> {
         Ok(())
     }
     /// Bytes of device memory the prepared weights occupy (wrapped or copied); memory budgets

@@ -7,7 +7,7 @@ use crate::alloc::{Allocator, Plan};
 use crate::assign::assign_backends;
 use crate::backend::{Backend, WeightSource};
 use crate::error::Result;
-use crate::fusion::fuse;
+use crate::fusion::{fuse, FusionConfig};
 use crate::ir::{Graph, GraphParams, Node};
 use crate::placement::Placement;
 
@@ -17,6 +17,8 @@ pub struct GraphCache {
     /// Most bytes the cached plans may hold together (the newest is always kept).
     max_bytes: usize,
     builds: usize,
+    /// Which decode rewrites the built graphs get.
+    fusion: FusionConfig,
 }
 
 impl GraphCache {
@@ -26,6 +28,7 @@ impl GraphCache {
             capacity: capacity.max(1),
             max_bytes: usize::MAX,
             builds: 0,
+            fusion: FusionConfig::from_env(),
         }
     }
 
@@ -36,6 +39,11 @@ impl GraphCache {
             max_bytes,
             ..GraphCache::new(capacity)
         }
+    }
+
+    /// Which decode rewrites graphs built from now on get (default: [`FusionConfig::from_env`]).
+    pub fn set_fusion(&mut self, fusion: FusionConfig) {
+        self.fusion = fusion;
     }
 
     /// Bytes of buffers the cached plans hold.
@@ -88,7 +96,7 @@ impl GraphCache {
         } else {
             let mut graph = build(params)?;
             assign_backends(&mut graph, backends, weights, placement)?;
-            fuse(&mut graph, backends);
+            fuse(&mut graph, backends, weights, self.fusion);
             // Evict first, so the new plan's buffers fit a budget the old ones filled.
             while self.entries.len() >= self.capacity {
                 if let Some((_, _, plan)) = self.entries.pop() {

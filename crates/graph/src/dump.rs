@@ -47,6 +47,15 @@ fn detail(op: &Op, wn: WeightNames) -> String {
             format!("L{layer} {n_head}/{n_head_kv}x{head_dim}")
         }
         Op::Rope { style, .. } => format!("{style:?}"),
+        Op::QkvRopeStore(f) => format!(
+            "L{} {}|{}|{} {}",
+            f.layer,
+            wn(f.wq),
+            wn(f.wk),
+            wn(f.wv),
+            f.cache_type
+        ),
+        Op::FfnGateUp { gate, up } => format!("{}|{}", wn(*gate), wn(*up)),
         _ => String::new(),
     }
 }

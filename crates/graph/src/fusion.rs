@@ -1,12 +1,390 @@
-//! Peephole fusion: `Mul(Silu(a), b)` (Silu on either side) becomes `SwiGLU(a, b)` when the
-//! Mul's backend supports the fused op, the Silu runs on the same backend and the Mul is the
-//! Silu's only consumer. The Silu node is marked dead (no buffer, never executed).
+//! Peephole fusion. A rewrite happens only where the node's backend says
+//! [`Backend::supports_fused`] for the class and [`Backend::supports_op`] accepts the fused
+//! node (its weights); every other backend (the CPU) keeps the unfused chain. Replaced nodes
+//! are marked dead (no buffer, never executed).
+//!
+//! - Decode graphs only (one token), each switchable by [`FusionConfig`]:
+//!   - a layer's Q/K/V chain — `MatMul(+bias)` or `MatMul → RmsNorm(head)` for q, k and v,
+//!     `Rope` of q and k, `KvStore` of k and v — becomes one [`Op::QkvRopeStore`] whose
+//!     output is the roped q (the attention reads it; it runs after the stores it replaced);
+//!   - the FFN `silu(x·Wg) * (x·Wu)` becomes [`Op::FfnGateUp`] when the FFN has at most
+//!     [`MAX_FUSED_FFN`] rows (a larger gate|up concatenation would cost more memory than the
+//!     dispatch it saves).
+//! - Every graph: `Mul(Silu(a), b)` (Silu on either side) becomes `SwiGLU(a, b)` when the Silu
+//!   runs on the same backend and the Mul is its only consumer.
 
-use crate::backend::{Backend, FusedOp};
-use crate::ir::{Graph, Op};
+use std::sync::OnceLock;
 
-/// Returns the number of rewrites.
-pub fn fuse(graph: &mut Graph, backends: &[Box<dyn Backend>]) -> usize {
+use crate::backend::{Backend, RopeSpec, WeightId, WeightSource};
+use crate::error::Result;
+use crate::ir::{DType, Graph, InputKind, KvKind, Node, NodeId, Op, QkNormSpec, QkvFused};
+
+/// Largest FFN (rows of gate and of up) fused into [`Op::FfnGateUp`].
+pub const MAX_FUSED_FFN: usize = 16384;
+
+/// Which decode rewrites run (the SwiGLU rewrite always does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusionConfig {
+    pub qkv: bool,
+    pub ffn: bool,
+}
+
+impl FusionConfig {
+    pub const ALL: FusionConfig = FusionConfig {
+        qkv: true,
+        ffn: true,
+    };
+    pub const NONE: FusionConfig = FusionConfig {
+        qkv: false,
+        ffn: false,
+    };
+
+    /// `MINFER_NO_FUSE_QKV=1` / `MINFER_NO_FUSE_FFN=1` turn a rewrite off; read once per
+    /// process.
+    pub fn from_env() -> FusionConfig {
+        static CFG: OnceLock<FusionConfig> = OnceLock::new();
+        *CFG.get_or_init(|| {
+            let off = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+            FusionConfig {
+                qkv: !off("MINFER_NO_FUSE_QKV"),
+                ffn: !off("MINFER_NO_FUSE_FFN"),
+            }
+        })
+    }
+}
+
+impl Default for FusionConfig {
+    fn default() -> Self {
+        FusionConfig::from_env()
+    }
+}
+
+/// Rewrites `graph` in place; returns the number of rewrites.
+pub fn fuse(
+    graph: &mut Graph,
+    backends: &[Box<dyn Backend>],
+    weights: &dyn WeightSource,
+    cfg: FusionConfig,
+) -> usize {
+    let decode = graph
+        .input(InputKind::TokenIds)
+        .is_some_and(|t| graph.node(t).shape[1] == 1);
+    let mut count = 0;
+    if decode && cfg.qkv {
+        count += fuse_qkv(graph, backends, weights);
+    }
+    if decode && cfg.ffn {
+        count += fuse_ffn(graph, backends, weights);
+    }
+    count + fuse_swiglu(graph, backends)
+}
+
+/// Hands each backend the weight groups its fused nodes in `graph` read as one matrix
+/// ([`Op::concat_groups`], each group once), at load.
+pub fn prepare_concats(
+    graph: &Graph,
+    backends: &mut [Box<dyn Backend>],
+    weights: &dyn WeightSource,
+) -> Result<()> {
+    for be in backends.iter_mut() {
+        let mut groups: Vec<Vec<WeightId>> = graph
+            .nodes
+            .iter()
+            .filter(|n| !n.dead && n.backend == Some(be.id()))
+            .flat_map(|n| n.op.concat_groups())
+            .collect();
+        groups.sort();
+        groups.dedup();
+        if !groups.is_empty() {
+            be.prepare_concat(weights, &groups)?;
+        }
+    }
+    Ok(())
+}
+
+fn backend_of<'a>(backends: &'a [Box<dyn Backend>], node: &Node) -> Option<&'a dyn Backend> {
+    backends
+        .iter()
+        .find(|b| Some(b.id()) == node.backend)
+        .map(|b| b.as_ref())
+}
+
+/// Whether `be` takes `op` as a fused node.
+fn accepts(be: &dyn Backend, op: &Op, weights: &dyn WeightSource) -> bool {
+    op.fused_class().is_some_and(|c| be.supports_fused(c))
+        && be.supports_op(op, DType::F32, weights)
+}
+
+/// The graph as the pattern matchers read it: live one-token nodes of one backend.
+struct View<'a> {
+    g: &'a Graph,
+    consumers: &'a [Vec<NodeId>],
+    backend: Option<crate::backend::BackendId>,
+}
+
+impl View<'_> {
+    /// `id` when it is live, on the pattern's backend, one row, and consumed by `by` alone.
+    fn only_for(&self, id: NodeId, by: NodeId) -> Option<&Node> {
+        let n = self.g.node(id);
+        (!n.dead
+            && n.backend == self.backend
+            && n.shape[1] == 1
+            && self.consumers[id.index()] == [by])
+        .then_some(n)
+    }
+
+    /// A projection feeding `by`: `MatMul{w, bias}(x)`, or `RmsNorm(head_dim)(MatMul{w}(x))`
+    /// when `head_norm` is given. Returns (matmul node, x, weight, bias, norm, the nodes).
+    #[allow(clippy::type_complexity)]
+    fn projection(
+        &self,
+        id: NodeId,
+        by: NodeId,
+        head_dim: usize,
+    ) -> Option<(
+        NodeId,
+        WeightId,
+        Option<WeightId>,
+        Option<(WeightId, f32)>,
+        Vec<NodeId>,
+    )> {
+        let n = self.only_for(id, by)?;
+        let (mm, norm, mut nodes) = match n.op {
+            Op::RmsNorm { eps, weight, group } if group == head_dim => {
+                (self.only_for(n.src[0], id)?, Some((weight, eps)), vec![id])
+            }
+            _ => (n, None, Vec::new()),
+        };
+        let Op::MatMul { weight, bias } = mm.op else {
+            return None;
+        };
+        nodes.push(mm.id);
+        Some((mm.src[0], weight, bias, norm, nodes))
+    }
+}
+
+fn fuse_qkv(graph: &mut Graph, backends: &[Box<dyn Backend>], weights: &dyn WeightSource) -> usize {
+    let consumers = graph.consumers();
+    let mut rewrites = Vec::new();
+    for attn in graph.nodes.iter().filter(|n| !n.dead) {
+        let Some(be) = backend_of(backends, attn) else {
+            continue;
+        };
+        let v = View {
+            g: graph,
+            consumers: &consumers,
+            backend: attn.backend,
+        };
+        if let Some(r) = match_qkv(&v, attn).filter(|r| accepts(be, &r.op, weights)) {
+            rewrites.push(r);
+        }
+    }
+    let count = rewrites.len();
+    for r in rewrites {
+        let slot = &mut graph.nodes[r.slot.index()];
+        slot.name = format!("L{}.qkv", r.layer);
+        slot.op = r.op;
+        slot.src = r.srcs.to_vec();
+        for d in r.dead {
+            graph.nodes[d.index()].dead = true;
+        }
+        let attn = &mut graph.nodes[r.attn.index()];
+        attn.src = vec![r.slot, attn.src[1]];
+    }
+    count
+}
+
+struct QkvRewrite {
+    attn: NodeId,
+    /// The q RoPE node, rewritten into the fused node.
+    slot: NodeId,
+    layer: usize,
+    op: Op,
+    srcs: [NodeId; 3],
+    dead: Vec<NodeId>,
+}
+
+fn match_qkv(v: &View, attn: &Node) -> Option<QkvRewrite> {
+    let Op::Attention {
+        layer,
+        n_head,
+        n_head_kv,
+        head_dim,
+        cache_type,
+        ..
+    } = attn.op
+    else {
+        return None;
+    };
+    if attn.src.len() != 4 || attn.shape[1] != 1 {
+        return None;
+    }
+    let (qr, ks, vs) = (
+        v.only_for(attn.src[0], attn.id)?,
+        v.only_for(attn.src[2], attn.id)?,
+        v.only_for(attn.src[3], attn.id)?,
+    );
+    let store = |n: &Node, want: KvKind| match n.op {
+        Op::KvStore {
+            layer: l,
+            kind,
+            cache_type: ct,
+        } if l == layer && kind == want && ct == cache_type => Some((n.src[0], n.src[1])),
+        _ => None,
+    };
+    let (kr_id, cells) = store(ks, KvKind::K)?;
+    let (v_in, cells_v) = store(vs, KvKind::V)?;
+    let kr = v.only_for(kr_id, ks.id)?;
+    let rope = |n: &Node, heads: usize| match n.op {
+        Op::Rope {
+            style,
+            n_head,
+            head_dim: hd,
+            freq_base,
+            freq_scale,
+        } if n_head == heads && hd == head_dim => Some((
+            RopeSpec {
+                style,
+                head_dim,
+                freq_base,
+                freq_scale,
+            },
+            n.src[0],
+            n.src[1],
+        )),
+        _ => None,
+    };
+    let (rope_q, q_in, pos) = rope(qr, n_head)?;
+    let (rope_k, k_in, pos_k) = rope(kr, n_head_kv)?;
+    if rope_q != rope_k || pos_k != pos || cells_v != cells {
+        return None;
+    }
+    let (xq, wq, bq, nq, mut dead) = v.projection(q_in, qr.id, head_dim)?;
+    let (xk, wk, bk, nk, dk) = v.projection(k_in, kr.id, head_dim)?;
+    let (xv, wv, bv, nv, dv) = v.projection(v_in, vs.id, 0)?;
+    if xq != xk || xq != xv || nv.is_some() {
+        return None;
+    }
+    let bias = match (bq, bk, bv) {
+        (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+        (None, None, None) => None,
+        _ => return None,
+    };
+    let norm = match (nq, nk) {
+        (Some((q, e)), Some((k, ek))) if e == ek => Some(QkNormSpec { q, k, eps: e }),
+        (None, None) => None,
+        _ => return None,
+    };
+    // Biases are added before a norm in the unfused chain; the fused kernels do one or the
+    // other.
+    if bias.is_some() && norm.is_some() {
+        return None;
+    }
+    // The fused node takes the q RoPE's place: everything it reads must come before it.
+    if [xq, pos, cells].iter().any(|s| s.index() >= qr.id.index()) {
+        return None;
+    }
+    dead.extend(dk);
+    dead.extend(dv);
+    dead.extend([kr.id, ks.id, vs.id]);
+    Some(QkvRewrite {
+        attn: attn.id,
+        slot: qr.id,
+        layer,
+        op: Op::QkvRopeStore(Box::new(QkvFused {
+            wq,
+            wk,
+            wv,
+            bias,
+            norm,
+            rope: rope_q,
+            n_head,
+            n_head_kv,
+            layer,
+            cache_type,
+        })),
+        srcs: [xq, pos, cells],
+        dead,
+    })
+}
+
+fn fuse_ffn(graph: &mut Graph, backends: &[Box<dyn Backend>], weights: &dyn WeightSource) -> usize {
+    let consumers = graph.consumers();
+    let mut count = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        let Some(be) = backend_of(backends, node) else {
+            continue;
+        };
+        let v = View {
+            g: graph,
+            consumers: &consumers,
+            backend: node.backend,
+        };
+        let Some((x, op, dead)) = match_ffn(&v, node) else {
+            continue;
+        };
+        if !accepts(be, &op, weights) {
+            continue;
+        }
+        let node = &mut graph.nodes[i];
+        node.op = op;
+        node.src = vec![x];
+        for d in dead {
+            graph.nodes[d.index()].dead = true;
+        }
+        count += 1;
+    }
+    count
+}
+
+/// `SwiGLU(x·Wg, x·Wu)` or `Mul(Silu(x·Wg), x·Wu)` (either side) of one token.
+fn match_ffn(v: &View, m: &Node) -> Option<(NodeId, Op, Vec<NodeId>)> {
+    if m.dead || m.shape[1] != 1 || m.shape[0] > MAX_FUSED_FFN || m.src.len() != 2 {
+        return None;
+    }
+    let (gate_mm, up_mm, mut dead) = match m.op {
+        Op::SwiGLU => (v.only_for(m.src[0], m.id)?, m.src[1], Vec::new()),
+        Op::Mul => {
+            let silu = |k: usize| {
+                v.only_for(m.src[k], m.id)
+                    .filter(|s| s.op == Op::Silu && s.shape == m.shape)
+            };
+            let (s, other) = match (silu(0), silu(1)) {
+                (Some(s), _) => (s, m.src[1]),
+                (None, Some(s)) => (s, m.src[0]),
+                _ => return None,
+            };
+            (v.only_for(s.src[0], s.id)?, other, vec![s.id])
+        }
+        _ => return None,
+    };
+    let up_mm = v.only_for(up_mm, m.id)?;
+    let (
+        Op::MatMul {
+            weight: gate,
+            bias: None,
+        },
+        Op::MatMul {
+            weight: up,
+            bias: None,
+        },
+    ) = (&gate_mm.op, &up_mm.op)
+    else {
+        return None;
+    };
+    if gate_mm.src[0] != up_mm.src[0] || gate_mm.shape != m.shape || up_mm.shape != m.shape {
+        return None;
+    }
+    dead.extend([gate_mm.id, up_mm.id]);
+    let op = Op::FfnGateUp {
+        gate: *gate,
+        up: *up,
+    };
+    Some((gate_mm.src[0], op, dead))
+}
+
+fn fuse_swiglu(graph: &mut Graph, backends: &[Box<dyn Backend>]) -> usize {
     let consumers = graph.consumers();
     let mut count = 0;
     for i in 0..graph.nodes.len() {
@@ -14,10 +392,10 @@ pub fn fuse(graph: &mut Graph, backends: &[Box<dyn Backend>]) -> usize {
         if node.dead || node.op != Op::Mul {
             continue;
         }
-        let Some(be) = backends.iter().find(|b| Some(b.id()) == node.backend) else {
+        let Some(be) = backend_of(backends, node) else {
             continue;
         };
-        if !be.supports_fused(FusedOp::SwiGLU) {
+        if !be.supports_fused(crate::backend::FusedOp::SwiGLU) {
             continue;
         }
         let is_silu = |k: usize| {

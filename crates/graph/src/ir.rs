@@ -5,7 +5,7 @@
 //! referenced by GGUF name; a matmul weight with `ne0 = in`, `ne1 = out` computes
 //! `y[t][o] = sum_i w[o][i] x[t][i]`.
 
-use crate::backend::{BackendId, WeightId};
+use crate::backend::{BackendId, FusedOp, RopeSpec, WeightId};
 use minfer_gguf::GgmlType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,6 +145,53 @@ pub enum Op {
         /// The layout of `src[1]`.
         window: WindowLayout,
     },
+    /// Fused decode Q/K/V (one token, `src = [x, positions, cells]`): `q = x·Wqᵀ`,
+    /// `k = x·Wkᵀ`, `v = x·Wvᵀ`, each plus its bias ([`QkvFused::bias`]) or per-head RMSNorm
+    /// ([`QkvFused::norm`]), RoPE on q and k at the position, k and v written into the
+    /// layer's K/V regions at the cell; the output is the roped q `[n_head * head_dim, 1]`.
+    /// Exactly the unfused chain MatMul(+bias) / RmsNorm → Rope → KvStore. Produced by fusion
+    /// for decode graphs only; a backend refuses `nt != 1`.
+    QkvRopeStore(Box<QkvFused>),
+    /// Fused decode FFN gate/up (one token, `src = [x]`): `silu(x·Wgᵀ) * (x·Wuᵀ)`, exactly
+    /// MatMul, MatMul and SwiGLU. Produced by fusion for decode graphs only.
+    FfnGateUp {
+        gate: WeightId,
+        up: WeightId,
+    },
+}
+
+/// What a [`Op::QkvRopeStore`] computes (the unfused chain's parameters).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QkvFused {
+    pub wq: WeightId,
+    pub wk: WeightId,
+    pub wv: WeightId,
+    /// The biases of q, k and v (Qwen2).
+    pub bias: Option<[WeightId; 3]>,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub norm: Option<QkNormSpec>,
+    pub rope: RopeSpec,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub layer: usize,
+    pub cache_type: GgmlType,
+}
+
+/// The per-head Q/K RMSNorm of a [`QkvFused`]: gains of `head_dim` elements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkNormSpec {
+    pub q: WeightId,
+    pub k: WeightId,
+    pub eps: f32,
+}
+
+impl QkvFused {
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.rope.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.rope.head_dim
+    }
 }
 
 impl Op {
@@ -162,23 +209,63 @@ impl Op {
             Op::SwiGLU => "SwiGLU",
             Op::KvStore { .. } => "KvStore",
             Op::Attention { .. } => "Attention",
+            Op::QkvRopeStore(f) if f.norm.is_some() => "QkvNormRopeStore",
+            Op::QkvRopeStore(_) => "QkvRopeStore",
+            Op::FfnGateUp { .. } => "FfnGateUp",
+        }
+    }
+
+    /// The fused-op class a node of this op is (None: an unfused op).
+    pub fn fused_class(&self) -> Option<FusedOp> {
+        match self {
+            Op::SwiGLU => Some(FusedOp::SwiGLU),
+            Op::QkvRopeStore(f) if f.norm.is_some() => Some(FusedOp::QkvNormRopeStore),
+            Op::QkvRopeStore(_) => Some(FusedOp::QkvRopeStore),
+            Op::FfnGateUp { .. } => Some(FusedOp::FfnGateUp),
+            _ => None,
+        }
+    }
+
+    /// The weight matrices a fused op reads as one, rows appended in order (q|k|v, gate|up):
+    /// a backend builds each concatenation once, at load ([`crate::Backend::prepare_concat`]).
+    pub fn concat_groups(&self) -> Vec<Vec<WeightId>> {
+        match self {
+            Op::QkvRopeStore(f) => vec![vec![f.wq, f.wk, f.wv]],
+            Op::FfnGateUp { gate, up } => vec![vec![*gate, *up]],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The KV element type of an op that reads or writes the layer's regions.
+    pub fn kv_cache_type(&self) -> Option<GgmlType> {
+        match self {
+            Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => Some(*cache_type),
+            Op::QkvRopeStore(f) => Some(f.cache_type),
+            _ => None,
         }
     }
 
     /// The weights an op reads.
     pub fn weights(&self) -> impl Iterator<Item = WeightId> {
-        let (a, b) = match self {
-            Op::GetRows { weight } | Op::RmsNorm { weight, .. } => (Some(*weight), None),
-            Op::MatMul { weight, bias } => (Some(*weight), *bias),
-            _ => (None, None),
+        let v: Vec<WeightId> = match self {
+            Op::GetRows { weight } | Op::RmsNorm { weight, .. } => vec![*weight],
+            Op::MatMul { weight, bias } => std::iter::once(*weight).chain(*bias).collect(),
+            Op::QkvRopeStore(f) => [f.wq, f.wk, f.wv]
+                .into_iter()
+                .chain(f.bias.into_iter().flatten())
+                .chain(f.norm.into_iter().flat_map(|n| [n.q, n.k]))
+                .collect(),
+            Op::FfnGateUp { gate, up } => vec![*gate, *up],
+            _ => Vec::new(),
         };
-        a.into_iter().chain(b)
+        v.into_iter()
     }
 
     /// The KV layer an op reads or writes.
     pub fn kv_layer(&self) -> Option<usize> {
         match self {
             Op::KvStore { layer, .. } | Op::Attention { layer, .. } => Some(*layer),
+            Op::QkvRopeStore(f) => Some(f.layer),
             _ => None,
         }
     }

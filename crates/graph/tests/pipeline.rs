@@ -4,9 +4,9 @@
 use minfer_gguf::GgmlType;
 use minfer_graph::{
     alloc::size_class, assign_backends, execute, fill_input, fuse, read_output, sched::splits,
-    Allocator, Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, Graph, GraphBuilder,
-    GraphCache, GraphParams, InputKind, Node, Op, Placement, WeightId, WeightRef, WeightSource,
-    WindowLayout,
+    Allocator, Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, FusionConfig, Graph,
+    GraphBuilder, GraphCache, GraphParams, InputKind, Node, Op, Placement, WeightId, WeightRef,
+    WeightSource, WindowLayout,
 };
 use std::sync::{Arc, Mutex};
 
@@ -300,7 +300,7 @@ fn swiglu_fusion_rewrites_sole_consumer_only_and_keeps_results() {
     let mut g = ffn_like(8);
     assign_backends(&mut g, &backends, &NoWeights, &everywhere(&backends)).unwrap();
     // silu2 has two consumers, so only `silu` may fuse.
-    assert_eq!(fuse(&mut g, &backends), 1);
+    assert_eq!(fuse(&mut g, &backends, &NoWeights, FusionConfig::ALL), 1);
     let mul = g.nodes.iter().find(|n| n.name == "mul").unwrap();
     assert_eq!(mul.op, Op::SwiGLU);
     assert!(g.nodes.iter().find(|n| n.name == "silu").unwrap().dead);
@@ -314,7 +314,7 @@ fn swiglu_fusion_rewrites_sole_consumer_only_and_keeps_results() {
     let nf: Vec<Box<dyn Backend>> = vec![Box::new(nf)];
     let mut g = ffn_like(8);
     assign_backends(&mut g, &nf, &NoWeights, &everywhere(&nf)).unwrap();
-    assert_eq!(fuse(&mut g, &nf), 0);
+    assert_eq!(fuse(&mut g, &nf, &NoWeights, FusionConfig::ALL), 0);
 }
 
 #[test]

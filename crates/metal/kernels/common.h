@@ -15,6 +15,11 @@ struct RopeShiftParams {
     uint style;
 };
 struct AddRowsParams { uint ncols; uint nrows; };
+struct QkvNormParams { uint head_dim; uint n_q; uint n_k; float eps; };
+struct QkvStoreParams {
+    uint n_head; uint n_head_kv; uint head_dim; uint has_bias; float freq_base; float freq_scale;
+    uint style; uint dst_row_bytes;
+};
 struct WindowAttnParams {
     uint n_head; uint n_head_kv; uint head_dim; uint n_tokens; uint kv_stride; uint kv_row_bytes;
     uint window_width; uint n_chunks; uint chunk_len; float scale; uint row_stride; uint n_tiles;
@@ -45,6 +50,42 @@ inline uint mf_ld_u32(device const uchar * p) {
     return uint(p[0]) | (uint(p[1]) << 8) | (uint(p[2]) << 16) | (uint(p[3]) << 24);
 }
 inline float mf_silu(float x) { return x / (1.0f + exp(-x)); }
+inline float mf_swiglu(float gate, float up) { return mf_silu(gate) * up; }
+
+// The RoPE rotation of one pair by the angle's cosine and sine (kernel_rope_f32 and the
+// fused QKV kernel both rotate through this, so their bits agree).
+inline void mf_rope_rot(float x0, float x1, float c, float s, thread float & y0,
+                        thread float & y1) {
+    y0 = x0 * c - x1 * s;
+    y1 = x0 * s + x1 * c;
+}
+
+// Per-head RMSNorm of one row of `ncols` by one simdgroup (lanes stride the row); dr may
+// alias xr (every lane reads its elements before the collective, writes after).
+inline void mf_qk_norm_row(device const float * xr, device const float * w, device float * dr,
+                           uint ncols, float eps, uint lane) {
+    float s = 0.0f;
+    for (uint i = lane; i < ncols; i += 32) { s += xr[i] * xr[i]; }
+    s = simd_sum(s);
+    float scale = rsqrt(s / float(ncols) + eps);
+    for (uint i = lane; i < ncols; i += 32) { dr[i] = xr[i] * scale * w[i]; }
+}
+
+// Q8_0 quantization of 32 values into one 34-byte block, the CPU reference rule: d = amax /
+// 127, q = round(x * (1/d)) (half away from zero), d stored as f16 (round to nearest even).
+// precise:: keeps both divisions exact so the bytes match the CPU quantizer.
+inline void mf_quant_q8_0(thread const float * x, device uchar * out) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) { amax = max(amax, fabs(x[j])); }
+    float d = precise::divide(amax, 127.0f);
+    float id = d != 0.0f ? precise::divide(1.0f, d) : 0.0f;
+    ushort dbits = as_type<ushort>(half(d));
+    out[0] = uchar(dbits & 255);
+    out[1] = uchar(dbits >> 8);
+    for (int j = 0; j < 32; ++j) {
+        out[2 + j] = as_type<uchar>(char(round(x[j] * id)));
+    }
+}
 
 // RoPE angle of pair i at position pos, as the CPU computes it (crates/cpu/src/ops/rope.rs):
 // theta_0 = pos, theta_{j+1} = theta_j * base^(-2/n_rot), each step rounded to f32, then

@@ -30,7 +30,7 @@ kernel void kernel_swiglu_f32(
         constant ElementwiseParams & p [[buffer(3)]],
         uint tpig [[thread_position_in_grid]]) {
     if (tpig >= p.n) { return; }
-    dst[tpig] = mf_silu(gate[tpig]) * up[tpig];
+    dst[tpig] = mf_swiglu(gate[tpig], up[tpig]);
 }
 
 // SiLU: x / (1 + e^-x), the CPU's formula; dst may alias x.

@@ -67,11 +67,5 @@ kernel void kernel_qk_norm_f32(
         uint lane [[thread_index_in_simdgroup]]) {
     uint row = tgpig.x * 4 + sg;
     if (row >= p.nrows) { return; }
-    device const float * xr = x + ulong(row) * p.ncols;
-    device float * dr = dst + ulong(row) * p.ncols;
-    float s = 0.0f;
-    for (uint i = lane; i < p.ncols; i += 32) { s += xr[i] * xr[i]; }
-    s = simd_sum(s);
-    float scale = rsqrt(s / float(p.ncols) + p.eps);
-    for (uint i = lane; i < p.ncols; i += 32) { dr[i] = xr[i] * scale * w[i]; }
+    mf_qk_norm_row(x + ulong(row) * p.ncols, w, dst + ulong(row) * p.ncols, p.ncols, p.eps, lane);
 }

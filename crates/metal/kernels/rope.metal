@@ -19,10 +19,11 @@ kernel void kernel_rope_f32(
         mf_rope_cs(float(pos[tpig.z]), i, p.n_rot, p.freq_base, p.freq_scale, c, s);
         ulong a = p.style == 0 ? base + i : base + 2 * i;
         ulong b = p.style == 0 ? base + i + half_rot : base + 2 * i + 1;
-        float x0 = x[a];
-        float x1 = x[b];
-        dst[a] = x0 * c - x1 * s;
-        dst[b] = x0 * s + x1 * c;
+        float y0;
+        float y1;
+        mf_rope_rot(x[a], x[b], c, s, y0, y1);
+        dst[a] = y0;
+        dst[b] = y1;
     } else {
         ulong a = base + p.n_rot + 2 * (i - half_rot);
         float x0 = x[a];

@@ -60,6 +60,24 @@ params!(
     AddRowsParams { ncols: u32, nrows: u32 }
 );
 params!(
+    /// Per-head RMSNorm of the `n_q` q heads and `n_k` k heads of a fused q|k|v row.
+    QkvNormParams { head_dim: u32, n_q: u32, n_k: u32, eps: f32 }
+);
+params!(
+    /// Bias + RoPE + KV store of a fused q|k|v row (one token); `style` as [`RopeParams`],
+    /// `dst_row_bytes` the KV region's row stride.
+    QkvStoreParams {
+        n_head: u32,
+        n_head_kv: u32,
+        head_dim: u32,
+        has_bias: u32,
+        freq_base: f32,
+        freq_scale: f32,
+        style: u32,
+        dst_row_bytes: u32,
+    }
+);
+params!(
     /// Attention over explicit windows. q/out `[n_tokens, n_head * head_dim]`; K/V regions of
     /// `n_cells` rows of `kv_stride` elements (`kv_row_bytes` bytes for packed q8_0); the
     /// window buffer holds `window_width` i32 per query: 2 = a span `(lo, hi)`, 16 = a kv map

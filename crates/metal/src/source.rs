@@ -18,6 +18,7 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("norm.metal", include_str!("../kernels/norm.metal")),
     ("rope.metal", include_str!("../kernels/rope.metal")),
     ("kv.metal", include_str!("../kernels/kv.metal")),
+    ("fused.metal", include_str!("../kernels/fused.metal")),
     ("get_rows.metal", include_str!("../kernels/get_rows.metal")),
     ("matmul.metal", include_str!("../kernels/matmul.metal")),
     (

@@ -97,9 +97,15 @@ fn attn_case(name: &'static str, n_tokens: usize, n_ctx: usize, kv_type: KvType)
             if kv_type == KvType::Q8_0 {
                 launch::launch_attn_classic(dev, &s, &qb, &kb, &vb, &pb, &out).unwrap();
             } else if n_tokens == 1 {
-                launch::launch_flash_decode(dev, &s, &qb, &kb, &vb, &pb, &out).unwrap();
+                let scratch = dev
+                    .new_buffer(launch::flash_decode_scratch_bytes(&s))
+                    .unwrap();
+                launch::launch_flash_decode(dev, &s, &qb, &kb, &vb, &pb, &scratch, &out).unwrap();
             } else {
-                launch::launch_flash_prefill(dev, &s, &qb, &kb, &vb, &pb, &out).unwrap();
+                let scratch = dev
+                    .new_buffer(launch::flash_prefill_scratch_bytes(&s))
+                    .unwrap();
+                launch::launch_flash_prefill(dev, &s, &qb, &kb, &vb, &pb, &scratch, &out).unwrap();
             }
             dev.submit().unwrap();
             out

@@ -172,7 +172,10 @@ fn multi_threadgroup_outputs(dev: &EmuDevice) -> Vec<Vec<u8>> {
     let pos: Vec<u8> = (0..70i32).flat_map(|p| p.to_le_bytes()).collect();
     let pb = dev.buffer_from(&pos).unwrap();
     let out = dev.new_buffer(70 * 4 * 64 * 4).unwrap();
-    launch::launch_flash_prefill(dev, &s, &q, &kb, &vb, &pb, &out).unwrap();
+    let scratch = dev
+        .new_buffer(launch::flash_prefill_scratch_bytes(&s))
+        .unwrap();
+    launch::launch_flash_prefill(dev, &s, &q, &kb, &vb, &pb, &scratch, &out).unwrap();
     dev.submit().unwrap();
     outs.push(read(&out, 70 * 4 * 64 * 4));
     // RMSNorm of 24 rows

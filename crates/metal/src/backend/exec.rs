@@ -79,6 +79,7 @@ pub(crate) fn op_refusal<D: Device>(
         Op::Rope { head_dim, .. } if !head_dim.is_multiple_of(2) => {
             Some(format!("RoPE over an odd head dim {head_dim}"))
         }
+        Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => super::fused::refusal(dev, op, weights),
         Op::Input(_)
         | Op::SelectRows
         | Op::Rope { .. }
@@ -89,7 +90,7 @@ pub(crate) fn op_refusal<D: Device>(
     }
 }
 
-fn kv_refusal(ty: GgmlType) -> Option<String> {
+pub(super) fn kv_refusal(ty: GgmlType) -> Option<String> {
     super::METAL_KV_TYPES
         .contains(&ty)
         .then_some(())
@@ -99,13 +100,18 @@ fn kv_refusal(ty: GgmlType) -> Option<String> {
         )
 }
 
-fn shape(op: &'static str, reason: String) -> Error {
+pub(super) fn shape(op: &'static str, reason: String) -> Error {
     Error::Shape { op, reason }
 }
 
 /// Bytes of one KV cell as the kernels lay it out; a packed q8_0 row must be whole f32
 /// words, as the graph's region sizes (the GGUF row size) are.
-fn cell_bytes(op: &'static str, kv: KvType, ty: GgmlType, n_embd_kv: usize) -> Result<usize> {
+pub(super) fn cell_bytes(
+    op: &'static str,
+    kv: KvType,
+    ty: GgmlType,
+    n_embd_kv: usize,
+) -> Result<usize> {
     let graph = ty.row_bytes(n_embd_kv as u64).ok_or_else(|| {
         shape(
             op,
@@ -128,7 +134,7 @@ impl<D: Device> MetalBackend<D>
 where
     D::Buffer: Clone,
 {
-    fn src(&self, args: &ExecArgs, i: usize) -> Result<D::Buffer> {
+    pub(super) fn src(&self, args: &ExecArgs, i: usize) -> Result<D::Buffer> {
         let id = args
             .srcs
             .get(i)
@@ -141,7 +147,7 @@ where
             .ok_or_else(|| shape("node", format!("src {i}: buffer {} does not exist", id.0)))
     }
 
-    fn out(&self, node: &Node, args: &ExecArgs) -> Result<D::Buffer> {
+    pub(super) fn out(&self, node: &Node, args: &ExecArgs) -> Result<D::Buffer> {
         let id = args
             .out
             .ok_or_else(|| shape("node", "no output buffer".into()))?;
@@ -179,7 +185,7 @@ where
             })
     }
 
-    fn vector(
+    pub(super) fn vector(
         &self,
         weights: &dyn WeightSource,
         id: minfer_graph::WeightId,
@@ -348,6 +354,8 @@ where
                 // it, never a silent skip).
                 launch::launch_store_kv(dev, kv, &x, &cells, &region, ne0, ne1, n_cells)
             }
+            Op::QkvRopeStore(f) => self.encode_qkv(node, f, args),
+            Op::FfnGateUp { gate, up } => self.encode_ffn(node, *gate, *up, args),
             Op::Attention {
                 n_head,
                 n_head_kv,

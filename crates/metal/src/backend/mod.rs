@@ -10,6 +10,7 @@
 //! violation is an `Err` naming the node; nothing falls back to the CPU mid-run.
 
 mod exec;
+mod fused;
 mod pool;
 mod profile;
 mod resident;
@@ -99,6 +100,11 @@ impl<D: Device> MetalBackend<D> {
     /// Whether the weights were copied (`MINFER_WEIGHT_COPY=1`) rather than wrapped.
     pub fn weights_copied(&self) -> bool {
         self.weights.copied
+    }
+
+    /// Weight concatenations made resident so far: (addressed in place, copied).
+    pub fn concats(&self) -> (usize, usize) {
+        (self.weights.concat_views, self.weights.concat_copies)
     }
 
     /// Bytes the pool holds (live and free buffers; never released).
@@ -205,6 +211,19 @@ where
         Ok(())
     }
 
+    fn prepare_concat(
+        &mut self,
+        weights: &dyn WeightSource,
+        groups: &[Vec<WeightId>],
+    ) -> GraphResult<()> {
+        for g in groups {
+            self.weights
+                .concat(&self.dev, weights, g)
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
     fn weights_bytes(&self) -> usize {
         self.weights.bytes
     }
@@ -233,7 +252,10 @@ where
 
     fn supports_fused(&self, op: FusedOp) -> bool {
         match op {
-            FusedOp::SwiGLU => true,
+            FusedOp::SwiGLU
+            | FusedOp::QkvRopeStore
+            | FusedOp::QkvNormRopeStore
+            | FusedOp::FfnGateUp => true,
         }
     }
 

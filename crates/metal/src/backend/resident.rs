@@ -36,6 +36,11 @@ pub(crate) struct Residency<D: Device> {
     pub bytes: usize,
     /// Whether weights were copied rather than wrapped.
     pub copied: bool,
+    /// Concatenated matrices (rows of a group appended) by the group's first weight.
+    pub concats: Vec<Option<(Vec<WeightId>, Matrix)>>,
+    /// Concatenations addressed in place (the group lies contiguous in one buffer) and copied.
+    pub concat_views: usize,
+    pub concat_copies: usize,
 }
 
 impl<D: Device> Default for Residency<D> {
@@ -45,6 +50,9 @@ impl<D: Device> Default for Residency<D> {
             buffers: Vec::new(),
             bytes: 0,
             copied: false,
+            concats: Vec::new(),
+            concat_views: 0,
+            concat_copies: 0,
         }
     }
 }
@@ -144,6 +152,89 @@ impl<D: Device> Residency<D> {
     pub fn matrix(&self, id: WeightId) -> Option<(&D::Buffer, Matrix)> {
         match self.by_id.get(id.index())? {
             Some(Resident::Matrix(m)) => Some((&self.buffers[m.buf], *m)),
+            _ => None,
+        }
+    }
+
+    /// Makes the concatenation of `group`'s resident matrices (same type and row length,
+    /// rows appended in order) resident, once: in place when the matrices follow each other
+    /// in one buffer (a GGUF part usually stores a layer's q, k, v so), else as one copy
+    /// charged in `bytes`.
+    pub fn concat(
+        &mut self,
+        dev: &D,
+        weights: &dyn WeightSource,
+        group: &[WeightId],
+    ) -> Result<()> {
+        let names = || {
+            group
+                .iter()
+                .map(|&id| weights.name(id))
+                .collect::<Vec<_>>()
+                .join("|")
+        };
+        let mut ms = Vec::with_capacity(group.len());
+        for &id in group {
+            let (_, m) = self.matrix(id).ok_or_else(|| {
+                err(format!(
+                    "concat {}: {} is not resident as a matrix",
+                    names(),
+                    weights.name(id)
+                ))
+            })?;
+            ms.push(m);
+        }
+        let Some(&first) = ms.first() else {
+            return Ok(());
+        };
+        if ms.iter().any(|m| m.ty != first.ty || m.ne0 != first.ne0) {
+            return Err(err(format!(
+                "concat {}: the matrices differ in type or row length",
+                names()
+            )));
+        }
+        let row = first
+            .ty
+            .row_bytes(first.ne0 as u64)
+            .ok_or_else(|| err(format!("concat {}: rows are not whole blocks", names())))?
+            as usize;
+        let ne1: usize = ms.iter().map(|m| m.ne1).sum();
+        let contiguous = ms
+            .windows(2)
+            .all(|w| w[1].buf == w[0].buf && w[1].offset == w[0].offset + (w[0].ne1 * row) as u64);
+        let m = if contiguous {
+            self.concat_views += 1;
+            Matrix { ne1, ..first }
+        } else {
+            let mut bytes = Vec::with_capacity(ne1 * row);
+            for &id in group {
+                let w = weights.weight(id).ok_or_else(|| {
+                    err(format!("weight {} is not in the model", weights.name(id)))
+                })?;
+                bytes.extend_from_slice(w.bytes);
+            }
+            self.buffers.push(dev.buffer_from(&bytes)?);
+            self.bytes += bytes.len();
+            self.concat_copies += 1;
+            Matrix {
+                ne1,
+                buf: self.buffers.len() - 1,
+                offset: 0,
+                ..first
+            }
+        };
+        let at = group[0].index();
+        if self.concats.len() <= at {
+            self.concats.resize_with(at + 1, || None);
+        }
+        self.concats[at] = Some((group.to_vec(), m));
+        Ok(())
+    }
+
+    /// The concatenation of `group` made by [`Residency::concat`].
+    pub fn concat_of(&self, group: &[WeightId]) -> Option<(&D::Buffer, Matrix)> {
+        match self.concats.get(group.first()?.index())? {
+            Some((g, m)) if g == group => Some((&self.buffers[m.buf], *m)),
             _ => None,
         }
     }

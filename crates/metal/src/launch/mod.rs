@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod fused;
 mod kv;
 mod matmul;
 mod norm;
@@ -17,6 +18,7 @@ pub use attention::{
     launch_flash_prefill, launch_flash_prefill_with_tail_origin, AttnShape, KvType,
 };
 pub use elementwise::{launch_add, launch_add_rows, launch_mul, launch_silu, launch_swiglu};
+pub use fused::{launch_qkv_norm, launch_qkv_rope_store, launch_swiglu_split, QkvStore};
 pub use kv::{launch_store_kv, q8_0_row_bytes};
 pub use matmul::{
     launch_get_rows, launch_matmul, launch_matmul_tier, launch_mm, launch_mv, launch_mv_multi,

@@ -6,7 +6,7 @@ use crate::params::{RopeParams, RopeShiftParams};
 use minfer_graph::RopeStyle;
 
 /// The kernel's code for a pairing (`RopeParams::style`, read by `kernels/rope.metal`).
-fn style_code(style: RopeStyle) -> u32 {
+pub(super) fn style_code(style: RopeStyle) -> u32 {
     match style {
         // (i, i + n_rot/2): NeoX / Qwen2.
         RopeStyle::Neox => 0,
