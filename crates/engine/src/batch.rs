@@ -347,6 +347,17 @@ impl Engine {
             at += e.logits;
         }
         self.out = BatchLogits { data, rows, vocab };
+        if self.trace.is_some() {
+            let shape = crate::trace::ForwardShape {
+                tokens: entries
+                    .iter()
+                    .flat_map(|e| e.tokens.iter().copied())
+                    .collect(),
+                graph_tokens: n_tok,
+                graph_out: n_out,
+            };
+            self.trace_forward(shape)?;
+        }
         Ok(())
     }
 }

@@ -179,6 +179,8 @@ pub struct Engine {
     pub(crate) bucketed: bool,
     /// Defragmentations run so far (by a forward or [`Engine::defrag`]).
     pub(crate) defrags: usize,
+    /// The trace being recorded ([`Engine::trace_begin`]).
+    pub(crate) trace: Option<crate::trace::Trace>,
 }
 
 impl Engine {
@@ -252,6 +254,7 @@ impl Engine {
             out: BatchLogits::default(),
             bucketed,
             defrags: 0,
+            trace: None,
         })
     }
 
