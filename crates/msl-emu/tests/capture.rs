@@ -4,7 +4,8 @@
 //! same values bit for bit (exact ops: get_rows f32, add, mul), also for nodes whose buffer
 //! a later node of the same split reuses, where the control (reading the node's buffer
 //! after the split) gives the later node's values; staging buffers are reused at their
-//! exact length once warm; disarmed, nothing is staged or captured.
+//! exact length once warm; disarmed, nothing is staged or captured; past the staging
+//! ceiling the split is submitted early and the captures are unchanged.
 
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
@@ -290,4 +291,20 @@ fn staging_is_reused_at_exact_length_and_costs_nothing_disarmed() {
     split(&mut be, &g, &w, &nodes);
     assert!(be.take_captures().unwrap().is_empty());
     assert_eq!(be.staging_buffers_made(), made);
+    // A ceiling of one node's output: each blit is submitted and read back at once, so one
+    // staging buffer serves the split, and the values are the same.
+    let mut small = metal().with_staging_ceiling(bytes);
+    small.prepare_weights(&w, &[WeightId(0)]).unwrap();
+    let ids = small.alloc(4 * IDS.len()).unwrap();
+    small.write(ids, 0, &ids_bytes).unwrap();
+    let (p, q) = (small.alloc(bytes).unwrap(), small.alloc(bytes).unwrap());
+    let nodes = vec![(1, vec![ids], p), (2, vec![p, p], q), (3, vec![q, q], p)];
+    small.capture(true).unwrap();
+    split(&mut small, &g, &w, &nodes);
+    let flushed = small.take_captures().unwrap();
+    assert_eq!(small.staging_buffers_made(), 1);
+    assert_eq!(flushed.len(), first.len());
+    for ((i, v), (j, u)) in first.iter().zip(&flushed) {
+        assert_eq!((i, bits(v)), (j, bits(u)));
+    }
 }

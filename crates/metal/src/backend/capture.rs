@@ -6,6 +6,8 @@
 //! After the submit the staging buffers are read back and returned to a free list keyed by
 //! byte length (exact-length reuse: once warm, a step allocates no staging buffer). KV
 //! stores have no output and are never staged (a whole region per layer would dominate).
+//! Staging in flight is bounded ([`STAGING_CEILING`]): past it the pending commands are
+//! submitted mid-split and read back, so a long prefill does not stage a whole forward.
 
 use std::collections::HashMap;
 
@@ -15,6 +17,9 @@ use super::MetalBackend;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
+/// Bytes of staging in flight after which an armed backend submits mid-split.
+pub const STAGING_CEILING: usize = 128 << 20;
+
 pub(crate) struct Staging<D: Device> {
     log: CaptureLog,
     /// Free staging buffers by exact byte length.
@@ -23,6 +28,9 @@ pub(crate) struct Staging<D: Device> {
     inflight: Vec<(NodeId, D::Buffer, usize)>,
     /// Staging buffers made so far (the warm-reuse gate reads it).
     made: usize,
+    /// Bytes staged in `inflight`, and the bound that triggers a mid-split submit.
+    inflight_bytes: usize,
+    ceiling: usize,
 }
 
 impl<D: Device> Default for Staging<D> {
@@ -32,6 +40,8 @@ impl<D: Device> Default for Staging<D> {
             free: HashMap::new(),
             inflight: Vec::new(),
             made: 0,
+            inflight_bytes: 0,
+            ceiling: STAGING_CEILING,
         }
     }
 }
@@ -51,6 +61,7 @@ impl<D: Device> Staging<D> {
     /// for reuse; after a failed submit (`ok == false`) the values are dropped.
     pub fn submitted(&mut self, dev: &D, ok: bool) -> Result<()> {
         let mut first_err = None;
+        self.inflight_bytes = 0;
         for (node, buf, bytes) in std::mem::take(&mut self.inflight) {
             if ok && first_err.is_none() {
                 let mut raw = vec![0u8; bytes];
@@ -103,11 +114,27 @@ where
         })?;
         let dst = self.capture.buffer(&self.dev, bytes)?;
         let r = self.dev.copy_rows(&src, &dst, bytes as u64, 0, 0, 1);
-        match r {
-            Ok(()) => self.capture.inflight.push((node.id, dst, bytes)),
-            Err(_) => self.capture.free.entry(bytes).or_default().push(dst),
+        if let Err(e) = r {
+            self.capture.free.entry(bytes).or_default().push(dst);
+            return Err(e);
         }
-        r
+        self.capture.inflight.push((node.id, dst, bytes));
+        self.capture.inflight_bytes += bytes;
+        if self.capture.inflight_bytes >= self.capture.ceiling {
+            // Run what is encoded (this node's blit included) and read the staging back.
+            self.pending = true;
+            self.submit().map_err(|e| Error::Submit {
+                reason: format!("staging flush: {e}"),
+                labels: Vec::new(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The same backend with another staging bound (tests of the mid-split flush).
+    pub fn with_staging_ceiling(mut self, bytes: usize) -> Self {
+        self.capture.ceiling = bytes;
+        self
     }
 
     /// Staging buffers made since the backend was made (constant across steps once warm).
