@@ -305,6 +305,12 @@ impl Engine {
             t.resize(n_out, (nt - 1) as i32);
             t
         });
+        if self.trace.is_some() {
+            // Captures of an earlier, failed forward belong to no phase.
+            for b in &mut self.backends {
+                b.take_captures()?;
+            }
+        }
         let weights = crate::weights::ModelWeights {
             model: &self.model,
             ids: &self.ids,

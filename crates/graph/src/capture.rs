@@ -57,3 +57,89 @@ impl CaptureLog {
         std::mem::take(&mut self.got)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{GraphBuilder, InputKind, KvKind};
+    use minfer_gguf::GgmlType;
+
+    #[test]
+    fn only_executed_f32_outputs_are_kept_and_only_while_armed() {
+        let mut b = GraphBuilder::new();
+        let ids = b.input(InputKind::TokenIds, [2, 1]);
+        let cells = b.input(InputKind::KvCells, [2, 1]);
+        let x = b.op("x", Op::Add, &[ids, ids], [3, 2]);
+        let kind = KvKind::K;
+        let store = Op::KvStore {
+            layer: 0,
+            kind,
+            cache_type: GgmlType::F32,
+        };
+        let s = b.op("store", store, &[x, cells], [3, 2]);
+        let g = b.finish(x);
+        assert!(captured(g.node(x)));
+        assert!(!captured(g.node(s)), "a KV store has no output");
+        assert!(!captured(g.node(ids)), "inputs are host data");
+        let mut log = CaptureLog::default();
+        let vals = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
+        log.record(g.node(x), &vals);
+        assert!(log.take().is_empty(), "disarmed: nothing");
+        log.arm(true);
+        for n in &g.nodes {
+            log.record(n, &vals);
+        }
+        // The node's n_elems values, not the whole (size-class) buffer.
+        assert_eq!(log.take(), vec![(x, vals[..6].to_vec())]);
+        assert!(log.take().is_empty(), "a take empties");
+        log.record(g.node(x), &vals);
+        log.arm(false);
+        assert!(log.take().is_empty(), "disarming drops what was not taken");
+    }
+
+    /// A backend that implements nothing of the capture contract.
+    struct Plain;
+    impl crate::Backend for Plain {
+        fn id(&self) -> crate::BackendId {
+            crate::BackendId(9)
+        }
+        fn name(&self) -> &str {
+            "plain"
+        }
+        fn priority(&self) -> u32 {
+            0
+        }
+        fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> bool {
+            true
+        }
+        fn supports_fused(&self, _: crate::FusedOp) -> bool {
+            false
+        }
+        fn alloc(&mut self, _: usize) -> crate::Result<crate::BufId> {
+            Ok(crate::BufId(0))
+        }
+        fn free(&mut self, _: crate::BufId) {}
+        fn write(&mut self, _: crate::BufId, _: usize, _: &[u8]) -> crate::Result<()> {
+            Ok(())
+        }
+        fn read(&mut self, _: crate::BufId, _: usize, _: &mut [u8]) -> crate::Result<()> {
+            Ok(())
+        }
+        fn execute_node(&mut self, _: &Node, _: &crate::ExecArgs) -> crate::Result<()> {
+            Ok(())
+        }
+        fn synchronize(&mut self) -> crate::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_backend_without_capture_refuses_to_arm() {
+        use crate::Backend;
+        let mut p = Plain;
+        let e = p.capture(true).unwrap_err().to_string();
+        assert!(e.contains("plain") && e.contains("cannot capture"), "{e}");
+        p.capture(false).unwrap();
+        assert!(p.take_captures().unwrap().is_empty());
+    }
+}
