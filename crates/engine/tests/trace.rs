@@ -1,10 +1,11 @@
 //! The engine's trace (`MINFER_TRACE`, `minfer_engine::trace`) on a synthetic model, on the
-//! CPU and on the Metal executor under the emulator: the same phases and node names, no KV
-//! store (the graph has them), stats within 1e-3 of each node's scale, the top five logits
-//! those the forward returned, and rows a bucketed forward pads with left out.
+//! CPU and on the Metal executor under the emulator: the same phases and node names (outside
+//! chains a device fuses), no KV store (the graph has them), stats within 1e-3 of each
+//! node's scale, the top five logits those the forward returned, and rows a bucketed
+//! forward pads with left out.
 
 use minfer_engine::generate::TokenBytes;
-use minfer_engine::trace::{PhaseKind, Trace};
+use minfer_engine::trace::{NodeStats, Phase, PhaseKind, Trace};
 use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
@@ -81,13 +82,35 @@ fn cpu_and_metal_traces_agree_and_skip_kv_stores() {
             (pc.kind, pc.step, &pc.tokens),
             (pm.kind, pm.step, &pm.tokens)
         );
-        let names = |p: &minfer_engine::trace::Phase| -> Vec<(String, &'static str, [usize; 2])> {
+        let names = |p: &Phase| -> Vec<(String, &'static str, [usize; 2])> {
             p.nodes
                 .iter()
                 .map(|n| (n.name.clone(), n.op, n.shape))
                 .collect()
         };
-        assert_eq!(names(pc), names(pm), "phase {k}");
+        // A device may run a fused node where the CPU runs the chain (decode fusion): the
+        // traces then agree on every node outside the rewritten chains.
+        let fused = pm
+            .nodes
+            .iter()
+            .any(|n| pc.nodes.iter().all(|c| c.op != n.op));
+        if !fused {
+            assert_eq!(names(pc), names(pm), "phase {k}");
+        }
+        let common: Vec<(&NodeStats, &NodeStats)> = pc
+            .nodes
+            .iter()
+            .filter_map(|a| pm.nodes.iter().find(|b| b.name == a.name).map(|b| (a, b)))
+            .collect();
+        assert!(
+            2 * common.len() >= pc.nodes.len(),
+            "phase {k}: few common nodes"
+        );
+        assert_eq!(
+            common.last().map(|c| &c.0.name),
+            pc.nodes.last().map(|n| &n.name),
+            "phase {k}: the output node is in both"
+        );
         assert!(pc.nodes.len() > 20, "phase {k}: {} nodes", pc.nodes.len());
         assert!(pc
             .nodes
@@ -96,7 +119,8 @@ fn cpu_and_metal_traces_agree_and_skip_kv_stores() {
         assert!(pm.nodes.iter().all(|n| n.op != "KvStore"));
         assert!(pc.nodes.iter().any(|n| n.op == "Attention"));
         assert!(pm.nodes.iter().filter(|n| n.backend == "metal-emu").count() > 20);
-        for (a, b) in pc.nodes.iter().zip(&pm.nodes) {
+        for (a, b) in common {
+            assert_eq!((a.op, a.shape), (b.op, b.shape), "phase {k} {}", a.name);
             let scale = (a.min.abs().max(a.max.abs()) as f64).max(1e-6);
             for (x, y) in [
                 (a.min as f64, b.min as f64),
