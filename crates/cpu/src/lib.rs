@@ -5,6 +5,7 @@
 
 pub mod cpu_features;
 pub mod dot;
+mod dump;
 pub mod fastdot;
 pub mod llamacpp_x86;
 pub mod ops;
@@ -13,8 +14,8 @@ pub mod threads;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, KvLayout, Node, Op, Result,
-    RopeSpec, WeightId, WeightRef, WeightSource, WindowLayout,
+    Backend, BackendId, BufId, CaptureLog, DType, Error, ExecArgs, FusedOp, KvLayout, Node, NodeId,
+    Op, Result, RopeSpec, WeightId, WeightRef, WeightSource, WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 
@@ -74,6 +75,8 @@ pub struct CpuBackend {
     /// Per weight id, the f32 values of one-row weights (norms, biases), derived once in
     /// `prepare_weights` so no forward dequantizes them again.
     vectors: Vec<Option<Vec<f32>>>,
+    /// Node outputs kept for a trace while armed ([`Backend::capture`]).
+    captures: CaptureLog,
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -99,6 +102,7 @@ impl CpuBackend {
             numerics: Numerics::Native,
             pool: Vec::new(),
             vectors: Vec::new(),
+            captures: CaptureLog::default(),
         }
     }
 
@@ -314,31 +318,6 @@ impl CpuBackend {
     }
 }
 
-/// `MINFER_DUMP_DIR`: a diagnostic for layer-by-layer comparisons with llama.cpp
-/// (`scripts/peer-logprobs`): every node's output is written to `DIR/<node name>.bin` (header
-/// 4 x i64 shape, then f32 values), overwriting the previous step's.
-fn dump_dir() -> Option<&'static std::path::Path> {
-    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| std::env::var_os("MINFER_DUMP_DIR").map(Into::into))
-        .as_deref()
-}
-
-fn dump_node(dir: &std::path::Path, node: &Node, out: &[f32]) {
-    let name: String = node
-        .name
-        .chars()
-        .map(|c| if c == '/' || c == ' ' { '_' } else { c })
-        .collect();
-    let mut bytes = Vec::with_capacity(32 + 4 * out.len());
-    for d in [node.shape[0], node.shape[1], 1, 1] {
-        bytes.extend_from_slice(&(d as i64).to_le_bytes());
-    }
-    bytes.extend_from_slice(as_bytes(out));
-    if let Err(e) = std::fs::write(dir.join(format!("{name}.bin")), bytes) {
-        eprintln!("MINFER_DUMP_DIR: cannot write {name}: {e}");
-    }
-}
-
 impl Backend for CpuBackend {
     fn id(&self) -> BackendId {
         CPU_ID
@@ -532,8 +511,11 @@ impl Backend for CpuBackend {
         } else {
             self.run(node, args, alias0.as_deref(), &mut out[..n], kv.as_mut())
         };
-        if let (Some(dir), Ok(())) = (dump_dir(), &res) {
-            dump_node(dir, node, &out[..n]);
+        if let (Some(dir), Ok(())) = (dump::dump_dir(), &res) {
+            dump::dump_node(dir, node, &out[..n]);
+        }
+        if self.captures.armed() && res.is_ok() {
+            self.captures.record(node, &out[..n]);
         }
         if let Some(b) = args.out {
             self.put(b, out);
@@ -550,6 +532,15 @@ impl Backend for CpuBackend {
 
     fn synchronize(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    fn capture(&mut self, on: bool) -> Result<()> {
+        self.captures.arm(on);
+        Ok(())
+    }
+
+    fn take_captures(&mut self) -> Result<Vec<(NodeId, Vec<f32>)>> {
+        Ok(self.captures.take())
     }
 
     fn kv_copy_cells(

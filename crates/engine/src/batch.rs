@@ -305,6 +305,12 @@ impl Engine {
             t.resize(n_out, (nt - 1) as i32);
             t
         });
+        if self.trace.is_some() {
+            // Captures of an earlier, failed forward belong to no phase.
+            for b in &mut self.backends {
+                b.take_captures()?;
+            }
+        }
         let weights = crate::weights::ModelWeights {
             model: &self.model,
             ids: &self.ids,
@@ -347,6 +353,17 @@ impl Engine {
             at += e.logits;
         }
         self.out = BatchLogits { data, rows, vocab };
+        if self.trace.is_some() {
+            let shape = crate::trace::ForwardShape {
+                tokens: entries
+                    .iter()
+                    .flat_map(|e| e.tokens.iter().copied())
+                    .collect(),
+                graph_tokens: n_tok,
+                graph_out: n_out,
+            };
+            self.trace_forward(shape)?;
+        }
         Ok(())
     }
 }

@@ -184,6 +184,8 @@ pub struct Engine {
     pub(crate) bucketed: bool,
     /// Defragmentations run so far (by a forward or [`Engine::defrag`]).
     pub(crate) defrags: usize,
+    /// The trace being recorded ([`Engine::trace_begin`]).
+    pub(crate) trace: Option<crate::trace::Trace>,
 }
 
 impl Engine {
@@ -265,6 +267,7 @@ impl Engine {
             out: BatchLogits::default(),
             bucketed,
             defrags: 0,
+            trace: None,
         })
     }
 

@@ -14,6 +14,7 @@ pub mod kvcells;
 pub mod sampler;
 pub mod session;
 pub mod stop;
+pub mod trace;
 mod weights;
 
 pub use batch::{bucket, BatchEntry, BatchLogits};

@@ -2,7 +2,7 @@
 //! sees ids, buffers and nodes.
 
 use crate::error::{Error, Result};
-use crate::ir::{DType, Node, Op, RopeStyle};
+use crate::ir::{DType, Node, NodeId, Op, RopeStyle};
 use minfer_gguf::GgmlType;
 use std::fmt;
 
@@ -287,5 +287,24 @@ pub trait Backend: Send {
             backend: self.name().into(),
             problem: "this backend cannot re-rope KV cells (shift)".into(),
         })
+    }
+    /// Arms (`true`) or disarms capture of node outputs for a trace (see
+    /// [`crate::capture`]): while armed, every executed node with an f32 output keeps a copy
+    /// of its `n_elems` values as they were when it ran (a device stages them inside its
+    /// command stream, since a later node of the split may reuse the buffer). Disarmed, it
+    /// costs one branch per node. Default: a backend that cannot capture refuses to arm.
+    fn capture(&mut self, on: bool) -> Result<()> {
+        if !on {
+            return Ok(());
+        }
+        Err(Error::Backend {
+            backend: self.name().into(),
+            problem: "this backend cannot capture node outputs (trace)".into(),
+        })
+    }
+    /// The captures of the nodes executed since the last take, in execution order, after
+    /// the work producing them has completed. Default: none.
+    fn take_captures(&mut self) -> Result<Vec<(NodeId, Vec<f32>)>> {
+        Ok(Vec::new())
     }
 }

@@ -24,6 +24,7 @@ pub mod alloc;
 pub mod assign;
 pub mod backend;
 pub mod cache;
+pub mod capture;
 pub mod dump;
 pub mod error;
 pub mod fusion;
@@ -39,6 +40,7 @@ pub use backend::{
     RopeSpec, WeightId, WeightRef, WeightSource,
 };
 pub use cache::GraphCache;
+pub use capture::CaptureLog;
 pub use error::{Error, Result};
 pub use fusion::{fuse, prepare_concats, FusionConfig, MAX_FUSED_FFN};
 pub use ir::{

@@ -1,4 +1,6 @@
 //! `minfer run [-m MODEL] [PROMPT]`: one reply, streamed to stdout; timings on stderr.
+//! `MINFER_TRACE=<path>` writes the per-node trace of the reply's forwards there
+//! (`minfer_engine::trace`).
 
 use super::args::{ModelArgs, SamplingArgs};
 use anyhow::{bail, Context};
@@ -124,6 +126,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eog: tok.eog_ids().to_vec(),
         logprobs: None,
     };
+    let trace = minfer_engine::trace::env_path();
+    if trace.is_some() {
+        engine.trace_begin()?;
+    }
     let stream = !args.json;
     let mut stdout = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
@@ -136,6 +142,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     if let Some(e) = write_err {
         return Err(e.into());
+    }
+    if let Some(path) = trace {
+        let t = engine.trace_end()?.context("the trace was not recorded")?;
+        t.write(path, &Pieces(&tok))
+            .with_context(|| format!("cannot write the trace {}", path.display()))?;
+        eprintln!(
+            "trace:     {} forwards in {}",
+            t.phases.len(),
+            path.display()
+        );
     }
     let t = &out.timings;
     if args.json {

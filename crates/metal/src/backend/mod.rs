@@ -9,6 +9,7 @@
 //! after the submit that produced it: the seed's stale-read rule). Every kernel-invariant
 //! violation is an `Err` naming the node; nothing falls back to the CPU mid-run.
 
+mod capture;
 mod exec;
 mod fused;
 mod pool;
@@ -19,13 +20,14 @@ use std::time::Instant;
 
 use minfer_gguf::GgmlType;
 use minfer_graph::{
-    Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout, Node, Op,
-    Result as GraphResult, RopeSpec, WeightId, WeightRef, WeightSource,
+    Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout, Node,
+    NodeId, Op, Result as GraphResult, RopeSpec, WeightId, WeightRef, WeightSource,
 };
 
 use crate::device::Device;
 use crate::error::Error;
 use crate::launch::KvType;
+use capture::Staging;
 use pool::Pool;
 use profile::{OpProfile, TraceRing};
 use resident::Residency;
@@ -53,6 +55,8 @@ pub struct MetalBackend<D: Device> {
     weight_copy: bool,
     /// Nodes encoded so far (tests check a device path really ran).
     encoded: u64,
+    /// Trace capture staging (armed by [`Backend::capture`]).
+    capture: Staging<D>,
 }
 
 impl<D: Device> MetalBackend<D> {
@@ -71,6 +75,7 @@ impl<D: Device> MetalBackend<D> {
             trace: TraceRing::from_env(),
             weight_copy: std::env::var("MINFER_WEIGHT_COPY").is_ok_and(|v| v == "1"),
             encoded: 0,
+            capture: Staging::default(),
         }
     }
 
@@ -133,9 +138,14 @@ impl<D: Device> MetalBackend<D> {
         }
         self.pending = false;
         let t0 = Instant::now();
-        let r = self.dev.submit();
+        let mut r = self.dev.submit();
         if let Some(p) = &mut self.profile {
             p.submitted(t0.elapsed());
+        }
+        if self.capture.armed() {
+            // The staging this submit filled is read back now (and freed for reuse).
+            let staged = self.capture.submitted(&self.dev, r.is_ok());
+            r = r.and(staged);
         }
         r.map_err(|e| match &self.trace {
             Some(t) => self.err(format!("{e}; {}", t.describe())),
@@ -299,7 +309,10 @@ where
         if let Some(t) = &mut self.trace {
             t.push(&node.name);
         }
-        let r = self.encode(node, args);
+        let mut r = self.encode(node, args);
+        if self.capture.armed() && r.is_ok() {
+            r = self.stage_capture(node, args);
+        }
         self.pending = true;
         self.encoded += 1;
         if let (Some(p), Some(t0)) = (&mut self.profile, t0) {
@@ -325,6 +338,18 @@ where
 
     fn synchronize(&mut self) -> GraphResult<()> {
         self.submit()
+    }
+
+    fn capture(&mut self, on: bool) -> GraphResult<()> {
+        // What is staged in pending work belongs to the old setting: run it first.
+        self.submit()?;
+        self.capture.arm(on);
+        Ok(())
+    }
+
+    fn take_captures(&mut self) -> GraphResult<Vec<(NodeId, Vec<f32>)>> {
+        self.submit()?;
+        Ok(self.capture.take())
     }
 
     fn kv_copy_cells(

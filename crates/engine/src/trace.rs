@@ -1,0 +1,300 @@
+//! `MINFER_TRACE=<path>` (facts §1.15): per-node output statistics of every forward of a
+//! single-shot generation, written as one JSON document.
+//!
+//! [`Engine::trace_begin`] arms capture on every backend ([`minfer_graph::Backend::capture`]:
+//! the CPU copies each node's output after it runs, a device stages it inside its command
+//! stream); each forward then records one [`Phase`]: per captured node its name, op,
+//! backend, shape and min / max / mean / absmean with at most [`SAMPLE`] downsampled values,
+//! and the top five logits of the forward's last logit row. KV stores write persistent
+//! regions and have no output, so they never appear; graph inputs are host data, not
+//! traced. Statistics cover the forward's real rows only: rows a bucketed backend pads a
+//! forward with are left out, so a trace does not depend on the bucket ladder (and the
+//! CPU's trace and a device's compare row for row). [`Engine::trace_end`] disarms and hands
+//! the [`Trace`] over; [`Trace::to_json`] renders it (token text through a [`TokenBytes`]).
+
+use crate::engine::{Engine, Result};
+use crate::generate::TokenBytes;
+use minfer_graph::{capture, Graph, NodeId};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// Most values a node's `sample` holds.
+pub const SAMPLE: usize = 64;
+
+/// The `MINFER_TRACE` path, read once per process (empty or unset: no trace).
+pub fn env_path() -> Option<&'static Path> {
+    static PATH: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        std::env::var_os("MINFER_TRACE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+    .as_deref()
+}
+
+/// One node's output in one forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeStats {
+    pub name: String,
+    pub op: &'static str,
+    pub backend: String,
+    /// `[ne0, rows]`: rows counts the forward's real rows only.
+    pub shape: [usize; 2],
+    pub min: f32,
+    pub max: f32,
+    pub mean: f64,
+    pub absmean: f64,
+    /// Every `ceil(n / SAMPLE)`-th value, at most [`SAMPLE`].
+    pub sample: Vec<f32>,
+}
+
+impl NodeStats {
+    fn of(name: &str, op: &'static str, backend: String, ne0: usize, v: &[f32]) -> Self {
+        let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
+        let (mut sum, mut abs) = (0f64, 0f64);
+        for &x in v {
+            min = min.min(x);
+            max = max.max(x);
+            sum += x as f64;
+            abs += (x as f64).abs();
+        }
+        let n = v.len().max(1) as f64;
+        let stride = v.len().div_ceil(SAMPLE).max(1);
+        NodeStats {
+            name: name.to_string(),
+            op,
+            backend,
+            shape: [ne0, v.len() / ne0.max(1)],
+            min,
+            max,
+            mean: sum / n,
+            absmean: abs / n,
+            sample: v.iter().step_by(stride).copied().collect(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseKind {
+    /// A forward of prompt tokens (a chunk of a long prompt is one phase).
+    Prefill,
+    /// A forward of one sampled token after the prompt.
+    Decode,
+}
+
+/// One forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Phase {
+    pub kind: PhaseKind,
+    /// Index among the phases of its kind.
+    pub step: usize,
+    /// The forward's input tokens (real rows).
+    pub tokens: Vec<u32>,
+    /// Captured nodes in build order.
+    pub nodes: Vec<NodeStats>,
+    /// Top five `(token, logit)` of the forward's last logit row (empty without logits).
+    pub top5: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    pub model: String,
+    pub backends: Vec<String>,
+    pub phases: Vec<Phase>,
+}
+
+impl Trace {
+    /// The `minfer-trace` document, version 1; `text` is the phase's input tokens' text.
+    pub fn to_json(&self, text: &dyn TokenBytes) -> Value {
+        let phases: Vec<Value> = self
+            .phases
+            .iter()
+            .map(|p| {
+                let bytes: Vec<u8> = p.tokens.iter().flat_map(|&t| text.token_bytes(t)).collect();
+                let nodes: Vec<Value> = p
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        json!({
+                            "name": n.name, "op": n.op, "backend": n.backend, "shape": n.shape,
+                            "min": n.min, "max": n.max, "mean": n.mean, "absmean": n.absmean,
+                            "sample": n.sample,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "kind": match p.kind {
+                        PhaseKind::Prefill => "prefill",
+                        PhaseKind::Decode => "decode",
+                    },
+                    "step": p.step,
+                    "n_tokens": p.tokens.len(),
+                    "nodes": nodes,
+                    "top5": p.top5.iter().map(|&(t, l)| json!([t, l])).collect::<Vec<_>>(),
+                    "text": String::from_utf8_lossy(&bytes),
+                })
+            })
+            .collect();
+        json!({
+            "format": "minfer-trace",
+            "version": 1,
+            "model": self.model,
+            "backends": self.backends,
+            "phases": phases,
+        })
+    }
+
+    /// Writes [`Trace::to_json`] to `path`.
+    pub fn write(&self, path: &Path, text: &dyn TokenBytes) -> std::io::Result<()> {
+        let s = serde_json::to_string(&self.to_json(text)).map_err(std::io::Error::other)?;
+        std::fs::write(path, s)
+    }
+}
+
+/// The shape of one forward as the trace needs it (its logits are the engine's output).
+pub(crate) struct ForwardShape {
+    /// Real input tokens, in batch order.
+    pub tokens: Vec<u32>,
+    /// The graph's token rows (bucketed) and its output rows.
+    pub graph_tokens: usize,
+    pub graph_out: usize,
+}
+
+/// The real rows of a node of `rows` rows: token rows are cut to the real tokens, gathered
+/// output rows to the real outputs (at least one: a forward without logits still computes
+/// one row).
+fn real_rows(rows: usize, f: &ForwardShape, n_out_real: usize) -> usize {
+    if rows == f.graph_tokens {
+        f.tokens.len()
+    } else if rows == f.graph_out {
+        n_out_real.max(1).min(rows)
+    } else {
+        rows
+    }
+}
+
+fn top5(row: &[f32]) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(6);
+    for (i, &l) in row.iter().enumerate() {
+        if best.len() < 5 || l > best[best.len() - 1].1 {
+            let at = best.iter().position(|&(_, b)| l > b).unwrap_or(best.len());
+            best.insert(at, (i as u32, l));
+            best.truncate(5);
+        }
+    }
+    best
+}
+
+impl Engine {
+    /// Arms capture on every backend and starts a trace (a running one is dropped).
+    pub fn trace_begin(&mut self) -> Result<()> {
+        for be in &mut self.backends {
+            be.capture(true)?;
+            be.take_captures()?;
+        }
+        let md = self.model.metadata();
+        let model = md
+            .get_str("general.name")
+            .or_else(|| md.get_str("general.architecture"))
+            .unwrap_or("unknown")
+            .to_string();
+        let backends = self.backends.iter().map(|b| b.name().to_string()).collect();
+        self.trace = Some(Trace {
+            model,
+            backends,
+            phases: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Disarms capture and hands the trace over (None when none was begun).
+    pub fn trace_end(&mut self) -> Result<Option<Trace>> {
+        for be in &mut self.backends {
+            be.capture(false)?;
+        }
+        Ok(self.trace.take())
+    }
+
+    /// Records the forward that just ran on the cache's most recent graph.
+    pub(crate) fn trace_forward(&mut self, f: ForwardShape) -> Result<()> {
+        let Some(trace) = &mut self.trace else {
+            return Ok(());
+        };
+        let mut got: Vec<(NodeId, Vec<f32>)> = Vec::new();
+        for be in &mut self.backends {
+            got.extend(be.take_captures()?);
+        }
+        got.sort_by_key(|(id, _)| *id);
+        let graph: &Graph = match self.cache.most_recent() {
+            Some((g, _)) => g,
+            None => return Ok(()),
+        };
+        let (out, vocab) = (&self.out, self.out.vocab().max(1));
+        let rows = (0..out.n_entries()).map(|i| out.logits(i));
+        let n_out_real = rows.clone().map(|l| l.len() / vocab).sum::<usize>();
+        let last = rows
+            .rev()
+            .find(|l| !l.is_empty())
+            .map(|l| &l[l.len() - vocab..]);
+        let mut nodes = Vec::with_capacity(got.len());
+        for (id, v) in &got {
+            let Some(node) = graph.nodes.get(id.index()).filter(|n| capture::captured(n)) else {
+                continue;
+            };
+            let [ne0, rows] = node.shape;
+            let keep = real_rows(rows, &f, n_out_real) * ne0;
+            let backend = node
+                .backend
+                .map_or_else(|| "?".into(), crate::backends::name_of);
+            let v = &v[..keep.min(v.len())];
+            nodes.push(NodeStats::of(&node.name, node.op.name(), backend, ne0, v));
+        }
+        let had_logits = trace.phases.iter().any(|p| !p.top5.is_empty());
+        let kind = if had_logits && f.tokens.len() == 1 {
+            PhaseKind::Decode
+        } else {
+            PhaseKind::Prefill
+        };
+        let step = trace.phases.iter().filter(|p| p.kind == kind).count();
+        trace.phases.push(Phase {
+            kind,
+            step,
+            tokens: f.tokens,
+            nodes,
+            top5: last.map(top5).unwrap_or_default(),
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top5_is_sorted_and_keeps_the_first_of_ties() {
+        let row = [0.5, 3.0, -1.0, 3.0, 2.0, 9.0, 0.0, 2.5];
+        assert_eq!(
+            top5(&row),
+            vec![(5, 9.0), (1, 3.0), (3, 3.0), (7, 2.5), (4, 2.0)]
+        );
+        assert_eq!(top5(&[1.0, 2.0]), vec![(1, 2.0), (0, 1.0)]);
+    }
+
+    #[test]
+    fn stats_and_sample() {
+        let v: Vec<f32> = (0..200).map(|i| i as f32 - 100.0).collect();
+        let s = NodeStats::of("n", "Add", "cpu".into(), 50, &v);
+        assert_eq!(s.shape, [50, 4]);
+        assert_eq!((s.min, s.max), (-100.0, 99.0));
+        assert_eq!(s.mean, -0.5);
+        assert_eq!(s.absmean, 50.0);
+        // ceil(200 / 64) = 4: values 0, 4, 8, ...
+        assert_eq!(s.sample.len(), 50);
+        assert_eq!(s.sample[1], -96.0);
+        assert!(NodeStats::of("n", "Add", "cpu".into(), 8, &v[..64])
+            .sample
+            .len()
+            .eq(&SAMPLE));
+    }
+}
