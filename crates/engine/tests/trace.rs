@@ -120,7 +120,11 @@ fn cpu_and_metal_traces_agree_and_skip_kv_stores() {
         assert!(pc.nodes.iter().any(|n| n.op == "Attention"));
         assert!(pm.nodes.iter().filter(|n| n.backend == "metal-emu").count() > 20);
         for (a, b) in common {
-            assert_eq!((a.op, a.shape), (b.op, b.shape), "phase {k} {}", a.name);
+            // A fused node keeps the name of the chain's last node and computes its value.
+            if !fused {
+                assert_eq!(a.op, b.op, "phase {k} {}", a.name);
+            }
+            assert_eq!(a.shape, b.shape, "phase {k} {}", a.name);
             let scale = (a.min.abs().max(a.max.abs()) as f64).max(1e-6);
             for (x, y) in [
                 (a.min as f64, b.min as f64),
