@@ -565,3 +565,133 @@ fn registered_weights_are_charged_in_the_memory_budget() {
     roomy.set_budget(METAL, acts + weights + 4096);
     roomy.plan(&g(), &mut bes, &|_| Ok(0)).unwrap();
 }
+
+fn node(name: &str, op: Op, srcs: usize, shape: [usize; 2]) -> minfer_graph::Node {
+    minfer_graph::Node {
+        id: minfer_graph::NodeId(srcs as u32),
+        name: name.into(),
+        dtype: if matches!(op, Op::KvStore { .. }) {
+            minfer_graph::DType::None
+        } else {
+            minfer_graph::DType::F32
+        },
+        op,
+        src: (0..srcs as u32).map(minfer_graph::NodeId).collect(),
+        shape,
+        backend: Some(METAL),
+        layer: Some(0),
+        dead: false,
+    }
+}
+
+#[test]
+fn a_norm_whose_gain_is_not_on_the_device_is_an_error_naming_node_and_tensor() {
+    let w = proj_weights(GgmlType::F32, 96);
+    let gain = w.id("gain").unwrap();
+    let norm = node(
+        "blk.0.attn_norm",
+        Op::RmsNorm {
+            eps: 1e-6,
+            weight: gain,
+            group: D,
+        },
+        1,
+        [D, 2],
+    );
+    for registered in [false, true] {
+        let mut be = metal();
+        // Every weight but the gain, or all of them (the control).
+        let ids: Vec<WeightId> = w
+            .ids()
+            .into_iter()
+            .filter(|&i| registered || i != gain)
+            .collect();
+        be.prepare_weights(&w, &ids).unwrap();
+        let x = be.alloc(D * 2 * 4).unwrap();
+        let out = be.alloc(D * 2 * 4).unwrap();
+        let args = ExecArgs {
+            srcs: &[Some(x)],
+            out: Some(out),
+            kv: None,
+            weights: &w,
+        };
+        let r = be.execute_split(&[&norm], &[args]);
+        if registered {
+            r.unwrap();
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("blk.0.attn_norm") && e.contains("gain"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn attention_shape_and_window_guards_are_errors_naming_the_node() {
+    let w = Weights::new(&[], true);
+    let (n_head, n_head_kv, hd, cells, nt) = (4usize, 2usize, 64usize, 16usize, 3usize);
+    let attn = |ne0: usize| {
+        node(
+            "blk.1.attn",
+            Op::Attention {
+                layer: 1,
+                n_head,
+                n_head_kv,
+                head_dim: hd,
+                scale: 0.125,
+                cache_type: GgmlType::F32,
+                window: minfer_graph::WindowLayout::Span,
+            },
+            2,
+            [ne0, nt],
+        )
+    };
+    let run = |ne0: usize, hi: i32| {
+        let mut be = metal();
+        be.prepare_weights(&w, &[]).unwrap();
+        let k = be.alloc(cells * n_head_kv * hd * 4).unwrap();
+        let v = be.alloc(cells * n_head_kv * hd * 4).unwrap();
+        let q = be.alloc(nt * n_head * hd * 4).unwrap();
+        let win = be.alloc(nt * 2 * 4).unwrap();
+        let out = be.alloc(nt * n_head * hd * 4).unwrap();
+        let spans: Vec<u8> = [0, 4, 0, 8, 2, hi]
+            .iter()
+            .flat_map(|x: &i32| x.to_le_bytes())
+            .collect();
+        be.write(win, 0, &spans).unwrap();
+        let args = ExecArgs {
+            srcs: &[Some(q), Some(win)],
+            out: Some(out),
+            kv: Some(KvPair { k, v }),
+            weights: &w,
+        };
+        be.execute_split(&[&attn(ne0)], &[args])
+    };
+    // Control: a well-formed node runs.
+    run(n_head * hd, 12).unwrap();
+    // Rows that are not n_head x head_dim.
+    let e = run(n_head * hd - 32, 12).unwrap_err().to_string();
+    assert!(e.contains("blk.1.attn") && e.contains("heads of 64"), "{e}");
+    // A window past the region's 16 cells, naming the query.
+    let e = run(n_head * hd, 17).unwrap_err().to_string();
+    assert!(e.contains("blk.1.attn") && e.contains("query 2"), "{e}");
+}
+
+#[test]
+fn a_k_quant_weight_whose_rows_are_not_whole_super_blocks_is_refused() {
+    let be = metal();
+    let bytes = vec![0u8; GgmlType::Q4K.row_bytes(512).unwrap() as usize];
+    let ok = WeightRef {
+        ty: GgmlType::Q4K,
+        ne0: 256,
+        ne1: 2,
+        bytes: &bytes,
+    };
+    be.can_hold(&ok).unwrap();
+    let bad = WeightRef {
+        ne0: 128,
+        ne1: 4,
+        ..ok
+    };
+    let why = be.can_hold(&bad).unwrap_err();
+    assert!(why.contains("256"), "{why}");
+}
