@@ -16,9 +16,9 @@ extern "C" __global__ void mf_kv_store(int ty, const float *x, const int *cells,
         for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xs[k]));
         float d = amax / 127.0f;
         float id = d == 0.0f ? 0.0f : 1.0f / d;
-        u16 h = mf_f2h(d);
-        b[0] = (u8)(h & 0xff);
-        b[1] = (u8)(h >> 8);
+        // One 16-bit store (blocks start at even offsets). Splitting the asm's 16-bit result
+        // into two byte stores lost the low byte on sm_90 (measured: d 0x23fd stored 0x2300).
+        *(u16 *)b = mf_f2h(d);
         for (int k = 0; k < 32; ++k) b[2 + k] = (u8)(signed char)(int)roundf(xs[k] * id);
         return;
     }
