@@ -1,5 +1,5 @@
 // Attention over explicit windows, any head dim up to 512: the correctness kernel. One
-// 128-thread block per (head, query). The query's window (a span [lo, hi) when `width` is 2,
+// 128-thread block (4 warps) per (head, query). The query's window (a span [lo, hi) when `width` is 2,
 // else MF_WIN_RUNS (cell, len) runs) is walked in logical order in blocks of 32 rows with an
 // online softmax, so a row's result depends only on its q row and the K/V values its window
 // lists, in order. An empty window gives zeros (as on the CPU).
@@ -36,25 +36,40 @@ extern "C" __global__ void mf_attn_window(int ty, const float *q, const u8 *k, c
     __shared__ float sc[32];
     __shared__ u32 cells[32];
     int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    int lane = tid & 31, warp = tid >> 5;
     int hk = h / (n_head / n_head_kv);
     const int *w = win + (u64)t * width;
     u32 len = mf_win_len(w, width);
     const float *qr = q + ((u64)t * n_head + h) * hd;
+    // This lane's share of the query (elements lane, lane + 32, ...; hd <= 512).
+    float qv[16];
+    for (int i = 0; i < 16; ++i) {
+        int d = lane + 32 * i;
+        qv[i] = d < hd ? qr[d] : 0.0f;
+    }
     float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float m = MF_MINF, l = 0.0f;
     for (u32 j0 = 0; j0 < len; j0 += 32) {
-        if (tid < 32) {
-            u32 j = j0 + tid;
+        // Scores: warp w takes rows 8w..8w+8 of the block, its lanes split the head dim
+        // (a fixed lane order and warp tree: a row's score depends on its q and K alone).
+        for (int r = 0; r < 8; ++r) {
+            int jj = warp * 8 + r;
+            u32 j = j0 + jj;
             float s = MF_MINF;
             u32 cell = 0;
             if (j < len) {
                 cell = mf_win_cell(w, width, j);
                 float acc = 0.0f;
-                for (int d = 0; d < hd; ++d) acc += qr[d] * mf_kv_at(ty, k, row_bytes, cell, hk * hd + d);
-                s = acc * scale;
+                for (int i = 0; i < 16; ++i) {
+                    int d = lane + 32 * i;
+                    if (d < hd) acc += qv[i] * mf_kv_at(ty, k, row_bytes, cell, hk * hd + d);
+                }
+                s = mf_warp_sum(acc) * scale;
             }
-            sc[tid] = s;
-            cells[tid] = cell;
+            if (lane == 0) {
+                sc[jj] = s;
+                cells[jj] = cell;
+            }
         }
         __syncthreads();
         float mb = m;

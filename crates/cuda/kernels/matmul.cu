@@ -3,7 +3,7 @@
 // weight row and accumulates them into the tile's tokens in f32. A token's arithmetic (chunk
 // order per thread, then the fixed block reduction) does not depend on the other tokens, so
 // results are batch-invariant.
-#define MF_MM_T 8
+#define MF_MM_T 16
 
 extern "C" __global__ void mf_matmul(int ty, const u8 *w, u64 row_bytes, const float *x,
                                      float *y, const float *bias, int ne0, int n_out, int nt) {
@@ -23,7 +23,19 @@ extern "C" __global__ void mf_matmul(int ty, const u8 *w, u64 row_bytes, const f
             if (t < nt) {
                 const float *xr = x + (u64)t * ne0 + c * 32;
                 float s = 0.0f;
-                for (int i = 0; i < m; ++i) s += wv[i] * xr[i];
+                if (m == 32 && (ne0 & 3) == 0) {
+                    // Whole chunk, 16-byte aligned rows: vector loads, the same sum order.
+                    const float4 *x4 = (const float4 *)xr;
+                    for (int i = 0; i < 8; ++i) {
+                        float4 a = x4[i];
+                        s += wv[4 * i] * a.x;
+                        s += wv[4 * i + 1] * a.y;
+                        s += wv[4 * i + 2] * a.z;
+                        s += wv[4 * i + 3] * a.w;
+                    }
+                } else {
+                    for (int i = 0; i < m; ++i) s += wv[i] * xr[i];
+                }
                 acc[k] += s;
             }
         }

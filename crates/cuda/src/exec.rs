@@ -148,7 +148,7 @@ impl CudaBackend {
                 let ty = type_code(m.ty).ok_or_else(|| format!("{} weights", m.ty))?;
                 g.launch(
                     "mf_matmul",
-                    (ne0 as u32, ne1.div_ceil(8) as u32, 1),
+                    (ne0 as u32, ne1.div_ceil(16) as u32, 1),
                     row_threads(m.ne0.div_ceil(32)),
                     &[
                         Arg::I32(ty),
