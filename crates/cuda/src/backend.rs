@@ -90,6 +90,9 @@ pub struct CudaBackend {
     pub(crate) mirror: HashMap<u32, Vec<u8>>,
     /// Nodes executed (tests check the device path ran).
     executed: u64,
+    /// `MINFER_CUDA_PROFILE=1`: each node synchronised and timed, per op and row class
+    /// (printed at drop). Serialises the stream: for finding where time goes, not for speed.
+    profile: Option<HashMap<String, (u64, f64)>>,
 }
 
 impl CudaBackend {
@@ -117,6 +120,9 @@ impl CudaBackend {
             weights_bytes: 0,
             mirror: HashMap::new(),
             executed: 0,
+            profile: std::env::var("MINFER_CUDA_PROFILE")
+                .is_ok_and(|v| v == "1")
+                .then(HashMap::new),
         })
     }
 
@@ -183,6 +189,22 @@ impl CudaBackend {
         match self.weights.get(id.index()).copied().flatten() {
             Some(Resident::Matrix(m)) => Ok(m),
             _ => Err(format!("{} is not on the device as a matrix", w.name(id))),
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let mut v: Vec<_> = p.iter().collect();
+            v.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            eprintln!(
+                "{} profile (node launch + completion, synchronised):",
+                self.name
+            );
+            for (k, (n, t)) in v {
+                eprintln!("  {k:<24} {n:>8} nodes {:>10.3} ms", t * 1e3);
+            }
         }
     }
 }
@@ -398,7 +420,22 @@ impl Backend for CudaBackend {
             self.mirror.remove(&kv.v.0);
         }
         self.executed += 1;
-        self.encode(node, args).map_err(|e| GraphError::Exec {
+        let t0 = std::time::Instant::now();
+        let mut r = self.encode(node, args);
+        if self.profile.is_some() {
+            r = r.and_then(|_| self.gpu.sync());
+            let key = format!(
+                "{} {}",
+                node.op.name(),
+                if node.shape[1] == 1 { "1 row" } else { "rows" }
+            );
+            if let Some(p) = &mut self.profile {
+                let e = p.entry(key).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += t0.elapsed().as_secs_f64();
+            }
+        }
+        r.map_err(|e| GraphError::Exec {
             node: node.name.clone(),
             problem: format!("{} ({}): {e}", self.name, node.op.name()),
         })
