@@ -48,8 +48,12 @@ pub fn table() -> Vec<BackendEntry> {
         BackendEntry {
             id: CUDA_ID,
             name: "cuda",
-            compiled: Err("this build has no CUDA backend (cargo feature `cuda`)".into()),
-            available: Err("not compiled".into()),
+            compiled: if cfg!(feature = "cuda") {
+                Ok(())
+            } else {
+                Err("this build has no CUDA backend (cargo feature `cuda`)".into())
+            },
+            available: cuda_available(),
             by_default: true,
         },
         BackendEntry {
@@ -112,12 +116,31 @@ pub fn instantiate(
                 METAL_EMU_ID,
                 "metal-emu",
             )) as Box<dyn Backend>),
+            #[cfg(feature = "cuda")]
+            CUDA_ID => minfer_cuda::CudaBackend::new(CUDA_ID, "cuda")
+                .map(|b| Box::new(b) as Box<dyn Backend>)
+                .map_err(|why| minfer_graph::Error::Unavailable {
+                    name: "cuda".into(),
+                    why,
+                }),
             other => Err(minfer_graph::Error::NotCompiled {
                 name: name_of(other),
                 why: "no backend implementation in this build".into(),
             }),
         })
         .collect()
+}
+
+/// Whether the CUDA driver loads and a device exists (builds with the `cuda` feature).
+fn cuda_available() -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    {
+        minfer_cuda::available()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("not compiled".into())
+    }
 }
 
 /// Whether this machine has a Metal device (macOS builds with the `metal` feature).

@@ -1,0 +1,66 @@
+// Shared helpers of every minfer CUDA kernel: integer types, f16 conversions through PTX
+// (no cuda_fp16.h: NVRTC needs no headers), block reductions and the weight-type codes the
+// host passes (crates/cuda/src/device.rs `TypeCode` uses the same numbers).
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define MF_F32 0
+#define MF_F16 1
+#define MF_Q8_0 2
+#define MF_Q4_0 3
+#define MF_Q4_1 4
+#define MF_Q5_0 5
+#define MF_Q4_K 6
+#define MF_Q6_K 7
+
+#define MF_WIN_RUNS 8
+#define MF_MINF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ float mf_h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 mf_f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// An f16 at any even byte offset (byte loads: quant blocks are not 4-byte aligned).
+__device__ __forceinline__ float mf_ld_f16(const u8 *p) {
+    return mf_h2f((u16)(p[0] | (p[1] << 8)));
+}
+
+__device__ __forceinline__ float mf_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a block of up to 1024 threads in a fixed order (warp tree, then warps in order):
+// the same inputs give the same bits whatever else runs. `red` holds 32 floats.
+__device__ float mf_block_sum(float v, float *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int nw = (blockDim.x + 31) >> 5;
+    v = mf_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; ++i) s += red[i];
+    return s;
+}
+
+// The rotation of pair j at position `pos`: the CPU's f32 angle recurrence (theta_j is pos
+// times theta_scale, multiplied j times).
+__device__ __forceinline__ void mf_rope_cs(int pos, int j, float theta_scale, float freq_scale,
+                                           float *c, float *s) {
+    float theta = (float)pos;
+    for (int k = 0; k < j; ++k) theta *= theta_scale;
+    float th = freq_scale * theta;
+    *c = cosf(th);
+    *s = sinf(th);
+}

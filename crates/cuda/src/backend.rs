@@ -1,0 +1,532 @@
+//! `CudaBackend`: the graph contract (crates/graph/src/backend.rs) on a [`Gpu`]. Modelled on
+//! the Metal executor: a pool of device buffers reused at their exact length, weights
+//! uploaded once at `prepare_weights` (norm gains and biases as f32 vectors), nodes encoded
+//! in order on the engine's one stream, host reads ordered after the work that writes them.
+//! Ids, cells and windows that index memory are checked on the host before any launch (an
+//! `Err` naming the node, never a silent skip).
+
+use std::collections::HashMap;
+
+use minfer_gguf::{quants, GgmlType};
+use minfer_graph::{
+    move_plan, Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout,
+    Node, Op, Result as GraphResult, RopeSpec, RopeStyle, WeightId, WeightRef, WeightSource,
+};
+
+use crate::device::{Arg, DResult, Gpu};
+
+/// Assignment priority: Metal (300) → CUDA → CPU (100).
+pub const CUDA_PRIORITY: u32 = 200;
+
+/// KV element types the kernels read and write.
+pub const CUDA_KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
+
+/// Host-written buffers up to this size keep a host copy for the bound checks.
+const MIRROR_MAX: usize = 4 << 20;
+
+/// The kernels' weight-type code (kernels/common.cuh `MF_*`).
+pub(crate) fn type_code(ty: GgmlType) -> Option<i32> {
+    Some(match ty {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q8_0 => 2,
+        GgmlType::Q4_0 => 3,
+        GgmlType::Q4_1 => 4,
+        GgmlType::Q5_0 => 5,
+        GgmlType::Q4K => 6,
+        GgmlType::Q6K => 7,
+        _ => return None,
+    })
+}
+
+/// Why a weight matrix of `ty` with rows of `ne0` cannot run here (None: it can).
+pub(crate) fn matrix_refusal(ty: GgmlType, ne0: usize) -> Option<String> {
+    if type_code(ty).is_none() {
+        return Some(format!(
+            "{ty} weights: the CUDA kernels read F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K"
+        ));
+    }
+    if ty.row_bytes(ne0 as u64).is_none() {
+        return Some(format!(
+            "{ty} rows of {ne0} elements are not whole {}-element blocks",
+            ty.block_size()
+        ));
+    }
+    None
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Matrix {
+    pub ty: GgmlType,
+    pub ne0: usize,
+    pub ne1: usize,
+    pub ptr: u64,
+    pub row_bytes: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Resident {
+    Matrix(Matrix),
+    Vector { ptr: u64, len: usize },
+}
+
+/// Device buffers handed out under graph ids, reused at their exact length, never freed
+/// while the backend lives.
+#[derive(Default)]
+pub(crate) struct Pool {
+    pub bufs: Vec<(u64, usize)>,
+    pub live: Vec<bool>,
+    pub free: HashMap<usize, Vec<u32>>,
+}
+
+pub struct CudaBackend {
+    id: BackendId,
+    name: String,
+    pub(crate) gpu: Gpu,
+    pub(crate) pool: Pool,
+    pub(crate) weights: Vec<Option<Resident>>,
+    weights_bytes: usize,
+    /// Host copies of small host-written buffers (inputs), for the bound checks.
+    pub(crate) mirror: HashMap<u32, Vec<u8>>,
+    /// Nodes executed (tests check the device path ran).
+    executed: u64,
+    /// `MINFER_CUDA_PROFILE=1`: each node synchronised and timed, per op and row class
+    /// (printed at drop). Serialises the stream: for finding where time goes, not for speed.
+    profile: Option<HashMap<String, (u64, f64)>>,
+}
+
+impl CudaBackend {
+    /// The backend on GPU 0, registered under `id` as `name`; prints the startup line.
+    pub fn new(id: BackendId, name: impl Into<String>) -> Result<Self, String> {
+        let gpu = Gpu::new()?;
+        let name = name.into();
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        eprintln!(
+            "{name}: {} (compute {}), {:.1} GiB ({:.1} GiB free); kernels: correctness tier \
+             (NVRTC {}, {})",
+            gpu.name,
+            gpu.arch,
+            gib(gpu.total_mem),
+            gib(gpu.free_mem()),
+            gpu.arch,
+            if gpu.cached { "cached PTX" } else { "compiled" }
+        );
+        Ok(CudaBackend {
+            id,
+            name,
+            gpu,
+            pool: Pool::default(),
+            weights: Vec::new(),
+            weights_bytes: 0,
+            mirror: HashMap::new(),
+            executed: 0,
+            profile: std::env::var("MINFER_CUDA_PROFILE")
+                .is_ok_and(|v| v == "1")
+                .then(HashMap::new),
+        })
+    }
+
+    /// Nodes executed since the backend was made.
+    pub fn nodes_executed(&self) -> u64 {
+        self.executed
+    }
+
+    /// Bytes the pool holds (live and free buffers).
+    pub fn pool_bytes(&self) -> usize {
+        self.pool.bufs.iter().map(|b| b.1).sum()
+    }
+
+    /// A zeroed buffer that stays outside the pool's reuse (tests of the OOM path use it).
+    pub fn raw_alloc(&mut self, bytes: usize) -> Result<u64, String> {
+        self.gpu.alloc(bytes)
+    }
+
+    pub(crate) fn err(&self, problem: impl std::fmt::Display) -> GraphError {
+        GraphError::Backend {
+            backend: self.name.clone(),
+            problem: problem.to_string(),
+        }
+    }
+
+    /// The device pointer and length of a live buffer.
+    pub(crate) fn buf(&self, id: BufId) -> DResult<(u64, usize)> {
+        let i = id.0 as usize;
+        if self.pool.live.get(i).copied() == Some(true) {
+            Ok(self.pool.bufs[i])
+        } else {
+            Err(format!("buffer {} does not exist", id.0))
+        }
+    }
+
+    /// A buffer's bytes as the host last wrote them, or read back from the device.
+    pub(crate) fn host_view(&self, id: BufId, len: usize) -> DResult<Vec<u8>> {
+        if let Some(m) = self.mirror.get(&id.0) {
+            if m.len() >= len {
+                return Ok(m[..len].to_vec());
+            }
+        }
+        let (ptr, blen) = self.buf(id)?;
+        if blen < len {
+            return Err(format!("buffer {} holds {blen} bytes, {len} needed", id.0));
+        }
+        let mut out = vec![0u8; len];
+        self.gpu.download(ptr, &mut out)?;
+        Ok(out)
+    }
+
+    pub(crate) fn vector(&self, w: &dyn WeightSource, id: WeightId, len: usize) -> DResult<u64> {
+        match self.weights.get(id.index()).copied().flatten() {
+            Some(Resident::Vector { ptr, len: l }) if l == len => Ok(ptr),
+            Some(Resident::Vector { len: l, .. }) => Err(format!(
+                "{} has {l} elements, the node needs {len}",
+                w.name(id)
+            )),
+            _ => Err(format!("{} is not on the device as a vector", w.name(id))),
+        }
+    }
+
+    pub(crate) fn matrix(&self, w: &dyn WeightSource, id: WeightId) -> DResult<Matrix> {
+        match self.weights.get(id.index()).copied().flatten() {
+            Some(Resident::Matrix(m)) => Ok(m),
+            _ => Err(format!("{} is not on the device as a matrix", w.name(id))),
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let mut v: Vec<_> = p.iter().collect();
+            v.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            eprintln!(
+                "{} profile (node launch + completion, synchronised):",
+                self.name
+            );
+            for (k, (n, t)) in v {
+                eprintln!("  {k:<24} {n:>8} nodes {:>10.3} ms", t * 1e3);
+            }
+        }
+    }
+}
+
+/// Why `op` cannot run here (None: it can).
+pub(crate) fn op_refusal(op: &Op, weights: &dyn WeightSource) -> Option<String> {
+    let matrix = |id| match weights.weight(id) {
+        None => Some(format!("weight {} is not in the model", weights.name(id))),
+        Some(w) if w.ne1 == 1 => Some(format!("{} is a vector, not a matrix", weights.name(id))),
+        Some(w) => matrix_refusal(w.ty, w.ne0).map(|why| format!("{}: {why}", weights.name(id))),
+    };
+    let vector = |id| match weights.weight(id) {
+        Some(w) if w.ne1 == 1 => None,
+        _ => Some(format!("{} is not a one-row weight", weights.name(id))),
+    };
+    let kv = |ty: GgmlType| {
+        (!CUDA_KV_TYPES.contains(&ty)).then(|| format!("no CUDA kernels for a {ty} KV cache"))
+    };
+    match op {
+        Op::GetRows { weight } => matrix(*weight),
+        Op::MatMul { weight, bias } => matrix(*weight).or_else(|| bias.and_then(vector)),
+        Op::RmsNorm { weight, .. } => vector(*weight),
+        Op::KvStore { cache_type, .. } => kv(*cache_type),
+        Op::Attention {
+            cache_type,
+            head_dim,
+            n_head,
+            n_head_kv,
+            ..
+        } => kv(*cache_type).or_else(|| {
+            if *head_dim == 0 || *head_dim > 512 {
+                Some(format!("head dim {head_dim} outside 1..=512"))
+            } else if *n_head_kv == 0 || !n_head.is_multiple_of(*n_head_kv) {
+                Some(format!("{n_head} query heads over {n_head_kv} KV heads"))
+            } else {
+                None
+            }
+        }),
+        Op::Rope { head_dim, .. } if !head_dim.is_multiple_of(2) => {
+            Some(format!("RoPE over an odd head dim {head_dim}"))
+        }
+        Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => {
+            Some("the CUDA backend's first slice runs the unfused chain".into())
+        }
+        Op::Input(_)
+        | Op::SelectRows
+        | Op::Rope { .. }
+        | Op::Add
+        | Op::Mul
+        | Op::Silu
+        | Op::SwiGLU => None,
+    }
+}
+
+pub(crate) fn theta_scale(freq_base: f32, head_dim: usize) -> f32 {
+    freq_base.powf(-2.0 / head_dim as f32)
+}
+
+impl Backend for CudaBackend {
+    fn id(&self) -> BackendId {
+        self.id
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn priority(&self) -> u32 {
+        CUDA_PRIORITY
+    }
+
+    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+        if w.ne1 == 1 {
+            return if w.ty.is_supported() {
+                Ok(())
+            } else {
+                Err(format!("{} vectors cannot be converted to f32", w.ty))
+            };
+        }
+        matrix_refusal(w.ty, w.ne0).map_or(Ok(()), Err)
+    }
+
+    fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+        self.weights = vec![None; weights.len()];
+        for &id in ids {
+            let name = weights.name(id).to_string();
+            let w = weights
+                .weight(id)
+                .ok_or_else(|| self.err(format!("weight {name} is not in the model")))?;
+            let r = if w.ne1 == 1 {
+                let mut v = vec![0f32; w.ne0];
+                quants::dequantize_row(w.ty, w.bytes, &mut v)
+                    .map_err(|e| self.err(format!("weight {name}: {e}")))?;
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let ptr = self.gpu.alloc(bytes.len()).map_err(|e| self.err(e))?;
+                self.gpu.upload(ptr, &bytes).map_err(|e| self.err(e))?;
+                self.weights_bytes += bytes.len();
+                Resident::Vector { ptr, len: w.ne0 }
+            } else {
+                if let Some(why) = matrix_refusal(w.ty, w.ne0) {
+                    return Err(self.err(format!("weight {name}: {why}")));
+                }
+                let row_bytes = w.ty.row_bytes(w.ne0 as u64).unwrap_or(0) as usize;
+                let ptr = self.gpu.alloc(w.bytes.len()).map_err(|e| self.err(e))?;
+                self.gpu.upload(ptr, w.bytes).map_err(|e| self.err(e))?;
+                self.weights_bytes += w.bytes.len();
+                Resident::Matrix(Matrix {
+                    ty: w.ty,
+                    ne0: w.ne0,
+                    ne1: w.ne1,
+                    ptr,
+                    row_bytes,
+                })
+            };
+            self.weights[id.index()] = Some(r);
+        }
+        Ok(())
+    }
+
+    fn weights_bytes(&self) -> usize {
+        self.weights_bytes
+    }
+
+    fn batch_invariant(&self) -> bool {
+        // One matmul kernel for every row count, each row's arithmetic independent of the
+        // others; attention per (head, query).
+        true
+    }
+
+    fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
+        if CUDA_KV_TYPES.contains(&ty) {
+            Ok(())
+        } else {
+            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name))
+        }
+    }
+
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> bool {
+        op_refusal(op, weights).is_none()
+    }
+
+    fn refusal(&self, op: &Op, weights: &dyn WeightSource) -> Option<String> {
+        op_refusal(op, weights)
+    }
+
+    fn supports_fused(&self, op: FusedOp) -> bool {
+        matches!(op, FusedOp::SwiGLU)
+    }
+
+    fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
+        let bytes = bytes.max(4);
+        if let Some(id) = self.pool.free.get_mut(&bytes).and_then(|v| v.pop()) {
+            self.pool.live[id as usize] = true;
+            self.mirror.remove(&id);
+            let (ptr, len) = self.pool.bufs[id as usize];
+            // Stream-ordered: after any queued work that used it.
+            self.gpu.memset0(ptr, len).map_err(|e| self.err(e))?;
+            return Ok(BufId(id));
+        }
+        let ptr = self.gpu.alloc(bytes).map_err(|e| self.err(e))?;
+        self.pool.bufs.push((ptr, bytes));
+        self.pool.live.push(true);
+        Ok(BufId((self.pool.bufs.len() - 1) as u32))
+    }
+
+    fn free(&mut self, buf: BufId) {
+        let i = buf.0 as usize;
+        if self.pool.live.get(i).copied() == Some(true) {
+            self.pool.live[i] = false;
+            self.mirror.remove(&buf.0);
+            let len = self.pool.bufs[i].1;
+            self.pool.free.entry(len).or_default().push(buf.0);
+        }
+    }
+
+    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> GraphResult<()> {
+        let (ptr, len) = self.buf(buf).map_err(|e| self.err(e))?;
+        if offset + data.len() > len {
+            return Err(self.err(format!(
+                "write of {} bytes at {offset} into buffer {} of {len}",
+                data.len(),
+                buf.0
+            )));
+        }
+        if offset == 0 && data.len() <= MIRROR_MAX {
+            self.mirror.insert(buf.0, data.to_vec());
+        } else {
+            self.mirror.remove(&buf.0);
+        }
+        self.gpu
+            .upload(ptr + offset as u64, data)
+            .map_err(|e| self.err(e))
+    }
+
+    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> GraphResult<()> {
+        let (ptr, len) = self.buf(buf).map_err(|e| self.err(e))?;
+        if offset + out.len() > len {
+            return Err(self.err(format!(
+                "read of {} bytes at {offset} from buffer {} of {len}",
+                out.len(),
+                buf.0
+            )));
+        }
+        self.gpu
+            .download(ptr + offset as u64, out)
+            .map_err(|e| self.err(e))
+    }
+
+    fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> GraphResult<()> {
+        if let Some(o) = args.out {
+            self.mirror.remove(&o.0);
+        }
+        if let Some(kv) = args.kv {
+            self.mirror.remove(&kv.k.0);
+            self.mirror.remove(&kv.v.0);
+        }
+        self.executed += 1;
+        let t0 = std::time::Instant::now();
+        let mut r = self.encode(node, args);
+        if self.profile.is_some() {
+            r = r.and_then(|_| self.gpu.sync());
+            let key = format!(
+                "{} {}",
+                node.op.name(),
+                if node.shape[1] == 1 { "1 row" } else { "rows" }
+            );
+            if let Some(p) = &mut self.profile {
+                let e = p.entry(key).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += t0.elapsed().as_secs_f64();
+            }
+        }
+        r.map_err(|e| GraphError::Exec {
+            node: node.name.clone(),
+            problem: format!("{} ({}): {e}", self.name, node.op.name()),
+        })
+    }
+
+    fn synchronize(&mut self) -> GraphResult<()> {
+        self.gpu.sync().map_err(|e| self.err(e))
+    }
+
+    fn kv_copy_cells(
+        &mut self,
+        region: BufId,
+        cell_bytes: usize,
+        src: usize,
+        dst: usize,
+        n: usize,
+    ) -> GraphResult<()> {
+        if n == 0 || src == dst {
+            return Ok(());
+        }
+        let (ptr, len) = self.buf(region).map_err(|e| self.err(e))?;
+        if (src.max(dst) + n) * cell_bytes > len {
+            return Err(self.err(format!(
+                "copy of {n} cells {src} -> {dst} outside a region of {} cells",
+                len / cell_bytes.max(1)
+            )));
+        }
+        self.mirror.remove(&region.0);
+        // Chunks no longer than the distance never overlap themselves; move_plan orders them.
+        let chunk = src.abs_diff(dst).min(n);
+        for (s, d, l) in move_plan(src, dst, n, chunk) {
+            self.gpu
+                .copy_d2d(
+                    ptr + (d * cell_bytes) as u64,
+                    ptr + (s * cell_bytes) as u64,
+                    l * cell_bytes,
+                )
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    fn kv_rope_shift(
+        &mut self,
+        k_region: BufId,
+        layout: &KvLayout,
+        rope: &RopeSpec,
+        cell: usize,
+        n: usize,
+        delta: i64,
+    ) -> GraphResult<()> {
+        if n == 0 || delta == 0 {
+            return Ok(());
+        }
+        let ty = match layout.cache_type {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            other => return Err(self.err(format!("a {other} KV cache cannot shift positions"))),
+        };
+        if !layout.head_dim.is_multiple_of(2) {
+            return Err(self.err(format!(
+                "RoPE needs an even head dim, not {}",
+                layout.head_dim
+            )));
+        }
+        let delta = i32::try_from(delta).map_err(|_| self.err(format!("shift {delta} too far")))?;
+        let (ptr, len) = self.buf(k_region).map_err(|e| self.err(e))?;
+        if (cell + n) * layout.cell_bytes > len {
+            return Err(self.err(format!("cells {cell}..{} outside the region", cell + n)));
+        }
+        let half = layout.head_dim / 2;
+        let total = n * layout.n_head_kv * half;
+        self.gpu
+            .launch(
+                "mf_kv_rope_shift",
+                (total.div_ceil(256) as u32, 1, 1),
+                256,
+                &[
+                    Arg::I32(ty),
+                    Arg::U64(ptr),
+                    Arg::U64(layout.cell_bytes as u64),
+                    Arg::I32(cell as i32),
+                    Arg::I32(n as i32),
+                    Arg::I32(layout.n_head_kv as i32),
+                    Arg::I32(layout.head_dim as i32),
+                    Arg::I32(delta),
+                    Arg::F32(theta_scale(rope.freq_base, layout.head_dim)),
+                    Arg::F32(rope.freq_scale),
+                    Arg::I32((rope.style == RopeStyle::Neox) as i32),
+                ],
+            )
+            .map_err(|e| self.err(e))
+    }
+}

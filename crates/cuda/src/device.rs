@@ -1,0 +1,364 @@
+//! The device layer: one context on GPU 0, one non-blocking stream per engine, the kernels
+//! compiled once with NVRTC for the device's compute capability (PTX cached on disk by source
+//! hash and architecture), raw device allocations owned until drop, every launch's error
+//! checked and synchronisation bounded by a deadline.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+use sha2::{Digest, Sha256};
+
+/// The kernel sources in program order (headers first).
+pub const SOURCES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("dequant.cuh", include_str!("../kernels/dequant.cuh")),
+    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("matmul.cu", include_str!("../kernels/matmul.cu")),
+    ("kv.cu", include_str!("../kernels/kv.cu")),
+    ("attn.cu", include_str!("../kernels/attn.cu")),
+];
+
+/// Every kernel the executor launches.
+pub const KERNELS: &[&str] = &[
+    "mf_add",
+    "mf_mul",
+    "mf_silu",
+    "mf_swiglu",
+    "mf_rms_norm",
+    "mf_rope",
+    "mf_matmul",
+    "mf_get_rows",
+    "mf_kv_store",
+    "mf_kv_rope_shift",
+    "mf_attn_window",
+];
+
+/// How long a synchronisation waits before it reports a hung device.
+fn sync_deadline() -> Duration {
+    let s = std::env::var("MINFER_CUDA_SYNC_TIMEOUT_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(120u64);
+    Duration::from_secs(s)
+}
+
+pub type DResult<T> = std::result::Result<T, String>;
+
+fn drv(what: &str, e: impl std::fmt::Debug) -> String {
+    format!("{what}: {e:?}")
+}
+
+/// Runs `f`, turning a panic of cudarc's dynamic loader (no libcuda / libnvrtc) into an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> DResult<T>) -> DResult<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    match r {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            Err(format!("{what}: {msg}"))
+        }
+    }
+}
+
+/// Whether the driver loads and a device exists.
+pub fn available() -> DResult<()> {
+    guarded("CUDA driver", || {
+        let n = CudaContext::device_count().map_err(|e| drv("cuDeviceGetCount", e))?;
+        if n < 1 {
+            return Err("no CUDA device".into());
+        }
+        Ok(())
+    })
+}
+
+/// The whole program: every source concatenated in order.
+pub fn program() -> String {
+    let mut s = String::new();
+    for (name, src) in SOURCES {
+        s.push_str(&format!("// ---- {name} ----\n"));
+        s.push_str(src);
+        s.push('\n');
+    }
+    s
+}
+
+fn compile(src: &str, arch: &str) -> std::result::Result<Ptx, CompileError> {
+    compile_ptx_with_opts(
+        src,
+        CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}"), "-lineinfo".into()],
+            ..Default::default()
+        },
+    )
+}
+
+fn compile_log(e: &CompileError) -> String {
+    match e {
+        CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Compiles every `.cu` file on its own (after the headers) for `arch` and reports every
+/// NVRTC error at once: the self-test run before anything else on a new device.
+pub fn selftest(arch: &str) -> Vec<(String, DResult<()>)> {
+    let headers: String = SOURCES
+        .iter()
+        .filter(|(n, _)| n.ends_with(".cuh"))
+        .map(|(_, s)| *s)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = Vec::new();
+    for (name, src) in SOURCES.iter().filter(|(n, _)| n.ends_with(".cu")) {
+        let r = guarded("NVRTC", || {
+            compile(&format!("{headers}\n{src}"), arch)
+                .map(|_| ())
+                .map_err(|e| compile_log(&e))
+        });
+        out.push((name.to_string(), r));
+    }
+    let whole = guarded("NVRTC", || {
+        compile(&program(), arch)
+            .map(|_| ())
+            .map_err(|e| compile_log(&e))
+    });
+    out.push(("(whole program)".into(), whole));
+    out
+}
+
+fn cache_path(src: &str, arch: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("MINFER_CUDA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/cuda"))
+        })?;
+    let mut h = Sha256::new();
+    h.update(src.as_bytes());
+    h.update(arch.as_bytes());
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Some(dir.join(format!("{hex}-{arch}.ptx")))
+}
+
+/// One GPU as the executor uses it.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    pub name: String,
+    pub arch: String,
+    pub total_mem: usize,
+    /// Whether the PTX came from the disk cache.
+    pub cached: bool,
+    /// Every allocation made (pointer, bytes), freed at drop.
+    allocs: Vec<(u64, usize)>,
+}
+
+impl Gpu {
+    pub fn new() -> DResult<Gpu> {
+        guarded("CUDA", Self::open)
+    }
+
+    fn open() -> DResult<Gpu> {
+        let ctx = CudaContext::new(0).map_err(|e| drv("cuCtx (device 0)", e))?;
+        // One stream, ordered by construction: no per-buffer events.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| drv("cuStreamCreate", e))?;
+        let name = ctx.name().map_err(|e| drv("cuDeviceGetName", e))?;
+        let (ma, mi) = ctx
+            .compute_capability()
+            .map_err(|e| drv("compute capability", e))?;
+        let arch = format!("sm_{ma}{mi}");
+        let total_mem = ctx.total_mem().map_err(|e| drv("cuDeviceTotalMem", e))?;
+        let src = program();
+        let path = cache_path(&src, &arch);
+        let cached_ptx = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
+        let cached = cached_ptx.is_some();
+        let ptx = match cached_ptx {
+            Some(text) => Ptx::from_src(text),
+            None => {
+                let ptx = compile(&src, &arch)
+                    .map_err(|e| format!("NVRTC ({arch}): {}", compile_log(&e)))?;
+                if let Some(p) = &path {
+                    if let Some(dir) = p.parent() {
+                        let _ = std::fs::create_dir_all(dir);
+                    }
+                    let _ = std::fs::write(p, ptx.to_src());
+                }
+                ptx
+            }
+        };
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| drv("cuModuleLoadData", e))?;
+        let mut funcs = HashMap::new();
+        for &k in KERNELS {
+            let f = module
+                .load_function(k)
+                .map_err(|e| drv(&format!("kernel {k}"), e))?;
+            funcs.insert(k, f);
+        }
+        Ok(Gpu {
+            ctx,
+            stream,
+            funcs,
+            name,
+            arch,
+            total_mem,
+            cached,
+            allocs: Vec::new(),
+        })
+    }
+
+    pub fn bind(&self) -> DResult<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| drv("cuCtxSetCurrent", e))
+    }
+
+    pub fn free_mem(&self) -> usize {
+        self.ctx.mem_get_info().map(|(f, _)| f).unwrap_or(0)
+    }
+
+    /// A zeroed allocation of `bytes`; out of memory is an error naming the request and the
+    /// free memory.
+    pub fn alloc(&mut self, bytes: usize) -> DResult<u64> {
+        self.bind()?;
+        let bytes = bytes.max(16);
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            format!(
+                "out of device memory: {bytes} bytes asked, {} bytes free ({e:?})",
+                self.free_mem()
+            )
+        })?;
+        self.allocs.push((ptr, bytes));
+        self.memset0(ptr, bytes)?;
+        Ok(ptr)
+    }
+
+    pub fn memset0(&self, ptr: u64, bytes: usize) -> DResult<()> {
+        unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| drv("cuMemsetD8Async", e))
+    }
+
+    pub fn upload(&self, ptr: u64, data: &[u8]) -> DResult<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // From pageable host memory the driver has staged `data` when this returns (CUDA's
+        // documented behaviour for pageable host-to-device copies), so the slice may go away
+        // without waiting for the stream.
+        unsafe { result::memcpy_htod_async(ptr, data, self.stream.cu_stream()) }
+            .map_err(|e| drv("cuMemcpyHtoDAsync", e))
+    }
+
+    pub fn download(&self, ptr: u64, out: &mut [u8]) -> DResult<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        unsafe { result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
+            .map_err(|e| drv("cuMemcpyDtoHAsync", e))?;
+        self.sync()
+    }
+
+    pub fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> DResult<()> {
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| drv("cuMemcpyDtoDAsync", e))
+    }
+
+    /// Waits for the stream, bounded: a device that does not finish in time is an error.
+    pub fn sync(&self) -> DResult<()> {
+        self.bind()?;
+        let start = Instant::now();
+        let limit = sync_deadline();
+        loop {
+            let r = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) };
+            match r {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    let waited = start.elapsed();
+                    if waited > limit {
+                        return Err(format!(
+                            "the device did not finish its work within {limit:?}"
+                        ));
+                    }
+                    // Spin for the first 2 ms (a sleep costs tens of microseconds, more than
+                    // a decode step's kernels), then poll gently.
+                    if waited < Duration::from_millis(2) {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                }
+                e => return Err(format!("device work failed: {e:?}")),
+            }
+        }
+    }
+
+    /// Launches kernel `name` with `args` (each a plain value: pointers as u64).
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> DResult<()> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| format!("no kernel {name}"))?;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::I32(v) => b.arg(v),
+                Arg::U64(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { b.launch(cfg) }.map_err(|e| drv(&format!("launch {name}"), e))?;
+        Ok(())
+    }
+}
+
+/// A kernel argument.
+pub enum Arg {
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = self.sync();
+        for &(p, _) in &self.allocs {
+            unsafe {
+                let _ = result::free_sync(p);
+            }
+        }
+    }
+}

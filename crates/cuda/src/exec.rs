@@ -1,0 +1,365 @@
+//! One node to launches: buffers resolved from the pool and the resident weights, shapes
+//! and indices checked on the host, then the op's kernel launched on the engine's stream.
+
+use minfer_gguf::GgmlType;
+use minfer_graph::{BufId, ExecArgs, KvKind, Node, Op, RopeStyle, WindowLayout, KV_MAP_RUNS};
+
+use crate::backend::{theta_scale, type_code, CudaBackend};
+use crate::device::{Arg, DResult};
+
+fn i32s(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn blocks(n: usize, per: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per).max(1) as u32, 1, 1)
+}
+
+/// Threads for a row of `nch` 32-element chunks: whole warps, at most 128.
+fn row_threads(nch: usize) -> u32 {
+    (nch.div_ceil(32) * 32).clamp(32, 128) as u32
+}
+
+impl CudaBackend {
+    fn src_buf(&self, args: &ExecArgs, i: usize) -> DResult<(BufId, u64, usize)> {
+        let id = args
+            .srcs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("src {i} has no buffer"))?;
+        let (p, l) = self.buf(id).map_err(|e| format!("src {i}: {e}"))?;
+        Ok((id, p, l))
+    }
+
+    fn src(&self, args: &ExecArgs, i: usize, need: usize) -> DResult<u64> {
+        let (_, p, l) = self.src_buf(args, i)?;
+        if l < need {
+            return Err(format!("src {i} holds {l} bytes, the node reads {need}"));
+        }
+        Ok(p)
+    }
+
+    fn out(&self, node: &Node, args: &ExecArgs) -> DResult<u64> {
+        let id = args.out.ok_or("no output buffer")?;
+        let (p, l) = self.buf(id)?;
+        if l < node.n_bytes() {
+            return Err(format!(
+                "output buffer holds {l} bytes, node needs {}",
+                node.n_bytes()
+            ));
+        }
+        Ok(p)
+    }
+
+    /// The i32 ids in src `i` (`n` of them), each checked against `bound`.
+    fn checked_ids(
+        &self,
+        args: &ExecArgs,
+        i: usize,
+        n: usize,
+        bound: usize,
+        what: &str,
+    ) -> DResult<u64> {
+        let (id, p, l) = self.src_buf(args, i)?;
+        if l < n * 4 {
+            return Err(format!("{what}: src {i} holds {l} bytes for {n} ids"));
+        }
+        let ids = i32s(&self.host_view(id, n * 4)?);
+        if let Some((t, v)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &v)| v < 0 || v as usize >= bound)
+        {
+            return Err(format!("{what} {v} of row {t} outside 0..{bound}"));
+        }
+        Ok(p)
+    }
+
+    fn region(&self, args: &ExecArgs, kind: KvKind) -> DResult<(u64, usize)> {
+        let pair = args.kv.ok_or("the layer has no KV regions")?;
+        self.buf(match kind {
+            KvKind::K => pair.k,
+            KvKind::V => pair.v,
+        })
+    }
+
+    pub(crate) fn encode(&mut self, node: &Node, args: &ExecArgs) -> DResult<()> {
+        let w = args.weights;
+        let [ne0, ne1] = node.shape;
+        let n = node.n_elems();
+        let g = &self.gpu;
+        match &node.op {
+            Op::Input(_) => Ok(()),
+            Op::GetRows { weight } => {
+                let m = self.matrix(w, *weight)?;
+                if m.ne0 != ne0 {
+                    return Err(format!("table rows of {} for a node of {ne0}", m.ne0));
+                }
+                let ids = self.checked_ids(args, 0, ne1, m.ne1, "row id")?;
+                let out = self.out(node, args)?;
+                let ty = type_code(m.ty).ok_or("weight type")?;
+                self.gpu.launch(
+                    "mf_get_rows",
+                    (ne1 as u32, 1, 1),
+                    row_threads(ne0.div_ceil(32)),
+                    &[
+                        Arg::I32(ty),
+                        Arg::U64(m.ptr),
+                        Arg::U64(m.row_bytes as u64),
+                        Arg::U64(ids),
+                        Arg::U64(out),
+                        Arg::I32(ne0 as i32),
+                    ],
+                )
+            }
+            Op::SelectRows => {
+                let (_, x, xl) = self.src_buf(args, 0)?;
+                let rows = xl / (ne0 * 4).max(1);
+                let ids = self.checked_ids(args, 1, ne1, rows, "row id")?;
+                let out = self.out(node, args)?;
+                g.launch(
+                    "mf_get_rows",
+                    (ne1 as u32, 1, 1),
+                    row_threads(ne0.div_ceil(32)),
+                    &[
+                        Arg::I32(0),
+                        Arg::U64(x),
+                        Arg::U64((ne0 * 4) as u64),
+                        Arg::U64(ids),
+                        Arg::U64(out),
+                        Arg::I32(ne0 as i32),
+                    ],
+                )
+            }
+            Op::MatMul { weight, bias } => {
+                let m = self.matrix(w, *weight)?;
+                if m.ne1 != ne0 {
+                    return Err(format!("weight of {} outputs for a node of {ne0}", m.ne1));
+                }
+                let x = self.src(args, 0, m.ne0 * ne1 * 4)?;
+                let out = self.out(node, args)?;
+                let b = match bias {
+                    Some(b) => self.vector(w, *b, ne0)?,
+                    None => 0,
+                };
+                let ty = type_code(m.ty).ok_or_else(|| format!("{} weights", m.ty))?;
+                g.launch(
+                    "mf_matmul",
+                    (ne0 as u32, ne1.div_ceil(16) as u32, 1),
+                    row_threads(m.ne0.div_ceil(32)),
+                    &[
+                        Arg::I32(ty),
+                        Arg::U64(m.ptr),
+                        Arg::U64(m.row_bytes as u64),
+                        Arg::U64(x),
+                        Arg::U64(out),
+                        Arg::U64(b),
+                        Arg::I32(m.ne0 as i32),
+                        Arg::I32(ne0 as i32),
+                        Arg::I32(ne1 as i32),
+                    ],
+                )
+            }
+            Op::RmsNorm { eps, weight, group } => {
+                if *group == 0 || !ne0.is_multiple_of(*group) {
+                    return Err(format!("groups of {group} over rows of {ne0}"));
+                }
+                let x = self.src(args, 0, n * 4)?;
+                let out = self.out(node, args)?;
+                let gain = self.vector(w, *weight, *group)?;
+                g.launch(
+                    "mf_rms_norm",
+                    ((n / group) as u32, 1, 1),
+                    (group.div_ceil(32) * 32).clamp(32, 256) as u32,
+                    &[
+                        Arg::U64(x),
+                        Arg::U64(gain),
+                        Arg::U64(out),
+                        Arg::I32(*group as i32),
+                        Arg::F32(*eps),
+                    ],
+                )
+            }
+            Op::Rope {
+                style,
+                n_head,
+                head_dim,
+                freq_base,
+                freq_scale,
+            } => {
+                if n_head * head_dim != ne0 {
+                    return Err(format!("{n_head} heads of {head_dim} over rows of {ne0}"));
+                }
+                let x = self.src(args, 0, n * 4)?;
+                let pos = self.src(args, 1, ne1 * 4)?;
+                let out = self.out(node, args)?;
+                let total = ne1 * n_head * (head_dim / 2);
+                g.launch(
+                    "mf_rope",
+                    blocks(total, 256),
+                    256,
+                    &[
+                        Arg::U64(x),
+                        Arg::U64(pos),
+                        Arg::U64(out),
+                        Arg::I32(*n_head as i32),
+                        Arg::I32(*head_dim as i32),
+                        Arg::I32(ne1 as i32),
+                        Arg::F32(theta_scale(*freq_base, *head_dim)),
+                        Arg::F32(*freq_scale),
+                        Arg::I32((*style == RopeStyle::Neox) as i32),
+                    ],
+                )
+            }
+            Op::Add | Op::Mul | Op::SwiGLU => {
+                let a = self.src(args, 0, n * 4)?;
+                let b = self.src(args, 1, n * 4)?;
+                let out = self.out(node, args)?;
+                let k = match node.op {
+                    Op::Add => "mf_add",
+                    Op::Mul => "mf_mul",
+                    _ => "mf_swiglu",
+                };
+                g.launch(
+                    k,
+                    blocks(n, 256),
+                    256,
+                    &[Arg::U64(a), Arg::U64(b), Arg::U64(out), Arg::U64(n as u64)],
+                )
+            }
+            Op::Silu => {
+                let x = self.src(args, 0, n * 4)?;
+                let out = self.out(node, args)?;
+                g.launch(
+                    "mf_silu",
+                    blocks(n, 256),
+                    256,
+                    &[Arg::U64(x), Arg::U64(out), Arg::U64(n as u64)],
+                )
+            }
+            Op::KvStore {
+                kind, cache_type, ..
+            } => {
+                let ty = kv_code(*cache_type)?;
+                let row_bytes = cell_bytes(*cache_type, ne0)?;
+                let (region, rlen) = self.region(args, *kind)?;
+                let n_cells = rlen / row_bytes;
+                let x = self.src(args, 0, n * 4)?;
+                let cells = self.checked_ids(args, 1, ne1, n_cells, "KV cell")?;
+                let total = if ty == 2 { ne1 * (ne0 / 32) } else { n };
+                self.gpu.launch(
+                    "mf_kv_store",
+                    blocks(total, 256),
+                    256,
+                    &[
+                        Arg::I32(ty),
+                        Arg::U64(x),
+                        Arg::U64(cells),
+                        Arg::U64(region),
+                        Arg::U64(row_bytes as u64),
+                        Arg::I32(ne0 as i32),
+                        Arg::I32(ne1 as i32),
+                    ],
+                )
+            }
+            Op::Attention {
+                n_head,
+                n_head_kv,
+                head_dim,
+                scale,
+                cache_type,
+                window,
+                ..
+            } => {
+                if n_head * head_dim != ne0 {
+                    return Err(format!("{n_head} heads of {head_dim} over rows of {ne0}"));
+                }
+                let ty = kv_code(*cache_type)?;
+                let row_bytes = cell_bytes(*cache_type, n_head_kv * head_dim)?;
+                let (k, klen) = self.region(args, KvKind::K)?;
+                let (v, _) = self.region(args, KvKind::V)?;
+                let n_cells = klen / row_bytes;
+                let width = match window {
+                    WindowLayout::Span => 2,
+                    WindowLayout::KvMap => 2 * KV_MAP_RUNS,
+                };
+                let q = self.src(args, 0, n * 4)?;
+                let (wid, win, wl) = self.src_buf(args, 1)?;
+                if wl < ne1 * width * 4 {
+                    return Err(format!("window input of {wl} bytes for {ne1} queries"));
+                }
+                check_windows(
+                    &i32s(&self.host_view(wid, ne1 * width * 4)?),
+                    width,
+                    n_cells,
+                )?;
+                let out = self.out(node, args)?;
+                self.gpu.launch(
+                    "mf_attn_window",
+                    (*n_head as u32, ne1 as u32, 1),
+                    128,
+                    &[
+                        Arg::I32(ty),
+                        Arg::U64(q),
+                        Arg::U64(k),
+                        Arg::U64(v),
+                        Arg::U64(win),
+                        Arg::U64(out),
+                        Arg::U64(row_bytes as u64),
+                        Arg::I32(*n_head as i32),
+                        Arg::I32(*n_head_kv as i32),
+                        Arg::I32(*head_dim as i32),
+                        Arg::I32(width as i32),
+                        Arg::F32(*scale),
+                    ],
+                )
+            }
+            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => {
+                Err("fused ops are not in the CUDA backend's first slice".into())
+            }
+        }
+    }
+}
+
+fn kv_code(ty: GgmlType) -> DResult<i32> {
+    match ty {
+        GgmlType::F32 => Ok(0),
+        GgmlType::F16 => Ok(1),
+        GgmlType::Q8_0 => Ok(2),
+        other => Err(format!("no CUDA kernels for a {other} KV cache")),
+    }
+}
+
+fn cell_bytes(ty: GgmlType, n_embd_kv: usize) -> DResult<usize> {
+    ty.row_bytes(n_embd_kv as u64)
+        .map(|b| b as usize)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("a KV row of {n_embd_kv} is not whole {ty} blocks"))
+}
+
+/// Every query's window lies inside the region's `n_cells` cells.
+fn check_windows(w: &[i32], width: usize, n_cells: usize) -> DResult<()> {
+    for (t, row) in w.chunks_exact(width).enumerate() {
+        if width == 2 {
+            let (lo, hi) = (row[0], row[1]);
+            if lo < 0 || hi < lo || hi as usize > n_cells {
+                return Err(format!(
+                    "query {t}: window [{lo}, {hi}) outside 0..{n_cells} cells"
+                ));
+            }
+        } else {
+            for r in row.chunks_exact(2) {
+                let (c, l) = (r[0], r[1]);
+                if l < 0 || (l > 0 && (c < 0 || c as usize + l as usize > n_cells)) {
+                    return Err(format!(
+                        "query {t}: run ({c}, {l}) outside 0..{n_cells} cells"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}

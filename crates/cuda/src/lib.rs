@@ -1,0 +1,27 @@
+//! The CUDA backend (issue 15, first slice): the graph executor on an NVIDIA GPU through
+//! `cudarc` with dynamic loading, kernels in CUDA C (`kernels/`) compiled at run time by
+//! NVRTC for the device's compute capability. Built only with the cargo feature `cuda`;
+//! without it this crate is empty apart from [`available`], so machines without CUDA build
+//! and lint the workspace unchanged.
+
+#[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
+pub mod device;
+#[cfg(feature = "cuda")]
+mod exec;
+
+#[cfg(feature = "cuda")]
+pub use backend::{CudaBackend, CUDA_PRIORITY};
+
+/// Whether this machine can run the CUDA backend: the driver loads and a device exists.
+pub fn available() -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    {
+        device::available()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("this build has no CUDA backend (cargo feature `cuda`)".into())
+    }
+}
