@@ -14,13 +14,16 @@ extern "C" __global__ void mf_matmul(int ty, const u8 *w, u64 row_bytes, const f
     float acc[MF_MM_T];
     for (int k = 0; k < MF_MM_T; ++k) acc[k] = 0.0f;
     int nch = (ne0 + 31) / 32;
+    // Tokens of this tile (uniform over the block): a decode row does one reduction, not 16.
+    int kt = min(MF_MM_T, nt - t0);
     float wv[32];
     for (int c = threadIdx.x; c < nch; c += blockDim.x) {
         mf_deq32(ty, row, c, ne0, wv);
         int m = min(32, ne0 - c * 32);
+#pragma unroll
         for (int k = 0; k < MF_MM_T; ++k) {
             int t = t0 + k;
-            if (t < nt) {
+            if (k < kt) {
                 const float *xr = x + (u64)t * ne0 + c * 32;
                 float s = 0.0f;
                 if (m == 32 && (ne0 & 3) == 0) {
@@ -40,10 +43,13 @@ extern "C" __global__ void mf_matmul(int ty, const u8 *w, u64 row_bytes, const f
             }
         }
     }
+#pragma unroll
     for (int k = 0; k < MF_MM_T; ++k) {
+        // `k < kt` is the same for every thread: the block sum's barriers stay uniform.
+        if (k >= kt) break;
         float s = mf_block_sum(acc[k], red);
         int t = t0 + k;
-        if (threadIdx.x == 0 && t < nt) {
+        if (threadIdx.x == 0) {
             if (bias) s += bias[o];
             y[(u64)t * n_out + o] = s;
         }
