@@ -20,30 +20,21 @@
 
 use minfer_engine::{auto_cache_type, BatchEntry, Engine, EngineConfig};
 use minfer_gguf::{GgmlType, GgufModel};
-use minfer_models::{reference, Arch, HParams};
-use minfer_testkit::synth::{self, Tiny};
+use minfer_models::{Arch, HParams};
+use minfer_testkit::logits::*;
+use minfer_testkit::synth;
 use std::path::{Path, PathBuf};
 
 const ACC_TOL: f64 = 1e-3;
+const GEMM_REL: f64 = 2e-3;
 
 /// The Metal backend the gates run on: the emulator here, the GPU on a Mac.
 fn metal_backend() -> String {
     std::env::var("MINFER_GATE_METAL_BACKEND").unwrap_or_else(|_| "metal-emu".into())
 }
-const GEMM_REL: f64 = 2e-3;
 
 fn tiny(arch: Arch, ty: GgmlType, head_dim: usize) -> PathBuf {
-    let mut t = Tiny::new(arch, ty);
-    t.d = 256;
-    t.ff = 512;
-    t.head_dim = head_dim;
-    t.n_head = if arch == Arch::Qwen3 {
-        4
-    } else {
-        256 / head_dim
-    };
-    t.n_head_kv = if t.n_head >= 4 { 2 } else { 1 };
-    synth::write(&t)
+    synth::tiny_hd(arch, ty, head_dim)
 }
 
 fn engine(path: &Path, metal: bool, cache: GgmlType, n_batch: usize) -> Engine {
@@ -65,62 +56,11 @@ fn engine(path: &Path, metal: bool, cache: GgmlType, n_batch: usize) -> Engine {
     .unwrap()
 }
 
-fn reference_logits(path: &Path, tokens: &[u32]) -> Vec<Vec<f64>> {
-    let gguf = GgufModel::open(path).unwrap();
-    let hp = HParams::from_metadata(gguf.metadata()).unwrap();
-    reference::forward(&gguf, &hp, tokens).unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f64]) -> f64 {
-    a.iter()
-        .zip(b)
-        .fold(0f64, |m, (x, y)| m.max((*x as f64 - y).abs()))
-}
-
-fn rms(v: &[Vec<f64>]) -> f64 {
-    let n: usize = v.iter().map(|r| r.len()).sum();
-    (v.iter().flatten().map(|x| x * x).sum::<f64>() / n as f64).sqrt()
-}
-
 /// Nodes on the CPU and on the emulated Metal backend in the decode graph.
 fn split_counts(e: &mut Engine) -> (usize, usize) {
     let c = e.nodes_per_backend(1).unwrap();
     let get = |name: &str| c.iter().find(|(n, _)| *n == name).map_or(0, |x| x.1);
     (get("cpu"), get(&metal_backend()))
-}
-
-/// Prefill all but the last 3 tokens (every row's logits), then decode one by one: every
-/// row's logits in order.
-fn run_logits(e: &mut Engine, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let vocab = e.hparams().vocab_size;
-    let split = tokens.len() - 3;
-    let mut rows: Vec<Vec<f32>> = e
-        .decode(&tokens[..split], 0, split)
-        .unwrap()
-        .chunks_exact(vocab)
-        .map(<[f32]>::to_vec)
-        .collect();
-    for (i, &t) in tokens[split..].iter().enumerate() {
-        rows.push(e.decode(&[t], split + i, 1).unwrap().to_vec());
-    }
-    rows
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
-        .0 as u32
-}
-
-fn greedy(e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut next = argmax(e.decode(prompt, 0, 1).unwrap());
-    for i in 0..n {
-        out.push(next);
-        next = argmax(e.decode(&[next], prompt.len() + i, 1).unwrap());
-    }
-    out
 }
 
 const TOKENS: [u32; 9] = [1, 5, 9, 3, 33, 7, 2, 0, 39];

@@ -6,8 +6,10 @@
 //! - [`rng`]: one seeded generator, [`rng::Rng`], with the algorithms the tests' expected
 //!   numbers were drawn from (splitmix64, xorshift64, xorshift64*, xorshift32).
 //! - `synth` (feature `synth`): synthetic models on disk and engines on them, for the engine
-//!   tests.
+//!   tests; `logits` (same feature): the f64 reference's logits, distances, greedy decoding.
 
+#[cfg(feature = "synth")]
+pub mod logits;
 pub mod models;
 pub mod rng;
 #[cfg(feature = "synth")]

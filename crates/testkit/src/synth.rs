@@ -165,6 +165,23 @@ fn tensor(
     w.add_tensor(name, &dims, ty, bytes).expect("tensor");
 }
 
+/// A [`Tiny`] of width 256 and FFN 512 with heads of `head_dim` (Qwen3: 4 heads, the others
+/// 256 / head_dim; 2 KV heads from 4 heads up, else 1), written: the device gates' shape
+/// (head dims 64 and 128, KV rows of whole q8_0 words).
+pub fn tiny_hd(arch: Arch, ty: GgmlType, head_dim: usize) -> PathBuf {
+    let mut t = Tiny::new(arch, ty);
+    t.d = 256;
+    t.ff = 512;
+    t.head_dim = head_dim;
+    t.n_head = if arch == Arch::Qwen3 {
+        4
+    } else {
+        256 / head_dim
+    };
+    t.n_head_kv = if t.n_head >= 4 { 2 } else { 1 };
+    write(&t)
+}
+
 /// Writes the model `t` describes to a fresh temporary file.
 pub fn write(t: &Tiny) -> PathBuf {
     write_with(t, "", |_| {})
