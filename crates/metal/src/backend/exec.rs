@@ -5,7 +5,7 @@
 use minfer_gguf::GgmlType;
 use minfer_graph::{ExecArgs, KvKind, Node, Op, WeightSource, WindowLayout};
 
-use super::MetalBackend;
+use super::{grown, MetalBackend};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::launch::{self, KvType, WindowAttn, WindowKind};
@@ -398,9 +398,10 @@ where
                 let q = self.src(args, 0)?;
                 let win = self.src(args, 1)?;
                 let out = self.out(node, args)?;
-                let max_len = launch::check_windows(dev, &s, &win)?;
-                let scratch = self.scratch(launch::window_scratch_bytes(&s, max_len))?;
-                launch::launch_attention_window(&self.dev, &s, &q, &k, &v, &win, &scratch, &out)?;
+                let scratch = &mut self.scratch;
+                launch::launch_attention_window_sized(dev, &s, &q, &k, &v, &win, &out, |bytes| {
+                    grown(dev, scratch, bytes)
+                })?;
                 Ok(())
             }
         }

@@ -153,19 +153,12 @@ impl<D: Device> MetalBackend<D> {
         })
     }
 
-    /// The attention scratch buffer, at least `bytes` long.
+    /// The scratch buffer, at least `bytes` long.
     fn scratch(&mut self, bytes: usize) -> Result<D::Buffer, Error>
     where
         D::Buffer: Clone,
     {
-        if let Some(s) = &self.scratch {
-            if self.dev.buffer_len(s) >= bytes {
-                return Ok(s.clone());
-            }
-        }
-        let s = self.dev.new_buffer(bytes.max(16))?;
-        self.scratch = Some(s.clone());
-        Ok(s)
+        grown(&self.dev, &mut self.scratch, bytes)
     }
 
     fn kv_type(op: &'static str, ty: GgmlType) -> Result<KvType, Error> {
@@ -179,6 +172,26 @@ impl<D: Device> MetalBackend<D> {
             }),
         }
     }
+}
+
+/// The buffer in `slot`, replaced by a larger one when it holds fewer than `bytes` (a free
+/// function, so a launch can grow the scratch while other fields of the backend are borrowed).
+pub(crate) fn grown<D: Device>(
+    dev: &D,
+    slot: &mut Option<D::Buffer>,
+    bytes: usize,
+) -> Result<D::Buffer, Error>
+where
+    D::Buffer: Clone,
+{
+    if let Some(s) = slot {
+        if dev.buffer_len(s) >= bytes {
+            return Ok(s.clone());
+        }
+    }
+    let s = dev.new_buffer(bytes.max(16))?;
+    *slot = Some(s.clone());
+    Ok(s)
 }
 
 impl<D: Device> Drop for MetalBackend<D> {

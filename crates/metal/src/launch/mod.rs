@@ -27,10 +27,10 @@ pub use matmul::{
 pub use norm::{launch_qk_norm, launch_rms_norm, launch_rms_norm_256};
 pub use rope::{launch_kv_rope_shift, launch_rope};
 pub use window::{
-    check_windows, launch_attention_window, launch_attention_window_with,
-    launch_window_prefill_with_tail_bug, window_family_scratch_bytes, window_kernel,
-    window_kernel_for, window_scratch_bytes, AttnEnv, WindowAttn, WindowKernel, WindowKind,
-    FLASH_WINDOW_CHUNK, SPLIT_WINDOW_ROWS,
+    check_windows, launch_attention_window, launch_attention_window_sized,
+    launch_attention_window_with, launch_window_prefill_with_tail_bug, window_family_scratch_bytes,
+    window_kernel, window_kernel_for, window_scratch_bytes, AttnEnv, WindowAttn, WindowKernel,
+    WindowKind, FLASH_WINDOW_CHUNK, SPLIT_WINDOW_ROWS,
 };
 pub use window_fast::{prefill_tiles, PREFILL_TILE_QUERIES, PREFILL_WAVE_TILES};
 

@@ -314,12 +314,57 @@ pub fn launch_window_prefill_with_tail_bug<D: Device>(
     launch_family(dev, WindowKernel::PrefillFlash, s, &b, true)
 }
 
+/// [`launch_attention_window`] with the scratch asked of `scratch(bytes)` once the windows
+/// are read: the executor's path, so each attention node reads and checks its window buffer
+/// once (the bytes are [`window_scratch_bytes`] of the longest window).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_attention_window_sized<D: Device>(
+    dev: &D,
+    s: &WindowAttn,
+    q: &D::Buffer,
+    k: &D::Buffer,
+    v: &D::Buffer,
+    window: &D::Buffer,
+    out: &D::Buffer,
+    scratch: impl FnOnce(usize) -> Result<D::Buffer>,
+) -> Result<WindowKernel> {
+    let kernel = window_kernel(s);
+    check_shapes(dev, kernel, s, q, k, v, out)?;
+    let (vals, max_len) = read_windows(dev, s, window)?;
+    let scratch = scratch(window_family_scratch_bytes(kernel, s, max_len))?;
+    let b = Bufs {
+        q,
+        k,
+        v,
+        window,
+        scratch: &scratch,
+        out,
+    };
+    encode_family(dev, kernel, s, &b, false, &vals, max_len)?;
+    Ok(kernel)
+}
+
 fn launch_family<D: Device>(
     dev: &D,
     kernel: WindowKernel,
     s: &WindowAttn,
     b: &Bufs<'_, D::Buffer>,
     tail_bug: bool,
+) -> Result<()> {
+    check_shapes(dev, kernel, s, b.q, b.k, b.v, b.out)?;
+    let (vals, max_len) = read_windows(dev, s, b.window)?;
+    encode_family(dev, kernel, s, b, tail_bug, &vals, max_len)
+}
+
+/// The launch's shape checks against the family and the buffers (before the windows are read).
+fn check_shapes<D: Device>(
+    dev: &D,
+    kernel: WindowKernel,
+    s: &WindowAttn,
+    q: &D::Buffer,
+    k: &D::Buffer,
+    v: &D::Buffer,
+    out: &D::Buffer,
 ) -> Result<()> {
     if s.n_head == 0 || s.n_head_kv == 0 || !s.n_head.is_multiple_of(s.n_head_kv) {
         return Err(shape(format!(
@@ -355,11 +400,26 @@ fn launch_family<D: Device>(
     }
     let row_bytes = s.kv.row_bytes(kv_stride);
     let q_bytes = (s.n_tokens * s.n_head * s.head_dim) as u64 * 4;
-    need_len(dev, OP, "q", b.q, 0, q_bytes)?;
-    need_len(dev, OP, "out", b.out, 0, q_bytes)?;
-    need_len(dev, OP, "k region", b.k, 0, (s.n_cells * row_bytes) as u64)?;
-    need_len(dev, OP, "v region", b.v, 0, (s.n_cells * row_bytes) as u64)?;
-    let (vals, max_len) = read_windows(dev, s, b.window)?;
+    need_len(dev, OP, "q", q, 0, q_bytes)?;
+    need_len(dev, OP, "out", out, 0, q_bytes)?;
+    need_len(dev, OP, "k region", k, 0, (s.n_cells * row_bytes) as u64)?;
+    need_len(dev, OP, "v region", v, 0, (s.n_cells * row_bytes) as u64)?;
+    Ok(())
+}
+
+/// Encodes one family's dispatches over windows already read and checked.
+#[allow(clippy::too_many_arguments)]
+fn encode_family<D: Device>(
+    dev: &D,
+    kernel: WindowKernel,
+    s: &WindowAttn,
+    b: &Bufs<'_, D::Buffer>,
+    tail_bug: bool,
+    vals: &[i32],
+    max_len: usize,
+) -> Result<()> {
+    let kv_stride = s.n_head_kv * s.head_dim;
+    let row_bytes = s.kv.row_bytes(kv_stride);
     if s.n_tokens == 0 {
         return Ok(());
     }
@@ -440,6 +500,6 @@ fn launch_family<D: Device>(
         }
         WindowKernel::Split => window_fast::split(dev, s, b, &p, suffix),
         WindowKernel::ThreePass => window_fast::three_pass(dev, b, &p, suffix),
-        WindowKernel::PrefillFlash => window_fast::prefill(dev, s, b, &p, suffix, &vals),
+        WindowKernel::PrefillFlash => window_fast::prefill(dev, s, b, &p, suffix, vals),
     }
 }
