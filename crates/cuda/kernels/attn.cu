@@ -94,3 +94,224 @@ extern "C" __global__ void mf_attn_window(int ty, const float *q, const u8 *k, c
         if (d < hd) orow[d] = l > 0.0f ? o[i] / l : 0.0f;
     }
 }
+
+// Split-K attention (flash decoding): the window's logical rows are cut into chunks of
+// MF_ATTN_CHUNK; block (h, t, s) runs the online softmax over chunk s alone and writes its
+// partial (max m, sum l, unnormalised o[hd]) to `part`; mf_attn_combine merges the chunks in
+// order. The cut depends only on the logical row index, so a query's bits depend on its q
+// and window alone (not on the batch, nor on how many chunks the grid has: chunks past the
+// window's end are empty and skipped). One 128-thread block per (head, query, chunk).
+#define MF_ATTN_CHUNK 256
+
+extern "C" __global__ void mf_attn_split(int ty, const float *q, const u8 *k, const u8 *v,
+                                         const int *win, float *part, u64 row_bytes,
+                                         int n_head, int n_head_kv, int hd, int width,
+                                         float scale, int n_split) {
+    __shared__ float sc[32];
+    __shared__ u32 cells[32];
+    int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    int lane = tid & 31, warp = tid >> 5;
+    int hk = h / (n_head / n_head_kv);
+    const int *w = win + (u64)t * width;
+    u32 len = mf_win_len(w, width);
+    u32 lo = (u32)sp * MF_ATTN_CHUNK;
+    u32 hi = min(len, lo + MF_ATTN_CHUNK);
+    float *pr = part + (((u64)t * n_head + h) * n_split + sp) * (hd + 2);
+    if (lo >= len) {
+        if (tid == 0) {
+            pr[0] = MF_MINF;
+            pr[1] = 0.0f;
+        }
+        return;
+    }
+    const float *qr = q + ((u64)t * n_head + h) * hd;
+    float qv[16];
+    for (int i = 0; i < 16; ++i) {
+        int d = lane + 32 * i;
+        qv[i] = d < hd ? qr[d] : 0.0f;
+    }
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float m = MF_MINF, l = 0.0f;
+    for (u32 j0 = lo; j0 < hi; j0 += 32) {
+        for (int r = 0; r < 8; ++r) {
+            int jj = warp * 8 + r;
+            u32 j = j0 + jj;
+            float s = MF_MINF;
+            u32 cell = 0;
+            if (j < hi) {
+                cell = mf_win_cell(w, width, j);
+                float acc = 0.0f;
+                for (int i = 0; i < 16; ++i) {
+                    int d = lane + 32 * i;
+                    if (d < hd) acc += qv[i] * mf_kv_at(ty, k, row_bytes, cell, hk * hd + d);
+                }
+                s = mf_warp_sum(acc) * scale;
+            }
+            if (lane == 0) {
+                sc[jj] = s;
+                cells[jj] = cell;
+            }
+        }
+        __syncthreads();
+        float mb = m;
+        for (int jj = 0; jj < 32; ++jj) mb = fmaxf(mb, sc[jj]);
+        float alpha = expf(m - mb);
+        l *= alpha;
+        for (int i = 0; i < 4; ++i) o[i] *= alpha;
+        for (u32 jj = 0; jj < 32 && j0 + jj < hi; ++jj) {
+            float pj = expf(sc[jj] - mb);
+            l += pj;
+            for (int i = 0; i < 4; ++i) {
+                int d = tid + 128 * i;
+                if (d < hd) o[i] += pj * mf_kv_at(ty, v, row_bytes, cells[jj], hk * hd + d);
+            }
+        }
+        m = mb;
+        __syncthreads();
+    }
+    if (tid == 0) {
+        pr[0] = m;
+        pr[1] = l;
+    }
+    for (int i = 0; i < 4; ++i) {
+        int d = tid + 128 * i;
+        if (d < hd) pr[2 + d] = o[i];
+    }
+}
+
+// out[t][h] = the chunks' partials merged in chunk order (empty chunks skipped); an empty
+// window gives zeros. One 128-thread block per (head, query).
+extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_head, int hd,
+                                           int n_split) {
+    int h = blockIdx.x, t = blockIdx.y;
+    const float *pr = part + ((u64)t * n_head + h) * n_split * (hd + 2);
+    float mx = MF_MINF;
+    for (int s = 0; s < n_split; ++s)
+        if (pr[s * (hd + 2) + 1] > 0.0f) mx = fmaxf(mx, pr[s * (hd + 2)]);
+    float *orow = out + ((u64)t * n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float l = 0.0f, acc = 0.0f;
+        for (int s = 0; s < n_split; ++s) {
+            const float *p = pr + s * (hd + 2);
+            if (p[1] > 0.0f) {
+                float a = expf(p[0] - mx);
+                l += p[1] * a;
+                acc += p[2 + d] * a;
+            }
+        }
+        orow[d] = l > 0.0f ? acc / l : 0.0f;
+    }
+}
+
+// Split-K attention for grouped queries (head dim <= 128, at most 16 query heads per KV
+// head): block (kv head, query, chunk of MF_GQA_CHUNK window rows) serves every query head
+// of the group, so each K/V row is read once per group, through shared memory, in tiles of
+// 32 rows. Per query head the arithmetic is fixed by the row index alone: score = the dot
+// over d in order, times scale; per tile, the running max, then p = exp(s - max) folded in
+// row order. Partials as mf_attn_split writes them (merged by mf_attn_combine).
+#define MF_GQA_CHUNK 64
+
+extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, const u8 *v,
+                                       const int *win, float *part, u64 row_bytes, int n_head,
+                                       int n_head_kv, int hd, int width, float scale,
+                                       int n_split) {
+    extern __shared__ float sh[];
+    int G = n_head / n_head_kv;
+    int hk = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    int kst = hd + 1; // padded K rows: the score loop's threads read different banks
+    float *qs = sh;
+    float *ks = qs + G * hd;
+    float *vs = ks + 32 * kst;
+    float *ss = vs + 32 * hd;
+    float *mrow = ss + G * 32; // per head: running max, this tile's max, its rescale
+    float *mnew = mrow + 16;
+    float *alph = mnew + 16;
+    u32 *cs = (u32 *)(alph + 16);
+    const int *w = win + (u64)t * width;
+    u32 len = mf_win_len(w, width);
+    u32 lo = (u32)sp * MF_GQA_CHUNK;
+    u32 hi = min(len, lo + MF_GQA_CHUNK);
+    int h0 = hk * G;
+    float *pbase = part + (((u64)t * n_head + h0) * n_split + sp) * (hd + 2);
+    u64 pstride = (u64)n_split * (hd + 2); // from one head's partial to the next one's
+    if (lo >= len) {
+        if (tid < G) {
+            pbase[tid * pstride] = MF_MINF;
+            pbase[tid * pstride + 1] = 0.0f;
+        }
+        return;
+    }
+    for (int e = tid; e < G * hd; e += blockDim.x) qs[e] = q[((u64)t * n_head + h0) * hd + e];
+    if (tid < G) mrow[tid] = MF_MINF;
+    float o[16], l[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        o[i] = 0.0f;
+        l[i] = 0.0f;
+    }
+    for (u32 j0 = lo; j0 < hi; j0 += 32) {
+        int nj = (int)min(32u, hi - j0);
+        __syncthreads();
+        if (tid < 32) cs[tid] = tid < nj ? mf_win_cell(w, width, j0 + tid) : 0;
+        __syncthreads();
+        for (int e = tid; e < nj * hd; e += blockDim.x) {
+            int j = e / hd, d = e % hd;
+            ks[j * kst + d] = mf_kv_at(ty, k, row_bytes, cs[j], hk * hd + d);
+            vs[e] = mf_kv_at(ty, v, row_bytes, cs[j], hk * hd + d);
+        }
+        __syncthreads();
+        for (int p = tid; p < G * 32; p += blockDim.x) {
+            int g = p >> 5, j = p & 31;
+            float s = MF_MINF;
+            if (j < nj) {
+                float acc = 0.0f;
+                for (int d = 0; d < hd; ++d) acc += qs[g * hd + d] * ks[j * kst + d];
+                s = acc * scale;
+            }
+            ss[p] = s;
+        }
+        __syncthreads();
+        if (tid < G) {
+            float mo = mrow[tid], mb = mo;
+            for (int j = 0; j < nj; ++j) mb = fmaxf(mb, ss[tid * 32 + j]);
+            mnew[tid] = mb;
+            alph[tid] = expf(mo - mb);
+            mrow[tid] = mb;
+        }
+        __syncthreads();
+        for (int p = tid; p < G * 32; p += blockDim.x) {
+            int g = p >> 5, j = p & 31;
+            ss[p] = j < nj ? expf(ss[p] - mnew[g]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            int e = tid + i * blockDim.x;
+            if (e < G * hd) {
+                int g = e / hd, d = e % hd;
+                float a = alph[g];
+                float li = l[i] * a, oi = o[i] * a;
+                for (int j = 0; j < nj; ++j) {
+                    float pj = ss[g * 32 + j];
+                    li += pj;
+                    oi += pj * vs[j * hd + d];
+                }
+                l[i] = li;
+                o[i] = oi;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        int e = tid + i * blockDim.x;
+        if (e < G * hd) {
+            int g = e / hd, d = e % hd;
+            float *pr = pbase + g * pstride;
+            pr[2 + d] = o[i];
+            if (d == 0) {
+                pr[0] = mrow[g];
+                pr[1] = l[i];
+            }
+        }
+    }
+}

@@ -14,6 +14,8 @@ use minfer_graph::{
 };
 
 use crate::device::{Arg, DResult, Gpu};
+use crate::replay::Replayer;
+pub(crate) use crate::scratch::{Q8Input, Scratch};
 
 /// Assignment priority: Metal (300) → CUDA → CPU (100).
 pub const CUDA_PRIORITY: u32 = 200;
@@ -92,7 +94,16 @@ pub struct CudaBackend {
     executed: u64,
     /// `MINFER_CUDA_PROFILE=1`: each node synchronised and timed, per op and row class
     /// (printed at drop). Serialises the stream: for finding where time goes, not for speed.
-    profile: Option<HashMap<String, (u64, f64)>>,
+    profile: Option<Profile>,
+    pub(crate) scratch: HashMap<Scratch, (u64, usize)>,
+    /// The activations the int8 scratch holds now (reused by the next matmul over them).
+    pub(crate) q8_input: Option<Q8Input>,
+    /// Quantized weights through int8 dot products (off: `MINFER_CUDA_MATMUL=f32`).
+    pub(crate) mmvq: bool,
+    /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
+    pub(crate) attn_single: bool,
+    /// Whole splits replayed as CUDA graphs (off: `MINFER_CUDA_GRAPHS=0`, or profiling).
+    replayer: Option<Replayer>,
 }
 
 impl CudaBackend {
@@ -100,14 +111,34 @@ impl CudaBackend {
     pub fn new(id: BackendId, name: impl Into<String>) -> Result<Self, String> {
         let gpu = Gpu::new()?;
         let name = name.into();
+        let env = |k: &str| std::env::var(k).unwrap_or_default();
+        let mmvq = env("MINFER_CUDA_MATMUL") != "f32";
+        let attn_single = env("MINFER_CUDA_ATTN") == "single";
+        let profile = (env("MINFER_CUDA_PROFILE") == "1").then(Profile::default);
+        let graphs = env("MINFER_CUDA_GRAPHS") != "0" && profile.is_none();
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         eprintln!(
-            "{name}: {} (compute {}), {:.1} GiB ({:.1} GiB free); kernels: correctness tier \
-             (NVRTC {}, {})",
+            "{name}: {} (compute {}), {:.1} GiB ({:.1} GiB free); kernels: matmul {}, \
+             attention {}, {} (NVRTC {}, {})",
             gpu.name,
             gpu.arch,
             gib(gpu.total_mem),
             gib(gpu.free_mem()),
+            if mmvq {
+                "int8 dp4a over 8-bit activations"
+            } else {
+                "f32"
+            },
+            if attn_single {
+                "one block per query"
+            } else {
+                "split-K"
+            },
+            if graphs {
+                "CUDA graph replay"
+            } else {
+                "eager launches"
+            },
             gpu.arch,
             if gpu.cached { "cached PTX" } else { "compiled" }
         );
@@ -120,9 +151,12 @@ impl CudaBackend {
             weights_bytes: 0,
             mirror: HashMap::new(),
             executed: 0,
-            profile: std::env::var("MINFER_CUDA_PROFILE")
-                .is_ok_and(|v| v == "1")
-                .then(HashMap::new),
+            profile,
+            scratch: HashMap::new(),
+            q8_input: None,
+            mmvq,
+            attn_single,
+            replayer: graphs.then(Replayer::default),
         })
     }
 
@@ -196,14 +230,39 @@ impl CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         if let Some(p) = &self.profile {
-            let mut v: Vec<_> = p.iter().collect();
+            let mut v: Vec<_> = p.totals.iter().collect();
             v.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            let all: f64 = v.iter().map(|x| x.1 .1).sum();
             eprintln!(
-                "{} profile (node launch + completion, synchronised):",
-                self.name
+                "{} profile (device time between events around each node; {:.3} ms in all):",
+                self.name, all
             );
-            for (k, (n, t)) in v {
-                eprintln!("  {k:<24} {n:>8} nodes {:>10.3} ms", t * 1e3);
+            for (k, (n, ms)) in v {
+                eprintln!(
+                    "  {k:<24} {n:>8} nodes {ms:>10.3} ms {:>8.2} us/node",
+                    ms * 1e3 / *n as f64
+                );
+            }
+        }
+    }
+}
+
+/// `MINFER_CUDA_PROFILE=1`: CUDA events around every node (launches stay asynchronous;
+/// CUDA graphs are off), read at each synchronisation and summed per op and row class.
+#[derive(Default)]
+struct Profile {
+    pending: Vec<(String, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
+    totals: HashMap<String, (u64, f64)>,
+}
+
+impl CudaBackend {
+    fn profile_collect(&mut self) {
+        if let Some(p) = &mut self.profile {
+            for (k, a, b) in p.pending.drain(..) {
+                let ms = a.elapsed_ms(&b).unwrap_or(0.0) as f64;
+                let e = p.totals.entry(k).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += ms;
             }
         }
     }
@@ -246,9 +305,23 @@ pub(crate) fn op_refusal(op: &Op, weights: &dyn WeightSource) -> Option<String> 
         Op::Rope { head_dim, .. } if !head_dim.is_multiple_of(2) => {
             Some(format!("RoPE over an odd head dim {head_dim}"))
         }
-        Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => {
-            Some("the CUDA backend's first slice runs the unfused chain".into())
-        }
+        Op::FfnGateUp { gate, up } => matrix(*gate).or_else(|| matrix(*up)).or_else(|| {
+            [*gate, *up].into_iter().find_map(|id| {
+                let w = weights.weight(id)?;
+                let int8 = matches!(
+                    w.ty,
+                    GgmlType::Q8_0
+                        | GgmlType::Q4_0
+                        | GgmlType::Q4_1
+                        | GgmlType::Q5_0
+                        | GgmlType::Q4K
+                        | GgmlType::Q6K
+                );
+                (!int8 || (w.ne0 + w.ne0 / 4) > 48 * 1024)
+                    .then(|| format!("the fused gate/up reads int8-path weights, not {}", w.ty))
+            })
+        }),
+        Op::QkvRopeStore(_) => Some("the CUDA backend runs the unfused Q/K/V chain".into()),
         Op::Input(_)
         | Op::SelectRows
         | Op::Rope { .. }
@@ -349,7 +422,12 @@ impl Backend for CudaBackend {
     }
 
     fn supports_fused(&self, op: FusedOp) -> bool {
-        matches!(op, FusedOp::SwiGLU)
+        match op {
+            FusedOp::SwiGLU => true,
+            // Only on the int8 path, where it is the unfused chain bit for bit.
+            FusedOp::FfnGateUp => self.mmvq,
+            FusedOp::QkvRopeStore | FusedOp::QkvNormRopeStore => false,
+        }
     }
 
     fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
@@ -387,6 +465,7 @@ impl Backend for CudaBackend {
                 buf.0
             )));
         }
+        self.written(buf);
         if offset == 0 && data.len() <= MIRROR_MAX {
             self.mirror.insert(buf.0, data.to_vec());
         } else {
@@ -414,35 +493,79 @@ impl Backend for CudaBackend {
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> GraphResult<()> {
         if let Some(o) = args.out {
             self.mirror.remove(&o.0);
+            self.written(o);
         }
         if let Some(kv) = args.kv {
             self.mirror.remove(&kv.k.0);
             self.mirror.remove(&kv.v.0);
         }
         self.executed += 1;
-        let t0 = std::time::Instant::now();
-        let mut r = self.encode(node, args);
-        if self.profile.is_some() {
-            r = r.and_then(|_| self.gpu.sync());
-            let key = format!(
-                "{} {}",
-                node.op.name(),
-                if node.shape[1] == 1 { "1 row" } else { "rows" }
-            );
-            if let Some(p) = &mut self.profile {
-                let e = p.entry(key).or_insert((0, 0.0));
-                e.0 += 1;
-                e.1 += t0.elapsed().as_secs_f64();
-            }
-        }
+        let timed = self.profile.is_some();
+        let event = |g: &Gpu| {
+            g.ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .and_then(|e| e.record(&g.stream).map(|_| e))
+                .map_err(|e| format!("profile event: {e:?}"))
+        };
+        let start = if timed { Some(event(&self.gpu)) } else { None };
+        let r = self.encode(node, args);
+        let r = match start {
+            Some(s) => r.and_then(|_| {
+                let (s, e) = (s?, event(&self.gpu)?);
+                let key = format!(
+                    "{} {}",
+                    node.op.name(),
+                    if node.shape[1] == 1 { "1 row" } else { "rows" }
+                );
+                if let Some(p) = &mut self.profile {
+                    p.pending.push((key, s, e));
+                }
+                Ok(())
+            }),
+            None => r,
+        };
         r.map_err(|e| GraphError::Exec {
             node: node.name.clone(),
             problem: format!("{} ({}): {e}", self.name, node.op.name()),
         })
     }
 
+    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> GraphResult<()> {
+        // The quantized-input cache never spans splits: another backend may have written
+        // the buffer in between.
+        self.q8_input = None;
+        if self.replayer.is_none() {
+            for (node, a) in nodes.iter().zip(args) {
+                self.execute_node(node, a)?;
+            }
+            return Ok(());
+        }
+        self.gpu.begin_record();
+        for (node, a) in nodes.iter().zip(args) {
+            if let Err(e) = self.execute_node(node, a) {
+                let _ = self.gpu.end_record();
+                return Err(e);
+            }
+        }
+        self.q8_input = None;
+        let (launches, whole) = self.gpu.end_record();
+        let r = if whole {
+            let gpu = &self.gpu;
+            self.replayer
+                .as_mut()
+                .expect("checked above")
+                .run(gpu, launches)
+        } else {
+            // A read or upload came between the nodes: the rest runs eagerly.
+            self.gpu.issue_all(&launches)
+        };
+        r.map_err(|e| self.err(e))
+    }
+
     fn synchronize(&mut self) -> GraphResult<()> {
-        self.gpu.sync().map_err(|e| self.err(e))
+        self.gpu.sync().map_err(|e| self.err(e))?;
+        self.profile_collect();
+        Ok(())
     }
 
     fn kv_copy_cells(

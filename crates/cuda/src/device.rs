@@ -3,13 +3,14 @@
 //! hash and architecture), raw device allocations owned until drop, every launch's error
 //! checked and synchronisation bounded by a deadline.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+    result, sys, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use sha2::{Digest, Sha256};
@@ -22,6 +23,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("kv.cu", include_str!("../kernels/kv.cu")),
     ("attn.cu", include_str!("../kernels/attn.cu")),
+    ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
 ];
 
 /// Every kernel the executor launches.
@@ -37,6 +39,18 @@ pub const KERNELS: &[&str] = &[
     "mf_kv_store",
     "mf_kv_rope_shift",
     "mf_attn_window",
+    "mf_attn_split",
+    "mf_attn_combine",
+    "mf_quantize_q8",
+    "mf_mmvq_q8_0",
+    "mf_mmvq_q4_0",
+    "mf_mmvq_q4_1",
+    "mf_mmvq_q5_0",
+    "mf_mmvq_q4_k",
+    "mf_mmvq_q6_k",
+    "mf_mmvq1",
+    "mf_gate_up1",
+    "mf_attn_gqa",
 ];
 
 /// How long a synchronisation waits before it reports a hung device.
@@ -160,6 +174,8 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// While a split is being recorded: its launches, not yet issued (see [`Gpu::begin_record`]).
+    record: RefCell<Option<Record>>,
     pub name: String,
     pub arch: String,
     pub total_mem: usize,
@@ -217,6 +233,7 @@ impl Gpu {
             ctx,
             stream,
             funcs,
+            record: RefCell::new(None),
             name,
             arch,
             total_mem,
@@ -252,6 +269,7 @@ impl Gpu {
     }
 
     pub fn memset0(&self, ptr: u64, bytes: usize) -> DResult<()> {
+        self.flush_record()?;
         unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
             .map_err(|e| drv("cuMemsetD8Async", e))
     }
@@ -260,6 +278,7 @@ impl Gpu {
         if data.is_empty() {
             return Ok(());
         }
+        self.flush_record()?;
         self.bind()?;
         // From pageable host memory the driver has staged `data` when this returns (CUDA's
         // documented behaviour for pageable host-to-device copies), so the slice may go away
@@ -272,6 +291,7 @@ impl Gpu {
         if out.is_empty() {
             return Ok(());
         }
+        self.flush_record()?;
         self.bind()?;
         unsafe { result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
             .map_err(|e| drv("cuMemcpyDtoHAsync", e))?;
@@ -279,6 +299,7 @@ impl Gpu {
     }
 
     pub fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> DResult<()> {
+        self.flush_record()?;
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(|e| drv("cuMemcpyDtoDAsync", e))
     }
@@ -312,7 +333,8 @@ impl Gpu {
         }
     }
 
-    /// Launches kernel `name` with `args` (each a plain value: pointers as u64).
+    /// Launches kernel `name` with `args` (each a plain value: pointers as u64), or records
+    /// the launch while a split is being recorded.
     pub fn launch(
         &self,
         name: &str,
@@ -320,15 +342,48 @@ impl Gpu {
         block: u32,
         args: &[Arg],
     ) -> DResult<()> {
-        let f = self
+        self.launch_shared(name, grid, block, 0, args)
+    }
+
+    /// [`Gpu::launch`] with `shared` bytes of dynamic shared memory per block.
+    pub fn launch_shared(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        args: &[Arg],
+    ) -> DResult<()> {
+        if shared > MAX_SHARED {
+            return Err(format!(
+                "{name}: {shared} bytes of shared memory per block, the limit used is {MAX_SHARED}"
+            ));
+        }
+        let (&key, _) = self
             .funcs
-            .get(name)
+            .get_key_value(name)
             .ok_or_else(|| format!("no kernel {name}"))?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        let l = Launch {
+            kernel: key,
+            grid,
+            block,
+            shared,
+            args: args.to_vec(),
+        };
+        if let Some(r) = self.record.borrow_mut().as_mut() {
+            r.launches.push(l);
+            return Ok(());
+        }
+        self.issue(&l)
+    }
+
+    fn issue(&self, l: &Launch) -> DResult<()> {
+        let f = &self.funcs[l.kernel];
         let mut b = self.stream.launch_builder(f);
-        for a in args {
+        for a in &l.args {
             match a {
                 Arg::I32(v) => b.arg(v),
                 Arg::U64(v) => b.arg(v),
@@ -336,20 +391,111 @@ impl Gpu {
             };
         }
         let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: l.grid,
+            block_dim: (l.block, 1, 1),
+            shared_mem_bytes: l.shared,
         };
-        unsafe { b.launch(cfg) }.map_err(|e| drv(&format!("launch {name}"), e))?;
+        unsafe { b.launch(cfg) }.map_err(|e| drv(&format!("launch {}", l.kernel), e))?;
         Ok(())
+    }
+
+    /// Starts recording launches instead of issuing them (the split's launches can then be
+    /// compared with an earlier split's and replayed as a CUDA graph). Any other stream
+    /// operation meanwhile issues what was recorded first, keeping stream order, and marks
+    /// the record partial.
+    pub fn begin_record(&self) {
+        *self.record.borrow_mut() = Some(Record::default());
+    }
+
+    /// Stops recording: the launches not yet issued, and whether they are the whole split.
+    pub fn end_record(&self) -> (Vec<Launch>, bool) {
+        let r = self.record.borrow_mut().take().unwrap_or_default();
+        (r.launches, !r.partial)
+    }
+
+    fn flush_record(&self) -> DResult<()> {
+        let pending = match self.record.borrow_mut().as_mut() {
+            Some(r) if !r.launches.is_empty() => {
+                r.partial = true;
+                std::mem::take(&mut r.launches)
+            }
+            Some(r) => {
+                r.partial = true;
+                return Ok(());
+            }
+            None => return Ok(()),
+        };
+        for l in &pending {
+            self.issue(l)?;
+        }
+        Ok(())
+    }
+
+    /// Issues `launches` eagerly, in order.
+    pub fn issue_all(&self, launches: &[Launch]) -> DResult<()> {
+        for l in launches {
+            self.issue(l)?;
+        }
+        Ok(())
+    }
+
+    /// Captures `launches` into a CUDA graph on the stream (nothing runs until it is
+    /// launched).
+    pub fn capture(&self, launches: &[Launch]) -> DResult<CudaGraph> {
+        self.bind()?;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| drv("cuStreamBeginCapture", e))?;
+        let issued = self.issue_all(launches);
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| drv("cuStreamEndCapture", e));
+        issued?;
+        graph?.ok_or_else(|| "stream capture gave no graph".to_string())
     }
 }
 
+/// One kernel launch as recorded: equal records launch the same work.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub kernel: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub shared: u32,
+    pub args: Vec<Arg>,
+}
+
+/// Dynamic shared memory a launch may ask for without opting in per kernel (CUDA's default
+/// per-block limit).
+pub const MAX_SHARED: u32 = 48 * 1024;
+
+#[derive(Default)]
+struct Record {
+    launches: Vec<Launch>,
+    /// Some launches were issued before the record ended (an upload or read came between).
+    partial: bool,
+}
+
 /// A kernel argument.
+#[derive(Clone, Copy, Debug)]
 pub enum Arg {
     I32(i32),
     U64(u64),
     F32(f32),
+}
+
+/// Equal when the bits are: a recorded launch replays only the very same arguments.
+impl PartialEq for Arg {
+    fn eq(&self, other: &Arg) -> bool {
+        match (self, other) {
+            (Arg::I32(a), Arg::I32(b)) => a == b,
+            (Arg::U64(a), Arg::U64(b)) => a == b,
+            (Arg::F32(a), Arg::F32(b)) => a.to_bits() == b.to_bits(),
+            _ => false,
+        }
+    }
 }
 
 impl Drop for Gpu {

@@ -4,8 +4,15 @@
 use minfer_gguf::GgmlType;
 use minfer_graph::{BufId, ExecArgs, KvKind, Node, Op, RopeStyle, WindowLayout, KV_MAP_RUNS};
 
-use crate::backend::{theta_scale, type_code, CudaBackend};
+use crate::backend::{theta_scale, type_code, CudaBackend, Scratch};
 use crate::device::{Arg, DResult};
+
+/// Output rows and tokens per block of the int8 matmuls (kernels/mmvq.cu `MF_MV_*`).
+const MV_ROWS: usize = 16;
+const MV_T: usize = 8;
+/// Window rows per attention chunk (kernels/attn.cu `MF_ATTN_CHUNK`, `MF_GQA_CHUNK`).
+const ATTN_CHUNK: usize = 256;
+const GQA_CHUNK: usize = 64;
 
 fn i32s(b: &[u8]) -> Vec<i32> {
     b.chunks_exact(4)
@@ -139,12 +146,58 @@ impl CudaBackend {
                 if m.ne1 != ne0 {
                     return Err(format!("weight of {} outputs for a node of {ne0}", m.ne1));
                 }
-                let x = self.src(args, 0, m.ne0 * ne1 * 4)?;
+                let (xid, x, xl) = self.src_buf(args, 0)?;
+                if xl < m.ne0 * ne1 * 4 {
+                    return Err(format!(
+                        "src 0 holds {xl} bytes, the node reads {}",
+                        m.ne0 * ne1 * 4
+                    ));
+                }
                 let out = self.out(node, args)?;
                 let b = match bias {
                     Some(b) => self.vector(w, *b, ne0)?,
                     None => 0,
                 };
+                if ne1 == 1 && self.mmvq_kernel(m.ty).is_some() {
+                    if let Some(shared) = mv1_shared(m.ne0) {
+                        let ty = type_code(m.ty).ok_or("weight type")?;
+                        return self.gpu.launch_shared(
+                            "mf_mmvq1",
+                            (ne0.div_ceil(MV_ROWS) as u32, 1, 1),
+                            128,
+                            shared,
+                            &[
+                                Arg::I32(ty),
+                                Arg::U64(m.ptr),
+                                Arg::U64(m.row_bytes as u64),
+                                Arg::U64(x),
+                                Arg::U64(out),
+                                Arg::U64(b),
+                                Arg::I32(m.ne0 as i32),
+                                Arg::I32(ne0 as i32),
+                            ],
+                        );
+                    }
+                }
+                if let Some(kernel) = self.mmvq_kernel(m.ty) {
+                    let (xq, xds) = self.quantized_input(xid, x, m.ne0, ne1)?;
+                    return self.gpu.launch(
+                        kernel,
+                        (ne0.div_ceil(MV_ROWS) as u32, ne1.div_ceil(MV_T) as u32, 1),
+                        128,
+                        &[
+                            Arg::U64(m.ptr),
+                            Arg::U64(m.row_bytes as u64),
+                            Arg::U64(xq),
+                            Arg::U64(xds),
+                            Arg::U64(out),
+                            Arg::U64(b),
+                            Arg::I32(m.ne0 as i32),
+                            Arg::I32(ne0 as i32),
+                            Arg::I32(ne1 as i32),
+                        ],
+                    );
+                }
                 let ty = type_code(m.ty).ok_or_else(|| format!("{} weights", m.ty))?;
                 g.launch(
                     "mf_matmul",
@@ -291,35 +344,126 @@ impl CudaBackend {
                 if wl < ne1 * width * 4 {
                     return Err(format!("window input of {wl} bytes for {ne1} queries"));
                 }
-                check_windows(
+                let max_len = check_windows(
                     &i32s(&self.host_view(wid, ne1 * width * 4)?),
                     width,
                     n_cells,
                 )?;
                 let out = self.out(node, args)?;
+                let common = [
+                    Arg::I32(ty),
+                    Arg::U64(q),
+                    Arg::U64(k),
+                    Arg::U64(v),
+                    Arg::U64(win),
+                ];
+                let shape = [
+                    Arg::U64(row_bytes as u64),
+                    Arg::I32(*n_head as i32),
+                    Arg::I32(*n_head_kv as i32),
+                    Arg::I32(*head_dim as i32),
+                    Arg::I32(width as i32),
+                    Arg::F32(*scale),
+                ];
+                if self.attn_single {
+                    let a: Vec<Arg> = common
+                        .into_iter()
+                        .chain([Arg::U64(out)])
+                        .chain(shape)
+                        .collect();
+                    return self.gpu.launch(
+                        "mf_attn_window",
+                        (*n_head as u32, ne1 as u32, 1),
+                        128,
+                        &a,
+                    );
+                }
+                let group = n_head / n_head_kv;
+                // Chunks over the region's cells for small batches (a fixed grid for a
+                // fixed plan: graph replay), over the longest window for prefill (less
+                // scratch); the chunks past a window's end are empty and skipped, so the
+                // grid never changes a query's bits.
+                let gqa = *head_dim <= 128 && group <= 16;
+                let chunk = if gqa { GQA_CHUNK } else { ATTN_CHUNK };
+                let span = if ne1 <= 16 { n_cells } else { max_len };
+                let n_split = span.div_ceil(chunk).max(1);
+                let part_bytes = ne1 * n_head * n_split * (head_dim + 2) * 4;
+                let part = self.scratch(Scratch::AttnPart, part_bytes)?;
+                let a: Vec<Arg> = common
+                    .into_iter()
+                    .chain([Arg::U64(part)])
+                    .chain(shape)
+                    .chain([Arg::I32(n_split as i32)])
+                    .collect();
+                if gqa {
+                    let floats =
+                        group * head_dim + 32 * (head_dim + 1) + 32 * head_dim + group * 32;
+                    self.gpu.launch_shared(
+                        "mf_attn_gqa",
+                        (*n_head_kv as u32, ne1 as u32, n_split as u32),
+                        128,
+                        ((floats + 48 + 32) * 4) as u32,
+                        &a,
+                    )?;
+                } else {
+                    self.gpu.launch(
+                        "mf_attn_split",
+                        (*n_head as u32, ne1 as u32, n_split as u32),
+                        128,
+                        &a,
+                    )?;
+                }
                 self.gpu.launch(
-                    "mf_attn_window",
+                    "mf_attn_combine",
                     (*n_head as u32, ne1 as u32, 1),
-                    128,
+                    (*head_dim).next_multiple_of(32).min(256) as u32,
                     &[
-                        Arg::I32(ty),
-                        Arg::U64(q),
-                        Arg::U64(k),
-                        Arg::U64(v),
-                        Arg::U64(win),
+                        Arg::U64(part),
                         Arg::U64(out),
-                        Arg::U64(row_bytes as u64),
                         Arg::I32(*n_head as i32),
-                        Arg::I32(*n_head_kv as i32),
                         Arg::I32(*head_dim as i32),
-                        Arg::I32(width as i32),
-                        Arg::F32(*scale),
+                        Arg::I32(n_split as i32),
                     ],
                 )
             }
-            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => {
-                Err("fused ops are not in the CUDA backend's first slice".into())
+            Op::FfnGateUp { gate, up } => {
+                let (mg, mu) = (self.matrix(w, *gate)?, self.matrix(w, *up)?);
+                if ne1 != 1 || mg.ne1 != ne0 || mu.ne1 != ne0 || mg.ne0 != mu.ne0 {
+                    return Err(format!(
+                        "gate {}x{} and up {}x{} for a node of {ne0}x{ne1}",
+                        mg.ne1, mg.ne0, mu.ne1, mu.ne0
+                    ));
+                }
+                let shared = mv1_shared(mg.ne0).ok_or("the fused gate/up row is too long")?;
+                let (tg, tu) = match (self.mmvq_kernel(mg.ty), self.mmvq_kernel(mu.ty)) {
+                    (Some(_), Some(_)) => (
+                        type_code(mg.ty).ok_or("gate type")?,
+                        type_code(mu.ty).ok_or("up type")?,
+                    ),
+                    _ => return Err(format!("fused gate/up over {} and {}", mg.ty, mu.ty)),
+                };
+                let x = self.src(args, 0, mg.ne0 * 4)?;
+                let out = self.out(node, args)?;
+                self.gpu.launch_shared(
+                    "mf_gate_up1",
+                    (ne0.div_ceil(MV_ROWS) as u32, 1, 1),
+                    128,
+                    shared,
+                    &[
+                        Arg::I32(tg),
+                        Arg::U64(mg.ptr),
+                        Arg::U64(mg.row_bytes as u64),
+                        Arg::I32(tu),
+                        Arg::U64(mu.ptr),
+                        Arg::U64(mu.row_bytes as u64),
+                        Arg::U64(x),
+                        Arg::U64(out),
+                        Arg::I32(mg.ne0 as i32),
+                        Arg::I32(ne0 as i32),
+                    ],
+                )
             }
+            Op::QkvRopeStore(_) => Err("the fused Q/K/V node is not in the CUDA backend".into()),
         }
     }
 }
@@ -340,8 +484,16 @@ fn cell_bytes(ty: GgmlType, n_embd_kv: usize) -> DResult<usize> {
         .ok_or_else(|| format!("a KV row of {n_embd_kv} is not whole {ty} blocks"))
 }
 
-/// Every query's window lies inside the region's `n_cells` cells.
-fn check_windows(w: &[i32], width: usize, n_cells: usize) -> DResult<()> {
+/// Shared bytes of the one-token int8 kernels for rows of `ne0` (None: too long for them).
+fn mv1_shared(ne0: usize) -> Option<u32> {
+    let b = (ne0 + ne0 / 4) as u32;
+    (ne0.is_multiple_of(32) && b <= crate::device::MAX_SHARED).then_some(b)
+}
+
+/// Every query's window lies inside the region's `n_cells` cells; returns the longest
+/// window's length.
+fn check_windows(w: &[i32], width: usize, n_cells: usize) -> DResult<usize> {
+    let mut longest = 0usize;
     for (t, row) in w.chunks_exact(width).enumerate() {
         if width == 2 {
             let (lo, hi) = (row[0], row[1]);
@@ -350,7 +502,9 @@ fn check_windows(w: &[i32], width: usize, n_cells: usize) -> DResult<()> {
                     "query {t}: window [{lo}, {hi}) outside 0..{n_cells} cells"
                 ));
             }
+            longest = longest.max((hi - lo) as usize);
         } else {
+            let mut len = 0usize;
             for r in row.chunks_exact(2) {
                 let (c, l) = (r[0], r[1]);
                 if l < 0 || (l > 0 && (c < 0 || c as usize + l as usize > n_cells)) {
@@ -358,8 +512,10 @@ fn check_windows(w: &[i32], width: usize, n_cells: usize) -> DResult<()> {
                         "query {t}: run ({c}, {l}) outside 0..{n_cells} cells"
                     ));
                 }
+                len += l as usize;
             }
+            longest = longest.max(len);
         }
     }
-    Ok(())
+    Ok(longest)
 }

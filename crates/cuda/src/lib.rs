@@ -10,9 +10,15 @@ mod backend;
 pub mod device;
 #[cfg(feature = "cuda")]
 mod exec;
+#[cfg(feature = "cuda")]
+mod replay;
+#[cfg(feature = "cuda")]
+mod scratch;
 
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CUDA_PRIORITY};
+#[cfg(feature = "cuda")]
+pub use replay::graph_replays;
 
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
 pub fn available() -> Result<(), String> {

@@ -1,25 +1,29 @@
 //! Whole synthetic models on the CUDA backend (`--backend cuda`) against the f64 reference
-//! forward and the CPU backend (issue 15's first slice). Every test prints SKIP and passes
-//! where no CUDA device exists, so CI machines stay green; scripts/gpu-gate runs them on the
-//! H200.
+//! forward and the CPU backend. Every test prints SKIP and passes where no CUDA device
+//! exists, so CI machines stay green; scripts/gpu-gate runs them on the H200, one test per
+//! process (some set the backend's `MINFER_CUDA_*` switches before loading an engine).
 //!
 //! Tolerance classes, named before measuring:
-//! - The kernels read f32 activations against the weights' dequantized values, as the
-//!   reference does; the only difference is f32 accumulation (and its order) against f64.
-//!   Bar: max |dlogit| <= `ACC_TOL` (1e-3, the CPU's F32 bar), for every weight type.
+//! - F32 and F16 weights (and every type under `MINFER_CUDA_MATMUL=f32`): the kernels read
+//!   f32 activations against the weights' dequantized values, as the reference does; the
+//!   only difference is f32 accumulation (and its order) against f64. Bar: max |dlogit| <=
+//!   `ACC_TOL` (1e-3, the CPU's F32 bar); greedy tokens equal the CPU's (F32/F16) or the
+//!   reference's (quantized types) for 32 steps.
+//! - Quantized weights on the int8 path: activations are rounded to 8 bits per 32-element
+//!   block (Q8_1-style), the class of the CPU's own quantized dot products (which use Q8_0,
+//!   Q8_1 or Q8_K by type). Bar: `3 ×` the CPU's error against the reference, `+ ACC_TOL`.
+//!   Greedy tokens, teacher-forced on the GPU's own sequence: each equals the reference's
+//!   argmax unless the reference's margin between the two is within twice the measured
+//!   logit error (a near-tie, counted and printed).
 //! - An f16 KV cache rounds every K/V value to f16 (rel 2^-11): bar 2% of the logits' RMS.
 //!   A q8_0 cache rounds K/V to 8 bits per 32-value block, as the CPU's does: bar twice the
 //!   CPU's own q8_0-cache error against the reference (plus ACC_TOL).
-//! - One matmul kernel for every row count and attention per (head, query): a row's bits do
-//!   not depend on its batch. Chunked vs unchunked prefill, a batch of 8 sequences vs each
-//!   alone and three runs: bit for bit.
-//! - Greedy tokens for 32 steps: identical to the CPU's where the CPU's arithmetic is f32 (F32
-//!   and F16 weights). For quantized weights the CPU quantizes activations (Q8_0/Q8_1/Q8_K dot
-//!   products) and the GPU does not, so there the bar is the f64 reference's greedy tokens and
-//!   the CPU's agreement is reported (first measured: Q5_0 hd 64 parted from the CPU at step
-//!   3 while matching the reference to 7e-7).
-//! - The 0.5B-shaped model against the f64 reference on a short prompt: bar 5e-3 (deeper and
-//!   wider than the tiny models; f32 accumulation only).
+//! - One matmul arithmetic for every row count (a fixed per-row block order, kernels/mmvq.cu)
+//!   and attention per (head, query) in chunks fixed by the row index: a row's bits do not
+//!   depend on its batch. Chunked vs unchunked prefill, a batch of 8 sequences vs each
+//!   alone, three runs, and CUDA-graph replay vs eager launches: bit for bit.
+//! - The 0.5B-shaped model against the f64 reference on a short prompt: bar 5e-3 on the f32
+//!   path; the int8 path against the CPU is reported.
 
 #![cfg(feature = "cuda")]
 
@@ -88,25 +92,53 @@ fn long_prompt(n: usize) -> Vec<u32> {
 
 const TOKENS: [u32; 9] = [1, 5, 9, 3, 33, 7, 2, 0, 39];
 
+/// Greedy steps where the GPU's token is not the reference's argmax on the GPU's own
+/// sequence; panics unless each is a near-tie (reference margin <= `2 * err`).
+fn near_ties(path: &Path, prompt: &[u32], tokens: &[u32], err: f64, what: &str) -> usize {
+    let seq: Vec<u32> = prompt.iter().chain(tokens).copied().collect();
+    let rows = reference_logits(path, &seq);
+    let mut ties = 0;
+    for (i, &t) in tokens.iter().enumerate() {
+        let r = &rows[prompt.len() - 1 + i];
+        let top = (0..r.len()).fold(0, |b, j| if r[j] > r[b] { j } else { b });
+        if top as u32 != t {
+            let margin = r[top] - r[t as usize];
+            assert!(
+                margin <= 2.0 * err,
+                "{what}: step {i} chose {t}, the reference {top} by {margin:.3e} (error {err:.3e})"
+            );
+            ties += 1;
+        }
+    }
+    ties
+}
+
+fn max_rows_diff(got: &[Vec<f32>], want: &[Vec<f64>]) -> f64 {
+    got.iter()
+        .zip(want)
+        .fold(0f64, |x, (g, w)| x.max(max_diff(g, w)))
+}
+
+const QUANT: [GgmlType; 6] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+];
+
 #[test]
 fn every_arch_and_weight_type_matches_the_reference_and_the_cpu_greedy() {
     if !gpu() {
         return;
     }
     use GgmlType as T;
-    let types = [
-        T::F32,
-        T::F16,
-        T::Q8_0,
-        T::Q4_0,
-        T::Q4_1,
-        T::Q5_0,
-        T::Q4K,
-        T::Q6K,
-    ];
+    let types = [T::F32, T::F16].into_iter().chain(QUANT);
+    let types: Vec<GgmlType> = types.collect();
     for arch in Arch::ALL {
         for hd in [64, 128] {
-            for ty in types {
+            for &ty in &types {
                 let path = tiny(arch, ty, hd);
                 let want = reference_logits(&path, &TOKENS);
                 let mut g = engine(&path, true, T::F32, 512);
@@ -114,33 +146,104 @@ fn every_arch_and_weight_type_matches_the_reference_and_the_cpu_greedy() {
                 let on_cpu = c.iter().find(|(n, _)| n == "cpu").map_or(0, |x| x.1);
                 let on_gpu = c.iter().find(|(n, _)| n == "cuda").map_or(0, |x| x.1);
                 assert!(on_cpu == 0 && on_gpu > 20, "{arch:?} {ty}: {c:?}");
-                let got = run_logits(&mut g, &TOKENS);
-                let d = got
-                    .iter()
-                    .zip(&want)
-                    .fold(0f64, |x, (g, w)| x.max(max_diff(g, w)));
+                let d = max_rows_diff(&run_logits(&mut g, &TOKENS), &want);
+                let mut c = engine(&path, false, T::F32, 512);
+                let dc = max_rows_diff(&run_logits(&mut c, &TOKENS), &want);
+                let bar = if matches!(ty, T::F32 | T::F16) {
+                    ACC_TOL
+                } else {
+                    3.0 * dc + ACC_TOL
+                };
                 println!(
-                    "{arch:?} hd {hd} {ty}: cuda vs reference max |dlogit| {d:.3e} (rms {:.3})",
+                    "{arch:?} hd {hd} {ty}: cuda vs reference max |dlogit| {d:.3e} (cpu {dc:.3e}, \
+                     bar {bar:.3e}, rms {:.3})",
                     rms(&want)
                 );
-                assert!(d <= ACC_TOL, "{arch:?} hd {hd} {ty}: {d}");
-                let mut c = engine(&path, false, T::F32, 512);
+                assert!(d <= bar, "{arch:?} hd {hd} {ty}: {d} > {bar}");
                 let (gg, gc) = (greedy(&mut g, &TOKENS, 32), greedy(&mut c, &TOKENS, 32));
                 let agree = gg.iter().zip(&gc).take_while(|(a, b)| a == b).count();
                 if matches!(ty, T::F32 | T::F16) {
                     assert_eq!(gg, gc, "{arch:?} hd {hd} {ty}: greedy tokens vs the CPU");
                 } else {
-                    let gr = reference_greedy(&path, &TOKENS, 32);
-                    println!(
-                        "  greedy: cpu agrees for {agree}/32, reference {}",
-                        gr == gg
-                    );
-                    assert_eq!(
-                        gg, gr,
-                        "{arch:?} hd {hd} {ty}: greedy tokens vs the reference"
-                    );
+                    let what = format!("{arch:?} hd {hd} {ty}");
+                    let ties = near_ties(&path, &TOKENS, &gg, d.max(dc), &what);
+                    println!("  greedy: cpu agrees for {agree}/32; near-ties vs reference {ties}");
                 }
             }
+        }
+    }
+}
+
+/// The f32 matmul (`MINFER_CUDA_MATMUL=f32`) on every quantized type: the tight class, and
+/// the control that the int8 path really is another path (its logits differ).
+#[test]
+fn the_f32_matmul_path_stays_within_acc_tol_on_quantized_weights() {
+    if !gpu() {
+        return;
+    }
+    for arch in Arch::ALL {
+        for ty in QUANT {
+            let path = tiny(arch, ty, 64);
+            let want = reference_logits(&path, &TOKENS);
+            let int8 = run_logits(&mut engine(&path, true, GgmlType::F32, 512), &TOKENS);
+            std::env::set_var("MINFER_CUDA_MATMUL", "f32");
+            let mut e = engine(&path, true, GgmlType::F32, 512);
+            std::env::remove_var("MINFER_CUDA_MATMUL");
+            let f32 = run_logits(&mut e, &TOKENS);
+            let d = max_rows_diff(&f32, &want);
+            println!("{arch:?} {ty}: f32 matmul vs reference {d:.3e}");
+            assert!(d <= ACC_TOL, "{arch:?} {ty}: {d}");
+            assert_ne!(
+                bits(&f32[0]),
+                bits(&int8[0]),
+                "{arch:?} {ty}: the int8 and f32 paths gave the same bits"
+            );
+            let gg = greedy(&mut e, &TOKENS, 32);
+            assert_eq!(gg, reference_greedy(&path, &TOKENS, 32), "{arch:?} {ty}");
+        }
+    }
+}
+
+/// CUDA-graph replay of the decode step against eager launches (`MINFER_CUDA_GRAPHS=0`):
+/// every step's logits bit for bit, and the replay counter shows the graphs ran.
+#[test]
+fn replayed_decode_steps_are_bitwise_the_eager_ones() {
+    if !gpu() {
+        return;
+    }
+    for (arch, ty) in [(Arch::Qwen2, GgmlType::Q4K), (Arch::Llama, GgmlType::Q6K)] {
+        let path = tiny(arch, ty, 64);
+        let steps = |e: &mut Engine| -> Vec<Vec<u32>> {
+            let first = e.decode(&TOKENS, 0, 1).unwrap().to_vec();
+            let mut tok = argmax(&first);
+            let mut out = vec![bits(&first)];
+            for i in 0..24 {
+                let l = e.decode(&[tok], TOKENS.len() + i, 1).unwrap().to_vec();
+                tok = argmax(&l);
+                out.push(bits(&l));
+            }
+            out
+        };
+        std::env::set_var("MINFER_CUDA_GRAPHS", "0");
+        let mut eager = engine(&path, true, GgmlType::F16, 512);
+        std::env::remove_var("MINFER_CUDA_GRAPHS");
+        let r0 = minfer_cuda::graph_replays();
+        let a = steps(&mut eager);
+        let r1 = minfer_cuda::graph_replays();
+        let b = steps(&mut engine(&path, true, GgmlType::F16, 512));
+        let r2 = minfer_cuda::graph_replays();
+        println!(
+            "{arch:?} {ty}: eager replays {}, replayed {}",
+            r1 - r0,
+            r2 - r1
+        );
+        assert_eq!(r1, r0, "the eager engine replayed graphs");
+        assert!(r2 - r1 >= 20, "decode steps were not replayed: {}", r2 - r1);
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                x == y,
+                "{arch:?} {ty}: step {i} differs between eager and replay"
+            );
         }
     }
 }
@@ -278,8 +381,9 @@ fn three_runs_are_bit_identical() {
 }
 
 /// A 0.5B-shaped model (MINFER_GATE_CUDA_MODEL, made by `minfer synth --preset 0.5b` on the
-/// GPU machine): CUDA against the f64 reference on a short prompt (bar 5e-3), and against
-/// the CPU (reported: the CPU quantizes activations for quantized weights, the GPU does not).
+/// GPU machine): CUDA against the CPU (reported), and against the f64 reference on a short
+/// prompt: the f32 matmul path within 5e-3, the int8 path within 3x the CPU's own error
+/// (both quantize activations to 8 bits) + 5e-3.
 #[test]
 fn a_half_b_model_agrees_with_the_cpu() {
     let Ok(path) = std::env::var("MINFER_GATE_CUDA_MODEL") else {
@@ -316,16 +420,75 @@ fn a_half_b_model_agrees_with_the_cpu() {
     let short = &prompt[..6];
     let t0 = std::time::Instant::now();
     let want = reference_logits(Path::new(&path), short);
-    let got = load("cuda").decode(short, 0, short.len()).unwrap().to_vec();
     let vocab = want[0].len();
-    let dr = got
-        .chunks_exact(vocab)
-        .zip(&want)
-        .fold(0f64, |m, (g, w)| m.max(max_diff(g, w)));
+    let vs_ref = |e: &mut Engine| {
+        let got = e.decode(short, 0, short.len()).unwrap().to_vec();
+        got.chunks_exact(vocab)
+            .zip(&want)
+            .fold(0f64, |m, (g, w)| m.max(max_diff(g, w)))
+    };
+    let d8 = vs_ref(&mut load("cuda"));
+    let dc = vs_ref(&mut load("cpu"));
+    std::env::set_var("MINFER_CUDA_MATMUL", "f32");
+    let d32 = vs_ref(&mut load("cuda"));
+    std::env::remove_var("MINFER_CUDA_MATMUL");
     println!(
-        "0.5B: cuda vs f64 reference max |dlogit| {dr:.3e} over {} rows (reference {:.1} s)",
+        "0.5B vs f64 reference over {} rows: cuda int8 {d8:.3e}, cuda f32 {d32:.3e}, cpu \
+         {dc:.3e} (reference {:.1} s)",
         short.len(),
         t0.elapsed().as_secs_f64()
     );
-    assert!(dr <= 5e-3, "{dr}");
+    assert!(d32 <= 5e-3, "f32 path: {d32}");
+    assert!(d8 <= 3.0 * dc + 5e-3, "int8 path: {d8} (cpu {dc})");
+}
+
+/// The fused decode FFN (`FfnGateUp`: gate, up and SwiGLU in one launch) against the
+/// unfused chain on the same backend: every decode step's logits bit for bit, and the fused
+/// graph really holds the fused node (the unfused one does not).
+#[test]
+fn fused_gate_up_decode_is_bitwise_the_unfused_chain() {
+    if !gpu() {
+        return;
+    }
+    use minfer_graph::FusionConfig;
+    for (arch, ty) in [
+        (Arch::Qwen2, GgmlType::Q8_0),
+        (Arch::Llama, GgmlType::Q4K),
+        (Arch::Qwen3, GgmlType::Q5_0),
+    ] {
+        let path = tiny(arch, ty, 64);
+        let load = |fusion| {
+            Engine::load(
+                &path,
+                EngineConfig {
+                    n_ctx: 160,
+                    cache_type: GgmlType::F16,
+                    backends: vec!["cuda".into()],
+                    fusion,
+                    ..EngineConfig::default()
+                },
+            )
+            .unwrap()
+        };
+        let (mut f, mut u) = (load(FusionConfig::ALL), load(FusionConfig::NONE));
+        let count = |e: &mut Engine| {
+            e.ops_in_graph(1)
+                .unwrap()
+                .iter()
+                .find(|(n, _)| *n == "FfnGateUp")
+                .map_or(0, |x| x.1)
+        };
+        let (nf, nu) = (count(&mut f), count(&mut u));
+        println!("{arch:?} {ty}: FfnGateUp nodes fused {nf}, unfused {nu}");
+        assert!(nf > 0 && nu == 0, "{arch:?}: fused {nf}, unfused {nu}");
+        let mut tok = TOKENS.to_vec();
+        let mut pos = 0;
+        for step in 0..12 {
+            let a = f.decode(&tok, pos, 1).unwrap().to_vec();
+            let b = u.decode(&tok, pos, 1).unwrap().to_vec();
+            assert!(bits(&a) == bits(&b), "{arch:?} {ty}: step {step} differs");
+            pos += tok.len();
+            tok = vec![argmax(&a)];
+        }
+    }
 }

@@ -1,0 +1,105 @@
+//! Device scratch the kernels share within a forward (quantized activations, attention
+//! partials), and the int8 matmul's choice of kernel. Scratch grows to the largest request
+//! and is never released while the backend lives: a recorded CUDA graph may still name an
+//! older buffer, which therefore stays valid (it is simply not replayed once the launches
+//! that name the new one differ).
+
+use minfer_gguf::GgmlType;
+use minfer_graph::BufId;
+
+use crate::backend::CudaBackend;
+use crate::device::{Arg, DResult};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Scratch {
+    /// Activations quantized to 8 bits per 32-element block: int8 values, then (d, d·Σq).
+    Q8,
+    /// Split-K attention partials.
+    AttnPart,
+}
+
+/// The activation buffer last quantized in this split, its row length and row count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Q8Input {
+    pub buf: BufId,
+    pub ne0: usize,
+    pub nt: usize,
+}
+
+impl CudaBackend {
+    /// A scratch buffer of at least `bytes`.
+    pub(crate) fn scratch(&mut self, kind: Scratch, bytes: usize) -> DResult<u64> {
+        if let Some(&(ptr, len)) = self.scratch.get(&kind) {
+            if len >= bytes {
+                return Ok(ptr);
+            }
+        }
+        // Grown by half again, so a prefill ladder does not reallocate at every step.
+        let len = bytes.max(4096) + bytes / 2;
+        let ptr = self.gpu.alloc(len)?;
+        self.scratch.insert(kind, (ptr, len));
+        Ok(ptr)
+    }
+
+    /// The int8 kernel for weights of `ty` (None: the f32 correctness matmul reads them, as
+    /// it reads every type under `MINFER_CUDA_MATMUL=f32`).
+    pub(crate) fn mmvq_kernel(&self, ty: GgmlType) -> Option<&'static str> {
+        if !self.mmvq {
+            return None;
+        }
+        Some(match ty {
+            GgmlType::Q8_0 => "mf_mmvq_q8_0",
+            GgmlType::Q4_0 => "mf_mmvq_q4_0",
+            GgmlType::Q4_1 => "mf_mmvq_q4_1",
+            GgmlType::Q5_0 => "mf_mmvq_q5_0",
+            GgmlType::Q4K => "mf_mmvq_q4_k",
+            GgmlType::Q6K => "mf_mmvq_q6_k",
+            _ => return None,
+        })
+    }
+
+    /// `nt` rows of `ne0` f32 activations in buffer `buf` (at `x`) quantized to 8 bits per
+    /// 32-element block: (values, scales). Consecutive matmuls over the same input (Q, K and
+    /// V; gate and up) quantize it once.
+    pub(crate) fn quantized_input(
+        &mut self,
+        buf: BufId,
+        x: u64,
+        ne0: usize,
+        nt: usize,
+    ) -> DResult<(u64, u64)> {
+        if !ne0.is_multiple_of(32) {
+            return Err(format!(
+                "int8 matmul over rows of {ne0}, not whole 32-blocks"
+            ));
+        }
+        let q_bytes = (ne0 * nt).next_multiple_of(256);
+        let ds_bytes = nt * (ne0 / 32) * 8;
+        let ptr = self.scratch(Scratch::Q8, q_bytes + ds_bytes)?;
+        let want = Q8Input { buf, ne0, nt };
+        if self.q8_input != Some(want) {
+            let blocks = nt * (ne0 / 32);
+            self.gpu.launch(
+                "mf_quantize_q8",
+                (blocks.div_ceil(128) as u32, 1, 1),
+                128,
+                &[
+                    Arg::U64(x),
+                    Arg::U64(ptr),
+                    Arg::U64(ptr + q_bytes as u64),
+                    Arg::I32(ne0 as i32),
+                    Arg::I32(nt as i32),
+                ],
+            )?;
+            self.q8_input = Some(want);
+        }
+        Ok((ptr, ptr + q_bytes as u64))
+    }
+
+    /// Forgets the quantized input when `buf` is written.
+    pub(crate) fn written(&mut self, buf: BufId) {
+        if self.q8_input.is_some_and(|q| q.buf == buf) {
+            self.q8_input = None;
+        }
+    }
+}
