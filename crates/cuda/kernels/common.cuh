@@ -64,3 +64,25 @@ __device__ __forceinline__ void mf_rope_cs(int pos, int j, float theta_scale, fl
     *c = cosf(th);
     *s = sinf(th);
 }
+
+// A RoPE pair (x0, x1) rotated by (c, s), each product rounded on its own (no fma
+// contraction), so the unfused Rope and the fused Q/K/V kernel give the same bits.
+__device__ __forceinline__ float mf_rope_lo(float x0, float x1, float c, float s) {
+    return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+}
+__device__ __forceinline__ float mf_rope_hi(float x0, float x1, float c, float s) {
+    return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// One q8_0 KV block from 32 values: d = max|x| / 127, q = round-half-away(x / d), as the
+// CPU's q8_0 quantizer. Used by every KV store (unfused and fused).
+__device__ __forceinline__ void mf_kv_q8_block(const float *xs, u8 *b) {
+    float amax = 0.0f;
+    for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xs[k]));
+    float d = amax / 127.0f;
+    float id = d == 0.0f ? 0.0f : 1.0f / d;
+    // One 16-bit store (blocks start at even offsets). Splitting the asm's 16-bit result
+    // into two byte stores lost the low byte on sm_90 (measured: d 0x23fd stored 0x2300).
+    *(u16 *)b = mf_f2h(d);
+    for (int k = 0; k < 32; ++k) b[2 + k] = (u8)(signed char)(int)roundf(xs[k] * id);
+}

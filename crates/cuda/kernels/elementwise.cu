@@ -49,6 +49,6 @@ extern "C" __global__ void mf_rope(const float *x, const int *pos, float *o, int
     u64 base = th * head_dim;
     u64 a = base + (neox ? j : 2 * j), b = base + (neox ? j + half : 2 * j + 1);
     float x0 = x[a], x1 = x[b];
-    o[a] = x0 * c - x1 * s;
-    o[b] = x0 * s + x1 * c;
+    o[a] = mf_rope_lo(x0, x1, c, s);
+    o[b] = mf_rope_hi(x0, x1, c, s);
 }

@@ -10,16 +10,8 @@ extern "C" __global__ void mf_kv_store(int ty, const float *x, const int *cells,
         int nb = n / 32;
         if (i >= (u64)nt * nb) return;
         int t = (int)(i / nb), blk = (int)(i % nb);
-        const float *xs = x + (u64)t * n + blk * 32;
-        u8 *b = region + (u64)cells[t] * row_bytes + (u64)blk * 34;
-        float amax = 0.0f;
-        for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xs[k]));
-        float d = amax / 127.0f;
-        float id = d == 0.0f ? 0.0f : 1.0f / d;
-        // One 16-bit store (blocks start at even offsets). Splitting the asm's 16-bit result
-        // into two byte stores lost the low byte on sm_90 (measured: d 0x23fd stored 0x2300).
-        *(u16 *)b = mf_f2h(d);
-        for (int k = 0; k < 32; ++k) b[2 + k] = (u8)(signed char)(int)roundf(xs[k] * id);
+        mf_kv_q8_block(x + (u64)t * n + blk * 32,
+                       region + (u64)cells[t] * row_bytes + (u64)blk * 34);
         return;
     }
     if (i >= (u64)nt * n) return;

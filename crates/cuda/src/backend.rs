@@ -279,6 +279,28 @@ pub(crate) fn op_refusal(op: &Op, weights: &dyn WeightSource) -> Option<String> 
         Some(w) if w.ne1 == 1 => None,
         _ => Some(format!("{} is not a one-row weight", weights.name(id))),
     };
+    // A matrix the one-token int8 kernels read (the fused nodes run only on that path).
+    let int8_matrix = |id| {
+        matrix(id).or_else(|| {
+            let w = weights.weight(id)?;
+            let int8 = matches!(
+                w.ty,
+                GgmlType::Q8_0
+                    | GgmlType::Q4_0
+                    | GgmlType::Q4_1
+                    | GgmlType::Q5_0
+                    | GgmlType::Q4K
+                    | GgmlType::Q6K
+            );
+            (!int8 || (w.ne0 + w.ne0 / 4) > 48 * 1024).then(|| {
+                format!(
+                    "{}: the fused decode nodes read int8-path weights, not {}",
+                    weights.name(id),
+                    w.ty
+                )
+            })
+        })
+    };
     let kv = |ty: GgmlType| {
         (!CUDA_KV_TYPES.contains(&ty)).then(|| format!("no CUDA kernels for a {ty} KV cache"))
     };
@@ -305,23 +327,28 @@ pub(crate) fn op_refusal(op: &Op, weights: &dyn WeightSource) -> Option<String> 
         Op::Rope { head_dim, .. } if !head_dim.is_multiple_of(2) => {
             Some(format!("RoPE over an odd head dim {head_dim}"))
         }
-        Op::FfnGateUp { gate, up } => matrix(*gate).or_else(|| matrix(*up)).or_else(|| {
-            [*gate, *up].into_iter().find_map(|id| {
-                let w = weights.weight(id)?;
-                let int8 = matches!(
-                    w.ty,
-                    GgmlType::Q8_0
-                        | GgmlType::Q4_0
-                        | GgmlType::Q4_1
-                        | GgmlType::Q5_0
-                        | GgmlType::Q4K
-                        | GgmlType::Q6K
-                );
-                (!int8 || (w.ne0 + w.ne0 / 4) > 48 * 1024)
-                    .then(|| format!("the fused gate/up reads int8-path weights, not {}", w.ty))
+        Op::FfnGateUp { gate, up } => [*gate, *up].into_iter().find_map(int8_matrix),
+        Op::QkvRopeStore(f) => [f.wq, f.wk, f.wv]
+            .into_iter()
+            .find_map(int8_matrix)
+            .or_else(|| f.bias.and_then(|b| b.into_iter().find_map(vector)))
+            .or_else(|| kv(f.cache_type))
+            .or_else(|| {
+                f.norm
+                    .is_some()
+                    .then(|| "the per-head Q/K norm (Qwen3) runs unfused on CUDA".to_string())
             })
-        }),
-        Op::QkvRopeStore(_) => Some("the CUDA backend runs the unfused Q/K/V chain".into()),
+            .or_else(|| {
+                let (q, kv) = (f.q_dim(), f.kv_dim());
+                (!q.is_multiple_of(16)
+                    || !kv.is_multiple_of(16)
+                    || !f.rope.head_dim.is_multiple_of(2))
+                .then(|| format!("fused Q/K/V rows q {q}, kv {kv}: not whole 16-row blocks"))
+            })
+            .or_else(|| {
+                (f.cache_type == GgmlType::Q8_0 && !f.kv_dim().is_multiple_of(32))
+                    .then(|| format!("q8_0 KV rows of {} elements", f.kv_dim()))
+            }),
         Op::Input(_)
         | Op::SelectRows
         | Op::Rope { .. }
@@ -425,8 +452,8 @@ impl Backend for CudaBackend {
         match op {
             FusedOp::SwiGLU => true,
             // Only on the int8 path, where it is the unfused chain bit for bit.
-            FusedOp::FfnGateUp => self.mmvq,
-            FusedOp::QkvRopeStore | FusedOp::QkvNormRopeStore => false,
+            FusedOp::FfnGateUp | FusedOp::QkvRopeStore => self.mmvq,
+            FusedOp::QkvNormRopeStore => false,
         }
     }
 

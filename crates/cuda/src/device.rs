@@ -19,11 +19,13 @@ use sha2::{Digest, Sha256};
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("dequant.cuh", include_str!("../kernels/dequant.cuh")),
+    ("int8.cuh", include_str!("../kernels/int8.cuh")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("kv.cu", include_str!("../kernels/kv.cu")),
     ("attn.cu", include_str!("../kernels/attn.cu")),
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
+    ("fused.cu", include_str!("../kernels/fused.cu")),
 ];
 
 /// Every kernel the executor launches.
@@ -51,6 +53,8 @@ pub const KERNELS: &[&str] = &[
     "mf_mmvq1",
     "mf_gate_up1",
     "mf_attn_gqa",
+    "mf_qkv1",
+    "mf_rope_store",
 ];
 
 /// How long a synchronisation waits before it reports a hung device.

@@ -2,7 +2,9 @@
 //! and indices checked on the host, then the op's kernel launched on the engine's stream.
 
 use minfer_gguf::GgmlType;
-use minfer_graph::{BufId, ExecArgs, KvKind, Node, Op, RopeStyle, WindowLayout, KV_MAP_RUNS};
+use minfer_graph::{
+    BufId, ExecArgs, KvKind, Node, Op, QkvFused, RopeStyle, WindowLayout, KV_MAP_RUNS,
+};
 
 use crate::backend::{theta_scale, type_code, CudaBackend, Scratch};
 use crate::device::{Arg, DResult};
@@ -463,8 +465,109 @@ impl CudaBackend {
                     ],
                 )
             }
-            Op::QkvRopeStore(_) => Err("the fused Q/K/V node is not in the CUDA backend".into()),
+            Op::QkvRopeStore(f) => self.encode_qkv(node, f, args),
         }
+    }
+}
+
+impl CudaBackend {
+    /// [`Op::QkvRopeStore`] (no per-head norm): `mf_qkv1` then `mf_rope_store`, the unfused
+    /// chain's bits (kernels/fused.cu).
+    fn encode_qkv(&mut self, node: &Node, f: &QkvFused, args: &ExecArgs) -> DResult<()> {
+        let w = args.weights;
+        let (q_dim, kv_dim, hd) = (f.q_dim(), f.kv_dim(), f.rope.head_dim);
+        if node.shape != [q_dim, 1] {
+            return Err(format!(
+                "a decode-only fused node of {q_dim} x 1, got {:?}",
+                node.shape
+            ));
+        }
+        if f.norm.is_some() {
+            return Err("the per-head Q/K norm is not fused on CUDA".into());
+        }
+        let m = [
+            self.matrix(w, f.wq)?,
+            self.matrix(w, f.wk)?,
+            self.matrix(w, f.wv)?,
+        ];
+        let ne0 = m[0].ne0;
+        let dims = [q_dim, kv_dim, kv_dim];
+        for (mi, d) in m.iter().zip(dims) {
+            if mi.ne0 != ne0 || mi.ne1 != d || self.mmvq_kernel(mi.ty).is_none() {
+                return Err(format!(
+                    "fused Q/K/V over a {} matrix of {} x {} (want int8-path rows of {ne0}, {d} rows)",
+                    mi.ty, mi.ne1, mi.ne0
+                ));
+            }
+        }
+        if !q_dim.is_multiple_of(MV_ROWS) || !kv_dim.is_multiple_of(MV_ROWS) {
+            return Err(format!(
+                "q {q_dim} / kv {kv_dim} rows are not whole {MV_ROWS}-row blocks"
+            ));
+        }
+        let shared = mv1_shared(ne0).ok_or("the fused Q/K/V row is too long")?;
+        let bias = match f.bias {
+            Some([bq, bk, bv]) => [
+                self.vector(w, bq, q_dim)?,
+                self.vector(w, bk, kv_dim)?,
+                self.vector(w, bv, kv_dim)?,
+            ],
+            None => [0; 3],
+        };
+        let ty = kv_code(f.cache_type)?;
+        let row_bytes = cell_bytes(f.cache_type, kv_dim)?;
+        let (k, klen) = self.region(args, KvKind::K)?;
+        let (v, _) = self.region(args, KvKind::V)?;
+        let n_cells = klen / row_bytes;
+        let x = self.src(args, 0, ne0 * 4)?;
+        let pos = self.src(args, 1, 4)?;
+        let cells = self.checked_ids(args, 2, 1, n_cells, "KV cell")?;
+        let out = self.out(node, args)?;
+        let rows = q_dim + 2 * kv_dim;
+        let row = self.scratch(Scratch::QkvRow, rows * 4)?;
+        let mut a = Vec::with_capacity(17);
+        for mi in &m {
+            a.push(Arg::I32(type_code(mi.ty).ok_or("weight type")?));
+            a.push(Arg::U64(mi.ptr));
+            a.push(Arg::U64(mi.row_bytes as u64));
+        }
+        a.extend(bias.map(Arg::U64));
+        a.extend([
+            Arg::U64(x),
+            Arg::U64(row),
+            Arg::I32(ne0 as i32),
+            Arg::I32(q_dim as i32),
+            Arg::I32(kv_dim as i32),
+        ]);
+        self.gpu.launch_shared(
+            "mf_qkv1",
+            (rows.div_ceil(MV_ROWS) as u32, 1, 1),
+            128,
+            shared,
+            &a,
+        )?;
+        let units = if ty == 2 { kv_dim / 32 } else { kv_dim };
+        self.gpu.launch(
+            "mf_rope_store",
+            blocks(q_dim + 2 * units, 128),
+            128,
+            &[
+                Arg::U64(row),
+                Arg::U64(pos),
+                Arg::U64(cells),
+                Arg::U64(out),
+                Arg::U64(k),
+                Arg::U64(v),
+                Arg::I32(ty),
+                Arg::U64(row_bytes as u64),
+                Arg::I32(q_dim as i32),
+                Arg::I32(kv_dim as i32),
+                Arg::I32(hd as i32),
+                Arg::F32(theta_scale(f.rope.freq_base, hd)),
+                Arg::F32(f.rope.freq_scale),
+                Arg::I32((f.rope.style == RopeStyle::Neox) as i32),
+            ],
+        )
     }
 }
 

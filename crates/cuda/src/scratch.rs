@@ -16,6 +16,8 @@ pub(crate) enum Scratch {
     Q8,
     /// Split-K attention partials.
     AttnPart,
+    /// The fused Q/K/V node's q|k|v row before RoPE.
+    QkvRow,
 }
 
 /// The activation buffer last quantized in this split, its row length and row count.

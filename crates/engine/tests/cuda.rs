@@ -442,19 +442,23 @@ fn a_half_b_model_agrees_with_the_cpu() {
     assert!(d8 <= 3.0 * dc + 5e-3, "int8 path: {d8} (cpu {dc})");
 }
 
-/// The fused decode FFN (`FfnGateUp`: gate, up and SwiGLU in one launch) against the
-/// unfused chain on the same backend: every decode step's logits bit for bit, and the fused
-/// graph really holds the fused node (the unfused one does not).
+/// The fused decode nodes (`FfnGateUp`: gate, up and SwiGLU in one launch; `QkvRopeStore`:
+/// Q/K/V, bias, RoPE and the KV stores in two) against the unfused chain on the same
+/// backend: every decode step's logits bit for bit, with f16 and q8_0 KV, and the fused graph
+/// really holds the fused nodes (the unfused one does not; Qwen3's per-head norm keeps its
+/// Q/K/V unfused on CUDA).
 #[test]
-fn fused_gate_up_decode_is_bitwise_the_unfused_chain() {
+fn fused_decode_nodes_are_bitwise_the_unfused_chain() {
     if !gpu() {
         return;
     }
     use minfer_graph::FusionConfig;
-    for (arch, ty) in [
-        (Arch::Qwen2, GgmlType::Q8_0),
-        (Arch::Llama, GgmlType::Q4K),
-        (Arch::Qwen3, GgmlType::Q5_0),
+    for (arch, ty, cache) in [
+        (Arch::Qwen2, GgmlType::Q8_0, GgmlType::F16),
+        (Arch::Qwen2, GgmlType::Q4K, GgmlType::Q8_0),
+        (Arch::Llama, GgmlType::Q4K, GgmlType::F16),
+        (Arch::Llama, GgmlType::Q6K, GgmlType::F32),
+        (Arch::Qwen3, GgmlType::Q5_0, GgmlType::F16),
     ] {
         let path = tiny(arch, ty, 64);
         let load = |fusion| {
@@ -462,7 +466,7 @@ fn fused_gate_up_decode_is_bitwise_the_unfused_chain() {
                 &path,
                 EngineConfig {
                     n_ctx: 160,
-                    cache_type: GgmlType::F16,
+                    cache_type: cache,
                     backends: vec!["cuda".into()],
                     fusion,
                     ..EngineConfig::default()
@@ -471,22 +475,33 @@ fn fused_gate_up_decode_is_bitwise_the_unfused_chain() {
             .unwrap()
         };
         let (mut f, mut u) = (load(FusionConfig::ALL), load(FusionConfig::NONE));
-        let count = |e: &mut Engine| {
+        let count = |e: &mut Engine, op: &str| {
             e.ops_in_graph(1)
                 .unwrap()
                 .iter()
-                .find(|(n, _)| *n == "FfnGateUp")
+                .find(|(n, _)| *n == op)
                 .map_or(0, |x| x.1)
         };
-        let (nf, nu) = (count(&mut f), count(&mut u));
-        println!("{arch:?} {ty}: FfnGateUp nodes fused {nf}, unfused {nu}");
-        assert!(nf > 0 && nu == 0, "{arch:?}: fused {nf}, unfused {nu}");
+        let ffn = (count(&mut f, "FfnGateUp"), count(&mut u, "FfnGateUp"));
+        let qkv = (count(&mut f, "QkvRopeStore"), count(&mut u, "QkvRopeStore"));
+        println!(
+            "{arch:?} {ty} {cache} KV: FfnGateUp {ffn:?}, QkvRopeStore {qkv:?} (fused, unfused)"
+        );
+        assert!(ffn.0 > 0 && ffn.1 == 0, "{arch:?}: FfnGateUp {ffn:?}");
+        if arch == Arch::Qwen3 {
+            assert_eq!(qkv, (0, 0), "Qwen3's Q/K/V stays unfused on CUDA");
+        } else {
+            assert!(qkv.0 > 0 && qkv.1 == 0, "{arch:?}: QkvRopeStore {qkv:?}");
+        }
         let mut tok = TOKENS.to_vec();
         let mut pos = 0;
         for step in 0..12 {
             let a = f.decode(&tok, pos, 1).unwrap().to_vec();
             let b = u.decode(&tok, pos, 1).unwrap().to_vec();
-            assert!(bits(&a) == bits(&b), "{arch:?} {ty}: step {step} differs");
+            assert!(
+                bits(&a) == bits(&b),
+                "{arch:?} {ty} {cache}: step {step} differs"
+            );
             pos += tok.len();
             tok = vec![argmax(&a)];
         }

@@ -1,0 +1,79 @@
+// The fused decode Q/K/V node (Op::QkvRopeStore without per-head norm) in two launches
+// instead of seven: `mf_qkv1` computes the q, k and v rows of one token (three matrices by row
+// range, each row as mf_mmvq1 computes it, plus its bias), `mf_rope_store` rotates q into the
+// output and k into the K region at the token's cell, and stores v. Every value goes through
+// the same device functions as the unfused MatMul → Rope → KvStore chain (mf_row1_any,
+// mf_rope_cs / mf_rope_lo / mf_rope_hi, mf_f2h, mf_kv_q8_block), so the two give the same bits.
+
+// Rows [0, q_dim) from wq, then kv_dim from wk, then kv_dim from wv (q_dim and kv_dim whole
+// 16-row blocks, so a block reads one matrix). Shared memory as mf_mmvq1.
+extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
+                                   u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
+                                   const float *bk, const float *bv, const float *x,
+                                   float *row, int ne0, int q_dim, int kv_dim) {
+    extern __shared__ float2 smem[];
+    float2 *xds = smem;
+    signed char *xq = (signed char *)(smem + (ne0 >> 5));
+    mf_q8_shared(x, ne0, xq, xds);
+    int o = blockIdx.x * MF_MV_ROWS + (threadIdx.x >> 3);
+    int ty, r;
+    const u8 *w;
+    u64 rb;
+    const float *bias;
+    if (o < q_dim) {
+        ty = tyq, w = wq, rb = rbq, bias = bq, r = o;
+    } else if (o < q_dim + kv_dim) {
+        ty = tyk, w = wk, rb = rbk, bias = bk, r = o - q_dim;
+    } else {
+        ty = tyv, w = wv, rb = rbv, bias = bv, r = o - q_dim - kv_dim;
+    }
+    float s = mf_row1_any(ty, w + (u64)r * rb, xq, xds, ne0 >> 5);
+    if ((threadIdx.x & 7) == 0) {
+        if (bias) s = __fadd_rn(s, bias[r]);
+        row[o] = s;
+    }
+}
+
+// Element e of head row `h` (hd values at `x`) after RoPE at (c, s) of its pair.
+__device__ __forceinline__ float mf_roped(const float *x, int e, int hd, int neox, int pos,
+                                          float theta_scale, float freq_scale) {
+    int half = hd / 2;
+    int j = neox ? e % half : e / 2;
+    bool lo = neox ? e < half : (e & 1) == 0;
+    int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+    float c, sn;
+    mf_rope_cs(pos, j, theta_scale, freq_scale, &c, &sn);
+    return lo ? mf_rope_lo(x[a], x[b], c, sn) : mf_rope_hi(x[a], x[b], c, sn);
+}
+
+// Threads: q_dim for q, then the K row's units, then the V row's (a unit is an element for
+// f32/f16 KV, a 32-element block for q8_0).
+extern "C" __global__ void mf_rope_store(const float *row, const int *pos, const int *cells,
+                                         float *q_out, u8 *kreg, u8 *vreg, int ty,
+                                         u64 row_bytes, int q_dim, int kv_dim, int hd,
+                                         float theta_scale, float freq_scale, int neox) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int p = pos[0];
+    int unit = ty == MF_Q8_0 ? 32 : 1;
+    int units = kv_dim / unit;
+    if (i < q_dim) {
+        q_out[i] = mf_roped(row + (i / hd) * hd, i % hd, hd, neox, p, theta_scale, freq_scale);
+        return;
+    }
+    i -= q_dim;
+    bool is_k = i < units;
+    if (!is_k) i -= units;
+    if (i >= units) return;
+    const float *src = row + q_dim + (is_k ? 0 : kv_dim);
+    u8 *cell = (is_k ? kreg : vreg) + (u64)cells[0] * row_bytes;
+    float v[32];
+    int e0 = i * unit;
+    for (int k = 0; k < unit; ++k) {
+        int e = e0 + k;
+        v[k] = is_k ? mf_roped(src + (e / hd) * hd, e % hd, hd, neox, p, theta_scale, freq_scale)
+                    : src[e];
+    }
+    if (ty == MF_Q8_0) mf_kv_q8_block(v, cell + (u64)i * 34);
+    else if (ty == MF_F16) ((u16 *)cell)[e0] = mf_f2h(v[0]);
+    else ((float *)cell)[e0] = v[0];
+}

@@ -1,0 +1,280 @@
+// Quantized matmuls on int8 dot products (the device functions; kernels in mmvq.cu and
+// fused.cu) (llama.cpp's MMVQ idea): activations are quantized
+// to 8 bits per 32-element block (`mf_quantize_q8`: int8 values, the block's scale d and
+// d * sum(q)), the weight block's quants are unpacked to int8 lanes, and `dp4a` gives the
+// block's integer dot product exactly. Only the float combination of blocks is rounded.
+//
+// The canonical order (every kernel that computes these products keeps it, so a row's bits
+// never depend on the kernel, tile or batch it ran in): block b's contribution c_b is a fixed
+// expression of explicitly rounded operations (`__fmul_rn`/`__fadd_rn`: no fma contraction
+// that could differ between kernels); partial P_r sums c_b over b = r, r + 8, r + 16, ... in
+// increasing order from +0; the output is ((P0+P4)+(P2+P6)) + ((P1+P5)+(P3+P7)), then the
+// bias. Eight lanes per output row, four rows per warp.
+
+#define MF_MV_ROWS 16 // output rows per 128-thread block
+#define MF_MV_T 8     // tokens per block: their products share each weight block's loads
+
+// One 32-element block quantized by one thread: q[i] = round-half-even(x[i] / d) with
+// d = max|x| / 127 (0 for an all-zero block), and (d, d * sum q). The only quantizer: every
+// path gets the same bits. A thread per block keeps the reduction in registers (no
+// shuffles), so a row's blocks are quantized in parallel.
+__device__ __forceinline__ void mf_q8_block(const float *x, signed char *q, float2 *ds) {
+    float v[32];
+    const float4 *x4 = (const float4 *)x;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        float4 a = x4[i];
+        v[4 * i] = a.x;
+        v[4 * i + 1] = a.y;
+        v[4 * i + 2] = a.z;
+        v[4 * i + 3] = a.w;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    float d = __fdiv_rn(amax, 127.0f);
+    int sum = 0;
+    int *q4 = (int *)q;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 word = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int qi = d > 0.0f ? __float2int_rn(__fdiv_rn(v[4 * i + k], d)) : 0;
+            sum += qi;
+            word |= ((u32)qi & 0xffu) << (8 * k);
+        }
+        q4[i] = (int)word;
+    }
+    *ds = make_float2(d, __fmul_rn(d, (float)sum));
+}
+
+__device__ __forceinline__ int mf_dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// 32 bits from a 2-byte-aligned address.
+__device__ __forceinline__ int mf_ld2(const u8 *p) {
+    const u16 *h = (const u16 *)p;
+    return (int)((u32)h[0] | ((u32)h[1] << 16));
+}
+
+__device__ __forceinline__ int mf_ld4(const u8 *p) { return *(const int *)p; }
+
+// Bit 4 of byte k set from bit k of the low nibble of `x` (Q5_0's fifth bit).
+__device__ __forceinline__ int mf_spread4(u32 x) {
+    return (int)(((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25));
+}
+
+// A weight block's quants as 8 words of int8 lanes (elements 4i..4i+3 in word i) and its
+// scale terms. c_b is then mf_contrib over the two 16-element integer halves A and B.
+struct MfWBlk {
+    int q[8];
+    float f1, f2;
+    int i1, i2;
+};
+
+template <int TY> __device__ __forceinline__ void mf_wload(const u8 *row, int b, MfWBlk &w);
+
+template <> __device__ __forceinline__ void mf_wload<MF_Q8_0>(const u8 *row, int b, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 34;
+    w.f1 = mf_ld_f16(p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w.q[i] = mf_ld2(p + 2 + 4 * i);
+}
+
+template <> __device__ __forceinline__ void mf_wload<MF_Q4_0>(const u8 *row, int b, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 18;
+    w.f1 = mf_ld_f16(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int v = mf_ld2(p + 2 + 4 * i);
+        w.q[i] = v & 0x0F0F0F0F;
+        w.q[4 + i] = (v >> 4) & 0x0F0F0F0F;
+    }
+}
+
+template <> __device__ __forceinline__ void mf_wload<MF_Q4_1>(const u8 *row, int b, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 20;
+    w.f1 = mf_ld_f16(p);
+    w.f2 = mf_ld_f16(p + 2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int v = mf_ld4(p + 4 + 4 * i);
+        w.q[i] = v & 0x0F0F0F0F;
+        w.q[4 + i] = (v >> 4) & 0x0F0F0F0F;
+    }
+}
+
+template <> __device__ __forceinline__ void mf_wload<MF_Q5_0>(const u8 *row, int b, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 22;
+    w.f1 = mf_ld_f16(p);
+    u32 qh = (u32)mf_ld2(p + 2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int v = mf_ld2(p + 6 + 4 * i);
+        w.q[i] = (v & 0x0F0F0F0F) | mf_spread4(qh >> (4 * i));
+        w.q[4 + i] = ((v >> 4) & 0x0F0F0F0F) | mf_spread4(qh >> (16 + 4 * i));
+    }
+}
+
+template <> __device__ __forceinline__ void mf_wload<MF_Q4_K>(const u8 *row, int b, MfWBlk &w) {
+    const u8 *p = row + (u64)(b >> 3) * 144;
+    int s = b & 7;
+    float d = mf_ld_f16(p), dmin = mf_ld_f16(p + 2);
+    const u8 *k = p + 4;
+    int sc, mn;
+    if (s < 4) {
+        sc = k[s] & 63;
+        mn = k[s + 4] & 63;
+    } else {
+        sc = (k[s + 4] & 15) | ((k[s - 4] >> 6) << 4);
+        mn = (k[s + 4] >> 4) | ((k[s] >> 6) << 4);
+    }
+    w.f1 = __fmul_rn(d, (float)sc);
+    w.f2 = __fmul_rn(dmin, (float)mn);
+    const u8 *qs = p + 16 + 32 * (s >> 1);
+    int sh = 4 * (s & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w.q[i] = (mf_ld4(qs + 4 * i) >> sh) & 0x0F0F0F0F;
+}
+
+template <> __device__ __forceinline__ void mf_wload<MF_Q6_K>(const u8 *row, int b, MfWBlk &w) {
+    const u8 *p = row + (u64)(b >> 3) * 210;
+    int s = b & 7, h = s >> 2, j = s & 3;
+    const u8 *ql = p + 64 * h + 32 * (j & 1);
+    const u8 *qh = p + 128 + 32 * h;
+    int shl = 4 * (j >> 1), shh = 2 * j;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 v = (((u32)mf_ld2(ql + 4 * i) >> shl) & 0x0F0F0F0Fu) |
+                ((((u32)mf_ld2(qh + 4 * i) >> shh) & 0x03030303u) << 4);
+        // Bytes 0..63 minus 32 each, without borrows between bytes.
+        w.q[i] = (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+    }
+    w.f1 = mf_ld_f16(p + 208);
+    w.i1 = (int)(signed char)p[192 + 2 * s];
+    w.i2 = (int)(signed char)p[193 + 2 * s];
+}
+
+// c_b from the integer halves A (elements 0..15) and B (16..31) and the activation block's
+// (d, d * sum q) = (dx, sx).
+template <int TY>
+__device__ __forceinline__ float mf_contrib(const MfWBlk &w, int a, int b, float dx, float sx) {
+    switch (TY) {
+    case MF_Q8_0:
+        return __fmul_rn(__fmul_rn(w.f1, dx), (float)(a + b));
+    case MF_Q4_0:
+        return __fmul_rn(w.f1, __fsub_rn(__fmul_rn(dx, (float)(a + b)), __fmul_rn(8.0f, sx)));
+    case MF_Q4_1:
+        return __fadd_rn(__fmul_rn(__fmul_rn(w.f1, dx), (float)(a + b)), __fmul_rn(w.f2, sx));
+    case MF_Q5_0:
+        return __fmul_rn(w.f1, __fsub_rn(__fmul_rn(dx, (float)(a + b)), __fmul_rn(16.0f, sx)));
+    case MF_Q4_K:
+        return __fsub_rn(__fmul_rn(__fmul_rn(w.f1, dx), (float)(a + b)), __fmul_rn(w.f2, sx));
+    default: // MF_Q6_K
+        return __fmul_rn(__fmul_rn(w.f1, dx), (float)(w.i1 * a + w.i2 * b));
+    }
+}
+
+// The canonical combination of the eight partials of the lanes r = threadIdx.x & 7.
+__device__ __forceinline__ float mf_lane8_sum(float p) {
+    p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 4));
+    p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 2));
+    p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 1));
+    return p;
+}
+
+// y[t][o] = sum_e w[o][e] x[t][e] (+ bias[o]) for rows of `ne0` (a multiple of 32) over the
+// quantized activations (xq, xds). Grid: (ceil(n_out / 16), ceil(nt / 8)).
+template <int TY>
+__device__ void mf_mmvq(const u8 *w, u64 row_bytes, const signed char *xq, const float2 *xds,
+                        float *y, const float *bias, int ne0, int n_out, int nt) {
+    int r = threadIdx.x & 7;
+    int o = blockIdx.x * MF_MV_ROWS + (threadIdx.x >> 3);
+    int t0 = blockIdx.y * MF_MV_T;
+    int kt = min(MF_MV_T, nt - t0);
+    int nb = ne0 >> 5;
+    bool live = o < n_out;
+    const u8 *row = w + (u64)(live ? o : 0) * row_bytes;
+    float acc[MF_MV_T];
+#pragma unroll
+    for (int k = 0; k < MF_MV_T; ++k) acc[k] = 0.0f;
+#pragma unroll 2
+    for (int b = r; b < nb; b += 8) {
+        MfWBlk wb;
+        mf_wload<TY>(row, b, wb);
+#pragma unroll
+        for (int k = 0; k < MF_MV_T; ++k) {
+            if (k < kt) {
+                u64 t = t0 + k;
+                const int *xv = (const int *)(xq + t * ne0 + (u64)b * 32);
+                int a = 0, c = 0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) a = mf_dp4a(wb.q[i], xv[i], a);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) c = mf_dp4a(wb.q[4 + i], xv[4 + i], c);
+                float2 ds = xds[t * nb + b];
+                acc[k] = __fadd_rn(acc[k], mf_contrib<TY>(wb, a, c, ds.x, ds.y));
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < MF_MV_T; ++k) {
+        if (k >= kt) break; // uniform over the block
+        float s = mf_lane8_sum(acc[k]);
+        if (r == 0 && live) {
+            if (bias) s = __fadd_rn(s, bias[o]);
+            y[(u64)(t0 + k) * n_out + o] = s;
+        }
+    }
+}
+
+// ---- one token (decode): the activation row quantized by every block into shared memory
+// (the same quantizer, so the same bits as mf_quantize_q8 + mf_mmvq), saving a launch.
+
+// Quantizes x[0..ne0) into shared xq / xds, a block per thread.
+__device__ __forceinline__ void mf_q8_shared(const float *x, int ne0, signed char *xq,
+                                             float2 *xds) {
+    for (int b = threadIdx.x; b < (ne0 >> 5); b += blockDim.x)
+        mf_q8_block(x + b * 32, xq + b * 32, xds + b);
+    __syncthreads();
+}
+
+// One row's dot product in the canonical order (lane r = threadIdx.x & 7), all 8 lanes
+// returning it.
+template <int TY>
+__device__ __forceinline__ float mf_row1(const u8 *row, const signed char *xq,
+                                         const float2 *xds, int nb) {
+    int r = threadIdx.x & 7;
+    float acc = 0.0f;
+#pragma unroll 2
+    for (int b = r; b < nb; b += 8) {
+        MfWBlk wb;
+        mf_wload<TY>(row, b, wb);
+        const int *xv = (const int *)(xq + (u64)b * 32);
+        int a = 0, c = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a = mf_dp4a(wb.q[i], xv[i], a);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c = mf_dp4a(wb.q[4 + i], xv[4 + i], c);
+        float2 ds = xds[b];
+        acc = __fadd_rn(acc, mf_contrib<TY>(wb, a, c, ds.x, ds.y));
+    }
+    return mf_lane8_sum(acc);
+}
+
+__device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed char *xq,
+                                             const float2 *xds, int nb) {
+    switch (ty) {
+    case MF_Q8_0: return mf_row1<MF_Q8_0>(row, xq, xds, nb);
+    case MF_Q4_0: return mf_row1<MF_Q4_0>(row, xq, xds, nb);
+    case MF_Q4_1: return mf_row1<MF_Q4_1>(row, xq, xds, nb);
+    case MF_Q5_0: return mf_row1<MF_Q5_0>(row, xq, xds, nb);
+    case MF_Q4_K: return mf_row1<MF_Q4_K>(row, xq, xds, nb);
+    default: return mf_row1<MF_Q6_K>(row, xq, xds, nb);
+    }
+}
+
