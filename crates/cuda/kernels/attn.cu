@@ -180,24 +180,47 @@ extern "C" __global__ void mf_attn_split(int ty, const float *q, const u8 *k, co
 }
 
 // out[t][h] = the chunks' partials merged in chunk order (empty chunks skipped); an empty
-// window gives zeros. One 128-thread block per (head, query).
+// window gives zeros. One block per (head, query); the chunks' (m, l) are read in parallel
+// into shared memory (`2 * n_split` floats, then the indices of the non-empty ones), so only
+// the non-empty chunks are walked, in order.
 extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_head, int hd,
                                            int n_split) {
+    extern __shared__ float cm[];
+    float *ml = cm;                       // m, l of chunk s at 2s, 2s + 1
+    int *live = (int *)(cm + 2 * n_split); // non-empty chunks in order, then their weights
+    __shared__ int n_live;
+    __shared__ float mx_s;
     int h = blockIdx.x, t = blockIdx.y;
     const float *pr = part + ((u64)t * n_head + h) * n_split * (hd + 2);
-    float mx = MF_MINF;
-    for (int s = 0; s < n_split; ++s)
-        if (pr[s * (hd + 2) + 1] > 0.0f) mx = fmaxf(mx, pr[s * (hd + 2)]);
+    for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
+        ml[2 * s] = pr[(u64)s * (hd + 2)];
+        ml[2 * s + 1] = pr[(u64)s * (hd + 2) + 1];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mx = MF_MINF;
+        int n = 0;
+        for (int s = 0; s < n_split; ++s) {
+            if (ml[2 * s + 1] > 0.0f) {
+                mx = fmaxf(mx, ml[2 * s]);
+                live[n++] = s;
+            }
+        }
+        n_live = n;
+        mx_s = mx;
+    }
+    __syncthreads();
+    float *wt = (float *)(live + n_split);
+    for (int i = threadIdx.x; i < n_live; i += blockDim.x) wt[i] = expf(ml[2 * live[i]] - mx_s);
+    __syncthreads();
     float *orow = out + ((u64)t * n_head + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float l = 0.0f, acc = 0.0f;
-        for (int s = 0; s < n_split; ++s) {
-            const float *p = pr + s * (hd + 2);
-            if (p[1] > 0.0f) {
-                float a = expf(p[0] - mx);
-                l += p[1] * a;
-                acc += p[2 + d] * a;
-            }
+        for (int i = 0; i < n_live; ++i) {
+            int s = live[i];
+            float a = wt[i];
+            l += ml[2 * s + 1] * a;
+            acc += pr[(u64)s * (hd + 2) + 2 + d] * a;
         }
         orow[d] = l > 0.0f ? acc / l : 0.0f;
     }

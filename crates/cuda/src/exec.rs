@@ -415,10 +415,11 @@ impl CudaBackend {
                         &a,
                     )?;
                 }
-                self.gpu.launch(
+                self.gpu.launch_shared(
                     "mf_attn_combine",
                     (*n_head as u32, ne1 as u32, 1),
                     (*head_dim).next_multiple_of(32).min(256) as u32,
+                    (n_split * 16) as u32,
                     &[
                         Arg::U64(part),
                         Arg::U64(out),
