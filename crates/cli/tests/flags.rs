@@ -141,6 +141,19 @@ fn flag_value_errors_exit_2_consistently() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).starts_with("error:"), "{args:?}");
     }
+    // The other subcommands' flag checks too.
+    let m = tiny();
+    let m = m.to_str().unwrap();
+    for args in [
+        &["serve", "-m", m, "--parallel", "0"][..],
+        &["serve", "-m", m, "--host", "nowhere"][..],
+        &["synth", "-o", "/tmp/never.gguf"][..],
+        &["synth", "--arch", "qwen2", "-o", "/tmp/never.gguf"][..],
+        &["bench", "-m", m, "-r", "0"][..],
+    ] {
+        let out = minfer().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
     let out = minfer()
         .args(["chat", "--color", "sometimes", "-m"])
         .arg(tiny())
