@@ -126,3 +126,21 @@ fn an_unwritable_models_directory_names_what_was_written_and_minfer_models() {
     let help = minfer().args(["run", "--help"]).output().unwrap();
     assert!(String::from_utf8_lossy(&help.stdout).contains("MINFER_MODELS"));
 }
+
+/// Issue 18: with stderr not a terminal (a log, CI) the progress bars draw nothing, so a
+/// download says what it does in plain lines, one per part. The download itself fails
+/// here (a Python that does not exist), after the first part's line.
+#[test]
+fn a_download_prints_plain_lines_when_stderr_is_not_a_terminal() {
+    let d = std::env::temp_dir().join(format!("minfer-pull-lines-{}", std::process::id()));
+    let out = minfer()
+        .args(["pull", "smollm2"])
+        .env("MINFER_MODELS", &d)
+        .env("MINFER_PYTHON", "/nonexistent/python")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("pull smollm2-135m: part 1/"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}
