@@ -290,6 +290,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.n_batch == 0 {
         usage!("--batch-size must be at least 1");
     }
+    for &t in &args.threads {
+        super::args::warn_threads(Some(t));
+    }
     if args.membw && args.membw_mib < MIN_MEMBW_MIB {
         usage!(
             "--membw-mib {}: at least {MIN_MEMBW_MIB} MiB (a smaller buffer stays in the CPU caches, or is too small to time, and measures no memory bandwidth)",
