@@ -1,6 +1,6 @@
 //! The `minfer` command line: parse, build a config, call the library crates, print.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 mod commands;
@@ -38,8 +38,77 @@ enum Command {
     Tokenize(commands::tokenize::Args),
 }
 
+/// The command tree with negative numbers allowed as values.
+///
+/// Mechanism (issue 18): every argument of every subcommand that takes a value gets
+/// clap's `Arg::allow_negative_numbers`, here, after the derive built the tree, so flags
+/// added later (in any flattened group) are covered with no attribute of their own:
+/// `--temp -1`, `--seed -1` and `--repeat-last-n -1` parse as values (llama.cpp gives them
+/// meanings) instead of "unexpected argument". Ranges are then checked by each flag's
+/// value parser. Only negative-number-shaped values are affected: `--stop -x` still reads
+/// `-x` as a flag.
+fn command() -> clap::Command {
+    Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|a| {
+            if a.get_action().takes_values() {
+                a.allow_negative_numbers(true)
+            } else {
+                a
+            }
+        })
+    })
+}
+
+/// A help page that only a short-flag cluster such as `-hello` asked for (clap reads it as
+/// `-h -e -l -l -o`): a prompt that starts with `-`, which would otherwise print the help
+/// and exit 0 silently. Returns that argument.
+fn help_by_cluster(args: &[std::ffi::OsString]) -> Option<String> {
+    let before_dashes = args.iter().skip(1).take_while(|a| *a != "--");
+    let mut cluster = None;
+    for a in before_dashes {
+        let a = a.to_string_lossy();
+        if a == "-h" || a == "--help" {
+            return None;
+        }
+        if a.starts_with("-h") && !a.starts_with("--") {
+            cluster.get_or_insert_with(|| a.into_owned());
+        }
+    }
+    cluster
+}
+
+fn parse() -> Cli {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cmd = command();
+    let matches = match cmd.try_get_matches_from_mut(&args) {
+        Ok(m) => m,
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {
+            if let Some(arg) = help_by_cluster(&args) {
+                let flags: Vec<String> = arg[1..].chars().map(|c| format!("-{c}")).collect();
+                let sub = args.get(1).map_or("run".into(), |s| s.to_string_lossy());
+                // The subcommand's usage line, when the cluster came after one.
+                let cmd = match cmd.find_subcommand_mut(sub.as_ref()) {
+                    Some(c) => c,
+                    None => &mut cmd,
+                };
+                cmd.error(
+                    clap::error::ErrorKind::UnknownArgument,
+                    format!(
+                        "unexpected argument '{arg}' (read as the flags {}); a prompt that starts with '-' goes after '--': minfer {sub} -- '{arg}'",
+                        flags.join(" ")
+                    ),
+                )
+                .exit();
+            }
+            e.exit()
+        }
+        Err(e) => e.exit(),
+    };
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     let result = match cli.command {
         Command::Bench(a) => commands::bench::run(*a),
         Command::Run(a) => commands::run_or_chat(*a),

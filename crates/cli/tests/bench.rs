@@ -82,3 +82,45 @@ fn parallel_refuses_depth_and_zero_lengths() {
         assert!(!out.status.success() && err.contains(needle), "{err}");
     }
 }
+
+/// Issue 18, defect 11: a bandwidth buffer too small to measure memory (it reported
+/// 0.00 GB/s) is refused by name, exit 2.
+#[test]
+fn membw_refuses_buffers_too_small_to_measure() {
+    for mib in ["0", "1"] {
+        let out = minfer()
+            .args(["bench", "--membw", "--membw-mib", mib, "-p", "0", "-n", "0"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(&format!("--membw-mib {mib}")), "{err}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
+/// The CSV rows carry `n_depth`, as the JSON rows do (llama-bench's column).
+#[test]
+fn csv_has_the_depth_column() {
+    let p = tiny_model("csv.gguf");
+    let out = minfer()
+        .args([
+            "bench", "-p", "8", "-n", "0", "-d", "4", "-r", "1", "-o", "csv",
+        ])
+        .args(["-t", "1", "-m"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header.len(), row.len(), "{text}");
+    let at = header.iter().position(|h| *h == "n_depth").expect(&text);
+    assert_eq!(row[at], "4", "{text}");
+}

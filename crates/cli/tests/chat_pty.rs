@@ -201,6 +201,14 @@ fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
     assert!(m.contains("(interrupted)"), "{m}");
     let kv = regex_lite(&m)[4];
     assert!(kv < 4000, "stopped at KV {kv}");
+    // Issue 18, defect 3: the interrupted reply reports its real rate (it read 0.0 tok/s).
+    let rate: f64 = m
+        .split(", ")
+        .find_map(|part| part.strip_suffix(" tok/s"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rate > 0.0, "{m}");
     p.exp_string("> ").unwrap();
     // The chat goes on after the interrupted reply.
     p.send_line("Still there?").unwrap();

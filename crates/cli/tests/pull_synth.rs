@@ -93,3 +93,54 @@ fn synth_writes_a_model_inspect_can_read() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--embd"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Issue 18: a models directory that cannot be written says what was being written and
+/// that MINFER_MODELS picks another directory (it printed only the path and the OS error).
+#[test]
+fn an_unwritable_models_directory_names_what_was_written_and_minfer_models() {
+    let d = std::env::temp_dir().join(format!("minfer-pull-ro-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    // A regular file where the directory should be: no directory can be made under it,
+    // even as root (which permission bits would not stop).
+    let file = d.join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let models = file.join("models");
+    for args in [
+        &["pull", "smollm2"][..],
+        &["run", "-m", "smollm2", "hi"][..],
+    ] {
+        let out = minfer()
+            .args(args)
+            .env("MINFER_MODELS", &models)
+            .env("MINFER_PYTHON", "/nonexistent/python")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            err.contains("cannot write the directory") && err.contains("MINFER_MODELS"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.matches("(os error").count(), 1, "{err}");
+    }
+    let help = minfer().args(["run", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("MINFER_MODELS"));
+}
+
+/// Issue 18: with stderr not a terminal (a log, CI) the progress bars draw nothing, so a
+/// download says what it does in plain lines, one per part. The download itself fails
+/// here (a Python that does not exist), after the first part's line.
+#[test]
+fn a_download_prints_plain_lines_when_stderr_is_not_a_terminal() {
+    let d = std::env::temp_dir().join(format!("minfer-pull-lines-{}", std::process::id()));
+    let out = minfer()
+        .args(["pull", "smollm2"])
+        .env("MINFER_MODELS", &d)
+        .env("MINFER_PYTHON", "/nonexistent/python")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("pull smollm2-135m: part 1/"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}

@@ -120,3 +120,96 @@ fn render_refuses_a_broken_template() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A model with only a ChatML template, and `messages` written as the JSON text given.
+fn render_messages(name: &str, messages: &str) -> std::process::Output {
+    let dir = scratch(name);
+    let model = dir.join("chatml.gguf");
+    let mut w = GgufWriter::new();
+    w.set(
+        "tokenizer.chat_template",
+        Value::String(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                .into(),
+        ),
+    );
+    w.write_to(&model).unwrap();
+    let msgs = dir.join("m.json");
+    std::fs::write(&msgs, messages).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(["render", "-m"])
+        .arg(&model)
+        .arg(&msgs)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    out
+}
+
+/// Issue 18, defect 10: OpenAI text-part content renders as its joined text, the same bytes
+/// as the plain string (as `minfer serve` joins parts).
+#[test]
+fn render_accepts_openai_text_parts() {
+    let parts = render_messages(
+        "parts",
+        r#"[{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]}]"#,
+    );
+    assert!(
+        parts.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parts.stderr)
+    );
+    let plain = render_messages("plain", r#"[{"role": "user", "content": "Hi there"}]"#);
+    assert!(plain.status.success());
+    assert_eq!(parts.stdout, plain.stdout);
+    assert_eq!(
+        String::from_utf8(parts.stdout).unwrap(),
+        "<|im_start|>user\nHi there<|im_end|>\n"
+    );
+}
+
+/// Issue 18, defect 10: an unknown role, a missing content, an empty part list and a
+/// non-text part are refused by message index and name, before the template runs (so no
+/// raw template error); an assistant message that only calls tools may lack content.
+#[test]
+fn render_refuses_unknown_roles_and_missing_content_by_name() {
+    for (name, messages, needles) in [
+        (
+            "role",
+            r#"[{"role": "wizard", "content": "Hi"}]"#,
+            &["messages[0].role", "\"wizard\""][..],
+        ),
+        (
+            "missing",
+            r#"[{"role": "system", "content": "S"}, {"role": "user"}]"#,
+            &["messages[1] (user) has no content"][..],
+        ),
+        (
+            "empty",
+            r#"[{"role": "user", "content": []}]"#,
+            &["messages[0] (user) has no content", "empty list"][..],
+        ),
+        (
+            "image",
+            r#"[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]"#,
+            &["messages[0].content[0]", "image_url"][..],
+        ),
+    ] {
+        let out = render_messages(name, messages);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: accepted");
+        assert!(!err.contains("template"), "{name}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{name}: {n:?} not in {err}");
+        }
+    }
+    let calls = render_messages(
+        "calls",
+        r#"[{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]"#,
+    );
+    assert!(
+        calls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&calls.stderr)
+    );
+}

@@ -178,9 +178,9 @@ fn unknown_flag_values_are_refused_by_name() {
     for (flag, value, needle) in [
         ("--cache-type", "q4_0", "q4_0"),
         ("--backend", "tpu", "tpu"),
-        ("--top-p", "1.5", "top_p"),
+        ("--top-p", "1.5", "--top-p"),
         ("--logit-bias", "abc", "logit-bias"),
-        ("--numerics", "fast", "--numerics fast"),
+        ("--numerics", "fast", "'fast' for '--numerics"),
     ] {
         let out = minfer()
             .args(["run", "-n", "1", flag, value, "-m"])
@@ -189,6 +189,8 @@ fn unknown_flag_values_are_refused_by_name() {
             .output()
             .unwrap();
         assert_refused(&out, &[needle]);
+        // Flag-value errors exit with clap's usage code (issue 18).
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
     }
 }
 

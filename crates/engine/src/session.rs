@@ -190,6 +190,97 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SessionError + '_ {
     }
 }
 
+/// The header fields of a file whose length and checksum were verified.
+struct FileHeader {
+    reserved: u32,
+    identity: u64,
+    n_ctx: u32,
+    ty_id: u32,
+    n_layer: usize,
+    n_embd_kv: usize,
+    n_seqs: usize,
+    app_len: usize,
+}
+
+/// Checks what needs no engine: magic, version, the length the header declares, the
+/// checksum.
+fn verify_file(b: &[u8]) -> std::result::Result<FileHeader, SessionError> {
+    if b.len() < 8 && MAGIC.starts_with(b) {
+        return Err(SessionError::Truncated {
+            len: b.len(),
+            expected: HEADER + CHECKSUM,
+        });
+    }
+    if b.len() < 8 || &b[..8] != MAGIC {
+        return Err(SessionError::Magic {
+            found: b[..b.len().min(8)].to_vec(),
+        });
+    }
+    if b.len() >= 12 {
+        let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
+        if version != VERSION {
+            return Err(SessionError::Version { found: version });
+        }
+    }
+    if b.len() < HEADER + CHECKSUM {
+        return Err(SessionError::Truncated {
+            len: b.len(),
+            expected: HEADER + CHECKSUM,
+        });
+    }
+    let stored = u64::from_le_bytes(b[b.len() - 8..].try_into().unwrap_or_default());
+    let computed = fnv1a64(&b[..b.len() - 8]);
+    let mut r = Reader { b, at: 12 };
+    let h = FileHeader {
+        reserved: r.u32(),
+        identity: r.u64(),
+        n_ctx: r.u32(),
+        ty_id: r.u32(),
+        n_layer: r.u32() as usize,
+        n_embd_kv: r.u32() as usize,
+        n_seqs: r.u32() as usize,
+        app_len: r.u32() as usize,
+    };
+    // Walk the declared sizes before trusting any of them: a short file is truncated,
+    // a long one has trailing bytes, both before the checksum is consulted.
+    let cb = GgmlType::from_id(h.ty_id)
+        .and_then(|t| t.row_bytes(h.n_embd_kv as u64))
+        .unwrap_or(0) as usize;
+    let expected = declared_len(b, h.app_len, h.n_layer, h.n_seqs, cb);
+    if (b.len() as u128) < expected {
+        return Err(SessionError::Truncated {
+            len: b.len(),
+            expected: expected.min(usize::MAX as u128) as usize,
+        });
+    }
+    if (b.len() as u128) > expected {
+        let expected = expected as usize;
+        return Err(SessionError::Trailing {
+            extra: b.len() - expected,
+            expected,
+        });
+    }
+    if stored != computed {
+        return Err(SessionError::Checksum { stored, computed });
+    }
+    Ok(h)
+}
+
+/// The application blob of a session file verified as a file (magic, version, length,
+/// checksum) but not against any engine: what a chat reads back when the saved KV does not
+/// fit (another n_ctx, model…) and the messages are re-rendered.
+pub fn app_blob(b: &[u8]) -> std::result::Result<&[u8], SessionError> {
+    let h = verify_file(b)?;
+    if h.reserved != 0 {
+        return Err(SessionError::Field {
+            field: "reserved",
+            found: h.reserved as u64,
+            expected: 0,
+        });
+    }
+    Ok(&b[HEADER..HEADER + h.app_len])
+}
+
 impl Engine {
     /// This model's identity as session files record it.
     pub fn model_identity(&self) -> u64 {
@@ -310,67 +401,20 @@ impl Engine {
 
     /// Verifies session bytes against this engine; changes nothing.
     pub fn read_session(&self, b: &[u8]) -> Result<Session> {
-        if b.len() < 8 && MAGIC.starts_with(b) {
-            return Err(SessionError::Truncated {
-                len: b.len(),
-                expected: HEADER + CHECKSUM,
-            }
-            .into());
-        }
-        if b.len() < 8 || &b[..8] != MAGIC {
-            return Err(SessionError::Magic {
-                found: b[..b.len().min(8)].to_vec(),
-            }
-            .into());
-        }
-        if b.len() >= 12 {
-            let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
-            if version != VERSION {
-                return Err(SessionError::Version { found: version }.into());
-            }
-        }
-        if b.len() < HEADER + CHECKSUM {
-            return Err(SessionError::Truncated {
-                len: b.len(),
-                expected: HEADER + CHECKSUM,
-            }
-            .into());
-        }
-        let stored = u64::from_le_bytes(b[b.len() - 8..].try_into().unwrap_or_default());
-        let computed = fnv1a64(&b[..b.len() - 8]);
-        let mut r = Reader { b, at: 12 };
-        let reserved = r.u32();
-        let identity = r.u64();
-        let n_ctx = r.u32();
-        let ty_id = r.u32();
-        let n_layer = r.u32() as usize;
-        let n_embd_kv = r.u32() as usize;
-        let n_seqs = r.u32() as usize;
-        let app_len = r.u32() as usize;
-        // Walk the declared sizes before trusting any of them: a short file is truncated,
-        // a long one has trailing bytes, both before the checksum is consulted.
+        let FileHeader {
+            reserved,
+            identity,
+            n_ctx,
+            ty_id,
+            n_layer,
+            n_embd_kv,
+            n_seqs,
+            app_len,
+        } = verify_file(b)?;
+        let mut r = Reader { b, at: HEADER };
         let cb = GgmlType::from_id(ty_id)
             .and_then(|t| t.row_bytes(n_embd_kv as u64))
             .unwrap_or(0) as usize;
-        let expected = declared_len(b, app_len, n_layer, n_seqs, cb);
-        if (b.len() as u128) < expected {
-            return Err(SessionError::Truncated {
-                len: b.len(),
-                expected: expected.min(usize::MAX as u128) as usize,
-            }
-            .into());
-        }
-        if (b.len() as u128) > expected {
-            let expected = expected as usize;
-            return Err(SessionError::Trailing {
-                extra: b.len() - expected,
-                expected,
-            }
-            .into());
-        }
-        if stored != computed {
-            return Err(SessionError::Checksum { stored, computed }.into());
-        }
         let field = |field, found: u64, expected: u64| -> Result<()> {
             if found != expected {
                 return Err(SessionError::Field {

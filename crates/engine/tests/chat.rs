@@ -2,7 +2,7 @@
 //! dropped by shifting the KV, a too-long message changes nothing, /regen, interrupts and
 //! resumed sessions.
 
-use minfer_engine::chat::{Chat, ChatConfig, ChatError, TurnEnd, TurnReport};
+use minfer_engine::chat::{Chat, ChatConfig, ChatError, Resumed, TurnEnd, TurnReport};
 use minfer_engine::generate::FinishReason;
 use minfer_engine::sampler::SamplerConfig;
 use minfer_gguf::GgmlType;
@@ -312,9 +312,32 @@ fn a_resumed_chat_continues_bit_identically() {
     let lb = b.engine_mut().decode(&[5], n, 1).unwrap().to_vec();
     assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
 
-    // A session of another n_ctx is refused and the chat is unchanged.
+    // A session of another n_ctx gives back its messages without its KV (issue 18): the
+    // next turn prefills the whole conversation, whose rendering the KV then holds.
     let mut other = chat(&path, 128, GgmlType::F16, config(6, 0.8));
-    let err = other.load(&file).unwrap_err();
-    assert!(err.to_string().contains("n_ctx 256"), "{err}");
-    assert!(other.messages().is_empty() && other.kv_tokens().is_empty());
+    match other.load(&file).unwrap() {
+        Resumed::Messages { why } => assert!(why.to_string().contains("n_ctx 256"), "{why}"),
+        r => panic!("the KV of another n_ctx was reused: {r:?}"),
+    }
+    assert_eq!(other.messages().len(), 5);
+    assert!(other.kv_tokens().is_empty() && other.engine().n_past() == 0);
+    let r = other
+        .send("three", &AtomicBool::new(false), |_| {})
+        .unwrap();
+    assert!(
+        r.prefilled > ra.prefilled,
+        "{} vs {}",
+        r.prefilled,
+        ra.prefilled
+    );
+    assert_in_sync(&other);
+    // A corrupt file is refused whole and the chat is unchanged.
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[60] ^= 1;
+    let bad = tmp("corrupt.session");
+    std::fs::write(&bad, &bytes).unwrap();
+    let mut fresh = chat(&path, 128, GgmlType::F16, config(6, 0.8));
+    let err = fresh.load(&bad).unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    assert!(fresh.messages().is_empty() && fresh.kv_tokens().is_empty());
 }

@@ -14,91 +14,209 @@ pub const DEFAULT_MODEL: &str = fetch::DEFAULT_MODEL;
 /// Model, context and backend flags shared by run-like commands.
 #[derive(ClapArgs, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF path (any part of a split model) or a known model name (`minfer pull --list`).
+    /// A GGUF path (any part of a split model) or a known model name (`minfer pull --list`),
+    /// fetched into the models directory ($MINFER_MODELS, else ~/.cache/minfer/models).
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: String,
-    /// Context length in tokens (clamped to the model's).
-    #[arg(short = 'c', long = "n-ctx", default_value_t = 4096)]
-    pub n_ctx: usize,
+    /// Context length in tokens [default: 4096, or the model's if smaller]; 0: the model's
+    /// (llama.cpp's -c 0). A larger value is clamped to the model's, with a note.
+    #[arg(short = 'c', long = "n-ctx")]
+    pub n_ctx: Option<usize>,
     /// CPU threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
     /// KV cache element type: f32, f16, q8_0, or auto (f32 on the CPU; on a GPU f16 from
     /// n_layers x n_kv_embd >= 8192, else f32).
-    #[arg(long = "cache-type", default_value = "auto")]
+    #[arg(long = "cache-type", default_value = "auto", value_parser = cache_type_value)]
     pub cache_type: String,
     /// Limit the backends that take part (repeatable or comma-separated: cpu, metal, cuda;
     /// metal-emu runs the Metal executor on the MSL emulator: slow, for proof and debugging).
-    #[arg(long = "backend", value_delimiter = ',')]
+    #[arg(long = "backend", value_delimiter = ',', value_parser = backend_value)]
     pub backends: Vec<String>,
     /// CPU float arithmetic: native (fastest, the same bits on every CPU), or llamacpp-x86-avx2 /
     /// llamacpp-x86-avx512 (llama.cpp's x86 build bit for bit; needs --cache-type f16).
-    #[arg(long = "numerics", default_value = "native")]
+    #[arg(long = "numerics", default_value = "native", value_parser = numerics_value)]
     pub numerics: String,
 }
 
-/// Sampling flags, llama.cpp's names and defaults.
+/// The context length when `-c` is not given (llama.cpp's default).
+pub const DEFAULT_N_CTX: usize = 4096;
+
+/// Sampling flags, llama.cpp's names, defaults and meanings of special values. Each value
+/// parser checks its range, so a bad value is a clap error naming the flag (exit 2).
 #[derive(ClapArgs, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    /// Temperature; 0 or below is greedy (llama.cpp: a negative temperature is greedy too).
+    #[arg(long = "temp", default_value_t = 0.8, value_parser = finite)]
     pub temperature: f32,
-    /// Top-k (0 disables).
+    /// Top-k (0 or below disables).
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: i32,
-    /// Top-p (1.0 disables).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    /// Top-p, 0 to 1 (1.0 disables).
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = unit_interval)]
     pub top_p: f32,
-    /// Min-p (0 disables).
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    /// Min-p, 0 to 1 (0 disables).
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = unit_interval)]
     pub min_p: f32,
-    /// Penalise repeats of the last N tokens (0 disables penalties).
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    /// Repeat penalty (1.0 disables).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    /// Penalise repeats of the last N tokens (0 disables penalties, -1: the whole context).
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_parser = repeat_last_n_value)]
+    pub repeat_last_n: i64,
+    /// Repeat penalty, above 0 (1.0 disables).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive)]
     pub repeat_penalty: f32,
     /// Frequency penalty (0 disables).
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, value_parser = finite)]
     pub frequency_penalty: f32,
     /// Presence penalty (0 disables).
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    #[arg(long = "presence-penalty", default_value_t = 0.0, value_parser = finite)]
     pub presence_penalty: f32,
     /// Token logit bias, llama.cpp style: TOKEN_ID(+|-)BIAS, e.g. `15043+1` or `15043-inf`.
-    #[arg(short = 'l', long = "logit-bias")]
-    pub logit_bias: Vec<String>,
-    /// RNG seed (default: random; printed with --json).
-    #[arg(short = 's', long = "seed")]
-    pub seed: Option<u64>,
+    #[arg(short = 'l', long = "logit-bias", value_parser = logit_bias_value)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// RNG seed; -1 or absent: drawn at random and printed on stderr (and with --json).
+    #[arg(short = 's', long = "seed", value_parser = seed_value)]
+    pub seed: Option<Seed>,
+}
+
+/// `--seed`: a fixed seed, or llama.cpp's -1 (draw one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seed {
+    Random,
+    Fixed(u64),
+}
+
+fn seed_value(s: &str) -> Result<Seed, String> {
+    if s.trim() == "-1" {
+        return Ok(Seed::Random);
+    }
+    s.trim()
+        .parse::<u64>()
+        .map(Seed::Fixed)
+        .map_err(|_| format!("expected -1 (random) or a seed from 0 to {}", u64::MAX))
+}
+
+fn float(s: &str) -> Result<f32, String> {
+    s.trim()
+        .parse::<f32>()
+        .map_err(|_| "expected a number".to_string())
+}
+
+fn finite(s: &str) -> Result<f32, String> {
+    let x = float(s)?;
+    if !x.is_finite() {
+        return Err("must be a finite number".into());
+    }
+    Ok(x)
+}
+
+fn unit_interval(s: &str) -> Result<f32, String> {
+    let x = float(s)?;
+    if !(0.0..=1.0).contains(&x) {
+        return Err("out of range: must be from 0 to 1".into());
+    }
+    Ok(x)
+}
+
+fn positive(s: &str) -> Result<f32, String> {
+    let x = finite(s)?;
+    if x <= 0.0 {
+        return Err("out of range: must be above 0".into());
+    }
+    Ok(x)
+}
+
+fn repeat_last_n_value(s: &str) -> Result<i64, String> {
+    let n: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a whole number".to_string())?;
+    if n < -1 {
+        return Err("out of range: 0 disables, -1 is the whole context".into());
+    }
+    Ok(n)
+}
+
+/// `-n/--n-predict` for `run` and `chat`: tokens at most; -1 (and llama.cpp's -2, "until the
+/// context is full") mean no limit of their own.
+pub fn n_predict_value(s: &str) -> Result<i64, String> {
+    let n: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a whole number".to_string())?;
+    if n < -2 {
+        return Err(
+            "out of range: -1 generates until the end of generation or a full context".into(),
+        );
+    }
+    Ok(n)
+}
+
+/// `-n` as a token limit.
+pub fn max_tokens(n_predict: i64) -> usize {
+    usize::try_from(n_predict).unwrap_or(usize::MAX)
+}
+
+fn cache_type_value(s: &str) -> Result<String, String> {
+    if !s.trim().eq_ignore_ascii_case("auto") {
+        parse_cache_type(s).map_err(|e| e.to_string())?;
+    }
+    Ok(s.to_string())
+}
+
+fn backend_value(s: &str) -> Result<String, String> {
+    backends::resolve(&[s.to_string()]).map_err(|e| e.to_string())?;
+    Ok(s.to_string())
+}
+
+fn numerics_value(s: &str) -> Result<String, String> {
+    minfer_cpu::Numerics::parse(s)
+        .ok_or_else(|| format!("expected one of {}", minfer_cpu::Numerics::NAMES.join(", ")))?;
+    Ok(s.to_string())
+}
+
+fn logit_bias_value(s: &str) -> Result<(u32, f32), String> {
+    parse_logit_bias(s).map_err(|e| e.to_string())
 }
 
 impl SamplingArgs {
+    /// The sampler settings; a random seed is drawn here (see [`SamplingArgs::seed_note`]).
     pub fn to_config(&self) -> anyhow::Result<SamplerConfig> {
-        let seed = self.seed.unwrap_or_else(|| {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
-        });
-        let logit_bias = self
-            .logit_bias
-            .iter()
-            .map(|s| parse_logit_bias(s))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let seed = match self.seed {
+            Some(Seed::Fixed(s)) => s,
+            None | Some(Seed::Random) => {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+            }
+        };
         let cfg = SamplerConfig {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
-            repeat_last_n: self.repeat_last_n,
+            // -1: the whole context; the penalty window is cut to the history it has.
+            repeat_last_n: usize::try_from(self.repeat_last_n).unwrap_or(usize::MAX),
             repeat_penalty: self.repeat_penalty,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
-            logit_bias,
+            logit_bias: self.logit_bias.clone(),
             seed,
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The stderr line that makes a sampled run reproducible when its seed was drawn at
+    /// random; None when the seed was given or sampling is greedy (the seed is unused).
+    pub fn seed_note(&self, cfg: &SamplerConfig) -> Option<String> {
+        if matches!(self.seed, Some(Seed::Fixed(_))) || cfg.temperature <= 0.0 {
+            return None;
+        }
+        Some(format!(
+            "seed:      {} (drawn at random; --seed {} repeats this run)",
+            cfg.seed, cfg.seed
+        ))
     }
 }
 
@@ -114,42 +232,65 @@ fn parse_logit_bias(s: &str) -> anyhow::Result<(u32, f32)> {
     Ok((id, bias))
 }
 
+/// A model argument that names a directory is refused by that name (mapping one fails with
+/// the OS's "No such device"); anything else is resolved as [`fetch::resolve_model`] does.
+pub fn model_path(model: &str) -> anyhow::Result<std::path::PathBuf> {
+    let p = std::path::Path::new(model);
+    if p.is_dir() {
+        bail!("-m {model}: is a directory, not a GGUF file");
+    }
+    Ok(fetch::resolve_model(model)?)
+}
+
+/// Refuses a directory where a file is read, by name.
+pub fn not_a_directory(path: &std::path::Path, what: &str) -> anyhow::Result<()> {
+    if path.is_dir() {
+        bail!("{what} {}: is a directory, not a file", path.display());
+    }
+    Ok(())
+}
+
+/// Warns when more threads are asked for than the machine has (they would share cores and
+/// run slower than fewer).
+pub fn warn_threads(threads: Option<usize>) {
+    let Some(t) = threads else { return };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if t > cpus {
+        eprintln!(
+            "warning: -t {t} is more threads than the {cpus} CPUs available; they share cores (0 or no -t: one per physical core)"
+        );
+    }
+}
+
 impl ModelArgs {
-    /// Validates flags that need no model (backend names, cache type), resolves the model
-    /// (pulling a known one on first use) and loads it.
+    /// Resolves the model (pulling a known one on first use) and loads it; the flag values
+    /// were checked by their parsers.
     pub fn load(&self) -> anyhow::Result<(Engine, f64)> {
-        backends::resolve(&self.backends)?;
         let cache_type_auto = self.cache_type.trim().eq_ignore_ascii_case("auto");
         let cache_type = if cache_type_auto {
             minfer_gguf::GgmlType::F32
         } else {
             parse_cache_type(&self.cache_type)?
         };
-        let numerics = minfer_cpu::Numerics::parse(&self.numerics).ok_or_else(|| {
-            anyhow::anyhow!(
-                "--numerics {}: expected one of {}",
-                self.numerics,
-                minfer_cpu::Numerics::NAMES.join(", ")
-            )
-        })?;
-        if self.n_ctx == 0 {
-            bail!("--n-ctx must be at least 1");
-        }
-        let path = fetch::resolve_model(&self.model)?;
+        let numerics = minfer_cpu::Numerics::parse(&self.numerics)
+            .with_context(|| format!("--numerics {}", self.numerics))?;
+        warn_threads(self.threads);
+        let path = model_path(&self.model)?;
         let t0 = Instant::now();
         let model_ctx = minfer_gguf::GgufModel::open(&path)
             .ok()
             .and_then(|m| minfer_models::HParams::from_metadata(m.metadata()).ok())
             .map(|h| h.context_length);
-        let n_ctx = match model_ctx {
-            Some(max) if self.n_ctx > max => {
-                eprintln!(
-                    "note: --n-ctx {} clamped to the model's context length {max}",
-                    self.n_ctx
-                );
+        let n_ctx = match (self.n_ctx, model_ctx) {
+            // 0 asks for the model's own context (the engine's 0).
+            (Some(0), _) => 0,
+            (Some(n), Some(max)) if n > max => {
+                eprintln!("note: --n-ctx {n} clamped to the model's context length {max}");
                 max
             }
-            _ => self.n_ctx,
+            (Some(n), _) => n,
+            (None, Some(max)) => DEFAULT_N_CTX.min(max),
+            (None, None) => DEFAULT_N_CTX,
         };
         let cfg = EngineConfig {
             n_ctx,

@@ -24,9 +24,10 @@ mod stats;
 mod sysinfo;
 mod target;
 
+use crate::usage;
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use minfer_engine::{fetch, BatchEntry, SeqId};
+use minfer_engine::{BatchEntry, SeqId};
 use std::time::Instant;
 
 pub use report::Format;
@@ -106,13 +107,18 @@ pub struct Args {
     /// with `-p 0 -n 0` only that (no model is loaded).
     #[arg(long)]
     pub membw: bool,
-    /// Buffer size of the bandwidth test in MiB (two buffers are allocated for the copy).
+    /// Buffer size of the bandwidth test in MiB, at least 64 (two buffers are allocated for
+    /// the copy).
     #[arg(long, default_value_t = 1024)]
     pub membw_mib: usize,
     /// Per-repetition progress on stderr.
     #[arg(long)]
     pub progress: bool,
 }
+
+/// The smallest `--membw-mib`: larger than the last-level caches of common desktop CPUs
+/// (32-64 MiB), so the copy and read stream from memory.
+pub const MIN_MEMBW_MIB: usize = 64;
 
 /// A benchmark test: a prompt of n tokens or n generated tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -279,10 +285,19 @@ fn shapes_of(args: &Args) -> anyhow::Result<Vec<parallel::Shape>> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.reps == 0 {
-        bail!("--repetitions must be at least 1");
+        usage!("--repetitions must be at least 1");
     }
     if args.n_batch == 0 {
-        bail!("--batch-size must be at least 1");
+        usage!("--batch-size must be at least 1");
+    }
+    for &t in &args.threads {
+        super::args::warn_threads(Some(t));
+    }
+    if args.membw && args.membw_mib < MIN_MEMBW_MIB {
+        usage!(
+            "--membw-mib {}: at least {MIN_MEMBW_MIB} MiB (a smaller buffer stays in the CPU caches, or is too small to time, and measures no memory bandwidth)",
+            args.membw_mib
+        );
     }
     if !args.parallel.is_empty() {
         return run_parallel(&args);
@@ -296,7 +311,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("nothing to do: every -p and -n value is 0 and --membw is not given");
     }
     if !tests.is_empty() {
-        let path = fetch::resolve_model(&args.model)?;
+        let path = super::args::model_path(&args.model)?;
         let path = &path;
         let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
         let n_ctx = max_depth + tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
@@ -362,7 +377,7 @@ fn run_parallel(args: &Args) -> anyhow::Result<()> {
     let shapes = shapes_of(args)?;
     let sys = sysinfo::detect();
     let bws = measure_membw(args);
-    let path = fetch::resolve_model(&args.model)?;
+    let path = super::args::model_path(&args.model)?;
     // The cells of the largest run: every sequence's prompt and generated tokens.
     let n_ctx = shapes.iter().map(|s| s.n_kv()).max().unwrap_or(1);
     let n_seqs = shapes.iter().map(|s| s.n_parallel).max().unwrap_or(1);

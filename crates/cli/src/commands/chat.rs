@@ -5,13 +5,16 @@
 //! generated and keeps the chat; at the prompt it exits. Per turn, the tokens prefilled and
 //! generated go to stderr.
 
-use super::args::{ModelArgs, SamplingArgs};
+use super::args::{max_tokens, n_predict_value, ModelArgs, SamplingArgs};
+use super::interrupt::{self, Generating, CANCEL};
+use crate::usage;
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use minfer_engine::chat::{Chat, ChatConfig, TurnEnd, TurnReport};
+use minfer_engine::chat::{Chat, ChatConfig, Resumed, TurnEnd, TurnReport};
+use minfer_engine::session::SessionError;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -32,21 +35,18 @@ pub struct Args {
     #[arg(long)]
     pub multiline: bool,
     /// Reply tokens at most (-1: until end of generation or a full context).
-    #[arg(
-        short = 'n',
-        long = "n-predict",
-        default_value_t = 512,
-        allow_negative_numbers = true
-    )]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512, value_parser = n_predict_value)]
     pub n_predict: i64,
     /// Stop a reply when it contains this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
-    /// Resume the conversation and its KV from FILE if it exists; save it after every turn.
+    /// Resume the conversation and its KV from FILE if it exists; save it after every turn
+    /// and /clear. A KV saved with another --n-ctx, --cache-type or model is not reused:
+    /// the conversation is prefilled again.
     #[arg(long)]
     pub session: Option<PathBuf>,
     /// Colour: auto (on a terminal, unless NO_COLOR is set), always or never.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub color: String,
 }
 
@@ -60,42 +60,6 @@ commands:
   /load FILE       restore a saved conversation
   /help            this list
 Ctrl-C stops a reply; at the prompt it exits.";
-
-/// Set by the SIGINT handler while a reply is generated.
-static CANCEL: AtomicBool = AtomicBool::new(false);
-/// Whether a reply is being generated (Ctrl-C then stops it instead of exiting).
-static GENERATING: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_: libc::c_int) {
-    if GENERATING.load(Ordering::SeqCst) {
-        CANCEL.store(true, Ordering::SeqCst);
-    } else {
-        // SAFETY: write(2) and _exit(2) are async-signal-safe.
-        unsafe {
-            libc::write(2, b"\n".as_ptr().cast(), 1);
-            libc::_exit(130);
-        }
-    }
-}
-
-fn install_sigint() -> anyhow::Result<()> {
-    // SAFETY: the handler only touches atomics and async-signal-safe calls; the sigaction
-    // struct is zeroed and then filled before use.
-    let rc = unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut())
-    };
-    if rc != 0 {
-        anyhow::bail!(
-            "cannot install the Ctrl-C handler: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
-}
 
 struct Style {
     on: bool,
@@ -125,28 +89,49 @@ fn colour(mode: &str) -> anyhow::Result<bool> {
         "auto" => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
         "always" => true,
         "never" => false,
-        other => anyhow::bail!("--color {other:?}: expected auto, always or never"),
+        other => usage!("--color {other:?}: expected auto, always or never"),
     })
 }
 
 enum Input {
     Message(String),
+    /// A line that is not UTF-8 (the message it belonged to is dropped, the chat goes on).
+    NotUtf8(String),
     Eof,
 }
 
 /// Reads one message: a line (a trailing `\` continues it), or with `multiline` lines up
-/// to an empty one.
-fn read_message(input: &mut impl BufRead, multiline: bool) -> anyhow::Result<Input> {
+/// to an empty one. `offset` counts the bytes read from stdin so far (for error messages).
+fn read_message(
+    input: &mut impl BufRead,
+    multiline: bool,
+    offset: &mut usize,
+) -> anyhow::Result<Input> {
     let mut msg = String::new();
     loop {
-        let mut line = String::new();
-        if input.read_line(&mut line).context("cannot read stdin")? == 0 {
+        let mut raw = Vec::new();
+        if input
+            .read_until(b'\n', &mut raw)
+            .context("cannot read stdin")?
+            == 0
+        {
             return Ok(if msg.is_empty() {
                 Input::Eof
             } else {
                 Input::Message(msg)
             });
         }
+        let at = *offset;
+        *offset += raw.len();
+        let line = match String::from_utf8(raw) {
+            Ok(l) => l,
+            Err(e) => {
+                let bad = at + e.utf8_error().valid_up_to();
+                return Ok(Input::NotUtf8(format!(
+                    "the message is not UTF-8 text (invalid byte at offset {bad} of stdin); it was not sent"
+                )));
+            }
+        };
         let line = line.trim_end_matches(['\n', '\r']);
         if multiline {
             if line.is_empty() && !msg.is_empty() {
@@ -181,6 +166,38 @@ struct Repl {
     session: Option<PathBuf>,
 }
 
+/// The flag a user changes to make a saved KV fit again.
+fn flag_of(why: &SessionError) -> &'static str {
+    match why {
+        SessionError::NCtx { .. }
+        | SessionError::TooManyTokens { .. }
+        | SessionError::NoRoom { .. } => "--n-ctx",
+        SessionError::KvType { .. } => "--cache-type",
+        SessionError::Backend { .. } => "--backend",
+        _ => "-m",
+    }
+}
+
+/// Refuses a `--session` path whose save would fail, before the first message is read: a
+/// directory, or a file in a directory that does not exist.
+fn check_session_path(p: &Path) -> anyhow::Result<()> {
+    if p.is_dir() {
+        usage!("--session {}: is a directory, not a file", p.display());
+    }
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        usage!(
+            "--session {}: the directory {} does not exist (the session could not be saved)",
+            p.display(),
+            parent.display()
+        );
+    }
+    Ok(())
+}
+
 impl Repl {
     fn report(&self, r: &TurnReport) {
         for n in &r.notices {
@@ -205,37 +222,62 @@ impl Repl {
         );
     }
 
-    fn save_session(&mut self) -> anyhow::Result<()> {
-        if let Some(p) = self.session.clone() {
-            self.chat
-                .save(&p)
-                .with_context(|| format!("cannot save the session to {}", p.display()))?;
+    /// Saves to `--session`; a failure is reported and the chat goes on (the next save may
+    /// work, and ending here would lose the rest of the input).
+    fn save_session(&mut self) {
+        let Some(p) = self.session.clone() else {
+            return;
+        };
+        if let Err(e) = self.chat.save(&p) {
+            let e = anyhow::Error::new(e);
+            eprintln!(
+                "{}",
+                self.style.notice(&format!(
+                    "error: cannot save the session to {}: {}; the chat goes on",
+                    p.display(),
+                    super::chain_text(&e)
+                ))
+            );
         }
-        Ok(())
     }
 
+    /// One turn. A write error on stdout (a closed pipe) stops the reply, the turn is kept
+    /// and saved, and the error is returned so the chat ends (quietly for a broken pipe).
     fn turn(&mut self, user: Option<&str>) -> anyhow::Result<()> {
         let mut stdout = std::io::stdout().lock();
-        CANCEL.store(false, Ordering::SeqCst);
-        GENERATING.store(true, Ordering::SeqCst);
-        let on_text = |b: &[u8]| {
-            let _ = stdout.write_all(b).and_then(|_| stdout.flush());
+        let mut write_err: Option<std::io::Error> = None;
+        let res = {
+            let _generating = Generating::start();
+            let on_text = |b: &[u8]| {
+                if write_err.is_none() {
+                    if let Err(e) = stdout.write_all(b).and_then(|_| stdout.flush()) {
+                        write_err = Some(e);
+                        CANCEL.store(true, Ordering::SeqCst);
+                    }
+                }
+            };
+            match user {
+                Some(u) => self.chat.send(u, &CANCEL, on_text),
+                None => self.chat.regen(&CANCEL, on_text),
+            }
         };
-        let res = match user {
-            Some(u) => self.chat.send(u, &CANCEL, on_text),
-            None => self.chat.regen(&CANCEL, on_text),
-        };
-        GENERATING.store(false, Ordering::SeqCst);
-        println!();
+        if write_err.is_none() {
+            if let Err(e) = writeln!(stdout).and_then(|_| stdout.flush()) {
+                write_err = Some(e);
+            }
+        }
         match res {
             Ok(r) => {
                 self.report(&r);
-                self.save_session()?;
+                self.save_session();
             }
             // A refused turn leaves the chat as it was: say why and go on.
             Err(e) => eprintln!("{}", self.style.notice(&format!("error: {e}"))),
         }
-        Ok(())
+        match write_err {
+            Some(e) => Err(anyhow::Error::new(e).context("cannot write the reply to stdout")),
+            None => Ok(()),
+        }
     }
 
     fn command(&mut self, line: &str) -> anyhow::Result<Next> {
@@ -248,11 +290,14 @@ impl Repl {
             "/help" => eprintln!("{HELP}"),
             "/clear" => {
                 self.chat.clear();
+                // Saved now, or a resume would bring the cleared messages back.
+                self.save_session();
                 eprintln!("{}", self.style.notice("note: conversation cleared"));
             }
             "/regen" => self.turn(None)?,
             "/system" => {
                 self.chat.set_system((!arg.is_empty()).then_some(arg));
+                self.save_session();
                 let what = if arg.is_empty() { "removed" } else { "set" };
                 eprintln!(
                     "{}",
@@ -279,7 +324,7 @@ impl Repl {
                 Err(e) => eprintln!("{}", self.style.notice(&format!("error: {e}"))),
             },
             "/load" => match self.chat.load(Path::new(arg)) {
-                Ok(()) => self.resumed(arg),
+                Ok(r) => self.resumed(arg, &r),
                 Err(e) => eprintln!(
                     "{}",
                     self.style
@@ -295,15 +340,18 @@ impl Repl {
         Ok(Next::Continue)
     }
 
-    fn resumed(&self, from: &str) {
-        eprintln!(
-            "{}",
-            self.style.notice(&format!(
-                "note: resumed {} messages from {from}: {} KV tokens restored, 0 prefilled",
-                self.chat.messages().len(),
-                self.chat.kv_tokens().len()
-            ))
-        );
+    fn resumed(&self, from: &str, r: &Resumed) {
+        let n = self.chat.messages().len();
+        let text = match r {
+            Resumed::Kv { tokens } => format!(
+                "note: resumed {n} messages from {from}: {tokens} KV tokens restored, 0 prefilled"
+            ),
+            Resumed::Messages { why } => format!(
+                "note: resumed {n} messages from {from}; its KV cannot be reused ({why}; {} differs), so the next turn prefills the conversation again",
+                flag_of(why)
+            ),
+        };
+        eprintln!("{}", self.style.notice(&text));
     }
 }
 
@@ -311,13 +359,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let style = Style {
         on: colour(&args.color)?,
     };
+    if let Some(p) = &args.session {
+        check_session_path(p)?;
+    }
     let sampler = args.sampling.to_config()?;
     let (engine, _) = args.model.load()?;
-    let max_tokens = if args.n_predict < 0 {
-        usize::MAX
-    } else {
-        args.n_predict as usize
-    };
+    if let Some(note) = args.sampling.seed_note(&sampler) {
+        eprintln!("{note}");
+    }
+    let max_tokens = max_tokens(args.n_predict);
     let cfg = ChatConfig {
         sampler,
         max_tokens,
@@ -335,32 +385,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(p) = &args.session {
         if p.exists() {
-            repl.chat
+            let r = repl
+                .chat
                 .load(p)
                 .with_context(|| format!("cannot resume the session {}", p.display()))?;
-            repl.resumed(&p.display().to_string());
+            repl.resumed(&p.display().to_string(), &r);
         }
     }
     if let Some(s) = &args.system {
         repl.chat.set_system(Some(s));
     }
     let interactive = std::io::stdin().is_terminal();
-    install_sigint()?;
+    interrupt::install()?;
     if interactive && !args.single_turn {
         eprintln!("minfer chat: /help for commands, Ctrl-C stops a reply, /exit quits");
     }
     let mut first = args.prompt.clone();
     let mut stdin = std::io::stdin().lock();
+    let mut offset = 0;
     loop {
         let msg = match first.take() {
             Some(m) => m,
             None => {
                 if interactive {
-                    print!("{}", repl.style.prompt());
-                    std::io::stdout().flush()?;
+                    let mut out = std::io::stdout().lock();
+                    write!(out, "{}", repl.style.prompt())?;
+                    out.flush()?;
                 }
-                match read_message(&mut stdin, args.multiline)? {
+                match read_message(&mut stdin, args.multiline, &mut offset)? {
                     Input::Message(m) => m,
+                    Input::NotUtf8(why) => {
+                        eprintln!("{}", repl.style.notice(&format!("error: {why}")));
+                        continue;
+                    }
                     Input::Eof => break,
                 }
             }

@@ -20,6 +20,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::args::not_a_directory(&args.file, "inspect")?;
     let t0 = std::time::Instant::now();
     let model = GgufModel::open(&args.file)
         .with_context(|| format!("cannot open {}", args.file.display()))?;

@@ -1,6 +1,11 @@
 //! `minfer render -m MODEL [--add-generation-prompt] [--tools FILE] MESSAGES.json`: prints the
 //! prompt text the model's chat template makes of an OpenAI-style message list, byte for byte
 //! (no newline is added).
+//!
+//! Messages are checked by name before the template sees them, as `minfer serve` checks a
+//! request: the role must be one the templates know (`developer` renders as `system`, as
+//! the server does, with a note), `content` a string or a list of OpenAI text parts (joined),
+//! and only an assistant message that calls tools may lack it.
 
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
@@ -22,11 +27,13 @@ pub struct Args {
     #[arg(long)]
     pub tools: Option<PathBuf>,
     /// A JSON list of messages, or an object with `messages` (and optionally `tools`), as in
-    /// an OpenAI chat request; `-` reads stdin.
+    /// an OpenAI chat request; `-` reads stdin. Roles: system, user, assistant, tool
+    /// (developer renders as system); content: a string or a list of text parts.
     pub messages: PathBuf,
 }
 
 fn read_json(path: &Path) -> anyhow::Result<Json> {
+    super::args::not_a_directory(path, "the file")?;
     let text = if path == Path::new("-") {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s)?;
@@ -53,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             json_kind(&other)
         ),
     };
-    let messages: Vec<Message> = serde_json::from_value(messages)
+    let messages = checked_messages(messages)
         .with_context(|| format!("{}: bad message list", args.messages.display()))?;
     let tools = match &args.tools {
         Some(path) => {
@@ -73,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    super::args::not_a_directory(&args.model, "-m")?;
     let model = GgufModel::open(&args.model)
         .with_context(|| format!("cannot open {}", args.model.display()))?;
     let loaded = ChatTemplate::from_metadata(model.metadata())
@@ -90,6 +98,77 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     out.write_all(text.as_bytes())?;
     out.flush()?;
     Ok(())
+}
+
+/// The roles the chat templates know.
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// The message list, each message checked by index (see the module docs).
+fn checked_messages(list: Json) -> anyhow::Result<Vec<Message>> {
+    let Json::Array(list) = list else {
+        bail!("\"messages\" must be a list, got {}", json_kind(&list));
+    };
+    list.into_iter()
+        .enumerate()
+        .map(|(i, m)| checked_message(i, m))
+        .collect()
+}
+
+fn checked_message(i: usize, m: Json) -> anyhow::Result<Message> {
+    let Json::Object(mut o) = m else {
+        bail!("messages[{i}] must be an object, got {}", json_kind(&m));
+    };
+    let role = match o.get("role") {
+        Some(Json::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+        Some(Json::String(r)) if r == "developer" => {
+            eprintln!("note: messages[{i}]: role developer renders as system (the templates have no developer role), as minfer serve does");
+            o.insert("role".into(), Json::String("system".into()));
+            "system".into()
+        }
+        Some(Json::String(r)) => bail!(
+            "messages[{i}].role {r:?} is not one of {} (or developer)",
+            ROLES.join(", ")
+        ),
+        Some(v) => bail!("messages[{i}].role must be a string, got {}", json_kind(v)),
+        None => bail!("messages[{i}] has no role"),
+    };
+    let calls_tools = matches!(o.get("tool_calls"), Some(Json::Array(c)) if !c.is_empty());
+    match o.get("content") {
+        Some(Json::String(_)) => {}
+        None | Some(Json::Null) if role == "assistant" && calls_tools => {}
+        None | Some(Json::Null) => bail!("messages[{i}] ({role}) has no content"),
+        Some(Json::Array(parts)) if parts.is_empty() => {
+            bail!("messages[{i}] ({role}) has no content: its content is an empty list of parts")
+        }
+        Some(Json::Array(parts)) => {
+            let text = text_parts(i, parts)?;
+            o.insert("content".into(), Json::String(text));
+        }
+        Some(v) => bail!(
+            "messages[{i}].content must be a string or a list of text parts, got {}",
+            json_kind(v)
+        ),
+    }
+    serde_json::from_value(Json::Object(o)).with_context(|| format!("messages[{i}]"))
+}
+
+/// OpenAI content parts: text parts only, their texts joined as `minfer serve` joins them.
+fn text_parts(i: usize, parts: &[Json]) -> anyhow::Result<String> {
+    let mut text = String::new();
+    for (j, p) in parts.iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        match (p.get("type"), p.get("text")) {
+            (Some(Json::String(t)), Some(Json::String(s))) if t == "text" => text.push_str(s),
+            (Some(Json::String(t)), _) if t == "text" => {
+                bail!("{at} is a text part without a \"text\" string")
+            }
+            (Some(Json::String(t)), _) => {
+                bail!("{at}: content parts of type {t:?} are not supported (text only)")
+            }
+            _ => bail!("{at} needs a \"type\" string"),
+        }
+    }
+    Ok(text)
 }
 
 fn json_kind(v: &Json) -> &'static str {

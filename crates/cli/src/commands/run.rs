@@ -2,16 +2,21 @@
 //! `MINFER_TRACE=<path>` writes the per-node trace of the reply's forwards there
 //! (`minfer_engine::trace`).
 
-use super::args::{ModelArgs, SamplingArgs};
-use anyhow::{bail, Context};
+use super::args::{max_tokens, n_predict_value, ModelArgs, SamplingArgs};
+use super::interrupt::{self, Generating, CANCEL};
+use super::Interrupted;
+use crate::usage;
+use anyhow::Context;
 use clap::Args as ClapArgs;
-use minfer_engine::chat::Pieces;
-use minfer_engine::generate::{generate, GenerateRequest};
+use minfer_engine::chat::{generate_interruptible, Pieces};
+use minfer_engine::generate::GenerateRequest;
+use minfer_engine::Engine;
 use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::Tokenizer;
 use serde_json::json;
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -19,18 +24,14 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// The prompt (read from stdin when absent).
+    /// The prompt (read from stdin when absent; one trailing newline is dropped, as
+    /// llama.cpp's -f does). A prompt that starts with `-` goes after `--`.
     pub prompt: Option<String>,
     /// System message for the chat template.
     #[arg(long)]
     pub system: Option<String>,
     /// Tokens to generate at most (-1: until end of generation or a full context).
-    #[arg(
-        short = 'n',
-        long = "n-predict",
-        default_value_t = 512,
-        allow_negative_numbers = true
-    )]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512, value_parser = n_predict_value)]
     pub n_predict: i64,
     /// Feed the prompt as raw text, without the model's chat template. Special-token text in
     /// it (`<|im_start|>`) becomes the token's id, as in llama.cpp, so a prompt rendered
@@ -44,7 +45,8 @@ pub struct Args {
     /// Stop when the output contains this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
-    /// Print one JSON object (text, token ids, finish reason, timings) instead of streaming.
+    /// Print one JSON object (text, token ids, finish reason, timings) instead of streaming;
+    /// after Ctrl-C too, with finish_reason "interrupted".
     #[arg(long)]
     pub json: bool,
     /// Write the decode graph as Graphviz DOT, coloured by backend.
@@ -58,30 +60,61 @@ pub struct Args {
     pub cnv: bool,
 }
 
+/// The prompt from stdin: UTF-8 (a bad byte is named by its offset), with one trailing
+/// newline dropped as llama.cpp's `-f` does (the newline that ends a file or an `echo`).
+fn prompt_from_stdin() -> anyhow::Result<String> {
+    if std::io::stdin().is_terminal() {
+        eprintln!("reading the prompt from stdin (end with Ctrl-D)");
+    }
+    let mut raw = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut raw)
+        .context("cannot read the prompt from stdin")?;
+    let mut s = String::from_utf8(raw).map_err(|e| {
+        anyhow::anyhow!(
+            "the prompt on stdin is not UTF-8 text: invalid byte at offset {}",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    if s.ends_with('\n') {
+        s.pop();
+    }
+    Ok(s)
+}
+
+/// Refuses a prompt the context cannot hold, suggesting a larger --n-ctx only when the model
+/// allows one.
+fn check_prompt_fits(engine: &Engine, prompt: usize) -> anyhow::Result<()> {
+    let n_ctx = engine.n_ctx();
+    if prompt <= n_ctx {
+        return Ok(());
+    }
+    let max = engine.hparams().context_length;
+    if n_ctx < max {
+        anyhow::bail!("the prompt has {prompt} tokens but the context holds {n_ctx} (raise --n-ctx, up to the model's {max}, or shorten the prompt)");
+    }
+    anyhow::bail!("the prompt has {prompt} tokens but the context holds {n_ctx}, the model's maximum (shorten the prompt)")
+}
+
 /// One reply; `--cnv` is dispatched to `chat` before this (see [`super::run_or_chat`]).
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Flag combinations are refused before the prompt is read and the model loaded.
     if args.no_template && args.system.is_some() {
-        bail!("--system needs the chat template; it cannot be used with --no-template");
+        usage!("--system needs the chat template; it cannot be used with --no-template");
     }
     if args.no_parse_special && !args.no_template {
-        bail!("--no-parse-special applies to raw prompts; it needs --no-template (the chat template's prompt always parses its special tokens)");
+        usage!("--no-parse-special applies to raw prompts; it needs --no-template (the chat template's prompt always parses its special tokens)");
     }
     let sampler = args.sampling.to_config()?;
     let prompt_text = match &args.prompt {
         Some(p) => p.clone(),
-        None => {
-            if std::io::stdin().is_terminal() {
-                eprintln!("reading the prompt from stdin (end with Ctrl-D)");
-            }
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .context("cannot read the prompt from stdin")?;
-            s
-        }
+        None => prompt_from_stdin()?,
     };
+    interrupt::install()?;
     let (mut engine, load_ms) = args.model.load()?;
+    if let Some(note) = args.sampling.seed_note(&sampler) {
+        eprintln!("{note}");
+    }
     let md = engine.model().metadata();
     let tok = Tokenizer::from_metadata(md).context("cannot build the tokenizer")?;
     let prompt = if args.no_template {
@@ -113,14 +146,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::fs::write(p, engine.graph_json(1, 1)?)
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
-    let max_tokens = if args.n_predict < 0 {
-        usize::MAX
-    } else {
-        args.n_predict as usize
-    };
+    check_prompt_fits(&engine, prompt.len())?;
     let req = GenerateRequest {
         prompt: prompt.clone(),
-        max_tokens,
+        max_tokens: max_tokens(args.n_predict),
         sampler: sampler.clone(),
         stop_strings: args.stop.clone(),
         eog: tok.eog_ids().to_vec(),
@@ -133,16 +162,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stream = !args.json;
     let mut stdout = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
-    let out = generate(&mut engine, &Pieces(&tok), &req, |bytes| {
-        if stream && write_err.is_none() {
-            if let Err(e) = stdout.write_all(bytes).and_then(|_| stdout.flush()) {
-                write_err = Some(e);
+    let res = {
+        // Ctrl-C (or a closed stdout) stops the reply between forwards; what was generated
+        // is reported below.
+        let _generating = Generating::start();
+        generate_interruptible(&mut engine, &Pieces(&tok), &req, &CANCEL, |bytes| {
+            if stream && write_err.is_none() {
+                if let Err(e) = stdout.write_all(bytes).and_then(|_| stdout.flush()) {
+                    write_err = Some(e);
+                    CANCEL.store(true, Ordering::SeqCst);
+                }
             }
-        }
-    })?;
+        })?
+    };
     if let Some(e) = write_err {
         return Err(e.into());
     }
+    let interrupted = res.interrupted;
+    let out = res.out;
+    let finish = if interrupted {
+        "interrupted".to_string()
+    } else {
+        serde_json::to_value(out.finish)?
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
     if let Some(path) = trace {
         let t = engine.trace_end()?.context("the trace was not recorded")?;
         t.write(path, &Pieces(&tok))
@@ -159,7 +204,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "text": String::from_utf8_lossy(&out.text),
             "prompt_ids": prompt,
             "generated_ids": out.tokens,
-            "finish_reason": out.finish,
+            "finish_reason": finish,
             "seed": sampler.seed,
             "timings": {
                 "load_ms": load_ms,
@@ -184,11 +229,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t.prompt_tps()
     );
     eprintln!(
-        "generated: {} tokens in {:.1} ms, {:.2} tokens/s ({})",
+        "generated: {} tokens in {:.1} ms, {:.2} tokens/s ({finish})",
         t.generated_tokens,
         t.generate_ms,
         t.generate_tps(),
-        serde_json::to_value(out.finish)?.as_str().unwrap_or("")
     );
+    if interrupted {
+        return Err(Interrupted.into());
+    }
     Ok(())
 }

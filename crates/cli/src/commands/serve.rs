@@ -2,7 +2,8 @@
 //! server (crate `minfer-server`); this module only maps flags to its config.
 
 use super::args::ModelArgs;
-use anyhow::{bail, Context};
+use crate::usage;
+use anyhow::Context;
 use clap::Args as ClapArgs;
 use minfer_server::{AppState, ServeConfig};
 use std::time::Duration;
@@ -42,13 +43,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 || args.parallel > 256 {
-        bail!("--parallel {}: expected 1 to 256", args.parallel);
+        usage!("--parallel {}: expected 1 to 256", args.parallel);
     }
     if args.chunk == 0 {
-        bail!("--chunk must be at least 1");
+        usage!("--chunk must be at least 1");
     }
     if !(args.drain_timeout >= 0.0 && args.drain_timeout.is_finite()) {
-        bail!(
+        usage!(
             "--drain-timeout {}: expected seconds >= 0",
             args.drain_timeout
         );
@@ -56,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let host: std::net::IpAddr = args
         .host
         .parse()
-        .with_context(|| format!("--host {}: not an IP address", args.host))?;
+        .map_err(|_| super::UsageError(format!("--host {}: not an IP address", args.host)))?;
     if !host.is_loopback() && args.api_key.is_none() {
         eprintln!(
             "warning: serving on {host} without --api-key: anyone who can reach it can use it"

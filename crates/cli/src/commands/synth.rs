@@ -55,7 +55,8 @@ pub struct Args {
 }
 
 fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
-    GgmlType::from_name(s).with_context(|| format!("unknown weight type {s:?}"))
+    GgmlType::from_name(s)
+        .ok_or_else(|| super::UsageError(format!("unknown weight type {s:?}")).into())
 }
 
 fn spec(args: &Args) -> anyhow::Result<SynthSpec> {
@@ -63,7 +64,7 @@ fn spec(args: &Args) -> anyhow::Result<SynthSpec> {
         (Some(p), _) => SynthSpec::preset(p)?,
         (None, Some(_)) => {
             let need = |v: Option<usize>, flag: &str| {
-                v.with_context(|| format!("--{flag} is required without --preset"))
+                v.ok_or_else(|| super::UsageError(format!("--{flag} is required without --preset")))
             };
             SynthSpec::new(
                 Arch::Qwen2,
@@ -74,7 +75,7 @@ fn spec(args: &Args) -> anyhow::Result<SynthSpec> {
                 need(args.ffn, "ffn")?,
             )
         }
-        (None, None) => anyhow::bail!("give --preset or --arch with a shape"),
+        (None, None) => crate::usage!("give --preset or --arch with a shape"),
     };
     if let Some(a) = &args.arch {
         let arch = Arch::from_name(a)?;

@@ -62,6 +62,7 @@ fn parse_ids(input: &[u8]) -> anyhow::Result<Vec<u32>> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    super::args::not_a_directory(&args.model, "-m")?;
     let file = GgufFile::open(&args.model)
         .with_context(|| format!("cannot open {}", args.model.display()))?;
     let mut tok = Tokenizer::from_metadata(&file.header().metadata)

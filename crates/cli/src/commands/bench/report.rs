@@ -256,11 +256,11 @@ pub fn write(
             }
         }
         Format::Csv => {
-            writeln!(out, "model_type,model_size,model_n_params,backend,n_threads,type_kv,test,n_prompt,n_gen,avg_ts,stddev_ts,median_ts,weight_gbps")?;
+            writeln!(out, "model_type,model_size,model_n_params,backend,n_threads,type_kv,test,n_prompt,n_gen,n_depth,avg_ts,stddev_ts,median_ts,weight_gbps")?;
             for r in rows {
                 writeln!(
                     out,
-                    "\"{}\",{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{}",
+                    "\"{}\",{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{}",
                     r.model_type,
                     r.model_size,
                     r.model_n_params,
@@ -270,6 +270,7 @@ pub fn write(
                     r.test,
                     r.n_prompt,
                     r.n_gen,
+                    r.n_depth,
                     r.avg_ts,
                     r.stddev_ts,
                     r.median_ts,

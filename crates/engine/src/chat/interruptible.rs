@@ -1,0 +1,77 @@
+//! One generation that its caller can stop between forwards (Ctrl-C in `minfer run` and
+//! `minfer chat`), keeping what was generated and its timings.
+//!
+//! It drives the steppable [`Batcher`] with one sequence, as [`crate::generate::generate`]
+//! does, and reads `cancel` before every forward; when set, the sequence is ended there
+//! ([`SeqGen::finish_now`]: held text released, timings taken), so an interrupted reply
+//! reports its real token rate instead of none.
+
+use crate::generate::{
+    Batcher, Event, Failure, FinishReason, GenerateError, GenerateOutput, GenerateRequest,
+    LogitsModel, SeqGen, TokenBytes,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How an interruptible generation ended.
+#[derive(Clone, Debug)]
+pub struct Interruptible {
+    /// What was generated; after an interruption `finish` reads `Length` and
+    /// `interrupted` says why it really stopped.
+    pub out: GenerateOutput,
+    /// `cancel` stopped it before it finished by itself.
+    pub interrupted: bool,
+}
+
+/// Runs `req` on the model's default sequence until it finishes or `cancel` is set (read
+/// before each forward, so a prompt being prefilled in chunks stops between chunks).
+pub fn generate_interruptible<M: LogitsModel>(
+    model: &mut M,
+    vocab: &dyn TokenBytes,
+    req: &GenerateRequest,
+    cancel: &AtomicBool,
+    mut on_text: impl FnMut(&[u8]),
+) -> Result<Interruptible, GenerateError<M::Error>> {
+    let n_ctx = model.context_len();
+    let mut batch = Batcher::new(model.max_batch());
+    batch.push((), SeqGen::new(model.default_seq(), req, n_ctx)?);
+    let mut cancelled = false;
+    loop {
+        if cancel.load(Ordering::SeqCst) {
+            cancelled = true;
+            break;
+        }
+        let mut failed = None;
+        let worked = batch
+            .step(model, vocab, |_, g, ev| match ev {
+                Event::Token { text, .. } if !text.is_empty() => on_text(text),
+                Event::Done => {
+                    if let Some(Failure::Sampler(e)) = g.failure() {
+                        failed.get_or_insert(e.clone());
+                    }
+                }
+                _ => {}
+            })
+            .map_err(|f| f.error)?;
+        if let Some(e) = failed {
+            return Err(GenerateError::Sampler(e));
+        }
+        if !worked {
+            break;
+        }
+    }
+    let (_, mut g) = batch
+        .take_where(|_, _| true)
+        .pop()
+        .expect("the batch holds the one sequence pushed");
+    let interrupted = cancelled && !g.is_done();
+    if !g.is_done() {
+        let tail = g.finish_now(FinishReason::Length);
+        if !tail.is_empty() {
+            on_text(&tail);
+        }
+    }
+    Ok(Interruptible {
+        out: g.out,
+        interrupted,
+    })
+}
