@@ -28,6 +28,10 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
     Synth(Box<commands::synth::Args>),
+    /// Cut a model into parts as llama-gguf-split does (--split-max-size / --split-max-tensors).
+    Split(commands::split::Args),
+    /// Join a split model into one file (the exact bytes that were split).
+    Merge(commands::merge::Args),
     /// Fetch a known model into the user cache.
     Pull(commands::pull::Args),
     /// Print the prompt a model's chat template makes of an OpenAI-style message list.
@@ -46,6 +50,8 @@ fn main() -> ExitCode {
         Command::Chat(a) => commands::chat::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
+        Command::Split(a) => commands::split::run(a),
+        Command::Merge(a) => commands::merge::run(a),
         Command::Pull(a) => commands::pull::run(a),
         Command::Render(a) => commands::render::run(a),
         Command::Serve(a) => commands::serve::run(*a),

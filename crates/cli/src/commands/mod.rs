@@ -6,10 +6,12 @@ pub mod args;
 pub mod bench;
 pub mod chat;
 pub mod inspect;
+pub mod merge;
 pub mod pull;
 pub mod render;
 pub mod run;
 pub mod serve;
+pub mod split;
 pub mod synth;
 pub mod tokenize;
 
