@@ -32,8 +32,12 @@ enum Command {
     Split(commands::split::Args),
     /// Join a split model into one file (the exact bytes that were split).
     Merge(commands::merge::Args),
-    /// Fetch a known model into the user cache.
+    /// Fetch a known model, or hf:OWNER/REPO[:QUANT|:FILE] from the hub, into the user cache.
     Pull(commands::pull::Args),
+    /// The models in the cache and the names to run them by.
+    List(commands::list::Args),
+    /// Remove a model from the cache.
+    Rm(commands::rm::Args),
     /// Print the prompt a model's chat template makes of an OpenAI-style message list.
     Render(commands::render::Args),
     /// Serve the model over an OpenAI-compatible HTTP API, with a chat page at /.
@@ -53,6 +57,8 @@ fn main() -> ExitCode {
         Command::Split(a) => commands::split::run(a),
         Command::Merge(a) => commands::merge::run(a),
         Command::Pull(a) => commands::pull::run(a),
+        Command::List(a) => commands::list::run(a),
+        Command::Rm(a) => commands::rm::run(a),
         Command::Render(a) => commands::render::run(a),
         Command::Serve(a) => commands::serve::run(*a),
         Command::Tokenize(a) => commands::tokenize::run(a),
