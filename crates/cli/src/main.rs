@@ -28,6 +28,8 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
     Synth(Box<commands::synth::Args>),
+    /// Convert a Hugging Face Qwen2 / Qwen3 / LLaMA checkpoint to GGUF (as convert_hf_to_gguf.py).
+    Convert(commands::convert::Args),
     /// Cut a model into parts as llama-gguf-split does (--split-max-size / --split-max-tensors).
     Split(commands::split::Args),
     /// Join a split model into one file (the exact bytes that were split).
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => commands::chat::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
+        Command::Convert(a) => commands::convert::run(a),
         Command::Split(a) => commands::split::run(a),
         Command::Merge(a) => commands::merge::run(a),
         Command::Pull(a) => commands::pull::run(a),

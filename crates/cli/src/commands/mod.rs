@@ -5,6 +5,7 @@ use std::process::ExitCode;
 pub mod args;
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod inspect;
 pub mod list;
 pub mod merge;
