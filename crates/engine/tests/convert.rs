@@ -8,11 +8,12 @@
 //! scripts/convert-reference.py converts the same checkpoint with the `gguf` package by
 //! convert_hf_to_gguf.py's rules (that script itself needs torch, too heavy for the venv).
 //!
-//! Gates: our GGUF is byte-identical to the oracle's for every out type (so every key,
-//! value type, tokenizer array, tensor name, shape, type and encoding agrees, and the
-//! order too); the f32 conversion's greedy continuation under minfer's reference forward
-//! equals the numpy forward's. Controls: skipping the LLaMA q/k permutation fails the
-//! LLaMA greedy gate; writing f16 norms fails the byte gate.
+//! Gates: the f32 conversion's greedy continuation under minfer's reference forward equals
+//! the numpy forward's (checked first: it shares nothing with the oracle); our GGUF is
+//! byte-identical to the oracle's for every out type tried (so every key, value type,
+//! tokenizer array, tensor name, shape, type and encoding agrees, and their order).
+//! Controls: skipping the LLaMA q/k permutation fails the LLaMA greedy gate; writing the
+//! norms as F16 (`tensor_type`) fails the byte gate.
 //!
 //! SKIP without the venv (gguf, safetensors, tokenizers, numpy), the demo model, or the
 //! llama.cpp source (for its pre-tokenizer hash table).
@@ -173,10 +174,8 @@ fn greedy(gguf: &Path, prompt: &[u32], steps: usize) -> Vec<u32> {
     out
 }
 
+/// The greedy gate first (it shares nothing with the oracle), then the bytes.
 fn check(e: &Env, ck: &Path, types: &[OutType]) {
-    for &t in types {
-        assert_same_gguf(&ours(ck, t), &oracle(e, ck, t));
-    }
     let r: serde_json::Value =
         serde_json::from_slice(&std::fs::read(ck.join("reference.json")).unwrap()).unwrap();
     let ids = |k: &str| -> Vec<u32> {
@@ -187,18 +186,21 @@ fn check(e: &Env, ck: &Path, types: &[OutType]) {
             .collect()
     };
     let want = ids("greedy");
-    let f32_out = ck.with_extension("ours-f32.gguf");
-    let f32_path = if f32_out.exists() {
-        f32_out
-    } else {
-        ours(ck, OutType::F32)
-    };
+    let f32_path = ours(ck, OutType::F32);
     assert_eq!(
         greedy(&f32_path, &ids("prompt_ids"), want.len()),
         want,
-        "{}",
+        "{}: greedy continuation differs from the numpy forward's",
         ck.display()
     );
+    for &t in types {
+        let mine = if t == OutType::F32 {
+            f32_path.clone()
+        } else {
+            ours(ck, t)
+        };
+        assert_same_gguf(&mine, &oracle(e, ck, t));
+    }
 }
 
 #[test]
