@@ -320,6 +320,15 @@ fn transfer_once(
             true
         }
         200 => false,
+        // The server has nothing past our partial: it is not the file we think; start over.
+        416 => {
+            let _ = std::fs::remove_file(part);
+            return Err(Attempt::Retry(status_err(
+                &t.url,
+                status,
+                cfg.token.is_some(),
+            )));
+        }
         500..=599 => {
             return Err(Attempt::Retry(status_err(
                 &t.url,

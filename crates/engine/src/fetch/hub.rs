@@ -16,7 +16,10 @@
 //! set, else the `Q4_K_M` one (llama.cpp's default); split parts always come together.
 //!
 //! Files are cached as `{models_dir}/hf/{owner}/{repo}/{path}`; a name whose files are all
-//! cached resolves without the network (`minfer pull` always asks the hub and verifies).
+//! cached resolves without the network, choosing among the cached files by the same rules
+//! (so a bare `hf:OWNER/REPO` is the only cached set when one is cached); `minfer pull`
+//! always asks the hub. A cached file is trusted by its size; its hash was checked when it
+//! was downloaded.
 
 use super::download::{self, Transfer};
 use super::{FetchError, Result};
@@ -134,8 +137,27 @@ impl HubConfig {
     }
 
     pub fn resolve_url(&self, repo: &str, path: &str) -> String {
-        format!("{}/{repo}/resolve/{}/{path}", self.endpoint, self.revision)
+        format!(
+            "{}/{repo}/resolve/{}/{}",
+            self.endpoint,
+            self.revision,
+            percent_encode_path(path)
+        )
     }
+}
+
+/// Percent-encodes a repository path for a URL, keeping `/` and RFC 3986's unreserved
+/// characters (file names may hold spaces, `+` or non-ASCII letters).
+fn percent_encode_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// A file in the repository listing.
@@ -527,6 +549,19 @@ mod tests {
             Some("Q6_K")
         );
         assert_eq!(quant_label("README.md"), None);
+    }
+
+    #[test]
+    fn resolve_urls_percent_encode_the_path() {
+        let cfg = HubConfig {
+            endpoint: "http://h".into(),
+            token: None,
+            revision: "main".into(),
+        };
+        assert_eq!(
+            cfg.resolve_url("a/b", "dir/m Q4+x.gguf"),
+            "http://h/a/b/resolve/main/dir/m%20Q4%2Bx.gguf"
+        );
     }
 
     #[test]
