@@ -28,8 +28,18 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
     Synth(Box<commands::synth::Args>),
-    /// Fetch a known model into the user cache.
+    /// Convert a Hugging Face Qwen2 / Qwen3 / LLaMA checkpoint to GGUF (as convert_hf_to_gguf.py).
+    Convert(commands::convert::Args),
+    /// Cut a model into parts as llama-gguf-split does (--split-max-size / --split-max-tensors).
+    Split(commands::split::Args),
+    /// Join a split model into one file (the exact bytes that were split).
+    Merge(commands::merge::Args),
+    /// Fetch a known model, or hf:OWNER/REPO[:QUANT|:FILE] from the hub, into the user cache.
     Pull(commands::pull::Args),
+    /// The models in the cache and the names to run them by.
+    List(commands::list::Args),
+    /// Remove a model from the cache.
+    Rm(commands::rm::Args),
     /// Print the prompt a model's chat template makes of an OpenAI-style message list.
     Render(commands::render::Args),
     /// Serve the model over an OpenAI-compatible HTTP API, with a chat page at /.
@@ -115,7 +125,12 @@ fn main() -> ExitCode {
         Command::Chat(a) => commands::chat::run(*a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
+        Command::Convert(a) => commands::convert::run(a),
+        Command::Split(a) => commands::split::run(a),
+        Command::Merge(a) => commands::merge::run(a),
         Command::Pull(a) => commands::pull::run(a),
+        Command::List(a) => commands::list::run(a),
+        Command::Rm(a) => commands::rm::run(a),
         Command::Render(a) => commands::render::run(a),
         Command::Serve(a) => commands::serve::run(*a),
         Command::Tokenize(a) => commands::tokenize::run(a),

@@ -2,7 +2,7 @@
 //!
 //! - [`GgufFile`] maps one file and parses its header ([`parse_header`] is the pure parser);
 //!   [`GgufModel`] opens one file or a split set as one tensor index.
-//! - [`GgufWriter`] writes GGUF v3.
+//! - [`GgufWriter`] writes GGUF v3; [`split`] splits and merges models as llama-gguf-split does.
 //! - [`GgmlType`] names every ggml type id; [`quants`] holds block layouts, reference
 //!   dequantization/quantization and scalar reference dot products for the supported ones.
 //!
@@ -19,6 +19,7 @@ pub mod header;
 pub mod metadata;
 pub mod model;
 pub mod quants;
+pub mod split;
 pub mod string_array;
 pub mod types;
 pub mod value;

@@ -313,7 +313,7 @@ fn alignment(metadata: &Metadata) -> u64 {
 
 /// Everything before the data section, padded to the alignment, and each tensor's offset
 /// relative to the data section.
-fn header_bytes(
+pub(crate) fn header_bytes(
     metadata: &Metadata,
     tensors: &[TensorPlan],
     sizes: &[u64],

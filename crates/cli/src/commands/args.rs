@@ -14,8 +14,9 @@ pub const DEFAULT_MODEL: &str = fetch::DEFAULT_MODEL;
 /// Model, context and backend flags shared by run-like commands.
 #[derive(ClapArgs, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF path (any part of a split model) or a known model name (`minfer pull --list`),
-    /// fetched into the models directory ($MINFER_MODELS, else ~/.cache/minfer/models).
+    /// A GGUF path (any part of a split model), a known model name (`minfer pull --list`),
+    /// or hf:OWNER/REPO[:QUANT|:FILE.gguf], fetched into the models directory
+    /// ($MINFER_MODELS, else ~/.cache/minfer/models) on first use.
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Context length in tokens [default: 4096, or the model's if smaller]; 0: the model's
@@ -335,6 +336,18 @@ fn startup_line(engine: &mut Engine) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A `-m` that is a path, a known model name or `hf:OWNER/REPO[:TAG]`, as a local file
+/// (fetched into the cache on first use), for the commands that take it as a path.
+pub fn model_file(model: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    if model.exists() {
+        return Ok(model.into());
+    }
+    let name = model
+        .to_str()
+        .with_context(|| format!("model name {} is not UTF-8", model.display()))?;
+    Ok(fetch::resolve_model(name)?)
 }
 
 #[cfg(test)]

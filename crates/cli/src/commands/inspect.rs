@@ -22,8 +22,9 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     super::args::not_a_directory(&args.file, "inspect")?;
     let t0 = std::time::Instant::now();
-    let model = GgufModel::open(&args.file)
-        .with_context(|| format!("cannot open {}", args.file.display()))?;
+    let path = super::args::model_file(&args.file)?;
+    let model =
+        GgufModel::open(&path).with_context(|| format!("cannot open {}", args.file.display()))?;
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut out = std::io::stdout().lock();
     if args.json {

