@@ -70,6 +70,8 @@ pub struct SamplingArgs {
     /// RNG seed (default: random; printed with --json).
     #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
+    #[command(flatten)]
+    pub extra: super::sampling_extra::SamplingExtraArgs,
 }
 
 impl SamplingArgs {
@@ -85,7 +87,7 @@ impl SamplingArgs {
             .iter()
             .map(|s| parse_logit_bias(s))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let cfg = SamplerConfig {
+        let mut cfg = SamplerConfig {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -96,7 +98,9 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             logit_bias,
             seed,
+            ..SamplerConfig::default()
         };
+        self.extra.apply(&mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod pull;
 pub mod render;
 pub mod run;
+pub mod sampling_extra;
 pub mod serve;
 pub mod synth;
 pub mod tokenize;

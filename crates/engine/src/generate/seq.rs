@@ -194,7 +194,9 @@ impl SeqGen {
         n_ctx: usize,
     ) -> Result<Step, SamplerError> {
         let lp = self.logprobs.map(|n| top_logprobs(logits, n));
-        let id = self.sampler.sample(logits, &self.history)?;
+        let id = self
+            .sampler
+            .sample(logits, &self.history, &|t| vocab.token_bytes(t))?;
         if let Some((all, top)) = lp {
             self.out.logprobs.push(TokenLogprob {
                 id,

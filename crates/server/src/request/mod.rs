@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod completion;
 pub mod fields;
+pub mod sampling_extra;
 
 use crate::error::ApiError;
 use fields::Fields;
@@ -146,7 +147,7 @@ pub fn gen_params(
             "`grammar` (constrained decoding) is not supported yet",
         ));
     }
-    let sampler = SamplerConfig {
+    let mut sampler = SamplerConfig {
         temperature,
         top_k,
         top_p,
@@ -157,7 +158,9 @@ pub fn gen_params(
         presence_penalty: presence,
         logit_bias,
         seed,
+        ..SamplerConfig::default()
     };
+    sampling_extra::apply(f, &mut sampler, lim.n_ctx)?;
     sampler
         .validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
