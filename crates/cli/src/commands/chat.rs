@@ -6,6 +6,7 @@
 //! generated go to stderr.
 
 use super::args::{ModelArgs, SamplingArgs};
+use super::constraint_args::ConstraintArgs;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use minfer_engine::chat::{Chat, ChatConfig, TurnEnd, TurnReport};
@@ -19,6 +20,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// A first message, sent before the prompt appears.
     pub prompt: Option<String>,
     /// System message.
@@ -312,6 +315,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         on: colour(&args.color)?,
     };
     let sampler = args.sampling.to_config()?;
+    args.constraint.spec()?;
     let (engine, _) = args.model.load()?;
     let max_tokens = if args.n_predict < 0 {
         usize::MAX
@@ -323,8 +327,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_tokens,
         stop: args.stop.clone(),
         reply_reserve: max_tokens,
+        constraint: None,
     };
-    let chat = Chat::new(engine, cfg).context("cannot start the chat")?;
+    let mut chat = Chat::new(engine, cfg).context("cannot start the chat")?;
+    chat.config_mut().constraint = args.constraint.compile(chat.tokenizer())?;
     if let Some(n) = chat.template_notice() {
         eprintln!("{}", style.notice(&format!("note: {n}")));
     }

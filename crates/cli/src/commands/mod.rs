@@ -5,6 +5,7 @@ use std::process::ExitCode;
 pub mod args;
 pub mod bench;
 pub mod chat;
+pub mod constraint_args;
 pub mod inspect;
 pub mod pull;
 pub mod render;
@@ -23,6 +24,7 @@ pub fn run_or_chat(a: run::Args) -> anyhow::Result<()> {
     chat::run(chat::Args {
         model: a.model,
         sampling: a.sampling,
+        constraint: a.constraint,
         prompt: a.prompt,
         system: a.system,
         single_turn: false,

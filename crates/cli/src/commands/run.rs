@@ -3,6 +3,7 @@
 //! (`minfer_engine::trace`).
 
 use super::args::{ModelArgs, SamplingArgs};
+use super::constraint_args::ConstraintArgs;
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
 use minfer_engine::chat::Pieces;
@@ -19,6 +20,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// The prompt (read from stdin when absent).
     pub prompt: Option<String>,
     /// System message for the chat template.
@@ -68,6 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--no-parse-special applies to raw prompts; it needs --no-template (the chat template's prompt always parses its special tokens)");
     }
     let sampler = args.sampling.to_config()?;
+    args.constraint.spec()?;
     let prompt_text = match &args.prompt {
         Some(p) => p.clone(),
         None => {
@@ -84,6 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (mut engine, load_ms) = args.model.load()?;
     let md = engine.model().metadata();
     let tok = Tokenizer::from_metadata(md).context("cannot build the tokenizer")?;
+    let constraint = args.constraint.compile(&tok)?;
     let prompt = if args.no_template {
         tok.encode_prompt(&prompt_text, true, !args.no_parse_special)
     } else {
@@ -125,6 +130,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop_strings: args.stop.clone(),
         eog: tok.eog_ids().to_vec(),
         logprobs: None,
+        constraint,
     };
     let trace = minfer_engine::trace::env_path();
     if trace.is_some() {
