@@ -176,6 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "generate_ms": t.generate_ms,
                 "generated_tokens_per_s": t.generate_tps(),
             },
+            "constraint": out.constraint,
         });
         serde_json::to_writer(&mut stdout, &v)?;
         writeln!(stdout)?;
@@ -196,5 +197,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t.generate_tps(),
         serde_json::to_value(out.finish)?.as_str().unwrap_or("")
     );
+    if let Some(c) = &out.constraint {
+        let ((m50, m99), (w50, w99)) = c.percentiles();
+        eprintln!(
+            "grammar:   mask p50 {m50:.0} µs, p99 {m99:.0} µs; waited p50 {w50:.0} µs, p99 {w99:.0} µs (masks run during the forward)"
+        );
+    }
     Ok(())
 }

@@ -23,6 +23,22 @@ pub struct ConstraintStats {
     pub wait_us: Vec<f64>,
 }
 
+impl ConstraintStats {
+    /// `(p50, p99)` of the mask times and of the waits, in µs (zeros when empty).
+    pub fn percentiles(&self) -> ((f64, f64), (f64, f64)) {
+        fn pct(v: &[f64]) -> (f64, f64) {
+            if v.is_empty() {
+                return (0.0, 0.0);
+            }
+            let mut s = v.to_vec();
+            s.sort_by(f64::total_cmp);
+            let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+            (at(0.5), at(0.99))
+        }
+        (pct(&self.mask_us), pct(&self.wait_us))
+    }
+}
+
 /// One sequence's view of its constraint.
 pub struct ConstraintState {
     to_worker: Option<Sender<u32>>,
