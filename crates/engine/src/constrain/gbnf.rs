@@ -154,8 +154,7 @@ impl<'a> Reader<'a> {
 
     fn sequence(&mut self, nested: bool) -> Result<Vec<Node>, GbnfError> {
         let mut seq: Vec<Node> = Vec::new();
-        loop {
-            let Some(c) = self.peek() else { break };
+        while let Some(c) = self.peek() {
             match c {
                 '"' => {
                     self.pos += 1;

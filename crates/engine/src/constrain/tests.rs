@@ -43,7 +43,7 @@ fn walk(g: &Grammar, seed: u64, max: usize) -> (Vec<u8>, bool) {
         assert!(!allowed.contains(&CONTROL), "a control token was allowed");
         let eog_ok = allowed.contains(&EOS);
         assert_eq!(eog_ok, allowed.contains(&EOT), "all EOG ids together");
-        if eog_ok && (allowed.len() == 2 || rng.next_u64() % 4 == 0) {
+        if eog_ok && (allowed.len() == 2 || rng.next_u64().is_multiple_of(4)) {
             return (out, true);
         }
         let text: Vec<u32> = allowed
