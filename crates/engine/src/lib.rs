@@ -6,6 +6,7 @@
 pub mod backends;
 pub mod batch;
 pub mod chat;
+pub mod constrain;
 pub mod convert;
 pub mod engine;
 pub mod fetch;

@@ -23,6 +23,7 @@ fn config(max_tokens: usize, temperature: f32) -> ChatConfig {
         max_tokens,
         stop: vec![],
         reply_reserve: max_tokens,
+        constraint: None,
     }
 }
 

@@ -9,6 +9,7 @@
 //! - Handlers validate a request completely ([`request`]) before it takes a place in the
 //!   bounded queue; errors are OpenAI-shaped ([`error`]).
 
+pub mod constraint;
 pub mod error;
 pub mod metrics;
 pub mod page;
@@ -88,6 +89,8 @@ pub struct AppState {
     pub stats: Arc<LoopStats>,
     /// Unix seconds the server started (`created` of `/v1/models`).
     pub created: u64,
+    /// The grammar factory over the vocabulary, built on the first constrained request.
+    pub grammars: std::sync::OnceLock<Result<Arc<minfer_engine::constrain::Grammars>, String>>,
 }
 
 impl AppState {
@@ -152,6 +155,7 @@ impl AppState {
             faults,
             stats,
             created,
+            grammars: std::sync::OnceLock::new(),
         }))
     }
 }

@@ -28,7 +28,12 @@ pub struct Submitted {
 
 /// The engine requests of one prompt's `n` choices. Choice `i` samples with `seed + i`, so
 /// sampled choices differ while each stays reproducible.
-pub fn choices(state: &AppState, prompt: &[u32], gen: &GenParams) -> Vec<GenerateRequest> {
+pub fn choices(
+    state: &AppState,
+    prompt: &[u32],
+    gen: &GenParams,
+    grammar: Option<&minfer_engine::constrain::Grammar>,
+) -> Vec<GenerateRequest> {
     (0..gen.n)
         .map(|i| {
             let mut sampler = gen.sampler.clone();
@@ -40,6 +45,7 @@ pub fn choices(state: &AppState, prompt: &[u32], gen: &GenParams) -> Vec<Generat
                 stop_strings: gen.stop.clone(),
                 eog: state.eog.clone(),
                 logprobs: gen.logprobs,
+                constraint: grammar.cloned(),
             }
         })
         .collect()

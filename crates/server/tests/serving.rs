@@ -61,6 +61,7 @@ fn engine_alone(model: &std::path::Path, user: &str, max_tokens: usize) -> Strin
         stop_strings: vec![],
         eog: tok.eog_ids().to_vec(),
         logprobs: None,
+        constraint: None,
     };
     let out = generate(&mut e, &Pieces(&tok), &req, |_| {}).unwrap();
     String::from_utf8_lossy(&out.text).into_owned()

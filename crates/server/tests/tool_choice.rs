@@ -76,3 +76,66 @@ async fn required_and_named_choices_yield_a_parsed_call() {
         assert_eq!(finish, [&json!("tool_calls")], "{ev:?}");
     }
 }
+
+/// Issue 16: a forced call is constrained to the tool's parameter schema, at a temperature
+/// where the unconstrained model wanders: the arguments validate (a required enum and an
+/// integer with bounds), over several seeds; and a response_format cannot be combined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_calls_follow_the_parameter_schema() {
+    let Some(path) = minfer_testkit::models::qwen() else {
+        return;
+    };
+    let app = minfer_server::app(common::state(&path));
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20},
+                           "unit": {"enum": ["celsius", "fahrenheit"]},
+                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "unit", "days"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}},
+            "required": ["zone"], "additionalProperties": false}}}
+    ]);
+    for (choice, seed) in [
+        (json!("required"), 1),
+        (json!("required"), 2),
+        (
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            3,
+        ),
+    ] {
+        let body = json!({
+            "messages": [{"role": "user", "content": "Weather in Paris for three days, please."}],
+            "tools": tools, "tool_choice": choice, "max_tokens": 80,
+            "temperature": 1.0, "seed": seed,
+        });
+        let (s, v) = post_json(&app, "/v1/chat/completions", &body).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        match call["name"].as_str().unwrap() {
+            "get_weather" => {
+                assert!(
+                    args["city"].as_str().unwrap().chars().count() <= 20,
+                    "{args}"
+                );
+                assert!(
+                    ["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap()),
+                    "{args}"
+                );
+                assert!((1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
+                assert_eq!(args.as_object().unwrap().len(), 3, "{args}");
+            }
+            "get_time" => assert!(args["zone"].is_string(), "{args}"),
+            other => panic!("unknown tool {other}"),
+        }
+    }
+    let body = json!({
+        "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+        "tool_choice": "required", "response_format": {"type": "json_object"},
+    });
+    let (s, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "response_format", "{v}");
+}

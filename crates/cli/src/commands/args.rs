@@ -77,6 +77,8 @@ pub struct SamplingArgs {
     /// RNG seed; -1 or absent: drawn at random and printed on stderr (and with --json).
     #[arg(short = 's', long = "seed", value_parser = seed_value)]
     pub seed: Option<Seed>,
+    #[command(flatten)]
+    pub extra: super::sampling_extra::SamplingExtraArgs,
 }
 
 /// `--seed`: a fixed seed, or llama.cpp's -1 (draw one).
@@ -191,7 +193,7 @@ impl SamplingArgs {
                 t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
             }
         };
-        let cfg = SamplerConfig {
+        let mut cfg = SamplerConfig {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -203,7 +205,9 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             logit_bias: self.logit_bias.clone(),
             seed,
+            ..SamplerConfig::default()
         };
+        self.extra.apply(&mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }

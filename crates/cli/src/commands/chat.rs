@@ -6,6 +6,7 @@
 //! generated go to stderr.
 
 use super::args::{max_tokens, n_predict_value, ModelArgs, SamplingArgs};
+use super::constraint_args::ConstraintArgs;
 use super::interrupt::{self, Generating, CANCEL};
 use crate::usage;
 use anyhow::Context;
@@ -22,6 +23,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// A first message, sent before the prompt appears.
     pub prompt: Option<String>,
     /// System message.
@@ -363,6 +366,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         check_session_path(p)?;
     }
     let sampler = args.sampling.to_config()?;
+    args.constraint.spec()?;
     let (engine, _) = args.model.load()?;
     if let Some(note) = args.sampling.seed_note(&sampler) {
         eprintln!("{note}");
@@ -373,8 +377,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_tokens,
         stop: args.stop.clone(),
         reply_reserve: max_tokens,
+        constraint: None,
     };
-    let chat = Chat::new(engine, cfg).context("cannot start the chat")?;
+    let mut chat = Chat::new(engine, cfg).context("cannot start the chat")?;
+    chat.config_mut().constraint = args.constraint.compile(chat.tokenizer())?;
     if let Some(n) = chat.template_notice() {
         eprintln!("{}", style.notice(&format!("note: {n}")));
     }

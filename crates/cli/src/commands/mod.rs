@@ -5,6 +5,7 @@ use std::process::ExitCode;
 pub mod args;
 pub mod bench;
 pub mod chat;
+pub mod constraint_args;
 pub mod convert;
 pub mod inspect;
 pub mod interrupt;
@@ -14,6 +15,7 @@ pub mod pull;
 pub mod render;
 pub mod rm;
 pub mod run;
+pub mod sampling_extra;
 pub mod serve;
 pub mod split;
 pub mod synth;
@@ -28,6 +30,7 @@ pub fn run_or_chat(a: run::Args) -> anyhow::Result<()> {
     chat::run(chat::Args {
         model: a.model,
         sampling: a.sampling,
+        constraint: a.constraint,
         prompt: a.prompt,
         system: a.system,
         single_turn: false,

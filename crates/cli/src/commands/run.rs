@@ -3,6 +3,7 @@
 //! (`minfer_engine::trace`).
 
 use super::args::{max_tokens, n_predict_value, ModelArgs, SamplingArgs};
+use super::constraint_args::ConstraintArgs;
 use super::interrupt::{self, Generating, CANCEL};
 use super::Interrupted;
 use crate::usage;
@@ -24,6 +25,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// The prompt (read from stdin when absent; one trailing newline is dropped, as
     /// llama.cpp's -f does). A prompt that starts with `-` goes after `--`.
     pub prompt: Option<String>,
@@ -106,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         usage!("--no-parse-special applies to raw prompts; it needs --no-template (the chat template's prompt always parses its special tokens)");
     }
     let sampler = args.sampling.to_config()?;
+    args.constraint.spec()?;
     let prompt_text = match &args.prompt {
         Some(p) => p.clone(),
         None => prompt_from_stdin()?,
@@ -117,6 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let md = engine.model().metadata();
     let tok = Tokenizer::from_metadata(md).context("cannot build the tokenizer")?;
+    let constraint = args.constraint.compile(&tok)?;
     let prompt = if args.no_template {
         tok.encode_prompt(&prompt_text, true, !args.no_parse_special)
     } else {
@@ -154,6 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop_strings: args.stop.clone(),
         eog: tok.eog_ids().to_vec(),
         logprobs: None,
+        constraint,
     };
     let trace = minfer_engine::trace::env_path();
     if trace.is_some() {
@@ -215,6 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "generate_ms": t.generate_ms,
                 "generated_tokens_per_s": t.generate_tps(),
             },
+            "constraint": out.constraint,
         });
         serde_json::to_writer(&mut stdout, &v)?;
         writeln!(stdout)?;
@@ -234,6 +241,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t.generate_ms,
         t.generate_tps(),
     );
+    if let Some(c) = &out.constraint {
+        let ((m50, m99), (w50, w99)) = c.percentiles();
+        eprintln!(
+            "grammar:   mask p50 {m50:.0} µs, p99 {m99:.0} µs; waited p50 {w50:.0} µs, p99 {w99:.0} µs (masks run during the forward)"
+        );
+    }
     if interrupted {
         return Err(Interrupted.into());
     }

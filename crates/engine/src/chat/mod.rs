@@ -84,6 +84,8 @@ pub struct ChatConfig {
     /// Context kept free for the reply when old turns are dropped (at most a quarter of
     /// the context).
     pub reply_reserve: usize,
+    /// Every reply follows this grammar (a fresh state each turn).
+    pub constraint: Option<crate::constrain::Grammar>,
 }
 
 impl Default for ChatConfig {
@@ -93,6 +95,7 @@ impl Default for ChatConfig {
             max_tokens: 512,
             stop: Vec::new(),
             reply_reserve: 512,
+            constraint: None,
         }
     }
 }
@@ -379,6 +382,8 @@ impl Chat {
             stop_strings: self.cfg.stop.clone(),
             eog: self.tok.eog_ids().to_vec(),
             logprobs: None,
+            // One fresh grammar state per turn.
+            constraint: self.cfg.constraint.clone(),
         };
         let mut at = At {
             engine: &mut self.engine,

@@ -19,6 +19,7 @@ pub use batcher::{Batcher, Event, StepFailed};
 pub use seq::{Failure, SeqGen, TokenLogprob};
 
 use crate::batch::{BatchEntry, BatchLogits};
+use crate::constrain::{ConstraintStats, Grammar};
 use crate::kvcells::SeqId;
 use crate::sampler::{SamplerConfig, SamplerError};
 
@@ -78,6 +79,8 @@ pub struct GenerateRequest {
     pub eog: Vec<u32>,
     /// Record each sampled token's log probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// The grammar the reply must follow (each sequence gets a fresh state from it).
+    pub constraint: Option<Grammar>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -116,6 +119,8 @@ pub struct GenerateOutput {
     pub timings: Timings,
     /// One entry per generated token when the request asked for log probabilities.
     pub logprobs: Vec<TokenLogprob>,
+    /// Mask timings, when the request had a constraint.
+    pub constraint: Option<ConstraintStats>,
 }
 
 /// Runs one generation on the model's default sequence. `on_text` receives text as it
@@ -248,6 +253,7 @@ mod tests {
             stop_strings: vec![],
             eog: vec![],
             logprobs: None,
+            constraint: None,
         }
     }
 

@@ -2,6 +2,7 @@
 //! chain, penalty window, stop matcher, UTF-8-safe text hold and log probabilities.
 
 use super::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, Timings, TokenBytes};
+use crate::constrain::ConstraintState;
 use crate::kvcells::SeqId;
 use crate::sampler::{log_softmax, Sampler, SamplerError};
 use crate::stop::StopMatcher;
@@ -76,6 +77,8 @@ pub struct SeqGen {
     stops: StopMatcher,
     utf8: Utf8Hold,
     logprobs: Option<usize>,
+    /// The grammar's state (its mask is computed on a worker thread during the forward).
+    constraint: Option<ConstraintState>,
     /// Prompt and generated ids (the penalty window reads it).
     pub(crate) history: Vec<u32>,
     /// The last sampled id, to be decoded next.
@@ -120,6 +123,7 @@ impl SeqGen {
             stops: StopMatcher::new(req.stop_strings.iter().map(|s| s.as_bytes())),
             utf8: Utf8Hold::default(),
             logprobs: req.logprobs,
+            constraint: req.constraint.as_ref().map(|g| g.start()),
             history: req.prompt.clone(),
             pending: None,
             done: false,
@@ -135,6 +139,7 @@ impl SeqGen {
                     ..Timings::default()
                 },
                 logprobs: Vec::new(),
+                constraint: None,
             },
         })
     }
@@ -194,7 +199,12 @@ impl SeqGen {
         n_ctx: usize,
     ) -> Result<Step, SamplerError> {
         let lp = self.logprobs.map(|n| top_logprobs(logits, n));
-        let id = self.sampler.sample(logits, &self.history)?;
+        if let Some(c) = &mut self.constraint {
+            c.apply(logits)?;
+        }
+        let id = self
+            .sampler
+            .sample(logits, &self.history, &|t| vocab.token_bytes(t))?;
         if let Some((all, top)) = lp {
             self.out.logprobs.push(TokenLogprob {
                 id,
@@ -204,6 +214,10 @@ impl SeqGen {
         }
         self.out.tokens.push(id);
         self.history.push(id);
+        if let Some(c) = &mut self.constraint {
+            // The worker starts on the next mask now, while the forward of `id` runs.
+            c.commit(id);
+        }
         if self.eog.contains(&id) {
             self.out.finish = FinishReason::Eos;
             return Ok(Step::Done(self.flush(true)));
@@ -260,6 +274,9 @@ impl SeqGen {
 
     pub(crate) fn finish_timings(&mut self, now: Instant) {
         self.done = true;
+        if let Some(c) = &self.constraint {
+            self.out.constraint = Some(c.stats().clone());
+        }
         let pre = self.prefilled_at.unwrap_or(now);
         self.out.timings.prompt_ms = ms(pre - self.started);
         self.out.timings.generated_tokens = self.out.tokens.len();

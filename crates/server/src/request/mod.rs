@@ -3,7 +3,9 @@
 
 pub mod chat;
 pub mod completion;
+pub mod constraint;
 pub mod fields;
+pub mod sampling_extra;
 
 use crate::error::ApiError;
 use fields::Fields;
@@ -31,6 +33,8 @@ pub struct GenParams {
     pub logprobs: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    /// What the reply must follow, and the field that asked for it.
+    pub constraint: Option<(minfer_engine::constrain::ConstraintSpec, &'static str)>,
 }
 
 /// Most alternatives per token a request may ask for (OpenAI's limit).
@@ -139,14 +143,8 @@ pub fn gen_params(
     };
     f.str("user")?;
     f.str("model")?;
-    response_format(f)?;
-    if f.get("grammar").is_some() {
-        return Err(ApiError::bad_field(
-            "grammar",
-            "`grammar` (constrained decoding) is not supported yet",
-        ));
-    }
-    let sampler = SamplerConfig {
+    let constraint = constraint::read(f)?;
+    let mut sampler = SamplerConfig {
         temperature,
         top_k,
         top_p,
@@ -157,7 +155,9 @@ pub fn gen_params(
         presence_penalty: presence,
         logit_bias,
         seed,
+        ..SamplerConfig::default()
     };
+    sampling_extra::apply(f, &mut sampler, lim.n_ctx)?;
     sampler
         .validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -169,33 +169,8 @@ pub fn gen_params(
         logprobs,
         stream,
         include_usage,
+        constraint,
     })
-}
-
-/// `response_format`: `text` is the default; the structured forms need constrained decoding.
-fn response_format(f: &Fields) -> Result<(), ApiError> {
-    let Some(o) = f.object("response_format")? else {
-        return Ok(());
-    };
-    match o.get("type") {
-        Some(Value::String(t)) if t == "text" => Ok(()),
-        Some(Value::String(t)) if t == "json_object" || t == "json_schema" => Err(ApiError::bad_field(
-            "response_format",
-            format!("`response_format` type `{t}` needs constrained decoding, which is not supported yet"),
-        )),
-        Some(Value::String(t)) => Err(ApiError::bad_field(
-            "response_format",
-            format!("`response_format` type `{t}` is unknown (text, json_object, json_schema)"),
-        )),
-        Some(v) => Err(ApiError::bad_field(
-            "response_format.type",
-            format!("`response_format.type` must be a string, got {}", fields::kind(v)),
-        )),
-        None => Err(ApiError::bad_field(
-            "response_format.type",
-            "`response_format` needs a `type`",
-        )),
-    }
 }
 
 /// OpenAI's `{"token id": bias}` map (bias −100…100; −100 bans), or llama.cpp's

@@ -49,7 +49,8 @@ fn start(
     let v = parse_json(&body(st, b)?)?;
     let req = parse(&v, &st.limits)?;
     let prompt = chat_prompt(st, &req)?;
-    let sub = submit(st, choices(st, &prompt.tokens, &req.gen))?;
+    let grammar = crate::constraint::chat_grammar(st, &req)?;
+    let sub = submit(st, choices(st, &prompt.tokens, &req.gen, grammar.as_ref()))?;
     Ok((req, prompt.forced, sub))
 }
 

@@ -55,9 +55,10 @@ fn start(st: &Arc<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Started
         .iter()
         .map(|p| text_prompt(st, p, special))
         .collect::<Result<Vec<_>, _>>()?;
+    let grammar = crate::constraint::text_grammar(st, &req.gen)?;
     let all = prompts
         .iter()
-        .flat_map(|p| choices(st, p, &req.gen))
+        .flat_map(|p| choices(st, p, &req.gen, grammar.as_ref()))
         .collect();
     let sub = submit(st, all)?;
     Ok(Started { req, prompts, sub })
