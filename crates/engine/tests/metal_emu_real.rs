@@ -113,6 +113,8 @@ fn smollm2_on_the_emulator_matches_the_f64_reference_forward() {
         .fold((0, f64::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
         .0 as u32;
     println!("metal vs f64 reference: max |dlogit| {d:.4}; reference argmax {top_ref}");
-    assert!(d <= 0.05, "{d}");
+    // Ten prompt rows take the GEMM tier, which stages weights as half (rel 2^-11 each):
+    // measured 0.0088 (2026-12-01), bar 0.02 (2.3x; it was 0.05).
+    assert!(d <= 0.02, "{d}");
     assert_eq!(argmax(&got), top_ref);
 }
