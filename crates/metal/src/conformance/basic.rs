@@ -267,8 +267,8 @@ fn q8_0_tie_rows(row: usize, n: usize) -> Vec<f32> {
         let d = 2f32.powi(k);
         let sign = if b % 2 == 0 { 1.0 } else { -1.0 };
         v.push(sign * 127.0 * d);
-        for j in 1..32 {
-            let m = (j as i32 * 37 + b as i32 * 11) % 253 - 126; // -126..=126
+        for j in 1..32i32 {
+            let m = (j * 37 + b as i32 * 11) % 253 - 126; // -126..=126
             v.push((m as f32 + 0.5) * d);
         }
     }
