@@ -4,7 +4,10 @@
 //!   is the GQA-group kernel `attend_group`, head by head, over cells in any order;
 //! - the reference is within the f16 accumulator's rounding of exact attention (f64 softmax
 //!   over the same f16 values): each update rounds VKQ to f16 (relative 2^-11), so after n
-//!   cells the error is bounded by about n · 2^-11 · max|v|; asserted with n = 300 as 0.02.
+//!   cells the error is bounded by about n · 2^-11 · max|v| in the worst case, and the
+//!   roundings (half an f16 ulp, 2^-12 at |VKQ| ~ 1, independent in sign) walk as
+//!   √n · 2^-12 = 4.2e-3 for n = 300: asserted at 4e-3 (`F16_ACC_TOL`); measured 5.2e-4
+//!   (2026-12-01), 7.6x below (it was 0.02, 38x).
 //!
 //! Control (tried by hand): the scale multiplied by (1 + 2^-23) in the reference failed the
 //! bit-identity test. Not a control: an unfused `h(x) * vs + h(a)` V update passes, because
@@ -14,6 +17,8 @@
 use minfer_cpu::llamacpp_x86::attn_f16::{attend_group, attend_head, attend_head_ref, dot_ref};
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
 use minfer_testkit::rng::Rng;
+
+const F16_ACC_TOL: f64 = 4e-3;
 
 fn case(rng: &mut Rng, hd: usize, n: usize, amp: f32) -> (Vec<f32>, Vec<u16>, Vec<u16>) {
     let q: Vec<f32> = (0..hd).map(|_| rng.signed() * amp).collect();
@@ -80,7 +85,8 @@ fn reference_is_within_f16_accumulation_of_exact_attention() {
             }
         }
     }
-    assert!(worst < 0.02, "max |err| {worst}");
+    eprintln!("f16-accumulator attention: max |err| {worst:.3e} (bound {F16_ACC_TOL:.0e})");
+    assert!(worst < F16_ACC_TOL, "max |err| {worst}");
     // The f16 accumulator is visible: not the exact result to f32 precision.
     assert!(
         worst > 1e-5,

@@ -33,9 +33,15 @@ fn dispatched_dots_are_bit_identical_to_the_reference() {
             let want = quants::vec_dot(ty, n, &w, &a).unwrap();
             let got = dot::select(ty)(ty, n, &w, &a).unwrap();
             if ty == GgmlType::F32 {
-                // f32 lanes vs the reference's f64 accumulation: rounding only.
+                // f32 lanes vs the reference's accumulation: rounding only, relative to
+                // max(|dot|, 1): measured <= 2.4e-6 (n = 1024; 2026-12-01), asserted at 2e-5
+                // (8.3x; it was 1e-4).
+                eprintln!(
+                    "F32 n={n}: relative error {:.3e}",
+                    (got - want).abs() / want.abs().max(1.0)
+                );
                 assert!(
-                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                    (got - want).abs() <= 2e-5 * want.abs().max(1.0),
                     "{ty} n={n}: {got} vs {want}"
                 );
             } else {

@@ -12,7 +12,8 @@
 //! Two arithmetics, two gates per fixture:
 //! - `*_llamacpp_numerics_match_fixtures`: `--numerics llamacpp-x86-avx512` (llama.cpp's x86
 //!   build float op for float op, `minfer_cpu::llamacpp_x86`), probabilities formed as llama-server
-//!   forms them ([`server_probs`]), at the issue's bound 0.02 per value and mean 1e-5.
+//!   forms them ([`server_probs`]), at 3e-4 per value (`AVX512_MAX_TOL`, 4.3x the largest
+//!   measured, inside the issue's bound 0.02) and mean 1e-5.
 //!   Measured 2026-11-30: max 4.8e-5 / mean 2.7e-7 (qwen raw, 985 values), 7.0e-5 / 1.5e-6
 //!   (qwen chat, 120), 4.2e-5 / 3.0e-7 (smol, 235); 7 of 12 prompts within 1.5e-8. The same
 //!   code as `llamacpp-x86-avx2` equals llama.cpp's AVX2 build on this VM at every step (9
@@ -63,6 +64,12 @@ use std::path::PathBuf;
 const PROB_TOL: f64 = 0.10;
 /// The issue's bound per probability, for `--numerics llamacpp-x86-avx512`.
 const ISSUE_TOL: f64 = 0.02;
+/// The bound asserted for that arithmetic: its measured class, far inside the issue's. The
+/// largest value measured is 7.0e-5 (qwen chat; the residual between two llama.cpp builds,
+/// module docs), so 3e-4 is 4.3x it; 0.02 (285x) would pass a one-step error the mean alone
+/// hides (1e-3 at one of 985 values moves the mean by 1e-6).
+const AVX512_MAX_TOL: f64 = 3e-4;
+const _: () = assert!(AVX512_MAX_TOL < ISSUE_TOL);
 /// Mean bound for that gate (measured: see the module docs).
 const ISSUE_MEAN_TOL: f64 = 1e-5;
 const NEAR_TIE: f64 = 0.05;
@@ -223,12 +230,13 @@ fn native(mean: f64) -> Tol {
     }
 }
 
-/// llama.cpp's x86 AVX-512 arithmetic (the fixture build): the issue's bound, 0.02 per value,
-/// with the probabilities formed as llama-server forms them.
+/// llama.cpp's x86 AVX-512 arithmetic (the fixture build): its measured class per value
+/// (`AVX512_MAX_TOL`, inside the issue's 0.02), with the probabilities formed as
+/// llama-server forms them.
 const LLAMA_AVX512: Numerics = Numerics::LlamaCpp(LlamaCppX86::Avx512);
 fn as_fixture_build() -> Tol {
     Tol {
-        max: ISSUE_TOL,
+        max: AVX512_MAX_TOL,
         mean: ISSUE_MEAN_TOL,
         server_softmax: true,
     }

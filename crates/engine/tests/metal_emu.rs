@@ -4,8 +4,12 @@
 //! Tolerance classes, named before measuring:
 //! - Metal reads f32 activations against the weights' dequantized values, as the reference
 //!   does; the only difference is f32 accumulation (and its order) against f64. Bar: max
-//!   |dlogit| <= `ACC_TOL` (1e-3, the CPU's F32 bar), for f32 *and* quantized weights.
-//! - An f16 KV cache rounds every K/V value to f16 (rel 2^-11): bar 2% of the logits' RMS.
+//!   |dlogit| <= `ACC_REL_TOL` (1e-5) of the logits' RMS, for f32 *and* quantized weights.
+//!   Measured (2026-12-01, emulator): 8.5e-7 (Qwen2) to 1.06e-6 (Llama) of the RMS; the bar
+//!   is 9.4x the worst (it was 1e-3 absolute, 65x the worst absolute error, 1.5e-5 on Qwen3's
+//!   RMS-16 logits). A Mac's fast-math `exp` is not modelled by the emulator.
+//! - An f16 KV cache rounds every K/V value to f16 (rel 2^-11): bar `F16_KV_REL` (0.5%) of the
+//!   logits' RMS; measured 0.045% (Qwen3) to 0.080% (Qwen2), 6.3x (it was 2%, 25x).
 //! - Forwards of 9 rows or more take the GEMM tier, which stages weight tiles as f16 (as
 //!   llama.cpp's kernel does; rel 2^-11 per weight): bar `GEMM_REL` (2e-3) of the logits'
 //!   RMS, against the reference and across shapes (chunked vs unchunked prefill, a sequence
@@ -25,7 +29,8 @@ use minfer_testkit::logits::*;
 use minfer_testkit::synth;
 use std::path::{Path, PathBuf};
 
-const ACC_TOL: f64 = 1e-3;
+const ACC_REL_TOL: f64 = 1e-5;
+const F16_KV_REL: f64 = 5e-3;
 const GEMM_REL: f64 = 2e-3;
 
 /// The Metal backend the gates run on: the emulator here, the GPU on a Mac.
@@ -89,11 +94,12 @@ fn every_arch_matches_the_reference_and_the_cpu_greedy_at_hd_64_and_128() {
                     .iter()
                     .zip(&want)
                     .fold(0f64, |x, (g, w)| x.max(max_diff(g, w)));
+                let bar = ACC_REL_TOL * rms(&want);
                 println!(
-                    "{arch:?} hd {hd} {ty}: metal vs reference max |dlogit| {d:.3e} (rms {:.3})",
+                    "{arch:?} hd {hd} {ty}: metal vs reference max |dlogit| {d:.3e} (rms {:.3}, bar {bar:.3e})",
                     rms(&want)
                 );
-                assert!(d <= ACC_TOL, "{arch:?} hd {hd} {ty}: {d}");
+                assert!(d <= bar, "{arch:?} hd {hd} {ty}: {d} > {bar}");
                 // The same 16 greedy tokens as the CPU.
                 let (gm, gc) = (greedy(&mut m, &TOKENS, 16), greedy(&mut c, &TOKENS, 16));
                 assert_eq!(gm, gc, "{arch:?} hd {hd} {ty}: greedy tokens");
@@ -113,7 +119,7 @@ fn an_f16_kv_cache_on_metal_stays_in_its_class() {
             .iter()
             .zip(&want)
             .fold(0f64, |x, (g, w)| x.max(max_diff(g, w)));
-        let bar = 0.02 * rms(&want);
+        let bar = F16_KV_REL * rms(&want);
         println!("{arch:?} f16 KV: max |dlogit| {d:.3e}, bar {bar:.3e}");
         assert!(d <= bar, "{arch:?}: {d} > {bar}");
         assert!(
@@ -182,14 +188,15 @@ fn two_engines_with_different_kv_formats_share_a_process() {
     let vocab = a.hparams().vocab_size;
     let pa = a.decode(&TOKENS[..6], 0, 6).unwrap().to_vec();
     let pb = b.decode(&TOKENS[..6], 0, 6).unwrap().to_vec();
+    let (f32_bar, f16_bar) = (ACC_REL_TOL * rms(&want), F16_KV_REL * rms(&want));
     for (r, w) in want.iter().take(6).enumerate() {
-        assert!(max_diff(&pa[r * vocab..(r + 1) * vocab], w) <= ACC_TOL);
-        assert!(max_diff(&pb[r * vocab..(r + 1) * vocab], w) <= 0.02 * rms(&want));
+        assert!(max_diff(&pa[r * vocab..(r + 1) * vocab], w) <= f32_bar);
+        assert!(max_diff(&pb[r * vocab..(r + 1) * vocab], w) <= f16_bar);
     }
     let pa = a.decode(&TOKENS[6..7], 6, 1).unwrap().to_vec();
     let pb = b.decode(&TOKENS[6..7], 6, 1).unwrap().to_vec();
-    assert!(max_diff(&pa, &want[6]) <= ACC_TOL);
-    assert!(max_diff(&pb, &want[6]) <= 0.02 * rms(&want));
+    assert!(max_diff(&pa, &want[6]) <= f32_bar);
+    assert!(max_diff(&pb, &want[6]) <= f16_bar);
     assert_ne!(pa, pb, "the f16 engine really rounds");
 }
 
@@ -270,5 +277,12 @@ fn sequences_batched_on_metal_answer_like_each_alone() {
         .iter()
         .zip(&alone[2])
         .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
-    assert!(d > 100.0 * ACC_TOL, "{d}");
+    let r2 =
+        (alone[2].iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / alone[2].len() as f64).sqrt();
+    let bar = GEMM_REL * r2;
+    println!(
+        "control: another prompt {d:.3e} (100x the bar {:.3e})",
+        100.0 * bar
+    );
+    assert!(d > 100.0 * bar, "{d}");
 }

@@ -134,7 +134,9 @@ fn cpu_and_metal_traces_agree_and_skip_kv_stores() {
             ] {
                 let rel = (x - y).abs() / scale;
                 worst = worst.max(rel);
-                assert!(rel <= 1e-3, "phase {k} {}: {x} vs {y}", a.name);
+                // f32 on both backends in different orders: measured 6.9e-7 of the node's
+                // scale (2026-12-01), bar 5e-6 (7x; it was 1e-3).
+                assert!(rel <= 5e-6, "phase {k} {}: {x} vs {y}", a.name);
             }
             assert_eq!(a.sample.len(), b.sample.len());
             assert!(a.sample.len() <= 64);

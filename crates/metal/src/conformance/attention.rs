@@ -10,9 +10,13 @@ use super::{e, f32_bytes, i32_bytes, judge, max_err, read_f32, GateFn, GateResul
 use crate::device::Device;
 use crate::launch::{self, AttnShape, KvType};
 
-/// Bar for every attention gate: the design's recorded bar for the flash prefill after the
-/// tail fix ("all <= 2e-4"); outputs are convex mixes of V rows in [-1, 1].
-const TOL: f64 = 2e-4;
+/// Bar for every attention gate, absolute (outputs are convex mixes of V rows in [-1, 1],
+/// scores and sums in f32). Measured max 1.5e-7 on the emulator (the KV-tail gate; the others
+/// 2.6e-8 to 1.1e-7, 2026-12-01), which runs the kernels' `exp` as libm's; a Mac compiles them
+/// with fast math (its `exp` a few ulp off, not modelled), so the bound is 27x the emulator's
+/// error rather than 10x. It was the design's 2e-4 (1300x), which a kernel rounding P or the
+/// running sum to half would have passed.
+const TOL: f64 = 4e-6;
 
 pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
     let list: [(&str, GateFn<D>); 15] = [
@@ -243,9 +247,9 @@ fn decode_vs_classic<D: Device>(dev: &D) -> GateResult {
     let flash = run(dev, &c, launch::launch_flash_decode::<D>)?;
     let classic = run(dev, &c, classic::<D>)?;
     let classic64: Vec<f64> = classic.iter().map(|&v| v as f64).collect();
-    // both accumulate in f32, in different orders: 1e-5 absolute
+    // both accumulate in f32, in different orders: 1e-6 absolute (measured 7.5e-8)
     let err = max_err(&flash, &classic64, |_| 1.0);
-    judge("flash decode vs classic", f32_bytes(&flash), err, 1e-5)
+    judge("flash decode vs classic", f32_bytes(&flash), err, 1e-6)
 }
 
 fn prefill<D: Device, const KV: u8, const HD: usize>(dev: &D) -> GateResult {

@@ -9,6 +9,12 @@
 //! Controls (rule 2), each tried on a copy of the kernels and seen to fail the gates named:
 //! - RMSNorm without the barrier between the row total's write and its readers: the threads
 //!   of other simdgroups read NaN poison (`rms_norm_*`, error inf).
+//! - RMSNorm with eps added after the square root (`1 / (sqrt(ms) + eps)`): the rows with
+//!   values ~1e-3 (mean square below eps) err 1.0 relative, the eps-0.25 rows 7.9e-2, the
+//!   old rows (values ~1, eps 1e-6) only 3.8e-7 (`rms_norm_*`, bound 4.8e-7).
+//! - The q8_0 KV store rounding ties to even (`rint` in `mf_quant_q8_0`), or the CPU quantizer
+//!   doing so (`round_ties_even` in `quant_8bit`): 186 differing bytes on the tie rows
+//!   (`store_kv_q8_0_*`).
 //! - Classic attention without the barrier that ends each 32-row block: scores are overwritten
 //!   while other threads still read them (`attn_classic_*`, 0.39 / 0.17).
 //! - Q4_K dequantizer reading the other nibble: `get_rows_q4_k` (2.6), `mv_q4_k` (0.18),

@@ -14,10 +14,14 @@ use crate::device::Device;
 use crate::launch::{self, KvType, WindowAttn, WindowKernel, WindowKind};
 
 /// The attention gates' bar (see conformance/attention.rs): outputs are convex mixes of V
-/// rows in [-1, 1], scores and sums in f32.
-pub(super) const TOL: f64 = 2e-4;
-/// Classic vs flash: both f32, different summation orders.
-const TOL_KERNELS: f64 = 1e-5;
+/// rows in [-1, 1], scores and sums in f32. Measured max 1.3e-7 on the emulator (2026-12-01).
+pub(super) const TOL: f64 = 4e-6;
+/// Classic vs flash: both f32, different summation orders. Measured 1.2e-7.
+const TOL_KERNELS: f64 = 1e-6;
+/// The head-shape gate scales scores by 4 with head dims up to 512, so |score| reaches ~50
+/// and its f32 rounding (2^-24 relative) moves the softmax weights by ~3e-6: measured 7.2e-6
+/// (2026-12-01); the bound is 5.5x that.
+const TOL_HEAD_SHAPES: f64 = 4e-5;
 pub(super) const NH: usize = 4;
 pub(super) const NKV: usize = 2;
 
@@ -534,13 +538,13 @@ fn head_shapes<D: Device>(dev: &D) -> GateResult {
         )?;
         let got = run(dev, kernel, &c)?;
         let err = max_err(&got, &c.want, |_| 1.0);
-        if err > TOL {
+        if err > TOL_HEAD_SHAPES {
             return Err(format!(
-                "{kernel:?} {kv:?} hd{hd} heads {heads:?}: max error {err:.3e} exceeds {TOL:.1e}"
+                "{kernel:?} {kv:?} hd{hd} heads {heads:?}: max error {err:.3e} exceeds {TOL_HEAD_SHAPES:.1e}"
             ));
         }
         worst = worst.max(err);
         out.extend(f32_bytes(&got));
     }
-    judge("window head shapes", out, worst, TOL)
+    judge("window head shapes", out, worst, TOL_HEAD_SHAPES)
 }
