@@ -28,6 +28,8 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
     Synth(Box<commands::synth::Args>),
+    /// Rewrite a model's weights in other types (llama-quantize's mixtures, same bytes).
+    Quantize(Box<commands::quantize::Args>),
     /// Fetch a known model into the user cache.
     Pull(commands::pull::Args),
     /// Print the prompt a model's chat template makes of an OpenAI-style message list.
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),
+        Command::Quantize(a) => commands::quantize::run(*a),
         Command::Render(a) => commands::render::run(a),
         Command::Serve(a) => commands::serve::run(*a),
         Command::Tokenize(a) => commands::tokenize::run(a),

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod chat;
 pub mod inspect;
 pub mod pull;
+pub mod quantize;
 pub mod render;
 pub mod run;
 pub mod serve;
