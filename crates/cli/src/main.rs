@@ -28,6 +28,9 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
     Synth(Box<commands::synth::Args>),
+    /// Perplexity of a model over a text, and KL divergence against a saved base
+    /// (llama-perplexity's method and file format).
+    Perplexity(Box<commands::perplexity::Args>),
     /// Rewrite a model's weights in other types (llama-quantize's mixtures, same bytes).
     Quantize(Box<commands::quantize::Args>),
     /// Fetch a known model into the user cache.
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Synth(a) => commands::synth::run(*a),
         Command::Pull(a) => commands::pull::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(*a),
         Command::Quantize(a) => commands::quantize::run(*a),
         Command::Render(a) => commands::render::run(a),
         Command::Serve(a) => commands::serve::run(*a),

@@ -6,6 +6,7 @@ pub mod args;
 pub mod bench;
 pub mod chat;
 pub mod inspect;
+pub mod perplexity;
 pub mod pull;
 pub mod quantize;
 pub mod render;
