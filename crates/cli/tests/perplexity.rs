@@ -39,7 +39,9 @@ fn fixture(case: &str) -> f64 {
 fn llama_perplexity() -> Option<PathBuf> {
     let root = std::env::var_os("MINFER_PEER")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/peer")))?;
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/peer"))
+        })?;
     let bin = root.join("build/bin/llama-perplexity");
     if !bin.is_file() {
         println!("SKIP: llama-perplexity not built; checking the fixture only");
@@ -90,9 +92,16 @@ fn perplexity_is_within_half_a_percent_of_llama_and_exact_with_its_numerics() {
     let args = ["-f", f, "-c", "512", "--chunks", "2"];
     let got = final_ppl(&ours(&model, &args));
     let want = fixture("c512-chunks2");
-    assert!((got / want - 1.0).abs() < 0.005, "minfer {got} vs llama {want}");
+    assert!(
+        (got / want - 1.0).abs() < 0.005,
+        "minfer {got} vs llama {want}"
+    );
     if let Some(bin) = llama_perplexity() {
-        assert_eq!(final_ppl(&peer(&bin, &model, &args)), want, "fixture is stale");
+        assert_eq!(
+            final_ppl(&peer(&bin, &model, &args)),
+            want,
+            "fixture is stale"
+        );
     }
     if !std::arch::is_x86_feature_detected!("avx512f") {
         println!("SKIP: no AVX-512: llama.cpp's AVX-512 numerics cannot run here");
@@ -105,7 +114,10 @@ fn perplexity_is_within_half_a_percent_of_llama_and_exact_with_its_numerics() {
     assert_eq!(final_ppl(&out), fixture("c128-chunks2"), "{out}");
     assert!(out.starts_with("[1]27.0483,[2]33.6193,"), "{out}");
     if let Some(bin) = llama_perplexity() {
-        assert_eq!(final_ppl(&peer(&bin, &model, &args)), fixture("c128-chunks2"));
+        assert_eq!(
+            final_ppl(&peer(&bin, &model, &args)),
+            fixture("c128-chunks2")
+        );
     }
 }
 
@@ -153,17 +165,28 @@ fn kl_divergence_base_files_are_interchangeable_with_llama_perplexity() {
             .find(|l| l.starts_with(key))
             .unwrap_or_else(|| panic!("no {key} in:\n{text}"));
         let v = l.split(':').nth(1).unwrap().trim();
-        v.split_whitespace().next().unwrap().trim_end_matches('%').parse().unwrap()
+        v.split_whitespace()
+            .next()
+            .unwrap()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap()
     };
     assert!(field(&own, "Mean    KLD") < 1e-4, "{own}");
     assert_eq!(field(&own, "Same top p"), 100.0, "{own}");
-    assert!((field(&own, "Mean PPL(base)") / our_ppl - 1.0).abs() < 1e-3, "{own}");
+    assert!(
+        (field(&own, "Mean PPL(base)") / our_ppl - 1.0).abs() < 1e-3,
+        "{own}"
+    );
     let Some(bin) = llama_perplexity() else {
         return;
     };
     // llama reads our base: its PPL(base) is the PPL we printed.
     let theirs = peer(&bin, &model, &c);
-    assert!((field(&theirs, "Mean PPL(base)") / our_ppl - 1.0).abs() < 1e-3, "{theirs}");
+    assert!(
+        (field(&theirs, "Mean PPL(base)") / our_ppl - 1.0).abs() < 1e-3,
+        "{theirs}"
+    );
     // We read llama's base: our PPL(base) is the PPL llama printed.
     let sv = save(&peer_base);
     let sv: Vec<&str> = sv.iter().map(|s| s.as_str()).collect();
@@ -171,6 +194,9 @@ fn kl_divergence_base_files_are_interchangeable_with_llama_perplexity() {
     let c = cmp(&peer_base);
     let c: Vec<&str> = c.iter().map(|s| s.as_str()).collect();
     let mine = ours(&model, &c);
-    assert!((field(&mine, "Mean PPL(base)") / peer_ppl - 1.0).abs() < 1e-3, "{mine}");
+    assert!(
+        (field(&mine, "Mean PPL(base)") / peer_ppl - 1.0).abs() < 1e-3,
+        "{mine}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

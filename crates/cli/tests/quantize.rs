@@ -26,7 +26,9 @@ fn fixture_path() -> PathBuf {
 fn llama_quantize() -> Option<PathBuf> {
     let root = std::env::var_os("MINFER_PEER")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/peer")))?;
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/peer"))
+        })?;
     let bin = root.join("build/bin/llama-quantize");
     bin.is_file().then_some(bin)
 }
@@ -155,7 +157,11 @@ fn check(cases: &[Case], input: &Path, dir: &Path) -> BTreeMap<String, String> {
             let theirs = dir.join(format!("{}.peer.gguf", case.name));
             peer(bin, case, input, &theirs);
             let want = sha256(&theirs);
-            assert_eq!(got, want, "{}: bytes differ from llama-quantize's", case.name);
+            assert_eq!(
+                got, want,
+                "{}: bytes differ from llama-quantize's",
+                case.name
+            );
             peer_hashes.insert(case.name.clone(), want);
             std::fs::remove_file(&theirs).ok();
         }
@@ -199,8 +205,20 @@ fn regen(new: BTreeMap<String, String>) {
 fn synth_input(dir: &Path) -> PathBuf {
     let input = dir.join("synth-f16.gguf");
     let o = minfer()
-        .args(["synth", "--arch", "qwen2", "--layers", "8", "--embd", "256", "--heads", "4"])
-        .args(["--kv-heads", "1", "--ffn", "288", "--type", "f16", "--seed", "7", "-o"])
+        .args([
+            "synth", "--arch", "qwen2", "--layers", "8", "--embd", "256", "--heads", "4",
+        ])
+        .args([
+            "--kv-heads",
+            "1",
+            "--ffn",
+            "288",
+            "--type",
+            "f16",
+            "--seed",
+            "7",
+            "-o",
+        ])
         .arg(&input)
         .output()
         .unwrap();
@@ -268,17 +286,31 @@ fn quantize_refuses_what_it_cannot_do_and_mixtures_matter() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("--allow-requantize"), "{err}");
+    assert!(
+        !o.status.success() && err.contains("--allow-requantize"),
+        "{err}"
+    );
     assert!(!dir.join("r.gguf").exists());
     for (flags, ftype, needle) in [
         (vec![], "IQ2_XXS", "unknown quantization type \"IQ2_XXS\""),
-        (vec!["--output-tensor-type", "iq2_xxs"], "Q4_0", "cannot quantize to IQ2_XXS"),
-        (vec!["--tensor-type", "attn=q9"], "Q4_0", "unknown ggml type \"q9\""),
+        (
+            vec!["--output-tensor-type", "iq2_xxs"],
+            "Q4_0",
+            "cannot quantize to IQ2_XXS",
+        ),
+        (
+            vec!["--tensor-type", "attn=q9"],
+            "Q4_0",
+            "unknown ggml type \"q9\"",
+        ),
         (vec!["--imatrix", "x.dat"], "Q4_0", "--imatrix"),
     ] {
         let o = run(&flags, ftype, &dir.join("x.gguf"));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains(needle), "{flags:?} {ftype}: {err}");
+        assert!(
+            !o.status.success() && err.contains(needle),
+            "{flags:?} {ftype}: {err}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -60,7 +60,10 @@ fn perplexity_matches_the_reference_forward_with_llama_chunking() {
         ((s / 31.0).exp(), 31)
     };
     let (first_chunk, _) = ref_ppl(&path, &tokens, 32, 1);
-    assert!((all / first_chunk - 1.0).abs() > 1e-3, "{all} vs {first_chunk}");
+    assert!(
+        (all / first_chunk - 1.0).abs() > 1e-3,
+        "{all} vs {first_chunk}"
+    );
 }
 
 /// A base saved by a model and compared with the same model gives KLD ~0 (the 16-bit

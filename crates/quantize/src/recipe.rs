@@ -56,7 +56,10 @@ impl Category {
 
     /// The attention-V-like tensors the recipes treat as most sensitive.
     fn is_attn_v(self) -> bool {
-        matches!(self, Category::AttnV | Category::AttnQkv | Category::AttnKvB)
+        matches!(
+            self,
+            Category::AttnV | Category::AttnQkv | Category::AttnKvB
+        )
     }
 }
 
@@ -282,7 +285,13 @@ impl<'a> Planner<'a> {
             let gqa4 = m.n_gqa >= 4;
             match ftype {
                 F::MostlyQ2K => ty = if gqa4 { T::Q4K } else { T::Q3K },
-                F::MostlyQ3KM => ty = if self.i_attention_wv < 2 { T::Q5K } else { T::Q4K },
+                F::MostlyQ3KM => {
+                    ty = if self.i_attention_wv < 2 {
+                        T::Q5K
+                    } else {
+                        T::Q4K
+                    }
+                }
                 F::MostlyQ3KL => ty = T::Q5K,
                 F::MostlyIq4Nl | F::MostlyIq4Xs if gqa4 => ty = T::Q5K,
                 F::MostlyQ4KM | F::MostlyQ5KM
@@ -457,22 +466,26 @@ mod tests {
         let r = rules(Ftype::MostlyQ4_0);
         let mut p = Planner::new(&r, facts(1, 1), ["token_embd.weight"]);
         assert_eq!(
-            p.plan("token_embd.weight", &[256, 10], GgmlType::F16).unwrap(),
+            p.plan("token_embd.weight", &[256, 10], GgmlType::F16)
+                .unwrap(),
             GgmlType::Q6K
         );
         let r = rules(Ftype::MostlyQ4KM);
         let mut p = Planner::new(&r, facts(1, 1), ["blk.0.attn_q.weight"]);
         assert_eq!(
-            p.plan("blk.0.attn_q.weight", &[96, 10], GgmlType::F16).unwrap(),
+            p.plan("blk.0.attn_q.weight", &[96, 10], GgmlType::F16)
+                .unwrap(),
             GgmlType::Q5_0
         );
         assert_eq!(
-            p.plan("blk.0.attn_q.weight", &[48, 10], GgmlType::F16).unwrap(),
+            p.plan("blk.0.attn_q.weight", &[48, 10], GgmlType::F16)
+                .unwrap(),
             GgmlType::F16
         );
         assert_eq!(p.fallbacks.len(), 2);
         assert_eq!(
-            p.plan("blk.0.attn_norm.weight", &[48], GgmlType::F32).unwrap(),
+            p.plan("blk.0.attn_norm.weight", &[48], GgmlType::F32)
+                .unwrap(),
             GgmlType::F32
         );
     }

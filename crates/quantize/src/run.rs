@@ -175,7 +175,11 @@ pub fn quantize_model(
         leave_output_tensor: opts.leave_output_tensor,
         has_imatrix: false,
     };
-    let names: Vec<&str> = model.tensors().iter().map(|t| t.info.name.as_str()).collect();
+    let names: Vec<&str> = model
+        .tensors()
+        .iter()
+        .map(|t| t.info.name.as_str())
+        .collect();
     let order = tensor_order(names.iter().copied());
     let mut planner = Planner::new(&rules, model_facts(model.metadata()), order.iter().copied());
     let mut plan = Vec::with_capacity(order.len());
@@ -268,12 +272,12 @@ fn convert(
     path: &Path,
 ) -> Result<u64> {
     let ncols = t.dims[0] as usize;
-    let src_row = from.row_bytes(t.dims[0]).expect("the reader checked the row") as usize;
-    let dst_row = t
-        .ty
+    let src_row = from
         .row_bytes(t.dims[0])
-        .expect("the planner picked a type whose blocks divide the row")
-        as usize;
+        .expect("the reader checked the row") as usize;
+    let dst_row =
+        t.ty.row_bytes(t.dims[0])
+            .expect("the planner picked a type whose blocks divide the row") as usize;
     let nrows = src.len() / src_row;
     let slab_rows = (SLAB_ELEMENTS / ncols).clamp(1, nrows.max(1));
     let mut written = 0u64;

@@ -13,11 +13,13 @@ use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
-#[command(after_help = "As llama-perplexity: the text is cut into chunks of -c tokens, each \
+#[command(
+    after_help = "As llama-perplexity: the text is cut into chunks of -c tokens, each \
 evaluated from an empty cache, and only each chunk's second half is scored. Save a model's \
 log-probabilities with --kl-divergence-base FILE (and -f), then compare another model against \
 them with --kl-divergence-base FILE --kl-divergence. The file is llama-perplexity's format: \
-either tool reads the other's.")]
+either tool reads the other's."
+)]
 pub struct Args {
     /// A GGUF path or a known model name.
     #[arg(short = 'm', long = "model", default_value = super::args::DEFAULT_MODEL)]
@@ -134,7 +136,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     };
     let res = perplexity(&mut engine, &tokens, &cfg, writer.as_mut(), &mut on_chunk)?;
-    drop(on_chunk);
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
         let v = json!({
@@ -182,7 +183,13 @@ fn run_kld(a: Args) -> anyhow::Result<()> {
         if a.json {
             return;
         }
-        let (p, r, k, d, t) = (s.ppl(), s.ln_ppl_ratio(), s.kld(), s.p_diff_rms(), s.same_top());
+        let (p, r, k, d, t) = (
+            s.ppl(),
+            s.ln_ppl_ratio(),
+            s.kld(),
+            s.p_diff_rms(),
+            s.same_top(),
+        );
         let _ = writeln!(
             out,
             "{i:4}    {:9.4} ± {:9.4}    {:10.5} ± {:10.5}    {:10.5} ± {:10.5}    {:6.3} ± {:6.3} %    {:6.3} ± {:6.3} %",
@@ -197,7 +204,6 @@ fn run_kld(a: Args) -> anyhow::Result<()> {
         bos_of(&tok),
         &mut on_chunk,
     )?;
-    drop(on_chunk);
     if a.json {
         writeln!(out, "{}", kld_json(&s))?;
     } else {
@@ -222,23 +228,66 @@ fn kld_json(s: &KldSummary) -> serde_json::Value {
 
 fn print_kld(out: &mut impl Write, s: &KldSummary) -> std::io::Result<()> {
     writeln!(out, "\n====== Perplexity statistics ======")?;
-    writeln!(out, "Mean PPL(Q)                   : {:10.6} ± {:10.6}", s.ppl.value, s.ppl.err)?;
-    writeln!(out, "Mean PPL(base)                : {:10.6} ± {:10.6}", s.ppl_base.value, s.ppl_base.err)?;
-    writeln!(out, "Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2}%", 100.0 * s.ln_ppl_correlation)?;
-    writeln!(out, "Mean ln(PPL(Q)/PPL(base))     : {:10.6} ± {:10.6}", s.ln_ppl_ratio.value, s.ln_ppl_ratio.err)?;
-    writeln!(out, "Mean PPL(Q)/PPL(base)         : {:10.6} ± {:10.6}", s.ppl_ratio.value, s.ppl_ratio.err)?;
-    writeln!(out, "Mean PPL(Q)-PPL(base)         : {:10.6} ± {:10.6}", s.ppl_diff.value, s.ppl_diff.err)?;
+    writeln!(
+        out,
+        "Mean PPL(Q)                   : {:10.6} ± {:10.6}",
+        s.ppl.value, s.ppl.err
+    )?;
+    writeln!(
+        out,
+        "Mean PPL(base)                : {:10.6} ± {:10.6}",
+        s.ppl_base.value, s.ppl_base.err
+    )?;
+    writeln!(
+        out,
+        "Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2}%",
+        100.0 * s.ln_ppl_correlation
+    )?;
+    writeln!(
+        out,
+        "Mean ln(PPL(Q)/PPL(base))     : {:10.6} ± {:10.6}",
+        s.ln_ppl_ratio.value, s.ln_ppl_ratio.err
+    )?;
+    writeln!(
+        out,
+        "Mean PPL(Q)/PPL(base)         : {:10.6} ± {:10.6}",
+        s.ppl_ratio.value, s.ppl_ratio.err
+    )?;
+    writeln!(
+        out,
+        "Mean PPL(Q)-PPL(base)         : {:10.6} ± {:10.6}",
+        s.ppl_diff.value, s.ppl_diff.err
+    )?;
     writeln!(out, "\n====== KL divergence statistics ======")?;
-    writeln!(out, "Mean    KLD: {:10.6} ± {:10.6}", s.kld.value, s.kld.err)?;
+    writeln!(
+        out,
+        "Mean    KLD: {:10.6} ± {:10.6}",
+        s.kld.value, s.kld.err
+    )?;
     for (label, v) in &s.kld_percentiles {
         writeln!(out, "{label:<7} KLD: {v:10.6}")?;
     }
     writeln!(out, "\n====== Token probability statistics ======")?;
-    writeln!(out, "Mean    Δp: {:6.3} ± {:5.3} %", 100.0 * s.p_diff.value, 100.0 * s.p_diff.err)?;
+    writeln!(
+        out,
+        "Mean    Δp: {:6.3} ± {:5.3} %",
+        100.0 * s.p_diff.value,
+        100.0 * s.p_diff.err
+    )?;
     for (label, v) in &s.p_diff_percentiles {
         writeln!(out, "{label:<7} Δp: {:6.3}%", 100.0 * v)?;
     }
-    writeln!(out, "RMS Δp    : {:6.3} ± {:5.3} %", 100.0 * s.p_diff_rms.value, 100.0 * s.p_diff_rms.err)?;
-    writeln!(out, "Same top p: {:6.3} ± {:5.3} %", 100.0 * s.same_top.value, 100.0 * s.same_top.err)?;
+    writeln!(
+        out,
+        "RMS Δp    : {:6.3} ± {:5.3} %",
+        100.0 * s.p_diff_rms.value,
+        100.0 * s.p_diff_rms.err
+    )?;
+    writeln!(
+        out,
+        "Same top p: {:6.3} ± {:5.3} %",
+        100.0 * s.same_top.value,
+        100.0 * s.same_top.err
+    )?;
     Ok(())
 }

@@ -9,9 +9,11 @@ use minfer_quantize::{quantize_model, Event, Ftype, Options};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
-#[command(after_help = "TYPE is a file type as llama-quantize names it: F32 F16 BF16 Q4_0 Q4_1 \
+#[command(
+    after_help = "TYPE is a file type as llama-quantize names it: F32 F16 BF16 Q4_0 Q4_1 \
 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M (Q3_K) Q3_K_L Q4_K_S Q4_K_M (Q4_K) Q5_K_S Q5_K_M (Q5_K) Q6_K \
-IQ4_NL IQ4_XS. The output is byte-identical to llama-quantize's for the same input and options.")]
+IQ4_NL IQ4_XS. The output is byte-identical to llama-quantize's for the same input and options."
+)]
 pub struct Args {
     /// Source model (GGUF; any part of a split set).
     pub input: PathBuf,
@@ -99,7 +101,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} tensors {msg}")
             .expect("a valid progress template"),
     );
-    let mut on_event = |e: Event| match e {
+    let mut on_event = |e: Event| {
+        match e {
         Event::Planned { tensors, .. } => bar.set_length(tensors as u64),
         Event::Fallback(f) => bar.println(format!(
             "warning: {} - ncols {} not divisible by the {} block; falling back to {}",
@@ -112,6 +115,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             bar.set_message(format!("{name} {from} -> {to}"));
             bar.inc(1);
         }
+    }
     };
     let summary = quantize_model(&a.input, &a.output, &opts, &mut on_event)
         .with_context(|| format!("quantizing {}", a.input.display()))?;

@@ -61,7 +61,10 @@ impl LogitsWriter {
         for v in [n_ctx, n_vocab, n_chunk] {
             self.write(&(v as i32).to_le_bytes())?;
         }
-        let bytes: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect();
         self.write(&bytes)?;
         self.row = vec![0u16; row_slots(n_vocab)];
         Ok(())
@@ -157,7 +160,9 @@ impl BaseLogits {
             .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
             .collect();
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(bad(&format!("token {t} outside the vocabulary of {n_vocab}")));
+            return Err(bad(&format!(
+                "token {t} outside the vocabulary of {n_vocab}"
+            )));
         }
         Ok(BaseLogits {
             path: path.into(),
@@ -189,11 +194,16 @@ impl BaseLogits {
         let rows = self.n_ctx - 1 - self.n_ctx / 2;
         let mut raw = vec![0u8; rows * nv * 2];
         self.input.read_exact(&mut raw).map_err(|_| {
-            Error::BadRequest(format!("{}: truncated log-probabilities", self.path.display()))
+            Error::BadRequest(format!(
+                "{}: truncated log-probabilities",
+                self.path.display()
+            ))
         })?;
         self.buf.clear();
-        self.buf
-            .extend(raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])));
+        self.buf.extend(
+            raw.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]])),
+        );
         Ok(self.buf.chunks_exact(nv))
     }
 }

@@ -60,7 +60,10 @@ pub struct PplResult {
 fn plan(cfg: &PplConfig, n_tokens: usize, engine: &Engine) -> Result<(usize, usize)> {
     let bad = |m: String| Err(Error::BadRequest(m));
     if cfg.n_ctx < 4 {
-        return bad(format!("perplexity: a chunk of {} tokens is too short", cfg.n_ctx));
+        return bad(format!(
+            "perplexity: a chunk of {} tokens is too short",
+            cfg.n_ctx
+        ));
     }
     if n_tokens < 2 * cfg.n_ctx {
         return bad(format!(

@@ -95,7 +95,7 @@ fn percentile(v: &[f32], fraction: f32) -> f64 {
 
 fn median(v: &[f32]) -> f64 {
     let n = v.len();
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         (0.5 * (v[n / 2] + v[n / 2 - 1])) as f64
     } else {
         v[n / 2] as f64
@@ -239,7 +239,12 @@ impl KldStats {
             if with_quartiles {
                 lo.push(("25.0%", 0.25f32));
             }
-            lo.extend([("10.0%", 0.1f32), ("5.0%", 0.05), ("1.0%", 0.01), ("0.1%", 0.001)]);
+            lo.extend([
+                ("10.0%", 0.1f32),
+                ("5.0%", 0.05),
+                ("1.0%", 0.01),
+                ("0.1%", 0.001),
+            ]);
             out.extend(lo.into_iter().map(|(l, f)| (l, percentile(v, f))));
             out.push(("Minimum", v[0] as f64));
             out
@@ -261,10 +266,18 @@ impl KldStats {
                     .sqrt(),
             },
             kld: self.kld(),
-            kld_percentiles: if n > 0 { pct(&self.klds, false) } else { vec![] },
+            kld_percentiles: if n > 0 {
+                pct(&self.klds, false)
+            } else {
+                vec![]
+            },
             p_diff: mean_and_err(self.sum_p_diff, self.sum_p_diff2, n),
             p_diff_rms: self.p_diff_rms(),
-            p_diff_percentiles: if n > 0 { pct(&self.p_diffs, true) } else { vec![] },
+            p_diff_percentiles: if n > 0 {
+                pct(&self.p_diffs, true)
+            } else {
+                vec![]
+            },
             same_top: self.same_top(),
         }
     }

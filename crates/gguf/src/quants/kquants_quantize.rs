@@ -406,9 +406,15 @@ fn pack_scale_min(
     nmax: i32,
     l: &mut [u8; QK_K],
 ) -> (u16, u16, [u8; 12]) {
-    let max_scale = scales.iter().fold(0.0f32, |a, &s| if s > a { s } else { a });
+    let max_scale = scales
+        .iter()
+        .fold(0.0f32, |a, &s| if s > a { s } else { a });
     let max_min = mins.iter().fold(0.0f32, |a, &m| if m > a { m } else { a });
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut s = [0u8; 12];
     for j in 0..8 {

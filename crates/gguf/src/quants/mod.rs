@@ -335,14 +335,20 @@ mod tests {
 
     #[test]
     fn every_supported_type_quantizes_and_round_trips_closely() {
-        let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+        let x: Vec<f32> = (0..512)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+            .collect();
         for ty in GgmlType::SUPPORTED {
             let bytes = ty.row_bytes(512).unwrap() as usize;
             let mut q = vec![0u8; bytes];
             quantize_row(ty, &x, &mut q).unwrap();
             let mut y = vec![0f32; 512];
             dequantize_row(ty, &q, &mut y).unwrap();
-            let err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let err = x
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             // Q2_K's 2-bit quants of values in [-1.25, 1.25] are off by up to ~0.4.
             assert!(err < 0.45, "{ty}: max error {err}");
         }
