@@ -97,6 +97,11 @@ fn synth_cases() -> Vec<Case> {
         "FFN_UP=iq4_xs",
     ];
     v.push(Case {
+        name: "synth-Q4_K_M-leave-output".into(),
+        flags: vec!["--leave-output-tensor".into()],
+        ftype: "Q4_K_M".into(),
+    });
+    v.push(Case {
         name: "synth-Q4_K_M-overrides".into(),
         flags: flags.iter().map(|s| s.to_string()).collect(),
         ftype: "Q4_K_M".into(),
