@@ -319,3 +319,31 @@ fn quantize_refuses_what_it_cannot_do_and_mixtures_matter() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A split input (three parts, written by `GgufWriter::write_split` in llama-gguf-split's
+/// layout) quantizes to the bytes of the unsplit input: the split keys are dropped and the
+/// tensors sorted as llama-quantize sorts them. (llama-quantize gives the same sha256 for
+/// llama-gguf-split's parts of this model.)
+#[test]
+fn quantize_of_a_split_input_matches_the_unsplit_bytes() {
+    let dir = tmpdir("split");
+    let input = synth_input(&dir);
+    let model = minfer_gguf::GgufModel::open(&input).unwrap();
+    let mut w = minfer_gguf::GgufWriter::new();
+    w.metadata = model.metadata().clone();
+    for t in model.tensors() {
+        let (info, bytes) = model.tensor_data(&t.info.name).unwrap();
+        w.add_tensor(&info.name, &info.dims, info.ty, bytes.to_vec())
+            .unwrap();
+    }
+    let parts = w.write_split(&dir, "sp", 3).unwrap();
+    let out = dir.join("q.gguf");
+    let case = Case {
+        name: "synth-Q4_K_M".into(),
+        flags: vec![],
+        ftype: "Q4_K_M".into(),
+    };
+    ours(&case, &parts[1], &out);
+    assert_eq!(Some(&sha256(&out)), read_fixture().get("synth-Q4_K_M"));
+    std::fs::remove_dir_all(&dir).ok();
+}
