@@ -37,6 +37,7 @@
 pub mod blocks;
 mod float;
 mod iq;
+mod iq_quantize;
 mod kquants;
 mod kquants_quantize;
 mod legacy;
@@ -163,8 +164,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         T::Q4K => kquants_quantize::quant_q4_k,
         T::Q5K => kquants_quantize::quant_q5_k,
         T::Q6K => kquants_quantize::quant_q6_k,
-        T::Iq4Nl => kquants_quantize::quant_iq4_nl,
-        T::Iq4Xs => kquants_quantize::quant_iq4_xs,
+        T::Iq4Nl => iq_quantize::quant_iq4_nl,
+        T::Iq4Xs => iq_quantize::quant_iq4_xs,
         _ if ty.is_supported() => return Err(Error::NotQuantizable { ty }),
         _ => return Err(Error::UnsupportedQuantType { ty, op: OP }),
     };
