@@ -35,6 +35,12 @@ enum Command {
     /// Join a split model into one file (the exact bytes that were split).
     Merge(commands::merge::Args),
     /// Fetch a known model, or hf:OWNER/REPO[:QUANT|:FILE] from the hub, into the user cache.
+    /// Perplexity of a model over a text, and KL divergence against a saved base
+    /// (llama-perplexity's method and file format).
+    Perplexity(Box<commands::perplexity::Args>),
+    /// Rewrite a model's weights in other types (llama-quantize's mixtures, same bytes).
+    Quantize(Box<commands::quantize::Args>),
+    /// Fetch a known model into the user cache.
     Pull(commands::pull::Args),
     /// The models in the cache and the names to run them by.
     List(commands::list::Args),
@@ -131,6 +137,8 @@ fn main() -> ExitCode {
         Command::Pull(a) => commands::pull::run(a),
         Command::List(a) => commands::list::run(a),
         Command::Rm(a) => commands::rm::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(*a),
+        Command::Quantize(a) => commands::quantize::run(*a),
         Command::Render(a) => commands::render::run(a),
         Command::Serve(a) => commands::serve::run(*a),
         Command::Tokenize(a) => commands::tokenize::run(a),

@@ -13,6 +13,7 @@ pub mod fetch;
 pub mod generate;
 pub mod kv;
 pub mod kvcells;
+pub mod perplexity;
 pub mod sampler;
 pub mod session;
 pub mod stop;

@@ -78,7 +78,7 @@ pub enum Error {
         ty: crate::GgmlType,
         op: &'static str,
     },
-    #[error("cannot quantize to {ty}: minfer quantizes f32 only to F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K")]
+    #[error("cannot quantize to {ty}: minfer has no quantizer for it")]
     NotQuantizable { ty: crate::GgmlType },
     #[error("{op}: a {ty} row of {n} elements is not a whole number of {block}-element blocks")]
     PartialBlock {

@@ -1,0 +1,140 @@
+//! `minfer quantize IN OUT TYPE`: llama-quantize's mixtures and options over
+//! `minfer_quantize`; progress on stderr.
+
+use anyhow::Context;
+use clap::Args as ClapArgs;
+use indicatif::{ProgressBar, ProgressStyle};
+use minfer_gguf::GgmlType;
+use minfer_quantize::{quantize_model, Event, Ftype, Options};
+use std::path::PathBuf;
+
+#[derive(ClapArgs, Debug)]
+#[command(
+    after_help = "TYPE is a file type as llama-quantize names it: F32 F16 BF16 Q4_0 Q4_1 \
+Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M (Q3_K) Q3_K_L Q4_K_S Q4_K_M (Q4_K) Q5_K_S Q5_K_M (Q5_K) Q6_K \
+IQ4_NL IQ4_XS. The output is byte-identical to llama-quantize's for the same input and options."
+)]
+pub struct Args {
+    /// Source model (GGUF; any part of a split set).
+    pub input: PathBuf,
+    /// Output file.
+    pub output: PathBuf,
+    /// File type (mixture), e.g. Q4_K_M.
+    #[arg(value_name = "TYPE")]
+    pub ftype: String,
+    /// One type for every quantized tensor: no per-tensor mixture rules.
+    #[arg(long)]
+    pub pure: bool,
+    /// Type of output.weight (and of a tied token embedding), e.g. q8_0.
+    #[arg(long, value_name = "GGML_TYPE")]
+    pub output_tensor_type: Option<String>,
+    /// Type of token_embd.weight.
+    #[arg(long, value_name = "GGML_TYPE")]
+    pub token_embedding_type: Option<String>,
+    /// PATTERN=GGML_TYPE: tensors whose name matches the regex PATTERN get that type
+    /// (repeatable; the first match wins).
+    #[arg(long = "tensor-type", value_name = "PATTERN=GGML_TYPE")]
+    pub tensor_type: Vec<String>,
+    /// Keep output.weight unquantized (its source type).
+    #[arg(long)]
+    pub leave_output_tensor: bool,
+    /// Dequantize quantized source tensors and quantize them again (quality suffers).
+    #[arg(long)]
+    pub allow_requantize: bool,
+    /// Importance matrix (llama-imatrix output). Not implemented yet: refused.
+    #[arg(long, value_name = "FILE")]
+    pub imatrix: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+fn ggml_type(flag: &str, s: &str) -> anyhow::Result<GgmlType> {
+    GgmlType::from_name(s).with_context(|| format!("{flag}: unknown ggml type {s:?}"))
+}
+
+fn options(a: &Args) -> anyhow::Result<Options> {
+    let ftype = Ftype::from_name(&a.ftype).with_context(|| {
+        let names: Vec<&str> = Ftype::names().collect();
+        format!(
+            "unknown quantization type {:?} (known: {})",
+            a.ftype,
+            names.join(" ")
+        )
+    })?;
+    if let Some(p) = &a.imatrix {
+        anyhow::bail!(
+            "--imatrix {}: quantizing with an importance matrix is not implemented yet",
+            p.display()
+        );
+    }
+    let mut o = Options::new(ftype);
+    o.pure = a.pure;
+    o.allow_requantize = a.allow_requantize;
+    o.leave_output_tensor = a.leave_output_tensor;
+    o.threads = a.threads;
+    o.output_tensor_type = a
+        .output_tensor_type
+        .as_deref()
+        .map(|s| ggml_type("--output-tensor-type", s))
+        .transpose()?;
+    o.token_embedding_type = a
+        .token_embedding_type
+        .as_deref()
+        .map(|s| ggml_type("--token-embedding-type", s))
+        .transpose()?;
+    for tt in &a.tensor_type {
+        let (pat, ty) = tt
+            .split_once('=')
+            .filter(|(p, t)| !p.is_empty() && !t.is_empty())
+            .with_context(|| format!("--tensor-type {tt:?}: expected PATTERN=GGML_TYPE"))?;
+        o.tensor_types
+            .push((pat.to_string(), ggml_type("--tensor-type", ty)?));
+    }
+    Ok(o)
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let opts = options(&a)?;
+    let t0 = std::time::Instant::now();
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} tensors {msg}")
+            .expect("a valid progress template"),
+    );
+    let mut on_event = |e: Event| {
+        match e {
+        Event::Planned { tensors, .. } => bar.set_length(tensors as u64),
+        Event::Fallback(f) => bar.println(format!(
+            "warning: {} - ncols {} not divisible by the {} block; falling back to {}",
+            f.tensor, f.ncols, f.wanted, f.got
+        )),
+        Event::Requantize { tensor, from } => bar.println(format!(
+            "warning: requantizing {tensor} from {from}: quality is lower than from the original weights"
+        )),
+        Event::Tensor { name, from, to, .. } => {
+            bar.set_message(format!("{name} {from} -> {to}"));
+            bar.inc(1);
+        }
+    }
+    };
+    let summary = quantize_model(&a.input, &a.output, &opts, &mut on_event)
+        .with_context(|| format!("quantizing {}", a.input.display()))?;
+    bar.finish_and_clear();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "quantized {} tensors: {:.2} MiB -> {:.2} MiB ({}) in {:.1} s; wrote {}",
+        summary.tensors,
+        mib(summary.bytes_in),
+        mib(summary.bytes_out),
+        opts.ftype.name(),
+        t0.elapsed().as_secs_f64(),
+        a.output.display()
+    );
+    if summary.fallbacks > 0 {
+        eprintln!(
+            "warning: {} tensor(s) required fallback quantization",
+            summary.fallbacks
+        );
+    }
+    Ok(())
+}
