@@ -114,14 +114,26 @@ impl ConstraintState {
             .iter()
             .filter_map(|&e| logits.get(e as usize).map(|&l| (e as usize, l)))
             .collect();
+        // Word by word over the mask's bits (bit `i % 32` of word `i / 32` is id `i`): a
+        // word of zeros — most of the vocabulary inside a JSON string — is 32 plain stores.
         let mut any = false;
-        for (id, l) in logits.iter_mut().enumerate() {
-            if id < self.n_vocab && mask.is_allowed(id as u32) {
-                any |= *l > f32::NEG_INFINITY;
-            } else {
-                *l = f32::NEG_INFINITY;
+        let allowed = mask.as_slice();
+        let n = self.n_vocab.min(logits.len());
+        for (w, chunk) in logits[..n].chunks_mut(32).enumerate() {
+            let bits = allowed.get(w).copied().unwrap_or(0);
+            if bits == 0 {
+                chunk.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            for (b, l) in chunk.iter_mut().enumerate() {
+                if bits >> b & 1 == 1 {
+                    any |= *l > f32::NEG_INFINITY;
+                } else {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
+        logits[n..].fill(f32::NEG_INFINITY);
         for (e, l) in eog_logits {
             logits[e] = if eos_ok { l } else { f32::NEG_INFINITY };
             any |= eos_ok && l > f32::NEG_INFINITY;
