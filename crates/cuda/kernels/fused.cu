@@ -6,7 +6,7 @@
 // mf_rope_cs / mf_rope_lo / mf_rope_hi, mf_f2h, mf_kv_q8_block), so the two give the same bits.
 
 // Rows [0, q_dim) from wq, then kv_dim from wk, then kv_dim from wv (q_dim and kv_dim whole
-// 16-row blocks, so a block reads one matrix). Shared memory as mf_mmvq1.
+// row blocks of blockDim.x / 32, so a block reads one matrix). Shared memory as mf_mmvq1.
 extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
                                    u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
                                    const float *bk, const float *bv, const float *x,
@@ -14,8 +14,7 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
-    mf_q8_shared(x, ne0, xq, xds);
-    int o = blockIdx.x * MF_MV_ROWS + (threadIdx.x >> 3);
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int ty, r;
     const u8 *w;
     u64 rb;
@@ -27,8 +26,10 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
     } else {
         ty = tyv, w = wv, rb = rbv, bias = bv, r = o - q_dim - kv_dim;
     }
+    mf_prefetch_row(w + (u64)r * rb, rb);
+    mf_q8_shared(x, ne0, xq, xds);
     float s = mf_row1_any(ty, w + (u64)r * rb, xq, xds, ne0 >> 5);
-    if ((threadIdx.x & 7) == 0) {
+    if ((threadIdx.x & 31) == 0) {
         if (bias) s = __fadd_rn(s, bias[r]);
         row[o] = s;
     }

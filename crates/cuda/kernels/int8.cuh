@@ -9,7 +9,8 @@
 // expression of explicitly rounded operations (`__fmul_rn`/`__fadd_rn`: no fma contraction
 // that could differ between kernels); partial P_r sums c_b over b = r, r + 8, r + 16, ... in
 // increasing order from +0; the output is ((P0+P4)+(P2+P6)) + ((P1+P5)+(P3+P7)), then the
-// bias. Eight lanes per output row, four rows per warp.
+// bias. Eight lanes per output row, four rows per warp, in the multi-token kernel; the
+// one-token kernels compute a row's c_b over a whole warp and chain the partials by shuffles.
 
 #define MF_MV_ROWS 16 // output rows per 128-thread block
 #define MF_MV_T 8     // tokens per block: their products share each weight block's loads
@@ -232,36 +233,88 @@ __device__ void mf_mmvq(const u8 *w, u64 row_bytes, const signed char *xq, const
     }
 }
 
-// ---- one token (decode): the activation row quantized by every block into shared memory
-// (the same quantizer, so the same bits as mf_quantize_q8 + mf_mmvq), saving a launch.
+// ---- one token (decode): a warp per output row, the activation row quantized by every
+// block into shared memory (the same bits as mf_quantize_q8 + mf_mmvq), saving a launch.
 
-// Quantizes x[0..ne0) into shared xq / xds, a block per thread.
+// Output rows per block: a warp each, blockDim.x / 32 (the host picks 4 or 8).
+
+// Asks L2 for the first 4 KiB of a row (a 128-byte line per lane, never past the row), so
+// the weight blocks of the first two rounds are on their way while the block quantizes x.
+__device__ __forceinline__ void mf_prefetch_row(const u8 *row, u64 row_bytes) {
+    u64 off = (u64)(threadIdx.x & 31) * 128;
+    if (off < row_bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+}
+
+// Quantizes x[0..ne0) into shared xq / xds, 8 lanes per 32-element block (4 elements a
+// lane: the max and the sum by shuffles inside the 8). The bits are mf_q8_block's: the max
+// is order-free once a NaN counts as 0 (as fmaxf's chain from 0 treats it), the sum is an
+// integer, and d, q and d * sum are the same rounded operations. The loop runs the same
+// number of rounds on every lane of a warp (shuffles need the whole warp).
 __device__ __forceinline__ void mf_q8_shared(const float *x, int ne0, signed char *xq,
                                              float2 *xds) {
-    for (int b = threadIdx.x; b < (ne0 >> 5); b += blockDim.x)
-        mf_q8_block(x + b * 32, xq + b * 32, xds + b);
+    int sub = threadIdx.x & 7;
+    int slots = blockDim.x >> 3;
+    int nb = ne0 >> 5;
+    for (int b0 = (threadIdx.x >> 5) * 4; b0 < nb; b0 += slots) {
+        int b = b0 + ((threadIdx.x & 31) >> 3);
+        bool ok = b < nb;
+        float4 v = ok ? ((const float4 *)(x + (u64)b * 32))[sub] : make_float4(0, 0, 0, 0);
+        float amax = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(v.x)), fabsf(v.y)), fabsf(v.z)),
+                           fabsf(v.w));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d = __fdiv_rn(amax, 127.0f);
+        float e[4] = {v.x, v.y, v.z, v.w};
+        int sum = 0;
+        u32 word = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int qi = d > 0.0f ? __float2int_rn(__fdiv_rn(e[k], d)) : 0;
+            sum += qi;
+            word |= ((u32)qi & 0xffu) << (8 * k);
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (ok) {
+            ((int *)(xq + (u64)b * 32))[sub] = (int)word;
+            if (sub == 0) xds[b] = make_float2(d, __fmul_rn(d, (float)sum));
+        }
+    }
     __syncthreads();
 }
 
-// One row's dot product in the canonical order (lane r = threadIdx.x & 7), all 8 lanes
-// returning it.
+// One row's dot product in the canonical order over a warp: lane l computes c_b for the
+// blocks b = 32 j + l (+0 past the row's end, which leaves a partial that is never -0 as
+// it is), and lane r < 8 chains P_r through the four blocks of residue r in each group of
+// 32 in increasing b. Lane 0 returns the row's value.
 template <int TY>
 __device__ __forceinline__ float mf_row1(const u8 *row, const signed char *xq,
                                          const float2 *xds, int nb) {
-    int r = threadIdx.x & 7;
+    int lane = threadIdx.x & 31;
     float acc = 0.0f;
 #pragma unroll 2
-    for (int b = r; b < nb; b += 8) {
-        MfWBlk wb;
-        mf_wload<TY>(row, b, wb);
-        const int *xv = (const int *)(xq + (u64)b * 32);
-        int a = 0, c = 0;
+    for (int b0 = 0; b0 < nb; b0 += 32) {
+        int b = b0 + lane;
+        float c = 0.0f;
+        if (b < nb) {
+            MfWBlk wb;
+            mf_wload<TY>(row, b, wb);
+            const int *xv = (const int *)(xq + (u64)b * 32);
+            int a = 0, e = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a = mf_dp4a(wb.q[i], xv[i], a);
+            for (int i = 0; i < 4; ++i) a = mf_dp4a(wb.q[i], xv[i], a);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) c = mf_dp4a(wb.q[4 + i], xv[4 + i], c);
-        float2 ds = xds[b];
-        acc = __fadd_rn(acc, mf_contrib<TY>(wb, a, c, ds.x, ds.y));
+            for (int i = 0; i < 4; ++i) e = mf_dp4a(wb.q[4 + i], xv[4 + i], e);
+            float2 ds = xds[b];
+            c = mf_contrib<TY>(wb, a, e, ds.x, ds.y);
+        }
+        float c8 = __shfl_down_sync(0xffffffffu, c, 8);
+        float c16 = __shfl_down_sync(0xffffffffu, c, 16);
+        float c24 = __shfl_down_sync(0xffffffffu, c, 24);
+        acc = __fadd_rn(acc, c);
+        acc = __fadd_rn(acc, c8);
+        acc = __fadd_rn(acc, c16);
+        acc = __fadd_rn(acc, c24);
     }
     return mf_lane8_sum(acc);
 }

@@ -32,11 +32,12 @@ extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const fl
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
-    mf_q8_shared(x, ne0, xq, xds);
-    int o = blockIdx.x * MF_MV_ROWS + (threadIdx.x >> 3);
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool live = o < n_out;
+    if (live) mf_prefetch_row(w + (u64)o * row_bytes, row_bytes);
+    mf_q8_shared(x, ne0, xq, xds);
     float s = mf_row1_any(ty, w + (u64)(live ? o : 0) * row_bytes, xq, xds, ne0 >> 5);
-    if ((threadIdx.x & 7) == 0 && live) {
+    if ((threadIdx.x & 31) == 0 && live) {
         if (bias) s = __fadd_rn(s, bias[o]);
         y[o] = s;
     }
@@ -50,11 +51,15 @@ extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, 
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
-    mf_q8_shared(x, ne0, xq, xds);
-    int o = blockIdx.x * MF_MV_ROWS + (threadIdx.x >> 3);
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool live = o < n_out;
     u64 oo = live ? o : 0;
+    if (live) {
+        mf_prefetch_row(wg + oo * rbg, rbg);
+        mf_prefetch_row(wu + oo * rbu, rbu);
+    }
+    mf_q8_shared(x, ne0, xq, xds);
     float g = mf_row1_any(tyg, wg + oo * rbg, xq, xds, ne0 >> 5);
     float u = mf_row1_any(tyu, wu + oo * rbu, xq, xds, ne0 >> 5);
-    if ((threadIdx.x & 7) == 0 && live) y[o] = g / (1.0f + expf(-g)) * u;
+    if ((threadIdx.x & 31) == 0 && live) y[o] = g / (1.0f + expf(-g)) * u;
 }

@@ -102,6 +102,9 @@ pub struct CudaBackend {
     pub(crate) mmvq: bool,
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
+    /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
+    /// `MINFER_CUDA_MV1_WARPS=4` (an ablation switch; the bits do not depend on it).
+    pub(crate) mv1_warps: usize,
     /// Whole splits replayed as CUDA graphs (off: `MINFER_CUDA_GRAPHS=0`, or profiling).
     replayer: Option<Replayer>,
 }
@@ -114,6 +117,11 @@ impl CudaBackend {
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let mmvq = env("MINFER_CUDA_MATMUL") != "f32";
         let attn_single = env("MINFER_CUDA_ATTN") == "single";
+        let mv1_warps = if env("MINFER_CUDA_MV1_WARPS") == "4" {
+            4
+        } else {
+            8
+        };
         let profile = (env("MINFER_CUDA_PROFILE") == "1").then(Profile::default);
         let graphs = env("MINFER_CUDA_GRAPHS") != "0" && profile.is_none();
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
@@ -156,6 +164,7 @@ impl CudaBackend {
             q8_input: None,
             mmvq,
             attn_single,
+            mv1_warps,
             replayer: graphs.then(Replayer::default),
         })
     }
@@ -340,10 +349,10 @@ pub(crate) fn op_refusal(op: &Op, weights: &dyn WeightSource) -> Option<String> 
             })
             .or_else(|| {
                 let (q, kv) = (f.q_dim(), f.kv_dim());
-                (!q.is_multiple_of(16)
-                    || !kv.is_multiple_of(16)
+                (!q.is_multiple_of(4)
+                    || !kv.is_multiple_of(4)
                     || !f.rope.head_dim.is_multiple_of(2))
-                .then(|| format!("fused Q/K/V rows q {q}, kv {kv}: not whole 16-row blocks"))
+                .then(|| format!("fused Q/K/V rows q {q}, kv {kv}: not whole 4-row blocks"))
             })
             .or_else(|| {
                 (f.cache_type == GgmlType::Q8_0 && !f.kv_dim().is_multiple_of(32))

@@ -12,6 +12,9 @@ use crate::device::{Arg, DResult};
 /// Output rows and tokens per block of the int8 matmuls (kernels/mmvq.cu `MF_MV_*`).
 const MV_ROWS: usize = 16;
 const MV_T: usize = 8;
+/// Fewest output rows per block of the one-token int8 kernels (a warp each; the block has
+/// `mv1_warps` of them).
+const MV1_ROWS: usize = 4;
 /// Window rows per attention chunk (kernels/attn.cu `MF_ATTN_CHUNK`, `MF_GQA_CHUNK`).
 const ATTN_CHUNK: usize = 256;
 const GQA_CHUNK: usize = 64;
@@ -165,8 +168,8 @@ impl CudaBackend {
                         let ty = type_code(m.ty).ok_or("weight type")?;
                         return self.gpu.launch_shared(
                             "mf_mmvq1",
-                            (ne0.div_ceil(MV_ROWS) as u32, 1, 1),
-                            128,
+                            (ne0.div_ceil(self.mv1_warps) as u32, 1, 1),
+                            32 * self.mv1_warps as u32,
                             shared,
                             &[
                                 Arg::I32(ty),
@@ -449,8 +452,8 @@ impl CudaBackend {
                 let out = self.out(node, args)?;
                 self.gpu.launch_shared(
                     "mf_gate_up1",
-                    (ne0.div_ceil(MV_ROWS) as u32, 1, 1),
-                    128,
+                    (ne0.div_ceil(self.mv1_warps) as u32, 1, 1),
+                    32 * self.mv1_warps as u32,
                     shared,
                     &[
                         Arg::I32(tg),
@@ -501,9 +504,9 @@ impl CudaBackend {
                 ));
             }
         }
-        if !q_dim.is_multiple_of(MV_ROWS) || !kv_dim.is_multiple_of(MV_ROWS) {
+        if !q_dim.is_multiple_of(MV1_ROWS) || !kv_dim.is_multiple_of(MV1_ROWS) {
             return Err(format!(
-                "q {q_dim} / kv {kv_dim} rows are not whole {MV_ROWS}-row blocks"
+                "q {q_dim} / kv {kv_dim} rows are not whole {MV1_ROWS}-row blocks"
             ));
         }
         let shared = mv1_shared(ne0).ok_or("the fused Q/K/V row is too long")?;
@@ -540,10 +543,17 @@ impl CudaBackend {
             Arg::I32(q_dim as i32),
             Arg::I32(kv_dim as i32),
         ]);
+        // A block's rows come from one matrix.
+        let warps = if q_dim.is_multiple_of(self.mv1_warps) && kv_dim.is_multiple_of(self.mv1_warps)
+        {
+            self.mv1_warps
+        } else {
+            MV1_ROWS
+        };
         self.gpu.launch_shared(
             "mf_qkv1",
-            (rows.div_ceil(MV_ROWS) as u32, 1, 1),
-            128,
+            (rows.div_ceil(warps) as u32, 1, 1),
+            32 * warps as u32,
             shared,
             &a,
         )?;
