@@ -306,7 +306,7 @@ impl CpuBackend {
                     self.threads,
                 )?;
             }
-            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => {
+            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } | Op::MatMulAdd { .. } => {
                 // supports_op refuses them, so fusion never gives the CPU one.
                 return Err(KernelError(format!(
                     "{} is a fused decode op the CPU does not run (it runs the unfused chain)",
@@ -400,7 +400,7 @@ impl Backend for CpuBackend {
             | Op::Mul
             | Op::Silu
             | Op::SwiGLU => true,
-            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => false,
+            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } | Op::MatMulAdd { .. } => false,
         }
     }
 
@@ -429,7 +429,11 @@ impl Backend for CpuBackend {
         match op {
             FusedOp::SwiGLU => true,
             // The decode fusions exist for dispatch-bound devices; the CPU keeps the chain.
-            FusedOp::QkvRopeStore | FusedOp::QkvNormRopeStore | FusedOp::FfnGateUp => false,
+            FusedOp::QkvRopeStore
+            | FusedOp::QkvNormRopeStore
+            | FusedOp::FfnGateUp
+            | FusedOp::InputNorm
+            | FusedOp::MatMulAdd => false,
         }
     }
 

@@ -40,6 +40,23 @@ __device__ __forceinline__ float mf_warp_sum(float v) {
     return v;
 }
 
+// The RMSNorm scale of x[0..n) as one warp computes it (every lane returns the same bits):
+// lane l sums x[l + 32 i]^2 in increasing i with explicit fma, then a butterfly over the lanes,
+// then 1 / sqrt(s / n + eps), each step rounded once. The one definition the RmsNorm kernel
+// and the kernels that fold the norm into their input both use.
+__device__ __forceinline__ float mf_rms_scale(const float *x, int n, float eps) {
+    float s = 0.0f;
+    for (int i = threadIdx.x & 31; i < n; i += 32) s = __fmaf_rn(x[i], x[i], s);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)n), eps)));
+}
+
+// A normalised element: (x * scale) * gain.
+__device__ __forceinline__ float mf_rms_apply(float x, float scale, float gain) {
+    return __fmul_rn(__fmul_rn(x, scale), gain);
+}
+
 // Sum over a block of up to 1024 threads in a fixed order (warp tree, then warps in order):
 // the same inputs give the same bits whatever else runs. `red` holds 32 floats.
 __device__ float mf_block_sum(float v, float *red) {

@@ -24,13 +24,11 @@ extern "C" __global__ void mf_swiglu(const float *a, const float *b, float *o, u
 // One block per group of `group` elements (a row, or one head of a row).
 extern "C" __global__ void mf_rms_norm(const float *x, const float *w, float *o, int group,
                                        float eps) {
-    __shared__ float red[32];
+    // Every warp computes the scale itself (mf_rms_scale: the order fused kernels repeat).
     u64 base = (u64)blockIdx.x * group;
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < group; i += blockDim.x) { float v = x[base + i]; s += v * v; }
-    s = mf_block_sum(s, red);
-    float scale = 1.0f / sqrtf(s / (float)group + eps);
-    for (int i = threadIdx.x; i < group; i += blockDim.x) o[base + i] = x[base + i] * scale * w[i];
+    float scale = mf_rms_scale(x + base, group, eps);
+    for (int i = threadIdx.x; i < group; i += blockDim.x)
+        o[base + i] = mf_rms_apply(x[base + i], scale, w[i]);
 }
 
 // One thread per (token, head, pair); neox pairs (j, j + d/2), normal (2j, 2j + 1).

@@ -10,7 +10,8 @@
 extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
                                    u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
                                    const float *bk, const float *bv, const float *x,
-                                   float *row, int ne0, int q_dim, int kv_dim) {
+                                   const float *gain, float eps, float *row, int ne0,
+                                   int q_dim, int kv_dim) {
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
@@ -27,7 +28,7 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
         ty = tyv, w = wv, rb = rbv, bias = bv, r = o - q_dim - kv_dim;
     }
     mf_prefetch_row(w + (u64)r * rb, rb);
-    mf_q8_shared(x, ne0, xq, xds);
+    mf_q8_shared(x, ne0, xq, xds, gain, eps);
     float s = mf_row1_any(ty, w + (u64)r * rb, xq, xds, ne0 >> 5);
     if ((threadIdx.x & 31) == 0) {
         if (bias) s = __fadd_rn(s, bias[r]);

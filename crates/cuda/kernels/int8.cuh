@@ -249,9 +249,11 @@ __device__ __forceinline__ void mf_prefetch_row(const u8 *row, u64 row_bytes) {
 // lane: the max and the sum by shuffles inside the 8). The bits are mf_q8_block's: the max
 // is order-free once a NaN counts as 0 (as fmaxf's chain from 0 treats it), the sum is an
 // integer, and d, q and d * sum are the same rounded operations. The loop runs the same
-// number of rounds on every lane of a warp (shuffles need the whole warp).
+// number of rounds on every lane of a warp (shuffles need the whole warp). With a `gain`,
+// x is first the row's RMSNorm, exactly as mf_rms_norm writes it.
 __device__ __forceinline__ void mf_q8_shared(const float *x, int ne0, signed char *xq,
-                                             float2 *xds) {
+                                             float2 *xds, const float *gain, float eps) {
+    float scale = gain ? mf_rms_scale(x, ne0, eps) : 1.0f;
     int sub = threadIdx.x & 7;
     int slots = blockDim.x >> 3;
     int nb = ne0 >> 5;
@@ -259,6 +261,11 @@ __device__ __forceinline__ void mf_q8_shared(const float *x, int ne0, signed cha
         int b = b0 + ((threadIdx.x & 31) >> 3);
         bool ok = b < nb;
         float4 v = ok ? ((const float4 *)(x + (u64)b * 32))[sub] : make_float4(0, 0, 0, 0);
+        if (gain && ok) {
+            float4 g = ((const float4 *)(gain + (u64)b * 32))[sub];
+            v = make_float4(mf_rms_apply(v.x, scale, g.x), mf_rms_apply(v.y, scale, g.y),
+                            mf_rms_apply(v.z, scale, g.z), mf_rms_apply(v.w, scale, g.w));
+        }
         float amax = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(v.x)), fabsf(v.y)), fabsf(v.z)),
                            fabsf(v.w));
 #pragma unroll

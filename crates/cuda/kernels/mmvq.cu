@@ -26,28 +26,32 @@ MF_MMVQ_KERNEL(mf_mmvq_q4_k, MF_Q4_K)
 MF_MMVQ_KERNEL(mf_mmvq_q6_k, MF_Q6_K)
 
 
-// y[o] = w[o] . x (+ bias[o]) for one token; dynamic shared memory ne0 + ne0 / 4 bytes.
+// y[o] = w[o] . x (+ bias[o]) (+ res[o]: the residual Add of Op::MatMulAdd, after the bias
+// as the unfused MatMul → Add) for one token; dynamic shared memory ne0 + ne0 / 4 bytes.
 extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const float *x,
-                                    float *y, const float *bias, int ne0, int n_out) {
+                                    float *y, const float *bias, const float *res, int ne0,
+                                    int n_out) {
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool live = o < n_out;
     if (live) mf_prefetch_row(w + (u64)o * row_bytes, row_bytes);
-    mf_q8_shared(x, ne0, xq, xds);
+    mf_q8_shared(x, ne0, xq, xds, nullptr, 0.0f);
     float s = mf_row1_any(ty, w + (u64)(live ? o : 0) * row_bytes, xq, xds, ne0 >> 5);
     if ((threadIdx.x & 31) == 0 && live) {
         if (bias) s = __fadd_rn(s, bias[o]);
+        if (res) s = __fadd_rn(s, res[o]);
         y[o] = s;
     }
 }
 
 // The decode FFN's gate and up products and SwiGLU in one launch: y[o] = silu(g) * u with
 // g = wg[o] . x and u = wu[o] . x, each exactly as mf_mmvq1 computes it and the SwiGLU as
-// mf_swiglu writes it.
+// mf_swiglu writes it; with a `gain`, x is the row's RMSNorm (Op::FfnGateUp's in_norm).
 extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, const u8 *wu,
-                                       u64 rbu, const float *x, float *y, int ne0, int n_out) {
+                                       u64 rbu, const float *x, const float *gain, float eps,
+                                       float *y, int ne0, int n_out) {
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
@@ -58,7 +62,7 @@ extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, 
         mf_prefetch_row(wg + oo * rbg, rbg);
         mf_prefetch_row(wu + oo * rbu, rbu);
     }
-    mf_q8_shared(x, ne0, xq, xds);
+    mf_q8_shared(x, ne0, xq, xds, gain, eps);
     float g = mf_row1_any(tyg, wg + oo * rbg, xq, xds, ne0 >> 5);
     float u = mf_row1_any(tyu, wu + oo * rbu, xq, xds, ne0 >> 5);
     if ((threadIdx.x & 31) == 0 && live) y[o] = g / (1.0f + expf(-g)) * u;

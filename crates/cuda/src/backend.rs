@@ -336,11 +336,16 @@ pub(crate) fn op_refusal(op: &Op, weights: &dyn WeightSource) -> Option<String> 
         Op::Rope { head_dim, .. } if !head_dim.is_multiple_of(2) => {
             Some(format!("RoPE over an odd head dim {head_dim}"))
         }
-        Op::FfnGateUp { gate, up } => [*gate, *up].into_iter().find_map(int8_matrix),
+        Op::FfnGateUp { gate, up, in_norm } => [*gate, *up]
+            .into_iter()
+            .find_map(int8_matrix)
+            .or_else(|| in_norm.and_then(|n| vector(n.weight))),
+        Op::MatMulAdd { weight, bias } => int8_matrix(*weight).or_else(|| bias.and_then(vector)),
         Op::QkvRopeStore(f) => [f.wq, f.wk, f.wv]
             .into_iter()
             .find_map(int8_matrix)
             .or_else(|| f.bias.and_then(|b| b.into_iter().find_map(vector)))
+            .or_else(|| f.in_norm.and_then(|n| vector(n.weight)))
             .or_else(|| kv(f.cache_type))
             .or_else(|| {
                 f.norm
@@ -461,7 +466,10 @@ impl Backend for CudaBackend {
         match op {
             FusedOp::SwiGLU => true,
             // Only on the int8 path, where it is the unfused chain bit for bit.
-            FusedOp::FfnGateUp | FusedOp::QkvRopeStore => self.mmvq,
+            FusedOp::FfnGateUp
+            | FusedOp::QkvRopeStore
+            | FusedOp::InputNorm
+            | FusedOp::MatMulAdd => self.mmvq,
             FusedOp::QkvNormRopeStore => false,
         }
     }

@@ -178,6 +178,7 @@ impl CudaBackend {
                                 Arg::U64(x),
                                 Arg::U64(out),
                                 Arg::U64(b),
+                                Arg::U64(0),
                                 Arg::I32(m.ne0 as i32),
                                 Arg::I32(ne0 as i32),
                             ],
@@ -432,7 +433,44 @@ impl CudaBackend {
                     ],
                 )
             }
-            Op::FfnGateUp { gate, up } => {
+            Op::MatMulAdd { weight, bias } => {
+                let m = self.matrix(w, *weight)?;
+                let ty = type_code(m.ty).filter(|_| self.mmvq_kernel(m.ty).is_some());
+                let (Some(ty), Some(shared), 1) = (ty, mv1_shared(m.ne0), ne1) else {
+                    return Err(format!(
+                        "a one-token int8 projection plus residual, got {} x {} of {} for {ne0} x {ne1}",
+                        m.ne1, m.ne0, m.ty
+                    ));
+                };
+                if m.ne1 != ne0 {
+                    return Err(format!("weight of {} outputs for a node of {ne0}", m.ne1));
+                }
+                let x = self.src(args, 0, m.ne0 * 4)?;
+                let res = self.src(args, 1, ne0 * 4)?;
+                let out = self.out(node, args)?;
+                let b = match bias {
+                    Some(b) => self.vector(w, *b, ne0)?,
+                    None => 0,
+                };
+                self.gpu.launch_shared(
+                    "mf_mmvq1",
+                    (ne0.div_ceil(self.mv1_warps) as u32, 1, 1),
+                    32 * self.mv1_warps as u32,
+                    shared,
+                    &[
+                        Arg::I32(ty),
+                        Arg::U64(m.ptr),
+                        Arg::U64(m.row_bytes as u64),
+                        Arg::U64(x),
+                        Arg::U64(out),
+                        Arg::U64(b),
+                        Arg::U64(res),
+                        Arg::I32(m.ne0 as i32),
+                        Arg::I32(ne0 as i32),
+                    ],
+                )
+            }
+            Op::FfnGateUp { gate, up, in_norm } => {
                 let (mg, mu) = (self.matrix(w, *gate)?, self.matrix(w, *up)?);
                 if ne1 != 1 || mg.ne1 != ne0 || mu.ne1 != ne0 || mg.ne0 != mu.ne0 {
                     return Err(format!(
@@ -449,6 +487,10 @@ impl CudaBackend {
                     _ => return Err(format!("fused gate/up over {} and {}", mg.ty, mu.ty)),
                 };
                 let x = self.src(args, 0, mg.ne0 * 4)?;
+                let (gain, eps) = match in_norm {
+                    Some(n) => (self.vector(w, n.weight, mg.ne0)?, n.eps),
+                    None => (0, 0.0),
+                };
                 let out = self.out(node, args)?;
                 self.gpu.launch_shared(
                     "mf_gate_up1",
@@ -463,6 +505,8 @@ impl CudaBackend {
                         Arg::U64(mu.ptr),
                         Arg::U64(mu.row_bytes as u64),
                         Arg::U64(x),
+                        Arg::U64(gain),
+                        Arg::F32(eps),
                         Arg::U64(out),
                         Arg::I32(mg.ne0 as i32),
                         Arg::I32(ne0 as i32),
@@ -535,9 +579,15 @@ impl CudaBackend {
             a.push(Arg::U64(mi.ptr));
             a.push(Arg::U64(mi.row_bytes as u64));
         }
+        let (gain, eps) = match f.in_norm {
+            Some(n) => (self.vector(w, n.weight, ne0)?, n.eps),
+            None => (0, 0.0),
+        };
         a.extend(bias.map(Arg::U64));
         a.extend([
             Arg::U64(x),
+            Arg::U64(gain),
+            Arg::F32(eps),
             Arg::U64(row),
             Arg::I32(ne0 as i32),
             Arg::I32(q_dim as i32),

@@ -137,7 +137,7 @@ pub struct EngineConfig {
     /// Most tokens in one forward; longer prompts run as several (chunked prefill).
     pub n_batch: usize,
     /// Which decode fusions a device backend gets (default: on, less what
-    /// `MINFER_NO_FUSE_QKV=1` / `MINFER_NO_FUSE_FFN=1` turn off). Per engine.
+    /// `MINFER_NO_FUSE_QKV=1` / `_FFN` / `_NORM` / `_ADD` turn off). Per engine.
     pub fusion: FusionConfig,
 }
 

@@ -443,7 +443,8 @@ fn a_half_b_model_agrees_with_the_cpu() {
 }
 
 /// The fused decode nodes (`FfnGateUp`: gate, up and SwiGLU in one launch; `QkvRopeStore`:
-/// Q/K/V, bias, RoPE and the KV stores in two) against the unfused chain on the same
+/// Q/K/V, bias, RoPE and the KV stores in two; both with the input RMSNorm folded in;
+/// `MatMulAdd`: a projection plus the residual) against the unfused chain on the same
 /// backend: every decode step's logits bit for bit, with f16 and q8_0 KV, and the fused graph
 /// really holds the fused nodes (the unfused one does not; Qwen3's per-head norm keeps its
 /// Q/K/V unfused on CUDA).
@@ -484,10 +485,17 @@ fn fused_decode_nodes_are_bitwise_the_unfused_chain() {
         };
         let ffn = (count(&mut f, "FfnGateUp"), count(&mut u, "FfnGateUp"));
         let qkv = (count(&mut f, "QkvRopeStore"), count(&mut u, "QkvRopeStore"));
+        let add = (count(&mut f, "MatMulAdd"), count(&mut u, "MatMulAdd"));
+        let norm = (count(&mut f, "RmsNorm"), count(&mut u, "RmsNorm"));
         println!(
-            "{arch:?} {ty} {cache} KV: FfnGateUp {ffn:?}, QkvRopeStore {qkv:?} (fused, unfused)"
+            "{arch:?} {ty} {cache} KV: FfnGateUp {ffn:?}, QkvRopeStore {qkv:?}, MatMulAdd \
+             {add:?}, RmsNorm {norm:?} (fused, unfused)"
         );
         assert!(ffn.0 > 0 && ffn.1 == 0, "{arch:?}: FfnGateUp {ffn:?}");
+        // Both residual Adds of every layer fold into their projections, and the FFN norm
+        // (and the attention norm where Q/K/V fuses) into the fused node.
+        assert!(add.0 > 0 && add.1 == 0, "{arch:?}: MatMulAdd {add:?}");
+        assert!(norm.0 < norm.1, "{arch:?}: RmsNorm {norm:?}");
         if arch == Arch::Qwen3 {
             assert_eq!(qkv, (0, 0), "Qwen3's Q/K/V stays unfused on CUDA");
         } else {

@@ -49,7 +49,16 @@ fn the_cpu_graph_is_never_fused() {
 fn each_decode_fusion_switches_off_on_its_own() {
     let path = synth::write(&Tiny::new(Arch::Qwen2, GgmlType::F32));
     let only = |qkv, ffn| {
-        let mut e = engine(&path, "metal-emu", GgmlType::F32, FusionConfig { qkv, ffn });
+        let mut e = engine(
+            &path,
+            "metal-emu",
+            GgmlType::F32,
+            FusionConfig {
+                qkv,
+                ffn,
+                ..FusionConfig::NONE
+            },
+        );
         e.ops_in_graph(1).unwrap()
     };
     let (q, f) = (only(true, false), only(false, true));

@@ -37,6 +37,11 @@ pub enum FusedOp {
     QkvNormRopeStore,
     /// [`crate::Op::FfnGateUp`].
     FfnGateUp,
+    /// A whole-row RMSNorm folded into the fused node that consumes it
+    /// ([`crate::ir::InputNorm`] on [`crate::Op::FfnGateUp`] or [`crate::Op::QkvRopeStore`]).
+    InputNorm,
+    /// [`crate::Op::MatMulAdd`].
+    MatMulAdd,
 }
 
 /// A model weight, interned once at load: ops name weights by id, and the hot path indexes

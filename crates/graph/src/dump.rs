@@ -55,7 +55,7 @@ fn detail(op: &Op, wn: WeightNames) -> String {
             wn(f.wv),
             f.cache_type
         ),
-        Op::FfnGateUp { gate, up } => format!("{}|{}", wn(*gate), wn(*up)),
+        Op::FfnGateUp { gate, up, .. } => format!("{}|{}", wn(*gate), wn(*up)),
         _ => String::new(),
     }
 }

@@ -10,14 +10,21 @@
 //!   - the FFN `silu(x·Wg) * (x·Wu)` becomes [`Op::FfnGateUp`] when the FFN has at most
 //!     [`MAX_FUSED_FFN`] rows (a larger gate|up concatenation would cost more memory than the
 //!     dispatch it saves).
+//!   - then a whole-row `RmsNorm` feeding only such a fused node folds into it as its
+//!     [`InputNorm`] (the node normalises its input itself);
+//!   - and `Add(MatMul(x), r)` (either side), the MatMul consumed by the Add alone, becomes
+//!     [`Op::MatMulAdd`] (the residual added in the projection's epilogue).
 //! - Every graph: `Mul(Silu(a), b)` (Silu on either side) becomes `SwiGLU(a, b)` when the Silu
 //!   runs on the same backend and the Mul is its only consumer.
 
 use std::sync::OnceLock;
 
+use crate::backend::FusedOp;
 use crate::backend::{Backend, RopeSpec, WeightId, WeightSource};
 use crate::error::Result;
-use crate::ir::{DType, Graph, InputKind, KvKind, Node, NodeId, Op, QkNormSpec, QkvFused};
+use crate::ir::{
+    DType, Graph, InputKind, InputNorm, KvKind, Node, NodeId, Op, QkNormSpec, QkvFused,
+};
 
 /// Largest FFN (rows of gate and of up) fused into [`Op::FfnGateUp`].
 pub const MAX_FUSED_FFN: usize = 16384;
@@ -27,20 +34,28 @@ pub const MAX_FUSED_FFN: usize = 16384;
 pub struct FusionConfig {
     pub qkv: bool,
     pub ffn: bool,
+    /// Input RMSNorm folded into the fused Q/K/V and gate/up nodes.
+    pub norm: bool,
+    /// Residual Add folded into the projection before it.
+    pub add: bool,
 }
 
 impl FusionConfig {
     pub const ALL: FusionConfig = FusionConfig {
         qkv: true,
         ffn: true,
+        norm: true,
+        add: true,
     };
     pub const NONE: FusionConfig = FusionConfig {
         qkv: false,
         ffn: false,
+        norm: false,
+        add: false,
     };
 
-    /// `MINFER_NO_FUSE_QKV=1` / `MINFER_NO_FUSE_FFN=1` turn a rewrite off; read once per
-    /// process.
+    /// `MINFER_NO_FUSE_QKV=1` / `MINFER_NO_FUSE_FFN=1` / `MINFER_NO_FUSE_NORM=1` /
+    /// `MINFER_NO_FUSE_ADD=1` turn a rewrite off; read once per process.
     pub fn from_env() -> FusionConfig {
         static CFG: OnceLock<FusionConfig> = OnceLock::new();
         *CFG.get_or_init(|| {
@@ -48,6 +63,8 @@ impl FusionConfig {
             FusionConfig {
                 qkv: !off("MINFER_NO_FUSE_QKV"),
                 ffn: !off("MINFER_NO_FUSE_FFN"),
+                norm: !off("MINFER_NO_FUSE_NORM"),
+                add: !off("MINFER_NO_FUSE_ADD"),
             }
         })
     }
@@ -75,6 +92,12 @@ pub fn fuse(
     }
     if decode && cfg.ffn {
         count += fuse_ffn(graph, backends, weights);
+    }
+    if decode && cfg.norm {
+        count += fuse_in_norm(graph, backends, weights);
+    }
+    if decode && cfg.add {
+        count += fuse_residual(graph, backends, weights);
     }
     count + fuse_swiglu(graph, backends)
 }
@@ -297,6 +320,7 @@ fn match_qkv(v: &View, attn: &Node) -> Option<QkvRewrite> {
             wv,
             bias,
             norm,
+            in_norm: None,
             rope: rope_q,
             n_head,
             n_head_kv,
@@ -380,8 +404,122 @@ fn match_ffn(v: &View, m: &Node) -> Option<(NodeId, Op, Vec<NodeId>)> {
     let op = Op::FfnGateUp {
         gate: *gate,
         up: *up,
+        in_norm: None,
     };
     Some((gate_mm.src[0], op, dead))
+}
+
+/// A fused Q/K/V or gate/up node whose input is a whole-row RmsNorm of one token consumed
+/// by it alone takes the norm in ([`InputNorm`]); the RmsNorm node dies.
+fn fuse_in_norm(
+    graph: &mut Graph,
+    backends: &[Box<dyn Backend>],
+    weights: &dyn WeightSource,
+) -> usize {
+    let consumers = graph.consumers();
+    let mut count = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        if node.dead || node.src.is_empty() {
+            continue;
+        }
+        let Some(be) = backend_of(backends, node) else {
+            continue;
+        };
+        if !be.supports_fused(FusedOp::InputNorm) {
+            continue;
+        }
+        let v = View {
+            g: graph,
+            consumers: &consumers,
+            backend: node.backend,
+        };
+        let Some(norm) = v.only_for(node.src[0], node.id) else {
+            continue;
+        };
+        let Op::RmsNorm { eps, weight, group } = norm.op else {
+            continue;
+        };
+        if group != norm.shape[0] {
+            continue;
+        }
+        let folded = Some(InputNorm { weight, eps });
+        let op = match &node.op {
+            Op::FfnGateUp {
+                gate,
+                up,
+                in_norm: None,
+            } => Op::FfnGateUp {
+                gate: *gate,
+                up: *up,
+                in_norm: folded,
+            },
+            Op::QkvRopeStore(f) if f.in_norm.is_none() => {
+                let mut f = f.clone();
+                f.in_norm = folded;
+                Op::QkvRopeStore(f)
+            }
+            _ => continue,
+        };
+        if !be.supports_op(&op, DType::F32, weights) {
+            continue;
+        }
+        let (norm_id, x) = (norm.id, norm.src[0]);
+        let node = &mut graph.nodes[i];
+        node.op = op;
+        node.src[0] = x;
+        graph.nodes[norm_id.index()].dead = true;
+        count += 1;
+    }
+    count
+}
+
+/// `Add(MatMul(x), r)` of one token (the MatMul on either side, consumed by the Add alone)
+/// becomes `MatMulAdd(x, r)` in the Add's place; the MatMul node dies.
+fn fuse_residual(
+    graph: &mut Graph,
+    backends: &[Box<dyn Backend>],
+    weights: &dyn WeightSource,
+) -> usize {
+    let consumers = graph.consumers();
+    let mut count = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        if node.dead || node.op != Op::Add || node.src.len() != 2 || node.shape[1] != 1 {
+            continue;
+        }
+        let Some(be) = backend_of(backends, node) else {
+            continue;
+        };
+        let v = View {
+            g: graph,
+            consumers: &consumers,
+            backend: node.backend,
+        };
+        let mm = |k: usize| {
+            v.only_for(node.src[k], node.id)
+                .filter(|m| matches!(m.op, Op::MatMul { .. }) && m.shape == node.shape)
+        };
+        let (m, residual) = match (mm(0), mm(1)) {
+            (Some(m), _) => (m, node.src[1]),
+            (None, Some(m)) => (m, node.src[0]),
+            _ => continue,
+        };
+        let Op::MatMul { weight, bias } = m.op else {
+            continue;
+        };
+        let op = Op::MatMulAdd { weight, bias };
+        if !accepts(be, &op, weights) {
+            continue;
+        }
+        let (mm_id, x) = (m.id, m.src[0]);
+        let node = &mut graph.nodes[i];
+        node.op = op;
+        node.src = vec![x, residual];
+        graph.nodes[mm_id.index()].dead = true;
+        count += 1;
+    }
+    count
 }
 
 fn fuse_swiglu(graph: &mut Graph, backends: &[Box<dyn Backend>]) -> usize {

@@ -153,11 +153,28 @@ pub enum Op {
     /// for decode graphs only; a backend refuses `nt != 1`.
     QkvRopeStore(Box<QkvFused>),
     /// Fused decode FFN gate/up (one token, `src = [x]`): `silu(x·Wgᵀ) * (x·Wuᵀ)`, exactly
-    /// MatMul, MatMul and SwiGLU. Produced by fusion for decode graphs only.
+    /// MatMul, MatMul and SwiGLU; with `in_norm`, x is first the row's RMSNorm (exactly the
+    /// RmsNorm node it replaced). Produced by fusion for decode graphs only.
     FfnGateUp {
         gate: WeightId,
         up: WeightId,
+        in_norm: Option<InputNorm>,
     },
+    /// Fused decode projection plus residual (one token, `src = [x, residual]`):
+    /// `x·Wᵀ (+ bias) + residual`, exactly MatMul then Add. Produced by fusion for decode
+    /// graphs only.
+    MatMulAdd {
+        weight: WeightId,
+        bias: Option<WeightId>,
+    },
+}
+
+/// The whole-row RMSNorm a fused node applies to its input first (`x / rms(x) * weight`,
+/// the RmsNorm op's arithmetic with `group` = the row).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InputNorm {
+    pub weight: WeightId,
+    pub eps: f32,
 }
 
 /// What a [`Op::QkvRopeStore`] computes (the unfused chain's parameters).
@@ -170,6 +187,8 @@ pub struct QkvFused {
     pub bias: Option<[WeightId; 3]>,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub norm: Option<QkNormSpec>,
+    /// The RMSNorm of x before the projections (the layer's attention norm).
+    pub in_norm: Option<InputNorm>,
     pub rope: RopeSpec,
     pub n_head: usize,
     pub n_head_kv: usize,
@@ -212,6 +231,7 @@ impl Op {
             Op::QkvRopeStore(f) if f.norm.is_some() => "QkvNormRopeStore",
             Op::QkvRopeStore(_) => "QkvRopeStore",
             Op::FfnGateUp { .. } => "FfnGateUp",
+            Op::MatMulAdd { .. } => "MatMulAdd",
         }
     }
 
@@ -222,6 +242,7 @@ impl Op {
             Op::QkvRopeStore(f) if f.norm.is_some() => Some(FusedOp::QkvNormRopeStore),
             Op::QkvRopeStore(_) => Some(FusedOp::QkvRopeStore),
             Op::FfnGateUp { .. } => Some(FusedOp::FfnGateUp),
+            Op::MatMulAdd { .. } => Some(FusedOp::MatMulAdd),
             _ => None,
         }
     }
@@ -231,7 +252,7 @@ impl Op {
     pub fn concat_groups(&self) -> Vec<Vec<WeightId>> {
         match self {
             Op::QkvRopeStore(f) => vec![vec![f.wq, f.wk, f.wv]],
-            Op::FfnGateUp { gate, up } => vec![vec![*gate, *up]],
+            Op::FfnGateUp { gate, up, .. } => vec![vec![*gate, *up]],
             _ => Vec::new(),
         }
     }
@@ -249,13 +270,19 @@ impl Op {
     pub fn weights(&self) -> impl Iterator<Item = WeightId> {
         let v: Vec<WeightId> = match self {
             Op::GetRows { weight } | Op::RmsNorm { weight, .. } => vec![*weight],
-            Op::MatMul { weight, bias } => std::iter::once(*weight).chain(*bias).collect(),
+            Op::MatMul { weight, bias } | Op::MatMulAdd { weight, bias } => {
+                std::iter::once(*weight).chain(*bias).collect()
+            }
             Op::QkvRopeStore(f) => [f.wq, f.wk, f.wv]
                 .into_iter()
                 .chain(f.bias.into_iter().flatten())
                 .chain(f.norm.into_iter().flat_map(|n| [n.q, n.k]))
+                .chain(f.in_norm.map(|n| n.weight))
                 .collect(),
-            Op::FfnGateUp { gate, up } => vec![*gate, *up],
+            Op::FfnGateUp { gate, up, in_norm } => [*gate, *up]
+                .into_iter()
+                .chain(in_norm.map(|n| n.weight))
+                .collect(),
             _ => Vec::new(),
         };
         v.into_iter()

@@ -6,7 +6,7 @@
 use minfer_gguf::GgmlType;
 use minfer_graph::{
     fuse, Backend, BackendId, BufId, DType, ExecArgs, FusedOp, FusionConfig, Graph, GraphBuilder,
-    InputKind, KvKind, Node, NodeId, Op, RopeStyle, WeightId, WeightRef, WeightSource,
+    InputKind, InputNorm, KvKind, Node, NodeId, Op, RopeStyle, WeightId, WeightRef, WeightSource,
     WindowLayout,
 };
 
@@ -212,7 +212,8 @@ fn a_decode_layer_becomes_one_qkv_node_and_one_ffn_node() {
             ffn.op,
             Op::FfnGateUp {
                 gate: WeightId(9),
-                up: WeightId(10)
+                up: WeightId(10),
+                in_norm: None,
             }
         );
         assert_eq!(ffn.src, ids(&["attn"]));
@@ -241,7 +242,8 @@ fn what_keeps_the_chain() {
             true,
             FusionConfig {
                 qkv: false,
-                ffn: true
+                ffn: true,
+                ..FusionConfig::NONE
             }
         ),
         1
@@ -254,7 +256,8 @@ fn what_keeps_the_chain() {
             true,
             FusionConfig {
                 qkv: true,
-                ffn: false
+                ffn: false,
+                ..FusionConfig::NONE
             }
         ),
         2
@@ -263,4 +266,110 @@ fn what_keeps_the_chain() {
     let mut g = layer(1, false, false);
     assert_eq!(run(&mut g, true, FusionConfig::NONE), 1);
     assert_eq!(live(&g, "SwiGLU"), 1);
+}
+
+/// A decode FFN block with its pre-norm and residual: `x + down(swiglu(gate(n), up(n)))`
+/// with `n = RmsNorm(x)` (`group` elements per norm group); `leak_norm` gives the norm a
+/// second consumer.
+fn ffn_block(nt: usize, group: usize, leak_norm: bool) -> Graph {
+    let w = |i: u32| WeightId(i);
+    let mm = |weight: u32| Op::MatMul {
+        weight: w(weight),
+        bias: None,
+    };
+    let mut g = GraphBuilder::new();
+    let tokens = g.input(InputKind::TokenIds, [1, nt]);
+    g.set_layer(Some(0));
+    let x = g.op("embd", Op::GetRows { weight: w(0) }, &[tokens], [D, nt]);
+    let norm = Op::RmsNorm {
+        eps: 1e-6,
+        weight: w(1),
+        group,
+    };
+    let n = g.op("ffn_norm", norm, &[x], [D, nt]);
+    let gate = g.op("gate", mm(2), &[n], [96, nt]);
+    let up = g.op("up", mm(3), &[n], [96, nt]);
+    let s = g.op("swiglu", Op::SwiGLU, &[gate, up], [96, nt]);
+    let down = g.op("down", mm(4), &[s], [D, nt]);
+    let mut out = g.op("residual", Op::Add, &[x, down], [D, nt]);
+    if leak_norm {
+        out = g.op("leak", Op::Add, &[out, n], [D, nt]);
+    }
+    let mut graph = g.finish(out);
+    for n in &mut graph.nodes {
+        n.backend = Some(BackendId(1));
+    }
+    graph
+}
+
+#[test]
+fn the_pre_norm_and_the_residual_fold_into_the_decode_nodes() {
+    let mut g = ffn_block(1, D, false);
+    // gate/up/SwiGLU, then the norm into it, then down + residual.
+    assert_eq!(run(&mut g, true, FusionConfig::ALL), 3);
+    let ffn = by_name(&g, "swiglu");
+    assert_eq!(
+        ffn.op,
+        Op::FfnGateUp {
+            gate: WeightId(2),
+            up: WeightId(3),
+            in_norm: Some(InputNorm {
+                weight: WeightId(1),
+                eps: 1e-6
+            }),
+        }
+    );
+    assert_eq!(ffn.src, [by_name(&g, "embd").id]);
+    let res = by_name(&g, "residual");
+    assert_eq!(
+        res.op,
+        Op::MatMulAdd {
+            weight: WeightId(4),
+            bias: None
+        }
+    );
+    assert_eq!(res.src, [ffn.id, by_name(&g, "embd").id]);
+    assert_eq!(
+        (live(&g, "RmsNorm"), live(&g, "MatMul"), live(&g, "Add")),
+        (0, 0, 0)
+    );
+
+    // Controls: each switch alone, a norm by groups, a norm with another consumer, prefill,
+    // a backend without the fused classes.
+    let mut g = ffn_block(1, D, false);
+    let cfg = FusionConfig {
+        norm: false,
+        ..FusionConfig::ALL
+    };
+    assert_eq!(run(&mut g, true, cfg), 2);
+    assert_eq!((live(&g, "RmsNorm"), live(&g, "MatMulAdd")), (1, 1));
+    let mut g = ffn_block(1, D, false);
+    let cfg = FusionConfig {
+        add: false,
+        ..FusionConfig::ALL
+    };
+    assert_eq!(run(&mut g, true, cfg), 2);
+    assert_eq!(
+        (live(&g, "RmsNorm"), live(&g, "Add"), live(&g, "MatMul")),
+        (0, 1, 1)
+    );
+    let mut g = ffn_block(1, HD, false);
+    run(&mut g, true, FusionConfig::ALL);
+    assert_eq!(
+        live(&g, "RmsNorm"),
+        1,
+        "a norm by {HD}-element groups stays"
+    );
+    let mut g = ffn_block(1, D, true);
+    run(&mut g, true, FusionConfig::ALL);
+    assert_eq!(live(&g, "RmsNorm"), 1, "a norm read twice stays");
+    let mut g = ffn_block(2, D, false);
+    run(&mut g, true, FusionConfig::ALL);
+    assert_eq!(
+        (live(&g, "RmsNorm"), live(&g, "MatMulAdd")),
+        (1, 0),
+        "prefill"
+    );
+    let mut g = ffn_block(1, D, false);
+    assert_eq!(run(&mut g, false, FusionConfig::ALL), 0);
 }

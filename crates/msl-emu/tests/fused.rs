@@ -121,6 +121,7 @@ fn each_fused_node_refuses_nt_other_than_one_before_any_weight_lookup() {
                 k: WeightId(4),
                 eps: 1e-6,
             }),
+            in_norm: None,
             rope: RopeSpec {
                 style: RopeStyle::Neox,
                 head_dim: 16,
@@ -136,6 +137,7 @@ fn each_fused_node_refuses_nt_other_than_one_before_any_weight_lookup() {
     let ffn = Op::FfnGateUp {
         gate: WeightId(5),
         up: WeightId(6),
+        in_norm: None,
     };
     let args = ExecArgs {
         srcs: &[],
@@ -183,7 +185,16 @@ fn ffn_graph(fused: bool, embd: WeightId, gate: WeightId, up: WeightId) -> Graph
     let t = g.input(InputKind::TokenIds, [1, 1]);
     let x = g.op("embd", Op::GetRows { weight: embd }, &[t], [D, 1]);
     let out = if fused {
-        g.op("ffn", Op::FfnGateUp { gate, up }, &[x], [FF, 1])
+        g.op(
+            "ffn",
+            Op::FfnGateUp {
+                gate,
+                up,
+                in_norm: None,
+            },
+            &[x],
+            [FF, 1],
+        )
     } else {
         let mm = |g: &mut GraphBuilder, name: &str, weight| {
             g.op(name, Op::MatMul { weight, bias: None }, &[x], [FF, 1])
@@ -266,6 +277,7 @@ fn qkv_node(wq: WeightId, wk: WeightId, wv: WeightId) -> Node {
         wv,
         bias: None,
         norm: None,
+        in_norm: None,
         rope: RopeSpec {
             style: RopeStyle::Neox,
             head_dim: 16,

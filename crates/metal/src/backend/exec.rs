@@ -79,7 +79,9 @@ pub(crate) fn op_refusal<D: Device>(
         Op::Rope { head_dim, .. } if !head_dim.is_multiple_of(2) => {
             Some(format!("RoPE over an odd head dim {head_dim}"))
         }
-        Op::QkvRopeStore(_) | Op::FfnGateUp { .. } => super::fused::refusal(dev, op, weights),
+        Op::QkvRopeStore(_) | Op::FfnGateUp { .. } | Op::MatMulAdd { .. } => {
+            super::fused::refusal(dev, op, weights)
+        }
         Op::Input(_)
         | Op::SelectRows
         | Op::Rope { .. }
@@ -355,7 +357,22 @@ where
                 launch::launch_store_kv(dev, kv, &x, &cells, &region, ne0, ne1, n_cells)
             }
             Op::QkvRopeStore(f) => self.encode_qkv(node, f, args),
-            Op::FfnGateUp { gate, up } => self.encode_ffn(node, *gate, *up, args),
+            Op::FfnGateUp {
+                gate,
+                up,
+                in_norm: None,
+            } => self.encode_ffn(node, *gate, *up, args),
+            // supports_op refuses them (fused::refusal), so fusion never gives Metal one.
+            Op::FfnGateUp {
+                in_norm: Some(_), ..
+            }
+            | Op::MatMulAdd { .. } => Err(shape(
+                "fused",
+                format!(
+                    "{} with a folded norm or residual is not written for Metal",
+                    node.op.name()
+                ),
+            )),
             Op::Attention {
                 n_head,
                 n_head_kv,

@@ -20,6 +20,13 @@ pub(crate) fn refusal<D: Device>(dev: &D, op: &Op, weights: &dyn WeightSource) -
         _ => Some(format!("{} is not a one-row weight", weights.name(id))),
     };
     match op {
+        Op::QkvRopeStore(f) if f.in_norm.is_some() => {
+            Some("the input RMSNorm folded into Q/K/V is not written for Metal".into())
+        }
+        Op::FfnGateUp {
+            in_norm: Some(_), ..
+        } => Some("the input RMSNorm folded into gate/up is not written for Metal".into()),
+        Op::MatMulAdd { .. } => Some("MatMulAdd is not written for Metal".into()),
         Op::QkvRopeStore(f) => concat_refusal(dev, weights, &[f.wq, f.wk, f.wv])
             .or_else(|| f.bias.and_then(|b| b.into_iter().find_map(vector)))
             .or_else(|| f.norm.and_then(|n| vector(n.q).or_else(|| vector(n.k))))
@@ -32,7 +39,11 @@ pub(crate) fn refusal<D: Device>(dev: &D, op: &Op, weights: &dyn WeightSource) -
                 (f.cache_type == GgmlType::Q8_0 && !f.kv_dim().is_multiple_of(32))
                     .then(|| format!("q8_0 KV rows of {} elements", f.kv_dim()))
             }),
-        Op::FfnGateUp { gate, up } => concat_refusal(dev, weights, &[*gate, *up]),
+        Op::FfnGateUp {
+            gate,
+            up,
+            in_norm: None,
+        } => concat_refusal(dev, weights, &[*gate, *up]),
         _ => Some(format!("{} is not a fused op", op.name())),
     }
 }
