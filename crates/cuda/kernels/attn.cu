@@ -181,48 +181,81 @@ extern "C" __global__ void mf_attn_split(int ty, const float *q, const u8 *k, co
 
 // out[t][h] = the chunks' partials merged in chunk order (empty chunks skipped); an empty
 // window gives zeros. One block per (head, query); the chunks' (m, l) are read in parallel
-// into shared memory (`2 * n_split` floats, then the indices of the non-empty ones), so only
-// the non-empty chunks are walked, in order.
+// into shared memory (`2 * n_split` floats, then the indices of the non-empty ones, then their
+// weights). The list of non-empty chunks is built in parallel (a ballot per 32 chunks, the
+// warps' counts in order), and the max over them is order-free. Each output element then folds
+// the live chunks in order with explicit fma, its loads issued 8 at a time (the fold's order,
+// and so its bits, do not depend on the batching).
 extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_head, int hd,
                                            int n_split) {
     extern __shared__ float cm[];
-    float *ml = cm;                       // m, l of chunk s at 2s, 2s + 1
+    float *ml = cm;                        // m, l of chunk s at 2s, 2s + 1
     int *live = (int *)(cm + 2 * n_split); // non-empty chunks in order, then their weights
+    __shared__ int wcount[32];
+    __shared__ float wmax[32];
     __shared__ int n_live;
     __shared__ float mx_s;
     int h = blockIdx.x, t = blockIdx.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const float *pr = part + ((u64)t * n_head + h) * n_split * (hd + 2);
     for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
         ml[2 * s] = pr[(u64)s * (hd + 2)];
         ml[2 * s + 1] = pr[(u64)s * (hd + 2) + 1];
     }
+    if (threadIdx.x == 0) n_live = 0;
+    __syncthreads();
+    // Rounds of blockDim.x chunks: warp w's 32 chunks follow warp w - 1's in order.
+    float mx = MF_MINF;
+    for (int s0 = 0; s0 < n_split; s0 += blockDim.x) {
+        int s = s0 + threadIdx.x;
+        bool on = s < n_split && ml[2 * s + 1] > 0.0f;
+        if (on) mx = fmaxf(mx, ml[2 * s]);
+        u32 bal = __ballot_sync(0xffffffffu, on);
+        if (lane == 0) wcount[warp] = __popc(bal);
+        __syncthreads();
+        int before = n_live;
+        for (int i = 0; i < warp; ++i) before += wcount[i];
+        if (on) live[before + __popc(bal & ((1u << lane) - 1u))] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int n = n_live;
+            for (int i = 0; i < nw; ++i) n += wcount[i];
+            n_live = n;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) wmax[warp] = mx;
     __syncthreads();
     if (threadIdx.x == 0) {
-        float mx = MF_MINF;
-        int n = 0;
-        for (int s = 0; s < n_split; ++s) {
-            if (ml[2 * s + 1] > 0.0f) {
-                mx = fmaxf(mx, ml[2 * s]);
-                live[n++] = s;
-            }
-        }
-        n_live = n;
-        mx_s = mx;
+        float m = MF_MINF;
+        for (int i = 0; i < nw; ++i) m = fmaxf(m, wmax[i]);
+        mx_s = m;
     }
     __syncthreads();
+    int nl = n_live;
     float *wt = (float *)(live + n_split);
-    for (int i = threadIdx.x; i < n_live; i += blockDim.x) wt[i] = expf(ml[2 * live[i]] - mx_s);
+    for (int i = threadIdx.x; i < nl; i += blockDim.x) wt[i] = expf(ml[2 * live[i]] - mx_s);
     __syncthreads();
     float *orow = out + ((u64)t * n_head + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float l = 0.0f, acc = 0.0f;
-        for (int i = 0; i < n_live; ++i) {
-            int s = live[i];
-            float a = wt[i];
-            l += ml[2 * s + 1] * a;
-            acc += pr[(u64)s * (hd + 2) + 2 + d] * a;
+        for (int i0 = 0; i0 < nl; i0 += 8) {
+            float p[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k)
+                p[k] = i0 + k < nl ? pr[(u64)live[i0 + k] * (hd + 2) + 2 + d] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                if (i0 + k < nl) {
+                    float a = wt[i0 + k];
+                    l = __fmaf_rn(ml[2 * live[i0 + k] + 1], a, l);
+                    acc = __fmaf_rn(p[k], a, acc);
+                }
+            }
         }
-        orow[d] = l > 0.0f ? acc / l : 0.0f;
+        orow[d] = l > 0.0f ? __fdiv_rn(acc, l) : 0.0f;
     }
 }
 
@@ -277,10 +310,12 @@ extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, cons
         __syncthreads();
         if (tid < 32) cs[tid] = tid < nj ? mf_win_cell(w, width, j0 + tid) : 0;
         __syncthreads();
-        for (int e = tid; e < nj * hd; e += blockDim.x) {
-            int j = e / hd, d = e % hd;
-            ks[j * kst + d] = mf_kv_at(ty, k, row_bytes, cs[j], hk * hd + d);
-            vs[e] = mf_kv_at(ty, v, row_bytes, cs[j], hk * hd + d);
+        // A warp per row, lanes along the head dim (no index division per element).
+        for (int j = tid >> 5; j < nj; j += blockDim.x >> 5) {
+            for (int d = tid & 31; d < hd; d += 32) {
+                ks[j * kst + d] = mf_kv_at(ty, k, row_bytes, cs[j], hk * hd + d);
+                vs[j * hd + d] = mf_kv_at(ty, v, row_bytes, cs[j], hk * hd + d);
+            }
         }
         __syncthreads();
         for (int p = tid; p < G * 32; p += blockDim.x) {

@@ -145,7 +145,8 @@ fn every_arch_and_weight_type_matches_the_reference_and_the_cpu_greedy() {
                 let c = g.nodes_per_backend(1).unwrap();
                 let on_cpu = c.iter().find(|(n, _)| n == "cpu").map_or(0, |x| x.1);
                 let on_gpu = c.iter().find(|(n, _)| n == "cuda").map_or(0, |x| x.1);
-                assert!(on_cpu == 0 && on_gpu > 20, "{arch:?} {ty}: {c:?}");
+                // Every node on the GPU (a 2-layer decode graph fuses down to 13 nodes).
+                assert!(on_cpu == 0 && on_gpu > 10, "{arch:?} {ty}: {c:?}");
                 let d = max_rows_diff(&run_logits(&mut g, &TOKENS), &want);
                 let mut c = engine(&path, false, T::F32, 512);
                 let dc = max_rows_diff(&run_logits(&mut c, &TOKENS), &want);
