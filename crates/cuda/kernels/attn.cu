@@ -297,21 +297,7 @@ extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, cons
         }
         return;
     }
-    {
-        // G * hd <= 2048 = 16 per thread: every load issued before the stores.
-        float qv[16];
-        const float *qg = q + ((u64)t * n_head + h0) * hd;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            int e = tid + 128 * i;
-            qv[i] = e < G * hd ? qg[e] : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            int e = tid + 128 * i;
-            if (e < G * hd) qs[e] = qv[i];
-        }
-    }
+    for (int e = tid; e < G * hd; e += blockDim.x) qs[e] = q[((u64)t * n_head + h0) * hd + e];
     if (tid < G) mrow[tid] = MF_MINF;
     float o[16], l[16];
 #pragma unroll
@@ -324,34 +310,11 @@ extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, cons
         __syncthreads();
         if (tid < 32) cs[tid] = tid < nj ? mf_win_cell(w, width, j0 + tid) : 0;
         __syncthreads();
-        // The tile's K and V: all of a thread's loads issued before any store (one memory
-        // round trip per tile, not one per row): rows warp, warp + 4, ... (128 threads),
-        // lanes along the head dim (<= 128 here).
-        {
-            int lane = tid & 31, wp = tid >> 5;
-            float kr[8][4], vr[8][4];
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                int j = wp + 4 * r;
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    int d = lane + 32 * c;
-                    bool on = j < nj && d < hd;
-                    kr[r][c] = on ? mf_kv_at(ty, k, row_bytes, cs[j], hk * hd + d) : 0.0f;
-                    vr[r][c] = on ? mf_kv_at(ty, v, row_bytes, cs[j], hk * hd + d) : 0.0f;
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                int j = wp + 4 * r;
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    int d = lane + 32 * c;
-                    if (j < nj && d < hd) {
-                        ks[j * kst + d] = kr[r][c];
-                        vs[j * hd + d] = vr[r][c];
-                    }
-                }
+        // A warp per row, lanes along the head dim (no index division per element).
+        for (int j = tid >> 5; j < nj; j += blockDim.x >> 5) {
+            for (int d = tid & 31; d < hd; d += 32) {
+                ks[j * kst + d] = mf_kv_at(ty, k, row_bytes, cs[j], hk * hd + d);
+                vs[j * hd + d] = mf_kv_at(ty, v, row_bytes, cs[j], hk * hd + d);
             }
         }
         __syncthreads();

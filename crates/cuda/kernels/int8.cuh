@@ -257,7 +257,6 @@ __device__ __forceinline__ void mf_q8_shared(const float *x, int ne0, signed cha
     int sub = threadIdx.x & 7;
     int slots = blockDim.x >> 3;
     int nb = ne0 >> 5;
-#pragma unroll 4
     for (int b0 = (threadIdx.x >> 5) * 4; b0 < nb; b0 += slots) {
         int b = b0 + ((threadIdx.x & 31) >> 3);
         bool ok = b < nb;
