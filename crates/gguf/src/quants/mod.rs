@@ -36,6 +36,7 @@
 
 pub mod blocks;
 mod float;
+mod imatrix_quantize;
 mod iq;
 mod iq_quantize;
 mod kquants;
@@ -174,6 +175,32 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         f(x, block);
     }
     Ok(())
+}
+
+/// Quantizes one row of f32 into `dst` with importance weights `weights` (one per element,
+/// the per-column values of an importance matrix), as `llama-quantize --imatrix` does:
+/// Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL and IQ4_XS take ggml's weighted quantizers
+/// (`imatrix_quantize`); the other targets ignore the weights, as ggml's do, and are
+/// [`quantize_row`].
+pub fn quantize_row_imatrix(
+    ty: GgmlType,
+    src: &[f32],
+    weights: &[f32],
+    dst: &mut [u8],
+) -> Result<()> {
+    check_quantize_row(ty, src.len(), dst.len())?;
+    if weights.len() != src.len() {
+        return Err(Error::Invalid(format!(
+            "quantize_row_imatrix: {} importance weights for a row of {} elements",
+            weights.len(),
+            src.len()
+        )));
+    }
+    if imatrix_quantize::quantize_row_weighted(ty, src, weights, dst) {
+        Ok(())
+    } else {
+        quantize_row(ty, src, dst)
+    }
 }
 
 /// Encodes one row of activations for a dot product, as llama.cpp's x86 SIMD builds do: Q8_0
