@@ -313,3 +313,67 @@ fn load_gguf(path: &Path) -> Result<Imatrix> {
         chunk_count: chunk_count.unwrap_or(0),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dat(entries: &[(&str, i32, &[f32])], trailer: &[u8]) -> Vec<u8> {
+        let mut b = (entries.len() as i32).to_le_bytes().to_vec();
+        for (name, ncall, values) in entries {
+            b.extend((name.len() as i32).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend(ncall.to_le_bytes());
+            b.extend((values.len() as i32).to_le_bytes());
+            values.iter().for_each(|v| b.extend(v.to_le_bytes()));
+        }
+        b.extend(trailer);
+        b
+    }
+
+    /// Values come back over ncall (as is when ncall is 0); the trailer names the chunks
+    /// and the dataset.
+    #[test]
+    fn legacy_values_are_divided_by_ncall() {
+        let mut trailer = 7i32.to_le_bytes().to_vec();
+        trailer.extend(4i32.to_le_bytes());
+        trailer.extend(b"wiki");
+        let b = dat(&[("a", 4, &[4.0, 10.0]), ("b", 0, &[3.0])], &trailer);
+        let m = load_legacy(Path::new("x.dat"), &b).unwrap();
+        assert_eq!(m.entries["a"], [1.0, 2.5]);
+        assert_eq!(m.entries["b"], [3.0]);
+        assert_eq!(
+            (m.chunk_count, m.datasets.as_slice()),
+            (7, &["wiki".to_string()][..])
+        );
+        let err = load_legacy(Path::new("x.dat"), &b[..b.len() - 2]).unwrap_err();
+        assert!(err.to_string().contains("x.dat"), "{err}");
+        let dup = dat(&[("a", 1, &[1.0]), ("a", 1, &[1.0])], &[]);
+        let err = load_legacy(Path::new("x.dat"), &dup).unwrap_err();
+        assert!(err.to_string().contains("entry a appears twice"), "{err}");
+    }
+
+    #[test]
+    fn include_and_exclude_match_substrings() {
+        let b = dat(
+            &[
+                ("blk.0.ffn_up.weight", 1, &[1.0]),
+                ("blk.0.attn_v.weight", 1, &[1.0]),
+            ],
+            &[],
+        );
+        let m = load_legacy(Path::new("x.dat"), &b).unwrap();
+        let mut e = m.clone();
+        e.filter(&[], &["attn".into()]);
+        assert_eq!(
+            e.entries.keys().collect::<Vec<_>>(),
+            ["blk.0.ffn_up.weight"]
+        );
+        let mut i = m.clone();
+        i.filter(&["attn_v".into()], &[]);
+        assert_eq!(
+            i.entries.keys().collect::<Vec<_>>(),
+            ["blk.0.attn_v.weight"]
+        );
+    }
+}

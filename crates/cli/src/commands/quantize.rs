@@ -47,7 +47,12 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub imatrix: Option<PathBuf>,
     /// Use the imatrix only for tensors whose name contains NAME (repeatable).
-    #[arg(long, value_name = "NAME", requires = "imatrix", conflicts_with = "exclude_weights")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "imatrix",
+        conflicts_with = "exclude_weights"
+    )]
     pub include_weights: Vec<String>,
     /// Do not use the imatrix for tensors whose name contains NAME (repeatable).
     #[arg(long, value_name = "NAME", requires = "imatrix")]

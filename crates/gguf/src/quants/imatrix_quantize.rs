@@ -12,8 +12,8 @@
 
 use super::iq_quantize::{quant_iq4_nl_with, quant_iq4_xs_with};
 use super::kquants_quantize::{
-    f16_round, finish_q3_k, finish_q6_k, make_qx_quants, nearest_int, pack_2bit,
-    requant_scale_min, write_q4_k, write_q5_k, GROUP_MAX_EPS,
+    f16_round, finish_q3_k, finish_q6_k, make_qx_quants, nearest_int, pack_2bit, requant_scale_min,
+    write_q4_k, write_q5_k, GROUP_MAX_EPS,
 };
 use super::{f16_to_f32, QK_K};
 
@@ -262,7 +262,13 @@ fn q3_k(x: &[f32], qw: &[f32], b: &mut [u8]) {
 
 /// The sub-block fits of Q4_K/Q5_K with weights, then the 6-bit scales and mins fitted by
 /// `make_qp_quants`. Q5_K clamps them to 63; Q4_K stores them as they come, as ggml does.
-fn scale_min_k(x: &[f32], qw: &[f32], nmax: i32, clamp63: bool, l: &mut [u8; QK_K]) -> (u16, u16, [u8; 12]) {
+fn scale_min_k(
+    x: &[f32],
+    qw: &[f32],
+    nmax: i32,
+    clamp63: bool,
+    l: &mut [u8; QK_K],
+) -> (u16, u16, [u8; 12]) {
     let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
     let (mut scales, mut mins, mut sw) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
     for j in 0..8 {
@@ -337,7 +343,11 @@ fn legacy_row(ty: crate::GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]) {
     use crate::GgmlType as T;
     let sigma2 = sum_sq(x) / x.len() as f32;
     let ts = ty.type_size() as usize;
-    for ((xb, qb), b) in x.chunks_exact(32).zip(qw.chunks_exact(32)).zip(dst.chunks_exact_mut(ts)) {
+    for ((xb, qb), b) in x
+        .chunks_exact(32)
+        .zip(qw.chunks_exact(32))
+        .zip(dst.chunks_exact_mut(ts))
+    {
         let w: [f32; 32] = weights(xb, qb, sigma2);
         match ty {
             T::Q4_0 | T::Q5_0 => {
