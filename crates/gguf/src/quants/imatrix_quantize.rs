@@ -317,10 +317,10 @@ fn q6_k(x: &[f32], qw: &[f32], b: &mut [u8]) {
     let mut l = [0i8; QK_K];
     let mut scales = [0.0f32; 16];
     let (mut max_scale, mut max_abs) = (0.0f32, 0.0f32);
-    for ib in 0..16 {
+    for (ib, sc) in scales.iter_mut().enumerate() {
         let r = 16 * ib..16 * ib + 16;
         let s = make_qx_quants(32, &x[r.clone()], Some(&qw[r.clone()]), &mut l[r]);
-        scales[ib] = s;
+        *sc = s;
         if s.abs() > max_abs {
             max_abs = s.abs();
             max_scale = s;
@@ -362,8 +362,8 @@ fn legacy_row(ty: crate::GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]) {
                     b[2..6].copy_from_slice(&high_bits(lu));
                     &mut b[6..22]
                 };
-                for j in 0..16 {
-                    qs[j] = (lu(j) & 0xf) | ((lu(j + 16) & 0xf) << 4);
+                for (j, q) in qs.iter_mut().enumerate() {
+                    *q = (lu(j) & 0xf) | ((lu(j + 16) & 0xf) << 4);
                 }
             }
             _ => {
@@ -378,8 +378,8 @@ fn legacy_row(ty: crate::GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]) {
                     b[4..8].copy_from_slice(&high_bits(|j| l[j]));
                     &mut b[8..24]
                 };
-                for j in 0..16 {
-                    qs[j] = (l[j] & 0xf) | ((l[j + 16] & 0xf) << 4);
+                for (j, q) in qs.iter_mut().enumerate() {
+                    *q = (l[j] & 0xf) | ((l[j + 16] & 0xf) << 4);
                 }
             }
         }
