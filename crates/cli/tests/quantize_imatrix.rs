@@ -442,6 +442,18 @@ fn malformed_imatrices_are_refused_by_name() {
         &quantize(&bad, "Q4_K_M"),
         &["nan.dat", "blk.0.attn_q.weight", "non-finite"],
     );
+    // As in llama-quantize, an entry left out by --exclude-weights is not looked at.
+    let flags: Vec<String> = [
+        "--imatrix",
+        bad.to_str().unwrap(),
+        "--exclude-weights",
+        "attn_q",
+    ]
+    .map(String::from)
+    .to_vec();
+    let o = run_ours(&flags, &input, &out, "Q4_K_M");
+    assert!(o.status.success(), "excluded NaN control: {o:?}");
+    std::fs::remove_file(&out).unwrap();
     // GGUF: sums without counts, and a file without the imatrix.* keys.
     let mut w = GgufWriter::new();
     w.metadata.set(

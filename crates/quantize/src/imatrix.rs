@@ -52,8 +52,8 @@ impl Imatrix {
     /// Reads a GGUF or legacy imatrix file (told apart by the GGUF magic).
     ///
     /// # Errors
-    /// Unreadable or malformed files, GGUF files without the `imatrix.*` metadata, and
-    /// non-finite weights, each naming the file (and the entry).
+    /// Unreadable or malformed files and GGUF files without the `imatrix.*` metadata, each
+    /// naming the file (and the entry).
     pub fn load(path: &Path) -> Result<Imatrix> {
         let file = path
             .to_str()
@@ -70,15 +70,24 @@ impl Imatrix {
             load_legacy(path, &bytes)?
         };
         m.file = file;
-        for (name, v) in &m.entries {
+        Ok(m)
+    }
+
+    /// llama-quantize refuses non-finite weights in the entries it keeps (after
+    /// [`Imatrix::filter`]); [`crate::quantize_model`] calls this.
+    ///
+    /// # Errors
+    /// The first entry with a NaN or infinity, by name.
+    pub fn check_finite(&self) -> Result<()> {
+        for (name, v) in &self.entries {
             if let Some(x) = v.iter().find(|x| !x.is_finite()) {
                 return Err(bad(
-                    path,
+                    Path::new(&self.file),
                     format!("entry {name} contains the non-finite value {x}"),
                 ));
             }
         }
-        Ok(m)
+        Ok(())
     }
 
     /// llama-quantize's `--include-weights` / `--exclude-weights`: keep only the entries

@@ -233,6 +233,9 @@ pub fn quantize_model(
 ) -> Result<Summary> {
     let model = GgufModel::open(input)?;
     let imatrix = opts.imatrix.as_ref().filter(|m| !m.entries.is_empty());
+    if let Some(m) = imatrix {
+        m.check_finite()?;
+    }
     for (what, t) in [
         ("--output-tensor-type", opts.output_tensor_type),
         ("--token-embedding-type", opts.token_embedding_type),
