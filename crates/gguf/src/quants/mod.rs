@@ -454,4 +454,24 @@ mod tests {
             assert!(vec_dot_type(t).is_supported());
         }
     }
+
+    /// The weights must cover the row; types ggml quantizes without them (Q8_0) give
+    /// quantize_row's bytes, and a weighted type does not (the weights are not all equal).
+    #[test]
+    fn imatrix_rows_check_the_weights_and_q8_0_ignores_them() {
+        let x: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let w: Vec<f32> = (0..256).map(|i| 1.0 + (i % 5) as f32).collect();
+        let (mut a, mut b) = (vec![0u8; 272], vec![0u8; 272]);
+        quantize_row(GgmlType::Q8_0, &x, &mut a).unwrap();
+        quantize_row_imatrix(GgmlType::Q8_0, &x, &w, &mut b).unwrap();
+        assert_eq!(a, b);
+        let err = quantize_row_imatrix(GgmlType::Q8_0, &x, &w[..255], &mut b).unwrap_err();
+        assert!(err.to_string().contains("255 importance weights"), "{err}");
+        let (mut a, mut b) = (vec![0u8; 144], vec![0u8; 144]);
+        quantize_row(GgmlType::Q4K, &x, &mut a).unwrap();
+        quantize_row_imatrix(GgmlType::Q4K, &x, &w, &mut b).unwrap();
+        assert_ne!(a, b);
+    }
 }
