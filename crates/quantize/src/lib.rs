@@ -25,10 +25,12 @@
 #![forbid(unsafe_code)]
 
 pub mod ftype;
+pub mod imatrix;
 pub mod recipe;
 mod run;
 
 pub use ftype::Ftype;
+pub use imatrix::{Imatrix, ImatrixFormat};
 pub use recipe::{Fallback, ModelFacts};
 pub use run::{quantize_model, tensor_order, Event, Options, Summary};
 
@@ -49,6 +51,17 @@ pub enum Error {
     Pattern {
         pattern: String,
         source: regex::Error,
+    },
+    #[error("imatrix {path}: {problem}")]
+    Imatrix { path: PathBuf, problem: String },
+    #[error(
+        "imatrix entry {tensor} has {got} values but the tensor has {want} columns \
+         (an imatrix made for another model?)"
+    )]
+    ImatrixSize {
+        tensor: String,
+        got: usize,
+        want: usize,
     },
     #[error("{path}: {source}")]
     Io {

@@ -1,9 +1,10 @@
 //! The quantize driver: open, plan every tensor's type, then stream the new file.
 
 use crate::ftype::{is_quantized, Ftype};
+use crate::imatrix::Imatrix;
 use crate::recipe::{Fallback, ModelFacts, Planner, TypeRules};
 use crate::{layer_number, Error, Result};
-use minfer_gguf::quants::{dequantize_row, quantize_row};
+use minfer_gguf::quants::{dequantize_row, quantize_row, quantize_row_imatrix};
 use minfer_gguf::writer::TensorPlan;
 use minfer_gguf::{write_streaming, GgmlType, GgufModel, Metadata, Value};
 use regex::Regex;
@@ -26,6 +27,9 @@ pub struct Options {
     pub leave_output_tensor: bool,
     /// Worker threads (0: all cores).
     pub threads: usize,
+    /// Importance matrix (already filtered by `--include-weights`/`--exclude-weights`);
+    /// one with no entries counts as none, as in llama-quantize.
+    pub imatrix: Option<Imatrix>,
 }
 
 impl Options {
@@ -39,6 +43,7 @@ impl Options {
             allow_requantize: false,
             leave_output_tensor: false,
             threads: 0,
+            imatrix: None,
         }
     }
 }
@@ -50,6 +55,15 @@ pub enum Event {
     Planned { tensors: usize, bytes_in: u64 },
     /// A tensor whose row length is not whole blocks of its type got another type.
     Fallback(Fallback),
+    /// A tensor is quantized without importance weights: the imatrix has no entry for it.
+    ImatrixMissing { tensor: String },
+    /// The token embedding's imatrix entry does not fit it (as usual: llama-imatrix sees
+    /// it as a lookup, not a matrix product), so it is quantized without one.
+    ImatrixIgnored {
+        tensor: String,
+        got: usize,
+        want: usize,
+    },
     /// A quantized tensor is being dequantized and quantized again.
     Requantize { tensor: String, from: GgmlType },
     /// A tensor is written.
@@ -119,9 +133,21 @@ fn check_target(what: &str, ty: GgmlType) -> Result<GgmlType> {
     }
 }
 
+/// llama-quantize passes its imatrix keys as 128-byte C strings: at most 127 bytes survive.
+fn c_string_127(s: &str) -> String {
+    let mut end = s.len().min(127);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
 /// The output metadata: the input's keys in order, `split.*` removed, then
-/// `general.quantization_version` = 2 and `general.file_type` appended last.
-fn output_metadata(src: &Metadata, ftype: Ftype) -> Metadata {
+/// `general.quantization_version` = 2 and `general.file_type` appended, then with an
+/// imatrix `quantize.imatrix.file`, `.dataset` (when the file names one), `.entries_count`
+/// and `.chunks_count` (when known), each removed first and appended as llama.cpp's gguf
+/// sets a key.
+fn output_metadata(src: &Metadata, ftype: Ftype, imatrix: Option<&Imatrix>) -> Metadata {
     let mut md = src.clone();
     for k in [
         "general.quantization_version",
@@ -134,7 +160,64 @@ fn output_metadata(src: &Metadata, ftype: Ftype) -> Metadata {
     }
     md.set("general.quantization_version", Value::U32(2));
     md.set("general.file_type", Value::U32(ftype.id()));
+    if let Some(im) = imatrix {
+        let mut put = |k: &str, v: Value| {
+            md.remove(k);
+            md.set(k, v);
+        };
+        put(
+            "quantize.imatrix.file",
+            Value::String(c_string_127(&im.file)),
+        );
+        if let Some(d) = im.datasets.first() {
+            put("quantize.imatrix.dataset", Value::String(c_string_127(d)));
+        }
+        put(
+            "quantize.imatrix.entries_count",
+            Value::U32(im.entries.len() as u32),
+        );
+        if im.chunk_count > 0 {
+            put("quantize.imatrix.chunks_count", Value::U32(im.chunk_count));
+        }
+    }
     md
+}
+
+/// The importance weights for a tensor about to be quantized, as llama-quantize picks
+/// them: the entry of the same name, whose length must be ne0 x ne2 (columns x experts);
+/// none when there is no entry, or for a token embedding whose entry does not fit.
+fn weights_for<'a>(
+    imatrix: Option<&'a Imatrix>,
+    name: &str,
+    dims: &[u64],
+    on_event: &mut dyn FnMut(Event),
+) -> Result<Option<&'a [f32]>> {
+    let Some(im) = imatrix else {
+        return Ok(None);
+    };
+    let Some(w) = im.entries.get(name) else {
+        on_event(Event::ImatrixMissing {
+            tensor: name.to_string(),
+        });
+        return Ok(None);
+    };
+    let want = (dims[0] * dims.get(2).copied().unwrap_or(1)) as usize;
+    if w.len() == want {
+        return Ok(Some(w));
+    }
+    if name == "token_embd.weight" || name == "per_layer_token_embd.weight" {
+        on_event(Event::ImatrixIgnored {
+            tensor: name.to_string(),
+            got: w.len(),
+            want,
+        });
+        return Ok(None);
+    }
+    Err(Error::ImatrixSize {
+        tensor: name.to_string(),
+        got: w.len(),
+        want,
+    })
 }
 
 /// Quantizes `input` (one file or a split set) into `output`, written atomically.
@@ -149,6 +232,10 @@ pub fn quantize_model(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Summary> {
     let model = GgufModel::open(input)?;
+    let imatrix = opts.imatrix.as_ref().filter(|m| !m.entries.is_empty());
+    if let Some(m) = imatrix {
+        m.check_finite()?;
+    }
     for (what, t) in [
         ("--output-tensor-type", opts.output_tensor_type),
         ("--token-embedding-type", opts.token_embedding_type),
@@ -173,7 +260,7 @@ pub fn quantize_model(
         token_embedding_type: opts.token_embedding_type,
         tensor_types,
         leave_output_tensor: opts.leave_output_tensor,
-        has_imatrix: false,
+        has_imatrix: imatrix.is_some(),
     };
     let names: Vec<&str> = model
         .tensors()
@@ -198,6 +285,18 @@ pub fn quantize_model(
             ty,
         });
     }
+    // Entry sizes are checked before anything is written (llama-quantize stops midway).
+    let mut weights = Vec::with_capacity(plan.len());
+    let mut imatrix_events = Vec::new();
+    for t in &plan {
+        let (info, _) = model.tensor_data(&t.name)?;
+        let w = if t.ty == info.ty {
+            None
+        } else {
+            weights_for(imatrix, &t.name, &t.dims, &mut |e| imatrix_events.push(e))?
+        };
+        weights.push(w);
+    }
     let fallbacks = std::mem::take(&mut planner.fallbacks);
     let bytes_in: u64 = order
         .iter()
@@ -211,11 +310,14 @@ pub fn quantize_model(
     for f in fallbacks {
         on_event(Event::Fallback(f));
     }
+    for e in imatrix_events {
+        on_event(e);
+    }
     let threads = match opts.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    let metadata = output_metadata(model.metadata(), opts.ftype);
+    let metadata = output_metadata(model.metadata(), opts.ftype, imatrix);
     let mut bytes_out = 0u64;
     write_streaming::<Error, _>(&metadata, &plan, output, |i, out| {
         let t = &plan[i];
@@ -230,7 +332,7 @@ pub fn quantize_model(
                     from: info.ty,
                 });
             }
-            convert(info.ty, src, t, threads, out, output)?
+            convert(info.ty, src, t, weights[i], threads, out, output)?
         };
         bytes_out += n;
         on_event(Event::Tensor {
@@ -262,11 +364,13 @@ fn write_all(out: &mut dyn Write, bytes: &[u8], path: &Path) -> Result<()> {
 const SLAB_ELEMENTS: usize = 16 << 20;
 
 /// Converts one tensor's rows from `from` to `t.ty` on `threads` threads, slab by slab, and
-/// writes them; returns the bytes written.
+/// writes them; returns the bytes written. With `weights` (ncols per expert, experts in
+/// order), row r takes expert r / ne1's.
 fn convert(
     from: GgmlType,
     src: &[u8],
     t: &TensorPlan,
+    weights: Option<&[f32]>,
     threads: usize,
     out: &mut dyn Write,
     path: &Path,
@@ -279,6 +383,7 @@ fn convert(
         t.ty.row_bytes(t.dims[0])
             .expect("the planner picked a type whose blocks divide the row") as usize;
     let nrows = src.len() / src_row;
+    let rows_per_expert = t.dims.get(1).copied().unwrap_or(1).max(1) as usize;
     let slab_rows = (SLAB_ELEMENTS / ncols).clamp(1, nrows.max(1));
     let mut written = 0u64;
     let mut f32_buf = vec![0f32; slab_rows * ncols];
@@ -296,15 +401,25 @@ fn convert(
                 .chunks(per * src_row)
                 .zip(x.chunks_mut(per * ncols))
                 .zip(d.chunks_mut(per * dst_row))
-                .map(|((s, x), d)| {
+                .enumerate()
+                .map(|(job, ((s, x), d))| {
                     scope.spawn(move || -> minfer_gguf::Result<()> {
-                        for ((sr, xr), dr) in s
+                        for (k, ((sr, xr), dr)) in s
                             .chunks(src_row)
                             .zip(x.chunks_mut(ncols))
                             .zip(d.chunks_mut(dst_row))
+                            .enumerate()
                         {
                             dequantize_row(from, sr, xr)?;
-                            quantize_row(t.ty, xr, dr)?;
+                            match weights {
+                                None => quantize_row(t.ty, xr, dr)?,
+                                Some(w) => {
+                                    let row = first + job * per + k;
+                                    let e = row / rows_per_expert;
+                                    let w = &w[e * ncols..(e + 1) * ncols];
+                                    quantize_row_imatrix(t.ty, xr, w, dr)?
+                                }
+                            }
                         }
                         Ok(())
                     })
@@ -354,7 +469,7 @@ mod tests {
         md.set("general.file_type", Value::U32(1));
         md.set("general.architecture", Value::String("qwen2".into()));
         md.set("split.count", Value::U16(1));
-        let out = output_metadata(&md, Ftype::MostlyQ4KM);
+        let out = output_metadata(&md, Ftype::MostlyQ4KM, None);
         let keys: Vec<&str> = out.iter().map(|(k, _)| k).collect();
         assert_eq!(
             keys,

@@ -5,14 +5,15 @@ use anyhow::Context;
 use clap::Args as ClapArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use minfer_gguf::GgmlType;
-use minfer_quantize::{quantize_model, Event, Ftype, Options};
+use minfer_quantize::{quantize_model, Event, Ftype, Imatrix, ImatrixFormat, Options};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
 #[command(
     after_help = "TYPE is a file type as llama-quantize names it: F32 F16 BF16 Q4_0 Q4_1 \
 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M (Q3_K) Q3_K_L Q4_K_S Q4_K_M (Q4_K) Q5_K_S Q5_K_M (Q5_K) Q6_K \
-IQ4_NL IQ4_XS. The output is byte-identical to llama-quantize's for the same input and options."
+IQ4_NL IQ4_XS. The output is byte-identical to llama-quantize's for the same input and options, \
+--imatrix included (both of llama-imatrix's formats: GGUF and the legacy .dat)."
 )]
 pub struct Args {
     /// Source model (GGUF; any part of a split set).
@@ -41,9 +42,21 @@ pub struct Args {
     /// Dequantize quantized source tensors and quantize them again (quality suffers).
     #[arg(long)]
     pub allow_requantize: bool,
-    /// Importance matrix (llama-imatrix output). Not implemented yet: refused.
+    /// Importance matrix made by llama-imatrix (GGUF or legacy .dat): weights the
+    /// quantization error per column, as llama-quantize --imatrix does.
     #[arg(long, value_name = "FILE")]
     pub imatrix: Option<PathBuf>,
+    /// Use the imatrix only for tensors whose name contains NAME (repeatable).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "imatrix",
+        conflicts_with = "exclude_weights"
+    )]
+    pub include_weights: Vec<String>,
+    /// Do not use the imatrix for tensors whose name contains NAME (repeatable).
+    #[arg(long, value_name = "NAME", requires = "imatrix")]
+    pub exclude_weights: Vec<String>,
     /// Worker threads (default: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
@@ -62,13 +75,35 @@ fn options(a: &Args) -> anyhow::Result<Options> {
             names.join(" ")
         )
     })?;
-    if let Some(p) = &a.imatrix {
-        anyhow::bail!(
-            "--imatrix {}: quantizing with an importance matrix is not implemented yet",
-            p.display()
-        );
-    }
     let mut o = Options::new(ftype);
+    if let Some(p) = &a.imatrix {
+        let mut m = Imatrix::load(p).with_context(|| format!("--imatrix {}", p.display()))?;
+        let n = m.entries.len();
+        m.filter(&a.include_weights, &a.exclude_weights);
+        eprintln!(
+            "imatrix {}: {} entries ({} format{}), {} used",
+            p.display(),
+            n,
+            match m.format {
+                ImatrixFormat::Gguf => "GGUF",
+                ImatrixFormat::Legacy => "legacy .dat",
+            },
+            match (m.datasets.first(), m.chunk_count) {
+                (Some(d), c) if c > 0 => format!(", {c} chunks of {d}"),
+                (Some(d), _) => format!(", dataset {d}"),
+                (None, c) if c > 0 => format!(", {c} chunks"),
+                _ => String::new(),
+            },
+            m.entries.len()
+        );
+        if m.entries.is_empty() {
+            eprintln!(
+                "warning: --include-weights/--exclude-weights left no imatrix entries: \
+                 quantizing without an importance matrix"
+            );
+        }
+        o.imatrix = Some(m);
+    }
     o.pure = a.pure;
     o.allow_requantize = a.allow_requantize;
     o.leave_output_tensor = a.leave_output_tensor;
@@ -101,12 +136,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} tensors {msg}")
             .expect("a valid progress template"),
     );
+    let mut unweighted: Vec<String> = Vec::new();
     let mut on_event = |e: Event| {
         match e {
         Event::Planned { tensors, .. } => bar.set_length(tensors as u64),
         Event::Fallback(f) => bar.println(format!(
             "warning: {} - ncols {} not divisible by the {} block; falling back to {}",
             f.tensor, f.ncols, f.wanted, f.got
+        )),
+        Event::ImatrixMissing { tensor } => unweighted.push(tensor),
+        Event::ImatrixIgnored { tensor, got, want } => bar.println(format!(
+            "warning: imatrix entry {tensor} has {got} values for {want} columns; \
+             quantized without importance weights"
         )),
         Event::Requantize { tensor, from } => bar.println(format!(
             "warning: requantizing {tensor} from {from}: quality is lower than from the original weights"
@@ -120,6 +161,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let summary = quantize_model(&a.input, &a.output, &opts, &mut on_event)
         .with_context(|| format!("quantizing {}", a.input.display()))?;
     bar.finish_and_clear();
+    if !unweighted.is_empty() {
+        eprintln!(
+            "note: the imatrix has no entry for {} quantized tensor(s), quantized without \
+             importance weights: {}",
+            unweighted.len(),
+            unweighted.join(" ")
+        );
+    }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
         "quantized {} tensors: {:.2} MiB -> {:.2} MiB ({}) in {:.1} s; wrote {}",

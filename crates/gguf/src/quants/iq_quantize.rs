@@ -31,9 +31,10 @@ fn best_index_iq4(x: f32) -> u8 {
     }
 }
 
-/// One 32-element IQ4 group (`quantize_row_iq4_nl_impl`'s inner loop, no importance weights,
-/// 7 tries each side): its scale, with the indices written to `l`.
-fn iq4_group(xb: &[f32], l: &mut [u8]) -> f32 {
+/// One 32-element IQ4 group (`quantize_row_iq4_nl_impl`'s inner loop, 7 tries each side)
+/// with weights `w` (x^2 without an importance matrix): its scale, with the indices written
+/// to `l`.
+fn iq4_group(xb: &[f32], w: &[f32], l: &mut [u8]) -> f32 {
     const NTRY: i32 = 7;
     let v0 = KVALUES_IQ4NL[0] as f32;
     let (max, amax) = signed_max(xb);
@@ -47,9 +48,8 @@ fn iq4_group(xb: &[f32], l: &mut [u8]) -> f32 {
         let li = best_index_iq4(id * x);
         l[j] = li;
         let q = KVALUES_IQ4NL[li as usize] as f32;
-        let w = x * x;
-        sumqx += w * q * x;
-        sumq2 += w * q * q;
+        sumqx += w[j] * q * x;
+        sumq2 += w[j] * q * q;
     }
     d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
     let mut best = d * sumqx;
@@ -57,11 +57,10 @@ fn iq4_group(xb: &[f32], l: &mut [u8]) -> f32 {
         id = (itry + KVALUES_IQ4NL[0] as i32) as f32 / max;
         sumqx = 0.0;
         sumq2 = 0.0;
-        for &x in xb {
+        for (j, &x) in xb.iter().enumerate() {
             let q = KVALUES_IQ4NL[best_index_iq4(id * x) as usize] as f32;
-            let w = x * x;
-            sumqx += w * q * x;
-            sumq2 += w * q * q;
+            sumqx += w[j] * q * x;
+            sumq2 += w[j] * q * q;
         }
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
             d = sumqx / sumq2;
@@ -79,9 +78,30 @@ fn pack_iq4(l: &[u8], q4: &mut [u8]) {
     }
 }
 
+/// The weights of one IQ4 group: qw * sqrt(sigma2 + x^2) with an importance matrix, where
+/// sigma2 is 2/n of the super-block's sum of squares, else x^2.
+fn iq4_weights(x_super: &[f32], xb: &[f32], qw: Option<&[f32]>) -> [f32; 32] {
+    match qw {
+        None => std::array::from_fn(|j| xb[j] * xb[j]),
+        Some(qw) => {
+            let mut sigma2 = 0.0f32;
+            for &v in x_super {
+                sigma2 += v * v;
+            }
+            sigma2 *= 2.0 / x_super.len() as f32;
+            std::array::from_fn(|j| qw[j] * (sigma2 + xb[j] * xb[j]).sqrt())
+        }
+    }
+}
+
 pub(super) fn quant_iq4_nl(x: &[f32], b: &mut [u8]) {
+    quant_iq4_nl_with(x, None, b);
+}
+
+/// IQ4_NL with optional importance weights for the block's 32 columns.
+pub(super) fn quant_iq4_nl_with(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
     let mut l = [0u8; 32];
-    let d = iq4_group(x, &mut l);
+    let d = iq4_group(x, &iq4_weights(x, x, qw), &mut l);
     b[0..2].copy_from_slice(&f16_round(d).to_le_bytes());
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (o, &v) in l.iter_mut().zip(x) {
@@ -91,11 +111,18 @@ pub(super) fn quant_iq4_nl(x: &[f32], b: &mut [u8]) {
 }
 
 pub(super) fn quant_iq4_xs(x: &[f32], b: &mut [u8]) {
+    quant_iq4_xs_with(x, None, b);
+}
+
+/// IQ4_XS with optional importance weights for the block's 256 columns.
+pub(super) fn quant_iq4_xs_with(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
     let mut l = [0u8; QK_K];
     let mut scales = [0.0f32; 8];
     let (mut max_scale, mut amax_scale) = (0.0f32, 0.0f32);
     for ib in 0..8 {
-        let d = iq4_group(&x[32 * ib..32 * ib + 32], &mut l[32 * ib..32 * ib + 32]);
+        let xb = &x[32 * ib..32 * ib + 32];
+        let w = iq4_weights(x, xb, qw.map(|q| &q[32 * ib..32 * ib + 32]));
+        let d = iq4_group(xb, &w, &mut l[32 * ib..32 * ib + 32]);
         scales[ib] = d;
         if d.abs() > amax_scale {
             amax_scale = d.abs();

@@ -41,8 +41,8 @@ pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
 }
 
 /// Symmetric quants l in -nmax..nmax-1 (stored + nmax) with a least-squares scale, weighted
-/// by x^2 (`make_qx_quants` with rmse_type 1 and no weights), trying 18 scales near nmax/max.
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+/// by `qw` or else x^2 (`make_qx_quants` with rmse_type 1), trying 18 scales near nmax/max.
+pub(super) fn make_qx_quants(nmax: i32, x: &[f32], qw: Option<&[f32]>, l_out: &mut [i8]) -> f32 {
     let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
@@ -50,12 +50,13 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     }
     let nmaxf = nmax as f32;
     let clamp = |l: i32| l.clamp(-nmax, nmax - 1);
+    let weight = |i: usize| qw.map_or(x[i] * x[i], |q| q[i]);
     let mut iscale = -nmaxf / max;
     let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-    for (o, &v) in l_out.iter_mut().zip(x) {
+    for (i, (o, &v)) in l_out.iter_mut().zip(x).enumerate() {
         let l = clamp(nearest_int(iscale * v));
         *o = (l + nmax) as i8;
-        let w = v * v;
+        let w = weight(i);
         let lf = l as f32;
         sumlx += w * v * lf;
         suml2 += w * lf * lf;
@@ -69,9 +70,9 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         iscale = -(nmaxf + 0.1f32 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let lf = clamp(nearest_int(iscale * v)) as f32;
-            let w = v * v;
+            let w = weight(i);
             sumlx += w * v * lf;
             suml2 += w * lf * lf;
         }
@@ -229,7 +230,7 @@ fn make_qkx2_quants(
 
 /// Packs 2-bit quants as Q2_K/Q3_K lay them out: byte 32k + l holds elements
 /// 128k + l, +32, +64, +96 in bits 0, 2, 4, 6.
-fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
+pub(super) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
     for k in 0..2 {
         for i in 0..32 {
             let e = 128 * k + i;
@@ -333,6 +334,12 @@ pub(super) fn quant_q3_k(x: &[f32], b: &mut [u8]) {
     } else {
         f16_round(0.0)
     };
+    finish_q3_k(x, &sb, d, &mut l, b);
+}
+
+/// Q3_K after the scales are packed: requantization against the rounded scales and the
+/// packing (shared with the imatrix quantizer).
+pub(super) fn finish_q3_k(x: &[f32], sb: &[u8; 12], d: u16, l: &mut [i8; QK_K], b: &mut [u8]) {
     let df = f16_to_f32(d);
     for j in 0..16 {
         let lo = if j < 8 { sb[j] & 0xf } else { sb[j - 8] >> 4 };
@@ -359,7 +366,7 @@ pub(super) fn quant_q3_k(x: &[f32], b: &mut [u8]) {
     }
     b[0..32].copy_from_slice(&hmask);
     pack_2bit(&low, &mut b[32..96]);
-    b[96..108].copy_from_slice(&sb);
+    b[96..108].copy_from_slice(sb);
     b[108..110].copy_from_slice(&d.to_le_bytes());
 }
 
@@ -431,7 +438,20 @@ fn pack_scale_min(
     }
     let d = f16_round(max_scale / 63.0);
     let dmin = f16_round(max_min / 63.0);
-    let (sc, mn) = super::unpack_scale_min_k4(&s);
+    requant_scale_min(x, &s, d, dmin, nmax, l);
+    (d, dmin, s)
+}
+
+/// Requantizes each 32-element sub-block of Q4_K/Q5_K against its rounded 6-bit scale and min.
+pub(super) fn requant_scale_min(
+    x: &[f32],
+    s: &[u8; 12],
+    d: u16,
+    dmin: u16,
+    nmax: i32,
+    l: &mut [u8; QK_K],
+) {
+    let (sc, mn) = super::unpack_scale_min_k4(s);
     let (df, dminf) = (f16_to_f32(d), f16_to_f32(dmin));
     for j in 0..8 {
         let dj = df * sc[j] as f32;
@@ -444,16 +464,20 @@ fn pack_scale_min(
             l[32 * j + i] = q as u8;
         }
     }
-    (d, dmin, s)
 }
 
 pub(super) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
     let mut l = [0u8; QK_K];
     let (scales, mins) = scale_min_fits(x, 15, -1.0, 20, &mut l);
     let (d, dmin, s) = pack_scale_min(x, &scales, &mins, 15, &mut l);
+    write_q4_k(d, dmin, &s, &l, b);
+}
+
+/// Q4_K's bytes from its scales and 4-bit quants.
+pub(super) fn write_q4_k(d: u16, dmin: u16, s: &[u8; 12], l: &[u8; QK_K], b: &mut [u8]) {
     b[0..2].copy_from_slice(&d.to_le_bytes());
     b[2..4].copy_from_slice(&dmin.to_le_bytes());
-    b[4..16].copy_from_slice(&s);
+    b[4..16].copy_from_slice(s);
     // Byte 32c + i: element 64c + i in the low nibble, 64c + 32 + i in the high one.
     for c in 0..4 {
         for i in 0..32 {
@@ -466,9 +490,14 @@ pub(super) fn quant_q5_k(x: &[f32], b: &mut [u8]) {
     let mut l = [0u8; QK_K];
     let (scales, mins) = scale_min_fits(x, 31, -0.5, 15, &mut l);
     let (d, dmin, s) = pack_scale_min(x, &scales, &mins, 31, &mut l);
+    write_q5_k(d, dmin, &s, &l, b);
+}
+
+/// Q5_K's bytes from its scales and 5-bit quants.
+pub(super) fn write_q5_k(d: u16, dmin: u16, s: &[u8; 12], l: &[u8; QK_K], b: &mut [u8]) {
     b[0..2].copy_from_slice(&d.to_le_bytes());
     b[2..4].copy_from_slice(&dmin.to_le_bytes());
-    b[4..16].copy_from_slice(&s);
+    b[4..16].copy_from_slice(s);
     let mut qh = [0u8; 32];
     for c in 0..4 {
         let (m1, m2) = (1u8 << (2 * c), 2u8 << (2 * c));
@@ -494,13 +523,31 @@ pub(super) fn quant_q6_k(x: &[f32], b: &mut [u8]) {
     let mut scales = [0.0f32; 16];
     let (mut max_scale, mut max_abs) = (0.0f32, 0.0f32);
     for ib in 0..16 {
-        let s = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+        let s = make_qx_quants(
+            32,
+            &x[16 * ib..16 * ib + 16],
+            None,
+            &mut l[16 * ib..16 * ib + 16],
+        );
         scales[ib] = s;
         if s.abs() > max_abs {
             max_abs = s.abs();
             max_scale = s;
         }
     }
+    finish_q6_k(x, &scales, max_scale, max_abs, &mut l, b);
+}
+
+/// Q6_K after the sub-block fits: the 8-bit scales against the largest, requantization, and
+/// the packing (shared with the imatrix quantizer).
+pub(super) fn finish_q6_k(
+    x: &[f32],
+    scales: &[f32; 16],
+    max_scale: f32,
+    max_abs: f32,
+    l: &mut [i8; QK_K],
+    b: &mut [u8],
+) {
     if max_abs < GROUP_MAX_EPS {
         b.fill(0);
         return;

@@ -36,6 +36,7 @@
 
 pub mod blocks;
 mod float;
+mod imatrix_quantize;
 mod iq;
 mod iq_quantize;
 mod kquants;
@@ -174,6 +175,32 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         f(x, block);
     }
     Ok(())
+}
+
+/// Quantizes one row of f32 into `dst` with importance weights `weights` (one per element,
+/// the per-column values of an importance matrix), as `llama-quantize --imatrix` does:
+/// Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL and IQ4_XS take ggml's weighted quantizers
+/// (`imatrix_quantize`); the other targets ignore the weights, as ggml's do, and are
+/// [`quantize_row`].
+pub fn quantize_row_imatrix(
+    ty: GgmlType,
+    src: &[f32],
+    weights: &[f32],
+    dst: &mut [u8],
+) -> Result<()> {
+    check_quantize_row(ty, src.len(), dst.len())?;
+    if weights.len() != src.len() {
+        return Err(Error::Invalid(format!(
+            "quantize_row_imatrix: {} importance weights for a row of {} elements",
+            weights.len(),
+            src.len()
+        )));
+    }
+    if imatrix_quantize::quantize_row_weighted(ty, src, weights, dst) {
+        Ok(())
+    } else {
+        quantize_row(ty, src, dst)
+    }
 }
 
 /// Encodes one row of activations for a dot product, as llama.cpp's x86 SIMD builds do: Q8_0
@@ -426,5 +453,25 @@ mod tests {
         for t in GgmlType::SUPPORTED {
             assert!(vec_dot_type(t).is_supported());
         }
+    }
+
+    /// The weights must cover the row; types ggml quantizes without them (Q8_0) give
+    /// quantize_row's bytes, and a weighted type does not (the weights are not all equal).
+    #[test]
+    fn imatrix_rows_check_the_weights_and_q8_0_ignores_them() {
+        let x: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let w: Vec<f32> = (0..256).map(|i| 1.0 + (i % 5) as f32).collect();
+        let (mut a, mut b) = (vec![0u8; 272], vec![0u8; 272]);
+        quantize_row(GgmlType::Q8_0, &x, &mut a).unwrap();
+        quantize_row_imatrix(GgmlType::Q8_0, &x, &w, &mut b).unwrap();
+        assert_eq!(a, b);
+        let err = quantize_row_imatrix(GgmlType::Q8_0, &x, &w[..255], &mut b).unwrap_err();
+        assert!(err.to_string().contains("255 importance weights"), "{err}");
+        let (mut a, mut b) = (vec![0u8; 144], vec![0u8; 144]);
+        quantize_row(GgmlType::Q4K, &x, &mut a).unwrap();
+        quantize_row_imatrix(GgmlType::Q4K, &x, &w, &mut b).unwrap();
+        assert_ne!(a, b);
     }
 }
