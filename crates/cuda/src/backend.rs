@@ -100,6 +100,8 @@ pub struct CudaBackend {
     pub(crate) q8_input: Option<Q8Input>,
     /// Quantized weights through int8 dot products (off: `MINFER_CUDA_MATMUL=f32`).
     pub(crate) mmvq: bool,
+    /// Tensor-core int8 matmuls for many tokens (crates/cuda/src/mmq.rs).
+    pub(crate) mmq: crate::mmq::MmqChoice,
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
     /// Whole splits replayed as CUDA graphs (off: `MINFER_CUDA_GRAPHS=0`, or profiling).
@@ -113,6 +115,7 @@ impl CudaBackend {
         let name = name.into();
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let mmvq = env("MINFER_CUDA_MATMUL") != "f32";
+        let mmq = crate::mmq::MmqChoice::from_env()?;
         let attn_single = env("MINFER_CUDA_ATTN") == "single";
         let profile = (env("MINFER_CUDA_PROFILE") == "1").then(Profile::default);
         let graphs = env("MINFER_CUDA_GRAPHS") != "0" && profile.is_none();
@@ -125,9 +128,9 @@ impl CudaBackend {
             gib(gpu.total_mem),
             gib(gpu.free_mem()),
             if mmvq {
-                "int8 dp4a over 8-bit activations"
+                format!("int8 dp4a over 8-bit activations, {}", mmq.describe())
             } else {
-                "f32"
+                "f32".into()
             },
             if attn_single {
                 "one block per query"
@@ -155,6 +158,7 @@ impl CudaBackend {
             scratch: HashMap::new(),
             q8_input: None,
             mmvq,
+            mmq,
             attn_single,
             replayer: graphs.then(Replayer::default),
         })
