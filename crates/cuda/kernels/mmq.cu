@@ -37,25 +37,33 @@ __device__ __forceinline__ int mf_mq_residue(int p) {
     return ((p & 1) << 2) | (p & 2) | ((p >> 2) & 1);
 }
 
-// Folds the finished partial `acc` of pass p into the tree: `one` holds a pass's partial
-// until its pair partner finishes, `two` a pair until its partner pair does, `left` the
-// finished left half; after pass 7 `left` holds the output (before the bias).
-__device__ __forceinline__ void mf_mq_fold(int p, float acc, float &one, float &two,
-                                           float &left) {
-    switch (p) {
-    case 0: case 2: case 4: case 6: one = acc; break;
-    case 1: case 5: two = __fadd_rn(one, acc); break;
-    case 3: left = __fadd_rn(two, __fadd_rn(one, acc)); break;
-    default: left = __fadd_rn(left, __fadd_rn(two, __fadd_rn(one, acc))); break;
-    }
+// What the finished partial of pass p (counted from the block's first pass, a multiple of
+// np) does in the tree over the block's np passes (in pass order the canonical tree is a
+// perfect binary tree over the passes): `one` holds a pass's partial until its pair partner
+// finishes, `two` a pair until its partner pair does, `left` the finished left half; after
+// the last pass `left` holds the block's subtree.
+#define MF_MQ_ONE 0       // one = acc
+#define MF_MQ_TWO 1       // two = one + acc
+#define MF_MQ_LEFT 2      // left = two + (one + acc)
+#define MF_MQ_ROOT 3      // left = left + (two + (one + acc))
+#define MF_MQ_PAIR 4      // left = one + acc
+#define MF_MQ_LEAF 5      // left = acc
+__device__ __forceinline__ int mf_mq_fold_step(int p, int np) {
+    if (np == 1) return MF_MQ_LEAF;
+    if (np == 2) return (p & 1) ? MF_MQ_PAIR : MF_MQ_ONE;
+    if ((p & 1) == 0) return MF_MQ_ONE;
+    return p == 1 || p == 5 ? MF_MQ_TWO : p == 3 ? MF_MQ_LEFT : MF_MQ_ROOT;
 }
 
 // y[t][o] = sum_e w[o][e] x[t][e] (+ bias[o]) over the quantized activations (xq, xds), as
-// mf_mmvq computes it. Grid: (ceil(n_out / BM), ceil(nt / BN)), 256 threads.
+// mf_mmvq computes it. Grid: (ceil(n_out / BM), ceil(nt / BN), split), 256 threads. With
+// split > 1 (small grids: more blocks to fill the GPU) block z walks passes
+// [z * 8 / split, (z + 1) * 8 / split) only, writes its subtree to part[z][t][o], and
+// mf_mmq_combine joins the subtrees in the same tree (so the same bits).
 template <int TY, int BM, int BN, int WM>
 __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed char *xq,
                                        const float2 *xds, float *y, const float *bias, int ne0,
-                                       int n_out, int nt) {
+                                       int n_out, int nt, int split, float *part) {
     constexpr int WN = 8 / WM;
     constexpr int MT = BM / WM / 16; // 16-row mma tiles per warp
     constexpr int NT = BN / WN / 8;  // 8-token mma tiles per warp
@@ -79,7 +87,8 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
 #pragma unroll
             for (int i = 0; i < 4; ++i) one[m][n][i] = two[m][n][i] = left[m][n][i] = 0.0f;
 
-    for (int p = 0; p < 8; ++p) {
+    int np = 8 / split, p0 = blockIdx.z * np;
+    for (int p = p0; p < p0 + np; ++p) {
         int r = mf_mq_residue(p);
         int nj = r < nb ? (nb - r + 7) >> 3 : 0; // blocks of residue r
 #pragma unroll
@@ -172,13 +181,24 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
                 }
             }
         }
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    mf_mq_fold(p, acc[m][n][i], one[m][n][i], two[m][n][i], left[m][n][i]);
+        // One branch per pass (uniform), a plain loop over the outputs in each.
+#define MF_MQ_EACH(EXPR)                                                                        \
+    _Pragma("unroll") for (int m = 0; m < MT; ++m) _Pragma("unroll") for (int n = 0; n < NT;   \
+                                                                          ++n)                 \
+        _Pragma("unroll") for (int i = 0; i < 4; ++i) {                                         \
+            float a = acc[m][n][i], &o1 = one[m][n][i], &o2 = two[m][n][i],                    \
+                  &l = left[m][n][i];                                                           \
+            EXPR;                                                                               \
+        }
+        switch (mf_mq_fold_step(p - p0, np)) {
+        case MF_MQ_ONE: MF_MQ_EACH(o1 = a) break;
+        case MF_MQ_TWO: MF_MQ_EACH(o2 = __fadd_rn(o1, a)) break;
+        case MF_MQ_LEFT: MF_MQ_EACH(l = __fadd_rn(o2, __fadd_rn(o1, a))) break;
+        case MF_MQ_ROOT: MF_MQ_EACH(l = __fadd_rn(l, __fadd_rn(o2, __fadd_rn(o1, a)))) break;
+        case MF_MQ_PAIR: MF_MQ_EACH(l = __fadd_rn(o1, a)) break;
+        default: MF_MQ_EACH(l = a) break;
+        }
+#undef MF_MQ_EACH
     }
 
 #pragma unroll
@@ -191,25 +211,28 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
                 int t = t0 + tw + n * 8 + 2 * q4 + (i & 1);
                 if (o < n_out && t < nt) {
                     float s = left[m][n][i];
-                    if (bias) s = __fadd_rn(s, bias[o]);
-                    y[(u64)t * n_out + o] = s;
+                    if (split > 1) {
+                        part[((u64)blockIdx.z * nt + t) * n_out + o] = s;
+                    } else {
+                        if (bias) s = __fadd_rn(s, bias[o]);
+                        y[(u64)t * n_out + o] = s;
+                    }
                 }
             }
 }
 
 // Tile shapes (rows x tokens, warps along the rows): `mf_mmq_<type>` 64 x 64 (4 x 2 warps),
-// `_r128` 128 x 64 (4 x 2), `_t128` 64 x 128 (2 x 4); exec.rs picks one (MINFER_CUDA_MMQ_TILE).
+// `_r128` 128 x 64 (4 x 2); exec.rs picks one (MINFER_CUDA_MMQ_TILE).
 #define MF_MMQ_KERNEL(NAME, TY, BM, BN, WM)                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         NAME(const u8 *w, u64 row_bytes, const signed char *xq, const float2 *xds, float *y,    \
-             const float *bias, int ne0, int n_out, int nt) {                                   \
-        mf_mmq<TY, BM, BN, WM>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt);                 \
+             const float *bias, int ne0, int n_out, int nt, int split, float *part) {           \
+        mf_mmq<TY, BM, BN, WM>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, split, part);    \
     }
 
 #define MF_MMQ_TILES(TYNAME, TY)                                                                \
     MF_MMQ_KERNEL(mf_mmq_##TYNAME, TY, 64, 64, 4)                                               \
-    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_r128, TY, 128, 64, 4)                                       \
-    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_t128, TY, 64, 128, 2)
+    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_r128, TY, 128, 64, 4)
 
 MF_MMQ_TILES(q8_0, MF_Q8_0)
 MF_MMQ_TILES(q4_0, MF_Q4_0)
@@ -217,3 +240,22 @@ MF_MMQ_TILES(q4_1, MF_Q4_1)
 MF_MMQ_TILES(q5_0, MF_Q5_0)
 MF_MMQ_TILES(q4_k, MF_Q4_K)
 MF_MMQ_TILES(q6_k, MF_Q6_K)
+
+// The upper levels of the tree over the `split` subtrees of mf_mmq (2, 4 or 8; n = nt * n_out
+// outputs each), then the bias.
+extern "C" __global__ void mf_mmq_combine(const float *part, float *y, const float *bias,
+                                          u64 n, int n_out, int split) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v[8];
+#pragma unroll
+    for (int z = 0; z < 8; ++z) v[z] = z < split ? part[z * n + i] : 0.0f;
+#pragma unroll
+    for (int w = 8; w > 1; w >>= 1)
+#pragma unroll
+        for (int z = 0; z < w / 2; ++z)
+            if (w <= split) v[z] = __fadd_rn(v[2 * z], v[2 * z + 1]);
+    float s = v[0];
+    if (bias) s = __fadd_rn(s, bias[i % n_out]);
+    y[i] = s;
+}

@@ -68,12 +68,7 @@ pub const KERNELS: &[&str] = &[
     "mf_mmq_q5_0_r128",
     "mf_mmq_q4_k_r128",
     "mf_mmq_q6_k_r128",
-    "mf_mmq_q8_0_t128",
-    "mf_mmq_q4_0_t128",
-    "mf_mmq_q4_1_t128",
-    "mf_mmq_q5_0_t128",
-    "mf_mmq_q4_k_t128",
-    "mf_mmq_q6_k_t128",
+    "mf_mmq_combine",
 ];
 
 /// How long a synchronisation waits before it reports a hung device.

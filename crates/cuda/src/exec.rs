@@ -184,16 +184,13 @@ impl CudaBackend {
                 if let Some(kernel) = self.mmvq_kernel(m.ty) {
                     let (xq, xds) = self.quantized_input(xid, x, m.ne0, ne1)?;
                     // Many tokens: tensor-core tiles, the same bits (the canonical order).
-                    let (kernel, grid, threads) = match self.mmq_kernel(m.ty, ne1) {
-                        Some((k, (rows, toks))) => {
-                            (k, (ne0.div_ceil(rows), ne1.div_ceil(toks)), 256)
-                        }
-                        None => (kernel, (ne0.div_ceil(MV_ROWS), ne1.div_ceil(MV_T)), 128),
-                    };
+                    if let Some((k, tile)) = self.mmq_kernel(m.ty, ne1) {
+                        return self.encode_mmq(k, tile, &m, (xq, xds), (out, b), (ne0, ne1));
+                    }
                     return self.gpu.launch(
                         kernel,
-                        (grid.0 as u32, grid.1 as u32, 1),
-                        threads,
+                        (ne0.div_ceil(MV_ROWS) as u32, ne1.div_ceil(MV_T) as u32, 1),
+                        128,
                         &[
                             Arg::U64(m.ptr),
                             Arg::U64(m.row_bytes as u64),

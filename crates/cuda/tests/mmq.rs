@@ -284,42 +284,62 @@ struct Case {
     xds: u64,
     bias: u64,
     y: u64,
+    /// Scratch for split passes: 8 x n_out x nt floats.
+    part: u64,
     ne0: usize,
     n_out: usize,
     nt: usize,
     rb: usize,
 }
 
-fn matmul(g: &Gpu, kernel: &str, c: &Case, tile: Option<(usize, usize)>) -> Vec<u32> {
+/// The dp4a kernel (`tile` None) or an `mma` one with `tile` and its passes in `split`
+/// groups (then joined by `mf_mmq_combine` through `part`).
+fn matmul(g: &Gpu, kernel: &str, c: &Case, tile: Option<(usize, usize)>, split: usize) -> Vec<u32> {
     let (grid, threads) = match tile {
         Some((rows, toks)) => ((c.n_out.div_ceil(rows), c.nt.div_ceil(toks)), 256),
         None => ((c.n_out.div_ceil(16), c.nt.div_ceil(8)), 128),
     };
-    g.memset0(c.y, c.n_out * c.nt * 4).unwrap();
-    g.launch(
-        kernel,
-        (grid.0 as u32, grid.1 as u32, 1),
-        threads,
-        &[
-            Arg::U64(c.w),
-            Arg::U64(c.rb as u64),
-            Arg::U64(c.xq),
-            Arg::U64(c.xds),
-            Arg::U64(c.y),
-            Arg::U64(c.bias),
-            Arg::I32(c.ne0 as i32),
-            Arg::I32(c.n_out as i32),
-            Arg::I32(c.nt as i32),
-        ],
-    )
-    .unwrap();
-    let mut out = vec![0u8; c.n_out * c.nt * 4];
+    let n = c.n_out * c.nt;
+    g.memset0(c.y, n * 4).unwrap();
+    let mut args = vec![
+        Arg::U64(c.w),
+        Arg::U64(c.rb as u64),
+        Arg::U64(c.xq),
+        Arg::U64(c.xds),
+        Arg::U64(c.y),
+        Arg::U64(c.bias),
+        Arg::I32(c.ne0 as i32),
+        Arg::I32(c.n_out as i32),
+        Arg::I32(c.nt as i32),
+    ];
+    if tile.is_some() {
+        args.extend([Arg::I32(split as i32), Arg::U64(c.part)]);
+    }
+    let z = if tile.is_some() { split as u32 } else { 1 };
+    g.launch(kernel, (grid.0 as u32, grid.1 as u32, z), threads, &args)
+        .unwrap();
+    if tile.is_some() && split > 1 {
+        g.launch(
+            "mf_mmq_combine",
+            (n.div_ceil(256) as u32, 1, 1),
+            256,
+            &[
+                Arg::U64(c.part),
+                Arg::U64(c.y),
+                Arg::U64(c.bias),
+                Arg::U64(n as u64),
+                Arg::I32(c.n_out as i32),
+                Arg::I32(split as i32),
+            ],
+        )
+        .unwrap();
+    }
+    let mut out = vec![0u8; n * 4];
     g.download(c.y, &mut out).unwrap();
     f32s(&out).iter().map(|v| v.to_bits()).collect()
 }
 
-const TILES: [(&str, (usize, usize)); 3] =
-    [("", (64, 64)), ("_r128", (128, 64)), ("_t128", (64, 128))];
+const TILES: [(&str, (usize, usize)); 2] = [("", (64, 64)), ("_r128", (128, 64))];
 
 #[test]
 fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
@@ -383,6 +403,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
             let bd = g.alloc(n_out * 4).unwrap();
             g.upload(bd, &bytes(&bias)).unwrap();
             let yd = g.alloc(n_out * nt_max * 4).unwrap();
+            let pd = g.alloc(8 * n_out * nt_max * 4).unwrap();
             let contribs = contributions(ty, &w, &hq, &hds, ne0, n_out, nt_max);
             for nt in [1usize, 17, 64, 300] {
                 let case = Case {
@@ -391,6 +412,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                     xds,
                     bias: if with_bias { bd } else { 0 },
                     y: yd,
+                    part: pd,
                     ne0,
                     n_out,
                     nt,
@@ -406,16 +428,21 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                             != want[i]
                     })
                     .count();
-                let dp4a = matmul(&g, &format!("mf_mmvq_{}", ty.name()), &case, None);
+                let dp4a = matmul(&g, &format!("mf_mmvq_{}", ty.name()), &case, None, 1);
                 let bad = (0..want.len()).filter(|&i| dp4a[i] != want[i]).count();
                 assert_eq!(bad, 0, "{ty:?} {ne0} nt {nt}: dp4a vs the host model");
-                for (suffix, tile) in TILES {
+                // Every tile whole, and the first tile with its passes split 2, 4 and 8 ways.
+                let runs = TILES
+                    .iter()
+                    .map(|&(suffix, tile)| (suffix, tile, 1))
+                    .chain([2, 4, 8].map(|s| (TILES[0].0, TILES[0].1, s)));
+                for (suffix, tile, split) in runs {
                     let k = format!("mf_mmq_{}{suffix}", ty.name());
-                    let mma = matmul(&g, &k, &case, Some(tile));
+                    let mma = matmul(&g, &k, &case, Some(tile), split);
                     let bad: Vec<usize> = (0..want.len()).filter(|&i| mma[i] != dp4a[i]).collect();
                     if let Some(&i) = bad.first() {
                         println!(
-                            "{k} {ne0} nt {nt}: {} of {} differ; first token {} row {}: {} vs {}",
+                            "{k} split {split} {ne0} nt {nt}: {} of {} differ; first token {} row {}: {} vs {}",
                             bad.len(),
                             want.len(),
                             i / n_out,
@@ -424,7 +451,10 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                             f32::from_bits(dp4a[i])
                         );
                     }
-                    assert!(bad.is_empty(), "{k} {ne0} nt {nt}: mma vs dp4a");
+                    assert!(
+                        bad.is_empty(),
+                        "{k} split {split} {ne0} nt {nt}: mma vs dp4a"
+                    );
                     checked += want.len();
                 }
             }
@@ -441,6 +471,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                 xds,
                 bias: 0,
                 y: yd,
+                part: pd,
                 ne0,
                 n_out,
                 nt: 64,
@@ -450,7 +481,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
             let before: Vec<u32> = (0..64 * n_out)
                 .map(|i| canonical(&contribs[i / n_out][i % n_out], None).to_bits())
                 .collect();
-            let after = matmul(&g, &k, &case, Some((64, 64)));
+            let after = matmul(&g, &k, &case, Some((64, 64)), 1);
             let changed: Vec<usize> = (0..before.len())
                 .filter(|&i| after[i] != before[i])
                 .map(|i| i % n_out)
