@@ -222,7 +222,7 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
 }
 
 // Tile shapes (rows x tokens, warps along the rows): `mf_mmq_<type>` 64 x 64 (4 x 2 warps),
-// `_r128` 128 x 64 (4 x 2); exec.rs picks one (MINFER_CUDA_MMQ_TILE).
+// `_r128` 128 x 64 (4 x 2), `_t32` 64 x 32 (4 x 2); exec.rs picks one (MINFER_CUDA_MMQ_TILE).
 #define MF_MMQ_KERNEL(NAME, TY, BM, BN, WM)                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         NAME(const u8 *w, u64 row_bytes, const signed char *xq, const float2 *xds, float *y,    \
@@ -232,7 +232,8 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
 
 #define MF_MMQ_TILES(TYNAME, TY)                                                                \
     MF_MMQ_KERNEL(mf_mmq_##TYNAME, TY, 64, 64, 4)                                               \
-    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_r128, TY, 128, 64, 4)
+    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_r128, TY, 128, 64, 4)                                       \
+    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_t32, TY, 64, 32, 4)
 
 MF_MMQ_TILES(q8_0, MF_Q8_0)
 MF_MMQ_TILES(q4_0, MF_Q4_0)

@@ -68,6 +68,12 @@ pub const KERNELS: &[&str] = &[
     "mf_mmq_q5_0_r128",
     "mf_mmq_q4_k_r128",
     "mf_mmq_q6_k_r128",
+    "mf_mmq_q8_0_t32",
+    "mf_mmq_q4_0_t32",
+    "mf_mmq_q4_1_t32",
+    "mf_mmq_q5_0_t32",
+    "mf_mmq_q4_k_t32",
+    "mf_mmq_q6_k_t32",
     "mf_mmq_combine",
 ];
 

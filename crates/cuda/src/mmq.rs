@@ -5,7 +5,7 @@
 //! - `MINFER_CUDA_MMQ=0` forces the dp4a kernel for every row count (the comparison path and
 //!   the bit-for-bit gates' second path); `1` or unset: `mma` from the threshold up.
 //! - `MINFER_CUDA_MMQ_MIN=N`: the threshold in tokens (default [`DEFAULT_MIN_TOKENS`]).
-//! - `MINFER_CUDA_MMQ_TILE=64x64|128x64`: weight rows x tokens per block.
+//! - `MINFER_CUDA_MMQ_TILE=64x64|128x64|64x32`: weight rows x tokens per block.
 //! - `MINFER_CUDA_MMQ_SPLIT=1|2|4|8`: the blocks of each tile split the eight passes in that
 //!   many groups (default: the fewest groups that give [`FILL_BLOCKS`] blocks, so small
 //!   matrices still fill the GPU); a combine kernel joins the groups' subtrees.
@@ -21,7 +21,7 @@ pub(crate) const FILL_BLOCKS: usize = 264;
 
 /// Tokens from which the `mma` kernel runs (measured: docs/PERFORMANCE.md, "CUDA int8 mma
 /// prefill").
-pub(crate) const DEFAULT_MIN_TOKENS: usize = 32;
+pub(crate) const DEFAULT_MIN_TOKENS: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MmqTile {
@@ -29,6 +29,8 @@ pub(crate) enum MmqTile {
     R64T64,
     /// 128 rows x 64 tokens, 4 x 2 warps.
     R128T64,
+    /// 64 rows x 32 tokens, 4 x 2 warps.
+    R64T32,
 }
 
 impl MmqTile {
@@ -37,6 +39,7 @@ impl MmqTile {
         match self {
             MmqTile::R64T64 => (64, 64),
             MmqTile::R128T64 => (128, 64),
+            MmqTile::R64T32 => (64, 32),
         }
     }
 }
@@ -71,9 +74,10 @@ impl MmqChoice {
         let tile = match var("MINFER_CUDA_MMQ_TILE").as_str() {
             "" | "64x64" => MmqTile::R64T64,
             "128x64" => MmqTile::R128T64,
+            "64x32" => MmqTile::R64T32,
             other => {
                 return Err(format!(
-                    "MINFER_CUDA_MMQ_TILE={other}: want 64x64 or 128x64"
+                    "MINFER_CUDA_MMQ_TILE={other}: want 64x64, 128x64 or 64x32"
                 ))
             }
         };
@@ -124,6 +128,12 @@ pub(crate) fn mmq_kernel_name(ty: GgmlType, tile: MmqTile) -> Option<&'static st
         (GgmlType::Q5_0, R128T64) => "mf_mmq_q5_0_r128",
         (GgmlType::Q4K, R128T64) => "mf_mmq_q4_k_r128",
         (GgmlType::Q6K, R128T64) => "mf_mmq_q6_k_r128",
+        (GgmlType::Q8_0, R64T32) => "mf_mmq_q8_0_t32",
+        (GgmlType::Q4_0, R64T32) => "mf_mmq_q4_0_t32",
+        (GgmlType::Q4_1, R64T32) => "mf_mmq_q4_1_t32",
+        (GgmlType::Q5_0, R64T32) => "mf_mmq_q5_0_t32",
+        (GgmlType::Q4K, R64T32) => "mf_mmq_q4_k_t32",
+        (GgmlType::Q6K, R64T32) => "mf_mmq_q6_k_t32",
         _ => return None,
     })
 }
