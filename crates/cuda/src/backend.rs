@@ -100,6 +100,8 @@ pub struct CudaBackend {
     pub(crate) q8_input: Option<Q8Input>,
     /// Quantized weights through int8 dot products (off: `MINFER_CUDA_MATMUL=f32`).
     pub(crate) mmvq: bool,
+    /// Tensor-core int8 matmuls for many tokens (crates/cuda/src/mmq.rs).
+    pub(crate) mmq: crate::mmq::MmqChoice,
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
@@ -116,6 +118,7 @@ impl CudaBackend {
         let name = name.into();
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let mmvq = env("MINFER_CUDA_MATMUL") != "f32";
+        let mmq = crate::mmq::MmqChoice::from_env()?;
         let attn_single = env("MINFER_CUDA_ATTN") == "single";
         let mv1_warps = if env("MINFER_CUDA_MV1_WARPS") == "4" {
             4
@@ -133,9 +136,9 @@ impl CudaBackend {
             gib(gpu.total_mem),
             gib(gpu.free_mem()),
             if mmvq {
-                "int8 dp4a over 8-bit activations"
+                format!("int8 dp4a over 8-bit activations, {}", mmq.describe())
             } else {
-                "f32"
+                "f32".into()
             },
             if attn_single {
                 "one block per query"
@@ -163,6 +166,7 @@ impl CudaBackend {
             scratch: HashMap::new(),
             q8_input: None,
             mmvq,
+            mmq,
             attn_single,
             mv1_warps,
             replayer: graphs.then(Replayer::default),

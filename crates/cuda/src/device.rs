@@ -26,6 +26,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attn.cu", include_str!("../kernels/attn.cu")),
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
+    ("mmq.cu", include_str!("../kernels/mmq.cu")),
 ];
 
 /// Every kernel the executor launches.
@@ -55,6 +56,25 @@ pub const KERNELS: &[&str] = &[
     "mf_attn_gqa",
     "mf_qkv1",
     "mf_rope_store",
+    "mf_mmq_q8_0",
+    "mf_mmq_q4_0",
+    "mf_mmq_q4_1",
+    "mf_mmq_q5_0",
+    "mf_mmq_q4_k",
+    "mf_mmq_q6_k",
+    "mf_mmq_q8_0_r128",
+    "mf_mmq_q4_0_r128",
+    "mf_mmq_q4_1_r128",
+    "mf_mmq_q5_0_r128",
+    "mf_mmq_q4_k_r128",
+    "mf_mmq_q6_k_r128",
+    "mf_mmq_q8_0_t32",
+    "mf_mmq_q4_0_t32",
+    "mf_mmq_q4_1_t32",
+    "mf_mmq_q5_0_t32",
+    "mf_mmq_q4_k_t32",
+    "mf_mmq_q6_k_t32",
+    "mf_mmq_combine",
 ];
 
 /// How long a synchronisation waits before it reports a hung device.

@@ -187,6 +187,10 @@ impl CudaBackend {
                 }
                 if let Some(kernel) = self.mmvq_kernel(m.ty) {
                     let (xq, xds) = self.quantized_input(xid, x, m.ne0, ne1)?;
+                    // Many tokens: tensor-core tiles, the same bits (the canonical order).
+                    if let Some((k, tile)) = self.mmq_kernel(m.ty, ne1) {
+                        return self.encode_mmq(k, tile, &m, (xq, xds), (out, b), (ne0, ne1));
+                    }
                     return self.gpu.launch(
                         kernel,
                         (ne0.div_ceil(MV_ROWS) as u32, ne1.div_ceil(MV_T) as u32, 1),

@@ -11,6 +11,8 @@ pub mod device;
 #[cfg(feature = "cuda")]
 mod exec;
 #[cfg(feature = "cuda")]
+mod mmq;
+#[cfg(feature = "cuda")]
 mod replay;
 #[cfg(feature = "cuda")]
 mod scratch;

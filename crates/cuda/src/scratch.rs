@@ -18,6 +18,8 @@ pub(crate) enum Scratch {
     AttnPart,
     /// The fused Q/K/V node's q|k|v row before RoPE.
     QkvRow,
+    /// The tensor-core matmul's per-pass-group subtrees when it splits the passes.
+    MmqPart,
 }
 
 /// The activation buffer last quantized in this split, its row length and row count.
