@@ -6,7 +6,7 @@ use minfer_graph::{
     BufId, ExecArgs, KvKind, Node, Op, QkvFused, RopeStyle, WindowLayout, KV_MAP_RUNS,
 };
 
-use crate::backend::{theta_scale, type_code, CudaBackend, Scratch};
+use crate::backend::{theta_scale, type_code, CudaBackend, Matrix, Scratch};
 use crate::device::{Arg, DResult};
 
 /// Output rows and tokens per block of the int8 matmuls (kernels/mmvq.cu `MF_MV_*`).
@@ -163,27 +163,8 @@ impl CudaBackend {
                     Some(b) => self.vector(w, *b, ne0)?,
                     None => 0,
                 };
-                if ne1 == 1 && self.mmvq_kernel(m.ty).is_some() {
-                    if let Some(shared) = mv1_shared(m.ne0) {
-                        let ty = type_code(m.ty).ok_or("weight type")?;
-                        return self.gpu.launch_shared(
-                            "mf_mmvq1",
-                            (ne0.div_ceil(self.mv1_warps) as u32, 1, 1),
-                            32 * self.mv1_warps as u32,
-                            shared,
-                            &[
-                                Arg::I32(ty),
-                                Arg::U64(m.ptr),
-                                Arg::U64(m.row_bytes as u64),
-                                Arg::U64(x),
-                                Arg::U64(out),
-                                Arg::U64(b),
-                                Arg::U64(0),
-                                Arg::I32(m.ne0 as i32),
-                                Arg::I32(ne0 as i32),
-                            ],
-                        );
-                    }
+                if ne1 == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_shared(m.ne0).is_some() {
+                    return self.launch_mv1(&m, x, out, b, 0);
                 }
                 if let Some(kernel) = self.mmvq_kernel(m.ty) {
                     let (xq, xds) = self.quantized_input(xid, x, m.ne0, ne1)?;
@@ -440,7 +421,7 @@ impl CudaBackend {
             Op::MatMulAdd { weight, bias } => {
                 let m = self.matrix(w, *weight)?;
                 let ty = type_code(m.ty).filter(|_| self.mmvq_kernel(m.ty).is_some());
-                let (Some(ty), Some(shared), 1) = (ty, mv1_shared(m.ne0), ne1) else {
+                let (Some(_), Some(_), 1) = (ty, mv1_shared(m.ne0), ne1) else {
                     return Err(format!(
                         "a one-token int8 projection plus residual, got {} x {} of {} for {ne0} x {ne1}",
                         m.ne1, m.ne0, m.ty
@@ -456,23 +437,7 @@ impl CudaBackend {
                     Some(b) => self.vector(w, *b, ne0)?,
                     None => 0,
                 };
-                self.gpu.launch_shared(
-                    "mf_mmvq1",
-                    (ne0.div_ceil(self.mv1_warps) as u32, 1, 1),
-                    32 * self.mv1_warps as u32,
-                    shared,
-                    &[
-                        Arg::I32(ty),
-                        Arg::U64(m.ptr),
-                        Arg::U64(m.row_bytes as u64),
-                        Arg::U64(x),
-                        Arg::U64(out),
-                        Arg::U64(b),
-                        Arg::U64(res),
-                        Arg::I32(m.ne0 as i32),
-                        Arg::I32(ne0 as i32),
-                    ],
-                )
+                self.launch_mv1(&m, x, out, b, res)
             }
             Op::FfnGateUp { gate, up, in_norm } => {
                 let (mg, mu) = (self.matrix(w, *gate)?, self.matrix(w, *up)?);
@@ -523,6 +488,30 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// `mf_mmvq1`: one token's `out = m · x (+ bias) (+ res)` (0 for an absent bias or
+    /// residual), a warp per output row.
+    fn launch_mv1(&mut self, m: &Matrix, x: u64, out: u64, bias: u64, res: u64) -> DResult<()> {
+        let ty = type_code(m.ty).ok_or("weight type")?;
+        let shared = mv1_shared(m.ne0).ok_or("the one-token row is too long")?;
+        self.gpu.launch_shared(
+            "mf_mmvq1",
+            (m.ne1.div_ceil(self.mv1_warps) as u32, 1, 1),
+            32 * self.mv1_warps as u32,
+            shared,
+            &[
+                Arg::I32(ty),
+                Arg::U64(m.ptr),
+                Arg::U64(m.row_bytes as u64),
+                Arg::U64(x),
+                Arg::U64(out),
+                Arg::U64(bias),
+                Arg::U64(res),
+                Arg::I32(m.ne0 as i32),
+                Arg::I32(m.ne1 as i32),
+            ],
+        )
+    }
+
     /// [`Op::QkvRopeStore`] (no per-head norm): `mf_qkv1` then `mf_rope_store`, the unfused
     /// chain's bits (kernels/fused.cu).
     fn encode_qkv(&mut self, node: &Node, f: &QkvFused, args: &ExecArgs) -> DResult<()> {
