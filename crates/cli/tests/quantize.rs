@@ -347,3 +347,154 @@ fn quantize_of_a_split_input_matches_the_unsplit_bytes() {
     assert_eq!(Some(&sha256(&out)), read_fixture().get("synth-Q4_K_M"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Runs `minfer split --split-max-tensors N` on `input`; returns part 1 of the set.
+fn split_with_minfer(input: &Path, prefix: &Path, max_tensors: usize) -> PathBuf {
+    let o = minfer()
+        .arg("split")
+        .args(["--split-max-tensors", &max_tensors.to_string()])
+        .arg(input)
+        .arg(prefix)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(prefix.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.starts_with(&format!(
+                "{}-",
+                prefix.file_name().unwrap().to_str().unwrap()
+            ))
+        })
+        .collect();
+    parts.sort();
+    parts.remove(0)
+}
+
+/// `quantize --keep-split IN OUT TYPE` with `OUT.gguf`; returns the parts it wrote, in order.
+fn keep_split_ours(input: &Path, out: &Path, ftype: &str, n: usize) -> Vec<PathBuf> {
+    let o = minfer()
+        .args(["quantize", "--keep-split", "-t", "2"])
+        .arg(input)
+        .arg(out.with_extension("gguf"))
+        .arg(ftype)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let parts = keep_split_names(out, n);
+    for p in &parts {
+        assert!(p.is_file(), "{} missing", p.display());
+    }
+    parts
+}
+
+fn keep_split_names(prefix: &Path, n: usize) -> Vec<PathBuf> {
+    (1..=n)
+        .map(|k| {
+            let name = format!(
+                "{}-{k:05}-of-{n:05}.gguf",
+                prefix.file_name().unwrap().to_str().unwrap()
+            );
+            prefix.with_file_name(name)
+        })
+        .collect()
+}
+
+/// `--keep-split` (issue 17): the synth f16 model cut by `minfer split` into three parts
+/// quantizes (Q4_K_M) to three parts, each byte-identical to llama-quantize --keep-split's
+/// (checked through the fixture's sha256 without the peer). Controls: the parts hold the
+/// tensors of the unsplit quantization, names, types and bytes (the order alone differs:
+/// file order instead of layer-then-name), and a split into two parts gives other files.
+#[test]
+fn keep_split_parts_match_llama_quantize_bytes() {
+    let dir = tmpdir("keep-split");
+    let input = synth_input(&dir);
+    let first = split_with_minfer(&input, &dir.join("sp"), 40);
+    let parts = keep_split_ours(&first, &dir.join("ours"), "Q4_K_M", 3);
+    let key = |k: usize| format!("synth-keep-split-Q4_K_M-part{k}");
+    let mut peer_hashes = BTreeMap::new();
+    if let Some(bin) = llama_quantize() {
+        let o = Command::new(&bin)
+            .arg("--keep-split")
+            .arg(&first)
+            .arg(dir.join("peer.gguf"))
+            .args(["Q4_K_M", "2"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "llama-quantize --keep-split: {o:?}");
+        let theirs = keep_split_names(&dir.join("peer"), 3);
+        for (k, (a, b)) in parts.iter().zip(&theirs).enumerate() {
+            let want = sha256(b);
+            assert_eq!(
+                sha256(a),
+                want,
+                "part {}: bytes differ from llama-quantize's",
+                k + 1
+            );
+            peer_hashes.insert(key(k + 1), want);
+        }
+    } else {
+        println!("SKIP: llama-quantize not built (peer comparison); checking the fixture only");
+    }
+    if std::env::var_os("MINFER_REGEN_QUANT_FIXTURE").is_none() {
+        let fixture = read_fixture();
+        for (k, p) in parts.iter().enumerate() {
+            assert_eq!(
+                Some(&sha256(p)),
+                fixture.get(&key(k + 1)),
+                "part {}: sha256 differs from the fixture (llama-quantize's bytes)",
+                k + 1
+            );
+        }
+    }
+    regen(peer_hashes);
+
+    // Control: the same tensors as the unsplit quantization.
+    let whole = dir.join("whole.gguf");
+    let case = Case {
+        name: "synth-Q4_K_M".into(),
+        flags: vec![],
+        ftype: "Q4_K_M".into(),
+    };
+    ours(&case, &input, &whole);
+    let whole = minfer_gguf::GgufModel::open(&whole).unwrap();
+    let split = minfer_gguf::GgufModel::open(&parts[1]).unwrap();
+    assert_eq!(split.parts().len(), 3);
+    assert_eq!(split.tensors().len(), whole.tensors().len());
+    let order = |m: &minfer_gguf::GgufModel| -> Vec<String> {
+        m.tensors().iter().map(|t| t.info.name.clone()).collect()
+    };
+    assert_ne!(order(&split), order(&whole), "keep-split keeps file order");
+    for t in whole.tensors() {
+        let (wi, wb) = whole.tensor_data(&t.info.name).unwrap();
+        let (si, sb) = split.tensor_data(&t.info.name).unwrap();
+        assert_eq!((si.ty, &si.dims), (wi.ty, &wi.dims), "{}", t.info.name);
+        assert!(
+            sb == wb,
+            "{}: bytes differ from the unsplit output",
+            t.info.name
+        );
+    }
+    // Control: another layout gives other parts.
+    std::fs::create_dir_all(dir.join("two")).unwrap();
+    let first2 = split_with_minfer(&input, &dir.join("two/sp"), 60);
+    let two = keep_split_ours(&first2, &dir.join("two/q"), "Q4_K_M", 2);
+    assert_ne!(sha256(&two[0]), sha256(&parts[0]));
+    assert!(!dir.join("two/q-00003-of-00003.gguf").exists());
+    // Refused by name: an OUT that llama-quantize would mangle.
+    let o = minfer()
+        .args(["quantize", "--keep-split"])
+        .arg(&first)
+        .arg(dir.join("x.gguf.bin"))
+        .arg("Q4_0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--keep-split output"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -13,7 +13,8 @@
 //! gguf sets a key by removing and appending it), `split.*` keys dropped; the tensors are
 //! sorted by layer number then name (llama.cpp's loader keeps its weights in that map
 //! order); data is aligned to 32 bytes; and the quantizers in `minfer_gguf::quants` are
-//! byte-identical to ggml's.
+//! byte-identical to ggml's. With [`Options::keep_split`] the output is a split set with the
+//! input's parts, as `llama-quantize --keep-split` writes it (see `split_output`).
 //!
 //! ```no_run
 //! use minfer_quantize::{quantize_model, Ftype, Options};
@@ -28,6 +29,7 @@ pub mod ftype;
 pub mod imatrix;
 pub mod recipe;
 mod run;
+mod split_output;
 
 pub use ftype::Ftype;
 pub use imatrix::{Imatrix, ImatrixFormat};
@@ -63,6 +65,13 @@ pub enum Error {
         got: usize,
         want: usize,
     },
+    #[error("--keep-split output {path}: {problem}")]
+    KeepSplitOutput { path: PathBuf, problem: String },
+    #[error(
+        "--keep-split: part {part} of the {count}-part input holds no tensors, so it has no \
+         output part (llama-quantize cannot write this either)"
+    )]
+    KeepSplitEmptyPart { part: usize, count: usize },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -3,13 +3,14 @@
 use crate::ftype::{is_quantized, Ftype};
 use crate::imatrix::Imatrix;
 use crate::recipe::{Fallback, ModelFacts, Planner, TypeRules};
+use crate::split_output::{self, OutputPart};
 use crate::{layer_number, Error, Result};
 use minfer_gguf::quants::{dequantize_row, quantize_row, quantize_row_imatrix};
 use minfer_gguf::writer::TensorPlan;
-use minfer_gguf::{write_streaming, GgmlType, GgufModel, Metadata, Value};
+use minfer_gguf::{partial_path, write_streaming, GgmlType, GgufModel, Metadata, Value};
 use regex::Regex;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What to write; [`Options::new`] gives llama-quantize's defaults.
 #[derive(Clone, Debug)]
@@ -30,6 +31,9 @@ pub struct Options {
     /// Importance matrix (already filtered by `--include-weights`/`--exclude-weights`);
     /// one with no entries counts as none, as in llama-quantize.
     pub imatrix: Option<Imatrix>,
+    /// Write a split set with the input's parts (llama-quantize's `--keep-split`): the
+    /// output path is the prefix of the parts' names.
+    pub keep_split: bool,
 }
 
 impl Options {
@@ -44,6 +48,7 @@ impl Options {
             leave_output_tensor: false,
             threads: 0,
             imatrix: None,
+            keep_split: false,
         }
     }
 }
@@ -84,6 +89,8 @@ pub struct Summary {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub fallbacks: usize,
+    /// The files written, in order: one, or the parts of a `keep_split` set.
+    pub outputs: Vec<PathBuf>,
 }
 
 /// The tensor order llama-quantize writes: by layer number (tensors outside `blk.N.` first,
@@ -220,7 +227,9 @@ fn weights_for<'a>(
     })
 }
 
-/// Quantizes `input` (one file or a split set) into `output`, written atomically.
+/// Quantizes `input` (one file or a split set) into `output`, written atomically; with
+/// `keep_split`, into the parts `OUTPUT-0000k-of-0000n.gguf` (`OUTPUT` without its `.gguf`),
+/// each written atomically and all renamed into place only once every part is complete.
 ///
 /// # Errors
 /// Unknown or unwritable target types, bad `--tensor-type` patterns, quantized sources
@@ -262,12 +271,16 @@ pub fn quantize_model(
         leave_output_tensor: opts.leave_output_tensor,
         has_imatrix: imatrix.is_some(),
     };
-    let names: Vec<&str> = model
-        .tensors()
-        .iter()
-        .map(|t| t.info.name.as_str())
-        .collect();
-    let order = tensor_order(names.iter().copied());
+    // llama-quantize visits the tensors in its map order, or in file order with
+    // --keep-split; the order decides the attn_v counter of the mixture rules, too.
+    let (order, part_of): (Vec<&str>, Vec<usize>) = if opts.keep_split {
+        split_output::file_order(&model).into_iter().unzip()
+    } else {
+        let names = model.tensors().iter().map(|t| t.info.name.as_str());
+        let order = tensor_order(names);
+        let n = order.len();
+        (order, vec![0; n])
+    };
     let mut planner = Planner::new(&rules, model_facts(model.metadata()), order.iter().copied());
     let mut plan = Vec::with_capacity(order.len());
     for name in &order {
@@ -318,8 +331,17 @@ pub fn quantize_model(
         n => n,
     };
     let metadata = output_metadata(model.metadata(), opts.ftype, imatrix);
+    let parts = if opts.keep_split {
+        split_output::layout(output, metadata, &part_of, model.parts().len())?
+    } else {
+        vec![OutputPart {
+            path: output.to_path_buf(),
+            metadata,
+            tensors: 0..plan.len(),
+        }]
+    };
     let mut bytes_out = 0u64;
-    write_streaming::<Error, _>(&metadata, &plan, output, |i, out| {
+    let mut produce = |i: usize, out: &mut dyn Write| -> Result<()> {
         let t = &plan[i];
         let (info, src) = model.tensor_data(&t.name)?;
         let n = if t.ty == info.ty {
@@ -344,13 +366,50 @@ pub fn quantize_model(
             bytes_out: n,
         });
         Ok(())
-    })?;
+    };
+    write_parts(&parts, &plan, &mut produce)?;
     Ok(Summary {
         tensors: plan.len(),
         bytes_in,
         bytes_out,
         fallbacks: n_fallbacks,
+        outputs: parts.into_iter().map(|p| p.path).collect(),
     })
+}
+
+/// Writes the parts: one straight into place, several each to `<part>.partial` first and
+/// then all renamed, so that a failure leaves no new part and every old file intact.
+fn write_parts(
+    parts: &[OutputPart],
+    plan: &[TensorPlan],
+    produce: &mut dyn FnMut(usize, &mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    if let [p] = parts {
+        return write_streaming::<Error, _>(&p.metadata, plan, &p.path, |i, out| produce(i, out));
+    }
+    let staged: Vec<PathBuf> = parts.iter().map(|p| partial_path(&p.path)).collect();
+    let result = (|| -> Result<()> {
+        for (p, tmp) in parts.iter().zip(&staged) {
+            let r = p.tensors.clone();
+            write_streaming::<Error, _>(&p.metadata, &plan[r.clone()], tmp, |j, out| {
+                produce(r.start + j, out)
+            })?;
+        }
+        for (p, tmp) in parts.iter().zip(&staged) {
+            std::fs::rename(tmp, &p.path).map_err(|source| Error::Io {
+                path: p.path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for tmp in &staged {
+            // Best effort: the error being reported is the write failure.
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+    result
 }
 
 fn write_all(out: &mut dyn Write, bytes: &[u8], path: &Path) -> Result<()> {

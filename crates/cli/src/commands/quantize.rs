@@ -18,7 +18,7 @@ IQ4_NL IQ4_XS. The output is byte-identical to llama-quantize's for the same inp
 pub struct Args {
     /// Source model (GGUF; any part of a split set).
     pub input: PathBuf,
-    /// Output file.
+    /// Output file; with --keep-split, the parts' name prefix (a trailing .gguf is dropped).
     pub output: PathBuf,
     /// File type (mixture), e.g. Q4_K_M.
     #[arg(value_name = "TYPE")]
@@ -57,6 +57,11 @@ pub struct Args {
     /// Do not use the imatrix for tensors whose name contains NAME (repeatable).
     #[arg(long, value_name = "NAME", requires = "imatrix")]
     pub exclude_weights: Vec<String>,
+    /// Write the output as a split set with the input's parts, OUT-00001-of-0000N.gguf and
+    /// so on, as llama-quantize --keep-split does (an unsplit input gives one part,
+    /// OUT-00001-of-00001.gguf).
+    #[arg(long)]
+    pub keep_split: bool,
     /// Worker threads (default: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
@@ -108,6 +113,7 @@ fn options(a: &Args) -> anyhow::Result<Options> {
     o.allow_requantize = a.allow_requantize;
     o.leave_output_tensor = a.leave_output_tensor;
     o.threads = a.threads;
+    o.keep_split = a.keep_split;
     o.output_tensor_type = a
         .output_tensor_type
         .as_deref()
@@ -169,7 +175,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             unweighted.join(" ")
         );
     }
+    if a.keep_split && summary.outputs.len() == 1 {
+        eprintln!("note: --keep-split on an unsplit input writes a single part");
+    }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let wrote: Vec<String> = summary
+        .outputs
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     eprintln!(
         "quantized {} tensors: {:.2} MiB -> {:.2} MiB ({}) in {:.1} s; wrote {}",
         summary.tensors,
@@ -177,7 +191,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         mib(summary.bytes_out),
         opts.ftype.name(),
         t0.elapsed().as_secs_f64(),
-        a.output.display()
+        wrote.join(" ")
     );
     if summary.fallbacks > 0 {
         eprintln!(
