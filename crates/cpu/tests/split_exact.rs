@@ -79,13 +79,23 @@ fn matmul_is_exact_for_every_thread_count() {
         } else {
             (4864, 24, ty)
         };
-        [(512, 200, ty), (1280, 40, ty), (512, 1000, ty), odd]
+        // (k, 264): long rows in tasks of 32 rows or more, which a decode batch's side
+        // kernel walks in chunks of fewer rows, every token per chunk.
+        let chunked = (odd.0, 264, ty);
+        [
+            (512, 200, ty),
+            (1280, 40, ty),
+            (512, 1000, ty),
+            odd,
+            chunked,
+        ]
     }) {
         let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         // Weights from a file may hold -128 (Q8_0), which the tile kernels must take exactly.
         let wbytes = weights(ty, k, m, 7);
         assert_eq!(wbytes.len(), wrb * m);
-        for nt in [1usize, 3, 8, 19] {
+        // nt = 5 and 12: a last tile padded with zero rows (at least 4 tokens in it).
+        for nt in [1usize, 3, 5, 8, 12, 19] {
             let x = floats(nt * k, 11 + nt as u64);
             // Reference: quantize each token row, then the scalar dot per (row, token).
             let at = vec_dot_type(ty);
