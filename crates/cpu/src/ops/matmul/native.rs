@@ -16,7 +16,9 @@ use super::{
 };
 use crate::dot::RowKernel;
 use crate::ops::KResult;
-use crate::simd::{finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TileSide, TILE};
+use crate::simd::{
+    finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide, TileSlice, TILE,
+};
 use minfer_gguf::quants;
 use std::ops::Range;
 
@@ -98,6 +100,7 @@ pub fn matmul(
             bare4: kernel.bare4(k, wrb, arb),
             tile: tile.map(|f| (f, &sc.side)),
             tiled,
+            pair: tile.and(kernel.tile_pair(k, wrb, arb)),
             side: side.map(|f| (f, &sc.side)),
             blocks,
             tile_blocks,
@@ -125,6 +128,8 @@ struct Task<'a> {
     /// the last one possibly padded past `nt`).
     tile: Option<(TileFn, &'a TileSide)>,
     tiled: usize,
+    /// The two-tile kernel, where the type has one (used with `tile`'s side table).
+    pair: Option<TilePairFn>,
     /// The side kernel (decode) with the side table it reads.
     side: Option<(RowSideFn, &'a TileSide)>,
     /// Weight blocks per row, and per block range of the tile kernel.
@@ -153,10 +158,35 @@ impl Task<'_> {
             for c0 in rows.clone().step_by(ROWS_PER_TASK) {
                 let chunk = c0..(c0 + ROWS_PER_TASK).min(rows.end);
                 // The next chunk of this task, fetched while this one computes.
-                let next = chunk.end..(chunk.end + ROWS_PER_TASK).min(rows.end);
-                for t0 in (0..full).step_by(TILE) {
-                    let ahead = if t0 == 0 { next.clone() } else { 0..0 };
-                    self.full_tile(f, side, t0, chunk.clone(), ahead, out);
+                let mut ahead = chunk.end..(chunk.end + ROWS_PER_TASK).min(rows.end);
+                let mut t0 = 0;
+                while t0 < full {
+                    // Two tiles per call where the type has a two-tile kernel.
+                    match self.pair {
+                        Some(p) if t0 + 2 * TILE <= full => {
+                            self.tiles::<2>(
+                                |w, a, s, r, st| p(w, a, self.arb, s, r, st),
+                                side,
+                                t0,
+                                chunk.clone(),
+                                ahead,
+                                out,
+                            );
+                            t0 += 2 * TILE;
+                        }
+                        _ => {
+                            self.tiles::<1>(
+                                |w, [a], [s], r, [st]| f(w, a, self.arb, s, r, st),
+                                side,
+                                t0,
+                                chunk.clone(),
+                                ahead,
+                                out,
+                            );
+                            t0 += TILE;
+                        }
+                    }
+                    ahead = 0..0;
                 }
             }
         }
@@ -170,12 +200,12 @@ impl Task<'_> {
         Ok(())
     }
 
-    /// One full tile of tokens through the tile kernel for weight rows `chunk` (at most
-    /// [`ROWS_PER_TASK`] of the task's rows), prefetching rows `ahead`'s bytes of each block
-    /// range as it goes.
-    fn full_tile(
+    /// `N` full tiles of tokens from `t0` through the tile kernel `f` (one or two tiles per
+    /// call) for weight rows `chunk` (at most [`ROWS_PER_TASK`] of the task's rows),
+    /// prefetching rows `ahead`'s bytes of each block range as it goes.
+    fn tiles<const N: usize>(
         &self,
-        f: TileFn,
+        f: impl Fn(&[u8], [&[u8]; N], [TileSlice; N], Range<usize>, &mut [TileAcc; N]),
         side: &TileSide,
         t0: usize,
         chunk: Range<usize>,
@@ -186,12 +216,15 @@ impl Task<'_> {
             chunk.len() <= ROWS_PER_TASK,
             "tiles run {ROWS_PER_TASK} rows at a time"
         );
-        let acts = &self.act[t0 * self.arb..(t0 + TILE) * self.arb];
-        let side = side.tile(t0 / TILE);
+        let acts: [&[u8]; N] = std::array::from_fn(|j| {
+            let t = t0 + j * TILE;
+            &self.act[t * self.arb..(t + TILE) * self.arb]
+        });
+        let sides: [TileSlice; N] = std::array::from_fn(|j| side.tile(t0 / TILE + j));
         let block_bytes = self.wrb / self.blocks.max(1);
         // Blocks in ranges whose activations stay in L1 while every row of the chunk uses
         // them; each (row, token) still adds its blocks in order.
-        let mut states = [TileAcc::default(); ROWS_PER_TASK];
+        let mut states = [[TileAcc::default(); N]; ROWS_PER_TASK];
         for b0 in (0..self.blocks).step_by(self.tile_blocks) {
             let range = b0..(b0 + self.tile_blocks).min(self.blocks);
             let bytes = range.start * block_bytes..range.end * block_bytes;
@@ -200,21 +233,24 @@ impl Task<'_> {
                 if let Some(p) = pre.next() {
                     prefetch(&self.w_row(p)[bytes.clone()]);
                 }
-                f(self.w_row(o), acts, self.arb, side, range.clone(), state);
-            }
-        }
-        // Token-major: each token's outputs of the chunk are contiguous in `out`.
-        let mut vals = [[0f32; ROWS_PER_TASK]; TILE];
-        for (r, state) in states[..chunk.len()].iter().enumerate() {
-            for (i, v) in finish_tile(state).into_iter().enumerate() {
-                vals[i][r] = v;
+                f(self.w_row(o), acts, sides, range.clone(), state);
             }
         }
         let at = chunk.start - out.rows().start;
-        // A padded tile's zero rows have no outputs.
-        let real = (self.nt - t0).min(TILE);
-        for (i, v) in vals[..real].iter().enumerate() {
-            out.token(t0 + i)[at..at + chunk.len()].copy_from_slice(&v[..chunk.len()]);
+        for j in 0..N {
+            let t = t0 + j * TILE;
+            // Token-major: each token's outputs of the chunk are contiguous in `out`.
+            let mut vals = [[0f32; ROWS_PER_TASK]; TILE];
+            for (r, state) in states[..chunk.len()].iter().enumerate() {
+                for (i, v) in finish_tile(&state[j]).into_iter().enumerate() {
+                    vals[i][r] = v;
+                }
+            }
+            // A padded tile's zero rows have no outputs.
+            let real = (self.nt - t).min(TILE);
+            for (i, v) in vals[..real].iter().enumerate() {
+                out.token(t + i)[at..at + chunk.len()].copy_from_slice(&v[..chunk.len()]);
+            }
         }
     }
 
