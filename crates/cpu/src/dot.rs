@@ -46,6 +46,14 @@ impl RowKernel {
         }
     }
 
+    /// The two-tile kernel (2 × [`simd::TILE`] activation rows at once), where the type has one.
+    pub fn tile_pair(&self, n: usize, w_len: usize, a_len: usize) -> Option<simd::TilePairFn> {
+        match self {
+            RowKernel::Simd(r) => r.tile_pair_for(n, w_len, a_len),
+            RowKernel::Portable(..) => None,
+        }
+    }
+
     /// The side kernel (activation facts from the matmul's side table), where the type has one.
     pub fn side(&self, n: usize, w_len: usize, a_len: usize) -> Option<simd::RowSideFn> {
         match self {

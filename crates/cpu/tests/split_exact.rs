@@ -43,6 +43,14 @@
 //! not doubled per 32-element sub-block; Q6_K's scales spread to the neighbouring sub-block
 //! (`(s + i / 8) ^ 1`), and its sub-block scales of a chunk swapped (ymm form); Q6_K's
 //! second chunk of a pair read 32 bytes off.
+//!
+//! The two-tile kernels (`simd/x86/avx512_tile_pairs.rs`: Q5_0, Q8_0) run in the matmul test
+//! (nt = 12: a full tile and a padded one; nt = 19) and are called directly by
+//! `tile_kernels_are_exact_on_every_isa`; control: Q8_0's second tile taking back its bias
+//! with the first tile's block sums made both tests fail (2026-12-01). The matmul's decode
+//! batches (long tasks walked 16 rows at a time, side-kernel rows in chunks: the (k, 264)
+//! shapes; a last tile of 4 or more tokens padded with zero rows: nt = 5, 12) run in
+//! `matmul_is_exact_for_every_thread_count`.
 
 use minfer_cpu::llamacpp_x86::attn_f16;
 use minfer_cpu::ops::attn::{self, AttnParams};
@@ -79,13 +87,23 @@ fn matmul_is_exact_for_every_thread_count() {
         } else {
             (4864, 24, ty)
         };
-        [(512, 200, ty), (1280, 40, ty), (512, 1000, ty), odd]
+        // (k, 264): long rows in tasks of 32 rows or more, which a decode batch's side
+        // kernel walks in chunks of fewer rows, every token per chunk.
+        let chunked = (odd.0, 264, ty);
+        [
+            (512, 200, ty),
+            (1280, 40, ty),
+            (512, 1000, ty),
+            odd,
+            chunked,
+        ]
     }) {
         let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         // Weights from a file may hold -128 (Q8_0), which the tile kernels must take exactly.
         let wbytes = weights(ty, k, m, 7);
         assert_eq!(wbytes.len(), wrb * m);
-        for nt in [1usize, 3, 8, 19] {
+        // nt = 5 and 12: a last tile padded with zero rows (at least 4 tokens in it).
+        for nt in [1usize, 3, 5, 8, 12, 19] {
             let x = floats(nt * k, 11 + nt as u64);
             // Reference: quantize each token row, then the scalar dot per (row, token).
             let at = vec_dot_type(ty);
@@ -147,7 +165,7 @@ fn tile_kernels_are_exact_on_every_isa() {
         GgmlType::Q5_0,
         GgmlType::Q4_1,
     ];
-    let mut checked = 0;
+    let (mut checked, mut pairs) = (0, 0);
     for isa in simd::available() {
         for ty in types {
             let ks: &[usize] = if ty.block_size() == 256 {
@@ -215,10 +233,52 @@ fn tile_kernels_are_exact_on_every_isa() {
                         checked += 1;
                     }
                 }
+                // The two-tile kernel (AVX-512 VNNI: Q5_0, Q8_0): both tiles in one call,
+                // one range and the cuts, each tile against the reference.
+                let Some(pair) = dot.tile_pair_for(k, wrb, arb) else {
+                    continue;
+                };
+                let acts = [&act[..TILE * arb], &act[TILE * arb..2 * TILE * arb]];
+                let sides = [side.tile(0), side.tile(1)];
+                for o in 0..m {
+                    let wr = &wbytes[o * wrb..(o + 1) * wrb];
+                    let mut whole = [TileAcc::default(); 2];
+                    pair(wr, acts, arb, sides, 0..blocks, &mut whole);
+                    let mut parts = [TileAcc::default(); 2];
+                    let mut starts: Vec<usize> = cuts.to_vec();
+                    starts.push(blocks);
+                    starts.dedup();
+                    for r in starts.windows(2) {
+                        pair(wr, acts, arb, sides, r[0]..r[1], &mut parts);
+                    }
+                    for tile in 0..2 {
+                        let want: Vec<f32> = (0..TILE)
+                            .map(|t| {
+                                let a = &acts[tile][t * arb..(t + 1) * arb];
+                                quants::vec_dot(ty, k, wr, a).unwrap()
+                            })
+                            .collect();
+                        for (what, state) in [("one range", whole), ("ranges", parts)] {
+                            let got = finish_tile(&state[tile]);
+                            assert!(
+                                bits(&got) == bits(&want),
+                                "{isa} {ty} two-tile kernel k={k} row {o} tile {tile} ({what}): \
+                                 got {got:?}, reference {want:?}"
+                            );
+                        }
+                    }
+                    pairs += 1;
+                }
             }
         }
     }
     assert!(checked > 0 || !simd::available().contains(&Isa::Avx2));
+    if simd::available().contains(&Isa::Avx512Vnni) {
+        assert!(
+            pairs > 0,
+            "no two-tile kernel ran on an AVX-512 VNNI machine"
+        );
+    }
 }
 
 #[test]

@@ -64,7 +64,7 @@ pub fn matmul(
         // ggml's x86 activation quantizers (`quants::quantize_act_row`) through the SIMD
         // ones, which give the same bytes for Q8_0, Q8_1 and Q8_K on every instruction set
         // (`tests/simd_exact.rs`, `quantize_act_is_byte_identical`).
-        encode_activations(at, x, k, arb, sc, false, threads)?;
+        encode_activations(at, x, k, arb, nt, sc, false, threads)?;
         let act = &sc.act;
         if w.ty == GgmlType::Q6K && nt >= q6k_tiled::MIN_BATCH {
             // ggml's tiled path (its own float order) takes Q6_K batches of >= 8 rows.

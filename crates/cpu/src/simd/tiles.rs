@@ -32,6 +32,13 @@ pub const TILE: usize = 8;
 /// error, never user data).
 pub type TileFn = fn(&[u8], &[u8], usize, TileSlice<'_>, Range<usize>, &mut TileAcc);
 
+/// A [`TileFn`] for two tiles at once: `(weight row, [the TILE activation rows of each
+/// tile], arb, [each tile's side table], blocks, [each tile's state])`, each tile's results
+/// bit-identical to the [`TileFn`] of the same type; what depends on the weight alone is done
+/// once for both.
+pub type TilePairFn =
+    fn(&[u8], [&[u8]; 2], usize, [TileSlice<'_>; 2], Range<usize>, &mut [TileAcc; 2]);
+
 /// `(weight rows, activation row, d, sums, out)`: a ("side") kernel for decode that dots
 /// `out.len()` consecutive weight rows (`w` split evenly among them) with one activation
 /// row, reading its per-block facts (`d`: Q8_0 scales as f32, `sums`: Σ q per block) from
@@ -241,6 +248,17 @@ impl super::RowDot {
     pub fn tile_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TileFn> {
         self.kernel_for(n, w_len, act_len)?;
         self.tile_kernel().map(|(_, f)| f)
+    }
+
+    /// The two-tile kernel ([`TilePairFn`]) for rows as [`RowDot::tile_for`]'s, where this type
+    /// has one on this instruction set (AVX-512 VNNI: Q5_0, Q8_0).
+    pub fn tile_pair_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TilePairFn> {
+        self.kernel_for(n, w_len, act_len)?;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == super::Isa::Avx512Vnni {
+            return super::x86::avx512_tile_pair(self.ty);
+        }
+        None
     }
 
     /// The instruction set whose tile kernel serves this dot's weight type, where there is

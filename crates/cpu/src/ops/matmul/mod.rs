@@ -133,7 +133,28 @@ impl Split {
             rows_per_task,
         }
     }
+
+    /// As [`Split::new`], but batches of up to [`DECODE_BATCH_TOKENS`] tokens (a decode step
+    /// of several sequences) get decode's long tasks too: their weights come from memory once
+    /// per step, so long contiguous runs per thread matter more than rows staying in cache
+    /// across many tiles (the native kernel walks a long task 16 rows at a time).
+    pub(crate) fn batched(m: usize, nt: usize, threads: usize) -> Split {
+        if nt > DECODE_BATCH_TOKENS {
+            return Split::new(m, nt, threads);
+        }
+        let threads = threads.min(m.div_ceil(64)).max(1);
+        Split {
+            threads,
+            rows_per_task: m
+                .div_ceil(threads * DECODE_TASKS_PER_THREAD)
+                .next_multiple_of(ROWS_PER_TASK)
+                .max(ROWS_PER_TASK),
+        }
+    }
 }
+
+/// The most tokens per matmul that [`Split::batched`] still splits as decode.
+const DECODE_BATCH_TOKENS: usize = 4 * TILE;
 
 /// The outputs one task owns: weight rows [`RowsOut::rows`] of every token of an `[nt][m]`
 /// output. Only [`par_row_tasks`] makes one, one per task, with pairwise disjoint rows.
@@ -245,23 +266,28 @@ pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 }
 
 /// Encodes the `x.len() / k` rows of `x` in `at` into `sc.act` (rows of `arb` bytes) with
-/// [`crate::simd::quantize_act`], in tasks of [`TILE`] tokens over the pool; with `tiles`,
-/// also fills `sc.side` for every full tile (the native tile kernels read it). Returns
-/// whether the side table is complete and the rows fit the tile kernels (`false` without
-/// `tiles`).
+/// [`crate::simd::quantize_act`], in tasks of [`TILE`] tokens over the pool, followed by
+/// zero bytes up to `rows` rows (`rows` >= the rows of `x`: a last tile padded for the tile
+/// kernels; a zero row is a valid encoded row of every activation type, all scales and
+/// quants 0); with `tiles`, also fills `sc.side` for every full tile of the `rows` rows (the
+/// native tile kernels read it). Returns whether the side table is complete and the rows fit
+/// the tile kernels (`false` without `tiles`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_activations(
     at: GgmlType,
     x: &[f32],
     k: usize,
     arb: usize,
+    rows: usize,
     sc: &mut Scratch,
     tiles: bool,
     threads: usize,
 ) -> KResult<bool> {
     let nt = x.len() / k;
+    let rows = rows.max(nt);
     sc.act.clear();
-    sc.act.resize(arb * nt, 0);
-    let tiled = tiles && nt >= TILE && sc.side.reset(at, arb, nt);
+    sc.act.resize(arb * rows, 0);
+    let tiled = tiles && rows >= TILE && sc.side.reset(at, arb, rows);
     let acts: Vec<Mutex<&mut [u8]>> = sc.act.chunks_mut(TILE * arb).map(Mutex::new).collect();
     let sides: Vec<Mutex<TileMut>> = if tiled {
         sc.side.tiles_mut().map(Mutex::new).collect()
@@ -274,7 +300,7 @@ pub(crate) fn encode_activations(
     let threads = threads.min((nt * k).div_ceil(8192)).max(1);
     par_tasks(acts.len(), threads, |task| {
         let mut a = acts[task].lock().unwrap_or_else(|p| p.into_inner());
-        let xs = &x[task * TILE * k..((task + 1) * TILE).min(nt) * k];
+        let xs = &x[(task * TILE).min(nt) * k..((task + 1) * TILE).min(nt) * k];
         for (xr, or) in xs.chunks_exact(k).zip(a.chunks_exact_mut(arb)) {
             if let Err(e) = crate::simd::quantize_act(at, xr, or) {
                 err.lock()

@@ -1,11 +1,14 @@
 //! minfer's own matmul arithmetic: the per-task kernel the driver ([`super`]) runs.
 //!
-//! Each task walks its weight rows once per tile of [`TILE`] tokens, so the rows stay in cache
-//! for the batch: full tiles through the tile kernel of the weight type where there is one
-//! (8 tokens per call), decode (fewer tokens than a tile) through the side kernel (all of the
-//! task's rows per call), the rest per row and token (4 tokens per call where a type has such
-//! a kernel). Every path gives each (row, token) the bits of the scalar reference dot
-//! (`tests/simd_exact.rs`, `tests/split_exact.rs`).
+//! Each task walks its weight rows 16 at a time, every tile of [`TILE`] tokens of a chunk of
+//! rows before the next chunk, so the rows stay in cache for the batch: full tiles through
+//! the tile kernel of the weight type where there is one (8 tokens per call; a last partial
+//! tile of at least [`PAD_FROM`] tokens padded with zero rows), the tokens left over through
+//! the side kernel (one activation row against many weight rows per call), else per row and
+//! token (4 tokens per call where a type has such a kernel). Every path gives each
+//! (row, token) the bits of the scalar reference dot (`tests/simd_exact.rs`,
+//! `tests/split_exact.rs`), and no token's result depends on the others (batch invariance:
+//! a padded tile's lanes are independent).
 
 use super::{
     add_bias, encode_activations, par_row_tasks, with_scratch, RowsOut, Shape, Split, Weight,
@@ -13,13 +16,40 @@ use super::{
 };
 use crate::dot::RowKernel;
 use crate::ops::KResult;
-use crate::simd::{finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TileSide, TILE};
+use crate::simd::{
+    finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide, TileSlice, TILE,
+};
 use minfer_gguf::quants;
 use std::ops::Range;
 
 /// Activation bytes of one block range of the tile kernels: with the task's weight rows of
 /// that range (~9 KiB for Q4_K) they fit the 32 KiB L1 data cache.
 const TILE_ACT_BYTES: usize = 12 * 1024;
+
+/// A last partial tile of at least this many tokens goes through the tile kernel padded with
+/// zero rows: one tile call costs less than 4 passes of the side (or single-row) kernels over
+/// the weights (`benches/batched_decode.rs`).
+const PAD_FROM: usize = 4;
+
+/// Weight bytes per chunk of the side kernels when a task dots several tokens: the chunk
+/// stays in L2 while every token passes over it.
+const SIDE_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Prefetches the cache lines of `bytes` into the data caches (a hint; no effect off x86).
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..bytes.len()).step_by(64) {
+        // SAFETY: `_mm_prefetch` never faults; the address is inside `bytes`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                bytes.as_ptr().add(i).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
 
 /// `x`: `[n_tokens][k]`, `out`: `[n_tokens][m]`, optional f32 `bias` of `m`.
 pub fn matmul(
@@ -35,12 +65,26 @@ pub fn matmul(
     let arb = shape.act_row_bytes(at)?;
     let kernel = RowKernel::for_type(w.ty);
     let tile = kernel.tile(k, wrb, arb);
-    // Decode (no full tile): the side kernel with per-row activation facts, where one exists.
-    let side = kernel.side(k, wrb, arb).filter(|_| nt < TILE);
+    // Tokens the tile kernels take: the full tiles, and a last partial one padded with zero
+    // rows when it holds at least PAD_FROM tokens.
+    let tiled = match tile {
+        Some(_) if nt % TILE >= PAD_FROM => nt.next_multiple_of(TILE),
+        Some(_) => nt / TILE * TILE,
+        None => 0,
+    };
     let out = &mut out[..nt * m];
     with_scratch(|sc| {
-        let fit = encode_activations(at, &x[..nt * k], k, arb, sc, tile.is_some(), threads)?;
-        let side = side.filter(|_| sc.side.fill_rows(at, &sc.act, arb));
+        let rows = tiled.max(nt);
+        let fit = encode_activations(at, &x[..nt * k], k, arb, rows, sc, tile.is_some(), threads)?;
+        let (tile, tiled) = match tile {
+            Some(f) if fit => (Some(f), tiled),
+            _ => (None, 0),
+        };
+        // The tokens past the tiles: the side kernel with per-row activation facts, where one
+        // exists.
+        let side = kernel
+            .side(k, wrb, arb)
+            .filter(|_| tiled < nt && sc.side.fill_rows(at, &sc.act[..nt * arb], arb));
         // Weight blocks per range of the tile kernels: ~12 KiB of activations (8 tokens).
         let blocks = k / w.ty.block_size() as usize;
         let tile_blocks = (TILE_ACT_BYTES / (TILE * (arb / blocks.max(1)).max(1))).max(1);
@@ -54,12 +98,14 @@ pub fn matmul(
             kernel,
             bare: kernel.bare(k, wrb, arb),
             bare4: kernel.bare4(k, wrb, arb),
-            tile: tile.filter(|_| fit).map(|f| (f, &sc.side)),
+            tile: tile.map(|f| (f, &sc.side)),
+            tiled,
+            pair: tile.and(kernel.tile_pair(k, wrb, arb)),
             side: side.map(|f| (f, &sc.side)),
             blocks,
             tile_blocks,
         };
-        par_row_tasks(out, m, nt, Split::new(m, nt, threads), |o| task.run(o))
+        par_row_tasks(out, m, nt, Split::batched(m, nt, threads), |o| task.run(o))
     })?;
     add_bias(bias, m, out);
     Ok(())
@@ -78,8 +124,12 @@ struct Task<'a> {
     kernel: RowKernel,
     bare: Option<DotFn>,
     bare4: Option<Dot4Fn>,
-    /// The tile kernel (full tiles of prefill) with the side table it reads.
+    /// The tile kernel with the side table it reads, and the tokens it takes (whole tiles,
+    /// the last one possibly padded past `nt`).
     tile: Option<(TileFn, &'a TileSide)>,
+    tiled: usize,
+    /// The two-tile kernel, where the type has one (used with `tile`'s side table).
+    pair: Option<TilePairFn>,
     /// The side kernel (decode) with the side table it reads.
     side: Option<(RowSideFn, &'a TileSide)>,
     /// Weight blocks per row, and per block range of the tile kernel.
@@ -96,51 +146,138 @@ impl Task<'_> {
         &self.act[t * self.arb..(t + 1) * self.arb]
     }
 
-    /// Every (weight row, token) dot of the task's rows, tokens in tiles of [`TILE`].
+    /// Every (weight row, token) dot of the task's rows. Full tiles of [`TILE`] tokens go
+    /// through the tile kernel [`ROWS_PER_TASK`] rows at a time, every tile of a chunk of rows
+    /// before the next chunk (so a long task of a decode batch streams its weights once, not
+    /// once per tile); the tokens past the tiles through the side kernel or row by row. Each (row, token) gets the same kernel and block ranges wherever it sits, so the
+    /// grouping changes no bits.
     fn run(&self, out: &mut RowsOut) -> KResult<()> {
-        for t0 in (0..self.nt).step_by(TILE) {
-            let tokens = t0..(t0 + TILE).min(self.nt);
-            match (self.tile, self.side) {
-                (Some((f, side)), _) if tokens.len() == TILE => self.full_tile(f, side, t0, out),
-                (_, Some((f, table))) => self.side_rows(f, table, tokens, out),
-                _ => self.row_by_row(tokens, out)?,
+        let full = self.tiled;
+        if let Some((f, side)) = self.tile.filter(|_| full > 0) {
+            let rows = out.rows();
+            for c0 in rows.clone().step_by(ROWS_PER_TASK) {
+                let chunk = c0..(c0 + ROWS_PER_TASK).min(rows.end);
+                // The next chunk of this task, fetched while this one computes.
+                let mut ahead = chunk.end..(chunk.end + ROWS_PER_TASK).min(rows.end);
+                let mut t0 = 0;
+                while t0 < full {
+                    // Two tiles per call where the type has a two-tile kernel.
+                    match self.pair {
+                        Some(p) if t0 + 2 * TILE <= full => {
+                            self.tiles::<2>(
+                                |w, a, s, r, st| p(w, a, self.arb, s, r, st),
+                                side,
+                                t0,
+                                chunk.clone(),
+                                ahead,
+                                out,
+                            );
+                            t0 += 2 * TILE;
+                        }
+                        _ => {
+                            self.tiles::<1>(
+                                |w, [a], [s], r, [st]| f(w, a, self.arb, s, r, st),
+                                side,
+                                t0,
+                                chunk.clone(),
+                                ahead,
+                                out,
+                            );
+                            t0 += TILE;
+                        }
+                    }
+                    ahead = 0..0;
+                }
+            }
+        }
+        let tail = full.min(self.nt)..self.nt;
+        if !tail.is_empty() {
+            match self.side {
+                Some((f, table)) => self.side_rows(f, table, tail, out),
+                None => self.row_by_row(tail, out)?,
             }
         }
         Ok(())
     }
 
-    /// One full tile of tokens through the tile kernel.
-    fn full_tile(&self, f: TileFn, side: &TileSide, t0: usize, out: &mut RowsOut) {
-        let rows = out.rows();
+    /// `N` full tiles of tokens from `t0` through the tile kernel `f` (one or two tiles per
+    /// call) for weight rows `chunk` (at most [`ROWS_PER_TASK`] of the task's rows),
+    /// prefetching rows `ahead`'s bytes of each block range as it goes.
+    fn tiles<const N: usize>(
+        &self,
+        f: impl Fn(&[u8], [&[u8]; N], [TileSlice; N], Range<usize>, &mut [TileAcc; N]),
+        side: &TileSide,
+        t0: usize,
+        chunk: Range<usize>,
+        ahead: Range<usize>,
+        out: &mut RowsOut,
+    ) {
         assert!(
-            rows.len() <= ROWS_PER_TASK,
-            "prefill tasks have {ROWS_PER_TASK} rows"
+            chunk.len() <= ROWS_PER_TASK,
+            "tiles run {ROWS_PER_TASK} rows at a time"
         );
-        let acts = &self.act[t0 * self.arb..(t0 + TILE) * self.arb];
-        let side = side.tile(t0 / TILE);
-        // Blocks in ranges whose activations stay in L1 while every row of the task uses
+        let acts: [&[u8]; N] = std::array::from_fn(|j| {
+            let t = t0 + j * TILE;
+            &self.act[t * self.arb..(t + TILE) * self.arb]
+        });
+        let sides: [TileSlice; N] = std::array::from_fn(|j| side.tile(t0 / TILE + j));
+        let block_bytes = self.wrb / self.blocks.max(1);
+        // Blocks in ranges whose activations stay in L1 while every row of the chunk uses
         // them; each (row, token) still adds its blocks in order.
-        let mut states = [TileAcc::default(); ROWS_PER_TASK];
+        let mut states = [[TileAcc::default(); N]; ROWS_PER_TASK];
         for b0 in (0..self.blocks).step_by(self.tile_blocks) {
             let range = b0..(b0 + self.tile_blocks).min(self.blocks);
-            for (o, state) in rows.clone().zip(states.iter_mut()) {
-                f(self.w_row(o), acts, self.arb, side, range.clone(), state);
+            let bytes = range.start * block_bytes..range.end * block_bytes;
+            let mut pre = ahead.clone();
+            for (o, state) in chunk.clone().zip(states.iter_mut()) {
+                if let Some(p) = pre.next() {
+                    prefetch(&self.w_row(p)[bytes.clone()]);
+                }
+                f(self.w_row(o), acts, sides, range.clone(), state);
             }
         }
-        for (o, state) in rows.zip(&states) {
-            for (i, v) in finish_tile(state).into_iter().enumerate() {
-                out.set(t0 + i, o, v);
+        let at = chunk.start - out.rows().start;
+        for j in 0..N {
+            let t = t0 + j * TILE;
+            // Token-major: each token's outputs of the chunk are contiguous in `out`.
+            let mut vals = [[0f32; ROWS_PER_TASK]; TILE];
+            for (r, state) in states[..chunk.len()].iter().enumerate() {
+                for (i, v) in finish_tile(&state[j]).into_iter().enumerate() {
+                    vals[i][r] = v;
+                }
+            }
+            // A padded tile's zero rows have no outputs.
+            let real = (self.nt - t).min(TILE);
+            for (i, v) in vals[..real].iter().enumerate() {
+                out.token(t + i)[at..at + chunk.len()].copy_from_slice(&v[..chunk.len()]);
             }
         }
     }
 
-    /// Decode: all of the task's rows per token in one call of the side kernel.
+    /// Decode: the task's rows per token in calls of the side kernel; with several tokens,
+    /// in chunks of about [`SIDE_CHUNK_BYTES`] of weights, every token's dots of a chunk
+    /// before the next chunk, so that the weights come from memory once, not once per token.
     fn side_rows(&self, f: RowSideFn, table: &TileSide, tokens: Range<usize>, out: &mut RowsOut) {
         let rows = out.rows();
-        let wrs = &self.w[rows.start * self.wrb..rows.end * self.wrb];
-        for t in tokens {
-            let (d, sums) = table.row(t);
-            f(wrs, self.act_row(t), d, sums, out.token(t));
+        let per_chunk = if tokens.len() > 1 {
+            (SIDE_CHUNK_BYTES / self.wrb.max(1)).max(ROWS_PER_TASK)
+        } else {
+            rows.len().max(1)
+        };
+        for c0 in rows.clone().step_by(per_chunk) {
+            let chunk = c0..(c0 + per_chunk).min(rows.end);
+            let wrs = &self.w[chunk.start * self.wrb..chunk.end * self.wrb];
+            let at = chunk.start - rows.start;
+            for t in tokens.clone() {
+                let (d, sums) = table.row(t);
+                f(
+                    wrs,
+                    self.act_row(t),
+                    d,
+                    sums,
+                    &mut out.token(t)[at..at + chunk.len()],
+                );
+            }
         }
     }
 

@@ -39,12 +39,14 @@ mod avx512_dispatch;
 mod avx512_kquants;
 mod avx512_legacy;
 mod avx512_quantize;
+mod avx512_tile_pairs;
 mod avx512_tiles;
 
 pub(super) use avx512_dispatch::{avx512_dot, avx512_dot4, avx512_quant, avx512_supported};
 mod avx2_tiles;
 
 pub(super) use avx2_tiles::avx2_tile;
+pub(super) use avx512_tile_pairs::avx512_tile_pair;
 pub(super) use avx512_tiles::avx512_tile;
 
 pub(super) fn avx2_supported() -> bool {
