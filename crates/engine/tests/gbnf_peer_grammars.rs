@@ -17,9 +17,7 @@ use minfer_engine::sampler::SamplerConfig;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_testkit::models;
 use minfer_tokenizer::Tokenizer;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 fn peer_grammars() -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
@@ -62,23 +60,7 @@ fn prompt_for(stem: &str) -> &'static str {
 }
 
 fn recognize(py: &Path, lines: &str) -> (bool, String) {
-    let mut child = Command::new(py)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gbnf-recognize.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(lines.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    minfer_testkit::script::pipe(py, "gbnf-recognize.py", lines)
 }
 
 fn case(g: &Path, text: &str, expect: &str) -> String {

@@ -18,9 +18,8 @@ use minfer_engine::sampler::SamplerConfig;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_testkit::models;
 use minfer_tokenizer::Tokenizer;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const BATCH: usize = 20;
 const MAX_TOKENS: usize = 160;
@@ -152,20 +151,7 @@ fn every_corpus_schema_gives_replies_that_validate() {
         "replies that did not finish:\n{}",
         unfinished.join("\n")
     );
-    let mut child = Command::new(&py)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/validate-json-replies.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(lines.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
+    let (ok, report) = minfer_testkit::script::pipe(&py, "validate-json-replies.py", &lines);
     eprintln!("{report}");
-    assert!(out.status.success(), "jsonschema disagrees:\n{report}");
+    assert!(ok, "jsonschema disagrees:\n{report}");
 }

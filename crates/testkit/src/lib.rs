@@ -5,6 +5,7 @@
 //!   the test's SKIP line, when it is absent).
 //! - [`rng`]: one seeded generator, [`rng::Rng`], with the algorithms the tests' expected
 //!   numbers were drawn from (splitmix64, xorshift64, xorshift64*, xorshift32).
+//! - [`script`]: the repository's Python checkers fed on stdin.
 //! - `synth` (feature `synth`): synthetic models on disk and engines on them, for the engine
 //!   tests; `logits` (same feature): the f64 reference's logits, distances, greedy decoding.
 
@@ -12,5 +13,6 @@
 pub mod logits;
 pub mod models;
 pub mod rng;
+pub mod script;
 #[cfg(feature = "synth")]
 pub mod synth;
