@@ -4,23 +4,6 @@
 // online softmax, so a row's result depends only on its q row and the K/V values its window
 // lists, in order. An empty window gives zeros (as on the CPU).
 
-__device__ __forceinline__ u32 mf_win_len(const int *w, int width) {
-    if (width == 2) return (u32)(w[1] - w[0]);
-    u32 n = 0;
-    for (int r = 0; r < MF_WIN_RUNS; ++r) n += (u32)w[2 * r + 1];
-    return n;
-}
-
-__device__ __forceinline__ u32 mf_win_cell(const int *w, int width, u32 i) {
-    if (width == 2) return (u32)w[0] + i;
-    for (int r = 0; r < MF_WIN_RUNS; ++r) {
-        u32 len = (u32)w[2 * r + 1];
-        if (i < len) return (u32)w[2 * r] + i;
-        i -= len;
-    }
-    return 0;
-}
-
 __device__ __forceinline__ float mf_kv_at(int ty, const u8 *base, u64 row_bytes, u32 cell, int e) {
     const u8 *r = base + (u64)cell * row_bytes;
     if (ty == MF_F32) return ((const float *)r)[e];
@@ -33,6 +16,7 @@ extern "C" __global__ void mf_attn_window(int ty, const float *q, const u8 *k, c
                                           const int *win, float *out, u64 row_bytes,
                                           int n_head, int n_head_kv, int hd, int width,
                                           float scale) {
+    MF_PDL_ENTRY();
     __shared__ float sc[32];
     __shared__ u32 cells[32];
     int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
@@ -107,6 +91,7 @@ extern "C" __global__ void mf_attn_split(int ty, const float *q, const u8 *k, co
                                          const int *win, float *part, u64 row_bytes,
                                          int n_head, int n_head_kv, int hd, int width,
                                          float scale, int n_split) {
+    MF_PDL_ENTRY();
     __shared__ float sc[32];
     __shared__ u32 cells[32];
     int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
@@ -188,6 +173,7 @@ extern "C" __global__ void mf_attn_split(int ty, const float *q, const u8 *k, co
 // and so its bits, do not depend on the batching).
 extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_head, int hd,
                                            int n_split) {
+    MF_PDL_ENTRY();
     extern __shared__ float cm[];
     float *ml = cm;                        // m, l of chunk s at 2s, 2s + 1
     int *live = (int *)(cm + 2 * n_split); // non-empty chunks in order, then their weights
@@ -271,6 +257,7 @@ extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, cons
                                        const int *win, float *part, u64 row_bytes, int n_head,
                                        int n_head_kv, int hd, int width, float scale,
                                        int n_split) {
+    MF_PDL_ENTRY();
     extern __shared__ float sh[];
     int G = n_head / n_head_kv;
     int hk = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;

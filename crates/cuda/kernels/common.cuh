@@ -18,6 +18,29 @@ typedef unsigned long long u64;
 #define MF_WIN_RUNS 8
 #define MF_MINF (-__int_as_float(0x7f800000))
 
+// Programmatic dependent launch (sm_90 on; crates/cuda/src/device.rs launches every kernel
+// so when it can): `mf_pdl_launch` lets the next kernel on the stream be scheduled now, and
+// `mf_pdl_wait` blocks until the kernel before this one has finished and its writes are
+// visible. Every kernel calls both before it reads or writes memory another kernel touches;
+// only reads of constant data (weights, prefetches) may come before the wait. Without the
+// launch attribute both are no-ops.
+__device__ __forceinline__ void mf_pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mf_pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Both at a kernel's start.
+#define MF_PDL_ENTRY()                                                                           \
+    do {                                                                                         \
+        mf_pdl_launch();                                                                         \
+        mf_pdl_wait();                                                                           \
+    } while (0)
+
 __device__ __forceinline__ float mf_h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -103,3 +126,23 @@ __device__ __forceinline__ void mf_kv_q8_block(const float *xs, u8 *b) {
     *(u16 *)b = mf_f2h(d);
     for (int k = 0; k < 32; ++k) b[2 + k] = (u8)(signed char)(int)roundf(xs[k] * id);
 }
+
+// An attention window (a span [lo, hi) when `width` is 2, else MF_WIN_RUNS (cell, len) runs):
+// its length and the cell of its logical row i.
+__device__ __forceinline__ u32 mf_win_len(const int *w, int width) {
+    if (width == 2) return (u32)(w[1] - w[0]);
+    u32 n = 0;
+    for (int r = 0; r < MF_WIN_RUNS; ++r) n += (u32)w[2 * r + 1];
+    return n;
+}
+
+__device__ __forceinline__ u32 mf_win_cell(const int *w, int width, u32 i) {
+    if (width == 2) return (u32)w[0] + i;
+    for (int r = 0; r < MF_WIN_RUNS; ++r) {
+        u32 len = (u32)w[2 * r + 1];
+        if (i < len) return (u32)w[2 * r] + i;
+        i -= len;
+    }
+    return 0;
+}
+

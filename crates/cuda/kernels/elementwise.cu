@@ -2,21 +2,25 @@
 // Silu, SwiGLU and Rope write in place): every thread reads its inputs before writing.
 
 extern "C" __global__ void mf_add(const float *a, const float *b, float *o, u64 n) {
+    MF_PDL_ENTRY();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) o[i] = a[i] + b[i];
 }
 
 extern "C" __global__ void mf_mul(const float *a, const float *b, float *o, u64 n) {
+    MF_PDL_ENTRY();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) o[i] = a[i] * b[i];
 }
 
 extern "C" __global__ void mf_silu(const float *a, float *o, u64 n) {
+    MF_PDL_ENTRY();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { float x = a[i]; o[i] = x / (1.0f + expf(-x)); }
 }
 
 extern "C" __global__ void mf_swiglu(const float *a, const float *b, float *o, u64 n) {
+    MF_PDL_ENTRY();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { float x = a[i]; o[i] = x / (1.0f + expf(-x)) * b[i]; }
 }
@@ -24,6 +28,7 @@ extern "C" __global__ void mf_swiglu(const float *a, const float *b, float *o, u
 // One block per group of `group` elements (a row, or one head of a row).
 extern "C" __global__ void mf_rms_norm(const float *x, const float *w, float *o, int group,
                                        float eps) {
+    MF_PDL_ENTRY();
     // Every warp computes the scale itself (mf_rms_scale: the order fused kernels repeat).
     u64 base = (u64)blockIdx.x * group;
     float scale = mf_rms_scale(x + base, group, eps);
@@ -35,6 +40,7 @@ extern "C" __global__ void mf_rms_norm(const float *x, const float *w, float *o,
 extern "C" __global__ void mf_rope(const float *x, const int *pos, float *o, int n_head,
                                    int head_dim, int nt, float theta_scale, float freq_scale,
                                    int neox) {
+    MF_PDL_ENTRY();
     int half = head_dim / 2;
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     u64 total = (u64)nt * n_head * half;

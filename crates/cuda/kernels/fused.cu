@@ -28,6 +28,7 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
         ty = tyv, w = wv, rb = rbv, bias = bv, r = o - q_dim - kv_dim;
     }
     mf_prefetch_row(w + (u64)r * rb, rb);
+    MF_PDL_ENTRY();
     mf_q8_shared(x, ne0, xq, xds, gain, eps);
     float s = mf_row1_any(ty, w + (u64)r * rb, xq, xds, ne0 >> 5);
     if ((threadIdx.x & 31) == 0) {
@@ -54,6 +55,7 @@ extern "C" __global__ void mf_rope_store(const float *row, const int *pos, const
                                          float *q_out, u8 *kreg, u8 *vreg, int ty,
                                          u64 row_bytes, int q_dim, int kv_dim, int hd,
                                          float theta_scale, float freq_scale, int neox) {
+    MF_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     int p = pos[0];
     int unit = ty == MF_Q8_0 ? 32 : 1;

@@ -238,11 +238,12 @@ __device__ void mf_mmvq(const u8 *w, u64 row_bytes, const signed char *xq, const
 
 // Output rows per block: a warp each, blockDim.x / 32 (the host picks 4 or 8).
 
-// Asks L2 for the first 4 KiB of a row (a 128-byte line per lane, never past the row), so
-// the weight blocks of the first two rounds are on their way while the block quantizes x.
+// Asks L2 for a whole row (128-byte lines, a lane each, never past the row), so its weight
+// blocks are on their way while the kernel waits for the one before it (mf_pdl_wait) and
+// then quantizes x.
 __device__ __forceinline__ void mf_prefetch_row(const u8 *row, u64 row_bytes) {
-    u64 off = (u64)(threadIdx.x & 31) * 128;
-    if (off < row_bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+    for (u64 off = (u64)(threadIdx.x & 31) * 128; off < row_bytes; off += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
 }
 
 // Quantizes x[0..ne0) into shared xq / xds, 8 lanes per 32-element block (4 elements a

@@ -5,6 +5,7 @@
 // Thread per (row, element) for f32/f16; thread per (row, block) for q8_0.
 extern "C" __global__ void mf_kv_store(int ty, const float *x, const int *cells, u8 *region,
                                        u64 row_bytes, int n, int nt) {
+    MF_PDL_ENTRY();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ty == MF_Q8_0) {
         int nb = n / 32;
@@ -26,6 +27,7 @@ extern "C" __global__ void mf_kv_store(int ty, const float *x, const int *cells,
 extern "C" __global__ void mf_kv_rope_shift(int ty, u8 *region, u64 row_bytes, int cell,
                                             int n_cells, int n_head, int head_dim, int delta,
                                             float theta_scale, float freq_scale, int neox) {
+    MF_PDL_ENTRY();
     int half = head_dim / 2;
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (u64)n_cells * n_head * half) return;

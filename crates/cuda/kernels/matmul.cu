@@ -7,6 +7,7 @@
 
 extern "C" __global__ void mf_matmul(int ty, const u8 *w, u64 row_bytes, const float *x,
                                      float *y, const float *bias, int ne0, int n_out, int nt) {
+    MF_PDL_ENTRY();
     __shared__ float red[32];
     int o = blockIdx.x;
     int t0 = blockIdx.y * MF_MM_T;
@@ -59,6 +60,7 @@ extern "C" __global__ void mf_matmul(int ty, const u8 *w, u64 row_bytes, const f
 // out[t] = row ids[t] of a table (weights of `ty`, or f32 activations), dequantized.
 extern "C" __global__ void mf_get_rows(int ty, const u8 *w, u64 row_bytes, const int *ids,
                                        float *out, int ne0) {
+    MF_PDL_ENTRY();
     int t = blockIdx.x;
     const u8 *row = w + (u64)ids[t] * row_bytes;
     int nch = (ne0 + 31) / 32;

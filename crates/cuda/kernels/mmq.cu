@@ -227,6 +227,7 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
     extern "C" __global__ void __launch_bounds__(256)                                           \
         NAME(const u8 *w, u64 row_bytes, const signed char *xq, const float2 *xds, float *y,    \
              const float *bias, int ne0, int n_out, int nt, int split, float *part) {           \
+        MF_PDL_ENTRY();                                                                           \
         mf_mmq<TY, BM, BN, WM>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, split, part);    \
     }
 
@@ -246,6 +247,7 @@ MF_MMQ_TILES(q6_k, MF_Q6_K)
 // outputs each), then the bias.
 extern "C" __global__ void mf_mmq_combine(const float *part, float *y, const float *bias,
                                           u64 n, int n_out, int split) {
+    MF_PDL_ENTRY();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v[8];

@@ -4,6 +4,7 @@
 // Rows are 16-byte aligned (ne0 a multiple of 32, buffers 256-byte aligned).
 extern "C" __global__ void mf_quantize_q8(const float *x, signed char *q, float2 *ds, int ne0,
                                           int nt) {
+    MF_PDL_ENTRY();
     int nb = ne0 >> 5;
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (u64)nt * nb) return;
@@ -15,6 +16,7 @@ extern "C" __global__ void mf_quantize_q8(const float *x, signed char *q, float2
     extern "C" __global__ void NAME(const u8 *w, u64 row_bytes, const signed char *xq,           \
                                     const float2 *xds, float *y, const float *bias, int ne0,     \
                                     int n_out, int nt) {                                         \
+        MF_PDL_ENTRY();                                                                           \
         mf_mmvq<TY>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt);                             \
     }
 
@@ -37,6 +39,7 @@ extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const fl
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool live = o < n_out;
     if (live) mf_prefetch_row(w + (u64)o * row_bytes, row_bytes);
+    MF_PDL_ENTRY(); // the weights were constant before the kernel before this one ran
     mf_q8_shared(x, ne0, xq, xds, nullptr, 0.0f);
     float s = mf_row1_any(ty, w + (u64)(live ? o : 0) * row_bytes, xq, xds, ne0 >> 5);
     if ((threadIdx.x & 31) == 0 && live) {
@@ -62,6 +65,7 @@ extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, 
         mf_prefetch_row(wg + oo * rbg, rbg);
         mf_prefetch_row(wu + oo * rbu, rbu);
     }
+    MF_PDL_ENTRY();
     mf_q8_shared(x, ne0, xq, xds, gain, eps);
     float g = mf_row1_any(tyg, wg + oo * rbg, xq, xds, ne0 >> 5);
     float u = mf_row1_any(tyu, wu + oo * rbu, xq, xds, ne0 >> 5);

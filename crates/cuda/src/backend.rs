@@ -81,6 +81,22 @@ pub(crate) struct Pool {
     pub free: HashMap<usize, Vec<u32>>,
 }
 
+/// `MINFER_CUDA_ATTN`: (one block per query, the warp-tiled kernels' most queries a block).
+fn attention_choice(v: &str) -> Result<(bool, usize), String> {
+    Ok(match v {
+        "" | "w4" => (false, 4),
+        "single" => (true, 0),
+        "split" => (false, 0),
+        "w1" => (false, 1),
+        "w2" => (false, 2),
+        other => {
+            return Err(format!(
+                "MINFER_CUDA_ATTN={other}: want single, split, w1, w2 or w4"
+            ))
+        }
+    })
+}
+
 pub struct CudaBackend {
     id: BackendId,
     name: String,
@@ -104,6 +120,11 @@ pub struct CudaBackend {
     pub(crate) mmq: crate::mmq::MmqChoice,
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
+    /// Most queries per block of the warp-tiled attention (kernels/attnw.cu; f16 KV, head
+    /// dim 64 or 128, at most 8 query heads per KV head): 0 turns it off for the split-K
+    /// kernels (`MINFER_CUDA_ATTN=split`); `MINFER_CUDA_ATTN=w1|w2|w4` caps it (the bits do
+    /// not depend on it).
+    pub(crate) attn_warp_qt: usize,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
     /// `MINFER_CUDA_MV1_WARPS=4` (an ablation switch; the bits do not depend on it).
     pub(crate) mv1_warps: usize,
@@ -119,7 +140,7 @@ impl CudaBackend {
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let mmvq = env("MINFER_CUDA_MATMUL") != "f32";
         let mmq = crate::mmq::MmqChoice::from_env()?;
-        let attn_single = env("MINFER_CUDA_ATTN") == "single";
+        let (attn_single, attn_warp_qt) = attention_choice(&env("MINFER_CUDA_ATTN"))?;
         let mv1_warps = if env("MINFER_CUDA_MV1_WARPS") == "4" {
             4
         } else {
@@ -141,14 +162,17 @@ impl CudaBackend {
                 "f32".into()
             },
             if attn_single {
-                "one block per query"
+                "one block per query".to_string()
+            } else if attn_warp_qt > 0 {
+                format!("warp-tiled (f16 KV, head dim 64/128; up to {attn_warp_qt} queries a block), else split-K")
             } else {
-                "split-K"
+                "split-K".to_string()
             },
-            if graphs {
-                "CUDA graph replay"
-            } else {
-                "eager launches"
+            match (graphs, gpu.pdl) {
+                (true, true) => "CUDA graph replay, programmatic dependent launch",
+                (true, false) => "CUDA graph replay",
+                (false, true) => "eager launches, programmatic dependent launch",
+                (false, false) => "eager launches",
             },
             gpu.arch,
             if gpu.cached { "cached PTX" } else { "compiled" }
@@ -168,9 +192,17 @@ impl CudaBackend {
             mmvq,
             mmq,
             attn_single,
+            attn_warp_qt,
             mv1_warps,
             replayer: graphs.then(Replayer::default),
         })
+    }
+
+    /// Picks the attention kernels as `MINFER_CUDA_ATTN` does (`""` the default, `single`,
+    /// `split`, `w1`, `w2`, `w4`): the gates compare the choices on one backend.
+    pub fn set_attention(&mut self, choice: &str) -> Result<(), String> {
+        (self.attn_single, self.attn_warp_qt) = attention_choice(choice)?;
+        Ok(())
     }
 
     /// Nodes executed since the backend was made.

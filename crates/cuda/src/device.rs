@@ -24,6 +24,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("kv.cu", include_str!("../kernels/kv.cu")),
     ("attn.cu", include_str!("../kernels/attn.cu")),
+    ("attnw.cu", include_str!("../kernels/attnw.cu")),
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
@@ -44,6 +45,11 @@ pub const KERNELS: &[&str] = &[
     "mf_attn_window",
     "mf_attn_split",
     "mf_attn_combine",
+    "mf_attn_w1_64",
+    "mf_attn_w2_64",
+    "mf_attn_w4_64",
+    "mf_attn_w1_128",
+    "mf_attn_w2_128",
     "mf_quantize_q8",
     "mf_mmvq_q8_0",
     "mf_mmvq_q4_0",
@@ -120,6 +126,22 @@ pub fn available() -> DResult<()> {
         }
         Ok(())
     })
+}
+
+/// The program from `dir` instead of the built-in sources (`MINFER_CUDA_KERNEL_DIR`, for
+/// kernel work on a GPU machine without a Rust toolchain): every file of [`SOURCES`] must be
+/// there, and a missing one is an error naming it.
+fn program_from(dir: &std::path::Path) -> DResult<String> {
+    let mut s = String::new();
+    for (name, _) in SOURCES {
+        let p = dir.join(name);
+        let src = std::fs::read_to_string(&p)
+            .map_err(|e| format!("MINFER_CUDA_KERNEL_DIR: {}: {e}", p.display()))?;
+        s.push_str(&format!("// ---- {name} ----\n"));
+        s.push_str(&src);
+        s.push('\n');
+    }
+    Ok(s)
 }
 
 /// The whole program: every source concatenated in order.
@@ -205,6 +227,8 @@ pub struct Gpu {
     pub total_mem: usize,
     /// Whether the PTX came from the disk cache.
     pub cached: bool,
+    /// Kernels launched as programmatic dependents of the one before them.
+    pub pdl: bool,
     /// Every allocation made (pointer, bytes), freed at drop.
     allocs: Vec<(u64, usize)>,
 }
@@ -224,8 +248,20 @@ impl Gpu {
             .compute_capability()
             .map_err(|e| drv("compute capability", e))?;
         let arch = format!("sm_{ma}{mi}");
+        // Programmatic dependent launch (sm_90 on); `MINFER_CUDA_PDL=0` launches plainly.
+        let pdl = ma >= 9 && std::env::var("MINFER_CUDA_PDL").as_deref() != Ok("0");
         let total_mem = ctx.total_mem().map_err(|e| drv("cuDeviceTotalMem", e))?;
-        let src = program();
+        let src = match std::env::var_os("MINFER_CUDA_KERNEL_DIR") {
+            Some(dir) => {
+                let dir = PathBuf::from(dir);
+                eprintln!(
+                    "cuda: kernel sources from {} (MINFER_CUDA_KERNEL_DIR), not the built-in ones",
+                    dir.display()
+                );
+                program_from(&dir)?
+            }
+            None => program(),
+        };
         let path = cache_path(&src, &arch);
         let cached_ptx = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
         let cached = cached_ptx.is_some();
@@ -262,6 +298,7 @@ impl Gpu {
             arch,
             total_mem,
             cached,
+            pdl,
             allocs: Vec::new(),
         })
     }
@@ -406,6 +443,9 @@ impl Gpu {
 
     fn issue(&self, l: &Launch) -> DResult<()> {
         let f = &self.funcs[l.kernel];
+        if self.pdl {
+            return self.issue_programmatic(l, f);
+        }
         let mut b = self.stream.launch_builder(f);
         for a in &l.args {
             match a {
@@ -421,6 +461,61 @@ impl Gpu {
         };
         unsafe { b.launch(cfg) }.map_err(|e| drv(&format!("launch {}", l.kernel), e))?;
         Ok(())
+    }
+
+    /// A launch that may begin while the kernel before it on the stream finishes
+    /// (programmatic dependent launch, compute capability 9.0 on): every kernel first
+    /// executes `griddepcontrol.wait` (`mf_pdl_wait`, kernels/common.cuh) before it touches
+    /// memory another kernel writes, so only its prologue (weight prefetches) overlaps.
+    fn issue_programmatic(&self, l: &Launch, f: &CudaFunction) -> DResult<()> {
+        self.bind()?;
+        // Each argument in an 8-byte slot (an i32 or f32 in its low bytes: little-endian).
+        let mut slots: Vec<u64> = l
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::I32(v) => *v as u32 as u64,
+                Arg::U64(v) => *v,
+                Arg::F32(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        // SAFETY: an all-zero attribute value is valid plain data; one field is then set.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: l.grid.0,
+            gridDimY: l.grid.1,
+            gridDimZ: l.grid.2,
+            blockDimX: l.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: l.shared,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the parameter slots outlive the call (the driver copies them), their count
+        // and sizes are the kernel's signature as the recorded launch gives it, the same list
+        // the plain launch path pushes.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| drv(&format!("launch {}", l.kernel), e))
     }
 
     /// Starts recording launches instead of issuing them (the split's launches can then be

@@ -5,6 +5,8 @@
 //! and lint the workspace unchanged.
 
 #[cfg(feature = "cuda")]
+mod attn;
+#[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;

@@ -16,6 +16,9 @@ pub(crate) enum Scratch {
     Q8,
     /// Split-K attention partials.
     AttnPart,
+    /// The warp-tiled attention's per-group count of finished chunks (zero between launches:
+    /// the block that merges resets it).
+    AttnCount,
     /// The fused Q/K/V node's q|k|v row before RoPE.
     QkvRow,
     /// The tensor-core matmul's per-pass-group subtrees when it splits the passes.
@@ -42,6 +45,18 @@ impl CudaBackend {
         let len = bytes.max(4096) + bytes / 2;
         let ptr = self.gpu.alloc(len)?;
         self.scratch.insert(kind, (ptr, len));
+        Ok(ptr)
+    }
+
+    /// A scratch buffer of at least `bytes` that holds zeros when first handed out (each
+    /// user leaves it zeroed).
+    pub(crate) fn scratch_zeroed(&mut self, kind: Scratch, bytes: usize) -> DResult<u64> {
+        let before = self.scratch.get(&kind).copied();
+        let ptr = self.scratch(kind, bytes)?;
+        if before.map(|(p, _)| p) != Some(ptr) {
+            let len = self.scratch[&kind].1;
+            self.gpu.memset0(ptr, len)?;
+        }
         Ok(ptr)
     }
 

@@ -281,3 +281,203 @@ fn kv_store_and_attention_nodes_match_the_cpu() {
         assert!(d <= bar, "{ty}: attention {d} > {bar}");
     }
 }
+
+/// The K/V rows of `cells` cells (f16) and `nt` queries' Attention node over `windows`
+/// (`width` i32 per query), run on `b`: the output rows.
+#[allow(clippy::too_many_arguments)]
+fn attention_on(
+    b: &mut dyn Backend,
+    (n_head, n_kv, hd): (usize, usize, usize),
+    kx: &[f32],
+    vx: &[f32],
+    q: &[f32],
+    windows: &[i32],
+    layout: minfer_graph::WindowLayout,
+) -> Vec<f32> {
+    use minfer_graph::{DType, KvKind, KvPair, Node, NodeId, Op};
+    let ty = GgmlType::F16;
+    let cells = kx.len() / (n_kv * hd);
+    let nt = q.len() / (n_head * hd);
+    let cb = ty.row_bytes((n_kv * hd) as u64).unwrap() as usize;
+    let f32b = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let i32b = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let mk = |b: &mut dyn Backend, data: &[u8]| {
+        let id = b.alloc(data.len()).unwrap();
+        b.write(id, 0, data).unwrap();
+        id
+    };
+    let (kr, vr) = (b.alloc(cells * cb).unwrap(), b.alloc(cells * cb).unwrap());
+    let kb = mk(b, &f32b(kx));
+    let vb = mk(b, &f32b(vx));
+    let ids: Vec<i32> = (0..cells as i32).collect();
+    let cb_ = mk(b, &i32b(&ids));
+    let qb = mk(b, &f32b(q));
+    let wb = mk(b, &i32b(windows));
+    let out = b.alloc(n_head * hd * nt * 4).unwrap();
+    let kv = Some(KvPair { k: kr, v: vr });
+    let node = |op: Op, shape: [usize; 2], dtype: DType| Node {
+        id: NodeId(0),
+        name: "n".into(),
+        op,
+        src: Vec::new(),
+        shape,
+        dtype,
+        backend: None,
+        layer: None,
+        dead: false,
+    };
+    for (kind, xb) in [(KvKind::K, kb), (KvKind::V, vb)] {
+        let n = node(
+            Op::KvStore {
+                layer: 0,
+                kind,
+                cache_type: ty,
+            },
+            [n_kv * hd, cells],
+            DType::None,
+        );
+        let srcs = [Some(xb), Some(cb_)];
+        let a = minfer_graph::ExecArgs {
+            srcs: &srcs,
+            out: None,
+            kv,
+            weights: &NoWeights,
+        };
+        b.execute_node(&n, &a).unwrap();
+    }
+    let n = node(
+        Op::Attention {
+            layer: 0,
+            n_head,
+            n_head_kv: n_kv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            cache_type: ty,
+            window: layout,
+        },
+        [n_head * hd, nt],
+        DType::F32,
+    );
+    let srcs = [Some(qb), Some(wb)];
+    let a = minfer_graph::ExecArgs {
+        srcs: &srcs,
+        out: Some(out),
+        kv,
+        weights: &NoWeights,
+    };
+    b.execute_node(&n, &a).unwrap();
+    b.synchronize().unwrap();
+    let mut o = vec![0u8; n_head * hd * nt * 4];
+    b.read(out, 0, &mut o).unwrap();
+    for id in [kr, vr, kb, vb, cb_, qb, wb, out] {
+        b.free(id);
+    }
+    o.chunks_exact(4)
+        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+        .collect()
+}
+
+/// The warp-tiled attention (kernels/attnw.cu: f16 KV, head dims 64 and 128, 7, 2 and 7
+/// query heads per KV head), windows up to 3 chunks of 256 rows: 40 queries in one node give
+/// every query the bits it gets alone (one-query nodes, whose grids and grouping differ) and
+/// the bits of one query a block (`w1`), for spans sharing their cells, spans that do not
+/// (the kernel's own passes) and KV-map runs; against the CPU within the f16 class of
+/// `kv_store_and_attention_nodes_match_the_cpu` (4e-3). Control: the split-K kernels
+/// (`split`, a different summation order) give other bits on the same inputs, so the
+/// comparisons above ran the warp-tiled path.
+#[test]
+fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_cpu_class() {
+    use minfer_graph::{WindowLayout, KV_MAP_RUNS};
+    if !gpu() {
+        return;
+    }
+    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut c = CpuBackend::new(1);
+    let mut s = 7u32;
+    let mut rnd = |n: usize, amp: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * amp
+            })
+            .collect()
+    };
+    let (nt, cells) = (40usize, 800usize);
+    for shape in [(14usize, 2usize, 64usize), (8, 4, 128), (7, 1, 128)] {
+        let (n_head, n_kv, hd) = shape;
+        let (kx, vx, q) = (
+            rnd(cells * n_kv * hd, 2.0),
+            rnd(cells * n_kv * hd, 2.0),
+            rnd(nt * n_head * hd, 2.0),
+        );
+        // Shared cells: query t attends to [0, 1 + 19 t) (up to 742 rows: 3 chunks).
+        let shared: Vec<i32> = (0..nt as i32).flat_map(|t| [0, 1 + 19 * t]).collect();
+        // Other cells per query: spans starting at 0, 5 or 10.
+        let apart: Vec<i32> = (0..nt as i32)
+            .flat_map(|t| [5 * (t % 3), 5 * (t % 3) + 3 + 17 * t])
+            .collect();
+        // Runs: two per query ([0, 100) and [300, 300 + 9 t)); the rest empty.
+        let runs: Vec<i32> = (0..nt as i32)
+            .flat_map(|t| {
+                let mut r = vec![0i32; 2 * KV_MAP_RUNS];
+                r[..4].copy_from_slice(&[0, 100, 300, 9 * t]);
+                r
+            })
+            .collect();
+        for (what, w, layout, width) in [
+            ("shared spans", &shared, WindowLayout::Span, 2),
+            ("spans apart", &apart, WindowLayout::Span, 2),
+            ("kv-map runs", &runs, WindowLayout::KvMap, 2 * KV_MAP_RUNS),
+        ] {
+            let row = n_head * hd;
+            g.set_attention("").unwrap();
+            let batched = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
+            let mut alone = Vec::new();
+            for t in 0..nt {
+                alone.extend(attention_on(
+                    &mut g,
+                    shape,
+                    &kx,
+                    &vx,
+                    &q[t * row..(t + 1) * row],
+                    &w[t * width..(t + 1) * width],
+                    layout,
+                ));
+            }
+            g.set_attention("w1").unwrap();
+            let one_a_block = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
+            g.set_attention("split").unwrap();
+            let split = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
+            g.set_attention("").unwrap();
+            let cpu = attention_on(&mut c, shape, &kx, &vx, &q, w, layout);
+            let bits = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count()
+            };
+            let rel = |a: &[f32]| {
+                a.iter()
+                    .zip(&cpu)
+                    .fold(0f32, |m, (x, y)| m.max((x - y).abs() / y.abs().max(1.0)))
+            };
+            let (d_alone, d_w1, d_split) = (
+                bits(&batched, &alone),
+                bits(&batched, &one_a_block),
+                bits(&batched, &split),
+            );
+            println!(
+                "{shape:?} {what}: differing from alone {d_alone}, from w1 {d_w1}, from split-K \
+                 {d_split} of {}; max rel vs CPU warp {:.3e}, split-K {:.3e}",
+                batched.len(),
+                rel(&batched),
+                rel(&split)
+            );
+            assert_eq!(d_alone, 0, "{shape:?} {what}: batched vs alone");
+            assert_eq!(d_w1, 0, "{shape:?} {what}: grouped vs one query a block");
+            assert!(d_split > 0, "{shape:?} {what}: control: the split-K kernels gave the same bits");
+            assert!(rel(&batched) <= 4e-3, "{shape:?} {what}: warp-tiled vs CPU");
+            assert!(rel(&split) <= 4e-3, "{shape:?} {what}: split-K vs CPU");
+        }
+    }
+}

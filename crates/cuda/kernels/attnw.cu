@@ -1,0 +1,365 @@
+// Warp-tiled attention over f16 K/V for head dims 64 and 128 and at most MF_AW_G query heads
+// per KV head: the kernel every query of such a model runs, one token or many (so a query's
+// bits never depend on what shares its forward). Block (kv head, group of QT queries, chunk
+// of MF_AW_CHUNK window rows), 4 warps; the group's queries share each K/V row the block
+// reads (the host groups only queries whose windows list the same cells in the same order,
+// so a longer window extends a shorter one).
+//
+// A query's arithmetic, fixed by its q and its window alone:
+// - The window's logical rows are cut into chunks of MF_AW_CHUNK; warp w of a chunk takes its
+//   rows [64 w, 64 w + 64), in two tiles of 32 (lane = row for the scores).
+// - Per tile and query head: s_j = (sum over d in order of q_d k_jd, explicit fma) * scale;
+//   the tile's max m_t (order-free); m' = max(m, m_t); alpha = exp(m - m'); p_j = exp(s_j - m');
+//   l' = fma(l, alpha, the butterfly sum of the p_j); o'_d = o_d alpha, then fma(p_j, v_jd, .)
+//   over the tile's rows in increasing j. Rows past a query's window are left out (p = 0, no
+//   fma), so a tile that holds none of its rows leaves (m, l, o) exactly as it was.
+// - The four warps' states merge in warp order: M = max over the warps holding rows,
+//   L and O folded with fma by a = exp(m_w - M) (the combine's formula); then the chunks
+//   merge the same way in chunk order (by the block that finishes last: an atomic count per
+//   group), out = O / L. A window within one chunk is written as O / L directly: the same bits
+//   (its merge weights are exp(0) = 1).
+#define MF_AW_CHUNK 256
+#define MF_AW_WARP_ROWS 64
+#define MF_AW_G 8
+
+__device__ __forceinline__ float mf_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float mf_warp_add(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Whether windows a and b list the same cell for every logical row both hold.
+__device__ __forceinline__ bool mf_win_prefix_eq(const int *a, const int *b, int width) {
+    if (width == 2) return a[0] == b[0];
+    int ia = 0, ib = 0, oa = 0, ob = 0; // run index and rows used of it, per window
+    while (ia < MF_WIN_RUNS && ib < MF_WIN_RUNS) {
+        if (oa >= a[2 * ia + 1]) {
+            ++ia;
+            oa = 0;
+            continue;
+        }
+        if (ob >= b[2 * ib + 1]) {
+            ++ib;
+            ob = 0;
+            continue;
+        }
+        if (a[2 * ia] + oa != b[2 * ib] + ob) return false;
+        int n = min(a[2 * ia + 1] - oa, b[2 * ib + 1] - ob);
+        oa += n;
+        ob += n;
+    }
+    return true;
+}
+
+// out = the first `n_live` chunk partials of one (query, head) merged in chunk order, by one
+// warp (lane owns d = lane + 32 c); an empty window (n_live 0) gives zeros.
+template <int DPL>
+__device__ __forceinline__ void mf_aw_combine(const float *pr, float *orow, int n_live,
+                                              int lane) {
+    constexpr int HD = 32 * DPL;
+    constexpr int ST = HD + 2;
+    float mx = MF_MINF;
+    for (int s = lane; s < n_live; s += 32) {
+        if (__ldcg(pr + (u64)s * ST + 1) > 0.0f) mx = fmaxf(mx, __ldcg(pr + (u64)s * ST));
+    }
+    mx = mf_warp_max(mx);
+    float l = 0.0f, acc[DPL];
+#pragma unroll
+    for (int c = 0; c < DPL; ++c) acc[c] = 0.0f;
+    for (int s0 = 0; s0 < n_live; s0 += 32) {
+        int s = s0 + lane;
+        float ls = s < n_live ? __ldcg(pr + (u64)s * ST + 1) : 0.0f;
+        float as = ls > 0.0f ? expf(__ldcg(pr + (u64)s * ST) - mx) : 0.0f;
+        int nb = min(32, n_live - s0);
+        for (int i0 = 0; i0 < nb; i0 += 8) {
+            float ov[8][DPL];
+#pragma unroll
+            for (int k = 0; k < 8; ++k)
+#pragma unroll
+                for (int c = 0; c < DPL; ++c)
+                    ov[k][c] = i0 + k < nb
+                                   ? __ldcg(pr + (u64)(s0 + i0 + k) * ST + 2 + lane + 32 * c)
+                                   : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                float a = __shfl_sync(0xffffffffu, as, (i0 + k) & 31);
+                float lk = __shfl_sync(0xffffffffu, ls, (i0 + k) & 31);
+                if (i0 + k < nb && lk > 0.0f) {
+                    l = __fmaf_rn(lk, a, l);
+#pragma unroll
+                    for (int c = 0; c < DPL; ++c) acc[c] = __fmaf_rn(ov[k][c], a, acc[c]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < DPL; ++c) orow[lane + 32 * c] = l > 0.0f ? __fdiv_rn(acc[c], l) : 0.0f;
+}
+
+// Dynamic shared memory: HD * QT * MF_AW_G floats of q, 4 * 32 * QT * MF_AW_G of p, 4 * 32
+// cells; the warps' merge reuses it (3 * (2 + HD) * QT * MF_AW_G floats).
+template <int QT, int DPL>
+__device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 *v,
+                                          const int *win, float *part, float *out, int *count,
+                                          u64 row_bytes, int n_head, int n_head_kv, int width,
+                                          float scale, int n_split, int ne1) {
+    constexpr int HD = 32 * DPL;
+    constexpr int QG = QT * MF_AW_G; // (query, head) slots of the block: qi * MF_AW_G + g
+    extern __shared__ float sh[];
+    float *qs = sh;           // [HD][QG]
+    float *ps = qs + HD * QG; // [warp][row][QG]
+    u32 *cs = (u32 *)(ps + 4 * 32 * QG);
+    MF_PDL_ENTRY();
+    const int G = n_head / n_head_kv;
+    const int hk = blockIdx.x, tq = blockIdx.y, sp = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t0 = tq * QT;
+    u32 len[QT];
+    u32 maxlen = 0;
+#pragma unroll
+    for (int i = 0; i < QT; ++i) {
+        len[i] = t0 + i < ne1 ? mf_win_len(win + (u64)(t0 + i) * width, width) : 0;
+        maxlen = max(maxlen, len[i]);
+    }
+    const int n_chunks = (int)((maxlen + MF_AW_CHUNK - 1) / MF_AW_CHUNK);
+    if (sp >= n_chunks) {
+        // Past every window of the group; with all of them empty, block 0 writes the zeros.
+        if (sp == 0) {
+            for (int e = tid; e < QT * G * HD; e += blockDim.x) {
+                int qi = e / (G * HD), r = e % (G * HD);
+                if (t0 + qi < ne1) out[((u64)(t0 + qi) * n_head + hk * G) * HD + r] = 0.0f;
+            }
+        }
+        return;
+    }
+    // The longest window gives the cells; a query whose window lists other cells for the
+    // rows they share runs in a pass of its own (queries of one sequence never do).
+    int longest = 0;
+#pragma unroll
+    for (int i = QT - 1; i >= 0; --i)
+        if (len[i] == maxlen) longest = i;
+    const int *wl = win + (u64)(t0 + longest) * width;
+    bool shared_cells = true;
+#pragma unroll
+    for (int i = 0; i < QT; ++i)
+        if (len[i] > 0 && !mf_win_prefix_eq(win + (u64)(t0 + i) * width, wl, width))
+            shared_cells = false;
+    for (int e = tid; e < QG * HD; e += blockDim.x) {
+        int slot = e / HD, d = e % HD;
+        int qi = slot / MF_AW_G, g = slot % MF_AW_G;
+        float x = 0.0f;
+        if (t0 + qi < ne1 && g < G) x = q[((u64)(t0 + qi) * n_head + hk * G + g) * HD + d];
+        qs[d * QG + slot] = x;
+    }
+    __syncthreads();
+    float o[QG][DPL], m[QG], l[QG];
+#pragma unroll
+    for (int i = 0; i < QG; ++i) {
+        m[i] = MF_MINF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < DPL; ++c) o[i][c] = 0.0f;
+    }
+    const u32 wlo = (u32)sp * MF_AW_CHUNK + (u32)warp * MF_AW_WARP_ROWS;
+    const u64 hoff = (u64)hk * HD * 2;
+    float *pw = ps + warp * 32 * QG;
+    u32 *cw = cs + warp * 32;
+    const int n_pass = shared_cells ? 1 : QT;
+    for (int pass = 0; pass < n_pass; ++pass) {
+    // One pass: every query (shared cells), or query `pass` alone (the others' rows all
+    // left out, which leaves their states exactly as they are).
+    u32 plen[QT], pmax = 0;
+#pragma unroll
+    for (int i = 0; i < QT; ++i) {
+        plen[i] = shared_cells || i == pass ? len[i] : 0;
+        pmax = max(pmax, plen[i]);
+    }
+    const int *w0 = shared_cells ? wl : win + (u64)(t0 + pass) * width;
+    const u32 whi = min(pmax, wlo + MF_AW_WARP_ROWS);
+    for (u32 j0 = wlo; j0 < whi; j0 += 32) {
+        const u32 j = j0 + lane;
+        const bool on = j < whi;
+        const u32 cell = on ? mf_win_cell(w0, width, j) : 0;
+        cw[lane] = cell;
+        // This lane's K row (the V loads below are independent of the scores, so they
+        // can be issued early too).
+        uint4 kr[HD / 8];
+        const uint4 *kp = (const uint4 *)(k + (u64)cell * row_bytes + hoff);
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) kr[i] = on ? kp[i] : make_uint4(0, 0, 0, 0);
+        __syncwarp();
+        const int nj = (int)min(32u, whi - j0);
+        float s[QG];
+#pragma unroll
+        for (int i = 0; i < QG; ++i) s[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) {
+            const u32 words[4] = {kr[i].x, kr[i].y, kr[i].z, kr[i].w};
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const float k0 = mf_h2f((u16)(words[c] & 0xffffu));
+                const float k1 = mf_h2f((u16)(words[c] >> 16));
+                const int d = i * 8 + 2 * c;
+                const float4 *q0 = (const float4 *)(qs + d * QG);
+                const float4 *q1 = (const float4 *)(qs + (d + 1) * QG);
+#pragma unroll
+                for (int s4 = 0; s4 < QG / 4; ++s4) {
+                    const float4 a = q0[s4], b = q1[s4];
+                    s[4 * s4 + 0] = __fmaf_rn(b.x, k1, __fmaf_rn(a.x, k0, s[4 * s4 + 0]));
+                    s[4 * s4 + 1] = __fmaf_rn(b.y, k1, __fmaf_rn(a.y, k0, s[4 * s4 + 1]));
+                    s[4 * s4 + 2] = __fmaf_rn(b.z, k1, __fmaf_rn(a.z, k0, s[4 * s4 + 2]));
+                    s[4 * s4 + 3] = __fmaf_rn(b.w, k1, __fmaf_rn(a.w, k0, s[4 * s4 + 3]));
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < QG; ++i) {
+            const int qi = i / MF_AW_G;
+            const float sv = j < plen[qi] ? __fmul_rn(s[i], scale) : MF_MINF;
+            const float mn = fmaxf(m[i], mf_warp_max(sv));
+            float alpha = 1.0f, p = 0.0f;
+            if (mn != MF_MINF) {
+                alpha = expf(m[i] - mn);
+                p = j < plen[qi] ? expf(sv - mn) : 0.0f;
+            }
+            l[i] = __fmaf_rn(l[i], alpha, mf_warp_add(p));
+            m[i] = mn;
+            pw[lane * QG + i] = p;
+#pragma unroll
+            for (int c = 0; c < DPL; ++c) o[i][c] = __fmul_rn(o[i][c], alpha);
+        }
+        __syncwarp();
+        // Rows in increasing order; a row past a query's window leaves its state alone
+        // (j0 + r < len implies r < nj).
+#pragma unroll
+        for (int r = 0; r < 32; ++r) {
+            const u32 *vp = (const u32 *)(v + (u64)cw[r] * row_bytes + hoff) + lane * (DPL / 2);
+            float vf[DPL];
+#pragma unroll
+            for (int c = 0; c < DPL / 2; ++c) {
+                const u32 word = r < nj ? vp[c] : 0u;
+                vf[2 * c] = mf_h2f((u16)(word & 0xffffu));
+                vf[2 * c + 1] = mf_h2f((u16)(word >> 16));
+            }
+            const float4 *pp = (const float4 *)(pw + r * QG);
+#pragma unroll
+            for (int s4 = 0; s4 < QG / 4; ++s4) {
+                const float4 p4 = pp[s4];
+                const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int i = 4 * s4 + u;
+                    if (j0 + r < plen[i / MF_AW_G]) {
+#pragma unroll
+                        for (int c = 0; c < DPL; ++c) o[i][c] = __fmaf_rn(pv[u], vf[c], o[i][c]);
+                    }
+                }
+            }
+        }
+        __syncwarp();
+    }
+    }
+    // The warps' states merge in warp order (warp 0 does it; lane L of every warp owns the
+    // same elements, d = lane * DPL + c).
+    __syncthreads();
+    float *mw = sh;                // [3][QG] m, then [3][QG] l, then [3][QG][HD] o
+    float *lw = mw + 3 * QG;
+    float *ow = lw + 3 * QG;
+    if (warp > 0) {
+#pragma unroll
+        for (int i = 0; i < QG; ++i) {
+            if (lane == 0) {
+                mw[(warp - 1) * QG + i] = m[i];
+                lw[(warp - 1) * QG + i] = l[i];
+            }
+#pragma unroll
+            for (int c = 0; c < DPL; ++c)
+                ow[((warp - 1) * QG + i) * HD + lane * DPL + c] = o[i][c];
+        }
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    const bool direct = n_chunks == 1;
+#pragma unroll
+    for (int i = 0; i < QG; ++i) {
+        const int qi = i / MF_AW_G, g = i % MF_AW_G;
+        if (t0 + qi >= ne1 || g >= G) continue;
+        float M = l[i] > 0.0f ? m[i] : MF_MINF;
+#pragma unroll
+        for (int w = 0; w < 3; ++w)
+            if (lw[w * QG + i] > 0.0f) M = fmaxf(M, mw[w * QG + i]);
+        float L = 0.0f, O[DPL];
+#pragma unroll
+        for (int c = 0; c < DPL; ++c) O[c] = 0.0f;
+        if (l[i] > 0.0f) {
+            const float a = expf(m[i] - M);
+            L = __fmaf_rn(l[i], a, L);
+#pragma unroll
+            for (int c = 0; c < DPL; ++c) O[c] = __fmaf_rn(o[i][c], a, O[c]);
+        }
+#pragma unroll
+        for (int w = 0; w < 3; ++w) {
+            const float lv = lw[w * QG + i];
+            if (lv > 0.0f) {
+                const float a = expf(mw[w * QG + i] - M);
+                L = __fmaf_rn(lv, a, L);
+#pragma unroll
+                for (int c = 0; c < DPL; ++c)
+                    O[c] = __fmaf_rn(ow[(w * QG + i) * HD + lane * DPL + c], a, O[c]);
+            }
+        }
+        const u64 row = (u64)(t0 + qi) * n_head + hk * G + g;
+        if (direct) {
+#pragma unroll
+            for (int c = 0; c < DPL; ++c)
+                out[row * HD + lane * DPL + c] = L > 0.0f ? __fdiv_rn(O[c], L) : 0.0f;
+        } else {
+            float *pr = part + (row * n_split + sp) * (HD + 2);
+            if (lane == 0) {
+                pr[0] = M;
+                pr[1] = L;
+            }
+#pragma unroll
+            for (int c = 0; c < DPL; ++c) pr[2 + lane * DPL + c] = O[c];
+        }
+    }
+    if (direct) return;
+    // The last of the group's n_chunks blocks merges the chunks.
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    int *cnt = count + (u64)tq * n_head_kv + hk;
+    if (lane == 0) last = atomicAdd(cnt, 1) == n_chunks - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    if (lane == 0) *cnt = 0; // ready for the next launch
+    __threadfence();
+    for (int i = 0; i < QG; ++i) {
+        const int qi = i / MF_AW_G, g = i % MF_AW_G;
+        if (t0 + qi >= ne1 || g >= G) continue;
+        const u64 row = (u64)(t0 + qi) * n_head + hk * G + g;
+        const int n_live = (int)((len[qi] + MF_AW_CHUNK - 1) / MF_AW_CHUNK);
+        mf_aw_combine<DPL>(part + row * n_split * (HD + 2), out + row * HD, n_live, lane);
+    }
+}
+
+#define MF_ATTN_W_KERNEL(NAME, QT, DPL)                                                          \
+    extern "C" __global__ void __launch_bounds__(128)                                           \
+        NAME(const float *q, const u8 *k, const u8 *v, const int *win, float *part, float *out, \
+             int *count, u64 row_bytes, int n_head, int n_head_kv, int width, float scale,      \
+             int n_split, int ne1) {                                                             \
+        mf_attn_w<QT, DPL>(q, k, v, win, part, out, count, row_bytes, n_head, n_head_kv, width, \
+                           scale, n_split, ne1);                                                 \
+    }
+
+MF_ATTN_W_KERNEL(mf_attn_w1_64, 1, 2)
+MF_ATTN_W_KERNEL(mf_attn_w2_64, 2, 2)
+MF_ATTN_W_KERNEL(mf_attn_w4_64, 4, 2)
+MF_ATTN_W_KERNEL(mf_attn_w1_128, 1, 4)
+MF_ATTN_W_KERNEL(mf_attn_w2_128, 2, 4)
