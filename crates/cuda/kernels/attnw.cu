@@ -2,24 +2,22 @@
 // per KV head: the kernel every query of such a model runs, one token or many (so a query's
 // bits never depend on what shares its forward). Block (kv head, group of QT queries, chunk
 // of MF_AW_CHUNK window rows), 4 warps; the group's queries share each K/V row the block
-// reads (the host groups only queries whose windows list the same cells in the same order,
-// so a longer window extends a shorter one).
+// reads when their windows list the same cells for the rows they share (one sequence's
+// queries do); otherwise each query runs in a pass of its own.
 //
 // A query's arithmetic, fixed by its q and its window alone:
 // - The window's logical rows are cut into chunks of MF_AW_CHUNK; warp w of a chunk takes its
-//   rows [64 w, 64 w + 64), in two tiles of 32 (lane = row for the scores).
-// - Per tile and query head: s_j = (sum over d in order of q_d k_jd, explicit fma) * scale;
-//   the tile's max m_t (order-free); m' = max(m, m_t); alpha = exp(m - m'); p_j = exp(s_j - m');
-//   l' = fma(l, alpha, the butterfly sum of the p_j); o'_d = o_d alpha, then fma(p_j, v_jd, .)
-//   over the tile's rows in increasing j. Rows past a query's window are left out (p = 0, no
-//   fma), so a tile that holds none of its rows leaves (m, l, o) exactly as it was.
-// - The four warps' states merge in warp order: M = max over the warps holding rows,
-//   L and O folded with fma by a = exp(m_w - M) (the combine's formula); then the chunks
-//   merge the same way in chunk order (by the block that finishes last: an atomic count per
-//   group), out = O / L. A window within one chunk is written as O / L directly: the same bits
-//   (its merge weights are exp(0) = 1).
-#define MF_AW_CHUNK 256
-#define MF_AW_WARP_ROWS 64
+//   32 rows [32 w, 32 w + 32) (lane = row for the scores).
+// - Per warp and query head: s_j = (e + o) * scale, where e and o are the dot products over
+//   the even and the odd d of q_d k_jd, each an fma chain in increasing d; m = max s_j
+//   (order-free); p_j = exp(s_j - m); l = the butterfly sum of the p_j; o_d = the fma chain of
+//   p_j v_jd over j in increasing order from 0. Rows past a query's window are left out.
+// - The four warps' states merge in warp order: M = max over the warps holding rows, then L
+//   and O folded with fma by a = exp(m_w - M) (the combine's formula); then the chunks merge
+//   the same way in chunk order (by the block that finishes last: an atomic count per
+//   group), out = O / L. A window within one chunk is written as O / L directly: the same
+//   bits (its merge weights are exp(0) = 1).
+#define MF_AW_CHUNK 128
 #define MF_AW_G 8
 
 __device__ __forceinline__ float mf_warp_max(float v) {
@@ -77,17 +75,17 @@ __device__ __forceinline__ void mf_aw_combine(const float *pr, float *orow, int 
         float ls = s < n_live ? __ldcg(pr + (u64)s * ST + 1) : 0.0f;
         float as = ls > 0.0f ? expf(__ldcg(pr + (u64)s * ST) - mx) : 0.0f;
         int nb = min(32, n_live - s0);
-        for (int i0 = 0; i0 < nb; i0 += 8) {
-            float ov[8][DPL];
+        for (int i0 = 0; i0 < nb; i0 += 16) {
+            float ov[16][DPL];
 #pragma unroll
-            for (int k = 0; k < 8; ++k)
+            for (int k = 0; k < 16; ++k)
 #pragma unroll
                 for (int c = 0; c < DPL; ++c)
                     ov[k][c] = i0 + k < nb
                                    ? __ldcg(pr + (u64)(s0 + i0 + k) * ST + 2 + lane + 32 * c)
                                    : 0.0f;
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {
+            for (int k = 0; k < 16; ++k) {
                 float a = __shfl_sync(0xffffffffu, as, (i0 + k) & 31);
                 float lk = __shfl_sync(0xffffffffu, ls, (i0 + k) & 31);
                 if (i0 + k < nb && lk > 0.0f) {
@@ -115,6 +113,7 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
     float *qs = sh;           // [HD][QG]
     float *ps = qs + HD * QG; // [warp][row][QG]
     u32 *cs = (u32 *)(ps + 4 * 32 * QG);
+    __shared__ int is_last;
     MF_PDL_ENTRY();
     const int G = n_head / n_head_kv;
     const int hk = blockIdx.x, tq = blockIdx.y, sp = blockIdx.z;
@@ -136,6 +135,7 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
                 if (t0 + qi < ne1) out[((u64)(t0 + qi) * n_head + hk * G) * HD + r] = 0.0f;
             }
         }
+        MF_PDL_TRIGGER();
         return;
     }
     // The longest window gives the cells; a query whose window lists other cells for the
@@ -166,38 +166,44 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
 #pragma unroll
         for (int c = 0; c < DPL; ++c) o[i][c] = 0.0f;
     }
-    const u32 wlo = (u32)sp * MF_AW_CHUNK + (u32)warp * MF_AW_WARP_ROWS;
+    const u32 j0 = (u32)sp * MF_AW_CHUNK + (u32)warp * 32; // this warp's rows
+    const u32 j = j0 + lane;
     const u64 hoff = (u64)hk * HD * 2;
     float *pw = ps + warp * 32 * QG;
     u32 *cw = cs + warp * 32;
     const int n_pass = shared_cells ? 1 : QT;
     for (int pass = 0; pass < n_pass; ++pass) {
-    // One pass: every query (shared cells), or query `pass` alone (the others' rows all
-    // left out, which leaves their states exactly as they are).
-    u32 plen[QT], pmax = 0;
+        // One pass: every query (shared cells), or query `pass` alone (the others' rows all
+        // left out, which leaves their states exactly as they are).
+        u32 plen[QT], pmax = 0;
 #pragma unroll
-    for (int i = 0; i < QT; ++i) {
-        plen[i] = shared_cells || i == pass ? len[i] : 0;
-        pmax = max(pmax, plen[i]);
-    }
-    const int *w0 = shared_cells ? wl : win + (u64)(t0 + pass) * width;
-    const u32 whi = min(pmax, wlo + MF_AW_WARP_ROWS);
-    for (u32 j0 = wlo; j0 < whi; j0 += 32) {
-        const u32 j = j0 + lane;
-        const bool on = j < whi;
+        for (int i = 0; i < QT; ++i) {
+            plen[i] = shared_cells || i == pass ? len[i] : 0;
+            pmax = max(pmax, plen[i]);
+        }
+        if (j0 >= pmax) continue; // uniform over the warp
+        const int *w0 = shared_cells ? wl : win + (u64)(t0 + pass) * width;
+        const bool on = j < pmax;
         const u32 cell = on ? mf_win_cell(w0, width, j) : 0;
         cw[lane] = cell;
-        // This lane's K row (the V loads below are independent of the scores, so they
-        // can be issued early too).
+        // This lane's K row and the V elements of this lane in every row: every load issued
+        // before any arithmetic (one memory round trip a tile).
         uint4 kr[HD / 8];
         const uint4 *kp = (const uint4 *)(k + (u64)cell * row_bytes + hoff);
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) kr[i] = on ? kp[i] : make_uint4(0, 0, 0, 0);
         __syncwarp();
-        const int nj = (int)min(32u, whi - j0);
-        float s[QG];
+        const int nj = (int)min(32u, pmax - j0);
+        u32 vr[32][DPL / 2];
 #pragma unroll
-        for (int i = 0; i < QG; ++i) s[i] = 0.0f;
+        for (int r = 0; r < 32; ++r) {
+            const u32 *vp = (const u32 *)(v + (u64)cw[r] * row_bytes + hoff) + lane * (DPL / 2);
+#pragma unroll
+            for (int c = 0; c < DPL / 2; ++c) vr[r][c] = r < nj ? vp[c] : 0u;
+        }
+        float se[QG], so[QG];
+#pragma unroll
+        for (int i = 0; i < QG; ++i) se[i] = so[i] = 0.0f;
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) {
             const u32 words[4] = {kr[i].x, kr[i].y, kr[i].z, kr[i].w};
@@ -211,41 +217,38 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
 #pragma unroll
                 for (int s4 = 0; s4 < QG / 4; ++s4) {
                     const float4 a = q0[s4], b = q1[s4];
-                    s[4 * s4 + 0] = __fmaf_rn(b.x, k1, __fmaf_rn(a.x, k0, s[4 * s4 + 0]));
-                    s[4 * s4 + 1] = __fmaf_rn(b.y, k1, __fmaf_rn(a.y, k0, s[4 * s4 + 1]));
-                    s[4 * s4 + 2] = __fmaf_rn(b.z, k1, __fmaf_rn(a.z, k0, s[4 * s4 + 2]));
-                    s[4 * s4 + 3] = __fmaf_rn(b.w, k1, __fmaf_rn(a.w, k0, s[4 * s4 + 3]));
+                    se[4 * s4 + 0] = __fmaf_rn(a.x, k0, se[4 * s4 + 0]);
+                    se[4 * s4 + 1] = __fmaf_rn(a.y, k0, se[4 * s4 + 1]);
+                    se[4 * s4 + 2] = __fmaf_rn(a.z, k0, se[4 * s4 + 2]);
+                    se[4 * s4 + 3] = __fmaf_rn(a.w, k0, se[4 * s4 + 3]);
+                    so[4 * s4 + 0] = __fmaf_rn(b.x, k1, so[4 * s4 + 0]);
+                    so[4 * s4 + 1] = __fmaf_rn(b.y, k1, so[4 * s4 + 1]);
+                    so[4 * s4 + 2] = __fmaf_rn(b.z, k1, so[4 * s4 + 2]);
+                    so[4 * s4 + 3] = __fmaf_rn(b.w, k1, so[4 * s4 + 3]);
                 }
             }
         }
 #pragma unroll
         for (int i = 0; i < QG; ++i) {
-            const int qi = i / MF_AW_G;
-            const float sv = j < plen[qi] ? __fmul_rn(s[i], scale) : MF_MINF;
-            const float mn = fmaxf(m[i], mf_warp_max(sv));
-            float alpha = 1.0f, p = 0.0f;
-            if (mn != MF_MINF) {
-                alpha = expf(m[i] - mn);
-                p = j < plen[qi] ? expf(sv - mn) : 0.0f;
-            }
-            l[i] = __fmaf_rn(l[i], alpha, mf_warp_add(p));
-            m[i] = mn;
+            const bool in = j < plen[i / MF_AW_G];
+            const float sv = in ? __fmul_rn(__fadd_rn(se[i], so[i]), scale) : MF_MINF;
+            const float mt = mf_warp_max(sv);
+            const float p = in ? expf(sv - mt) : 0.0f;
+            const float lt = mf_warp_add(p);
             pw[lane * QG + i] = p;
-#pragma unroll
-            for (int c = 0; c < DPL; ++c) o[i][c] = __fmul_rn(o[i][c], alpha);
+            if (mt != MF_MINF) { // this pass holds rows of the slot (at most one pass does)
+                m[i] = mt;
+                l[i] = lt;
+            }
         }
         __syncwarp();
-        // Rows in increasing order; a row past a query's window leaves its state alone
-        // (j0 + r < len implies r < nj).
 #pragma unroll
         for (int r = 0; r < 32; ++r) {
-            const u32 *vp = (const u32 *)(v + (u64)cw[r] * row_bytes + hoff) + lane * (DPL / 2);
             float vf[DPL];
 #pragma unroll
             for (int c = 0; c < DPL / 2; ++c) {
-                const u32 word = r < nj ? vp[c] : 0u;
-                vf[2 * c] = mf_h2f((u16)(word & 0xffffu));
-                vf[2 * c + 1] = mf_h2f((u16)(word >> 16));
+                vf[2 * c] = mf_h2f((u16)(vr[r][c] & 0xffffu));
+                vf[2 * c + 1] = mf_h2f((u16)(vr[r][c] >> 16));
             }
             const float4 *pp = (const float4 *)(pw + r * QG);
 #pragma unroll
@@ -264,11 +267,11 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
         }
         __syncwarp();
     }
-    }
+    MF_PDL_TRIGGER();
     // The warps' states merge in warp order (warp 0 does it; lane L of every warp owns the
     // same elements, d = lane * DPL + c).
     __syncthreads();
-    float *mw = sh;                // [3][QG] m, then [3][QG] l, then [3][QG][HD] o
+    float *mw = sh; // [3][QG] m, then [3][QG] l, then [3][QG][HD] o
     float *lw = mw + 3 * QG;
     float *ow = lw + 3 * QG;
     if (warp > 0) {
@@ -284,67 +287,74 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
         }
     }
     __syncthreads();
-    if (warp > 0) return;
     const bool direct = n_chunks == 1;
+    if (warp == 0) {
 #pragma unroll
-    for (int i = 0; i < QG; ++i) {
-        const int qi = i / MF_AW_G, g = i % MF_AW_G;
-        if (t0 + qi >= ne1 || g >= G) continue;
-        float M = l[i] > 0.0f ? m[i] : MF_MINF;
+        for (int i = 0; i < QG; ++i) {
+            const int qi = i / MF_AW_G, g = i % MF_AW_G;
+            if (t0 + qi >= ne1 || g >= G) continue;
+            float M = l[i] > 0.0f ? m[i] : MF_MINF;
 #pragma unroll
-        for (int w = 0; w < 3; ++w)
-            if (lw[w * QG + i] > 0.0f) M = fmaxf(M, mw[w * QG + i]);
-        float L = 0.0f, O[DPL];
+            for (int w = 0; w < 3; ++w)
+                if (lw[w * QG + i] > 0.0f) M = fmaxf(M, mw[w * QG + i]);
+            float L = 0.0f, O[DPL];
 #pragma unroll
-        for (int c = 0; c < DPL; ++c) O[c] = 0.0f;
-        if (l[i] > 0.0f) {
-            const float a = expf(m[i] - M);
-            L = __fmaf_rn(l[i], a, L);
+            for (int c = 0; c < DPL; ++c) O[c] = 0.0f;
+            if (l[i] > 0.0f) {
+                const float a = expf(m[i] - M);
+                L = __fmaf_rn(l[i], a, L);
 #pragma unroll
-            for (int c = 0; c < DPL; ++c) O[c] = __fmaf_rn(o[i][c], a, O[c]);
-        }
+                for (int c = 0; c < DPL; ++c) O[c] = __fmaf_rn(o[i][c], a, O[c]);
+            }
 #pragma unroll
-        for (int w = 0; w < 3; ++w) {
-            const float lv = lw[w * QG + i];
-            if (lv > 0.0f) {
-                const float a = expf(mw[w * QG + i] - M);
-                L = __fmaf_rn(lv, a, L);
+            for (int w = 0; w < 3; ++w) {
+                const float lv = lw[w * QG + i];
+                if (lv > 0.0f) {
+                    const float a = expf(mw[w * QG + i] - M);
+                    L = __fmaf_rn(lv, a, L);
+#pragma unroll
+                    for (int c = 0; c < DPL; ++c)
+                        O[c] = __fmaf_rn(ow[(w * QG + i) * HD + lane * DPL + c], a, O[c]);
+                }
+            }
+            const u64 row = (u64)(t0 + qi) * n_head + hk * G + g;
+            if (direct) {
 #pragma unroll
                 for (int c = 0; c < DPL; ++c)
-                    O[c] = __fmaf_rn(ow[(w * QG + i) * HD + lane * DPL + c], a, O[c]);
+                    out[row * HD + lane * DPL + c] = L > 0.0f ? __fdiv_rn(O[c], L) : 0.0f;
+            } else {
+                float *pr = part + (row * n_split + sp) * (HD + 2);
+                if (lane == 0) {
+                    pr[0] = M;
+                    pr[1] = L;
+                }
+#pragma unroll
+                for (int c = 0; c < DPL; ++c) pr[2 + lane * DPL + c] = O[c];
             }
         }
-        const u64 row = (u64)(t0 + qi) * n_head + hk * G + g;
-        if (direct) {
-#pragma unroll
-            for (int c = 0; c < DPL; ++c)
-                out[row * HD + lane * DPL + c] = L > 0.0f ? __fdiv_rn(O[c], L) : 0.0f;
-        } else {
-            float *pr = part + (row * n_split + sp) * (HD + 2);
-            if (lane == 0) {
-                pr[0] = M;
-                pr[1] = L;
-            }
-#pragma unroll
-            for (int c = 0; c < DPL; ++c) pr[2 + lane * DPL + c] = O[c];
+        if (!direct) {
+            // Count this chunk done; the group's last merges the chunks.
+            __threadfence();
+            __syncwarp();
+            if (lane == 0)
+                is_last = atomicAdd(count + (u64)tq * n_head_kv + hk, 1) == n_chunks - 1;
         }
     }
     if (direct) return;
-    // The last of the group's n_chunks blocks merges the chunks.
+    __syncthreads();
+    if (!is_last) return;
+    if (tid == 0) count[(u64)tq * n_head_kv + hk] = 0; // ready for the next launch
     __threadfence();
-    __syncwarp();
-    int last = 0;
-    int *cnt = count + (u64)tq * n_head_kv + hk;
-    if (lane == 0) last = atomicAdd(cnt, 1) == n_chunks - 1;
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (!last) return;
-    if (lane == 0) *cnt = 0; // ready for the next launch
-    __threadfence();
-    for (int i = 0; i < QG; ++i) {
+    // The merge of the chunks: the warps take the slots in turn.
+    for (int i = warp; i < QG; i += 4) {
         const int qi = i / MF_AW_G, g = i % MF_AW_G;
         if (t0 + qi >= ne1 || g >= G) continue;
+        u32 lq = 0;
+#pragma unroll
+        for (int k2 = 0; k2 < QT; ++k2)
+            if (k2 == qi) lq = len[k2];
         const u64 row = (u64)(t0 + qi) * n_head + hk * G + g;
-        const int n_live = (int)((len[qi] + MF_AW_CHUNK - 1) / MF_AW_CHUNK);
+        const int n_live = (int)((lq + MF_AW_CHUNK - 1) / MF_AW_CHUNK);
         mf_aw_combine<DPL>(part + row * n_split * (HD + 2), out + row * HD, n_live, lane);
     }
 }
@@ -360,6 +370,4 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
 
 MF_ATTN_W_KERNEL(mf_attn_w1_64, 1, 2)
 MF_ATTN_W_KERNEL(mf_attn_w2_64, 2, 2)
-MF_ATTN_W_KERNEL(mf_attn_w4_64, 4, 2)
 MF_ATTN_W_KERNEL(mf_attn_w1_128, 1, 4)
-MF_ATTN_W_KERNEL(mf_attn_w2_128, 2, 4)

@@ -21,9 +21,14 @@ typedef unsigned long long u64;
 // Programmatic dependent launch (sm_90 on; crates/cuda/src/device.rs launches every kernel
 // so when it can): `mf_pdl_launch` lets the next kernel on the stream be scheduled now, and
 // `mf_pdl_wait` blocks until the kernel before this one has finished and its writes are
-// visible. Every kernel calls both before it reads or writes memory another kernel touches;
-// only reads of constant data (weights, prefetches) may come before the wait. Without the
-// launch attribute both are no-ops.
+// visible. Every kernel waits before it reads or writes memory another kernel touches; only
+// reads of constant data (weight prefetches) may come before the wait. Where the next
+// kernel may start is a scheduling choice only: at the entry (MF_PDL_EARLY, the host's
+// `MINFER_CUDA_PDL=early`) or once the main loop is done (MF_PDL_TRIGGER; kernels without one
+// let it start when they exit). Without the launch attribute all of it is a no-op.
+#ifndef MF_PDL_EARLY
+#define MF_PDL_EARLY 0
+#endif
 __device__ __forceinline__ void mf_pdl_launch() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -34,11 +39,14 @@ __device__ __forceinline__ void mf_pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// Both at a kernel's start.
 #define MF_PDL_ENTRY()                                                                           \
     do {                                                                                         \
-        mf_pdl_launch();                                                                         \
+        if (MF_PDL_EARLY) mf_pdl_launch();                                                       \
         mf_pdl_wait();                                                                           \
+    } while (0)
+#define MF_PDL_TRIGGER()                                                                         \
+    do {                                                                                         \
+        if (!MF_PDL_EARLY) mf_pdl_launch();                                                      \
     } while (0)
 
 __device__ __forceinline__ float mf_h2f(u16 h) {

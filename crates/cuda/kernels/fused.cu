@@ -31,6 +31,7 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
     MF_PDL_ENTRY();
     mf_q8_shared(x, ne0, xq, xds, gain, eps);
     float s = mf_row1_any(ty, w + (u64)r * rb, xq, xds, ne0 >> 5);
+    MF_PDL_TRIGGER();
     if ((threadIdx.x & 31) == 0) {
         if (bias) s = __fadd_rn(s, bias[r]);
         row[o] = s;

@@ -222,6 +222,7 @@ __device__ void mf_mmvq(const u8 *w, u64 row_bytes, const signed char *xq, const
             }
         }
     }
+    MF_PDL_TRIGGER();
 #pragma unroll
     for (int k = 0; k < MF_MV_T; ++k) {
         if (k >= kt) break; // uniform over the block

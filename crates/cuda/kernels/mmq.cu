@@ -200,6 +200,7 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
         }
 #undef MF_MQ_EACH
     }
+    MF_PDL_TRIGGER();
 
 #pragma unroll
     for (int m = 0; m < MT; ++m)

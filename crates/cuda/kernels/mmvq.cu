@@ -42,6 +42,7 @@ extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const fl
     MF_PDL_ENTRY(); // the weights were constant before the kernel before this one ran
     mf_q8_shared(x, ne0, xq, xds, nullptr, 0.0f);
     float s = mf_row1_any(ty, w + (u64)(live ? o : 0) * row_bytes, xq, xds, ne0 >> 5);
+    MF_PDL_TRIGGER();
     if ((threadIdx.x & 31) == 0 && live) {
         if (bias) s = __fadd_rn(s, bias[o]);
         if (res) s = __fadd_rn(s, res[o]);
@@ -69,5 +70,6 @@ extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, 
     mf_q8_shared(x, ne0, xq, xds, gain, eps);
     float g = mf_row1_any(tyg, wg + oo * rbg, xq, xds, ne0 >> 5);
     float u = mf_row1_any(tyu, wu + oo * rbu, xq, xds, ne0 >> 5);
+    MF_PDL_TRIGGER();
     if ((threadIdx.x & 31) == 0 && live) y[o] = g / (1.0f + expf(-g)) * u;
 }

@@ -9,7 +9,7 @@ use crate::backend::{CudaBackend, Scratch};
 use crate::device::{Arg, DResult};
 
 /// Window rows per chunk (kernels/attnw.cu `MF_AW_CHUNK`).
-const CHUNK: usize = 256;
+const CHUNK: usize = 128;
 /// Query heads per KV head the kernels hold (`MF_AW_G`).
 pub(crate) const MAX_GROUP: usize = 8;
 
@@ -33,19 +33,12 @@ impl CudaBackend {
         // which the kernels would run in passes of their own. The grouping never changes a
         // result.
         let cap = if ne1 > 16 { self.attn_warp_qt } else { 1 };
-        let qt = if ne1 >= 4 && cap >= 4 {
-            4
-        } else if ne1 >= 2 && cap >= 2 {
-            2
-        } else {
-            1
-        };
+        let qt = if ne1 >= 2 && cap >= 2 { 2 } else { 1 };
         match (head_dim, qt) {
             (64, 1) => Some(("mf_attn_w1_64", 1)),
-            (64, 2) => Some(("mf_attn_w2_64", 2)),
-            (64, _) => Some(("mf_attn_w4_64", 4)),
-            (128, 1) => Some(("mf_attn_w1_128", 1)),
-            (128, _) => Some(("mf_attn_w2_128", 2)),
+            (64, _) => Some(("mf_attn_w2_64", 2)),
+            // Two queries a block would spill registers at head dim 128.
+            (128, _) => Some(("mf_attn_w1_128", 1)),
             _ => None,
         }
     }

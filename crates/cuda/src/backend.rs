@@ -84,14 +84,13 @@ pub(crate) struct Pool {
 /// `MINFER_CUDA_ATTN`: (one block per query, the warp-tiled kernels' most queries a block).
 fn attention_choice(v: &str) -> Result<(bool, usize), String> {
     Ok(match v {
-        "" | "w4" => (false, 4),
+        "" | "w2" => (false, 2),
         "single" => (true, 0),
         "split" => (false, 0),
         "w1" => (false, 1),
-        "w2" => (false, 2),
         other => {
             return Err(format!(
-                "MINFER_CUDA_ATTN={other}: want single, split, w1, w2 or w4"
+                "MINFER_CUDA_ATTN={other}: want single, split, w1 or w2"
             ))
         }
     })
@@ -122,7 +121,7 @@ pub struct CudaBackend {
     pub(crate) attn_single: bool,
     /// Most queries per block of the warp-tiled attention (kernels/attnw.cu; f16 KV, head
     /// dim 64 or 128, at most 8 query heads per KV head): 0 turns it off for the split-K
-    /// kernels (`MINFER_CUDA_ATTN=split`); `MINFER_CUDA_ATTN=w1|w2|w4` caps it (the bits do
+    /// kernels (`MINFER_CUDA_ATTN=split`); `MINFER_CUDA_ATTN=w1|w2` caps it (the bits do
     /// not depend on it).
     pub(crate) attn_warp_qt: usize,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
@@ -199,7 +198,7 @@ impl CudaBackend {
     }
 
     /// Picks the attention kernels as `MINFER_CUDA_ATTN` does (`""` the default, `single`,
-    /// `split`, `w1`, `w2`, `w4`): the gates compare the choices on one backend.
+    /// `split`, `w1`, `w2`): the gates compare the choices on one backend.
     pub fn set_attention(&mut self, choice: &str) -> Result<(), String> {
         (self.attn_single, self.attn_warp_qt) = attention_choice(choice)?;
         Ok(())

@@ -47,9 +47,7 @@ pub const KERNELS: &[&str] = &[
     "mf_attn_combine",
     "mf_attn_w1_64",
     "mf_attn_w2_64",
-    "mf_attn_w4_64",
     "mf_attn_w1_128",
-    "mf_attn_w2_128",
     "mf_quantize_q8",
     "mf_mmvq_q8_0",
     "mf_mmvq_q4_0",
@@ -231,6 +229,8 @@ pub struct Gpu {
     pub pdl: bool,
     /// Every allocation made (pointer, bytes), freed at drop.
     allocs: Vec<(u64, usize)>,
+    /// Page-locked staging for large reads (grown to a power of two, kept).
+    staging: RefCell<Option<Pinned>>,
 }
 
 impl Gpu {
@@ -248,8 +248,17 @@ impl Gpu {
             .compute_capability()
             .map_err(|e| drv("compute capability", e))?;
         let arch = format!("sm_{ma}{mi}");
-        // Programmatic dependent launch (sm_90 on); `MINFER_CUDA_PDL=0` launches plainly.
-        let pdl = ma >= 9 && std::env::var("MINFER_CUDA_PDL").as_deref() != Ok("0");
+        // Programmatic dependent launch (sm_90 on): the next kernel may start once this one's
+        // main loop is done (`late`, the default), at its entry (`early`), or never before it
+        // ends (`MINFER_CUDA_PDL=0`: plain launches).
+        let pdl_env = std::env::var("MINFER_CUDA_PDL").unwrap_or_default();
+        let early = match pdl_env.as_str() {
+            "" | "late" => false,
+            "early" => true,
+            "0" => false,
+            other => return Err(format!("MINFER_CUDA_PDL={other}: want 0, early or late")),
+        };
+        let pdl = ma >= 9 && pdl_env != "0";
         let total_mem = ctx.total_mem().map_err(|e| drv("cuDeviceTotalMem", e))?;
         let src = match std::env::var_os("MINFER_CUDA_KERNEL_DIR") {
             Some(dir) => {
@@ -261,6 +270,11 @@ impl Gpu {
                 program_from(&dir)?
             }
             None => program(),
+        };
+        let src = if early {
+            format!("#define MF_PDL_EARLY 1\n{src}")
+        } else {
+            src
         };
         let path = cache_path(&src, &arch);
         let cached_ptx = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
@@ -300,6 +314,7 @@ impl Gpu {
             cached,
             pdl,
             allocs: Vec::new(),
+            staging: RefCell::new(None),
         })
     }
 
@@ -354,9 +369,37 @@ impl Gpu {
         }
         self.flush_record()?;
         self.bind()?;
-        unsafe { result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
+        if out.len() < PINNED_FROM {
+            unsafe { result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
+                .map_err(|e| drv("cuMemcpyDtoHAsync", e))?;
+            return self.sync();
+        }
+        // Large reads (logits) through page-locked staging: the copy runs at the link's
+        // speed instead of through the driver's bounce buffers.
+        let mut staging = self.staging.borrow_mut();
+        if staging.as_ref().is_none_or(|s| s.len < out.len()) {
+            if let Some(old) = staging.take() {
+                unsafe {
+                    let _ = result::free_host(old.ptr as *mut std::ffi::c_void);
+                }
+            }
+            let len = out.len().next_power_of_two();
+            let p = unsafe { result::malloc_host(len, 0) }
+                .map_err(|e| drv(&format!("cuMemHostAlloc of {len} bytes"), e))?;
+            *staging = Some(Pinned {
+                ptr: p as *mut u8,
+                len,
+            });
+        }
+        let st = staging.as_ref().expect("staging allocated above");
+        // SAFETY: the staging block holds at least out.len() bytes and only this call uses
+        // it (the RefCell borrow), until the stream has finished the copy below.
+        let dst = unsafe { std::slice::from_raw_parts_mut(st.ptr, out.len()) };
+        unsafe { result::memcpy_dtoh_async(dst, ptr, self.stream.cu_stream()) }
             .map_err(|e| drv("cuMemcpyDtoHAsync", e))?;
-        self.sync()
+        self.sync()?;
+        out.copy_from_slice(dst);
+        Ok(())
     }
 
     pub fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> DResult<()> {
@@ -586,6 +629,19 @@ pub struct Launch {
     pub args: Vec<Arg>,
 }
 
+/// Reads of at least this many bytes go through the page-locked staging block.
+const PINNED_FROM: usize = 64 * 1024;
+
+/// A page-locked host block (cuMemHostAlloc), freed at drop.
+struct Pinned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the block is plain host memory owned by one Gpu; it moves with the Gpu between
+// threads and is only touched through `&self` methods that hold its RefCell borrow.
+unsafe impl Send for Pinned {}
+
 /// Dynamic shared memory a launch may ask for without opting in per kernel (CUDA's default
 /// per-block limit).
 pub const MAX_SHARED: u32 = 48 * 1024;
@@ -620,6 +676,11 @@ impl PartialEq for Arg {
 impl Drop for Gpu {
     fn drop(&mut self) {
         let _ = self.sync();
+        if let Some(st) = self.staging.get_mut().take() {
+            unsafe {
+                let _ = result::free_host(st.ptr as *mut std::ffi::c_void);
+            }
+        }
         for &(p, _) in &self.allocs {
             unsafe {
                 let _ = result::free_sync(p);
