@@ -372,8 +372,8 @@ impl CudaBackend {
                 let group = n_head / n_head_kv;
                 if let Some((kernel, qt)) = self.attn_warp(*cache_type, *head_dim, group, ne1) {
                     return self.attn_warp_launch(
-                        kernel, qt, q, k, v, win, out, row_bytes, *n_head, *n_head_kv,
-                        *head_dim, width, *scale, ne1, n_cells, max_len,
+                        kernel, qt, q, k, v, win, out, row_bytes, *n_head, *n_head_kv, *head_dim,
+                        width, *scale, ne1, n_cells, max_len,
                     );
                 }
                 // Chunks over the region's cells for small batches (a fixed grid for a

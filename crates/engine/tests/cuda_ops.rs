@@ -408,7 +408,11 @@ fn attention_f64(
                 .iter()
                 .map(|&c| {
                     let kr = &kx[c * row + hk * hd..][..hd];
-                    qr.iter().zip(kr).map(|(&a, &b)| a as f64 * f16r(b)).sum::<f64>() * scale
+                    qr.iter()
+                        .zip(kr)
+                        .map(|(&a, &b)| a as f64 * f16r(b))
+                        .sum::<f64>()
+                        * scale
                 })
                 .collect();
             let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -509,9 +513,9 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class() {
                     .count()
             };
             let rel = |a: &[f32]| {
-                a.iter()
-                    .zip(&want)
-                    .fold(0f64, |m, (&x, &y)| m.max((x as f64 - y).abs() / y.abs().max(1.0)))
+                a.iter().zip(&want).fold(0f64, |m, (&x, &y)| {
+                    m.max((x as f64 - y).abs() / y.abs().max(1.0))
+                })
             };
             let (d_alone, d_w1, d_split) = (
                 bits(&batched, &alone),
@@ -527,7 +531,10 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class() {
             );
             assert_eq!(d_alone, 0, "{shape:?} {what}: batched vs alone");
             assert_eq!(d_w1, 0, "{shape:?} {what}: grouped vs one query a block");
-            assert!(d_split > 0, "{shape:?} {what}: control: split-K gave the same bits");
+            assert!(
+                d_split > 0,
+                "{shape:?} {what}: control: split-K gave the same bits"
+            );
             assert!(r_warp <= 1e-5, "{shape:?} {what}: warp-tiled vs f64");
             assert!(r_split <= 1e-5, "{shape:?} {what}: split-K vs f64");
             assert!(r_cpu <= 1e-2, "{shape:?} {what}: CPU vs f64");
