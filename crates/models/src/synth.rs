@@ -383,9 +383,9 @@ pub fn write_synth(
 }
 
 /// Streams the model to `path` (via `<path>.partial`, renamed when complete), encoding rows
-/// on `threads` threads and holding a few MB of weights per thread at a time; the bytes are
-/// the same for every thread count. `progress(done_bytes, total_bytes)` is called after each
-/// piece of rows (about 1 MiB) written.
+/// on `threads` threads and holding at most two pieces of rows (about 256 KiB each) per
+/// thread at a time; the bytes are the same for every thread count.
+/// `progress(done_bytes, total_bytes)` is called after each piece written.
 pub fn write_synth_threads(
     spec: &SynthSpec,
     path: &Path,
