@@ -2,9 +2,12 @@
 //! random weights, for tests and benchmarks of shapes we have no real file for.
 //!
 //! The file is planned first (metadata + tensor entries), then each tensor's bytes are
-//! produced row by row from a per-tensor seed. [`synthesize`] materializes everything (small
-//! models, tests); [`write_synth`] streams straight to disk (7B-class files).
+//! produced row by row from a per-tensor seed, pieces of rows encoded on several threads and
+//! written in order (the bytes do not depend on the thread count). [`synthesize`]
+//! materializes everything (small models, tests); [`write_synth`] streams straight to disk
+//! (7B-class files).
 
+mod parallel;
 mod tokenizer;
 mod weights;
 
@@ -14,6 +17,7 @@ pub use weights::{tensor_seed, Fill, Rng};
 use crate::arch::{names, names::Layer, Arch};
 use crate::error::{Error, Result};
 use minfer_gguf::{GgmlType, GgufWriter, Metadata, TensorPlan, Value};
+use std::num::NonZeroUsize;
 use std::path::Path;
 
 /// Everything that determines a synthesized file. Two equal specs give identical bytes.
@@ -179,20 +183,21 @@ impl SynthPlan {
             .sum()
     }
 
-    /// Writes tensor `i`'s bytes.
-    fn produce(&self, i: usize, out: &mut dyn std::io::Write) -> Result<()> {
+    /// Writes tensor `i`'s bytes on `threads` threads, calling `progress(bytes)` as pieces
+    /// of it are written.
+    fn produce(
+        &self,
+        i: usize,
+        threads: NonZeroUsize,
+        out: &mut dyn std::io::Write,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<()> {
         let t = &self.tensors[i];
         let row_len = t.plan.dims[0] as usize;
         let rows = t.plan.dims[1..].iter().product::<u64>() as usize;
-        weights::write_tensor(
-            &t.plan.name,
-            t.plan.ty,
-            row_len,
-            rows,
-            t.fill,
-            self.seed,
-            out,
-        )
+        let rows =
+            weights::TensorRows::new(&t.plan.name, t.plan.ty, row_len, rows, t.fill, self.seed)?;
+        weights::write_tensor(&rows, threads, out, progress)
     }
 }
 
@@ -344,24 +349,47 @@ fn matrix_type(spec: &SynthSpec, name: &str, row_len: u64) -> Result<GgmlType> {
     Ok(ty)
 }
 
-/// The whole model in memory. Fine up to a few hundred MB; use [`write_synth`] beyond.
+/// Every CPU the process may use (`std::thread::available_parallelism`; 1 when unknown).
+pub fn all_threads() -> NonZeroUsize {
+    std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
+}
+
+/// The whole model in memory, on one thread (small models; tests build many at once). Fine
+/// up to a few hundred MB; use [`write_synth`] beyond.
 pub fn synthesize(spec: &SynthSpec) -> Result<GgufWriter> {
+    synthesize_threads(spec, NonZeroUsize::MIN)
+}
+
+/// [`synthesize`] on `threads` threads: the same bytes for every thread count.
+pub fn synthesize_threads(spec: &SynthSpec, threads: NonZeroUsize) -> Result<GgufWriter> {
     let plan = plan(spec)?;
     let mut w = GgufWriter::new();
     w.metadata = plan.metadata.clone();
     for (i, t) in plan.tensors.iter().enumerate() {
         let mut data = Vec::with_capacity(t.plan.n_bytes()? as usize);
-        plan.produce(i, &mut data)?;
+        plan.produce(i, threads, &mut data, &mut |_| {})?;
         w.add_tensor(t.plan.name.clone(), &t.plan.dims, t.plan.ty, data)?;
     }
     Ok(w)
 }
 
-/// Streams the model to `path` (via `<path>.partial`, renamed when complete), holding one
-/// row of weights at a time. `progress(done_bytes, total_bytes)` is called after each tensor.
+/// [`write_synth_threads`] on [`all_threads`].
 pub fn write_synth(
     spec: &SynthSpec,
     path: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthPlan> {
+    write_synth_threads(spec, path, all_threads(), progress)
+}
+
+/// Streams the model to `path` (via `<path>.partial`, renamed when complete), encoding rows
+/// on `threads` threads and holding at most two pieces of rows (about 256 KiB each) per
+/// thread at a time; the bytes are the same for every thread count.
+/// `progress(done_bytes, total_bytes)` is called after each piece written.
+pub fn write_synth_threads(
+    spec: &SynthSpec,
+    path: &Path,
+    threads: NonZeroUsize,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthPlan> {
     let plan = plan(spec)?;
@@ -369,10 +397,10 @@ pub fn write_synth(
     let total = plan.data_bytes();
     let mut done = 0u64;
     minfer_gguf::write_streaming(&plan.metadata, &plans, path, |i, out| {
-        plan.produce(i, out)?;
-        done += plans[i].n_bytes()?;
-        progress(done, total);
-        Ok::<(), Error>(())
+        plan.produce(i, threads, out, &mut |bytes| {
+            done += bytes;
+            progress(done, total);
+        })
     })?;
     Ok(plan)
 }

@@ -7,6 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use minfer_gguf::GgmlType;
 use minfer_models::synth::{self, SynthSpec};
 use minfer_models::Arch;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -49,6 +50,10 @@ pub struct Args {
     /// Tie the output projection to the token embedding (no output.weight).
     #[arg(long)]
     pub tied: bool,
+    /// Threads encoding the weights (0 or no -t: every CPU available); the file's bytes are
+    /// the same for every count.
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
     /// Output file.
     #[arg(short = 'o', long)]
     pub output: PathBuf,
@@ -117,13 +122,23 @@ fn spec(args: &Args) -> anyhow::Result<SynthSpec> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let spec = spec(&args)?;
+    let cpus = synth::all_threads();
+    let threads = match args.threads.and_then(NonZeroUsize::new) {
+        Some(t) => t,
+        None => cpus,
+    };
+    if threads > cpus {
+        eprintln!(
+            "warning: -t {threads} is more threads than the {cpus} CPUs available; they share cores (0 or no -t: one per CPU)"
+        );
+    }
     let t0 = std::time::Instant::now();
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
             .expect("static template"),
     );
     bar.set_message("synth");
-    let plan = synth::write_synth(&spec, &args.output, &mut |done, total| {
+    let plan = synth::write_synth_threads(&spec, &args.output, threads, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })
@@ -142,13 +157,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let types: Vec<String> = per_type.iter().map(|(t, n)| format!("{n} {t}")).collect();
     let bytes = std::fs::metadata(&args.output)?.len();
     println!(
-        "wrote {} ({}, {} tensors: {}; {:.1} MB) in {:.2} s",
+        "wrote {} ({}, {} tensors: {}; {:.1} MB) in {:.2} s on {} threads",
         args.output.display(),
         spec.arch.name(),
         n_tensors,
         types.join(", "),
         bytes as f64 / 1e6,
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        threads
     );
     Ok(())
 }
