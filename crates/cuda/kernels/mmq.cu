@@ -10,13 +10,13 @@
 // output live at once (the running partial, a pending partial, a pending pair, the left half).
 //
 // A CTA is 8 warps over a BM-row x BN-token tile (WM warps along the rows, 8 / WM along the
-// tokens). Each step stages MF_MQ_KB blocks of the current residue in shared memory: the
+// tokens). Each step stages KB blocks of the current residue in shared memory: the
 // weights unpacked to int8 by mf_wload with their scale terms, the activations' int8 values
 // and (d, d * sum q).
 
-#define MF_MQ_KB 4                   // blocks of one residue staged per step
-#define MF_MQ_WS (8 * MF_MQ_KB + 4)  // words per staged row: 4 of padding make the fragment
-                                     // loads (8 rows x 4 words) hit 32 distinct banks
+// KB: blocks of one residue staged per step (4, or 8 for the `_k8` 64 x 64 tile: half the
+// load-and-sync rounds on long rows); a staged row is 8 KB + 4 words (the 4 of padding make the
+// fragment loads, 8 rows x 4 words, hit 32 distinct banks).
 
 __device__ __forceinline__ void mf_mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -60,14 +60,14 @@ __device__ __forceinline__ int mf_mq_fold_step(int p, int np) {
 // split > 1 (small grids: more blocks to fill the GPU) block z walks passes
 // [z * 8 / split, (z + 1) * 8 / split) only, writes its subtree to part[z][t][o], and
 // mf_mmq_combine joins the subtrees in the same tree (so the same bits).
-template <int TY, int BM, int BN, int WM>
+template <int TY, int BM, int BN, int WM, int KB>
 __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed char *xq,
                                        const float2 *xds, float *y, const float *bias, int ne0,
                                        int n_out, int nt, int split, float *part) {
     constexpr int WN = 8 / WM;
     constexpr int MT = BM / WM / 16; // 16-row mma tiles per warp
     constexpr int NT = BN / WN / 8;  // 8-token mma tiles per warp
-    constexpr int KB = MF_MQ_KB, WS = MF_MQ_WS;
+    constexpr int WS = 8 * KB + 4;
     __shared__ __align__(16) int ws[BM * WS];
     __shared__ __align__(16) int xs[BN * WS];
     __shared__ float4 wsc[BM * KB]; // f1, f2, i1, i2 (the ints' bits)
@@ -100,7 +100,11 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
         for (int j0 = 0; j0 < nj; j0 += KB) {
             int kc = min(KB, nj - j0);
             __syncthreads(); // the previous step's reads are done
-            for (int i = tid; i < BM * KB; i += 256) {
+            // Each thread's items unrolled, so their loads are in flight together.
+#pragma unroll
+            for (int it = 0; it < (BM * KB + 255) / 256; ++it) {
+                int i = tid + 256 * it;
+                if (i >= BM * KB) break;
                 int row = i / KB, kb = i % KB, o = o0 + row;
                 int4 lo = make_int4(0, 0, 0, 0), hi = lo;
                 float4 sc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -118,14 +122,20 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
                 d[1] = hi;
                 wsc[row * KB + kb] = sc;
             }
-            for (int i = tid; i < BN * KB * 2; i += 256) {
+#pragma unroll
+            for (int it = 0; it < (BN * KB * 2 + 255) / 256; ++it) {
+                int i = tid + 256 * it;
+                if (i >= BN * KB * 2) break;
                 int tok = i / (KB * 2), kb = (i >> 1) % KB, half = i & 1, t = t0 + tok;
                 int4 v = make_int4(0, 0, 0, 0);
                 if (kb < kc && t < nt)
                     v = ((const int4 *)(xq + (u64)t * ne0 + (u64)(r + 8 * (j0 + kb)) * 32))[half];
                 *(int4 *)(xs + tok * WS + kb * 8 + half * 4) = v;
             }
-            for (int i = tid; i < BN * KB; i += 256) {
+#pragma unroll
+            for (int it = 0; it < (BN * KB + 255) / 256; ++it) {
+                int i = tid + 256 * it;
+                if (i >= BN * KB) break;
                 int tok = i / KB, kb = i % KB, t = t0 + tok;
                 float2 ds = make_float2(0.0f, 0.0f);
                 if (kb < kc && t < nt) ds = xds[(u64)t * nb + r + 8 * (j0 + kb)];
@@ -224,18 +234,19 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
 
 // Tile shapes (rows x tokens, warps along the rows): `mf_mmq_<type>` 64 x 64 (4 x 2 warps),
 // `_r128` 128 x 64 (4 x 2), `_t32` 64 x 32 (4 x 2); exec.rs picks one (MINFER_CUDA_MMQ_TILE).
-#define MF_MMQ_KERNEL(NAME, TY, BM, BN, WM)                                                     \
+#define MF_MMQ_KERNEL(NAME, TY, BM, BN, WM, KB)                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         NAME(const u8 *w, u64 row_bytes, const signed char *xq, const float2 *xds, float *y,    \
              const float *bias, int ne0, int n_out, int nt, int split, float *part) {           \
         MF_PDL_ENTRY();                                                                           \
-        mf_mmq<TY, BM, BN, WM>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, split, part);    \
+        mf_mmq<TY, BM, BN, WM, KB>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, split, part); \
     }
 
 #define MF_MMQ_TILES(TYNAME, TY)                                                                \
-    MF_MMQ_KERNEL(mf_mmq_##TYNAME, TY, 64, 64, 4)                                               \
-    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_r128, TY, 128, 64, 4)                                       \
-    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_t32, TY, 64, 32, 4)
+    MF_MMQ_KERNEL(mf_mmq_##TYNAME, TY, 64, 64, 4, 4)                                            \
+    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_r128, TY, 128, 64, 4, 4)                                    \
+    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_t32, TY, 64, 32, 4, 4)                                      \
+    MF_MMQ_KERNEL(mf_mmq_##TYNAME##_k8, TY, 64, 64, 4, 8)
 
 MF_MMQ_TILES(q8_0, MF_Q8_0)
 MF_MMQ_TILES(q4_0, MF_Q4_0)

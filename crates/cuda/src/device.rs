@@ -78,6 +78,12 @@ pub const KERNELS: &[&str] = &[
     "mf_mmq_q5_0_t32",
     "mf_mmq_q4_k_t32",
     "mf_mmq_q6_k_t32",
+    "mf_mmq_q8_0_k8",
+    "mf_mmq_q4_0_k8",
+    "mf_mmq_q4_1_k8",
+    "mf_mmq_q5_0_k8",
+    "mf_mmq_q4_k_k8",
+    "mf_mmq_q6_k_k8",
     "mf_mmq_combine",
 ];
 

@@ -5,7 +5,8 @@
 //! - `MINFER_CUDA_MMQ=0` forces the dp4a kernel for every row count (the comparison path and
 //!   the bit-for-bit gates' second path); `1` or unset: `mma` from the threshold up.
 //! - `MINFER_CUDA_MMQ_MIN=N`: the threshold in tokens (default [`DEFAULT_MIN_TOKENS`]).
-//! - `MINFER_CUDA_MMQ_TILE=64x64|128x64|64x32`: weight rows x tokens per block.
+//! - `MINFER_CUDA_MMQ_TILE=64x64|128x64|64x32|64x64k8`: weight rows x tokens per block (`k8`:
+//!   8 blocks of a residue staged a step instead of 4).
 //! - `MINFER_CUDA_MMQ_SPLIT=1|2|4|8`: the blocks of each tile split the eight passes in that
 //!   many groups (default: the fewest groups that give [`FILL_BLOCKS`] blocks, so small
 //!   matrices still fill the GPU); a combine kernel joins the groups' subtrees.
@@ -31,6 +32,8 @@ pub(crate) enum MmqTile {
     R128T64,
     /// 64 rows x 32 tokens, 4 x 2 warps.
     R64T32,
+    /// 64 rows x 64 tokens staging 8 blocks of a residue a step instead of 4.
+    R64T64K8,
 }
 
 impl MmqTile {
@@ -40,6 +43,7 @@ impl MmqTile {
             MmqTile::R64T64 => (64, 64),
             MmqTile::R128T64 => (128, 64),
             MmqTile::R64T32 => (64, 32),
+            MmqTile::R64T64K8 => (64, 64),
         }
     }
 }
@@ -75,9 +79,10 @@ impl MmqChoice {
             "" | "64x64" => MmqTile::R64T64,
             "128x64" => MmqTile::R128T64,
             "64x32" => MmqTile::R64T32,
+            "64x64k8" => MmqTile::R64T64K8,
             other => {
                 return Err(format!(
-                    "MINFER_CUDA_MMQ_TILE={other}: want 64x64, 128x64 or 64x32"
+                    "MINFER_CUDA_MMQ_TILE={other}: want 64x64, 128x64, 64x32 or 64x64k8"
                 ))
             }
         };
@@ -134,6 +139,12 @@ pub(crate) fn mmq_kernel_name(ty: GgmlType, tile: MmqTile) -> Option<&'static st
         (GgmlType::Q5_0, R64T32) => "mf_mmq_q5_0_t32",
         (GgmlType::Q4K, R64T32) => "mf_mmq_q4_k_t32",
         (GgmlType::Q6K, R64T32) => "mf_mmq_q6_k_t32",
+        (GgmlType::Q8_0, R64T64K8) => "mf_mmq_q8_0_k8",
+        (GgmlType::Q4_0, R64T64K8) => "mf_mmq_q4_0_k8",
+        (GgmlType::Q4_1, R64T64K8) => "mf_mmq_q4_1_k8",
+        (GgmlType::Q5_0, R64T64K8) => "mf_mmq_q5_0_k8",
+        (GgmlType::Q4K, R64T64K8) => "mf_mmq_q4_k_k8",
+        (GgmlType::Q6K, R64T64K8) => "mf_mmq_q6_k_k8",
         _ => return None,
     })
 }

@@ -339,8 +339,12 @@ fn matmul(g: &Gpu, kernel: &str, c: &Case, tile: Option<(usize, usize)>, split: 
     f32s(&out).iter().map(|v| v.to_bits()).collect()
 }
 
-const TILES: [(&str, (usize, usize)); 3] =
-    [("", (64, 64)), ("_r128", (128, 64)), ("_t32", (64, 32))];
+const TILES: [(&str, (usize, usize)); 4] = [
+    ("", (64, 64)),
+    ("_r128", (128, 64)),
+    ("_t32", (64, 32)),
+    ("_k8", (64, 64)),
+];
 
 #[test]
 fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
