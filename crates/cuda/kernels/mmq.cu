@@ -112,7 +112,7 @@ __device__ __forceinline__ void mf_mmq(const u8 *w, u64 row_bytes, const signed 
                     MfWBlk wb;
                     wb.f2 = 0.0f;
                     wb.i1 = wb.i2 = 0;
-                    mf_wload<TY>(w + (u64)o * row_bytes, r + 8 * (j0 + kb), wb);
+                    mf_wload_tile<TY>(w + (u64)o * row_bytes, r + 8 * (j0 + kb), wb);
                     lo = make_int4(wb.q[0], wb.q[1], wb.q[2], wb.q[3]);
                     hi = make_int4(wb.q[4], wb.q[5], wb.q[6], wb.q[7]);
                     sc = make_float4(wb.f1, wb.f2, __int_as_float(wb.i1), __int_as_float(wb.i2));
