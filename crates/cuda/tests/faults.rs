@@ -33,7 +33,12 @@ fn a_faulting_kernel_is_an_error_at_the_next_sync() {
         "mf_add",
         grid,
         256,
-        &[Arg::U64(da), Arg::U64(db), Arg::U64(dout), Arg::U64(n as u64)],
+        &[
+            Arg::U64(da),
+            Arg::U64(db),
+            Arg::U64(dout),
+            Arg::U64(n as u64),
+        ],
     )
     .unwrap();
     g.sync().unwrap();
@@ -49,7 +54,12 @@ fn a_faulting_kernel_is_an_error_at_the_next_sync() {
         "mf_add",
         grid,
         256,
-        &[Arg::U64(da), Arg::U64(db), Arg::U64(0x100), Arg::U64(n as u64)],
+        &[
+            Arg::U64(da),
+            Arg::U64(db),
+            Arg::U64(0x100),
+            Arg::U64(n as u64),
+        ],
     )
     .unwrap();
     let first = g.sync();
