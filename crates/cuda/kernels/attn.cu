@@ -210,8 +210,7 @@ extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mx = mf_warp_max(mx);
     if (lane == 0) wmax[warp] = mx;
     __syncthreads();
     if (threadIdx.x == 0) {

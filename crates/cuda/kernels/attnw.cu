@@ -20,18 +20,6 @@
 #define MF_AW_CHUNK 128
 #define MF_AW_G 8
 
-__device__ __forceinline__ float mf_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-__device__ __forceinline__ float mf_warp_add(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 // Whether windows a and b list the same cell for every logical row both hold.
 __device__ __forceinline__ bool mf_win_prefix_eq(const int *a, const int *b, int width) {
     if (width == 2) return a[0] == b[0];
@@ -234,7 +222,7 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
             const float sv = in ? __fmul_rn(__fadd_rn(se[i], so[i]), scale) : MF_MINF;
             const float mt = mf_warp_max(sv);
             const float p = in ? expf(sv - mt) : 0.0f;
-            const float lt = mf_warp_add(p);
+            const float lt = mf_warp_sum(p);
             pw[lane * QG + i] = p;
             if (mt != MF_MINF) { // this pass holds rows of the slot (at most one pass does)
                 m[i] = mt;

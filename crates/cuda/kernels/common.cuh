@@ -66,8 +66,16 @@ __device__ __forceinline__ float mf_ld_f16(const u8 *p) {
     return mf_h2f((u16)(p[0] | (p[1] << 8)));
 }
 
+// Butterfly sum and max over a warp: every lane ends with the same bits (each step adds or
+// compares the same two values on both lanes of a pair).
 __device__ __forceinline__ float mf_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float mf_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 

@@ -32,8 +32,11 @@ impl CudaBackend {
         // queries share their cells); a decode batch's queries are mostly other sequences',
         // which the kernels would run in passes of their own. The grouping never changes a
         // result.
-        let cap = if ne1 > 16 { self.attn_warp_qt } else { 1 };
-        let qt = if ne1 >= 2 && cap >= 2 { 2 } else { 1 };
+        let qt = if ne1 > 16 && self.attn_warp_qt >= 2 {
+            2
+        } else {
+            1
+        };
         match (head_dim, qt) {
             (64, 1) => Some(("mf_attn_w1_64", 1)),
             (64, _) => Some(("mf_attn_w2_64", 2)),

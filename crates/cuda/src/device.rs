@@ -518,20 +518,27 @@ impl Gpu {
     /// memory another kernel writes, so only its prologue (weight prefetches) overlaps.
     fn issue_programmatic(&self, l: &Launch, f: &CudaFunction) -> DResult<()> {
         self.bind()?;
-        // Each argument in an 8-byte slot (an i32 or f32 in its low bytes: little-endian).
-        let mut slots: Vec<u64> = l
-            .args
-            .iter()
-            .map(|a| match a {
+        // Each argument in an 8-byte slot (an i32 or f32 in its low bytes: little-endian), on
+        // the stack: no allocation per launch.
+        let n = l.args.len();
+        if n > MAX_ARGS {
+            return Err(format!(
+                "{}: {n} arguments, the launcher holds {MAX_ARGS}",
+                l.kernel
+            ));
+        }
+        let mut slots = [0u64; MAX_ARGS];
+        for (s, a) in slots.iter_mut().zip(&l.args) {
+            *s = match a {
                 Arg::I32(v) => *v as u32 as u64,
                 Arg::U64(v) => *v,
                 Arg::F32(v) => v.to_bits() as u64,
-            })
-            .collect();
-        let mut params: Vec<*mut std::ffi::c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut std::ffi::c_void)
-            .collect();
+            };
+        }
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_ARGS];
+        for (p, s) in params.iter_mut().zip(slots.iter_mut()) {
+            *p = s as *mut u64 as *mut std::ffi::c_void;
+        }
         // SAFETY: an all-zero attribute value is valid plain data; one field is then set.
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
         value.programmaticStreamSerializationAllowed = 1;
@@ -634,6 +641,9 @@ pub struct Launch {
     pub shared: u32,
     pub args: Vec<Arg>,
 }
+
+/// Most arguments a programmatic launch passes (the widest kernel, mf_qkv1, takes 19).
+const MAX_ARGS: usize = 24;
 
 /// Reads of at least this many bytes go through the page-locked staging block.
 const PINNED_FROM: usize = 64 * 1024;
