@@ -143,7 +143,29 @@ fn dot_mismatch(
         .then(|| format!("{isa} {ty} n={n} ({what}): got {got:e}, reference {want:e}"))
 }
 
-/// The difference between the side kernel (activation block facts: Q8_0 d as f32, Σ q) of
+/// The activation row's block facts as the side kernels read them (`simd::RowSideFn`),
+/// computed here from the encoded bytes: Q8_0 (d as f32; Σ q), Q8_1 (d then s as f32; none).
+fn side_facts(at: GgmlType, act: &[u8]) -> (Vec<f32>, Vec<i32>) {
+    let f16 = |b: &[u8], o: usize| quants::f16_to_f32(u16::from_le_bytes([b[o], b[o + 1]]));
+    match at {
+        GgmlType::Q8_0 => (
+            act.chunks_exact(34).map(|b| f16(b, 0)).collect(),
+            act.chunks_exact(34)
+                .map(|b| b[2..34].iter().map(|&v| v as i8 as i32).sum())
+                .collect(),
+        ),
+        GgmlType::Q8_1 => {
+            let d = act.chunks_exact(36).map(|b| f16(b, 0));
+            (
+                d.chain(act.chunks_exact(36).map(|b| f16(b, 2))).collect(),
+                vec![],
+            )
+        }
+        _ => (vec![], vec![]),
+    }
+}
+
+/// The difference between the side kernel (activation block facts from [`side_facts`]) of
 /// `ty` on `isa`, where one exists, and the reference, if any, in words.
 fn side_mismatch(
     isa: Isa,
@@ -155,14 +177,7 @@ fn side_mismatch(
 ) -> Option<String> {
     let dot = simd::RowDot::on(isa, ty).unwrap();
     let f = dot.side_for(n, w.len(), act.len())?;
-    let d: Vec<f32> = act
-        .chunks_exact(34)
-        .map(|b| quants::f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
-        .collect();
-    let sums: Vec<i32> = act
-        .chunks_exact(34)
-        .map(|b| b[2..34].iter().map(|&v| v as i8 as i32).sum())
-        .collect();
+    let (d, sums) = side_facts(vec_dot_type(ty), act);
     let want = quants::vec_dot(ty, n, w, act).unwrap();
     let mut out = [f32::NAN];
     f(w, act, &d, &sums, &mut out);
@@ -235,6 +250,17 @@ fn avx512_serves_every_listed_type() {
         assert_eq!(Isa::Avx512Vnni.quant_served_by(ty), Isa::Avx512Vnni, "{ty}");
     }
     assert_eq!(simd::detected(), Isa::Avx512Vnni);
+    // Side kernels (decode): AVX-512's own for Q4_1, AVX2's for Q5_0 and Q8_0; so the side
+    // half of the bit-identity tests runs for each of them here.
+    for ty in GgmlType::SUPPORTED {
+        let want = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0);
+        let n = 2 * ty.block_size() as usize;
+        let side = simd::RowDot::on(Isa::Avx512Vnni, ty).ok().and_then(|d| {
+            let act = vec_dot_type(ty).row_bytes(n as u64).unwrap() as usize;
+            d.side_for(n, 2 * ty.type_size() as usize, act)
+        });
+        assert_eq!(side.is_some(), want, "{ty}");
+    }
 }
 
 /// NEON serves the AVX2 list but F16 (Rust's f16 vector conversions are not stable yet).

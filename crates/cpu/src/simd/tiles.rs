@@ -39,13 +39,14 @@ pub type TileFn = fn(&[u8], &[u8], usize, TileSlice<'_>, Range<usize>, &mut Tile
 pub type TilePairFn =
     fn(&[u8], [&[u8]; 2], usize, [TileSlice<'_>; 2], Range<usize>, &mut [TileAcc; 2]);
 
-/// `(weight rows, activation row, d, sums, out)`: a ("side") kernel for decode that dots
+/// `(weight rows, activation row, fs, is, out)`: a ("side") kernel for decode that dots
 /// `out.len()` consecutive weight rows (`w` split evenly among them) with one activation
-/// row, reading its per-block facts (`d`: Q8_0 scales as f32, `sums`: Σ q per block) from
-/// the side table ([`TileSide::row`]) instead of deriving them per weight row, and writes
-/// `out[r]` = dot of row r. Several rows per call keep the per-row work (call, slicing,
-/// checks) out of the matmul's loop. Each dot is bit-identical to the [`super::DotFn`] of
-/// the same type.
+/// row, reading its per-block facts from the side table ([`TileSide::row`]) instead of
+/// deriving them per weight row, and writes `out[r]` = dot of row r. The facts: for Q8_0
+/// activations `fs` = the scales as f32, `is` = Σ q per block; for Q8_1 `fs` = the blocks' d
+/// then their s (2 x blocks), `is` empty. Several rows per call keep the per-row work (call,
+/// slicing, checks) out of the matmul's loop. Each dot is bit-identical to the
+/// [`super::DotFn`] of the same type.
 pub type RowSideFn = fn(&[u8], &[u8], &[f32], &[i32], &mut [f32]);
 
 /// The reference's 4 block lanes (`quants::BLOCK_LANES`) of each of TILE tokens.
@@ -87,11 +88,13 @@ pub struct TileSide {
     fs_per_tile: usize,
     is_per_tile: usize,
     iq_per_tile: usize,
-    /// Per-row facts of every activation row for the side kernels ([`RowSideFn`]),
-    /// `[row][block]`: Q8_0 scales as f32 and block sums.
+    /// Per-row facts of every activation row for the side kernels ([`RowSideFn`]): per
+    /// row `row_nf` runs of `row_blocks` f32 facts and `row_ni` runs of i32 ones.
     row_fs: Vec<f32>,
     row_is: Vec<i32>,
     row_blocks: usize,
+    row_nf: usize,
+    row_ni: usize,
 }
 
 /// The side-table geometry of activation type `at` for rows of `blocks` blocks:
@@ -196,29 +199,40 @@ impl TileSide {
     }
 
     /// Fills the per-row facts of the `arb`-byte activation rows `act` encoded in `at` for the
-    /// side kernels; false (nothing to use) when `at` is not Q8_0 or `arb` not whole blocks.
-    /// The facts hold for any Q8_0 bytes (no sign moves onto the activation), so there is
-    /// nothing to check beyond the geometry.
+    /// side kernels ([`RowSideFn`] says which); false (nothing to use) when `at` is neither
+    /// Q8_0 nor Q8_1 or `arb` is not whole blocks. The facts hold for any bytes (no sign
+    /// moves onto the activation), so there is nothing to check beyond the geometry.
     pub fn fill_rows(&mut self, at: GgmlType, act: &[u8], arb: usize) -> bool {
-        if at != GgmlType::Q8_0 || arb == 0 || !arb.is_multiple_of(34) {
+        let (bb, nf, ni) = match at {
+            GgmlType::Q8_0 => (34, 1, 1),
+            GgmlType::Q8_1 => (36, 2, 0),
+            _ => return false,
+        };
+        if arb == 0 || !arb.is_multiple_of(bb) {
             return false;
         }
-        self.row_blocks = arb / 34;
+        let f16 = |b: &[u8], o: usize| quants::f16_to_f32(u16::from_le_bytes([b[o], b[o + 1]]));
+        self.row_blocks = arb / bb;
+        (self.row_nf, self.row_ni) = (nf, ni);
         self.row_fs.clear();
         self.row_is.clear();
-        for blk in act.chunks_exact(34) {
-            self.row_fs
-                .push(quants::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])));
-            self.row_is
-                .push(blk[2..34].iter().map(|&v| v as i8 as i32).sum());
+        for row in act.chunks_exact(arb) {
+            let blocks = || row.chunks_exact(bb);
+            self.row_fs.extend(blocks().map(|b| f16(b, 0)));
+            if at == GgmlType::Q8_0 {
+                let sum = |b: &[u8]| b[2..34].iter().map(|&v| v as i8 as i32).sum::<i32>();
+                self.row_is.extend(blocks().map(sum));
+            } else {
+                self.row_fs.extend(blocks().map(|b| f16(b, 2)));
+            }
         }
         true
     }
 
-    /// The facts of activation row `t` ([`TileSide::fill_rows`] succeeded): (d, sums).
+    /// The facts of activation row `t` ([`TileSide::fill_rows`] succeeded): (fs, is).
     pub fn row(&self, t: usize) -> (&[f32], &[i32]) {
-        let nb = self.row_blocks;
-        (&self.row_fs[t * nb..][..nb], &self.row_is[t * nb..][..nb])
+        let (nf, ni) = (self.row_nf * self.row_blocks, self.row_ni * self.row_blocks);
+        (&self.row_fs[t * nf..][..nf], &self.row_is[t * ni..][..ni])
     }
 
     /// The table of tile `tile` (all tiles filled successfully).
@@ -237,8 +251,15 @@ impl super::RowDot {
     pub fn side_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<RowSideFn> {
         self.kernel_for(n, w_len, act_len)?;
         #[cfg(target_arch = "x86_64")]
-        if avx2_kernels_run(self.isa) {
-            return super::x86::avx2_side(self.ty);
+        {
+            if self.isa == super::Isa::Avx512Vnni {
+                if let Some(f) = super::x86::avx512_side(self.ty) {
+                    return Some(f);
+                }
+            }
+            if avx2_kernels_run(self.isa) {
+                return super::x86::avx2_side(self.ty);
+            }
         }
         None
     }

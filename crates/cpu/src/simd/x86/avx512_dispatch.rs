@@ -20,8 +20,8 @@ use std::arch::x86_64::*;
 use minfer_gguf::GgmlType;
 
 use super::load32;
-use super::{avx512_kquants, avx512_legacy, avx512_quantize};
-use crate::simd::{Dot4Fn, DotFn, QuantFn};
+use super::{avx512_kquants, avx512_legacy, avx512_quantize, avx512_side_kernels};
+use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn};
 
 pub(in crate::simd) fn avx512_supported() -> bool {
     // AVX2 + F16C too: on the way to an AVX-512 kernel the AVX2 helpers run.
@@ -107,6 +107,23 @@ pub(in crate::simd) fn avx512_dot4(ty: GgmlType) -> Option<Dot4Fn> {
         T::Iq4Nl => dot4_iq4_nl,
         _ => return None,
     })
+}
+
+fn side_q4_1(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    // SAFETY: only handed out by `avx512_side` after `avx512_supported()` returned true.
+    unsafe { avx512_side_kernels::dot_q4_1_side_rows(w, a, d, sums, out) }
+}
+
+/// The AVX-512 side kernel (activation facts from the side table) for `ty`, where one exists
+/// (the AVX2 ones serve the other types on AVX-512 machines).
+pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
+    if !avx512_supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q4_1 => Some(side_q4_1),
+        _ => None,
+    }
 }
 
 /// The AVX-512 activation quantizer for `ty` (None: no kernel, or no AVX-512 here).

@@ -27,7 +27,7 @@ const MAX_BLOCK: usize = 36;
 /// of `v[k]`, block 2k + 1 in the high ones), in lane order 0..8.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-fn hsum8(v: [__m512i; 4]) -> __m256i {
+pub(super) fn hsum8(v: [__m512i; 4]) -> __m256i {
     // 128-bit chunk c of `quad` holds 4 partial lanes of block c of the quad.
     let quad = |x: __m512i, y: __m512i| {
         let first = _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y);
@@ -43,28 +43,31 @@ fn hsum8(v: [__m512i; 4]) -> __m256i {
     _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, r))
 }
 
-/// The f16 at byte `off` of each of 8 consecutive `stride`-byte blocks, as f32 lanes: one
-/// gather of the 4 bytes there (the f16 and 2 more bytes of its block, every f16 read here
-/// having 2 behind it), narrowed to their low halves.
+/// The f16 at byte `off` of each of 8 consecutive `stride`-byte blocks, as f32 lanes: eight
+/// scalar loads into one vector. A hardware gather of 8 lanes cost more than that on the AMD
+/// cores measured (Q4_1 decode matmuls +25%, docs/PERFORMANCE.md "SmolLM2 decode").
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 fn f16x8(b: &[u8], stride: usize, off: usize) -> __m256 {
-    let b = &b[off..off + 7 * stride + 4];
-    let idx = _mm256_mullo_epi32(
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        _mm256_set1_epi32(stride as i32),
-    );
-    // SAFETY: the 4 bytes at k·stride for k < 8 lie in `b` (sliced above); the gather has no
-    // alignment requirement.
-    let words = unsafe { _mm256_i32gather_epi32::<1>(b.as_ptr().cast(), idx) };
-    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words))
+    let b = &b[off..off + 7 * stride + 2];
+    let h = |k: usize| u16::from_le_bytes([b[k * stride], b[k * stride + 1]]) as i16;
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        h(0),
+        h(1),
+        h(2),
+        h(3),
+        h(4),
+        h(5),
+        h(6),
+        h(7),
+    ))
 }
 
 /// `acc + v` in the lanes of real blocks (the first `count`), `acc` elsewhere: lanes without
 /// a block stay untouched, as in the reference (adding 0.0 would turn -0.0 into +0.0).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-fn add_real(acc: __m128, v: __m128, count: usize) -> __m128 {
+pub(super) fn add_real(acc: __m128, v: __m128, count: usize) -> __m128 {
     let sum = _mm_add_ps(acc, v);
     if count >= 4 {
         sum

@@ -39,10 +39,13 @@ mod avx512_dispatch;
 mod avx512_kquants;
 mod avx512_legacy;
 mod avx512_quantize;
+mod avx512_side_kernels;
 mod avx512_tile_pairs;
 mod avx512_tiles;
 
-pub(super) use avx512_dispatch::{avx512_dot, avx512_dot4, avx512_quant, avx512_supported};
+pub(super) use avx512_dispatch::{
+    avx512_dot, avx512_dot4, avx512_quant, avx512_side, avx512_supported,
+};
 mod avx2_tiles;
 
 pub(super) use avx2_tiles::avx2_tile;
