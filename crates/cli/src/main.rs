@@ -125,6 +125,10 @@ fn parse() -> Cli {
 
 fn main() -> ExitCode {
     let cli = parse();
+    // Checked before any kernel runs: the kernels' lookup would panic on it.
+    if let Err(e) = minfer_cpu::simd::isa_from_env() {
+        return commands::report(commands::UsageError(e).into());
+    }
     let result = match cli.command {
         Command::Bench(a) => commands::bench::run(*a),
         Command::Run(a) => commands::run_or_chat(*a),

@@ -124,3 +124,97 @@ fn csv_has_the_depth_column() {
     let at = header.iter().position(|h| *h == "n_depth").expect(&text);
     assert_eq!(row[at], "4", "{text}");
 }
+
+/// `MINFER_CPU_ISA` picks the CPU kernels' instruction set (reported as `cpu_kernels`); a name
+/// that is no instruction set, or one the machine lacks, is a usage error naming the value.
+#[test]
+fn cpu_isa_override_is_reported_and_checked() {
+    let p = tiny_model("isa.gguf");
+    let run = |isa: Option<&str>| {
+        let mut c = minfer();
+        c.args([
+            "bench", "-p", "8", "-n", "4", "-r", "1", "-t", "1", "-o", "json", "-m",
+        ])
+        .arg(&p);
+        match isa {
+            Some(v) => c.env("MINFER_CPU_ISA", v),
+            None => c.env_remove("MINFER_CPU_ISA"),
+        };
+        c.output().unwrap()
+    };
+    let kernels = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["system"]["cpu_kernels"].as_str().unwrap().to_string()
+    };
+    let best = kernels(&run(None));
+    assert_ne!(best, "", "the default names an instruction set");
+    // Scalar runs everywhere and is never the best on the machines CI uses; the control that
+    // the override took effect.
+    assert_eq!(kernels(&run(Some("scalar"))), "scalar");
+    for (bad, says) in [
+        ("avx9", "not an instruction set"),
+        ("neon-avx2", "not an instruction set"),
+    ] {
+        let out = run(Some(bad));
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("MINFER_CPU_ISA={bad}")) && err.contains(says),
+            "{err}"
+        );
+    }
+    let missing = if cfg!(target_arch = "x86_64") {
+        "neon"
+    } else {
+        "avx2"
+    };
+    let out = run(Some(missing));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("this machine cannot run it"));
+}
+
+/// Every instruction set is bit-identical to the scalar reference, so greedy decoding on the
+/// real SmolLM2 (Q4_1 weights, Q8_0 output: the side kernels of decode) gives the same text
+/// under `MINFER_CPU_ISA=scalar` as with the best kernels of this machine.
+#[test]
+fn cpu_isa_override_keeps_the_tokens_on_smollm2() {
+    let Some(model) = minfer_testkit::models::smol() else {
+        println!("SKIP: SmolLM2 not in the model cache");
+        return;
+    };
+    let run = |isa: Option<&str>| {
+        let mut c = minfer();
+        c.args([
+            "run",
+            "--temp",
+            "0",
+            "-n",
+            "24",
+            "-t",
+            "1",
+            "--no-template",
+            "-m",
+        ])
+        .arg(&model)
+        .arg("The capital of France is");
+        match isa {
+            Some(v) => c.env("MINFER_CPU_ISA", v),
+            None => c.env_remove("MINFER_CPU_ISA"),
+        };
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let best = run(None);
+    assert!(best.len() > 20, "{best:?}");
+    assert_eq!(run(Some("scalar")), best);
+}

@@ -220,6 +220,21 @@ fn avx2_serves_every_listed_type() {
         Isa::Avx2
     };
     assert_eq!(simd::detected(), best);
+    assert_side_kernels(Isa::Avx2);
+}
+
+/// The side kernels (decode) exist for Q4_1, Q5_0 and Q8_0 on `isa` and for no other type,
+/// so the side half of the bit-identity tests runs for each of them there.
+fn assert_side_kernels(isa: Isa) {
+    for ty in GgmlType::SUPPORTED {
+        let want = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0);
+        let n = 2 * ty.block_size() as usize;
+        let side = simd::RowDot::on(isa, ty).ok().and_then(|d| {
+            let act = vec_dot_type(ty).row_bytes(n as u64).unwrap() as usize;
+            d.side_for(n, 2 * ty.type_size() as usize, act)
+        });
+        assert_eq!(side.is_some(), want, "{isa} {ty}");
+    }
 }
 
 /// AVX-512 serves its own list, hands the rest of the AVX2 list to AVX2, and is chosen at run
@@ -250,17 +265,8 @@ fn avx512_serves_every_listed_type() {
         assert_eq!(Isa::Avx512Vnni.quant_served_by(ty), Isa::Avx512Vnni, "{ty}");
     }
     assert_eq!(simd::detected(), Isa::Avx512Vnni);
-    // Side kernels (decode): AVX-512's own for Q4_1, AVX2's for Q5_0 and Q8_0; so the side
-    // half of the bit-identity tests runs for each of them here.
-    for ty in GgmlType::SUPPORTED {
-        let want = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0);
-        let n = 2 * ty.block_size() as usize;
-        let side = simd::RowDot::on(Isa::Avx512Vnni, ty).ok().and_then(|d| {
-            let act = vec_dot_type(ty).row_bytes(n as u64).unwrap() as usize;
-            d.side_for(n, 2 * ty.type_size() as usize, act)
-        });
-        assert_eq!(side.is_some(), want, "{ty}");
-    }
+    // Side kernels (decode): AVX-512's own for Q4_1, AVX2's for Q5_0 and Q8_0.
+    assert_side_kernels(Isa::Avx512Vnni);
 }
 
 /// NEON serves the AVX2 list but F16 (Rust's f16 vector conversions are not stable yet).

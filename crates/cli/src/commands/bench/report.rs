@@ -180,12 +180,13 @@ pub(super) fn write_header(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "minfer {} ({}); CPU: {} ({} logical); SIMD at run time: {}; compiled for: {}",
+        "minfer {} ({}); CPU: {} ({} logical); SIMD at run time: {}; kernels: {}; compiled for: {}",
         sys.version,
         sys.build_profile,
         sys.cpu,
         sys.logical_cpus,
         sys.cpu_simd.join(" "),
+        sys.cpu_kernels,
         if sys.build_target_features.is_empty() {
             "baseline".to_string()
         } else {

@@ -7,6 +7,8 @@ pub struct SysInfo {
     pub logical_cpus: usize,
     /// Detected at run time (what the dispatching kernels may pick).
     pub cpu_simd: Vec<&'static str>,
+    /// The instruction set the CPU kernels run (the best of `cpu_simd`, or `MINFER_CPU_ISA`'s).
+    pub cpu_kernels: &'static str,
     /// `target_feature`s enabled at compile time (what every function may assume).
     pub build_target_features: Vec<&'static str>,
     pub build_profile: &'static str,
@@ -80,6 +82,7 @@ pub fn detect() -> SysInfo {
             .map(|n| n.get())
             .unwrap_or(1),
         cpu_simd: runtime_simd(),
+        cpu_kernels: minfer_cpu::simd::detected().name(),
         build_target_features: build_features(),
         build_profile: if cfg!(debug_assertions) {
             "debug"

@@ -35,6 +35,7 @@ mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_quantize;
+mod avx2_side;
 mod avx512_dispatch;
 mod avx512_kquants;
 mod avx512_legacy;
@@ -132,6 +133,11 @@ fn side_q5_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     unsafe { avx2_legacy::dot_q5_0_side_rows(w, a, d, sums, out) }
 }
 
+fn side_q4_1(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    // SAFETY: only handed out by `avx2_side` after `avx2_supported()` returned true.
+    unsafe { avx2_side::dot_q4_1_side_rows(w, a, d, sums, out) }
+}
+
 fn side_q8_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     // SAFETY: only handed out by `avx2_side` after `avx2_supported()` returned true.
     unsafe { avx2_legacy::dot_q8_0_side_rows(w, a, d, sums, out) }
@@ -143,6 +149,7 @@ pub(super) fn avx2_side(ty: GgmlType) -> Option<super::RowSideFn> {
         return None;
     }
     match ty {
+        GgmlType::Q4_1 => Some(side_q4_1),
         GgmlType::Q5_0 => Some(side_q5_0),
         GgmlType::Q8_0 => Some(side_q8_0),
         _ => None,
