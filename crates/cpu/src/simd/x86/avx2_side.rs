@@ -58,16 +58,9 @@ fn q4_1_row(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> f32 {
         g += GROUP;
     }
     if g < blocks {
-        // The last group, zero-padded; lanes without a block stay untouched.
+        // The last 1..3 blocks; lanes without a block stay untouched.
         let count = blocks - g;
-        let mut wpad = [0u8; GROUP * Q4_1];
-        let mut apad = [0u8; GROUP * Q8_1];
-        let (mut dpad, mut spad) = ([0f32; GROUP], [0f32; GROUP]);
-        wpad[..count * Q4_1].copy_from_slice(&w[g * Q4_1..]);
-        apad[..count * Q8_1].copy_from_slice(&a[g * Q8_1..][..count * Q8_1]);
-        dpad[..count].copy_from_slice(&d[g..][..count]);
-        spad[..count].copy_from_slice(&s[g..][..count]);
-        let v = q4_1_group(&wpad, &apad, &dpad, &spad);
+        let v = q4_1_tail(&w[g * Q4_1..], &a[g * Q8_1..], &d[g..], &s[g..]);
         let real = _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
         acc = _mm_blendv_ps(acc, _mm_add_ps(acc, v), _mm_castsi128_ps(real));
     }
@@ -104,6 +97,40 @@ fn q4_1_group(w4: &[u8], a4: &[u8], d4: &[f32], s4: &[f32]) -> __m128 {
     let (d4, s4) = (&d4[..GROUP], &s4[..GROUP]);
     // SAFETY: both hold 4 f32 (sliced above); loadu needs no alignment.
     let (da, sa) = unsafe { (_mm_loadu_ps(d4.as_ptr()), _mm_loadu_ps(s4.as_ptr())) };
+    let scaled = _mm_mul_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(sums));
+    _mm_add_ps(scaled, _mm_mul_ps(mw, sa))
+}
+
+/// [`q4_1_group`] of the last 1..3 blocks of a row (`w` holds them, `a`, `d` and `s` at
+/// least as many), without copying them into a padded group: a missing block's sums and
+/// facts are zero, and its lane is dropped by the caller.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q4_1_tail(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> __m128 {
+    let count = w.len() / Q4_1;
+    let pairs = |k: usize| {
+        if k < count {
+            q4_1_pairs(&w[k * Q4_1..], &a[k * Q8_1..])
+        } else {
+            _mm256_setzero_si256()
+        }
+    };
+    let h01 = _mm256_hadd_epi16(pairs(0), pairs(1));
+    let h23 = _mm256_hadd_epi16(pairs(2), _mm256_setzero_si256());
+    let m = _mm256_hadd_epi32(widen_pairs(h01), widen_pairs(h23));
+    let sums = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+    let word = |k: usize| match w.get(k * Q4_1..k * Q4_1 + 4) {
+        Some(b) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        None => 0,
+    };
+    let fact = |f: &[f32], k: usize| f.get(k).copied().unwrap_or(0.0);
+    let head = _mm_setr_epi32(word(0), word(1), word(2), 0);
+    let lo = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    let hi = _mm_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    let dw = _mm_cvtph_ps(_mm_shuffle_epi8(head, lo));
+    let mw = _mm_cvtph_ps(_mm_shuffle_epi8(head, hi));
+    let da = _mm_setr_ps(fact(d, 0), fact(d, 1), fact(d, 2), 0.0);
+    let sa = _mm_setr_ps(fact(s, 0), fact(s, 1), fact(s, 2), 0.0);
     let scaled = _mm_mul_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(sums));
     _mm_add_ps(scaled, _mm_mul_ps(mw, sa))
 }
