@@ -54,7 +54,7 @@ fn q4_1_row(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> f32 {
         acc = _mm_add_ps(acc, _mm256_extractf128_ps::<1>(v));
         g += GROUP;
     }
-    // The last blocks (1..8) by masked loads: the bytes past the row read as zero, and
+    // The last blocks (1..7) by masked loads: the bytes past the row read as zero, and
     // lanes without a block stay untouched.
     let count = blocks - g;
     if count > 0 {
