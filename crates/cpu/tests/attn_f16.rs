@@ -1,7 +1,8 @@
 //! Gate for `llamacpp_x86::attn_f16` (llama.cpp's flash-attention arithmetic over an f16 cache):
-//! - the dispatched kernel (AVX2/FMA/F16C where present) is bit-identical to the scalar
-//!   reference, for head sizes with and without a tail past the last multiple of 32 / 8; so
-//!   is the GQA-group kernel `attend_group`, head by head, over cells in any order;
+//! - the kernel of every instruction set this machine has (AVX-512 for head sizes that are
+//!   multiples of 32, AVX2/FMA/F16C) is bit-identical to the scalar reference, for head
+//!   sizes with and without a tail past the last multiple of 32 / 8; so is the GQA-group
+//!   kernel `attend_group_on`, head by head, over cells in any order;
 //! - the reference is within the f16 accumulator's rounding of exact attention (f64 softmax
 //!   over the same f16 values): each update rounds VKQ to f16 (relative 2^-11), so after n
 //!   cells the error is bounded by about n · 2^-11 · max|v| in the worst case, and the
@@ -14,7 +15,10 @@
 //! fused and unfused f32 results round to the same f16 except in double-rounding corner
 //! cases (a search over 450k (v0, v1) pairs found none), so that choice is immaterial.
 
-use minfer_cpu::llamacpp_x86::attn_f16::{attend_group, attend_head, attend_head_ref, dot_ref};
+use minfer_cpu::llamacpp_x86::attn_f16::{
+    attend_group_on, attend_head_on, attend_head_ref, dot_ref,
+};
+use minfer_cpu::simd;
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
 use minfer_testkit::rng::Rng;
 
@@ -40,11 +44,13 @@ fn dispatched_kernel_is_bit_identical_to_reference() {
                 let kc = |c: usize| &k[c * hd..(c + 1) * hd];
                 let vc = |c: usize| &v[c * hd..(c + 1) * hd];
                 let mut want = vec![0f32; hd];
-                let mut got = vec![1f32; hd];
                 attend_head_ref(&q, 0.125, 0..n, kc, vc, &mut want);
-                attend_head(&q, 0.125, 0..n, kc, vc, &mut got);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "hd {hd} n {n} amp {amp}");
+                for isa in simd::available() {
+                    let mut got = vec![1f32; hd];
+                    attend_head_on(isa, &q, 0.125, 0..n, kc, vc, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{isa} hd {hd} n {n} amp {amp}");
+                }
                 cases += 1;
             }
         }
@@ -128,13 +134,16 @@ fn group_kernel_is_bit_identical_to_reference_per_head() {
                 let cells: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % n).collect();
                 let kc = |c: usize| &k[c * hd..(c + 1) * hd];
                 let vc = |c: usize| &v[c * hd..(c + 1) * hd];
-                let mut got = vec![f32::NAN; g * hd];
-                attend_group(&q, hd, 0.125, cells.iter().copied(), kc, vc, &mut got);
-                for (qh, gh) in q.chunks_exact(hd).zip(got.chunks_exact(hd)) {
-                    let mut want = vec![0f32; hd];
-                    attend_head_ref(qh, 0.125, cells.iter().copied(), kc, vc, &mut want);
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(gh), bits(&want), "hd {hd} group {g} n {n}");
+                for isa in simd::available() {
+                    let mut got = vec![f32::NAN; g * hd];
+                    let cs = cells.iter().copied();
+                    attend_group_on(isa, &q, hd, 0.125, cs, kc, vc, &mut got);
+                    for (qh, gh) in q.chunks_exact(hd).zip(got.chunks_exact(hd)) {
+                        let mut want = vec![0f32; hd];
+                        attend_head_ref(qh, 0.125, cells.iter().copied(), kc, vc, &mut want);
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(gh), bits(&want), "{isa} hd {hd} group {g} n {n}");
+                    }
                 }
                 cases += 1;
             }

@@ -35,6 +35,7 @@ pub const GGML_FA_TILE_Q: usize = 64;
 use crate::llamacpp_x86::LlamaCppX86;
 use crate::ops::attn::Call;
 use crate::ops::{KResult, KernelError};
+use crate::simd::Isa;
 use crate::threads::{par_tasks, SharedOut};
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
 
@@ -44,8 +45,8 @@ fn h(b: u16) -> f32 {
 }
 
 /// `q`: one query head (f32); `k(c)`/`v(c)`: cell `c`'s head as f16 bits, for the cells of
-/// `cells` in order; `out`: the head's output (`v` length). Chooses the vectorised kernel
-/// when the machine has it.
+/// `cells` in order; `out`: the head's output (`v` length). Runs the vectorised kernel of
+/// the instruction set the CPU kernels use ([`crate::simd::detected`]).
 pub fn attend_head<'a>(
     q: &[f32],
     scale: f32,
@@ -54,13 +55,56 @@ pub fn attend_head<'a>(
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
 ) {
+    attend_head_on(crate::simd::detected(), q, scale, cells, k, v, out)
+}
+
+/// [`attend_head`] on `isa`'s kernel: AVX-512 for head sizes that are multiples of 32, AVX2
+/// (FMA, F16C) otherwise and for `Isa::Avx2`, the scalar reference for the other sets.
+/// Every choice gives the same bits; a set this machine lacks runs the reference.
+pub fn attend_head_on<'a>(
+    isa: Isa,
+    q: &[f32],
+    scale: f32,
+    cells: impl IntoIterator<Item = usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu_features::avx2_fma_f16c() {
-        // SAFETY: the features were detected on this machine.
-        unsafe { x86::attend_head(q, scale, cells, k, v, out) };
-        return;
+    match kernel(isa, out.len()) {
+        Kernel::Avx512 => {
+            // SAFETY: `kernel` checked the features on this machine.
+            unsafe { super::attn_f16_avx512::attend_head(q, scale, cells, k, v, out) };
+            return;
+        }
+        Kernel::Avx2 => {
+            // SAFETY: `kernel` checked the features on this machine.
+            unsafe { x86::attend_head(q, scale, cells, k, v, out) };
+            return;
+        }
+        Kernel::Reference => {}
     }
     attend_head_ref(q, scale, cells, k, v, out)
+}
+
+/// Which one-chunk kernel runs on `isa` for heads of `hd`.
+#[cfg(target_arch = "x86_64")]
+enum Kernel {
+    Avx512,
+    Avx2,
+    Reference,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn kernel(isa: Isa, hd: usize) -> Kernel {
+    let avx2 = crate::cpu_features::avx2_fma_f16c();
+    match isa {
+        Isa::Avx512Vnni if avx2 && isa.is_available() && hd.is_multiple_of(32) => Kernel::Avx512,
+        Isa::Avx512Vnni | Isa::Avx2 if avx2 => Kernel::Avx2,
+        _ => Kernel::Reference,
+    }
 }
 
 /// [`attend_head`] for the `q.len() / hd` query heads of one GQA group over the same cells:
@@ -77,17 +121,42 @@ pub fn attend_group<'a>(
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
 ) {
+    attend_group_on(crate::simd::detected(), q, hd, scale, cells, k, v, out)
+}
+
+/// [`attend_group`] on `isa`'s kernel, chosen as [`attend_head_on`] chooses.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group_on<'a>(
+    isa: Isa,
+    q: &[f32],
+    hd: usize,
+    scale: f32,
+    cells: impl IntoIterator<Item = usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
     assert!(
         hd > 0 && q.len().is_multiple_of(hd) && out.len() == q.len(),
         "{} query values and {} outputs for heads of {hd}",
         q.len(),
         out.len()
     );
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu_features::avx2_fma_f16c() {
-        // SAFETY: the features were detected on this machine.
-        unsafe { x86::attend_group(q, hd, scale, cells, k, v, out) };
-        return;
+    match kernel(isa, hd) {
+        Kernel::Avx512 => {
+            // SAFETY: `kernel` checked the features on this machine.
+            unsafe { super::attn_f16_avx512::attend_group(q, hd, scale, cells, k, v, out) };
+            return;
+        }
+        Kernel::Avx2 => {
+            // SAFETY: `kernel` checked the features on this machine.
+            unsafe { x86::attend_group(q, hd, scale, cells, k, v, out) };
+            return;
+        }
+        Kernel::Reference => {}
     }
     let cells: Vec<usize> = cells.into_iter().collect();
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {

@@ -1,0 +1,200 @@
+//! `attn_f16`'s one-chunk kernels ([`super::attn_f16::attend_head`] and `attend_group`: the
+//! AVX2 build of llama.cpp's arithmetic) in 512-bit vectors, for head sizes that are
+//! multiples of 32. Every lane does what the AVX2 kernels' lanes do: the dot's four 8-lane
+//! accumulators are two 16-lane vectors, lo = [acc0 | acc1] and hi = [acc2 | acc3], fed the
+//! same chunk elements; lo + hi = [acc0 + acc2 | acc1 + acc3], whose halves added are the
+//! AVX2 fold (acc0 + acc2) + (acc1 + acc3); the V accumulator's updates are elementwise. So
+//! the results are bit-identical to the AVX2 kernels and the scalar reference
+//! (`tests/attn_f16.rs`), with half the vector instructions.
+
+use std::arch::x86_64::*;
+
+use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
+
+const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+/// 16 f16 values of `x` from `i` as f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn load_ph(x: &[u16], i: usize) -> __m512 {
+    let x = &x[i..i + 16];
+    // SAFETY: 16 readable u16 (32 bytes); loadu has no alignment requirement.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().cast())) }
+}
+
+/// `v` rounded to f16 into `x[i..i + 16]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn store_ph(x: &mut [u16], i: usize, v: __m512) {
+    let x = &mut x[i..i + 16];
+    let p = _mm512_cvtps_ph::<ROUND>(v);
+    // SAFETY: 16 writable u16; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_si256(x.as_mut_ptr().cast(), p) }
+}
+
+/// f32 to f16 and back, lane by lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn round_ph(x: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<ROUND>(x))
+}
+
+/// The AVX2 dot's fold of its accumulators (module docs) to the f32 result.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn fold(lo: __m512, hi: __m512) -> f32 {
+    let s = _mm512_add_ps(lo, hi);
+    let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
+    let a0 = _mm256_add_ps(_mm512_castps512_ps256(s), upper);
+    let t = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps::<1>(a0));
+    let t = _mm_hadd_ps(t, t);
+    _mm_cvtss_f32(_mm_hadd_ps(t, t))
+}
+
+/// The AVX2 `dot` of two f16 rows of a multiple of 32 elements.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn dot(x: &[u16], y: &[u16]) -> f32 {
+    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in (0..x.len().min(y.len())).step_by(32) {
+        lo = _mm512_fmadd_ps(load_ph(x, i), load_ph(y, i), lo);
+        hi = _mm512_fmadd_ps(load_ph(x, i + 16), load_ph(y, i + 16), hi);
+    }
+    fold(lo, hi)
+}
+
+/// The AVX2 `dot_f32` (f32 values of f16 numbers) of two rows of a multiple of 32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let (x, y) = (&x[..n], &y[..n]);
+    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in (0..n).step_by(32) {
+        // SAFETY: i + 32 <= n (n a multiple of 32, the callers' head size) for both rows.
+        unsafe {
+            let (xp, yp) = (x.as_ptr().add(i), y.as_ptr().add(i));
+            lo = _mm512_fmadd_ps(_mm512_loadu_ps(xp), _mm512_loadu_ps(yp), lo);
+            hi = _mm512_fmadd_ps(_mm512_loadu_ps(xp.add(16)), _mm512_loadu_ps(yp.add(16)), hi);
+        }
+    }
+    fold(lo, hi)
+}
+
+/// `attn_f16::attend_head` for a head size `out.len()` that is a multiple of 32.
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+pub(super) fn attend_head<'a>(
+    q: &[f32],
+    scale: f32,
+    cells: impl IntoIterator<Item = usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    let d = out.len();
+    debug_assert!(d.is_multiple_of(32));
+    let q16: Vec<u16> = q.iter().map(|&x| f32_to_f16(x)).collect();
+    let mut vkq = vec![0u16; d];
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for c in cells {
+        let s = dot(&k(c)[..d], &q16) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            let mold = m;
+            m = s;
+            ms = (mold - m).exp();
+            let msv = _mm512_set1_ps(ms);
+            for i in (0..d).step_by(16) {
+                let r = _mm512_mul_ps(load_ph(&vkq, i), msv);
+                store_ph(&mut vkq, i, r);
+            }
+        } else {
+            vs = (s - m).exp();
+        }
+        let vc = &v(c)[..d];
+        let vsv = _mm512_set1_ps(vs);
+        for i in (0..d).step_by(16) {
+            let r = _mm512_fmadd_ps(load_ph(vc, i), vsv, load_ph(&vkq, i));
+            store_ph(&mut vkq, i, r);
+        }
+        sum = sum.mul_add(ms, vs);
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, &a) in out.iter_mut().zip(&vkq) {
+        *o = f16_to_f32(a) * inv;
+    }
+}
+
+/// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32.
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+pub(super) fn attend_group<'a>(
+    q: &[f32],
+    hd: usize,
+    scale: f32,
+    cells: impl IntoIterator<Item = usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    debug_assert!(hd.is_multiple_of(32));
+    let g = q.len() / hd;
+    // Queries rounded to f16, as f32; the accumulators (f32 values of f16 numbers), one head
+    // after another.
+    let qf: Vec<f32> = q.iter().map(|&x| f16_to_f32(f32_to_f16(x))).collect();
+    let mut vkq = vec![0f32; g * hd];
+    let mut m = vec![f32::NEG_INFINITY; g];
+    let mut sum = vec![0f32; g];
+    let (mut kf, mut vf) = (vec![0f32; hd], vec![0f32; hd]);
+    let mut s = vec![0f32; g];
+    for c in cells {
+        let (kc, vc) = (&k(c)[..hd], &v(c)[..hd]);
+        for i in (0..hd).step_by(16) {
+            // SAFETY: i + 16 <= hd, the length of kf and vf.
+            unsafe {
+                _mm512_storeu_ps(kf.as_mut_ptr().add(i), load_ph(kc, i));
+                _mm512_storeu_ps(vf.as_mut_ptr().add(i), load_ph(vc, i));
+            }
+        }
+        for (sh, qh) in s.iter_mut().zip(qf.chunks_exact(hd)) {
+            *sh = dot_f32(&kf, qh) * scale;
+        }
+        for (hh, acc) in vkq.chunks_exact_mut(hd).enumerate() {
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s[hh] > m[hh] {
+                let mold = m[hh];
+                m[hh] = s[hh];
+                ms = (mold - m[hh]).exp();
+                let msv = _mm512_set1_ps(ms);
+                for i in (0..hd).step_by(16) {
+                    // SAFETY: i + 16 <= hd = acc.len().
+                    unsafe {
+                        let p = acc.as_mut_ptr().add(i);
+                        _mm512_storeu_ps(p, round_ph(_mm512_mul_ps(_mm512_loadu_ps(p), msv)));
+                    }
+                }
+            } else {
+                vs = (s[hh] - m[hh]).exp();
+            }
+            let vsv = _mm512_set1_ps(vs);
+            for i in (0..hd).step_by(16) {
+                // SAFETY: i + 16 <= hd, the length of `acc` and `vf`.
+                unsafe {
+                    let p = acc.as_mut_ptr().add(i);
+                    let r = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(vf.as_ptr().add(i)),
+                        vsv,
+                        _mm512_loadu_ps(p),
+                    );
+                    _mm512_storeu_ps(p, round_ph(r));
+                }
+            }
+            sum[hh] = sum[hh].mul_add(ms, vs);
+        }
+    }
+    for ((o, acc), &sm) in out.chunks_exact_mut(hd).zip(vkq.chunks_exact(hd)).zip(&sum) {
+        let inv = if sm == 0.0 { 0.0 } else { 1.0 / sm };
+        for (o, &a) in o.iter_mut().zip(acc) {
+            *o = a * inv;
+        }
+    }
+}
