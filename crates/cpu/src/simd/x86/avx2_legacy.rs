@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::{bits_to_bytes, dot_i8_any, iq4_table, load32, nibbles32};
-use super::{pairs_small_w, widen_pairs, PREFETCH_AHEAD};
+use super::{pairs_small_w, side_row_bytes, widen_pairs, PREFETCH_AHEAD};
 
 /// Q8_0 activation block: d f16 | qs i8[32].
 const Q8_0: usize = 34;
@@ -385,15 +385,9 @@ fn dot_q5_0_side(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
 /// activation row: `out[r]` = dot of row r.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q5_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
-    let Some(wrb) = w.len().checked_div(out.len()) else {
+    let Some(wrb) = side_row_bytes(w, out.len(), 22, "Q5_0") else {
         return;
     };
-    assert!(
-        wrb * out.len() == w.len(),
-        "{} weight bytes do not split into {} rows",
-        w.len(),
-        out.len()
-    );
     for (wr, o) in w.chunks_exact(wrb).zip(out.iter_mut()) {
         *o = dot_q5_0_side(wr, a, d, sums);
     }
@@ -403,15 +397,9 @@ pub(super) fn dot_q5_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], ou
 /// activation row: `out[r]` = dot of row r.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn dot_q8_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
-    let Some(wrb) = w.len().checked_div(out.len()) else {
+    let Some(wrb) = side_row_bytes(w, out.len(), 34, "Q8_0") else {
         return;
     };
-    assert!(
-        wrb * out.len() == w.len(),
-        "{} weight bytes do not split into {} rows",
-        w.len(),
-        out.len()
-    );
     for (wr, o) in w.chunks_exact(wrb).zip(out.iter_mut()) {
         *o = dot_q8_0_side(wr, a, d, sums);
     }

@@ -8,6 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512_legacy::{add_real, hsum8};
+use super::side_row_bytes;
 
 /// Q4_1 weight block: d f16 | m f16 | qs[16].
 const Q4_1: usize = 20;
@@ -20,16 +21,10 @@ const GROUP: usize = 8;
 /// the row's facts from the side table, its blocks' d then their s (2 x blocks f32).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 pub(super) fn dot_q4_1_side_rows(w: &[u8], a: &[u8], fs: &[f32], _: &[i32], out: &mut [f32]) {
-    let Some(wrb) = w.len().checked_div(out.len()) else {
+    let Some(wrb) = side_row_bytes(w, out.len(), Q4_1, "Q4_1") else {
         return;
     };
     let blocks = wrb / Q4_1;
-    assert!(
-        wrb * out.len() == w.len() && blocks * Q4_1 == wrb,
-        "{} weight bytes do not split into {} rows of Q4_1 blocks",
-        w.len(),
-        out.len()
-    );
     let (d, s) = fs[..2 * blocks].split_at(blocks);
     let a = &a[..blocks * Q8_1];
     for (wr, o) in w.chunks_exact(wrb).zip(out.iter_mut()) {

@@ -180,6 +180,18 @@ pub(super) fn avx2_quant(ty: GgmlType) -> Option<QuantFn> {
     }
 }
 
+/// The bytes per row of the `rows` consecutive weight rows of `block`-byte blocks that a side
+/// kernel's `w` holds (None for no rows); panics, naming the type, when `w` does not split so.
+fn side_row_bytes(w: &[u8], rows: usize, block: usize, ty: &str) -> Option<usize> {
+    let wrb = w.len().checked_div(rows)?;
+    assert!(
+        wrb * rows == w.len() && wrb.is_multiple_of(block),
+        "{} weight bytes do not split into {rows} rows of {ty} blocks",
+        w.len()
+    );
+    Some(wrb)
+}
+
 // ---- helpers shared by the AVX2 kernels ----
 
 /// How far ahead of the bytes being dotted the kernels prefetch weights (bytes). The hardware
