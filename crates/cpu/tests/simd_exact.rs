@@ -265,7 +265,7 @@ fn avx512_serves_every_listed_type() {
         assert_eq!(Isa::Avx512Vnni.quant_served_by(ty), Isa::Avx512Vnni, "{ty}");
     }
     assert_eq!(simd::detected(), Isa::Avx512Vnni);
-    // Side kernels (decode): AVX-512's own for Q4_1, AVX2's for Q5_0 and Q8_0.
+    // Side kernels (decode): AVX-512's own for Q4_1 and Q8_0, AVX2's for Q5_0.
     assert_side_kernels(Isa::Avx512Vnni);
 }
 

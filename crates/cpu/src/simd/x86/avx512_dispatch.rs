@@ -114,6 +114,11 @@ fn side_q4_1(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     unsafe { avx512_side_kernels::dot_q4_1_side_rows(w, a, d, sums, out) }
 }
 
+fn side_q8_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    // SAFETY: only handed out by `avx512_side` after `avx512_supported()` returned true.
+    unsafe { avx512_side_kernels::dot_q8_0_side_rows(w, a, d, sums, out) }
+}
+
 /// The AVX-512 side kernel (activation facts from the side table) for `ty`, where one exists
 /// (the AVX2 ones serve the other types on AVX-512 machines).
 pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
@@ -122,6 +127,7 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
     }
     match ty {
         GgmlType::Q4_1 => Some(side_q4_1),
+        GgmlType::Q8_0 => Some(side_q8_0),
         _ => None,
     }
 }

@@ -12,6 +12,8 @@ use super::side_row_bytes;
 
 /// Q4_1 weight block: d f16 | m f16 | qs[16].
 const Q4_1: usize = 20;
+/// Q8_0 block (weights and activations): d f16 | qs i8[32].
+const Q8_0: usize = 34;
 /// Q8_1 activation block: d f16 | s f16 | qs i8[32].
 const Q8_1: usize = 36;
 /// Blocks whose integer and float parts are computed together.
@@ -116,6 +118,117 @@ fn q4_1_pair(w: &[u8], a: &[u8], b: usize) -> __m512i {
     let a1 = load_part32(a, (b + 1) * Q8_1 + 4);
     let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a0), a1);
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x)
+}
+
+/// The dots of the `out.len()` consecutive Q8_0 rows of `w` with the Q8_0 row `a`; `d` and
+/// `sums` are the row's facts from the side table (scales as f32, Σ a per block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub(super) fn dot_q8_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    let Some(wrb) = side_row_bytes(w, out.len(), Q8_0, "Q8_0") else {
+        return;
+    };
+    let blocks = wrb / Q8_0;
+    let (a, d, sums) = (&a[..blocks * Q8_0], &d[..blocks], &sums[..blocks]);
+    for (wr, o) in w.chunks_exact(wrb).zip(out.iter_mut()) {
+        *o = q8_0_row(wr, a, d, sums);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q8_0_row(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+    let blocks = w.len() / Q8_0;
+    let mut acc = _mm_setzero_ps();
+    let mut g = 0;
+    while g + GROUP <= blocks {
+        let v = q8_0_group::<4>(
+            &w[g * Q8_0..][..GROUP * Q8_0],
+            &a[g * Q8_0..][..GROUP * Q8_0],
+            &d[g..][..GROUP],
+            &sums[g..][..GROUP],
+        );
+        acc = _mm_add_ps(acc, _mm256_castps256_ps128(v));
+        acc = _mm_add_ps(acc, _mm256_extractf128_ps::<1>(v));
+        g += GROUP;
+    }
+    // The last blocks (1..7) by masked loads, as in `q4_1_row`.
+    let count = blocks - g;
+    if count > 0 {
+        let (w, a, d, sums) = (&w[g * Q8_0..], &a[g * Q8_0..], &d[g..], &sums[g..]);
+        if count <= 4 {
+            let v = q8_0_group::<2>(w, a, d, sums);
+            acc = add_real(acc, _mm256_castps256_ps128(v), count);
+        } else {
+            let v = q8_0_group::<4>(w, a, d, sums);
+            acc = _mm_add_ps(acc, _mm256_castps256_ps128(v));
+            acc = add_real(acc, _mm256_extractf128_ps::<1>(v), count - 4);
+        }
+    }
+    // (lane 0 + lane 2) + (lane 1 + lane 3)
+    let r = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps::<0b01>(r, r)))
+}
+
+/// The values Σ w·a * (d_w * d_a) of the first 2 x `PAIRS` Q8_0 blocks of `w` against the
+/// Q8_0 blocks of `a`, as [`q4_1_group`]. The weights go into VNNI biased to unsigned (w ^
+/// 0x80 = w + 128, exact for -128 too) and Σ w·a = Σ (w + 128)·a - 128·Σ a exactly (i32).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q8_0_group<const PAIRS: usize>(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> __m256 {
+    let dw = f16x8_words::<PAIRS>(w, Q8_0);
+    let mut pairs = [_mm512_setzero_si512(); 4];
+    for (k, p) in pairs.iter_mut().enumerate().take(PAIRS) {
+        *p = q8_0_pair(w, a, 2 * k);
+    }
+    let isum = _mm256_sub_epi32(hsum8(pairs), _mm256_slli_epi32::<7>(load_i32x8(sums)));
+    _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, load_f32x8(d)))
+}
+
+/// The exact sums Σ (w + 128)·a of Q8_0 blocks `b`, `b + 1` of `w` against Q8_0 blocks `b`,
+/// `b + 1` of `a`, 4 elements per i32 lane (block `b` in the low 256 bits). A missing block
+/// reads as zero bytes: its w + 128 is 128 against a = 0, so its sum is 0 too.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q8_0_pair(w: &[u8], a: &[u8], b: usize) -> __m512i {
+    let w0 = load_part32(w, b * Q8_0 + 2);
+    let w1 = load_part32(w, (b + 1) * Q8_0 + 2);
+    let u = _mm512_xor_si512(
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1),
+        _mm512_set1_epi8(-128),
+    );
+    let a0 = load_part32(a, b * Q8_0 + 2);
+    let a1 = load_part32(a, (b + 1) * Q8_0 + 2);
+    let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a0), a1);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x)
+}
+
+/// The f16 scales at byte 0 of the first 2 x `PAIRS` `stride`-byte blocks of `w` as f32
+/// (blocks past its end 0), by two-source word permutes: blocks 0..4 from the 128 bytes at
+/// 0, blocks 4..8 from the 128 at 4 x stride (`stride` even, 3 x stride + 2 <= 128).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn f16x8_words<const PAIRS: usize>(w: &[u8], stride: usize) -> __m256 {
+    let h = (stride / 2) as i16;
+    // Only the low 4 words are used.
+    let idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, h, 2 * h, 3 * h, 0, 0, 0, 0));
+    let lo = _mm512_permutex2var_epi16(load_part(w, 0), idx, load_part(w, 64));
+    let hi = if PAIRS > 2 {
+        let at = 4 * stride;
+        _mm512_permutex2var_epi16(load_part(w, at), idx, load_part(w, at + 64))
+    } else {
+        _mm512_setzero_si512()
+    };
+    let words = _mm_unpacklo_epi64(_mm512_castsi512_si128(lo), _mm512_castsi512_si128(hi));
+    _mm256_cvtph_ps(words)
+}
+
+/// `v[0..8]`, the lanes past its end zero.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl")]
+fn load_i32x8(v: &[i32]) -> __m256i {
+    let m = first_lanes(v.len(), 0, 8) as u8;
+    // SAFETY: as in `load_part`, for i32 lanes.
+    unsafe { _mm256_maskz_loadu_epi32(m, v.as_ptr().cast()) }
 }
 
 /// The mask of the first `n` of `lanes` lanes of `len`-element data read from element `at`.
