@@ -34,40 +34,48 @@ pub(super) fn dot_q4_1_side_rows(w: &[u8], a: &[u8], fs: &[f32], _: &[i32], out:
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-fn q4_1_row(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> f32 {
-    let blocks = w.len() / Q4_1;
-    let mut acc = _mm_setzero_ps();
-    let mut g = 0;
-    while g + GROUP <= blocks {
-        let v = q4_1_group::<4>(
-            &w[g * Q4_1..][..GROUP * Q4_1],
-            &a[g * Q8_1..][..GROUP * Q8_1],
-            &d[g..][..GROUP],
-            &s[g..][..GROUP],
-        );
-        acc = _mm_add_ps(acc, _mm256_castps256_ps128(v));
-        acc = _mm_add_ps(acc, _mm256_extractf128_ps::<1>(v));
-        g += GROUP;
-    }
-    // The last blocks (1..7) by masked loads: the bytes past the row read as zero, and
-    // lanes without a block stay untouched.
-    let count = blocks - g;
-    if count > 0 {
-        let (w, a, d, s) = (&w[g * Q4_1..], &a[g * Q8_1..], &d[g..], &s[g..]);
-        if count <= 4 {
-            let v = q4_1_group::<2>(w, a, d, s);
+/// The body of one row's dot in the reference's lane order, from its groups' block values:
+/// `$group::<PAIRS>(w, a, facts..)` gives the values of a group's first 2 x PAIRS blocks
+/// (PAIRS 4, or 2 for a last group of at most 4 blocks; blocks past the row's end read as
+/// zeros there and their lanes are dropped here). A macro, not a function taking a closure:
+/// the closure would not inline into the target-feature code.
+macro_rules! side_row {
+    ($w:expr, $a:expr, ($wb:expr, $ab:expr), $group:ident, $($fact:expr),+) => {{
+        let (w, a) = ($w, $a);
+        let blocks = w.len() / $wb;
+        let mut acc = _mm_setzero_ps();
+        let mut g = 0;
+        while g + GROUP <= blocks {
+            let v = $group::<4>(
+                &w[g * $wb..][..GROUP * $wb],
+                &a[g * $ab..][..GROUP * $ab],
+                $(&$fact[g..][..GROUP]),+
+            );
+            acc = _mm_add_ps(acc, _mm256_castps256_ps128(v));
+            acc = _mm_add_ps(acc, _mm256_extractf128_ps::<1>(v));
+            g += GROUP;
+        }
+        // The last blocks (1..7) by masked loads: the bytes past the row read as zero, and
+        // lanes without a block stay untouched.
+        let count = blocks - g;
+        if count > 0 && count <= 4 {
+            let v = $group::<2>(&w[g * $wb..], &a[g * $ab..], $(&$fact[g..]),+);
             acc = add_real(acc, _mm256_castps256_ps128(v), count);
-        } else {
-            let v = q4_1_group::<4>(w, a, d, s);
+        } else if count > 4 {
+            let v = $group::<4>(&w[g * $wb..], &a[g * $ab..], $(&$fact[g..]),+);
             acc = _mm_add_ps(acc, _mm256_castps256_ps128(v));
             acc = add_real(acc, _mm256_extractf128_ps::<1>(v), count - 4);
         }
-    }
-    // (lane 0 + lane 2) + (lane 1 + lane 3)
-    let r = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
-    _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps::<0b01>(r, r)))
+        // (lane 0 + lane 2) + (lane 1 + lane 3)
+        let r = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+        _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps::<0b01>(r, r)))
+    }};
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q4_1_row(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> f32 {
+    side_row!(w, a, (Q4_1, Q8_1), q4_1_group, d, s)
 }
 
 /// The values (d_w * d_a) * Σ + m_w * s_a of the first 2 x `PAIRS` Q4_1 blocks of `w`
@@ -137,36 +145,7 @@ pub(super) fn dot_q8_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], ou
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 fn q8_0_row(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
-    let blocks = w.len() / Q8_0;
-    let mut acc = _mm_setzero_ps();
-    let mut g = 0;
-    while g + GROUP <= blocks {
-        let v = q8_0_group::<4>(
-            &w[g * Q8_0..][..GROUP * Q8_0],
-            &a[g * Q8_0..][..GROUP * Q8_0],
-            &d[g..][..GROUP],
-            &sums[g..][..GROUP],
-        );
-        acc = _mm_add_ps(acc, _mm256_castps256_ps128(v));
-        acc = _mm_add_ps(acc, _mm256_extractf128_ps::<1>(v));
-        g += GROUP;
-    }
-    // The last blocks (1..7) by masked loads, as in `q4_1_row`.
-    let count = blocks - g;
-    if count > 0 {
-        let (w, a, d, sums) = (&w[g * Q8_0..], &a[g * Q8_0..], &d[g..], &sums[g..]);
-        if count <= 4 {
-            let v = q8_0_group::<2>(w, a, d, sums);
-            acc = add_real(acc, _mm256_castps256_ps128(v), count);
-        } else {
-            let v = q8_0_group::<4>(w, a, d, sums);
-            acc = _mm_add_ps(acc, _mm256_castps256_ps128(v));
-            acc = add_real(acc, _mm256_extractf128_ps::<1>(v), count - 4);
-        }
-    }
-    // (lane 0 + lane 2) + (lane 1 + lane 3)
-    let r = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
-    _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps::<0b01>(r, r)))
+    side_row!(w, a, (Q8_0, Q8_0), q8_0_group, d, sums)
 }
 
 /// The values Σ w·a * (d_w * d_a) of the first 2 x `PAIRS` Q8_0 blocks of `w` against the
