@@ -10,11 +10,15 @@ use minfer_testkit::models;
 use rexpect::session::{spawn_command, PtySession};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// A fresh path per call: the tests run in parallel, and rewriting a model file that another
+/// test's `minfer` has mapped kills that process (SIGBUS, no message).
 fn tmp(name: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
     let d = std::env::temp_dir().join(format!("minfer-chat-pty-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    d.join(format!("{}-{name}", NEXT.fetch_add(1, Ordering::Relaxed)))
 }
 
 fn tiny_model() -> PathBuf {

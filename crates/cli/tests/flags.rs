@@ -22,13 +22,18 @@ fn tmp(name: &str) -> PathBuf {
 
 /// A tiny model with a 64-token context.
 fn tiny() -> PathBuf {
-    let p = tmp("tiny.gguf");
-    if !p.exists() {
-        let mut spec = SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128);
-        spec.context_length = 64;
-        std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
-    }
-    p
+    // Written once per process, before any test reads it: the tests run in parallel, and a
+    // test that found the file half written (or rewritten under a running `minfer`) failed.
+    static MODEL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let p = tmp("tiny.gguf");
+            let mut spec = SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128);
+            spec.context_length = 64;
+            std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
+            p
+        })
+        .clone()
 }
 
 fn run(args: &[&str]) -> Output {

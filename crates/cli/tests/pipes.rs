@@ -17,16 +17,20 @@ fn tmp(name: &str) -> PathBuf {
 /// A tiny model, with a metadata array long enough that `inspect --json` prints far more
 /// than a pipe buffer holds (so the write after the reader closes must fail).
 fn tiny() -> PathBuf {
-    let p = tmp("tiny.gguf");
-    if !p.exists() {
-        let mut w = synthesize(&SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128)).unwrap();
-        w.set(
-            "test.padding",
-            Value::Array(Array::String(vec!["x".repeat(100); 4000].into())),
-        );
-        std::fs::write(&p, w.to_bytes()).unwrap();
-    }
-    p
+    // Written once per process, before any test reads it (the tests run in parallel).
+    static MODEL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let p = tmp("tiny.gguf");
+            let mut w = synthesize(&SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128)).unwrap();
+            w.set(
+                "test.padding",
+                Value::Array(Array::String(vec!["x".repeat(100); 4000].into())),
+            );
+            std::fs::write(&p, w.to_bytes()).unwrap();
+            p
+        })
+        .clone()
 }
 
 /// Runs `minfer args` with `input` on stdin, reads 5 bytes of stdout (all that is left if
