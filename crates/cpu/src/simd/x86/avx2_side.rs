@@ -54,7 +54,7 @@ fn q4_1_row(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> f32 {
     if g < blocks {
         // The last 1..3 blocks; lanes without a block stay untouched.
         let count = blocks - g;
-        let v = q4_1_tail(&w[g * Q4_1..], &a[g * Q8_1..], &d[g..], &s[g..]);
+        let v = q4_1_group(&w[g * Q4_1..], &a[g * Q8_1..], &d[g..], &s[g..]);
         let real = _mm_cmpgt_epi32(_mm_set1_epi32(count as i32), _mm_setr_epi32(0, 1, 2, 3));
         acc = _mm_blendv_ps(acc, _mm_add_ps(acc, v), _mm_castsi128_ps(real));
     }
@@ -63,45 +63,14 @@ fn q4_1_row(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps::<0b01>(r, r)))
 }
 
-/// The values (d_w * d_a) * Σ + m_w * s_a of 4 Q4_1 blocks (`w4`, 80 bytes) against 4 Q8_1
-/// blocks (`a4`) with the activation facts `d4`, `s4`.
+/// The values (d_w * d_a) * Σ + m_w * s_a of the first 4 Q4_1 blocks of `w` against the Q8_1
+/// blocks of `a` with the activation facts `d`, `s`; a row's last group may hold 1..3 blocks
+/// (no padded copy): a missing block's sums and facts are zero and the caller drops its lane.
+/// For a whole group (slices of exactly 4 blocks) the block checks fold away.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn q4_1_group(w4: &[u8], a4: &[u8], d4: &[f32], s4: &[f32]) -> __m128 {
-    let (w4, a4) = (&w4[..GROUP * Q4_1], &a4[..GROUP * Q8_1]);
-    // Pair sums are |q·a + q·a| <= 2·15·128 = 3,840, so two pairs (<= 7,680) stay exact in
-    // i16: one horizontal i16 add per two blocks, then one widening madd per two blocks.
-    let h01 = _mm256_hadd_epi16(q4_1_pairs(w4, a4), q4_1_pairs(&w4[Q4_1..], &a4[Q8_1..]));
-    let h23 = _mm256_hadd_epi16(
-        q4_1_pairs(&w4[2 * Q4_1..], &a4[2 * Q8_1..]),
-        q4_1_pairs(&w4[3 * Q4_1..], &a4[3 * Q8_1..]),
-    );
-    let m = _mm256_hadd_epi32(widen_pairs(h01), widen_pairs(h23));
-    let sums = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
-    // The blocks' 4-byte headers (d | m << 16), then their d and m halves.
-    let hd = |k: usize| {
-        let b = &w4[k * Q4_1..][..4];
-        i32::from_le_bytes([b[0], b[1], b[2], b[3]])
-    };
-    let head = _mm_setr_epi32(hd(0), hd(1), hd(2), hd(3));
-    let lo = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    let hi = _mm_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
-    let dw = _mm_cvtph_ps(_mm_shuffle_epi8(head, lo));
-    let mw = _mm_cvtph_ps(_mm_shuffle_epi8(head, hi));
-    let (d4, s4) = (&d4[..GROUP], &s4[..GROUP]);
-    // SAFETY: both hold 4 f32 (sliced above); loadu needs no alignment.
-    let (da, sa) = unsafe { (_mm_loadu_ps(d4.as_ptr()), _mm_loadu_ps(s4.as_ptr())) };
-    let scaled = _mm_mul_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(sums));
-    _mm_add_ps(scaled, _mm_mul_ps(mw, sa))
-}
-
-/// [`q4_1_group`] of the last 1..3 blocks of a row (`w` holds them, `a`, `d` and `s` at
-/// least as many), without copying them into a padded group: a missing block's sums and
-/// facts are zero, and its lane is dropped by the caller.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn q4_1_tail(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> __m128 {
-    let count = w.len() / Q4_1;
+fn q4_1_group(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> __m128 {
+    let count = (w.len() / Q4_1).min(GROUP);
     let pairs = |k: usize| {
         if k < count {
             q4_1_pairs(&w[k * Q4_1..], &a[k * Q8_1..])
@@ -109,22 +78,29 @@ fn q4_1_tail(w: &[u8], a: &[u8], d: &[f32], s: &[f32]) -> __m128 {
             _mm256_setzero_si256()
         }
     };
+    // Pair sums are |q·a + q·a| <= 2·15·128 = 3,840, so two pairs (<= 7,680) stay exact in
+    // i16: one horizontal i16 add per two blocks, then one widening madd per two blocks.
     let h01 = _mm256_hadd_epi16(pairs(0), pairs(1));
-    let h23 = _mm256_hadd_epi16(pairs(2), _mm256_setzero_si256());
+    let h23 = _mm256_hadd_epi16(pairs(2), pairs(3));
     let m = _mm256_hadd_epi32(widen_pairs(h01), widen_pairs(h23));
     let sums = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
-    let word = |k: usize| match w.get(k * Q4_1..k * Q4_1 + 4) {
-        Some(b) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        None => 0,
+    // The blocks' 4-byte headers (d | m << 16), then their d and m halves.
+    let word = |k: usize| {
+        if k < count {
+            let b = &w[k * Q4_1..][..4];
+            i32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        } else {
+            0
+        }
     };
-    let fact = |f: &[f32], k: usize| f.get(k).copied().unwrap_or(0.0);
-    let head = _mm_setr_epi32(word(0), word(1), word(2), 0);
+    let fact = |f: &[f32], k: usize| if k < count { f[k] } else { 0.0 };
+    let head = _mm_setr_epi32(word(0), word(1), word(2), word(3));
     let lo = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
     let hi = _mm_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
     let dw = _mm_cvtph_ps(_mm_shuffle_epi8(head, lo));
     let mw = _mm_cvtph_ps(_mm_shuffle_epi8(head, hi));
-    let da = _mm_setr_ps(fact(d, 0), fact(d, 1), fact(d, 2), 0.0);
-    let sa = _mm_setr_ps(fact(s, 0), fact(s, 1), fact(s, 2), 0.0);
+    let da = _mm_setr_ps(fact(d, 0), fact(d, 1), fact(d, 2), fact(d, 3));
+    let sa = _mm_setr_ps(fact(s, 0), fact(s, 1), fact(s, 2), fact(s, 3));
     let scaled = _mm_mul_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(sums));
     _mm_add_ps(scaled, _mm_mul_ps(mw, sa))
 }
