@@ -28,19 +28,17 @@ fn a_faulting_kernel_is_an_error_at_the_next_sync() {
     g.upload(da, &bytes(&a)).unwrap();
     g.upload(db, &bytes(&b)).unwrap();
     let grid = ((n / 256) as u32, 1, 1);
-    // Control: good pointers.
-    g.launch(
-        "mf_add",
-        grid,
-        256,
-        &[
+    let add = |g: &mut Gpu, out: u64| {
+        let args = [
             Arg::U64(da),
             Arg::U64(db),
-            Arg::U64(dout),
+            Arg::U64(out),
             Arg::U64(n as u64),
-        ],
-    )
-    .unwrap();
+        ];
+        g.launch("mf_add", grid, 256, &args)
+    };
+    // Control: good pointers.
+    add(&mut g, dout).unwrap();
     g.sync().unwrap();
     let mut out = vec![0u8; n * 4];
     g.download(dout, &mut out).unwrap();
@@ -50,18 +48,7 @@ fn a_faulting_kernel_is_an_error_at_the_next_sync() {
         .collect();
     assert!(got.iter().enumerate().all(|(i, &v)| v == 3.0 * i as f32));
     // The output pointer in the first page: an illegal address on every device.
-    g.launch(
-        "mf_add",
-        grid,
-        256,
-        &[
-            Arg::U64(da),
-            Arg::U64(db),
-            Arg::U64(0x100),
-            Arg::U64(n as u64),
-        ],
-    )
-    .unwrap();
+    add(&mut g, 0x100).unwrap();
     let first = g.sync();
     println!("after the fault: {first:?}");
     let e = first.expect_err("a kernel writing through a bad pointer must fail the sync");
