@@ -23,6 +23,8 @@
 
 pub mod attn_f16;
 #[cfg(target_arch = "x86_64")]
+mod attn_f16_avx2;
+#[cfg(target_arch = "x86_64")]
 mod attn_f16_avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
