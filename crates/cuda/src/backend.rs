@@ -10,12 +10,13 @@ use std::collections::HashMap;
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
     move_plan, Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout,
-    Node, Op, Result as GraphResult, RopeSpec, RopeStyle, WeightId, WeightRef, WeightSource,
+    Node, Op, Result as GraphResult, RopeSpec, RopeStyle, RowClasses, WeightId, WeightRef,
+    WeightSource,
 };
 
 use crate::device::{Arg, DResult, Gpu};
 use crate::replay::Replayer;
-pub(crate) use crate::scratch::{Q8Input, Scratch};
+pub(crate) use crate::scratch::{HalfInput, Q8Input, Scratch};
 
 /// Assignment priority: Metal (300) → CUDA → CPU (100).
 pub const CUDA_PRIORITY: u32 = 200;
@@ -129,6 +130,14 @@ pub struct CudaBackend {
     pub(crate) mv1_warps: usize,
     /// Whole splits replayed as CUDA graphs (off: `MINFER_CUDA_GRAPHS=0`, or profiling).
     replayer: Option<Replayer>,
+    /// The current forward's row classes (crates/cuda/src/prompt.rs).
+    pub(crate) rows: RowClasses,
+    /// Prompt rows' kernels (`MINFER_CUDA_PROMPT`, `MINFER_CUDA_PROMPT_ATTN`).
+    pub(crate) prompt: crate::prompt::PromptChoice,
+    /// The weight the f16 weight scratch holds now, and the scratch's pointer.
+    pub(crate) half_weight: Option<(u64, u64)>,
+    /// The activations the f16 activation scratch holds now.
+    pub(crate) half_input: Option<HalfInput>,
 }
 
 impl CudaBackend {
@@ -139,6 +148,7 @@ impl CudaBackend {
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let mmvq = env("MINFER_CUDA_MATMUL") != "f32";
         let mmq = crate::mmq::MmqChoice::from_env()?;
+        let prompt = crate::prompt::PromptChoice::from_env()?;
         let (attn_single, attn_warp_qt) = attention_choice(&env("MINFER_CUDA_ATTN"))?;
         let mv1_warps = if env("MINFER_CUDA_MV1_WARPS") == "4" {
             4
@@ -150,7 +160,7 @@ impl CudaBackend {
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         eprintln!(
             "{name}: {} (compute {}), {:.1} GiB ({:.1} GiB free); kernels: matmul {}, \
-             attention {}, {} (NVRTC {}, {})",
+             attention {}, {}, {} (NVRTC {}, {})",
             gpu.name,
             gpu.arch,
             gib(gpu.total_mem),
@@ -167,6 +177,7 @@ impl CudaBackend {
             } else {
                 "split-K".to_string()
             },
+            prompt.describe(),
             match (graphs, gpu.pdl) {
                 (true, true) => "CUDA graph replay, programmatic dependent launch",
                 (true, false) => "CUDA graph replay",
@@ -194,6 +205,10 @@ impl CudaBackend {
             attn_warp_qt,
             mv1_warps,
             replayer: graphs.then(Replayer::default),
+            rows: RowClasses::default(),
+            prompt,
+            half_weight: None,
+            half_input: None,
         })
     }
 
@@ -481,6 +496,10 @@ impl Backend for CudaBackend {
         true
     }
 
+    fn set_row_classes(&mut self, rows: &RowClasses) {
+        self.rows.clone_from(rows);
+    }
+
     fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
         if CUDA_KV_TYPES.contains(&ty) {
             Ok(())
@@ -610,9 +629,11 @@ impl Backend for CudaBackend {
     }
 
     fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> GraphResult<()> {
-        // The quantized-input cache never spans splits: another backend may have written
+        // The quantized-input caches never span splits: another backend may have written
         // the buffer in between.
         self.q8_input = None;
+        self.half_input = None;
+        self.half_weight = None;
         if self.replayer.is_none() {
             for (node, a) in nodes.iter().zip(args) {
                 self.execute_node(node, a)?;
@@ -627,6 +648,8 @@ impl Backend for CudaBackend {
             }
         }
         self.q8_input = None;
+        self.half_input = None;
+        self.half_weight = None;
         let (launches, whole) = self.gpu.end_record();
         let r = if whole {
             let gpu = &self.gpu;

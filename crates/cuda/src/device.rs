@@ -15,6 +15,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use sha2::{Digest, Sha256};
 
+use crate::lt::{GemmCall, GemmType, Lt};
+
 /// The kernel sources in program order (headers first).
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
@@ -28,6 +30,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("prompt.cu", include_str!("../kernels/prompt.cu")),
 ];
 
 /// Every kernel the executor launches.
@@ -85,6 +88,11 @@ pub const KERNELS: &[&str] = &[
     "mf_mmq_q4_k_k8",
     "mf_mmq_q6_k_k8",
     "mf_mmq_combine",
+    "mf_deq_half",
+    "mf_to_half",
+    "mf_bias_rows",
+    "mf_fa_64",
+    "mf_fa_128",
 ];
 
 /// How long a synchronisation waits before it reports a hung device.
@@ -237,6 +245,8 @@ pub struct Gpu {
     allocs: Vec<(u64, usize)>,
     /// Page-locked staging for large reads (grown to a power of two, kept).
     staging: RefCell<Option<Pinned>>,
+    /// cuBLASLt, opened by the first prompt-row GEMM plan.
+    lt: Option<Lt>,
 }
 
 impl Gpu {
@@ -321,7 +331,51 @@ impl Gpu {
             pdl,
             allocs: Vec::new(),
             staging: RefCell::new(None),
+            lt: None,
         })
+    }
+
+    /// The GEMM plan of `n` outputs over rows of `k` in `ty` (cuBLASLt opened on first use;
+    /// a missing library is an error naming it).
+    pub fn gemm_plan(&mut self, n: u64, k: u64, ty: GemmType) -> DResult<usize> {
+        if self.lt.is_none() {
+            self.bind()?;
+            let mut ws = None;
+            let lt = guarded("cuBLASLt", || {
+                Lt::new(|bytes| {
+                    let p = unsafe { result::malloc_sync(bytes) }
+                        .map_err(|e| format!("cuBLASLt workspace of {bytes} bytes: {e:?}"))?;
+                    ws = Some((p, bytes));
+                    Ok(p)
+                })
+            })?;
+            if let Some(a) = ws {
+                self.allocs.push(a);
+            }
+            self.lt = Some(lt);
+        }
+        let lt = self.lt.as_mut().expect("opened above");
+        guarded("cuBLASLt", || lt.plan(n, k, ty))
+    }
+
+    /// The pinned algorithm of a plan, for the startup line and the gates.
+    pub fn gemm_describe(&self, plan: usize) -> String {
+        self.lt
+            .as_ref()
+            .map_or_else(|| "no cuBLASLt".into(), |l| l.describe(plan))
+    }
+
+    /// Issues a GEMM, or records it while a split is being recorded.
+    pub fn gemm(&self, c: GemmCall) -> DResult<()> {
+        if self.lt.is_none() {
+            return Err("a GEMM without cuBLASLt".into());
+        }
+        let w = Work::Gemm(c);
+        if let Some(r) = self.record.borrow_mut().as_mut() {
+            r.launches.push(w);
+            return Ok(());
+        }
+        self.issue(&w)
     }
 
     pub fn bind(&self) -> DResult<()> {
@@ -476,13 +530,13 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        let l = Launch {
+        let l = Work::Kernel(Launch {
             kernel: key,
             grid,
             block,
             shared,
             args: args.to_vec(),
-        };
+        });
         if let Some(r) = self.record.borrow_mut().as_mut() {
             r.launches.push(l);
             return Ok(());
@@ -490,7 +544,15 @@ impl Gpu {
         self.issue(&l)
     }
 
-    fn issue(&self, l: &Launch) -> DResult<()> {
+    fn issue(&self, w: &Work) -> DResult<()> {
+        let l = match w {
+            Work::Kernel(l) => l,
+            Work::Gemm(c) => {
+                let lt = self.lt.as_ref().ok_or("a GEMM without cuBLASLt")?;
+                self.bind()?;
+                return lt.issue(c, self.stream.cu_stream() as _);
+            }
+        };
         let f = &self.funcs[l.kernel];
         if self.pdl {
             return self.issue_programmatic(l, f);
@@ -583,7 +645,7 @@ impl Gpu {
     }
 
     /// Stops recording: the launches not yet issued, and whether they are the whole split.
-    pub fn end_record(&self) -> (Vec<Launch>, bool) {
+    pub fn end_record(&self) -> (Vec<Work>, bool) {
         let r = self.record.borrow_mut().take().unwrap_or_default();
         (r.launches, !r.partial)
     }
@@ -607,7 +669,7 @@ impl Gpu {
     }
 
     /// Issues `launches` eagerly, in order.
-    pub fn issue_all(&self, launches: &[Launch]) -> DResult<()> {
+    pub fn issue_all(&self, launches: &[Work]) -> DResult<()> {
         for l in launches {
             self.issue(l)?;
         }
@@ -616,7 +678,7 @@ impl Gpu {
 
     /// Captures `launches` into a CUDA graph on the stream (nothing runs until it is
     /// launched).
-    pub fn capture(&self, launches: &[Launch]) -> DResult<CudaGraph> {
+    pub fn capture(&self, launches: &[Work]) -> DResult<CudaGraph> {
         self.bind()?;
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -642,6 +704,13 @@ pub struct Launch {
     pub args: Vec<Arg>,
 }
 
+/// One piece of stream work as recorded: a kernel of ours or a cuBLASLt GEMM.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Work {
+    Kernel(Launch),
+    Gemm(GemmCall),
+}
+
 /// Most arguments a programmatic launch passes (the widest kernel, mf_qkv1, takes 19).
 const MAX_ARGS: usize = 24;
 
@@ -664,7 +733,7 @@ pub const MAX_SHARED: u32 = 48 * 1024;
 
 #[derive(Default)]
 struct Record {
-    launches: Vec<Launch>,
+    launches: Vec<Work>,
     /// Some launches were issued before the record ended (an upload or read came between).
     partial: bool,
 }

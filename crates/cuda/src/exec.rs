@@ -3,7 +3,7 @@
 
 use minfer_gguf::GgmlType;
 use minfer_graph::{
-    BufId, ExecArgs, KvKind, Node, Op, QkvFused, RopeStyle, WindowLayout, KV_MAP_RUNS,
+    BufId, ExecArgs, KvKind, Node, Op, QkvFused, RopeStyle, RowClass, WindowLayout, KV_MAP_RUNS,
 };
 
 use crate::backend::{theta_scale, type_code, CudaBackend, Matrix, Scratch};
@@ -163,49 +163,18 @@ impl CudaBackend {
                     Some(b) => self.vector(w, *b, ne0)?,
                     None => 0,
                 };
-                if ne1 == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_shared(m.ne0).is_some() {
-                    return self.launch_mv1(&m, x, out, b, 0);
-                }
-                if let Some(kernel) = self.mmvq_kernel(m.ty) {
-                    let (xq, xds) = self.quantized_input(xid, x, m.ne0, ne1)?;
-                    // Many tokens: tensor-core tiles, the same bits (the canonical order).
-                    if let Some((k, tile)) = self.mmq_kernel(m.ty, ne1) {
-                        return self.encode_mmq(k, tile, &m, (xq, xds), (out, b), (ne0, ne1));
+                // Each run of one row class on its class's kernels (prompt.rs).
+                for (r0, n, class) in self.row_runs(ne1)? {
+                    let xr = x + (r0 * m.ne0 * 4) as u64;
+                    let or = out + (r0 * ne0 * 4) as u64;
+                    match (class, self.prompt_gemm(&m)) {
+                        (RowClass::Prompt, Some(ty)) => {
+                            self.encode_gemm(ty, &m, (xid, r0, xr), n, or, b)?
+                        }
+                        _ => self.encode_matmul_rows(&m, (xid, r0, xr), n, or, b)?,
                     }
-                    return self.gpu.launch(
-                        kernel,
-                        (ne0.div_ceil(MV_ROWS) as u32, ne1.div_ceil(MV_T) as u32, 1),
-                        128,
-                        &[
-                            Arg::U64(m.ptr),
-                            Arg::U64(m.row_bytes as u64),
-                            Arg::U64(xq),
-                            Arg::U64(xds),
-                            Arg::U64(out),
-                            Arg::U64(b),
-                            Arg::I32(m.ne0 as i32),
-                            Arg::I32(ne0 as i32),
-                            Arg::I32(ne1 as i32),
-                        ],
-                    );
                 }
-                let ty = type_code(m.ty).ok_or_else(|| format!("{} weights", m.ty))?;
-                g.launch(
-                    "mf_matmul",
-                    (ne0 as u32, ne1.div_ceil(16) as u32, 1),
-                    row_threads(m.ne0.div_ceil(32)),
-                    &[
-                        Arg::I32(ty),
-                        Arg::U64(m.ptr),
-                        Arg::U64(m.row_bytes as u64),
-                        Arg::U64(x),
-                        Arg::U64(out),
-                        Arg::U64(b),
-                        Arg::I32(m.ne0 as i32),
-                        Arg::I32(ne0 as i32),
-                        Arg::I32(ne1 as i32),
-                    ],
-                )
+                Ok(())
             }
             Op::RmsNorm { eps, weight, group } => {
                 if *group == 0 || !ne0.is_multiple_of(*group) {
@@ -321,7 +290,7 @@ impl CudaBackend {
                 if n_head * head_dim != ne0 {
                     return Err(format!("{n_head} heads of {head_dim} over rows of {ne0}"));
                 }
-                let ty = kv_code(*cache_type)?;
+                kv_code(*cache_type)?;
                 let row_bytes = cell_bytes(*cache_type, n_head_kv * head_dim)?;
                 let (k, klen) = self.region(args, KvKind::K)?;
                 let (v, _) = self.region(args, KvKind::V)?;
@@ -335,94 +304,37 @@ impl CudaBackend {
                 if wl < ne1 * width * 4 {
                     return Err(format!("window input of {wl} bytes for {ne1} queries"));
                 }
-                let max_len = check_windows(
-                    &i32s(&self.host_view(wid, ne1 * width * 4)?),
-                    width,
-                    n_cells,
-                )?;
+                let windows = i32s(&self.host_view(wid, ne1 * width * 4)?);
+                check_windows(&windows, width, n_cells)?;
                 let out = self.out(node, args)?;
-                let common = [
-                    Arg::I32(ty),
-                    Arg::U64(q),
-                    Arg::U64(k),
-                    Arg::U64(v),
-                    Arg::U64(win),
-                ];
-                let shape = [
-                    Arg::U64(row_bytes as u64),
-                    Arg::I32(*n_head as i32),
-                    Arg::I32(*n_head_kv as i32),
-                    Arg::I32(*head_dim as i32),
-                    Arg::I32(width as i32),
-                    Arg::F32(*scale),
-                ];
-                if self.attn_single {
-                    let a: Vec<Arg> = common
-                        .into_iter()
-                        .chain([Arg::U64(out)])
-                        .chain(shape)
-                        .collect();
-                    return self.gpu.launch(
-                        "mf_attn_window",
-                        (*n_head as u32, ne1 as u32, 1),
-                        128,
-                        &a,
-                    );
+                let fa = self.prompt_fa(*cache_type, *head_dim);
+                let shape = (*n_head, *n_head_kv, *head_dim, width, *scale);
+                for (r0, nq, class) in self.row_runs(ne1)? {
+                    match (class, fa) {
+                        (RowClass::Prompt, Some(kernel)) => self.encode_prompt_attention(
+                            kernel,
+                            (q, k, v, win, out),
+                            &windows,
+                            (row_bytes, shape.0, shape.1, shape.2, shape.3, shape.4),
+                            r0,
+                            nq,
+                        )?,
+                        _ => {
+                            let qs = (ne0 * 4 * r0) as u64;
+                            let ws = (width * 4 * r0) as u64;
+                            let rows = &windows[r0 * width..(r0 + nq) * width];
+                            let max_len = check_windows(rows, width, n_cells)?;
+                            self.encode_attention_rows(
+                                *cache_type,
+                                (q + qs, k, v, win + ws, out + qs),
+                                (row_bytes, n_cells, max_len),
+                                shape,
+                                nq,
+                            )?
+                        }
+                    }
                 }
-                let group = n_head / n_head_kv;
-                if let Some((kernel, qt)) = self.attn_warp(*cache_type, *head_dim, group, ne1) {
-                    return self.attn_warp_launch(
-                        kernel, qt, q, k, v, win, out, row_bytes, *n_head, *n_head_kv, *head_dim,
-                        width, *scale, ne1, n_cells, max_len,
-                    );
-                }
-                // Chunks over the region's cells for small batches (a fixed grid for a
-                // fixed plan: graph replay), over the longest window for prefill (less
-                // scratch); the chunks past a window's end are empty and skipped, so the
-                // grid never changes a query's bits.
-                let gqa = *head_dim <= 128 && group <= 16;
-                let chunk = if gqa { GQA_CHUNK } else { ATTN_CHUNK };
-                let span = if ne1 <= 16 { n_cells } else { max_len };
-                let n_split = span.div_ceil(chunk).max(1);
-                let part_bytes = ne1 * n_head * n_split * (head_dim + 2) * 4;
-                let part = self.scratch(Scratch::AttnPart, part_bytes)?;
-                let a: Vec<Arg> = common
-                    .into_iter()
-                    .chain([Arg::U64(part)])
-                    .chain(shape)
-                    .chain([Arg::I32(n_split as i32)])
-                    .collect();
-                if gqa {
-                    let floats =
-                        group * head_dim + 32 * (head_dim + 1) + 32 * head_dim + group * 32;
-                    self.gpu.launch_shared(
-                        "mf_attn_gqa",
-                        (*n_head_kv as u32, ne1 as u32, n_split as u32),
-                        128,
-                        ((floats + 48 + 32) * 4) as u32,
-                        &a,
-                    )?;
-                } else {
-                    self.gpu.launch(
-                        "mf_attn_split",
-                        (*n_head as u32, ne1 as u32, n_split as u32),
-                        128,
-                        &a,
-                    )?;
-                }
-                self.gpu.launch_shared(
-                    "mf_attn_combine",
-                    (*n_head as u32, ne1 as u32, 1),
-                    (*head_dim).next_multiple_of(32).min(256) as u32,
-                    (n_split * 16) as u32,
-                    &[
-                        Arg::U64(part),
-                        Arg::U64(out),
-                        Arg::I32(*n_head as i32),
-                        Arg::I32(*head_dim as i32),
-                        Arg::I32(n_split as i32),
-                    ],
-                )
+                Ok(())
             }
             Op::MatMulAdd { weight, bias } => {
                 let m = self.matrix(w, *weight)?;
@@ -494,6 +406,153 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// `nq` query rows of an attention node on the generation rows' kernels (pointers at
+    /// their first row).
+    fn encode_attention_rows(
+        &mut self,
+        cache_type: GgmlType,
+        (q, k, v, win, out): (u64, u64, u64, u64, u64),
+        (row_bytes, n_cells, max_len): (usize, usize, usize),
+        (n_head, n_head_kv, head_dim, width, scale): (usize, usize, usize, usize, f32),
+        nq: usize,
+    ) -> DResult<()> {
+        let ty = kv_code(cache_type)?;
+        let common = [
+            Arg::I32(ty),
+            Arg::U64(q),
+            Arg::U64(k),
+            Arg::U64(v),
+            Arg::U64(win),
+        ];
+        let shape = [
+            Arg::U64(row_bytes as u64),
+            Arg::I32(n_head as i32),
+            Arg::I32(n_head_kv as i32),
+            Arg::I32(head_dim as i32),
+            Arg::I32(width as i32),
+            Arg::F32(scale),
+        ];
+        if self.attn_single {
+            let a: Vec<Arg> = common
+                .into_iter()
+                .chain([Arg::U64(out)])
+                .chain(shape)
+                .collect();
+            return self
+                .gpu
+                .launch("mf_attn_window", (n_head as u32, nq as u32, 1), 128, &a);
+        }
+        let group = n_head / n_head_kv;
+        if let Some((kernel, qt)) = self.attn_warp(cache_type, head_dim, group, nq) {
+            return self.attn_warp_launch(
+                kernel, qt, q, k, v, win, out, row_bytes, n_head, n_head_kv, head_dim, width,
+                scale, nq, n_cells, max_len,
+            );
+        }
+        // Chunks over the region's cells for small batches (a fixed grid for a
+        // fixed plan: graph replay), over the longest window for prefill (less
+        // scratch); the chunks past a window's end are empty and skipped, so the
+        // grid never changes a query's bits.
+        let gqa = head_dim <= 128 && group <= 16;
+        let chunk = if gqa { GQA_CHUNK } else { ATTN_CHUNK };
+        let span = if nq <= 16 { n_cells } else { max_len };
+        let n_split = span.div_ceil(chunk).max(1);
+        let part_bytes = nq * n_head * n_split * (head_dim + 2) * 4;
+        let part = self.scratch(Scratch::AttnPart, part_bytes)?;
+        let a: Vec<Arg> = common
+            .into_iter()
+            .chain([Arg::U64(part)])
+            .chain(shape)
+            .chain([Arg::I32(n_split as i32)])
+            .collect();
+        if gqa {
+            let floats = group * head_dim + 32 * (head_dim + 1) + 32 * head_dim + group * 32;
+            self.gpu.launch_shared(
+                "mf_attn_gqa",
+                (n_head_kv as u32, nq as u32, n_split as u32),
+                128,
+                ((floats + 48 + 32) * 4) as u32,
+                &a,
+            )?;
+        } else {
+            self.gpu.launch(
+                "mf_attn_split",
+                (n_head as u32, nq as u32, n_split as u32),
+                128,
+                &a,
+            )?;
+        }
+        self.gpu.launch_shared(
+            "mf_attn_combine",
+            (n_head as u32, nq as u32, 1),
+            (head_dim).next_multiple_of(32).min(256) as u32,
+            (n_split * 16) as u32,
+            &[
+                Arg::U64(part),
+                Arg::U64(out),
+                Arg::I32(n_head as i32),
+                Arg::I32(head_dim as i32),
+                Arg::I32(n_split as i32),
+            ],
+        )
+    }
+
+    /// `out[0..n]` = the `n` rows at `x` times `m` (+ `bias`) on the int8 kernels (every row
+    /// count the same bits, ADR 0008), or the f32 matmul for weights they do not read.
+    fn encode_matmul_rows(
+        &mut self,
+        m: &Matrix,
+        (xid, r0, x): (BufId, usize, u64),
+        n: usize,
+        out: u64,
+        b: u64,
+    ) -> DResult<()> {
+        let n_out = m.ne1;
+        if n == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_shared(m.ne0).is_some() {
+            return self.launch_mv1(m, x, out, b, 0);
+        }
+        if let Some(kernel) = self.mmvq_kernel(m.ty) {
+            let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
+            // Many tokens: tensor-core tiles, the same bits (the canonical order).
+            if let Some((k, tile)) = self.mmq_kernel(m.ty, n) {
+                return self.encode_mmq(k, tile, m, (xq, xds), (out, b), (n_out, n));
+            }
+            return self.gpu.launch(
+                kernel,
+                (n_out.div_ceil(MV_ROWS) as u32, n.div_ceil(MV_T) as u32, 1),
+                128,
+                &[
+                    Arg::U64(m.ptr),
+                    Arg::U64(m.row_bytes as u64),
+                    Arg::U64(xq),
+                    Arg::U64(xds),
+                    Arg::U64(out),
+                    Arg::U64(b),
+                    Arg::I32(m.ne0 as i32),
+                    Arg::I32(n_out as i32),
+                    Arg::I32(n as i32),
+                ],
+            );
+        }
+        let ty = type_code(m.ty).ok_or_else(|| format!("{} weights", m.ty))?;
+        self.gpu.launch(
+            "mf_matmul",
+            (n_out as u32, n.div_ceil(16) as u32, 1),
+            row_threads(m.ne0.div_ceil(32)),
+            &[
+                Arg::I32(ty),
+                Arg::U64(m.ptr),
+                Arg::U64(m.row_bytes as u64),
+                Arg::U64(x),
+                Arg::U64(out),
+                Arg::U64(b),
+                Arg::I32(m.ne0 as i32),
+                Arg::I32(n_out as i32),
+                Arg::I32(n as i32),
+            ],
+        )
+    }
+
     /// `mf_mmvq1`: one token's `out = m · x (+ bias) (+ res)` (0 for an absent bias or
     /// residual), a warp per output row.
     fn launch_mv1(&mut self, m: &Matrix, x: u64, out: u64, bias: u64, res: u64) -> DResult<()> {

@@ -13,7 +13,11 @@ pub mod device;
 #[cfg(feature = "cuda")]
 mod exec;
 #[cfg(feature = "cuda")]
+pub mod lt;
+#[cfg(feature = "cuda")]
 mod mmq;
+#[cfg(feature = "cuda")]
+mod prompt;
 #[cfg(feature = "cuda")]
 mod replay;
 #[cfg(feature = "cuda")]

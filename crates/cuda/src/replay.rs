@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::CudaGraph;
 
-use crate::device::{DResult, Gpu, Launch};
+use crate::device::{DResult, Gpu, Work};
 
 /// Graph launches made by every CUDA backend of the process (tests check the replay path ran).
 static REPLAYS: AtomicU64 = AtomicU64::new(0);
@@ -32,7 +32,7 @@ struct OwnedGraph(CudaGraph);
 unsafe impl Send for OwnedGraph {}
 
 struct Entry {
-    launches: Vec<Launch>,
+    launches: Vec<Work>,
     graph: Option<OwnedGraph>,
     last_use: u64,
 }
@@ -46,7 +46,7 @@ pub(crate) struct Replayer {
 impl Replayer {
     /// Runs a recorded split: replayed if seen before (captured at its second sighting),
     /// else issued eagerly and remembered.
-    pub fn run(&mut self, gpu: &Gpu, launches: Vec<Launch>) -> DResult<()> {
+    pub fn run(&mut self, gpu: &Gpu, launches: Vec<Work>) -> DResult<()> {
         self.clock += 1;
         if let Some(e) = self.entries.iter_mut().find(|e| e.launches == launches) {
             e.last_use = self.clock;

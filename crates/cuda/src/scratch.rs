@@ -23,12 +23,22 @@ pub(crate) enum Scratch {
     QkvRow,
     /// The tensor-core matmul's per-pass-group subtrees when it splits the passes.
     MmqPart,
+    /// A weight matrix dequantized to f16/bf16 for the prompt rows' GEMM.
+    WeightHalf,
+    /// Prompt rows' activations rounded to f16/bf16 for the GEMM.
+    ActHalf,
 }
+
+/// What the f16 activation scratch holds: (buffer, first row, rows, row length, bf16, the
+/// scratch's pointer).
+pub(crate) type HalfInput = (BufId, usize, usize, usize, i32, u64);
 
 /// The activation buffer last quantized in this split, its row length and row count.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Q8Input {
     pub buf: BufId,
+    /// The first row quantized (a run of one row class).
+    pub r0: usize,
     pub ne0: usize,
     pub nt: usize,
 }
@@ -82,7 +92,7 @@ impl CudaBackend {
     /// V; gate and up) quantize it once.
     pub(crate) fn quantized_input(
         &mut self,
-        buf: BufId,
+        (buf, r0): (BufId, usize),
         x: u64,
         ne0: usize,
         nt: usize,
@@ -95,7 +105,7 @@ impl CudaBackend {
         let q_bytes = (ne0 * nt).next_multiple_of(256);
         let ds_bytes = nt * (ne0 / 32) * 8;
         let ptr = self.scratch(Scratch::Q8, q_bytes + ds_bytes)?;
-        let want = Q8Input { buf, ne0, nt };
+        let want = Q8Input { buf, r0, ne0, nt };
         if self.q8_input != Some(want) {
             let blocks = nt * (ne0 / 32);
             self.gpu.launch(
@@ -119,6 +129,9 @@ impl CudaBackend {
     pub(crate) fn written(&mut self, buf: BufId) {
         if self.q8_input.is_some_and(|q| q.buf == buf) {
             self.q8_input = None;
+        }
+        if self.half_input.is_some_and(|h| h.0 == buf) {
+            self.half_input = None;
         }
     }
 }

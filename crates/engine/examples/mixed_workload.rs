@@ -94,14 +94,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|(&(i, n, decode), t)| {
                 let r = &reqs[i];
                 if decode {
-                    BatchEntry::new(r.seq, t, r.pos)
+                    BatchEntry::generated(r.seq, t, r.pos)
                 } else {
-                    BatchEntry {
-                        seq: r.seq,
-                        tokens: &r.prompt[r.fed..r.fed + n],
-                        pos0: r.fed,
-                        logits: usize::from(r.fed + n == r.prompt.len()),
-                    }
+                    BatchEntry::prompt(
+                        r.seq,
+                        &r.prompt[r.fed..r.fed + n],
+                        r.fed,
+                        usize::from(r.fed + n == r.prompt.len()),
+                    )
                 }
             })
             .collect();

@@ -20,7 +20,7 @@
 
 use crate::engine::{Engine, Error, Result};
 use crate::kvcells::{KvCells, SeqId};
-use minfer_graph::{sched, InputKind, WindowLayout, KV_MAP_RUNS};
+use minfer_graph::{sched, InputKind, RowClass, RowClasses, WindowLayout, KV_MAP_RUNS};
 
 /// One sequence's part of a batch.
 #[derive(Clone, Copy, Debug)]
@@ -31,16 +31,37 @@ pub struct BatchEntry<'a> {
     pub pos0: usize,
     /// How many of the entry's last rows get logits (0: none, a prefill chunk).
     pub logits: usize,
+    /// Whether the tokens are the sequence's prompt or tokens it generated (its phase: a
+    /// backend may compute the two classes differently, docs/PRECISION.md "Row classes").
+    pub class: RowClass,
 }
 
 impl<'a> BatchEntry<'a> {
-    /// An entry whose last row gets logits.
+    /// A prompt chunk whose last row gets logits.
     pub fn new(seq: SeqId, tokens: &'a [u32], pos0: usize) -> Self {
+        BatchEntry::prompt(seq, tokens, pos0, 1)
+    }
+
+    /// A chunk of the sequence's prompt, its last `logits` rows getting logits.
+    pub fn prompt(seq: SeqId, tokens: &'a [u32], pos0: usize, logits: usize) -> Self {
         BatchEntry {
             seq,
             tokens,
             pos0,
-            logits: 1,
+            logits,
+            class: RowClass::Prompt,
+        }
+    }
+
+    /// Tokens the engine generated (sampled, or drafted and being verified), each row
+    /// getting logits.
+    pub fn generated(seq: SeqId, tokens: &'a [u32], pos0: usize) -> Self {
+        BatchEntry {
+            seq,
+            tokens,
+            pos0,
+            logits: tokens.len(),
+            class: RowClass::Generation,
         }
     }
 }
@@ -102,6 +123,8 @@ struct Staged {
     windows: Vec<Vec<(usize, usize)>>,
     /// Row (in the batch) of each output, in entry order.
     out_rows: Vec<usize>,
+    /// Each row's class.
+    classes: Vec<RowClass>,
 }
 
 fn entry_err(entry: usize, e: impl Into<Error>) -> Error {
@@ -225,6 +248,7 @@ impl Engine {
             kv_cells: Vec::with_capacity(total),
             windows: Vec::with_capacity(total),
             out_rows: Vec::new(),
+            classes: Vec::with_capacity(total),
             cells: KvCells::new(0),
         };
         for (e, new_cells) in entries.iter().zip(&reserved) {
@@ -238,6 +262,7 @@ impl Engine {
             }
             let nt = e.tokens.len();
             staged.out_rows.extend(row0 + nt - e.logits..row0 + nt);
+            staged.classes.extend(std::iter::repeat_n(e.class, nt));
         }
         staged.cells = cells;
         Ok(staged)
@@ -255,7 +280,8 @@ impl Engine {
         } else {
             WindowLayout::KvMap
         };
-        let params = self.params(n_tok, n_out, window);
+        let mut params = self.params(n_tok, n_out, window);
+        params.prompt_rows = s.classes.contains(&RowClass::Prompt);
         self.prepare(&params)?;
         let scratch = self.n_ctx as i32;
         let Staged {
@@ -264,6 +290,7 @@ impl Engine {
             kv_cells: mut kvc,
             windows,
             out_rows,
+            classes,
             ..
         } = s;
         ids.resize(n_tok, 0);
@@ -331,7 +358,19 @@ impl Engine {
         if let Some(t) = &tail {
             sched::fill_input(graph, plan, be, InputKind::TailIds, t)?;
         }
-        sched::execute(graph, plan, be, &weights)?;
+        // Padding rows take the class of the last real row (one run more would cost a
+        // launch; a padding row's result is never read).
+        let last = classes[nt - 1];
+        let mut rows = RowClasses {
+            tokens: classes,
+            outputs: Vec::new(),
+        };
+        rows.tokens.resize(n_tok, last);
+        rows.outputs = match &tail {
+            Some(t) => t.iter().map(|&r| rows.tokens[r as usize]).collect(),
+            None => rows.tokens.clone(),
+        };
+        sched::execute(graph, plan, be, &weights, &rows)?;
         // The output buffer is reused from the last forward; the real rows are compacted to
         // its front in place (with a tail they are already there).
         let mut data = std::mem::take(&mut self.out.data);

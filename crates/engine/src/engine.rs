@@ -31,8 +31,8 @@ use crate::kvcells::{KvCells, SeqId};
 use crate::weights::{intern, ModelWeights};
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
-    dump, Allocator, Backend, FusionConfig, GraphCache, GraphParams, Node, Placement, WeightId,
-    WindowLayout,
+    dump, Allocator, Backend, FusionConfig, GraphCache, GraphParams, Node, Placement, RowClass,
+    WeightId, WindowLayout,
 };
 use minfer_models::{build_graph, check_tensors, output_weight_name, HParams};
 use std::collections::HashMap;
@@ -375,7 +375,31 @@ impl Engine {
     /// Appends `tokens` to the default sequence at positions `pos0..` (a `pos0` below its
     /// length first drops the tail) and returns the logits of the last `n_out` rows, `vocab`
     /// floats each, row-major.
+    ///
+    /// The tokens are prompt rows (docs/PRECISION.md, "Row classes"): use
+    /// [`Engine::decode_generated`] for tokens the caller sampled.
     pub fn decode(&mut self, tokens: &[u32], pos0: usize, n_out: usize) -> Result<&[f32]> {
+        self.decode_rows(tokens, pos0, n_out, RowClass::Prompt)
+    }
+
+    /// [`Engine::decode`] of tokens the caller generated (sampled, or drafted and being
+    /// verified): generation rows.
+    pub fn decode_generated(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        n_out: usize,
+    ) -> Result<&[f32]> {
+        self.decode_rows(tokens, pos0, n_out, RowClass::Generation)
+    }
+
+    fn decode_rows(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        n_out: usize,
+        class: RowClass,
+    ) -> Result<&[f32]> {
         let nt = tokens.len();
         if nt == 0 || n_out == 0 || n_out > nt {
             return Err(Error::BadRequest(format!(
@@ -425,6 +449,7 @@ impl Engine {
                 tokens: &tokens[start..start + len],
                 pos0: pos0 + start,
                 logits: if last { n_out } else { 0 },
+                class,
             };
             self.forward_batch(std::slice::from_ref(&entry))
                 .map_err(|e| match e {
@@ -484,6 +509,7 @@ impl Engine {
             n_ctx: self.n_ctx,
             cache_type: self.cache_type,
             window,
+            prompt_rows: false,
         }
     }
 
@@ -561,5 +587,6 @@ fn probe_params(n_ctx: usize, cfg: &EngineConfig) -> GraphParams {
         n_ctx,
         cache_type: cfg.cache_type,
         window: WindowLayout::Span,
+        prompt_rows: false,
     }
 }

@@ -23,4 +23,4 @@ mod weights;
 pub use batch::{bucket, BatchEntry, BatchLogits};
 pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};
 pub use kvcells::{CellError, KvCells, Run, SeqId};
-pub use minfer_graph::{FusionConfig, KV_MAP_RUNS};
+pub use minfer_graph::{FusionConfig, RowClass, KV_MAP_RUNS};

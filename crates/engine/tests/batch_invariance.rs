@@ -86,6 +86,7 @@ fn in_company(
             tokens: &o.1[..n],
             pos0: 0,
             logits: 0,
+            class: minfer_engine::RowClass::Prompt,
         }])
         .unwrap();
         o.2 = n;
@@ -142,6 +143,7 @@ fn in_company(
                     tokens: &mine,
                     pos0: mine_pos0,
                     logits: mine_logits,
+                    class: minfer_engine::RowClass::Prompt,
                 });
             }
             let o = &others[k];
@@ -158,6 +160,7 @@ fn in_company(
                 tokens: &o.1[o.2..o.2 + n],
                 pos0: o.2,
                 logits: rng.below(n + 1),
+                class: minfer_engine::RowClass::Prompt,
             });
             chosen.push((k, n));
         }
@@ -168,6 +171,7 @@ fn in_company(
                 tokens: &mine,
                 pos0: mine_pos0,
                 logits: mine_logits,
+                class: minfer_engine::RowClass::Prompt,
             });
         }
         let out = e.forward_batch(&entries).unwrap();

@@ -2,7 +2,7 @@
 //! sees ids, buffers and nodes.
 
 use crate::error::{Error, Result};
-use crate::ir::{DType, Node, NodeId, Op, RopeStyle};
+use crate::ir::{DType, Node, NodeId, Op, RopeStyle, RowClasses};
 use minfer_gguf::GgmlType;
 use std::fmt;
 
@@ -204,6 +204,11 @@ pub trait Backend: Send {
     fn batch_invariant(&self) -> bool {
         true
     }
+    /// The classes of the next forward's rows, given before its first split runs. A backend
+    /// whose arithmetic differs by class (docs/PRECISION.md, "Row classes") chooses each
+    /// node's kernels from them; one whose arithmetic is the same for both ignores them
+    /// (the default).
+    fn set_row_classes(&mut self, _rows: &RowClasses) {}
     /// KV element types this backend's KV stores and attention read and write; `Err` says why
     /// a type is refused (given the backend's settings).
     fn check_kv_type(&self, _ty: GgmlType) -> std::result::Result<(), String> {

@@ -96,7 +96,15 @@ impl GraphCache {
         } else {
             let mut graph = build(params)?;
             assign_backends(&mut graph, backends, weights, placement)?;
-            fuse(&mut graph, backends, weights, self.fusion);
+            // The decode rewrites run generation-row kernels: a graph with prompt rows
+            // keeps its plain nodes (SwiGLU aside), whose kernels each backend chooses per
+            // class.
+            let fusion = if params.prompt_rows {
+                FusionConfig::NONE
+            } else {
+                self.fusion
+            };
+            fuse(&mut graph, backends, weights, fusion);
             // Evict first, so the new plan's buffers fit a budget the old ones filled.
             while self.entries.len() >= self.capacity {
                 if let Some((_, _, plan)) = self.entries.pop() {

@@ -349,6 +349,64 @@ pub struct GraphParams {
     pub n_ctx: usize,
     pub cache_type: GgmlType,
     pub window: WindowLayout,
+    /// The forward holds prompt rows ([`RowClass::Prompt`]): the decode-only rewrites, whose
+    /// kernels compute generation-row arithmetic, are not applied to its graph.
+    pub prompt_rows: bool,
+}
+
+/// The class of a forward's row, a property of its sequence's phase, never of the forward's
+/// shape (docs/PRECISION.md, "Row classes"). A backend may compute the two classes with
+/// different arithmetic; within a class a row's bits never depend on the other rows of the
+/// forward nor on how its prompt was chunked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RowClass {
+    /// A token the engine sampled, or a drafted token being verified.
+    #[default]
+    Generation,
+    /// A token of a sequence's prefill (a chunk of any length, a 1-token remainder included).
+    Prompt,
+}
+
+/// The classes of one forward's rows: its token rows (padding included) and the rows of
+/// the nodes after the output gather (the logits rows), in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowClasses {
+    pub tokens: Vec<RowClass>,
+    pub outputs: Vec<RowClass>,
+}
+
+impl RowClasses {
+    /// Every row a generation row (the classes of a forward that names none).
+    pub fn generation(n_tokens: usize, n_out: usize) -> Self {
+        RowClasses {
+            tokens: vec![RowClass::Generation; n_tokens],
+            outputs: vec![RowClass::Generation; n_out],
+        }
+    }
+
+    /// The classes of a node's `rows` rows: the token rows' or the output rows' (whichever
+    /// count matches; both when they are equal), `None` for any other count.
+    pub fn of(&self, rows: usize) -> Option<&[RowClass]> {
+        if rows == self.tokens.len() {
+            Some(&self.tokens)
+        } else if rows == self.outputs.len() {
+            Some(&self.outputs)
+        } else {
+            None
+        }
+    }
+
+    /// Maximal runs of one class among `classes`: (first row, rows, class).
+    pub fn runs(classes: &[RowClass]) -> Vec<(usize, usize, RowClass)> {
+        let mut out: Vec<(usize, usize, RowClass)> = Vec::new();
+        for (i, &c) in classes.iter().enumerate() {
+            match out.last_mut() {
+                Some((_, n, k)) if *k == c => *n += 1,
+                _ => out.push((i, 1, c)),
+            }
+        }
+        out
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -6,7 +6,7 @@
 use crate::alloc::{Plan, Stage};
 use crate::backend::{Backend, BackendId, ExecArgs, ReadTicket, WeightSource};
 use crate::error::{Error, Result};
-use crate::ir::{Graph, InputKind, Node, Op};
+use crate::ir::{Graph, InputKind, Node, Op, RowClasses};
 
 fn index_of(backends: &[Box<dyn Backend>], id: BackendId) -> Result<usize> {
     backends
@@ -31,13 +31,18 @@ pub fn splits(graph: &Graph) -> Vec<(BackendId, Vec<usize>)> {
 /// Runs a planned graph. Per split, in order: finish the reads of the values it consumes
 /// from other backends (begun when their producers' splits were submitted) and write them
 /// into its staging buffers, run the split whole, then begin the reads of its values that
-/// later splits consume. Every backend is synchronised at the end.
+/// later splits consume. Every backend is synchronised at the end. `rows` are the classes
+/// of the forward's rows, handed to every backend first.
 pub fn execute(
     graph: &Graph,
     plan: &Plan,
     backends: &mut [Box<dyn Backend>],
     weights: &dyn WeightSource,
+    rows: &RowClasses,
 ) -> Result<()> {
+    for b in backends.iter_mut() {
+        b.set_row_classes(rows);
+    }
     let splits = splits(graph);
     let mut split_of = vec![usize::MAX; graph.nodes.len()];
     for (k, (_, nodes)) in splits.iter().enumerate() {

@@ -5,8 +5,8 @@ use minfer_gguf::GgmlType;
 use minfer_graph::{
     alloc::size_class, assign_backends, execute, fill_input, fuse, read_output, sched::splits,
     Allocator, Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, FusionConfig, Graph,
-    GraphBuilder, GraphCache, GraphParams, InputKind, Node, Op, Placement, WeightId, WeightRef,
-    WeightSource, WindowLayout,
+    GraphBuilder, GraphCache, GraphParams, InputKind, Node, Op, Placement, RowClasses, WeightId,
+    WeightRef, WeightSource, WindowLayout,
 };
 use std::sync::{Arc, Mutex};
 
@@ -248,7 +248,7 @@ fn run(graph: &Graph, backends: &mut [Box<dyn Backend>]) -> Vec<f32> {
     let b: Vec<i32> = (0..n as i32).map(|x| 2 - x).collect();
     fill_input(graph, &plan, backends, InputKind::TokenIds, &a).unwrap();
     fill_input(graph, &plan, backends, InputKind::Positions, &b).unwrap();
-    execute(graph, &plan, backends, &NoWeights).unwrap();
+    execute(graph, &plan, backends, &NoWeights, &RowClasses::default()).unwrap();
     let mut out = Vec::new();
     read_output(graph, &plan, backends, &mut out).unwrap();
     out
@@ -268,6 +268,7 @@ fn cached(
         n_ctx: 16,
         cache_type: GgmlType::F32,
         window: WindowLayout::Span,
+        prompt_rows: false,
     };
     let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
     let (_, plan) = cache
@@ -599,6 +600,7 @@ fn the_byte_cap_evicts_old_plans() {
         n_ctx: 16,
         cache_type: GgmlType::F32,
         window: WindowLayout::Span,
+        prompt_rows: false,
     };
     let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
     let mut one = GraphCache::new(8);

@@ -43,7 +43,7 @@ pub fn run_logits(e: &mut Engine, tokens: &[u32]) -> Vec<Vec<f32>> {
         .map(<[f32]>::to_vec)
         .collect();
     for (i, &t) in tokens[split..].iter().enumerate() {
-        rows.push(e.decode(&[t], split + i, 1).unwrap().to_vec());
+        rows.push(e.decode_generated(&[t], split + i, 1).unwrap().to_vec());
     }
     rows
 }
@@ -62,7 +62,7 @@ pub fn greedy(e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut next = argmax(e.decode(prompt, 0, 1).unwrap());
     for i in 0..n {
         out.push(next);
-        next = argmax(e.decode(&[next], prompt.len() + i, 1).unwrap());
+        next = argmax(e.decode_generated(&[next], prompt.len() + i, 1).unwrap());
     }
     out
 }

@@ -176,19 +176,14 @@ impl<T> Batcher<T> {
             .map(|(&(i, part), tok)| {
                 let g = &self.seqs[i].1;
                 match part {
-                    Part::Decode => BatchEntry {
-                        seq: g.seq,
-                        tokens: tok,
-                        pos0: g.history.len() - 1,
-                        logits: 1,
-                    },
-                    Part::Prompt { start, len } => BatchEntry {
-                        seq: g.seq,
-                        tokens: &g.prompt[start..start + len],
-                        pos0: start,
-                        // Only the prompt's last chunk samples the first reply token.
-                        logits: usize::from(start + len == g.prompt.len()),
-                    },
+                    Part::Decode => BatchEntry::generated(g.seq, tok, g.history.len() - 1),
+                    // Only the prompt's last chunk samples the first reply token.
+                    Part::Prompt { start, len } => BatchEntry::prompt(
+                        g.seq,
+                        &g.prompt[start..start + len],
+                        start,
+                        usize::from(start + len == g.prompt.len()),
+                    ),
                 }
             })
             .collect();

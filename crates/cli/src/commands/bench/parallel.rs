@@ -176,11 +176,13 @@ fn prefill(
     for (k, fwd) in plan.iter().enumerate() {
         let entries: Vec<BatchEntry> = fwd
             .iter()
-            .map(|c| BatchEntry {
-                seq: seqs[c.seq],
-                tokens: &prompts[c.seq][c.start..c.start + c.len],
-                pos0: c.start,
-                logits: usize::from(c.logits && logits),
+            .map(|c| {
+                BatchEntry::prompt(
+                    seqs[c.seq],
+                    &prompts[c.seq][c.start..c.start + c.len],
+                    c.start,
+                    usize::from(c.logits && logits),
+                )
             })
             .collect();
         target
@@ -247,12 +249,7 @@ fn run_once(
             .live
             .iter()
             .zip(&tokens.gen)
-            .map(|(&seq, g)| BatchEntry {
-                seq,
-                tokens: &g[i..i + 1],
-                pos0: shape.n_prompt + i,
-                logits: 1,
-            })
+            .map(|(&seq, g)| BatchEntry::generated(seq, &g[i..i + 1], shape.n_prompt + i))
             .collect();
         target
             .forward_batch(&entries)
