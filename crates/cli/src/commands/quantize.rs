@@ -65,6 +65,21 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub force: super::output::ForceArg,
+}
+
+/// The files `quantize` will write: OUT, or with --keep-split one part per input part.
+fn output_paths(a: &Args, n_in_parts: usize) -> Vec<PathBuf> {
+    if !a.keep_split {
+        return vec![a.output.clone()];
+    }
+    let name = a.output.file_name().and_then(|s| s.to_str()).unwrap_or("");
+    let stem = name.strip_suffix(".gguf").unwrap_or(name);
+    let dir = a.output.parent().unwrap_or(std::path::Path::new(""));
+    (0..n_in_parts)
+        .map(|k| minfer_gguf::model::split_path(dir, stem, k as u32 + 1, n_in_parts as u32))
+        .collect()
 }
 
 fn ggml_type(flag: &str, s: &str) -> anyhow::Result<GgmlType> {
@@ -135,7 +150,14 @@ fn options(a: &Args) -> anyhow::Result<Options> {
     Ok(o)
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    a.input = super::args::model_file(&a.input)?;
+    super::args::not_a_directory(&a.input, "the input")?;
+    let inputs: Vec<PathBuf> = match minfer_gguf::GgufModel::open(&a.input) {
+        Ok(m) => m.parts().iter().map(|p| p.path().to_path_buf()).collect(),
+        Err(_) => vec![a.input.clone()],
+    };
+    super::output::check_outputs(&output_paths(&a, inputs.len()), &inputs, a.force.force)?;
     let opts = options(&a)?;
     let t0 = std::time::Instant::now();
     let bar = ProgressBar::new(0).with_style(
