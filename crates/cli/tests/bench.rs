@@ -218,3 +218,53 @@ fn cpu_isa_override_keeps_the_tokens_on_smollm2() {
     assert!(best.len() > 20, "{best:?}");
     assert_eq!(run(Some("scalar")), best);
 }
+
+/// Issue 30, defect 2: a depth past the model's context (it ran for minutes, silently) is
+/// refused at once, exit 2, naming the flags and the context; the untimed depth prefill
+/// reports its progress with `--progress`.
+#[test]
+fn depth_past_the_context_is_refused_and_the_depth_prefill_shows_progress() {
+    let p = tiny_model("depth.gguf");
+    let t0 = std::time::Instant::now();
+    let out = minfer()
+        .args([
+            "bench", "-p", "16", "-n", "4", "-d", "100000", "-r", "1", "-t", "1", "-m",
+        ])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("-d 100000") && err.contains("4096"), "{err}");
+    assert!(t0.elapsed().as_secs() < 30);
+    let out = minfer()
+        .args([
+            "bench",
+            "--parallel",
+            "2",
+            "-p",
+            "4000",
+            "-n",
+            "200",
+            "-r",
+            "1",
+            "-m",
+        ])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("4200") && err.contains("4096"), "{err}");
+    let out = minfer()
+        .args([
+            "bench", "-p", "0", "-n", "1", "-d", "600", "-b", "256", "-r", "1",
+        ])
+        .args(["--no-warmup", "--progress", "-t", "1", "-m"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("depth prefill 600/600 tokens"), "{err}");
+}
