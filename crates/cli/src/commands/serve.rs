@@ -94,13 +94,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot bind {host}:{}", args.port))?;
         let addr = listener.local_addr()?;
-        let stop = minfer_server::shutdown::signal().context("cannot install signal handlers")?;
+        let signals =
+            minfer_server::shutdown::signal().context("cannot install signal handlers")?;
         eprintln!(
             "load: {load_ms:.1} ms; n_ctx {n_ctx}, {} parallel sequences",
             args.parallel
         );
         eprintln!("listening on http://{addr}");
-        minfer_server::serve(state, listener, stop).await?;
+        minfer_server::serve(state, listener, signals).await?;
         anyhow::Ok(())
     })
 }
