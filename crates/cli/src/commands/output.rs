@@ -89,6 +89,10 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
+    // A pseudo file system (/proc) has no blocks at all: its free space means nothing.
+    if st.f_blocks == 0 {
+        return None;
+    }
     Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
