@@ -306,3 +306,19 @@ fn stdin_prompt_drops_one_newline_and_names_a_bad_byte() {
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("offset 2"), "{}", stderr(&bad));
 }
+
+/// Issue 30, defect 4: `--api-key ""` would start a server that refuses everything: it is
+/// refused at start-up, exit 2, naming the flag.
+#[test]
+fn serve_refuses_an_empty_api_key() {
+    for key in ["", "  "] {
+        let out = minfer()
+            .args(["serve", "--port", "0", "-m"])
+            .arg(tiny())
+            .args(["--api-key", key])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("--api-key"), "{}", stderr(&out));
+    }
+}

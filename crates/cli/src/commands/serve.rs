@@ -27,7 +27,8 @@ pub struct Args {
     /// Most prompt tokens one forward reads, so long prompts do not stall running streams.
     #[arg(long, default_value_t = 512)]
     pub chunk: usize,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every API route (not /health, nor the chat
+    /// page at /, which asks for the key itself). Not empty.
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
     /// Tokenize special-token text in raw completion prompts as plain text.
@@ -44,6 +45,9 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 || args.parallel > 256 {
         usage!("--parallel {}: expected 1 to 256", args.parallel);
+    }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        usage!("--api-key: the key is empty (no request could ever send it); give a key or leave the flag out");
     }
     if args.chunk == 0 {
         usage!("--chunk must be at least 1");

@@ -49,7 +49,13 @@ pub fn parse(body: &Value, lim: &Limits) -> Result<ChatRequest, ApiError> {
     let logprobs = match f.bool("logprobs")? {
         Some(true) => Some(f.int("top_logprobs", 0..=MAX_TOP_LOGPROBS)?.unwrap_or(0) as usize),
         _ => {
-            f.int("top_logprobs", 0..=MAX_TOP_LOGPROBS)?;
+            // OpenAI: "logprobs must be set to true if top_logprobs is used".
+            if f.int("top_logprobs", 0..=MAX_TOP_LOGPROBS)?.is_some() {
+                return Err(ApiError::bad_field(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ));
+            }
             None
         }
     };
