@@ -118,6 +118,17 @@ fn out_of_range_values_are_refused_naming_the_flag_with_exit_2() {
         ("--temp", "nan"),
         ("--repeat-penalty", "0"),
         ("-n", "-3"),
+        // Issue 30, defect 6: llama.cpp's samplers (they exited 1 naming internal fields,
+        // or were accepted).
+        ("--xtc-probability", "2"),
+        ("--xtc-threshold", "-1"),
+        ("--typical", "2"),
+        ("--dry-multiplier", "-1"),
+        ("--dry-penalty-last-n", "-5"),
+        ("--mirostat", "3"),
+        ("--mirostat-lr", "-1"),
+        ("--mirostat-ent", "-1"),
+        ("--top-nsigma", "inf"),
     ] {
         let out = run(&[flag, value, "hi"]);
         let err = stderr(&out);
