@@ -34,13 +34,12 @@ enum Command {
     Split(commands::split::Args),
     /// Join a split model into one file (the exact bytes that were split).
     Merge(commands::merge::Args),
-    /// Fetch a known model, or hf:OWNER/REPO[:QUANT|:FILE] from the hub, into the user cache.
     /// Perplexity of a model over a text, and KL divergence against a saved base
     /// (llama-perplexity's method and file format).
     Perplexity(Box<commands::perplexity::Args>),
     /// Rewrite a model's weights in other types (llama-quantize's mixtures, same bytes).
     Quantize(Box<commands::quantize::Args>),
-    /// Fetch a known model into the user cache.
+    /// Fetch a known model, or hf:OWNER/REPO[:QUANT|:FILE.gguf] from the hub, into the cache.
     Pull(commands::pull::Args),
     /// The models in the cache and the names to run them by.
     List(commands::list::Args),
