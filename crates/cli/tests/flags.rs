@@ -333,3 +333,26 @@ fn serve_refuses_an_empty_api_key() {
         assert!(stderr(&out).contains("--api-key"), "{}", stderr(&out));
     }
 }
+
+/// Issue 30, defect 8: `perplexity`'s description is its own (it began with `pull`'s
+/// sentence), and `pull`'s line mentions the `hf:` names.
+#[test]
+fn help_lines_describe_their_own_commands() {
+    let out = minfer().arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |cmd: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{cmd} ")))
+            .unwrap_or_else(|| panic!("no {cmd} line: {text}"))
+            .to_string()
+    };
+    assert!(
+        line("perplexity").contains("Perplexity of a model"),
+        "{text}"
+    );
+    assert!(!line("perplexity").contains("Fetch"), "{text}");
+    assert!(line("pull").contains("hf:"), "{text}");
+    let out = minfer().args(["perplexity", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("Perplexity of a model"), "{text}");
+}
