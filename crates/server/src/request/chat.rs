@@ -249,7 +249,8 @@ fn tool_call(i: usize, j: usize, v: &Value) -> Result<ToolCall, ApiError> {
     })
 }
 
-fn tool(i: usize, v: &Value) -> Result<(), ApiError> {
+/// Checks `tools[i]` as an OpenAI function tool (also `minfer render`'s check).
+pub fn tool(i: usize, v: &Value) -> Result<(), ApiError> {
     let at = format!("tools[{i}]");
     let bad = |field: &str, m: String| ApiError::bad_field(&format!("{at}{field}"), m);
     let o = v
