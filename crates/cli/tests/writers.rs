@@ -182,3 +182,34 @@ fn split_and_merge_take_force_and_refuse_the_input() {
     let o = merge(&first, &["--force"]);
     assert!(err(&o).contains("is the input"), "{}", err(&o));
 }
+
+/// Issue 30, defect 10: requantizing says so once, in one summary line, whether stderr is a
+/// terminal or (here) a pipe; it printed a line per tensor on a terminal and none to a file.
+#[test]
+fn requantizing_warns_once_with_a_count() {
+    let d = tmpdir("requant");
+    let input = d.join("q8.gguf");
+    let mut spec = SynthSpec::new(Arch::Qwen2, 2, 64, 4, 2, 128);
+    spec.weight_type = minfer_gguf::GgmlType::Q8_0;
+    std::fs::write(&input, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    let o = minfer()
+        .arg("quantize")
+        .arg(&input)
+        .arg(d.join("q4.gguf"))
+        .args(["Q4_0", "--allow-requantize", "-t", "1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let e = err(&o);
+    let lines: Vec<&str> = e.lines().filter(|l| l.contains("requantiz")).collect();
+    assert_eq!(lines.len(), 1, "{e}");
+    assert!(
+        lines[0].contains("requantized") && lines[0].to_lowercase().contains("q8_0"),
+        "{e}"
+    );
+    assert!(lines[0].contains(" tensors from "), "{e}");
+    assert!(
+        !e.contains("tensor(s)"),
+        "singular or plural, not both: {e}"
+    );
+}

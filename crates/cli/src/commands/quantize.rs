@@ -69,6 +69,11 @@ pub struct Args {
     pub force: super::output::ForceArg,
 }
 
+/// `1 tensor`, `2 tensors`.
+fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// The files `quantize` will write: OUT, or with --keep-split one part per input part.
 fn output_paths(a: &Args, n_in_parts: usize) -> Vec<PathBuf> {
     if !a.keep_split {
@@ -165,36 +170,66 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             .expect("a valid progress template"),
     );
     let mut unweighted: Vec<String> = Vec::new();
+    // Requantized tensors are counted and reported once, after the bar (a line per tensor
+    // flooded a terminal and, through the hidden bar, vanished when stderr was a file).
+    let mut requantized = 0usize;
+    let mut requantized_from: Vec<GgmlType> = Vec::new();
     let mut on_event = |e: Event| {
         match e {
-        Event::Planned { tensors, .. } => bar.set_length(tensors as u64),
-        Event::Fallback(f) => bar.println(format!(
-            "warning: {} - ncols {} not divisible by the {} block; falling back to {}",
-            f.tensor, f.ncols, f.wanted, f.got
-        )),
-        Event::ImatrixMissing { tensor } => unweighted.push(tensor),
-        Event::ImatrixIgnored { tensor, got, want } => bar.println(format!(
-            "warning: imatrix entry {tensor} has {got} values for {want} columns; \
+            Event::Planned { tensors, .. } => bar.set_length(tensors as u64),
+            // Printed above the bar on a terminal, and to a redirected stderr too (the bar's
+            // own println draws nothing when it is hidden).
+            Event::Fallback(f) => bar.suspend(|| {
+                eprintln!(
+                    "warning: {} - ncols {} not divisible by the {} block; falling back to {}",
+                    f.tensor, f.ncols, f.wanted, f.got
+                )
+            }),
+            Event::ImatrixMissing { tensor } => unweighted.push(tensor),
+            Event::ImatrixIgnored { tensor, got, want } => bar.suspend(|| {
+                eprintln!(
+                    "warning: imatrix entry {tensor} has {got} values for {want} columns; \
              quantized without importance weights"
-        )),
-        Event::Requantize { tensor, from } => bar.println(format!(
-            "warning: requantizing {tensor} from {from}: quality is lower than from the original weights"
-        )),
-        Event::Tensor { name, from, to, .. } => {
-            bar.set_message(format!("{name} {from} -> {to}"));
-            bar.inc(1);
+                )
+            }),
+            Event::Requantize { tensor: _, from } => {
+                requantized += 1;
+                if !requantized_from.contains(&from) {
+                    requantized_from.push(from);
+                }
+            }
+            Event::Tensor { name, from, to, .. } => {
+                bar.set_message(format!("{name} {from} -> {to}"));
+                bar.inc(1);
+            }
         }
-    }
     };
     let summary = quantize_model(&a.input, &a.output, &opts, &mut on_event)
         .with_context(|| format!("quantizing {}", a.input.display()))?;
     bar.finish_and_clear();
     if !unweighted.is_empty() {
         eprintln!(
-            "note: the imatrix has no entry for {} quantized tensor(s), quantized without \
+            "note: the imatrix has no entry for {} quantized {}, quantized without \
              importance weights: {}",
             unweighted.len(),
+            if unweighted.len() == 1 {
+                "tensor"
+            } else {
+                "tensors"
+            },
             unweighted.join(" ")
+        );
+    }
+    if requantized > 0 {
+        eprintln!(
+            "warning: requantized {requantized} tensor{} from {}: quality is lower than from the \
+             original (f16/f32) weights",
+            if requantized == 1 { "" } else { "s" },
+            requantized_from
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     if a.keep_split && summary.outputs.len() == 1 {
@@ -217,8 +252,8 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     );
     if summary.fallbacks > 0 {
         eprintln!(
-            "warning: {} tensor(s) required fallback quantization",
-            summary.fallbacks
+            "warning: {} required fallback quantization",
+            count(summary.fallbacks, "tensor")
         );
     }
     Ok(())
