@@ -268,3 +268,36 @@ fn depth_past_the_context_is_refused_and_the_depth_prefill_shows_progress() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("depth prefill 600/600 tokens"), "{err}");
 }
+
+/// Issue 30, defect 11: `--cache-type auto` is taken as `run` takes it (resolved in the
+/// rows: f32 on the CPU), and without --cache-type the header says bench's f16 default is
+/// not run's.
+#[test]
+fn cache_type_auto_is_taken_and_the_default_is_said() {
+    let p = tiny_model("auto.gguf");
+    let bench = |extra: &[&str]| {
+        let out = minfer()
+            .args(["bench", "-p", "8", "-n", "2", "-r", "1", "-t", "1", "-m"])
+            .arg(&p)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let md = bench(&["--cache-type", "auto"]);
+    assert!(md.contains("| f32 |"), "{md}");
+    assert!(!md.contains("llama-bench's default"), "{md}");
+    let md = bench(&[]);
+    assert!(
+        md.contains("| f16 |") && md.contains("KV cache: f16, llama-bench's default"),
+        "{md}"
+    );
+    let js = bench(&["--cache-type", "auto", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["results"][0]["type_kv"], "f32", "{v}");
+}

@@ -88,9 +88,10 @@ pub struct Args {
     /// Output format: md, csv or json.
     #[arg(short = 'o', long = "output", value_enum, default_value = "md")]
     pub output: Format,
-    /// KV cache element type: f32, f16 or q8_0 (llama.cpp's default is f16).
-    #[arg(long = "cache-type", default_value = "f16")]
-    pub cache_type: String,
+    /// KV cache element type: f32, f16, q8_0, or auto as for `minfer run` (f32 on the CPU,
+    /// by model size on a GPU) [default: f16, llama-bench's; `minfer run`'s is auto].
+    #[arg(long = "cache-type")]
+    pub cache_type: Option<String>,
     /// Backends to use (default: every available one).
     #[arg(long = "backend", value_delimiter = ',')]
     pub backends: Vec<String>,
@@ -397,7 +398,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         f,
                         &loaded.backend,
                         loaded.threads,
-                        &args.cache_type,
+                        &loaded.type_kv,
                         test,
                         ns,
                     )
@@ -407,8 +408,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let mut out = std::io::stdout().lock();
-    report::write(&mut out, args.output, &sys, facts.as_ref(), &bws, &rows)?;
+    let note = kv_note(&args);
+    report::write(
+        &mut out,
+        args.output,
+        &sys,
+        facts.as_ref(),
+        &bws,
+        &rows,
+        note.as_deref(),
+    )?;
     Ok(())
+}
+
+/// The header's word on the KV type when it was not chosen: bench's default (llama-bench's
+/// f16) is not `minfer run`'s (f32 on the CPU).
+fn kv_note(args: &Args) -> Option<String> {
+    if args.cache_type.is_some() {
+        return None;
+    }
+    Some(
+        "KV cache: f16, llama-bench's default (minfer run's default is auto: f32 on the CPU; \
+         --cache-type auto benchmarks that)"
+            .into(),
+    )
 }
 
 /// The model's context length (None when the file does not say: the load reports it).
@@ -490,7 +513,7 @@ fn run_parallel(args: &Args) -> anyhow::Result<()> {
             facts: f,
             backend: &loaded.backend,
             threads: loaded.threads,
-            type_kv: &args.cache_type,
+            type_kv: &loaded.type_kv,
             n_batch: engine.n_batch(),
             kv_layout: args.kv_layout,
         };
