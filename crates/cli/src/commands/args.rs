@@ -288,6 +288,9 @@ impl ModelArgs {
         };
         let numerics = minfer_cpu::Numerics::parse(&self.numerics)
             .with_context(|| format!("--numerics {}", self.numerics))?;
+        // llama.cpp's x86 numerics run on an f16 KV: `auto` picks it.
+        let (cache_type, cache_type_auto) =
+            auto_for_numerics(cache_type, cache_type_auto, numerics);
         warn_threads(self.threads);
         let path = model_path(&self.model)?;
         let t0 = Instant::now();
@@ -323,6 +326,20 @@ impl ModelArgs {
         }
         startup_line(&mut engine)?;
         Ok((engine, t0.elapsed().as_secs_f64() * 1e3))
+    }
+}
+
+/// `--cache-type auto` under llama.cpp's x86 numerics (`--numerics llamacpp-x86-*`, which
+/// need an f16 KV): f16, decided here; other choices as given.
+pub fn auto_for_numerics(
+    cache_type: minfer_gguf::GgmlType,
+    auto: bool,
+    numerics: minfer_cpu::Numerics,
+) -> (minfer_gguf::GgmlType, bool) {
+    if auto && numerics != minfer_cpu::Numerics::Native {
+        (minfer_gguf::GgmlType::F16, false)
+    } else {
+        (cache_type, auto)
     }
 }
 

@@ -85,6 +85,8 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
     } else {
         parse_cache_type(asked)?
     };
+    let (cache_type, cache_type_auto) =
+        crate::commands::args::auto_for_numerics(cache_type, cache_type_auto, numerics);
     let cfg = EngineConfig {
         n_ctx,
         threads,
