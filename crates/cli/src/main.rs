@@ -34,13 +34,12 @@ enum Command {
     Split(commands::split::Args),
     /// Join a split model into one file (the exact bytes that were split).
     Merge(commands::merge::Args),
-    /// Fetch a known model, or hf:OWNER/REPO[:QUANT|:FILE] from the hub, into the user cache.
     /// Perplexity of a model over a text, and KL divergence against a saved base
     /// (llama-perplexity's method and file format).
     Perplexity(Box<commands::perplexity::Args>),
     /// Rewrite a model's weights in other types (llama-quantize's mixtures, same bytes).
     Quantize(Box<commands::quantize::Args>),
-    /// Fetch a known model into the user cache.
+    /// Fetch a known model, or hf:OWNER/REPO[:QUANT|:FILE.gguf] from the hub, into the cache.
     Pull(commands::pull::Args),
     /// The models in the cache and the names to run them by.
     List(commands::list::Args),
@@ -93,9 +92,68 @@ fn help_by_cluster(args: &[std::ffi::OsString]) -> Option<String> {
     cluster
 }
 
+/// llama.cpp's flags that minfer spells differently or does not have, with minfer's answer.
+/// Clap would read `-ngl 99` as `-n gl`, `-cnv` as `-c nv`: each is caught by its whole name
+/// first and answered with minfer's equivalent (a usage error, exit 2).
+const LLAMA_FLAGS: &[(&[&str], &str)] = &[
+    (
+        &["-ngl", "--n-gpu-layers", "--gpu-layers"],
+        "minfer has no per-layer GPU count: --backend cuda (or metal) puts every weight it can on the GPU, --backend cpu none",
+    ),
+    (&["-dev", "--device"], "choose the device with --backend cpu|metal|cuda"),
+    (
+        &["-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"],
+        "use `minfer chat` (or `minfer run --cnv`) for a conversation",
+    ),
+    (&["-no-cnv", "--no-conversation"], "`minfer run` is one reply already (no conversation)"),
+    (&["-st"], "--single-turn (minfer chat)"),
+    (&["-mli", "--multiline-input"], "--multiline (minfer chat)"),
+    (&["-sys", "--system-prompt"], "--system TEXT"),
+    (
+        &["-ctk", "--cache-type-k", "-ctv", "--cache-type-v"],
+        "--cache-type T sets the type of both K and V",
+    ),
+    (
+        &["-fa", "--flash-attn"],
+        "minfer's attention is always the fused (flash) kind: leave the flag out",
+    ),
+    (&["-np"], "--parallel N (minfer serve; bench: --parallel N,...)"),
+    (&["-tb", "--threads-batch"], "-t N sets the threads of prompt and generation alike"),
+    (&["-ub", "--ubatch-size"], "-b/--batch-size (bench) or --chunk (serve)"),
+    (&["-hf", "-hfr", "--hf-repo"], "-m hf:OWNER/REPO[:QUANT] (fetched into the cache on first use)"),
+    (&["-cb", "--cont-batching"], "minfer serve always batches continuously: leave the flag out"),
+];
+
+/// The first llama.cpp flag of `args` that minfer answers (before `--`): (flag, answer).
+fn llama_flag(args: &[std::ffi::OsString]) -> Option<(String, &'static str)> {
+    let before_dashes = args.iter().skip(1).take_while(|a| *a != "--");
+    for a in before_dashes {
+        let a = a.to_string_lossy();
+        let name = a.split('=').next().unwrap_or("");
+        for (names, answer) in LLAMA_FLAGS {
+            if names.contains(&name) {
+                return Some((name.to_string(), answer));
+            }
+        }
+    }
+    None
+}
+
 fn parse() -> Cli {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let mut cmd = command();
+    if let Some((flag, answer)) = llama_flag(&args) {
+        let sub = args.get(1).map(|s| s.to_string_lossy().into_owned());
+        let c = match sub.as_deref().and_then(|s| cmd.find_subcommand_mut(s)) {
+            Some(c) => c,
+            None => &mut cmd,
+        };
+        c.error(
+            clap::error::ErrorKind::UnknownArgument,
+            format!("'{flag}' is llama.cpp's flag; in minfer: {answer}"),
+        )
+        .exit();
+    }
     let matches = match cmd.try_get_matches_from_mut(&args) {
         Ok(m) => m,
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {

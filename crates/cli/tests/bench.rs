@@ -218,3 +218,86 @@ fn cpu_isa_override_keeps_the_tokens_on_smollm2() {
     assert!(best.len() > 20, "{best:?}");
     assert_eq!(run(Some("scalar")), best);
 }
+
+/// Issue 30, defect 2: a depth past the model's context (it ran for minutes, silently) is
+/// refused at once, exit 2, naming the flags and the context; the untimed depth prefill
+/// reports its progress with `--progress`.
+#[test]
+fn depth_past_the_context_is_refused_and_the_depth_prefill_shows_progress() {
+    let p = tiny_model("depth.gguf");
+    let t0 = std::time::Instant::now();
+    let out = minfer()
+        .args([
+            "bench", "-p", "16", "-n", "4", "-d", "100000", "-r", "1", "-t", "1", "-m",
+        ])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("-d 100000") && err.contains("4096"), "{err}");
+    assert!(t0.elapsed().as_secs() < 30);
+    let out = minfer()
+        .args([
+            "bench",
+            "--parallel",
+            "2",
+            "-p",
+            "4000",
+            "-n",
+            "200",
+            "-r",
+            "1",
+            "-m",
+        ])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("4200") && err.contains("4096"), "{err}");
+    let out = minfer()
+        .args([
+            "bench", "-p", "0", "-n", "1", "-d", "600", "-b", "256", "-r", "1",
+        ])
+        .args(["--no-warmup", "--progress", "-t", "1", "-m"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("depth prefill 600/600 tokens"), "{err}");
+}
+
+/// Issue 30, defect 11: `--cache-type auto` is taken as `run` takes it (resolved in the
+/// rows: f32 on the CPU), and without --cache-type the header says bench's f16 default is
+/// not run's.
+#[test]
+fn cache_type_auto_is_taken_and_the_default_is_said() {
+    let p = tiny_model("auto.gguf");
+    let bench = |extra: &[&str]| {
+        let out = minfer()
+            .args(["bench", "-p", "8", "-n", "2", "-r", "1", "-t", "1", "-m"])
+            .arg(&p)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let md = bench(&["--cache-type", "auto"]);
+    assert!(md.contains("| f32 |"), "{md}");
+    assert!(!md.contains("llama-bench's default"), "{md}");
+    let md = bench(&[]);
+    assert!(
+        md.contains("| f16 |") && md.contains("KV cache: f16, llama-bench's default"),
+        "{md}"
+    );
+    let js = bench(&["--cache-type", "auto", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["results"][0]["type_kv"], "f32", "{v}");
+}

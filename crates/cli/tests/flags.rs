@@ -118,6 +118,17 @@ fn out_of_range_values_are_refused_naming_the_flag_with_exit_2() {
         ("--temp", "nan"),
         ("--repeat-penalty", "0"),
         ("-n", "-3"),
+        // Issue 30, defect 6: llama.cpp's samplers (they exited 1 naming internal fields,
+        // or were accepted).
+        ("--xtc-probability", "2"),
+        ("--xtc-threshold", "-1"),
+        ("--typical", "2"),
+        ("--dry-multiplier", "-1"),
+        ("--dry-penalty-last-n", "-5"),
+        ("--mirostat", "3"),
+        ("--mirostat-lr", "-1"),
+        ("--mirostat-ent", "-1"),
+        ("--top-nsigma", "inf"),
     ] {
         let out = run(&[flag, value, "hi"]);
         let err = stderr(&out);
@@ -305,4 +316,43 @@ fn stdin_prompt_drops_one_newline_and_names_a_bad_byte() {
     let bad = run_stdin(b"ab\xffcd", &raw);
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("offset 2"), "{}", stderr(&bad));
+}
+
+/// Issue 30, defect 4: `--api-key ""` would start a server that refuses everything: it is
+/// refused at start-up, exit 2, naming the flag.
+#[test]
+fn serve_refuses_an_empty_api_key() {
+    for key in ["", "  "] {
+        let out = minfer()
+            .args(["serve", "--port", "0", "-m"])
+            .arg(tiny())
+            .args(["--api-key", key])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("--api-key"), "{}", stderr(&out));
+    }
+}
+
+/// Issue 30, defect 8: `perplexity`'s description is its own (it began with `pull`'s
+/// sentence), and `pull`'s line mentions the `hf:` names.
+#[test]
+fn help_lines_describe_their_own_commands() {
+    let out = minfer().arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |cmd: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{cmd} ")))
+            .unwrap_or_else(|| panic!("no {cmd} line: {text}"))
+            .to_string()
+    };
+    assert!(
+        line("perplexity").contains("Perplexity of a model"),
+        "{text}"
+    );
+    assert!(!line("perplexity").contains("Fetch"), "{text}");
+    assert!(line("pull").contains("hf:"), "{text}");
+    let out = minfer().args(["perplexity", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("Perplexity of a model"), "{text}");
 }

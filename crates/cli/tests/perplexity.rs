@@ -200,3 +200,99 @@ fn kl_divergence_base_files_are_interchangeable_with_llama_perplexity() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A synthetic model (built-in tokenizer, a context of 4096) with `vocab` tokens, written
+/// once per name.
+fn synth_model(name: &str, vocab: Option<usize>) -> PathBuf {
+    use minfer_models::synth::{synthesize, SynthSpec};
+    let d = std::env::temp_dir().join(format!("minfer-ppl-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join(name);
+    let mut spec = SynthSpec::new(minfer_models::Arch::Qwen2, 1, 64, 4, 2, 128);
+    spec.vocab_size = vocab;
+    std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    p
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Issue 30, defect 7: `--chunks 0` (it printed PPL = NaN and exited 0) and a `-c` past the
+/// model's context (a note naming --n-ctx, then an error) are refused at once, exit 2,
+/// naming the flag; `--kl-divergence` refuses a `-c`/`--chunks` its base file does not
+/// have instead of ignoring them, and prints nothing on stdout when the base does not fit
+/// the model.
+#[test]
+fn chunk_flags_are_checked_and_kl_divergence_fails_cleanly() {
+    let m = synth_model("a.gguf", None);
+    let ppl = |args: &[&str]| {
+        minfer()
+            .args(["perplexity", "-t", "1", "-m"])
+            .arg(&m)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let text = eval_text();
+    let text = text.to_str().unwrap();
+    let o = ppl(&["-f", text, "--chunks", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--chunks 0"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    let o = ppl(&["-f", text, "-c", "100000"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("-c 100000") && e.contains("4096"), "{e}");
+    assert!(!e.contains("--n-ctx") && !e.contains("clamped"), "{e}");
+    let base = std::env::temp_dir().join(format!("minfer-ppl-base-{}.kld", std::process::id()));
+    let _ = std::fs::remove_file(&base);
+    let o = {
+        minfer()
+            .args(["perplexity", "-t", "1", "-m"])
+            .arg(&m)
+            .args([
+                "-f",
+                text,
+                "-c",
+                "16",
+                "--chunks",
+                "3",
+                "--kl-divergence-base",
+            ])
+            .arg(&base)
+            .output()
+            .unwrap()
+    };
+    assert!(o.status.success(), "{}", stderr(&o));
+    let kld = |model: &Path, args: &[&str]| {
+        minfer()
+            .args(["perplexity", "-t", "1", "--kl-divergence", "-m"])
+            .arg(model)
+            .arg("--kl-divergence-base")
+            .arg(&base)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = kld(&m, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Mean    KLD"));
+    for (flags, needle) in [
+        (&["-c", "32"][..], "-c 32"),
+        (&["--chunks", "1"][..], "--chunks 1"),
+    ] {
+        let o = kld(&m, flags);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{}", stderr(&o));
+    }
+    let other = synth_model("b.gguf", Some(600));
+    let o = kld(&other, &[]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("vocabulary"), "{}", stderr(&o));
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

@@ -144,3 +144,68 @@ fn a_download_prints_plain_lines_when_stderr_is_not_a_terminal() {
     assert!(err.contains("pull smollm2-135m: part 1/"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// Issue 30, defect 11: `pull --list --verify` re-hashes every cached model (it ignored
+/// --verify): a cached file of the right size and the wrong bytes is named, exit 1.
+#[test]
+fn pull_list_verify_rehashes_the_cached_models() {
+    let dir = std::env::temp_dir().join(format!("minfer-cli-verify-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = minfer_engine::fetch::KNOWN
+        .iter()
+        .min_by_key(|m| m.size)
+        .unwrap();
+    // Sparse: the right size, zeros for bytes.
+    let f = std::fs::File::create(dir.join(m.file)).unwrap();
+    f.set_len(m.size).unwrap();
+    drop(f);
+    let list = |verify: bool| {
+        let mut c = minfer();
+        c.args(["pull", "--list"]).env("MINFER_MODELS", &dir);
+        if verify {
+            c.arg("--verify");
+        }
+        c.output().unwrap()
+    };
+    let out = list(false);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cached"));
+    let out = list(true);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("SHA-256 MISMATCH"), "{stdout}");
+    assert!(stderr.contains(m.name), "{stderr}");
+}
+
+/// Issue 30, defect 11: `inspect --array-items 0` shows each array's length and type and
+/// no items (it printed `[, …]`).
+#[test]
+fn inspect_array_items_zero_prints_no_stray_comma() {
+    let dir = std::env::temp_dir().join(format!("minfer-cli-inspect0-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    let w = minfer_models::synth::synthesize(&minfer_models::synth::SynthSpec::new(
+        minfer_models::Arch::Qwen2,
+        1,
+        64,
+        4,
+        2,
+        128,
+    ))
+    .unwrap();
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let out = minfer()
+        .args(["inspect", "--array-items", "0"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(!text.contains("[, "), "{text}");
+    assert!(
+        text.contains("tokenizer.ggml.tokens = [") && text.contains("[…]"),
+        "{text}"
+    );
+}

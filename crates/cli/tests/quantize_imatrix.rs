@@ -154,7 +154,8 @@ fn run_ours(flags: &[String], input: &Path, out: &Path, ftype: &str) -> Output {
         .current_dir(imatrix_dir())
         .arg("quantize")
         .args(flags)
-        .args(["-t", "2"])
+        // The cases write the same outputs again (each case's file, then the controls').
+        .args(["-t", "2", "--force"])
         .arg(input)
         .arg(out)
         .arg(ftype)

@@ -213,3 +213,42 @@ fn render_refuses_unknown_roles_and_missing_content_by_name() {
         String::from_utf8_lossy(&calls.stderr)
     );
 }
+
+/// Issue 30, defect 9: `render` checks as `serve` does: an empty message list is refused
+/// (it rendered to nothing, exit 0), tools are checked as OpenAI function tools, and tools
+/// a template cannot render are refused (they were dropped silently).
+#[test]
+fn render_refuses_an_empty_list_and_tools_the_template_cannot_render() {
+    let out = render_messages("nothing", "[]");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {err}");
+    assert!(err.contains("empty"), "{err}");
+    assert!(out.stdout.is_empty());
+    let tool = r#"{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}"#;
+    for (name, tools, needle) in [
+        ("untemplated", format!("[{tool}]"), "does not render tools"),
+        (
+            "bad-tool",
+            r#"[{"type": "function"}]"#.to_string(),
+            "tools[0].function",
+        ),
+    ] {
+        let body =
+            format!(r#"{{"messages": [{{"role": "user", "content": "Hi"}}], "tools": {tools}}}"#);
+        let out = render_messages(name, &body);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: accepted");
+        assert!(err.contains(needle), "{name}: {err}");
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+    // No tools (an empty list) is no refusal.
+    let out = render_messages(
+        "no-tools",
+        r#"{"messages": [{"role": "user", "content": "Hi"}], "tools": []}"#,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -188,3 +188,142 @@ fn a_drain_timeout_abandons_what_is_left_and_says_so() {
     assert!(status.success(), "exit status {status}");
     log_until(&s, "abandoned 1 request");
 }
+
+/// A synthetic model large enough that a long reply is still running when a short drain
+/// timeout ends (a few ms a token), and the ids of its end-of-generation tokens.
+fn slow_model(tag: &str) -> (std::path::PathBuf, Vec<u32>) {
+    let d = std::env::temp_dir().join(format!("minfer-serve-signals-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join("slow.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(["synth", "--arch", "qwen2", "--layers", "8", "--embd", "512"])
+        .args([
+            "--heads",
+            "8",
+            "--kv-heads",
+            "4",
+            "--ffn",
+            "2048",
+            "--type",
+            "q8_0",
+        ])
+        .args(["--ctx", "4096", "-o"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let m = minfer_gguf::GgufModel::open(&p).unwrap();
+    let id = |k: &str| match m.metadata().get(k) {
+        Some(minfer_gguf::Value::U32(v)) => *v,
+        other => panic!("{k}: {other:?}"),
+    };
+    let eog = vec![
+        id("tokenizer.ggml.eos_token_id"),
+        id("tokenizer.ggml.bos_token_id"),
+    ];
+    (p, eog)
+}
+
+/// A long chat request that never ends by itself (its end tokens banned).
+fn long_request(eog: &[u32], stream: bool) -> String {
+    let bias: Vec<String> = eog.iter().map(|t| format!("\"{t}\":-100")).collect();
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"Tell a long story."}}],"max_tokens":1500,"temperature":0,"stream":{stream},"logit_bias":{{{}}}}}"#,
+        bias.join(",")
+    );
+    post("/v1/chat/completions", &body)
+}
+
+/// Issue 30, defect 3: when the drain timeout runs out, every request left ends properly:
+/// a running stream with a final chunk (finish_reason) and `[DONE]`, a running
+/// non-streamed request with its partial completion, a queued one with a 503 JSON.
+#[test]
+fn requests_left_at_the_drain_timeout_end_properly() {
+    let (model, eog) = slow_model("timeout");
+    let mut s = serve(&model, &["--drain-timeout", "0.5", "--parallel", "2"]);
+    let stream = TcpStream::connect(&s.addr).unwrap();
+    (&stream)
+        .write_all(long_request(&eog, true).as_bytes())
+        .unwrap();
+    let mut stream_r = BufReader::new(stream);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        stream_r.read_line(&mut line).unwrap();
+    }
+    let running = TcpStream::connect(&s.addr).unwrap();
+    (&running)
+        .write_all(long_request(&eog, false).as_bytes())
+        .unwrap();
+    let queued = TcpStream::connect(&s.addr).unwrap();
+    (&queued)
+        .write_all(long_request(&eog, false).as_bytes())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&s.child, libc::SIGTERM);
+    let mut rest = String::new();
+    stream_r.read_to_string(&mut rest).unwrap();
+    assert!(
+        rest.contains("\"finish_reason\":\"length\""),
+        "{}",
+        &rest[rest.len().saturating_sub(800)..]
+    );
+    assert!(
+        rest.contains("data: [DONE]"),
+        "{}",
+        &rest[rest.len().saturating_sub(800)..]
+    );
+    // Which of the two was admitted first is the handlers' race: one runs, one waits.
+    let mut replies: Vec<(u16, serde_json::Value)> = [running, queued]
+        .into_iter()
+        .map(|c| {
+            let (code, body) = read_response(&mut BufReader::new(c));
+            (code, serde_json::from_str(&body).unwrap())
+        })
+        .collect();
+    replies.sort_by_key(|r| r.0);
+    let (code, v) = &replies[0];
+    assert_eq!(*code, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
+    let (code, v) = &replies[1];
+    assert_eq!(*code, 503, "{v}");
+    assert_eq!(v["error"]["code"], "shutdown", "{v}");
+    let status = wait_exit(&mut s.child, Duration::from_secs(20));
+    assert!(status.success(), "exit status {status}");
+    log_until(&s, "abandoned 3 requests");
+}
+
+/// Issue 30, defect 3: a second SIGTERM ends the drain at once (llama-server's habit),
+/// the stream still ending with `[DONE]`.
+#[test]
+fn a_second_signal_quits_at_once() {
+    let (model, eog) = slow_model("second");
+    let mut s = serve(&model, &["--drain-timeout", "600"]);
+    let stream = TcpStream::connect(&s.addr).unwrap();
+    (&stream)
+        .write_all(long_request(&eog, true).as_bytes())
+        .unwrap();
+    let mut stream_r = BufReader::new(stream);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        stream_r.read_line(&mut line).unwrap();
+    }
+    signal(&s.child, libc::SIGTERM);
+    log_until(&s, "shutting down: 1 request in flight");
+    let t0 = Instant::now();
+    signal(&s.child, libc::SIGTERM);
+    let status = wait_exit(&mut s.child, Duration::from_secs(10));
+    assert!(status.success(), "exit status {status}");
+    assert!(t0.elapsed() < Duration::from_secs(8));
+    let mut rest = String::new();
+    stream_r.read_to_string(&mut rest).unwrap();
+    assert!(
+        rest.contains("data: [DONE]"),
+        "{}",
+        &rest[rest.len().saturating_sub(800)..]
+    );
+    log_until(&s, "at a second signal");
+}

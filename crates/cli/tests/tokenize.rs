@@ -42,3 +42,25 @@ fn tokenize_and_decode() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("out of range"));
 }
+
+/// Issue 30: a piece holding a newline or a tab is printed escaped, one token a line (the
+/// JSON keeps the raw text).
+#[test]
+fn pieces_with_control_characters_print_escaped() {
+    use minfer_models::synth::{synthesize, SynthSpec};
+    let d = std::env::temp_dir().join(format!("minfer-tokenize-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join("tiny.gguf");
+    let spec = SynthSpec::new(minfer_models::Arch::Qwen2, 1, 64, 4, 2, 128);
+    std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    let m = p.to_str().unwrap();
+    let out = minfer(&["tokenize", "-m", m, "a\nb\tc\\"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("'\\n'") && text.contains("'\\t'"), "{text}");
+    assert!(text.contains("'\\\\'"), "{text}");
+    assert_eq!(text.lines().count(), 6, "{text}");
+    let out = minfer(&["tokenize", "-m", m, "--json", "a\n"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pieces"][1], "\n");
+}

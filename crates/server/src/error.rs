@@ -97,6 +97,17 @@ impl ApiError {
     }
 
     /// 503: the server is shutting down.
+    /// A request the server had queued when its drain timeout ran out (or a second signal
+    /// came): never started, 503.
+    pub fn shut_down() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            crate::scheduler::SHUTDOWN_MESSAGE,
+        )
+        .with_code("shutdown")
+    }
+
     pub fn draining() -> ApiError {
         ApiError {
             retry_after: Some(5),

@@ -84,6 +84,8 @@ pub struct AppState {
     /// Requests being answered (queued, running or streaming).
     pub in_flight: AtomicUsize,
     pub draining: AtomicBool,
+    /// Ends every request left in the engine loop (shutdown, after the drain).
+    pub abort: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
     pub faults: Arc<Faults>,
     pub stats: Arc<LoopStats>,
@@ -117,6 +119,7 @@ impl AppState {
         let faults = Arc::new(Faults::default());
         let stats = Arc::new(LoopStats::default());
         let queued = Arc::new(AtomicUsize::new(0));
+        let abort = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let lp = EngineLoop::new(
             engine,
@@ -131,6 +134,7 @@ impl AppState {
                 faults: faults.clone(),
                 stats: stats.clone(),
                 queued: queued.clone(),
+                abort: abort.clone(),
             },
         );
         std::thread::Builder::new()
@@ -151,6 +155,7 @@ impl AppState {
             queued,
             in_flight: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
+            abort,
             metrics,
             faults,
             stats,

@@ -79,10 +79,23 @@ pub fn text_prompt(
     p: &Prompt,
     parse_special: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let tokens = match p {
+    let mut tokens = match p {
         Prompt::Text(s) => state.tok.encode_prompt(s, true, parse_special),
         Prompt::Tokens(t) => t.clone(),
     };
+    // `prompt: ""` (OpenAI's default prompt is `<|endoftext|>`): the model's BOS token,
+    // when the tokenizer did not add it already.
+    if tokens.is_empty() {
+        match state.tok.special_ids().bos {
+            Some(bos) => tokens.push(bos),
+            None => {
+                return Err(ApiError::bad_field(
+                    "prompt",
+                    "the prompt is empty and this model has no BOS token to start from",
+                ))
+            }
+        }
+    }
     check_len(state, &tokens)?;
     Ok(tokens)
 }

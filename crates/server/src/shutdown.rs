@@ -1,11 +1,12 @@
 //! Serving with graceful shutdown. On SIGINT or SIGTERM the server stops accepting
 //! connections (the listening socket is closed), answers new requests on open connections
-//! with 503, and lets in-flight requests finish within the drain timeout; then it returns
-//! how many it abandoned.
+//! with 503, and lets in-flight requests finish within the drain timeout. When it runs out,
+//! or at a second signal (as llama-server quits at once), every request left is ended
+//! properly and it returns how many it abandoned.
 
 use crate::routes::app;
 use crate::AppState;
-use std::future::{Future, IntoFuture};
+use std::future::IntoFuture;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,37 +59,67 @@ impl axum::serve::Listener for DrainingListener {
     }
 }
 
-/// Installs the SIGINT and SIGTERM handlers now and returns a future that resolves on either.
-/// Registration is eager (not at the future's first poll) so that a signal arriving right
-/// after the caller announces its address is caught rather than killing the process. Must be
-/// called inside a tokio runtime.
-pub fn signal() -> std::io::Result<impl Future<Output = ()>> {
+/// SIGINT and SIGTERM, installed when made; each [`Signals::recv`] waits for the next one.
+pub struct Signals {
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Resolves on the next SIGINT or SIGTERM.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.int.recv() => {}
+                _ = self.term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Installs the SIGINT and SIGTERM handlers now. Registration is eager (not at the first
+/// poll) so that a signal arriving right after the caller announces its address is caught
+/// rather than killing the process. Must be called inside a tokio runtime.
+pub fn signal() -> std::io::Result<Signals> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut term = signal(SignalKind::terminate())?;
-        Ok(async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
         })
     }
     #[cfg(not(unix))]
     {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        Ok(Signals {})
     }
 }
 
-/// Serves `state` on `listener` until `stop` resolves, then drains (see the module docs).
-/// Returns the number of requests still in flight when the drain timeout ran out.
+/// `1 request`, `2 requests`.
+fn requests(n: usize) -> String {
+    format!("{n} request{}", if n == 1 { "" } else { "s" })
+}
+
+/// How long the handlers get to write the ends of the requests shutdown ended (final
+/// chunks, `[DONE]`, 503s) once the engine loop has ended them.
+const END_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves `state` on `listener` until the first signal, then drains (see the module docs):
+/// in-flight requests may finish within the drain timeout; when it runs out, or at a second
+/// signal, every request left is ended properly (a running one with its partial reply and
+/// finish_reason `length`, then `[DONE]` when streamed; a queued one with a 503) and the
+/// server returns. Returns the number of requests it ended so.
 pub async fn serve(
     state: Arc<AppState>,
     listener: TcpListener,
-    stop: impl Future<Output = ()>,
+    mut signals: Signals,
 ) -> std::io::Result<usize> {
     let addr = listener.local_addr()?;
     let (tx, rx) = watch::channel(false);
@@ -100,7 +131,7 @@ pub async fn serve(
         addr,
     };
     let server = tokio::spawn(axum::serve(l, app(state.clone())).into_future());
-    stop.await;
+    signals.recv().await;
     state.draining.store(true, Ordering::SeqCst);
     state.metrics.set_draining(true);
     let _ = tx.send(true);
@@ -110,19 +141,42 @@ pub async fn serve(
     let timeout = state.cfg.drain_timeout;
     let n = state.in_flight.load(Ordering::SeqCst);
     eprintln!(
-        "shutting down: {n} request(s) in flight, waiting up to {:.1} s",
+        "shutting down: {} in flight, waiting up to {:.1} s (a second signal ends them now)",
+        requests(n),
         timeout.as_secs_f64()
     );
     let deadline = Instant::now() + timeout;
+    let mut again = std::pin::pin!(signals.recv());
+    let mut second = false;
     while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::select! {
+            _ = &mut again => {
+                second = true;
+                break;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
     }
     let abandoned = state.in_flight.load(Ordering::SeqCst);
     if abandoned > 0 {
+        let why = if second {
+            "at a second signal".to_string()
+        } else {
+            format!("after {:.1} s", timeout.as_secs_f64())
+        };
         eprintln!(
-            "shutdown: abandoned {abandoned} request(s) still in flight after {:.1} s",
-            timeout.as_secs_f64()
+            "shutdown: abandoned {} still in flight {why}: running ones end with their partial \
+             reply (finish_reason length), queued ones with a 503",
+            requests(abandoned)
         );
+        state.abort.store(true, Ordering::SeqCst);
+        let grace = Instant::now() + END_GRACE;
+        while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < grace {
+            tokio::select! {
+                _ = &mut again, if !second => break,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
     } else {
         eprintln!("shutdown: every request finished");
     }

@@ -242,6 +242,7 @@ fn cases() -> Vec<Case> {
         chat("n a string", json!({"n": "2"}), "n"),
         chat("logprobs a string", json!({"logprobs": "yes"}), "logprobs"),
         chat("top_logprobs 21", json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        chat("top_logprobs without logprobs", json!({"top_logprobs": 3}), "top_logprobs"),
         chat("top_logprobs -1", json!({"logprobs": true, "top_logprobs": -1}), "top_logprobs"),
         chat("top_logprobs a string", json!({"logprobs": true, "top_logprobs": "3"}), "top_logprobs"),
         chat("stream a string", json!({"stream": "true"}), "stream"),
@@ -292,9 +293,7 @@ fn cases() -> Vec<Case> {
         cmpl("grammar a number", json!({"grammar": 5}), "grammar"),
         // Completions
         whole("prompt missing", CMPL, json!({"max_tokens": 2}), Some("prompt")),
-        cmpl("prompt empty", json!({"prompt": ""}), "prompt"),
         cmpl("prompt an empty list", json!({"prompt": []}), "prompt"),
-        cmpl("prompt list with an empty string", json!({"prompt": ["a", ""]}), "prompt"),
         cmpl("prompt list with empty ids", json!({"prompt": [[1, 2], []]}), "prompt"),
         cmpl("prompt a number", json!({"prompt": 42}), "prompt"),
         cmpl("prompt an object", json!({"prompt": {"text": "hi"}}), "prompt"),

@@ -392,7 +392,7 @@ async fn a_failing_forward_is_a_500_and_the_server_carries_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_key_guards_every_route_but_health() {
+async fn api_key_guards_every_route_but_health_and_the_page() {
     let Some(m) = models::smol() else { return };
     let cfg = ServeConfig {
         api_key: Some("sekrit".into()),
@@ -409,7 +409,9 @@ async fn api_key_guards_every_route_but_health() {
         async move { app.oneshot(req).await.unwrap().status() }
     };
     assert_eq!(call("/health", None).await, StatusCode::OK);
-    for path in ["/v1/models", "/metrics", "/"] {
+    // The chat page is static and public: its own key field is how the key is given.
+    assert_eq!(call("/", None).await, StatusCode::OK);
+    for path in ["/v1/models", "/metrics"] {
         assert_eq!(call(path, None).await, StatusCode::UNAUTHORIZED, "{path}");
         assert_eq!(
             call(path, Some("wrong")).await,

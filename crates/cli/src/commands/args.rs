@@ -21,7 +21,7 @@ pub struct ModelArgs {
     pub model: String,
     /// Context length in tokens [default: 4096, or the model's if smaller]; 0: the model's
     /// (llama.cpp's -c 0). A larger value is clamped to the model's, with a note.
-    #[arg(short = 'c', long = "n-ctx")]
+    #[arg(short = 'c', long = "n-ctx", visible_alias = "ctx-size")]
     pub n_ctx: Option<usize>,
     /// CPU threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
@@ -104,7 +104,7 @@ fn float(s: &str) -> Result<f32, String> {
         .map_err(|_| "expected a number".to_string())
 }
 
-fn finite(s: &str) -> Result<f32, String> {
+pub(crate) fn finite(s: &str) -> Result<f32, String> {
     let x = float(s)?;
     if !x.is_finite() {
         return Err("must be a finite number".into());
@@ -112,7 +112,7 @@ fn finite(s: &str) -> Result<f32, String> {
     Ok(x)
 }
 
-fn unit_interval(s: &str) -> Result<f32, String> {
+pub(crate) fn unit_interval(s: &str) -> Result<f32, String> {
     let x = float(s)?;
     if !(0.0..=1.0).contains(&x) {
         return Err("out of range: must be from 0 to 1".into());
@@ -120,7 +120,16 @@ fn unit_interval(s: &str) -> Result<f32, String> {
     Ok(x)
 }
 
-fn positive(s: &str) -> Result<f32, String> {
+/// A finite number of 0 or more.
+pub(crate) fn non_negative(s: &str) -> Result<f32, String> {
+    let x = finite(s)?;
+    if x < 0.0 {
+        return Err("out of range: must be 0 or more".into());
+    }
+    Ok(x)
+}
+
+pub(crate) fn positive(s: &str) -> Result<f32, String> {
     let x = finite(s)?;
     if x <= 0.0 {
         return Err("out of range: must be above 0".into());
@@ -279,6 +288,9 @@ impl ModelArgs {
         };
         let numerics = minfer_cpu::Numerics::parse(&self.numerics)
             .with_context(|| format!("--numerics {}", self.numerics))?;
+        // llama.cpp's x86 numerics run on an f16 KV: `auto` picks it.
+        let (cache_type, cache_type_auto) =
+            auto_for_numerics(cache_type, cache_type_auto, numerics);
         warn_threads(self.threads);
         let path = model_path(&self.model)?;
         let t0 = Instant::now();
@@ -290,7 +302,7 @@ impl ModelArgs {
             // 0 asks for the model's own context (the engine's 0).
             (Some(0), _) => 0,
             (Some(n), Some(max)) if n > max => {
-                eprintln!("note: --n-ctx {n} clamped to the model's context length {max}");
+                eprintln!("note: -c/--n-ctx {n} clamped to the model's context length {max}");
                 max
             }
             (Some(n), _) => n,
@@ -314,6 +326,20 @@ impl ModelArgs {
         }
         startup_line(&mut engine)?;
         Ok((engine, t0.elapsed().as_secs_f64() * 1e3))
+    }
+}
+
+/// `--cache-type auto` under llama.cpp's x86 numerics (`--numerics llamacpp-x86-*`, which
+/// need an f16 KV): f16, decided here; other choices as given.
+pub fn auto_for_numerics(
+    cache_type: minfer_gguf::GgmlType,
+    auto: bool,
+    numerics: minfer_cpu::Numerics,
+) -> (minfer_gguf::GgmlType, bool) {
+    if auto && numerics != minfer_cpu::Numerics::Native {
+        (minfer_gguf::GgmlType::F16, false)
+    } else {
+        (cache_type, auto)
     }
 }
 

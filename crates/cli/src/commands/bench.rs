@@ -88,9 +88,10 @@ pub struct Args {
     /// Output format: md, csv or json.
     #[arg(short = 'o', long = "output", value_enum, default_value = "md")]
     pub output: Format,
-    /// KV cache element type: f32, f16 or q8_0 (llama.cpp's default is f16).
-    #[arg(long = "cache-type", default_value = "f16")]
-    pub cache_type: String,
+    /// KV cache element type: f32, f16, q8_0, or auto as for `minfer run` (f32 on the CPU,
+    /// by model size on a GPU) [default: f16, llama-bench's; `minfer run`'s is auto].
+    #[arg(long = "cache-type")]
+    pub cache_type: Option<String>,
     /// Backends to use (default: every available one).
     #[arg(long = "backend", value_delimiter = ',')]
     pub backends: Vec<String>,
@@ -172,17 +173,23 @@ pub fn synthetic_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// One run from a cleared KV: the untimed `depth` prefill, then the timed test from position
+/// One run from a cleared KV: the untimed `depth` prefill (in forwards of the target's
+/// batch size, `depth_progress(done, total)` after each), then the timed test from position
 /// `depth.len()`; returns the nanoseconds of the test alone.
 fn run_once(
     target: &mut dyn Target,
     test: Test,
     tokens: &[u32],
     depth: &[u32],
+    depth_progress: &dyn Fn(usize, usize),
 ) -> anyhow::Result<u64> {
     target.kv_clear();
-    if !depth.is_empty() {
-        target.decode(depth, 0, 1).context("depth prefill")?;
+    let step = target.n_batch().max(1);
+    let mut done = 0;
+    for chunk in depth.chunks(step) {
+        target.decode(chunk, done, 1).context("depth prefill")?;
+        done += chunk.len();
+        depth_progress(done, depth.len());
     }
     let pos0 = depth.len();
     let t0 = Instant::now();
@@ -197,6 +204,24 @@ fn run_once(
     Ok(t0.elapsed().as_nanos() as u64)
 }
 
+/// What the timing loop reports as it goes: a repetition starting, and the depth prefill's
+/// tokens done of total.
+pub struct Progress<'a> {
+    pub rep: &'a dyn Fn(usize),
+    pub depth: &'a dyn Fn(usize, usize),
+}
+
+#[cfg(test)]
+impl Progress<'_> {
+    /// Reports nothing.
+    pub fn none() -> Progress<'static> {
+        Progress {
+            rep: &|_| {},
+            depth: &|_, _| {},
+        }
+    }
+}
+
 /// Times `reps` runs of `test` after `depth` cached tokens; returns nanoseconds per run.
 pub fn time_test(
     target: &mut dyn Target,
@@ -205,19 +230,19 @@ pub fn time_test(
     depth: &[u32],
     reps: usize,
     warmup: bool,
-    progress: &dyn Fn(usize),
+    progress: &Progress,
 ) -> anyhow::Result<Vec<u64>> {
     if warmup {
         let warm = match test {
             Test::Prompt(_) => tokens,
             Test::Gen(_) => &tokens[..tokens.len().min(1)],
         };
-        run_once(target, test, warm, depth).context("warm-up run")?;
+        run_once(target, test, warm, depth, progress.depth).context("warm-up run")?;
     }
     let mut ns = Vec::with_capacity(reps);
     for rep in 0..reps {
-        progress(rep);
-        ns.push(run_once(target, test, tokens, depth)?);
+        (progress.rep)(rep);
+        ns.push(run_once(target, test, tokens, depth, progress.depth)?);
     }
     target.kv_clear();
     Ok(ns)
@@ -313,6 +338,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !tests.is_empty() {
         let path = super::args::model_path(&args.model)?;
         let path = &path;
+        if let Some(ctx) = model_context(path) {
+            for &d in &args.n_depth {
+                for &t in &tests {
+                    check_fits(d, t, ctx)?;
+                }
+            }
+        }
         let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
         let n_ctx = max_depth + tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
         for &threads in &args.threads {
@@ -328,9 +360,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 // A different seed, so the depth is not the test's own tokens repeated.
                 let depth = synthetic_tokens(d, f.vocab, args.seed ^ 0xd3);
                 let label = format!("{}{} t={}", test.name(), depth_suffix(d), loaded.threads);
+                let bar = progress_bar(&label, args.reps);
                 let show = |rep: usize| {
+                    bar.set_position(rep as u64);
+                    bar.set_message(format!("{label}: repetition {}/{}", rep + 1, args.reps));
                     if args.progress {
                         eprintln!("minfer bench: {label} repetition {}/{}", rep + 1, args.reps);
+                    }
+                };
+                let last_line = std::cell::Cell::new(Instant::now());
+                let depth_show = |done: usize, total: usize| {
+                    bar.set_message(format!("{label}: depth prefill {done}/{total} tokens"));
+                    // Lines at most every 2 s, and the last.
+                    if args.progress
+                        && (done == total || last_line.get().elapsed().as_secs_f64() >= 2.0)
+                    {
+                        last_line.set(Instant::now());
+                        eprintln!("minfer bench: {label} depth prefill {done}/{total} tokens");
                     }
                 };
                 let ns = time_test(
@@ -340,15 +386,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     &depth,
                     args.reps,
                     !args.no_warmup,
-                    &show,
+                    &Progress {
+                        rep: &show,
+                        depth: &depth_show,
+                    },
                 )
                 .with_context(|| format!("{label} on {}", path.display()))?;
+                bar.finish_and_clear();
                 rows.push(
                     Row::new(
                         f,
                         &loaded.backend,
                         loaded.threads,
-                        &args.cache_type,
+                        &loaded.type_kv,
                         test,
                         ns,
                     )
@@ -358,8 +408,65 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let mut out = std::io::stdout().lock();
-    report::write(&mut out, args.output, &sys, facts.as_ref(), &bws, &rows)?;
+    let note = kv_note(&args);
+    report::write(
+        &mut out,
+        args.output,
+        &sys,
+        facts.as_ref(),
+        &bws,
+        &rows,
+        note.as_deref(),
+    )?;
     Ok(())
+}
+
+/// The header's word on the KV type when it was not chosen: bench's default (llama-bench's
+/// f16) is not `minfer run`'s (f32 on the CPU).
+fn kv_note(args: &Args) -> Option<String> {
+    if args.cache_type.is_some() {
+        return None;
+    }
+    Some(
+        "KV cache: f16, llama-bench's default (minfer run's default is auto: f32 on the CPU; \
+         --cache-type auto benchmarks that)"
+            .into(),
+    )
+}
+
+/// The model's context length (None when the file does not say: the load reports it).
+fn model_context(path: &std::path::Path) -> Option<usize> {
+    let m = minfer_gguf::GgufModel::open(path).ok()?;
+    minfer_models::HParams::from_metadata(m.metadata())
+        .ok()
+        .map(|h| h.context_length)
+}
+
+/// A test at depth `d` needs `d` + its own tokens of context: refused past the model's.
+fn check_fits(d: usize, test: Test, ctx: usize) -> anyhow::Result<()> {
+    let need = d + test.n_tokens();
+    if need > ctx {
+        let flag = match test {
+            Test::Prompt(n) => format!("-p {n}"),
+            Test::Gen(n) => format!("-n {n}"),
+        };
+        usage!(
+            "-d {d} + {flag} = {need} tokens, past the model's context length of {ctx}: \
+             give a smaller -d, -p or -n"
+        );
+    }
+    Ok(())
+}
+
+/// A bar on stderr for one test's repetitions (drawn only on a terminal).
+fn progress_bar(label: &str, reps: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(reps as u64).with_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {elapsed}")
+            .expect("static template"),
+    );
+    bar.set_message(label.to_string());
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
 }
 
 fn measure_membw(args: &Args) -> Vec<membw::MemBw> {
@@ -378,6 +485,18 @@ fn run_parallel(args: &Args) -> anyhow::Result<()> {
     let sys = sysinfo::detect();
     let bws = measure_membw(args);
     let path = super::args::model_path(&args.model)?;
+    if let Some(ctx) = model_context(&path) {
+        for s in &shapes {
+            if s.n_prompt + s.n_gen > ctx {
+                usage!(
+                    "-p {} + -n {} = {} tokens per sequence, past the model's context length of {ctx}",
+                    s.n_prompt,
+                    s.n_gen,
+                    s.n_prompt + s.n_gen
+                );
+            }
+        }
+    }
     // The cells of the largest run: every sequence's prompt and generated tokens.
     let n_ctx = shapes.iter().map(|s| s.n_kv()).max().unwrap_or(1);
     let n_seqs = shapes.iter().map(|s| s.n_parallel).max().unwrap_or(1);
@@ -394,14 +513,17 @@ fn run_parallel(args: &Args) -> anyhow::Result<()> {
             facts: f,
             backend: &loaded.backend,
             threads: loaded.threads,
-            type_kv: &args.cache_type,
+            type_kv: &loaded.type_kv,
             n_batch: engine.n_batch(),
             kv_layout: args.kv_layout,
         };
         for &shape in &shapes {
             let tokens = parallel::Tokens::new(shape, f.vocab, args.seed);
             let label = format!("{} t={}", shape.name(), loaded.threads);
+            let bar = progress_bar(&label, args.reps);
             let show = |rep: usize| {
+                bar.set_position(rep as u64);
+                bar.set_message(format!("{label}: repetition {}/{}", rep + 1, args.reps));
                 if args.progress {
                     eprintln!("minfer bench: {label} repetition {}/{}", rep + 1, args.reps);
                 }
@@ -418,6 +540,7 @@ fn run_parallel(args: &Args) -> anyhow::Result<()> {
                 &show,
             )
             .with_context(|| format!("{label} on {}", path.display()))?;
+            bar.finish_and_clear();
             rows.push(parallel::ParRow::new(&rf, shape, s));
         }
     }
@@ -469,7 +592,16 @@ mod tests {
     fn prompt_test_is_one_forward_per_repetition_after_a_warm_up() {
         let mut r = Recorder::default();
         let tokens = synthetic_tokens(512, 1000, 1);
-        let ns = time_test(&mut r, Test::Prompt(512), &tokens, &[], 3, true, &|_| {}).unwrap();
+        let ns = time_test(
+            &mut r,
+            Test::Prompt(512),
+            &tokens,
+            &[],
+            3,
+            true,
+            &Progress::none(),
+        )
+        .unwrap();
         assert_eq!(ns.len(), 3);
         assert_eq!(r.calls, vec![(512, 0, 1); 4]);
         // A clear before each of the 4 runs, one after.
@@ -480,7 +612,16 @@ mod tests {
     fn gen_test_is_n_single_token_steps_from_position_zero() {
         let mut r = Recorder::default();
         let tokens = synthetic_tokens(4, 1000, 1);
-        time_test(&mut r, Test::Gen(4), &tokens, &[], 2, true, &|_| {}).unwrap();
+        time_test(
+            &mut r,
+            Test::Gen(4),
+            &tokens,
+            &[],
+            2,
+            true,
+            &Progress::none(),
+        )
+        .unwrap();
         // Warm-up: one step; then two runs of positions 0..4.
         let run: Vec<_> = (0..4).map(|p| (1, p, 1)).collect();
         let mut want = vec![(1, 0, 1)];
@@ -494,7 +635,16 @@ mod tests {
         let mut r = Recorder::default();
         let tokens = synthetic_tokens(3, 1000, 1);
         let depth = synthetic_tokens(10, 1000, 2);
-        time_test(&mut r, Test::Gen(3), &tokens, &depth, 1, true, &|_| {}).unwrap();
+        time_test(
+            &mut r,
+            Test::Gen(3),
+            &tokens,
+            &depth,
+            1,
+            true,
+            &Progress::none(),
+        )
+        .unwrap();
         // Warm-up: depth, one step at 10; the run: depth, steps at 10, 11, 12.
         let want = vec![
             (10, 0, 1),
@@ -506,7 +656,16 @@ mod tests {
         ];
         assert_eq!(r.calls, want);
         let mut r = Recorder::default();
-        time_test(&mut r, Test::Prompt(3), &tokens, &depth, 1, false, &|_| {}).unwrap();
+        time_test(
+            &mut r,
+            Test::Prompt(3),
+            &tokens,
+            &depth,
+            1,
+            false,
+            &Progress::none(),
+        )
+        .unwrap();
         assert_eq!(r.calls, vec![(10, 0, 1), (3, 10, 1)]);
         assert_eq!(depth_suffix(2048), " @ d2048");
         assert_eq!(depth_suffix(0), "");

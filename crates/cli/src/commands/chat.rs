@@ -213,11 +213,11 @@ impl Repl {
         eprintln!(
             "{}",
             self.style.stats(&format!(
-                "[prefilled {} tokens ({} prompt + {} closing), generated {} tokens ({end}), {:.1} tok/s, KV {}/{}]",
-                r.prefilled,
+                "[prefilled {} ({} prompt + {} closing), generated {} ({end}), {:.1} tok/s, KV {}/{}]",
+                super::count(r.prefilled, "token"),
                 r.prompt_tokens,
                 r.closing_tokens,
-                r.generated,
+                super::count(r.generated, "token"),
                 r.timings.generate_tps(),
                 self.chat.kv_tokens().len(),
                 self.chat.engine().n_ctx()
@@ -319,9 +319,9 @@ impl Repl {
                 Ok(()) => eprintln!(
                     "{}",
                     self.style.notice(&format!(
-                        "note: saved {} messages, {} KV tokens to {arg}",
-                        self.chat.messages().len(),
-                        self.chat.kv_tokens().len()
+                        "note: saved {}, {} to {arg}",
+                        super::count(self.chat.messages().len(), "message"),
+                        super::count(self.chat.kv_tokens().len(), "KV token")
                     ))
                 ),
                 Err(e) => eprintln!("{}", self.style.notice(&format!("error: {e}"))),
@@ -344,13 +344,14 @@ impl Repl {
     }
 
     fn resumed(&self, from: &str, r: &Resumed) {
-        let n = self.chat.messages().len();
+        let n = super::count(self.chat.messages().len(), "message");
         let text = match r {
             Resumed::Kv { tokens } => format!(
-                "note: resumed {n} messages from {from}: {tokens} KV tokens restored, 0 prefilled"
+                "note: resumed {n} from {from}: {} restored, 0 prefilled",
+                super::count(*tokens, "KV token")
             ),
             Resumed::Messages { why } => format!(
-                "note: resumed {n} messages from {from}; its KV cannot be reused ({why}; {} differs), so the next turn prefills the conversation again",
+                "note: resumed {n} from {from}; its KV cannot be reused ({why}; {} differs), so the next turn prefills the conversation again",
                 flag_of(why)
             ),
         };

@@ -1,7 +1,7 @@
 //! `minfer convert HF_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0]`: a Hugging Face Qwen2,
 //! Qwen3 or LLaMA checkpoint to GGUF as llama.cpp's convert_hf_to_gguf.py writes it.
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Args as ClapArgs, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use minfer_engine::convert::{self, OutType};
@@ -21,20 +21,17 @@ pub struct Args {
     /// The checkpoint directory (config.json, tokenizer.json, tokenizer_config.json,
     /// model.safetensors or shards with model.safetensors.index.json).
     pub dir: PathBuf,
-    /// The GGUF file to write (must not exist).
+    /// The GGUF file to write (must not exist unless --force).
     pub output: PathBuf,
     /// Weight type of the 2-D tensors (norms, biases and 1-D tensors stay f32).
     #[arg(long, value_enum, default_value = "f16")]
     pub outtype: OutTypeArg,
+    #[command(flatten)]
+    pub force: super::output::ForceArg,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.output.exists() {
-        bail!(
-            "{} already exists; remove it first (minfer does not overwrite model files)",
-            args.output.display()
-        );
-    }
+    super::output::check_output(&args.output, &[], args.force.force)?;
     let t0 = std::time::Instant::now();
     let out = match args.outtype {
         OutTypeArg::F32 => OutType::F32,

@@ -14,7 +14,7 @@ pub struct Args {
     /// Emit one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
-    /// How many items of each metadata array to show.
+    /// How many items of each metadata array to show (0: only the length and type).
     #[arg(long, default_value_t = 4)]
     pub array_items: usize,
 }
@@ -115,7 +115,11 @@ fn write_text(out: &mut impl Write, model: &GgufModel, n: usize) -> std::io::Res
         match v {
             Value::Array(a) => {
                 let items: Vec<String> = (0..a.len().min(n)).map(|i| a.item_to_string(i)).collect();
-                let more = if a.len() > n { ", …" } else { "" };
+                let more = match (a.len() > n, items.is_empty()) {
+                    (false, _) => "",
+                    (true, true) => "…",
+                    (true, false) => ", …",
+                };
                 writeln!(
                     out,
                     "  {k} = [{} × {}] [{}{more}]",

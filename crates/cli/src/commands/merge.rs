@@ -11,14 +11,24 @@ use std::path::PathBuf;
 pub struct Args {
     /// Any part of the split model (all parts are found by name).
     pub input: PathBuf,
-    /// The merged file (must not exist).
+    /// The merged file (must not exist unless --force).
     pub output: PathBuf,
+    #[command(flatten)]
+    pub force: super::output::ForceArg,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let model = GgufModel::open(&args.input)
         .with_context(|| format!("cannot open {}", args.input.display()))?;
+    let inputs: Vec<PathBuf> = model.parts().iter().map(|p| p.path().into()).collect();
+    for old in super::output::check_outputs(
+        std::slice::from_ref(&args.output),
+        &inputs,
+        args.force.force,
+    )? {
+        std::fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+    }
     let total: u64 = model.tensors().iter().map(|t| t.info.n_bytes).sum();
     let bar = super::split::bytes_bar(total, "merge");
     split::merge(&model, &args.output, &mut |n| bar.inc(n))

@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod interrupt;
 pub mod list;
 pub mod merge;
+pub mod output;
 pub mod perplexity;
 pub mod pull;
 pub mod quantize;
@@ -29,11 +30,12 @@ pub fn run_or_chat(a: run::Args) -> anyhow::Result<()> {
     if !a.cnv {
         return run::run(a);
     }
+    let prompt = run::given_prompt(&a)?;
     chat::run(chat::Args {
         model: a.model,
         sampling: a.sampling,
         constraint: a.constraint,
-        prompt: a.prompt,
+        prompt,
         system: a.system,
         single_turn: false,
         multiline: false,
@@ -42,6 +44,11 @@ pub fn run_or_chat(a: run::Args) -> anyhow::Result<()> {
         session: None,
         color: "auto".into(),
     })
+}
+
+/// A count with its noun in the right number: `1 token`, `2 tokens`.
+pub fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
 /// A flag value or a combination of flags that cannot work, found after clap's parsing:

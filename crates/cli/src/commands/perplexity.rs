@@ -2,6 +2,7 @@
 //! over `minfer_engine::perplexity`; the running estimate on stdout, timings on stderr.
 
 use super::args::ModelArgs;
+use crate::usage;
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
 use minfer_engine::perplexity::{
@@ -27,13 +28,13 @@ pub struct Args {
     /// The text to evaluate (not needed with --kl-divergence: the base file holds the tokens).
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
-    /// Tokens per chunk.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
-    pub ctx_size: usize,
+    /// Tokens per chunk [default: 512; with --kl-divergence the base file's].
+    #[arg(short = 'c', long = "ctx-size", visible_alias = "n-ctx")]
+    pub ctx_size: Option<usize>,
     /// Most tokens per forward.
     #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
     pub batch_size: usize,
-    /// Evaluate at most this many chunks (default: all).
+    /// Evaluate at most this many chunks, at least 1 (default: all).
     #[arg(long)]
     pub chunks: Option<usize>,
     /// With -f: save the log-probabilities here. With --kl-divergence: the base to compare to.
@@ -79,20 +80,50 @@ fn bos_of(tok: &Tokenizer) -> Option<u32> {
     }
 }
 
+/// The chunk length when `-c` is not given (llama-perplexity's).
+const DEFAULT_CHUNK: usize = 512;
+
+/// The model's context length, when its file says (before loading it).
+fn model_context(model: &str) -> anyhow::Result<Option<usize>> {
+    let path = super::args::model_path(model)?;
+    Ok(minfer_gguf::GgufModel::open(&path)
+        .ok()
+        .and_then(|m| minfer_models::HParams::from_metadata(m.metadata()).ok())
+        .map(|h| h.context_length))
+}
+
+/// `-c` within what a chunk can be: at least 4 tokens, at most the model's context.
+fn check_chunk(a: &Args, n: usize) -> anyhow::Result<()> {
+    if n < 4 {
+        usage!("-c {n}: a chunk needs at least 4 tokens (half of it is scored)");
+    }
+    if let Some(max) = model_context(&a.model)? {
+        if n > max {
+            usage!("-c {n}: past the model's context length of {max}; give -c {max} or less");
+        }
+    }
+    Ok(())
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.chunks == Some(0) {
+        usage!("--chunks 0: evaluate at least 1 chunk (leave --chunks out for all of them)");
+    }
     if a.kl_divergence {
         return run_kld(a);
     }
     let Some(file) = &a.file else {
         bail!("give the text with -f FILE (or --kl-divergence with a base file)");
     };
+    let ctx_size = a.ctx_size.unwrap_or(DEFAULT_CHUNK);
+    check_chunk(&a, ctx_size)?;
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read {} as UTF-8 text", file.display()))?;
-    let mut engine = load(&a, a.ctx_size)?;
-    if engine.n_ctx() < a.ctx_size {
+    let mut engine = load(&a, ctx_size)?;
+    if engine.n_ctx() < ctx_size {
         bail!(
             "-c {}: the model's context is only {}",
-            a.ctx_size,
+            ctx_size,
             engine.n_ctx()
         );
     }
@@ -107,7 +138,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64() * 1e3
     );
     let cfg = PplConfig {
-        n_ctx: a.ctx_size,
+        n_ctx: ctx_size,
         n_batch: a.batch_size,
         n_chunks: a.chunks,
         bos: bos_of(&tok),
@@ -125,7 +156,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "{:.2} seconds per chunk, {} chunks of {} tokens: ETA {:.1} minutes",
                 per,
                 r.n_chunks,
-                a.ctx_size,
+                ctx_size,
                 per * r.n_chunks as f64 / 60.0
             );
         }
@@ -140,7 +171,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.json {
         let v = json!({
             "ppl": res.ppl, "ppl_err": res.ppl_err, "chunks": res.n_chunks,
-            "n_ctx": a.ctx_size, "tokens_scored": res.count, "seconds": secs,
+            "n_ctx": ctx_size, "tokens_scored": res.count, "seconds": secs,
         });
         writeln!(out, "{v}")?;
     } else {
@@ -156,7 +187,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         res.n_chunks,
         res.count,
         secs,
-        (res.n_chunks * a.ctx_size) as f64 / secs
+        (res.n_chunks * ctx_size) as f64 / secs
     );
     if let Some(p) = &a.kl_divergence_base {
         eprintln!("saved log-probabilities to {}", p.display());
@@ -169,19 +200,38 @@ fn run_kld(a: Args) -> anyhow::Result<()> {
         bail!("--kl-divergence needs --kl-divergence-base FILE (the saved base)");
     };
     let mut base = BaseLogits::open(path)?;
+    // The base file fixes the chunks: a -c or --chunks that differs is refused, not ignored.
+    if let Some(c) = a.ctx_size.filter(|&c| c != base.n_ctx()) {
+        usage!(
+            "-c {c}: --kl-divergence compares the base file's chunks of {} tokens; leave -c out \
+             (or give -c {})",
+            base.n_ctx(),
+            base.n_ctx()
+        );
+    }
+    if let Some(n) = a.chunks.filter(|&n| n != base.n_chunk()) {
+        usage!(
+            "--chunks {n}: --kl-divergence compares every one of the base file's {} chunks; \
+             leave --chunks out",
+            base.n_chunk()
+        );
+    }
     let mut engine = load(&a, base.n_ctx())?;
     let tok = Tokenizer::from_metadata(engine.model().metadata())
         .context("cannot build the model's tokenizer")?;
     let mut out = std::io::stdout().lock();
-    if !a.json {
-        writeln!(
-            out,
-            "chunk        PPL           ln(PPL(Q)/PPL(base))        KL Divergence        Δp RMS          Same top p"
-        )?;
-    }
+    // The table's header comes with its first row, so a model the base file does not fit
+    // (another vocabulary) fails with nothing on stdout.
+    let mut header = !a.json;
     let mut on_chunk = |i: usize, s: &minfer_engine::perplexity::KldStats| {
         if a.json {
             return;
+        }
+        if std::mem::take(&mut header) {
+            let _ = writeln!(
+                out,
+                "chunk        PPL           ln(PPL(Q)/PPL(base))        KL Divergence        Δp RMS          Same top p"
+            );
         }
         let (p, r, k, d, t) = (
             s.ppl(),

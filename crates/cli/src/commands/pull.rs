@@ -12,7 +12,7 @@ pub struct Args {
     /// List the known models and whether each is cached.
     #[arg(long)]
     pub list: bool,
-    /// Re-hash a cached file instead of trusting its size.
+    /// Re-hash a cached file instead of trusting its size (with --list: every cached one).
     #[arg(long)]
     pub verify: bool,
 }
@@ -20,12 +20,28 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = fetch::models_dir().ok_or(fetch::FetchError::NoModelsDir)?;
     if args.list {
+        if args.name.is_some() {
+            crate::usage!("--list lists every known model; give a NAME without --list to pull it");
+        }
         println!("models directory: {}", dir.display());
+        let mut bad = Vec::new();
         for m in fetch::KNOWN {
-            let state = if fetch::is_cached(m, &dir) {
-                "cached"
-            } else {
-                "not cached"
+            let cached = fetch::is_cached(m, &dir);
+            let state = match (cached, args.verify) {
+                (false, _) => "not cached",
+                (true, false) => "cached",
+                (true, true) => {
+                    let bar = indicatif::ProgressBar::new(m.size)
+                        .with_message(format!("verify {}", m.name));
+                    let sum = fetch::hash_file(&dir.join(m.file), &bar)?;
+                    bar.finish_and_clear();
+                    if sum.eq_ignore_ascii_case(m.sha256) {
+                        "verified"
+                    } else {
+                        bad.push(m.name);
+                        "SHA-256 MISMATCH"
+                    }
+                }
             };
             let default = if m.name == fetch::DEFAULT_MODEL {
                 " (default)"
@@ -33,13 +49,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ""
             };
             println!(
-                "{:<22} {:>7.1} MB  {:<10}  {}{}  aliases: {}",
+                "{:<22} {:>7.1} MB  {:<16}  {}{}  aliases: {}",
                 m.name,
                 m.size as f64 / 1e6,
                 state,
                 m.file,
                 default,
                 m.aliases.join(", ")
+            );
+        }
+        if !bad.is_empty() {
+            anyhow::bail!(
+                "{} failed verification (remove with `minfer rm NAME` and pull again): {}",
+                if bad.len() == 1 {
+                    "1 cached model"
+                } else {
+                    "cached models"
+                },
+                bad.join(", ")
             );
         }
         return Ok(());

@@ -65,6 +65,26 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub force: super::output::ForceArg,
+}
+
+/// `1 tensor`, `2 tensors`.
+fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
+/// The files `quantize` will write: OUT, or with --keep-split one part per input part.
+fn output_paths(a: &Args, n_in_parts: usize) -> Vec<PathBuf> {
+    if !a.keep_split {
+        return vec![a.output.clone()];
+    }
+    let name = a.output.file_name().and_then(|s| s.to_str()).unwrap_or("");
+    let stem = name.strip_suffix(".gguf").unwrap_or(name);
+    let dir = a.output.parent().unwrap_or(std::path::Path::new(""));
+    (0..n_in_parts)
+        .map(|k| minfer_gguf::model::split_path(dir, stem, k as u32 + 1, n_in_parts as u32))
+        .collect()
 }
 
 fn ggml_type(flag: &str, s: &str) -> anyhow::Result<GgmlType> {
@@ -135,7 +155,14 @@ fn options(a: &Args) -> anyhow::Result<Options> {
     Ok(o)
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    a.input = super::args::model_file(&a.input)?;
+    super::args::not_a_directory(&a.input, "the input")?;
+    let inputs: Vec<PathBuf> = match minfer_gguf::GgufModel::open(&a.input) {
+        Ok(m) => m.parts().iter().map(|p| p.path().to_path_buf()).collect(),
+        Err(_) => vec![a.input.clone()],
+    };
+    super::output::check_outputs(&output_paths(&a, inputs.len()), &inputs, a.force.force)?;
     let opts = options(&a)?;
     let t0 = std::time::Instant::now();
     let bar = ProgressBar::new(0).with_style(
@@ -143,36 +170,66 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .expect("a valid progress template"),
     );
     let mut unweighted: Vec<String> = Vec::new();
+    // Requantized tensors are counted and reported once, after the bar (a line per tensor
+    // flooded a terminal and, through the hidden bar, vanished when stderr was a file).
+    let mut requantized = 0usize;
+    let mut requantized_from: Vec<GgmlType> = Vec::new();
     let mut on_event = |e: Event| {
         match e {
-        Event::Planned { tensors, .. } => bar.set_length(tensors as u64),
-        Event::Fallback(f) => bar.println(format!(
-            "warning: {} - ncols {} not divisible by the {} block; falling back to {}",
-            f.tensor, f.ncols, f.wanted, f.got
-        )),
-        Event::ImatrixMissing { tensor } => unweighted.push(tensor),
-        Event::ImatrixIgnored { tensor, got, want } => bar.println(format!(
-            "warning: imatrix entry {tensor} has {got} values for {want} columns; \
+            Event::Planned { tensors, .. } => bar.set_length(tensors as u64),
+            // Printed above the bar on a terminal, and to a redirected stderr too (the bar's
+            // own println draws nothing when it is hidden).
+            Event::Fallback(f) => bar.suspend(|| {
+                eprintln!(
+                    "warning: {} - ncols {} not divisible by the {} block; falling back to {}",
+                    f.tensor, f.ncols, f.wanted, f.got
+                )
+            }),
+            Event::ImatrixMissing { tensor } => unweighted.push(tensor),
+            Event::ImatrixIgnored { tensor, got, want } => bar.suspend(|| {
+                eprintln!(
+                    "warning: imatrix entry {tensor} has {got} values for {want} columns; \
              quantized without importance weights"
-        )),
-        Event::Requantize { tensor, from } => bar.println(format!(
-            "warning: requantizing {tensor} from {from}: quality is lower than from the original weights"
-        )),
-        Event::Tensor { name, from, to, .. } => {
-            bar.set_message(format!("{name} {from} -> {to}"));
-            bar.inc(1);
+                )
+            }),
+            Event::Requantize { tensor: _, from } => {
+                requantized += 1;
+                if !requantized_from.contains(&from) {
+                    requantized_from.push(from);
+                }
+            }
+            Event::Tensor { name, from, to, .. } => {
+                bar.set_message(format!("{name} {from} -> {to}"));
+                bar.inc(1);
+            }
         }
-    }
     };
     let summary = quantize_model(&a.input, &a.output, &opts, &mut on_event)
         .with_context(|| format!("quantizing {}", a.input.display()))?;
     bar.finish_and_clear();
     if !unweighted.is_empty() {
         eprintln!(
-            "note: the imatrix has no entry for {} quantized tensor(s), quantized without \
+            "note: the imatrix has no entry for {} quantized {}, quantized without \
              importance weights: {}",
             unweighted.len(),
+            if unweighted.len() == 1 {
+                "tensor"
+            } else {
+                "tensors"
+            },
             unweighted.join(" ")
+        );
+    }
+    if requantized > 0 {
+        eprintln!(
+            "warning: requantized {requantized} tensor{} from {}: quality is lower than from the \
+             original (f16/f32) weights",
+            if requantized == 1 { "" } else { "s" },
+            requantized_from
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     if a.keep_split && summary.outputs.len() == 1 {
@@ -195,8 +252,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     );
     if summary.fallbacks > 0 {
         eprintln!(
-            "warning: {} tensor(s) required fallback quantization",
-            summary.fallbacks
+            "warning: {} required fallback quantization",
+            count(summary.fallbacks, "tensor")
         );
     }
     Ok(())

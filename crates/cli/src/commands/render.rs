@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The GGUF model whose `tokenizer.chat_template` renders the messages.
-    #[arg(short, long)]
+    /// The GGUF model whose `tokenizer.chat_template` renders the messages (a path, a known
+    /// name or hf:OWNER/REPO[:TAG]; default: the demo model, as every command).
+    #[arg(short, long, default_value = super::args::DEFAULT_MODEL)]
     pub model: PathBuf,
     /// End with the header that opens the assistant's turn.
     #[arg(long)]
@@ -74,11 +75,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => request_tools,
     };
-    if let Some(t) = &tools {
-        if !t.is_array() && !t.is_null() {
-            bail!("tools must be a JSON list, got {}", json_kind(t));
+    // As `minfer serve` checks a request's tools: each an OpenAI function tool; an empty
+    // list is no tools.
+    let tools = match tools {
+        None | Some(Json::Null) => None,
+        Some(Json::Array(list)) => {
+            for (i, t) in list.iter().enumerate() {
+                minfer_server::request::chat::tool(i, t)
+                    .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            }
+            (!list.is_empty()).then_some(Json::Array(list))
         }
-    }
+        Some(t) => bail!("tools must be a JSON list, got {}", json_kind(&t)),
+    };
 
     super::args::not_a_directory(&args.model, "-m")?;
     let path = super::args::model_file(&args.model)?;
@@ -88,6 +97,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("{}: chat template refused", args.model.display()))?;
     if let Some(notice) = &loaded.notice {
         eprintln!("{notice}");
+    }
+    if tools.is_some() && !loaded.template.source().contains("tools") {
+        bail!(
+            "{}: the model's chat template does not render tools (minfer serve refuses such a request with a 400)",
+            args.model.display()
+        );
     }
     let opts = RenderOptions {
         add_generation_prompt: args.add_generation_prompt,
@@ -109,6 +124,9 @@ fn checked_messages(list: Json) -> anyhow::Result<Vec<Message>> {
     let Json::Array(list) = list else {
         bail!("\"messages\" must be a list, got {}", json_kind(&list));
     };
+    if list.is_empty() {
+        bail!("the message list is empty: there is nothing to render");
+    }
     list.into_iter()
         .enumerate()
         .map(|(i, m)| checked_message(i, m))

@@ -29,7 +29,20 @@ pub struct Args {
     pub constraint: ConstraintArgs,
     /// The prompt (read from stdin when absent; one trailing newline is dropped, as
     /// llama.cpp's -f does). A prompt that starts with `-` goes after `--`.
+    #[arg(conflicts_with_all = ["prompt_flag", "file"])]
     pub prompt: Option<String>,
+    /// The prompt, as llama.cpp's -p (instead of the positional PROMPT).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        id = "prompt_flag",
+        value_name = "PROMPT",
+        conflicts_with = "file"
+    )]
+    pub prompt_flag: Option<String>,
+    /// Read the prompt from FILE, as llama.cpp's -f (one trailing newline dropped).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
     /// System message for the chat template.
     #[arg(long)]
     pub system: Option<String>,
@@ -61,6 +74,27 @@ pub struct Args {
     /// Conversation mode: the chat REPL (`minfer chat`), PROMPT being the first message.
     #[arg(long)]
     pub cnv: bool,
+}
+
+/// The prompt as given: PROMPT, `-p PROMPT` or `-f FILE` (None: read stdin).
+pub fn given_prompt(a: &Args) -> anyhow::Result<Option<String>> {
+    if let Some(p) = a.prompt.clone().or_else(|| a.prompt_flag.clone()) {
+        return Ok(Some(p));
+    }
+    let Some(f) = &a.file else { return Ok(None) };
+    super::args::not_a_directory(f, "-f")?;
+    let raw = std::fs::read(f).with_context(|| format!("-f {}: cannot read it", f.display()))?;
+    let mut s = String::from_utf8(raw).map_err(|e| {
+        anyhow::anyhow!(
+            "-f {}: not UTF-8 text: invalid byte at offset {}",
+            f.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    if s.ends_with('\n') {
+        s.pop();
+    }
+    Ok(Some(s))
 }
 
 /// The prompt from stdin: UTF-8 (a bad byte is named by its offset), with one trailing
@@ -110,8 +144,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let sampler = args.sampling.to_config()?;
     args.constraint.spec()?;
-    let prompt_text = match &args.prompt {
-        Some(p) => p.clone(),
+    let prompt_text = match given_prompt(&args)? {
+        Some(p) => p,
         None => prompt_from_stdin()?,
     };
     interrupt::install()?;
@@ -230,14 +264,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     eprintln!("load:      {load_ms:.1} ms");
     eprintln!(
-        "prompt:    {} tokens in {:.1} ms, {:.2} tokens/s",
-        t.prompt_tokens,
+        "prompt:    {} in {:.1} ms, {:.2} tokens/s",
+        super::count(t.prompt_tokens, "token"),
         t.prompt_ms,
         t.prompt_tps()
     );
     eprintln!(
-        "generated: {} tokens in {:.1} ms, {:.2} tokens/s ({finish})",
-        t.generated_tokens,
+        "generated: {} in {:.1} ms, {:.2} tokens/s ({finish})",
+        super::count(t.generated_tokens, "token"),
         t.generate_ms,
         t.generate_tps(),
     );

@@ -2,6 +2,7 @@
 //! the stage order), llama.cpp's names and defaults; flattened into `SamplingArgs`, so
 //! `run` and `chat` take them.
 
+use super::args::{finite, non_negative, positive, unit_interval};
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
 use minfer_engine::sampler::{order, Mirostat, SamplerConfig};
@@ -9,10 +10,10 @@ use minfer_engine::sampler::{order, Mirostat, SamplerConfig};
 #[derive(ClapArgs, Debug, Clone)]
 pub struct SamplingExtraArgs {
     /// DRY repetition penalty multiplier (0 disables).
-    #[arg(long = "dry-multiplier", default_value_t = 0.0)]
+    #[arg(long = "dry-multiplier", default_value_t = 0.0, value_parser = non_negative)]
     pub dry_multiplier: f32,
     /// DRY penalty base: multiplier · base^(repeat length − allowed length).
-    #[arg(long = "dry-base", default_value_t = 1.75)]
+    #[arg(long = "dry-base", default_value_t = 1.75, value_parser = finite)]
     pub dry_base: f32,
     /// DRY: repeats longer than this many tokens are penalised.
     #[arg(long = "dry-allowed-length", default_value_t = 2)]
@@ -21,7 +22,8 @@ pub struct SamplingExtraArgs {
     #[arg(
         long = "dry-penalty-last-n",
         default_value_t = 64,
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = last_n
     )]
     pub dry_penalty_last_n: i32,
     /// DRY sequence breaker (repeatable; the first one replaces the defaults '\n', ':',
@@ -29,30 +31,36 @@ pub struct SamplingExtraArgs {
     #[arg(long = "dry-sequence-breaker")]
     pub dry_sequence_breaker: Vec<String>,
     /// XTC: chance per token of excluding the top choices (0 disables).
-    #[arg(long = "xtc-probability", default_value_t = 0.0)]
+    #[arg(long = "xtc-probability", default_value_t = 0.0, value_parser = unit_interval)]
     pub xtc_probability: f32,
     /// XTC: tokens at least this likely are top choices (above 0.5 disables).
-    #[arg(long = "xtc-threshold", default_value_t = 0.1)]
+    #[arg(long = "xtc-threshold", default_value_t = 0.1, value_parser = unit_interval)]
     pub xtc_threshold: f32,
     /// Locally typical sampling, parameter p (1.0 disables).
-    #[arg(long = "typical", visible_alias = "typical-p", default_value_t = 1.0)]
+    #[arg(
+        long = "typical",
+        visible_alias = "typical-p",
+        default_value_t = 1.0,
+        value_parser = unit_interval
+    )]
     pub typical_p: f32,
     /// Top-n-sigma: keep logits within n standard deviations of the best (-1 disables).
     #[arg(
         long = "top-nsigma",
         visible_alias = "top-n-sigma",
         default_value_t = -1.0,
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = finite
     )]
     pub top_n_sigma: f32,
     /// Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces top-k, top-p, typical, ...).
-    #[arg(long = "mirostat", default_value_t = 0)]
+    #[arg(long = "mirostat", default_value_t = 0, value_parser = mirostat_value)]
     pub mirostat: i64,
-    /// Mirostat learning rate, eta.
-    #[arg(long = "mirostat-lr", default_value_t = 0.1)]
+    /// Mirostat learning rate, eta (above 0).
+    #[arg(long = "mirostat-lr", default_value_t = 0.1, value_parser = positive)]
     pub mirostat_lr: f32,
-    /// Mirostat target entropy, tau.
-    #[arg(long = "mirostat-ent", default_value_t = 5.0)]
+    /// Mirostat target entropy, tau (above 0).
+    #[arg(long = "mirostat-ent", default_value_t = 5.0, value_parser = positive)]
     pub mirostat_ent: f32,
     /// Stage order, names separated by ';' (default:
     /// penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature).
@@ -62,6 +70,26 @@ pub struct SamplingExtraArgs {
     /// y typical, p top-p, m min-p, x xtc, t temperature).
     #[arg(long = "sampling-seq", visible_alias = "sampler-seq")]
     pub sampling_seq: Option<String>,
+}
+
+/// `--dry-penalty-last-n`: 0 or more, or -1 (the whole context).
+fn last_n(s: &str) -> Result<i32, String> {
+    let n: i32 = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a whole number".to_string())?;
+    if n < -1 {
+        return Err("out of range: 0 disables, -1 is the whole context".into());
+    }
+    Ok(n)
+}
+
+/// `--mirostat`: 0, 1 or 2.
+fn mirostat_value(s: &str) -> Result<i64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n @ 0..=2) => Ok(n),
+        _ => Err("expected 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0)".into()),
+    }
 }
 
 impl SamplingExtraArgs {

@@ -12,7 +12,8 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Address to bind (loopback unless told otherwise).
+    /// Address to bind: an IP address or a host name such as localhost (loopback unless
+    /// told otherwise).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to bind (0 picks a free one; the address is printed).
@@ -27,7 +28,8 @@ pub struct Args {
     /// Most prompt tokens one forward reads, so long prompts do not stall running streams.
     #[arg(long, default_value_t = 512)]
     pub chunk: usize,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every API route (not /health, nor the chat
+    /// page at /, which asks for the key itself). Not empty.
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
     /// Tokenize special-token text in raw completion prompts as plain text.
@@ -41,9 +43,39 @@ pub struct Args {
     pub alias: Option<String>,
 }
 
+/// The smallest `-c` a server starts with.
+const MIN_SERVE_CTX: usize = 32;
+
+/// `--host`: an IP address, or a name such as `localhost` resolved to its first address
+/// (IPv4 first, as llama-server's default binds).
+fn resolve_host(host: &str) -> anyhow::Result<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.parse() {
+        return Ok(ip);
+    }
+    let addrs: Vec<std::net::SocketAddr> = match (host, 0u16).to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(_) => Vec::new(),
+    };
+    let pick = addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .map(|a| a.ip());
+    pick.ok_or_else(|| {
+        super::UsageError(format!(
+            "--host {host}: not an IP address nor a name this machine resolves"
+        ))
+        .into()
+    })
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 || args.parallel > 256 {
         usage!("--parallel {}: expected 1 to 256", args.parallel);
+    }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        usage!("--api-key: the key is empty (no request could ever send it); give a key or leave the flag out");
     }
     if args.chunk == 0 {
         usage!("--chunk must be at least 1");
@@ -54,10 +86,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.drain_timeout
         );
     }
-    let host: std::net::IpAddr = args
-        .host
-        .parse()
-        .map_err(|_| super::UsageError(format!("--host {}: not an IP address", args.host)))?;
+    let host = resolve_host(&args.host)?;
+    if let Some(n) = args.model.n_ctx.filter(|&n| n != 0 && n < MIN_SERVE_CTX) {
+        usage!(
+            "-c {n}: a server needs a context of at least {MIN_SERVE_CTX} tokens (a chat prompt alone \
+             takes a dozen); 0 is the model's own"
+        );
+    }
     if !host.is_loopback() && args.api_key.is_none() {
         eprintln!(
             "warning: serving on {host} without --api-key: anyone who can reach it can use it"
@@ -94,13 +129,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot bind {host}:{}", args.port))?;
         let addr = listener.local_addr()?;
-        let stop = minfer_server::shutdown::signal().context("cannot install signal handlers")?;
+        let signals =
+            minfer_server::shutdown::signal().context("cannot install signal handlers")?;
         eprintln!(
             "load: {load_ms:.1} ms; n_ctx {n_ctx}, {} parallel sequences",
             args.parallel
         );
         eprintln!("listening on http://{addr}");
-        minfer_server::serve(state, listener, stop).await?;
+        minfer_server::serve(state, listener, signals).await?;
         anyhow::Ok(())
     })
 }

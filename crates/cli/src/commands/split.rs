@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The model to split (any part of a split model opens all parts).
+    /// The model to split: a path (any part of a split model opens all parts) or a model
+    /// name as for `-m`.
     pub input: PathBuf,
     /// Output prefix: parts are written as PREFIX-00001-of-0000N.gguf.
     pub output: PathBuf,
@@ -28,6 +29,8 @@ pub struct Args {
     /// Print the plan and write nothing.
     #[arg(long = "dry-run")]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub force: super::output::ForceArg,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -36,8 +39,10 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
-    let model = GgufModel::open(&args.input)
-        .with_context(|| format!("cannot open {}", args.input.display()))?;
+    let input = super::args::model_file(&args.input)?;
+    super::args::not_a_directory(&input, "the input")?;
+    let model =
+        GgufModel::open(&input).with_context(|| format!("cannot open {}", input.display()))?;
     let limit = match (args.max_size, args.max_tensors) {
         (Some(b), _) => SplitLimit::MaxBytes(b),
         (None, Some(0)) => bail!("--split-max-tensors must be positive"),
@@ -74,6 +79,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              metadata and tensors, not the same bytes",
             args.input.display()
         );
+    }
+    let inputs: Vec<PathBuf> = model.parts().iter().map(|p| p.path().into()).collect();
+    let n = plan.parts.len() as u32;
+    let stem = args
+        .output
+        .file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or("");
+    let dir = args.output.parent().unwrap_or(std::path::Path::new(""));
+    let outs: Vec<PathBuf> = (1..=n)
+        .map(|k| minfer_gguf::model::split_path(dir, stem, k, n))
+        .collect();
+    for old in super::output::check_outputs(&outs, &inputs, args.force.force)? {
+        std::fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
     }
     let total: u64 = model.tensors().iter().map(|t| t.info.n_bytes).sum();
     let bar = bytes_bar(total, "split");

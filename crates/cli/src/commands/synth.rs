@@ -1,7 +1,7 @@
 //! `minfer synth`: write a GGUF model of a chosen architecture and shape with seeded random
 //! weights (tests and benchmarks of shapes we have no real file for).
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use minfer_gguf::GgmlType;
@@ -18,22 +18,28 @@ pub struct Args {
     /// Architecture: qwen2, qwen3 or llama.
     #[arg(long)]
     pub arch: Option<String>,
+    /// Number of transformer blocks (layers).
     #[arg(long)]
     pub layers: Option<usize>,
+    /// Embedding length (hidden size).
     #[arg(long)]
     pub embd: Option<usize>,
+    /// Attention (query) heads.
     #[arg(long)]
     pub heads: Option<usize>,
+    /// Key/value heads (grouped-query attention: a divisor of --heads).
     #[arg(long)]
     pub kv_heads: Option<usize>,
     /// Per-head dimension (default embd / heads).
     #[arg(long)]
     pub head_dim: Option<usize>,
+    /// Feed-forward (intermediate) length.
     #[arg(long)]
     pub ffn: Option<usize>,
     /// Vocabulary size (default: the tokenizer's; pads the built-in tokenizer).
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Context length written into the metadata (default 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Type of the 2-D weights (f32, f16, bf16, q8_0, q4_k, ...); norms and biases stay F32.
@@ -42,6 +48,7 @@ pub struct Args {
     /// Type for matrices whose row length is not whole blocks of --type.
     #[arg(long)]
     pub fallback_type: Option<String>,
+    /// Seed of the random weights (the same seed and shape give the same bytes).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Copy every tokenizer.* key from this GGUF (the vocabulary size follows it).
@@ -57,6 +64,9 @@ pub struct Args {
     /// Output file.
     #[arg(short = 'o', long)]
     pub output: PathBuf,
+    /// Overwrite an existing output, and write a file larger than the free space.
+    #[command(flatten)]
+    pub force: super::output::ForceArg,
 }
 
 fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
@@ -122,6 +132,29 @@ fn spec(args: &Args) -> anyhow::Result<SynthSpec> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let spec = spec(&args)?;
+    let force = args.force.force;
+    super::output::check_output(&args.output, &[], force)?;
+    // The size is known before a byte is written: said, and checked against the free space.
+    let planned = synth::plan(&spec)?;
+    let size = planned.data_bytes();
+    let n = planned.tensors().count();
+    let human = super::output::human_bytes(size);
+    eprintln!(
+        "synth: {n} tensor{}, {human} of weights to {}",
+        if n == 1 { "" } else { "s" },
+        args.output.display()
+    );
+    let dir = super::output::dir_of(&args.output);
+    if let Some(free) = super::output::free_bytes(&dir) {
+        if size > free && !force {
+            bail!(
+                "the model would take {human}, more than the {} free in {}; choose a smaller shape \
+                 (--layers, --embd, --ffn, --vocab) or pass --force to write it anyway",
+                super::output::human_bytes(free),
+                dir.display()
+            );
+        }
+    }
     let cpus = synth::all_threads();
     let threads = match args.threads.and_then(NonZeroUsize::new) {
         Some(t) => t,

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The GGUF model whose vocabulary to use (a path, a known name or hf:OWNER/REPO[:TAG]).
-    #[arg(short, long)]
+    /// The GGUF model whose vocabulary to use (a path, a known name or hf:OWNER/REPO[:TAG];
+    /// default: the demo model, as every command).
+    #[arg(short, long, default_value = super::args::DEFAULT_MODEL)]
     pub model: PathBuf,
     /// The text (or, with --decode, the ids); read from stdin when absent.
     pub text: Option<String>,
@@ -61,6 +62,22 @@ fn parse_ids(input: &[u8]) -> anyhow::Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// A piece as one line: newlines, tabs, backslashes and other control characters escaped.
+fn escape_piece(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for c in p.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&c.escape_unicode().to_string()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     super::args::not_a_directory(&args.model, "-m")?;
     let path = super::args::model_file(&args.model)?;
@@ -103,8 +120,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let v = json!({ "n_tokens": ids.len(), "ids": ids, "pieces": pieces });
         writeln!(out, "{v}")?;
     } else {
+        // Control characters escaped (`\n`, `\t`, `\u{1b}`), so one token is one line.
         for (id, piece) in ids.iter().zip(&pieces) {
-            writeln!(out, "{id:>6} -> '{piece}'")?;
+            writeln!(out, "{id:>6} -> '{}'", escape_piece(piece))?;
         }
     }
     Ok(())

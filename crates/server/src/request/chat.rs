@@ -49,7 +49,13 @@ pub fn parse(body: &Value, lim: &Limits) -> Result<ChatRequest, ApiError> {
     let logprobs = match f.bool("logprobs")? {
         Some(true) => Some(f.int("top_logprobs", 0..=MAX_TOP_LOGPROBS)?.unwrap_or(0) as usize),
         _ => {
-            f.int("top_logprobs", 0..=MAX_TOP_LOGPROBS)?;
+            // OpenAI: "logprobs must be set to true if top_logprobs is used".
+            if f.int("top_logprobs", 0..=MAX_TOP_LOGPROBS)?.is_some() {
+                return Err(ApiError::bad_field(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ));
+            }
             None
         }
     };
@@ -243,7 +249,8 @@ fn tool_call(i: usize, j: usize, v: &Value) -> Result<ToolCall, ApiError> {
     })
 }
 
-fn tool(i: usize, v: &Value) -> Result<(), ApiError> {
+/// Checks `tools[i]` as an OpenAI function tool (also `minfer render`'s check).
+pub fn tool(i: usize, v: &Value) -> Result<(), ApiError> {
     let at = format!("tools[{i}]");
     let bad = |field: &str, m: String| ApiError::bad_field(&format!("{at}{field}"), m);
     let o = v

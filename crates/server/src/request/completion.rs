@@ -116,14 +116,13 @@ fn prompts(v: Option<&Value>, vocab: usize) -> Result<Vec<Prompt>, ApiError> {
             list.len()
         )));
     }
-    for p in &list {
-        let empty = match p {
-            Prompt::Text(s) => s.is_empty(),
-            Prompt::Tokens(t) => t.is_empty(),
-        };
-        if empty {
-            return Err(bad("a prompt is empty".into()));
-        }
+    // An empty text prompt is OpenAI's: generation starts from the BOS token (see
+    // `prompt::text_prompt`); an empty token list says nothing to start from.
+    if list
+        .iter()
+        .any(|p| matches!(p, Prompt::Tokens(t) if t.is_empty()))
+    {
+        return Err(bad("a token-id prompt is empty".into()));
     }
     Ok(list)
 }

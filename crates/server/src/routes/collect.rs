@@ -83,6 +83,9 @@ pub async fn gather(
         }
     }
     if let Some(why) = accs.iter().find_map(|a| a.failed.clone()) {
+        if why == crate::scheduler::SHUTDOWN_MESSAGE {
+            return Err(ApiError::shut_down());
+        }
         return Err(ApiError::server(format!("generation failed: {why}")));
     }
     Ok(accs)

@@ -47,11 +47,15 @@ async fn method_not_allowed() -> ApiError {
     ApiError::method_not_allowed()
 }
 
-/// `--api-key` (every route but `/health`) and draining (503 for new work).
+/// The routes `--api-key` leaves open: `/health`, and the chat page at `/` (static; its own
+/// key field sends the key with each API call the page makes).
+pub const PUBLIC_ROUTES: [&str; 2] = ["/health", "/"];
+
+/// `--api-key` (every route but [`PUBLIC_ROUTES`]) and draining (503 for new work).
 async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if let Some(key) = &st.cfg.api_key {
-        if path != "/health" {
+        if !PUBLIC_ROUTES.contains(&path) {
             let ok = req
                 .headers()
                 .get(header::AUTHORIZATION)

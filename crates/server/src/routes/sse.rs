@@ -45,10 +45,11 @@ pub async fn done(tx: &SseTx) -> Result<(), Gone> {
 /// Ends a stream whose generation failed: an OpenAI error event, then `[DONE]`.
 pub async fn fail(st: &AppState, tx: &SseTx, why: &str) -> Result<(), Gone> {
     st.metrics.request_finished(Finish::Error);
-    send(
-        tx,
-        &ApiError::server(format!("generation failed: {why}")).body(),
-    )
-    .await?;
+    let e = if why == crate::scheduler::SHUTDOWN_MESSAGE {
+        ApiError::shut_down()
+    } else {
+        ApiError::server(format!("generation failed: {why}"))
+    };
+    send(tx, &e.body()).await?;
     done(tx).await
 }

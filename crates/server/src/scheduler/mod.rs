@@ -26,7 +26,7 @@ use minfer_engine::{BatchEntry, Engine, SeqId};
 use minfer_tokenizer::Tokenizer;
 use prefix::{common_prefix, PrefixCache};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -61,6 +61,10 @@ fn shareable(cells: &minfer_engine::KvCells, src: SeqId) -> usize {
     }
     usize::MAX
 }
+
+/// The failure message of a request the server had queued, not started, when shutdown
+/// ended what was left (answered with a 503).
+pub const SHUTDOWN_MESSAGE: &str = "the server shut down before this request was started";
 
 /// One request: its choices, each run as its own sequence.
 pub struct Job {
@@ -186,6 +190,10 @@ pub struct LoopShared {
     pub stats: Arc<LoopStats>,
     /// Jobs accepted by handlers and not yet admitted (the queue's length).
     pub queued: Arc<AtomicUsize>,
+    /// Set by shutdown when the drain is over: every running sequence ends now (its
+    /// partial reply with finish_reason `length`), every waiting job fails with
+    /// [`SHUTDOWN_MESSAGE`].
+    pub abort: Arc<AtomicBool>,
 }
 
 pub struct EngineLoop {
@@ -196,6 +204,7 @@ pub struct EngineLoop {
     faults: Arc<Faults>,
     stats: Arc<LoopStats>,
     queued: Arc<AtomicUsize>,
+    abort: Arc<AtomicBool>,
     waiting: VecDeque<Job>,
     batch: Batcher<Tag>,
     parked: Vec<Parked>,
@@ -209,6 +218,7 @@ impl EngineLoop {
             faults,
             stats,
             queued,
+            abort,
         } = shared;
         EngineLoop {
             engine,
@@ -220,6 +230,7 @@ impl EngineLoop {
             faults,
             stats,
             queued,
+            abort,
             waiting: VecDeque::new(),
             parked: Vec::new(),
         }
@@ -238,6 +249,9 @@ impl EngineLoop {
             while let Ok(j) = jobs.try_recv() {
                 self.waiting.push_back(j);
             }
+            if self.abort.load(Ordering::SeqCst) {
+                self.end_all();
+            }
             self.drop_gone();
             self.admit();
             self.unpark();
@@ -246,6 +260,41 @@ impl EngineLoop {
             self.reap();
             self.publish();
         }
+    }
+
+    /// Shutdown's end of everything left: running sequences finish now with what they
+    /// have (`length`), parked and waiting ones fail with [`SHUTDOWN_MESSAGE`].
+    fn end_all(&mut self) {
+        for job in self.waiting.drain(..) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.metrics.request_finished(Finish::Cancelled);
+            for choice in 0..job.choices.len() {
+                let _ = job.events.send(JobEvent::Failed {
+                    choice,
+                    message: SHUTDOWN_MESSAGE.into(),
+                });
+            }
+        }
+        for p in std::mem::take(&mut self.parked) {
+            p.tag.job.send(JobEvent::Failed {
+                choice: p.tag.choice,
+                message: SHUTDOWN_MESSAGE.into(),
+            });
+            self.release(p.gen.seq);
+        }
+        for (t, g) in self.batch.iter_mut() {
+            if g.is_done() {
+                continue;
+            }
+            let text = g.finish_now(FinishReason::Length);
+            if !text.is_empty() {
+                t.job.send(JobEvent::Text {
+                    choice: t.choice,
+                    text,
+                });
+            }
+        }
+        self.reap();
     }
 
     fn running(&self) -> usize {

@@ -214,6 +214,7 @@ pub fn write(
     facts: Option<&ModelFacts>,
     bws: &[MemBw],
     rows: &[Row],
+    kv_note: Option<&str>,
 ) -> std::io::Result<()> {
     match format {
         Format::Md => {
@@ -224,6 +225,9 @@ pub fn write(
                     "model: {} ({} weight bytes read per generated token)",
                     f.filename, f.weight_bytes_per_token
                 )?;
+            }
+            if let (Some(n), false) = (kv_note, rows.is_empty()) {
+                writeln!(out, "{n}")?;
             }
             if rows.is_empty() {
                 return Ok(());
@@ -349,7 +353,7 @@ mod tests {
         );
         let sys = super::super::sysinfo::detect();
         let mut buf = Vec::new();
-        write(&mut buf, Format::Md, &sys, Some(&facts()), &[], &[r]).unwrap();
+        write(&mut buf, Format::Md, &sys, Some(&facts()), &[], &[r], None).unwrap();
         let text = String::from_utf8(buf).unwrap();
         assert!(
             text.contains("| qwen2 Q4_K - Medium | 2.00 GiB | 494.03 M | CPU | 2 | f16 | tg128 | 128.00 ± 0.00 | 128.00 | 51.20 |"),

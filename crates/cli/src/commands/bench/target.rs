@@ -13,6 +13,8 @@ pub struct Loaded {
     /// Backend names as the rows show them (llama-bench style: `CPU`).
     pub backend: String,
     pub threads: usize,
+    /// The KV cache type the engine chose (`auto` resolved), as the rows show it.
+    pub type_kv: String,
 }
 
 /// `0` means the number of physical cores, as the CPU backend counts them.
@@ -76,10 +78,20 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
         backend = format!("{backend} ({})", numerics.name());
     }
     let threads = resolve_threads(threads);
+    let asked = args.cache_type.as_deref().unwrap_or("f16");
+    let cache_type_auto = asked.trim().eq_ignore_ascii_case("auto");
+    let cache_type = if cache_type_auto {
+        minfer_gguf::GgmlType::F32
+    } else {
+        parse_cache_type(asked)?
+    };
+    let (cache_type, cache_type_auto) =
+        crate::commands::args::auto_for_numerics(cache_type, cache_type_auto, numerics);
     let cfg = EngineConfig {
         n_ctx,
         threads,
-        cache_type: parse_cache_type(&args.cache_type)?,
+        cache_type,
+        cache_type_auto,
         backends: args.backends.clone(),
         cpu: minfer_engine::backends::CpuSettings { numerics },
         n_batch: args.n_batch,
@@ -92,7 +104,9 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
         eprintln!("note: {line}");
     }
     let facts = model_facts(engine.model(), path);
+    let type_kv = engine.cache_type().name().to_ascii_lowercase();
     Ok(Loaded {
+        type_kv,
         target: Box::new(EngineTarget(engine)),
         facts,
         backend,

@@ -1,0 +1,215 @@
+//! The writers of model files (`synth`, `quantize`, `split`, `merge`, `convert`) under one
+//! policy (issue 30): the size is said and checked before writing, an existing output is
+//! refused unless `--force`/`-y`, an output that is the input is always refused.
+
+use minfer_models::synth::{synthesize, SynthSpec};
+use minfer_models::Arch;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn minfer() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_minfer"))
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("minfer-writers-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tiny_model(dir: &std::path::Path) -> PathBuf {
+    let p = dir.join("in.gguf");
+    let w = synthesize(&SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128)).unwrap();
+    std::fs::write(&p, w.to_bytes()).unwrap();
+    p
+}
+
+fn err(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn synth_refuses_a_model_larger_than_the_free_space_before_writing() {
+    let d = tmpdir("huge");
+    let out = d.join("huge.gguf");
+    let o = minfer()
+        .args([
+            "synth", "--arch", "qwen2", "--layers", "100000", "--embd", "100000",
+        ])
+        .args([
+            "--heads",
+            "100",
+            "--kv-heads",
+            "100",
+            "--ffn",
+            "100000",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let e = err(&o);
+    assert!(e.contains("TB") && e.contains("free"), "{e}");
+    assert!(e.contains("--force"), "{e}");
+    let left: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+    assert!(left.is_empty(), "nothing is written: {left:?}");
+}
+
+#[test]
+fn synth_says_the_size_and_refuses_an_existing_output_unless_forced() {
+    let d = tmpdir("synth-exists");
+    let out = d.join("m.gguf");
+    let synth = |extra: &[&str]| {
+        minfer()
+            .args(["synth", "--arch", "qwen2", "--layers", "1", "--embd", "64"])
+            .args(["--heads", "4", "--kv-heads", "2", "--ffn", "128", "-o"])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = synth(&[]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(err(&o).contains("of weights to"), "{}", err(&o));
+    let o = synth(&[]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        err(&o).contains("already exists") && err(&o).contains("--force"),
+        "{}",
+        err(&o)
+    );
+    let o = synth(&["-y"]);
+    assert!(o.status.success(), "{o:?}");
+    let o = minfer()
+        .args(["synth", "--preset", "0.5b", "-o"])
+        .arg(d.join("missing/dir/m.gguf"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        err(&o).contains("does not exist") && !err(&o).contains(".partial"),
+        "{}",
+        err(&o)
+    );
+}
+
+#[test]
+fn quantize_refuses_its_own_input_and_an_existing_output_unless_forced() {
+    let d = tmpdir("quantize");
+    let input = tiny_model(&d);
+    let before = std::fs::read(&input).unwrap();
+    for force in [&[][..], &["--force"][..]] {
+        let o = minfer()
+            .arg("quantize")
+            .arg(&input)
+            .arg(&input)
+            .arg("Q8_0")
+            .args(force)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{o:?}");
+        assert!(err(&o).contains("is the input"), "{}", err(&o));
+    }
+    assert_eq!(
+        std::fs::read(&input).unwrap(),
+        before,
+        "the input is untouched"
+    );
+    let out = d.join("q.gguf");
+    std::fs::write(&out, b"keep me").unwrap();
+    let q = |extra: &[&str]| {
+        minfer()
+            .arg("quantize")
+            .arg(&input)
+            .arg(&out)
+            .arg("Q8_0")
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = q(&[]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(err(&o).contains("already exists"), "{}", err(&o));
+    assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
+    let o = q(&["-y"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_ne!(std::fs::read(&out).unwrap(), b"keep me");
+}
+
+#[test]
+fn split_and_merge_take_force_and_refuse_the_input() {
+    let d = tmpdir("split");
+    let input = tiny_model(&d);
+    let prefix = d.join("part");
+    let split = |extra: &[&str]| {
+        minfer()
+            .args(["split", "--split-max-tensors", "4"])
+            .arg(&input)
+            .arg(&prefix)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert!(split(&[]).status.success());
+    let o = split(&[]);
+    assert!(err(&o).contains("--force"), "{}", err(&o));
+    assert!(split(&["--force"]).status.success());
+    let first = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("part-00001-of"))
+        .unwrap();
+    let merged = d.join("merged.gguf");
+    let merge = |out: &PathBuf, extra: &[&str]| {
+        minfer()
+            .arg("merge")
+            .arg(&first)
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert!(merge(&merged, &[]).status.success());
+    let o = merge(&merged, &[]);
+    assert!(err(&o).contains("--force"), "{}", err(&o));
+    assert!(merge(&merged, &["-y"]).status.success());
+    assert_eq!(
+        std::fs::read(&merged).unwrap(),
+        std::fs::read(&input).unwrap()
+    );
+    let o = merge(&first, &["--force"]);
+    assert!(err(&o).contains("is the input"), "{}", err(&o));
+}
+
+/// Issue 30, defect 10: requantizing says so once, in one summary line, whether stderr is a
+/// terminal or (here) a pipe; it printed a line per tensor on a terminal and none to a file.
+#[test]
+fn requantizing_warns_once_with_a_count() {
+    let d = tmpdir("requant");
+    let input = d.join("q8.gguf");
+    let mut spec = SynthSpec::new(Arch::Qwen2, 2, 64, 4, 2, 128);
+    spec.weight_type = minfer_gguf::GgmlType::Q8_0;
+    std::fs::write(&input, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    let o = minfer()
+        .arg("quantize")
+        .arg(&input)
+        .arg(d.join("q4.gguf"))
+        .args(["Q4_0", "--allow-requantize", "-t", "1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let e = err(&o);
+    let lines: Vec<&str> = e.lines().filter(|l| l.contains("requantiz")).collect();
+    assert_eq!(lines.len(), 1, "{e}");
+    assert!(
+        lines[0].contains("requantized") && lines[0].to_lowercase().contains("q8_0"),
+        "{e}"
+    );
+    assert!(lines[0].contains(" tensors from "), "{e}");
+    assert!(
+        !e.contains("tensor(s)"),
+        "singular or plural, not both: {e}"
+    );
+}
