@@ -116,10 +116,14 @@ extern "C" __global__ void mf_bias_rows(float *y, const float *bias, int n_out, 
 // accumulators), the softmax online in registers. A query's keys past its own window are
 // masked to exactly nothing (p = +0, the running max and sum untouched, the rescale skipped),
 // so the tiles a longer neighbour adds change none of its bits: its result depends on its
-// window's values alone.
+// window's values alone. Windows longer than MF_FA_SPLIT keys are cut at fixed multiples of
+// it over the grid's z; each split writes a partial and mf_attn_combine merges the live ones
+// in order (one live split: the same o / l the unsplit launch writes).
 
 #define MF_FA_Q 64
 #define MF_FA_K 64
+// Logical keys per split of a long window (a multiple of MF_FA_K; prompt.rs `FA_SPLIT`).
+#define MF_FA_SPLIT 1024
 
 __device__ __forceinline__ u32 mf_smem_addr(const void *p) {
     u32 r;
@@ -164,8 +168,9 @@ __device__ __forceinline__ void mf_fa_load(u16 *dst, const u8 *base, u64 row_byt
 
 template <int HD>
 __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc, const int *win,
-                                      float *out, u64 row_bytes, int n_head, int n_head_kv,
-                                      int width, float scale, int n_q) {
+                                      float *out, float *part, u64 row_bytes, int n_head,
+                                      int n_head_kv, int width, float scale, int n_q,
+                                      int n_split) {
     extern __shared__ __align__(16) u16 mf_fa_smem[];
     const int S = HD + 8;
     u16 *ks = mf_fa_smem, *vs = mf_fa_smem + MF_FA_K * S;
@@ -177,9 +182,14 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
     const int *wl = win + (u64)last * width;
     u32 lmax = mf_win_len(wl, width);
     u64 head_off = (u64)hk * HD * 2;
-    mf_fa_load<HD>(ks, kc, row_bytes, head_off, wl, width, lmax, 0);
+    // This block's split of the keys: MF_FA_SPLIT logical rows from split * MF_FA_SPLIT (a
+    // constant, so a query's splits are fixed by its window alone).
+    u32 ntiles = (lmax + MF_FA_K - 1) / MF_FA_K;
+    u32 t_begin = blockIdx.z * (MF_FA_SPLIT / MF_FA_K);
+    u32 t_end = min(ntiles, t_begin + MF_FA_SPLIT / MF_FA_K);
+    mf_fa_load<HD>(ks, kc, row_bytes, head_off, wl, width, lmax, t_begin);
     mf_cp_commit();
-    mf_fa_load<HD>(vs, vc, row_bytes, head_off, wl, width, lmax, 0);
+    mf_fa_load<HD>(vs, vc, row_bytes, head_off, wl, width, lmax, t_begin);
     mf_cp_commit();
 
     int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
@@ -205,8 +215,7 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
     for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = MF_MINF, m1 = MF_MINF, l0 = 0.0f, l1 = 0.0f;
     const float sl = scale * 1.4426950408889634f;
-    u32 ntiles = (lmax + MF_FA_K - 1) / MF_FA_K;
-    for (u32 tile = 0; tile < ntiles; ++tile) {
+    for (u32 tile = t_begin; tile < t_end; ++tile) {
         mf_cp_wait1();
         __syncthreads();
         float s[8][4];
@@ -219,7 +228,7 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
                 mf_mma_f16(s[j], qf[c], *(const u32 *)(kr + 16 * c), *(const u32 *)(kr + 16 * c + 8));
         }
         __syncthreads();
-        if (tile + 1 < ntiles)
+        if (tile + 1 < t_end)
             mf_fa_load<HD>(ks, kc, row_bytes, head_off, wl, width, lmax, tile + 1);
         mf_cp_commit();
         // Scale and mask (logical key index against each row's window), then the online
@@ -290,7 +299,7 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
             }
         }
         __syncthreads();
-        if (tile + 1 < ntiles)
+        if (tile + 1 < t_end)
             mf_fa_load<HD>(vs, vc, row_bytes, head_off, wl, width, lmax, tile + 1);
         mf_cp_commit();
     }
@@ -300,21 +309,45 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
         l0 += __shfl_xor_sync(0xffffffffu, l0, x);
         l1 += __shfl_xor_sync(0xffffffffu, l1, x);
     }
-    float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    float *oa = out + (u64)r0 * qs + h * HD + 2 * t;
-    float *ob = out + (u64)r1 * qs + h * HD + 2 * t;
+    if (n_split == 1) {
+        // o / l rounded once: the bits mf_attn_combine gives a query with one live split.
+        float *oa = out + (u64)r0 * qs + h * HD + 2 * t;
+        float *ob = out + (u64)r1 * qs + h * HD + 2 * t;
+#pragma unroll
+        for (int j = 0; j < HD / 8; ++j) {
+            if (r0 < n_q)
+                *(float2 *)(oa + 8 * j) =
+                    make_float2(__fdiv_rn(o[j][0], l0), __fdiv_rn(o[j][1], l0));
+            if (r1 < n_q)
+                *(float2 *)(ob + 8 * j) =
+                    make_float2(__fdiv_rn(o[j][2], l1), __fdiv_rn(o[j][3], l1));
+        }
+        return;
+    }
+    // A partial in mf_attn_combine's layout (max in the natural-log domain, sum, unnormalised
+    // o) per (query, head, split); a split past a query's window leaves (-inf, 0, 0).
+    const float ln2 = 0.6931471805599453f;
+    float mn0 = m0 == MF_MINF ? MF_MINF : m0 * ln2, mn1 = m1 == MF_MINF ? MF_MINF : m1 * ln2;
+    float *pa = part + (((u64)r0 * n_head + h) * n_split + blockIdx.z) * (HD + 2);
+    float *pb = part + (((u64)r1 * n_head + h) * n_split + blockIdx.z) * (HD + 2);
+    if (t == 0) {
+        if (r0 < n_q) pa[0] = mn0, pa[1] = l0;
+        if (r1 < n_q) pb[0] = mn1, pb[1] = l1;
+    }
 #pragma unroll
     for (int j = 0; j < HD / 8; ++j) {
-        if (r0 < n_q) *(float2 *)(oa + 8 * j) = make_float2(o[j][0] * i0, o[j][1] * i0);
-        if (r1 < n_q) *(float2 *)(ob + 8 * j) = make_float2(o[j][2] * i1, o[j][3] * i1);
+        if (r0 < n_q) pa[2 + 8 * j + 2 * t] = o[j][0], pa[3 + 8 * j + 2 * t] = o[j][1];
+        if (r1 < n_q) pb[2 + 8 * j + 2 * t] = o[j][2], pb[3 + 8 * j + 2 * t] = o[j][3];
     }
 }
 
 #define MF_FA_KERNEL(HD)                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                           \
         mf_fa_##HD(const float *q, const u8 *kc, const u8 *vc, const int *win, float *out,       \
-                   u64 row_bytes, int n_head, int n_head_kv, int width, float scale, int n_q) {  \
-        mf_fa<HD>(q, kc, vc, win, out, row_bytes, n_head, n_head_kv, width, scale, n_q);         \
+                   float *part, u64 row_bytes, int n_head, int n_head_kv, int width,             \
+                   float scale, int n_q, int n_split) {                                          \
+        mf_fa<HD>(q, kc, vc, win, out, part, row_bytes, n_head, n_head_kv, width, scale, n_q,    \
+                  n_split);                                                                      \
     }
 MF_FA_KERNEL(64)
 MF_FA_KERNEL(128)

@@ -27,6 +27,8 @@ pub(crate) const GEMM_MAX_BYTES: usize = 256 << 20;
 
 /// Query rows per block of the prompt attention (kernels/prompt.cu `MF_FA_Q`).
 const FA_Q: usize = 64;
+/// Logical keys per split of a long window (kernels/prompt.cu `MF_FA_SPLIT`).
+const FA_SPLIT: usize = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PromptChoice {
@@ -289,10 +291,30 @@ impl CudaBackend {
         }
         let shared = (2 * 64 * (head_dim + 8) * 2) as u32;
         let qs = n_head * head_dim * 4;
+        let win_len = |r: usize| -> usize {
+            let w = &windows[r * width..(r + 1) * width];
+            if width == 2 {
+                (w[1] - w[0]).max(0) as usize
+            } else {
+                w.chunks_exact(2).map(|x| x[1].max(0) as usize).sum()
+            }
+        };
         for (s, len) in nested_segments(windows, width, r0, n) {
+            // Splits over the segment's longest window (its last row's): the split size is
+            // fixed, so a query's live splits depend on its own window alone.
+            let longest = (s..s + len).map(win_len).max().unwrap_or(0);
+            let n_split = longest.div_ceil(FA_SPLIT).max(1);
+            let part = if n_split > 1 {
+                self.scratch(
+                    Scratch::AttnPart,
+                    len * n_head * n_split * (head_dim + 2) * 4,
+                )?
+            } else {
+                0
+            };
             self.gpu.launch_shared(
                 kernel,
-                (len.div_ceil(FA_Q) as u32, n_head as u32, 1),
+                (len.div_ceil(FA_Q) as u32, n_head as u32, n_split as u32),
                 128,
                 shared,
                 &[
@@ -301,14 +323,31 @@ impl CudaBackend {
                     Arg::U64(v),
                     Arg::U64(win + (s * width * 4) as u64),
                     Arg::U64(out + (s * qs) as u64),
+                    Arg::U64(part),
                     Arg::U64(row_bytes as u64),
                     Arg::I32(n_head as i32),
                     Arg::I32(n_head_kv as i32),
                     Arg::I32(width as i32),
                     Arg::F32(scale),
                     Arg::I32(len as i32),
+                    Arg::I32(n_split as i32),
                 ],
             )?;
+            if n_split > 1 {
+                self.gpu.launch_shared(
+                    "mf_attn_combine",
+                    (n_head as u32, len as u32, 1),
+                    head_dim.next_multiple_of(32).min(256) as u32,
+                    (n_split * 16) as u32,
+                    &[
+                        Arg::U64(part),
+                        Arg::U64(out + (s * qs) as u64),
+                        Arg::I32(n_head as i32),
+                        Arg::I32(head_dim as i32),
+                        Arg::I32(n_split as i32),
+                    ],
+                )?;
+            }
         }
         Ok(())
     }

@@ -12,7 +12,8 @@
 //! - The tensor-core attention against an f64 softmax over the same f16 K/V and f16-rounded
 //!   queries: max |d| ≤ 4e-3 · max|v| (P is rounded to f16 before P·V: 2^-11 relative per
 //!   weight, a few units of it after the sum); and chunks of 1, 7, 64 and 300 queries (and
-//!   a kv map of two runs) bit for bit the whole.
+//!   a kv map of two runs, windows of up to 2,300 keys over one to three 1024-key splits
+//!   merged by `mf_attn_combine`) bit for bit the whole.
 
 #![cfg(feature = "cuda")]
 
@@ -400,9 +401,13 @@ impl Attn {
         let mut s = 0;
         while s < nq {
             let len = chunk.min(nq - s);
+            // Splits of 1024 keys over the chunk's longest window (prompt.rs's rule).
+            let n_split = (p0 + s + len).div_ceil(1024).max(1);
+            let part = g.alloc(len * nh * n_split * (hd + 2) * 4).unwrap();
+            let o = out + (s * nh * hd * 4) as u64;
             g.launch_shared(
                 kernel,
-                (len.div_ceil(64) as u32, nh as u32, 1),
+                (len.div_ceil(64) as u32, nh as u32, n_split as u32),
                 128,
                 (2 * 64 * (hd + 8) * 2) as u32,
                 &[
@@ -410,16 +415,34 @@ impl Attn {
                     Arg::U64(k),
                     Arg::U64(v),
                     Arg::U64(wp + (s * width * 4) as u64),
-                    Arg::U64(out + (s * nh * hd * 4) as u64),
+                    Arg::U64(o),
+                    Arg::U64(part),
                     Arg::U64(row_bytes),
                     Arg::I32(nh as i32),
                     Arg::I32(self.n_kv as i32),
                     Arg::I32(width as i32),
                     Arg::F32(1.0 / (hd as f32).sqrt()),
                     Arg::I32(len as i32),
+                    Arg::I32(n_split as i32),
                 ],
             )
             .unwrap();
+            if n_split > 1 {
+                g.launch_shared(
+                    "mf_attn_combine",
+                    (nh as u32, len as u32, 1),
+                    hd.next_multiple_of(32).min(256) as u32,
+                    (n_split * 16) as u32,
+                    &[
+                        Arg::U64(part),
+                        Arg::U64(o),
+                        Arg::I32(nh as i32),
+                        Arg::I32(hd as i32),
+                        Arg::I32(n_split as i32),
+                    ],
+                )
+                .unwrap();
+            }
             s += len;
         }
         let _ = self.n_cells;
@@ -431,11 +454,14 @@ impl Attn {
 fn prompt_attention_matches_the_reference_and_every_chunking() {
     let Some(mut g) = gpu() else { return };
     for (hd, nh, nkv) in [(128, 4, 1), (64, 4, 2), (128, 7, 1)] {
-        let a = Attn::new(hd, nh, nkv, 700, 300, hd as u64 + nh as u64);
+        let a = Attn::new(hd, nh, nkv, 2700, 300, hd as u64 + nh as u64);
         for (runs, kvmap, p0) in [
             (vec![(5usize, 700 - 5)], false, 0usize),
             (vec![(5, 700 - 5)], false, 211),
             (vec![(400, 150), (20, 300)], true, 100),
+            // Windows of 901 .. 2300 keys: one to three splits of 1024.
+            (vec![(50, 2600)], false, 900),
+            (vec![(1200, 1400), (30, 1000)], true, 1900),
         ] {
             let nq = 300.min(runs.iter().map(|r| r.1).sum::<usize>() - p0);
             let whole = a.run(&mut g, &runs, kvmap, p0, nq, nq);
