@@ -27,7 +27,7 @@ mod target;
 use crate::usage;
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use minfer_engine::{BatchEntry, SeqId};
+use minfer_engine::{BatchEntry, RowClass, SeqId};
 use std::time::Instant;
 
 pub use report::Format;
@@ -145,8 +145,15 @@ impl Test {
 /// What the timing loop drives: the engine, or a stand-in in tests.
 pub trait Target {
     fn kv_clear(&mut self);
-    /// Appends `tokens` at `pos0..` and computes the logits of the last `n_out` rows.
-    fn decode(&mut self, tokens: &[u32], pos0: usize, n_out: usize) -> anyhow::Result<()>;
+    /// Appends `tokens` (rows of `class`: a prompt, or tokens the engine generated) at
+    /// `pos0..` and computes the logits of the last `n_out` rows.
+    fn decode(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        n_out: usize,
+        class: RowClass,
+    ) -> anyhow::Result<()>;
     /// Most tokens one forward takes.
     fn n_batch(&self) -> usize;
     fn seq_create(&mut self) -> SeqId;
@@ -187,17 +194,20 @@ fn run_once(
     let step = target.n_batch().max(1);
     let mut done = 0;
     for chunk in depth.chunks(step) {
-        target.decode(chunk, done, 1).context("depth prefill")?;
+        target
+            .decode(chunk, done, 1, RowClass::Prompt)
+            .context("depth prefill")?;
         done += chunk.len();
         depth_progress(done, depth.len());
     }
     let pos0 = depth.len();
     let t0 = Instant::now();
     match test {
-        Test::Prompt(_) => target.decode(tokens, pos0, 1)?,
+        Test::Prompt(_) => target.decode(tokens, pos0, 1, RowClass::Prompt)?,
+        // Each token as the engine's own sampled token: a generation row.
         Test::Gen(_) => {
             for (i, &t) in tokens.iter().enumerate() {
-                target.decode(&[t], pos0 + i, 1)?;
+                target.decode(&[t], pos0 + i, 1, RowClass::Generation)?;
             }
         }
     }
@@ -557,6 +567,8 @@ mod tests {
     #[derive(Default)]
     struct Recorder {
         calls: Vec<(usize, usize, usize)>,
+        /// The row class of each call.
+        classes: Vec<RowClass>,
         clears: usize,
     }
 
@@ -564,8 +576,15 @@ mod tests {
         fn kv_clear(&mut self) {
             self.clears += 1;
         }
-        fn decode(&mut self, tokens: &[u32], pos0: usize, n_out: usize) -> anyhow::Result<()> {
+        fn decode(
+            &mut self,
+            tokens: &[u32],
+            pos0: usize,
+            n_out: usize,
+            class: RowClass,
+        ) -> anyhow::Result<()> {
             self.calls.push((tokens.len(), pos0, n_out));
+            self.classes.push(class);
             Ok(())
         }
         fn n_batch(&self) -> usize {
@@ -628,6 +647,9 @@ mod tests {
         want.extend(run.iter().copied());
         want.extend(run.iter().copied());
         assert_eq!(r.calls, want);
+        // tg's steps are the engine's own tokens: generation rows (as prompt rows they ran
+        // the prompt kernels on the GPU, 0.19x llama.cpp's decode).
+        assert!(r.classes.iter().all(|&c| c == RowClass::Generation));
     }
 
     #[test]
@@ -655,6 +677,12 @@ mod tests {
             (1, 12, 1),
         ];
         assert_eq!(r.calls, want);
+        use RowClass::{Generation as G, Prompt as P};
+        assert_eq!(
+            r.classes,
+            [P, G, P, G, G, G],
+            "the depth is a prompt, the steps not"
+        );
         let mut r = Recorder::default();
         time_test(
             &mut r,

@@ -524,6 +524,7 @@ pub fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use minfer_engine::RowClass;
 
     fn c(seq: usize, start: usize, len: usize, logits: bool) -> Chunk {
         Chunk {
@@ -630,7 +631,7 @@ mod tests {
 
     impl Target for Fake {
         fn kv_clear(&mut self) {}
-        fn decode(&mut self, _: &[u32], _: usize, _: usize) -> anyhow::Result<()> {
+        fn decode(&mut self, _: &[u32], _: usize, _: usize, _: RowClass) -> anyhow::Result<()> {
             unreachable!("the parallel test decodes through forward_batch")
         }
         fn n_batch(&self) -> usize {

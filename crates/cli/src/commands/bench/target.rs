@@ -4,7 +4,9 @@
 use super::report::{model_facts, ModelFacts};
 use super::{Args, Target};
 use anyhow::Context;
-use minfer_engine::{backends, parse_cache_type, BatchEntry, Engine, EngineConfig, SeqId};
+use minfer_engine::{
+    backends, parse_cache_type, BatchEntry, Engine, EngineConfig, RowClass, SeqId,
+};
 use std::path::Path;
 
 pub struct Loaded {
@@ -32,8 +34,17 @@ impl Target for EngineTarget {
     fn kv_clear(&mut self) {
         self.0.kv_clear();
     }
-    fn decode(&mut self, tokens: &[u32], pos0: usize, n_out: usize) -> anyhow::Result<()> {
-        self.0.decode(tokens, pos0, n_out)?;
+    fn decode(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        n_out: usize,
+        class: RowClass,
+    ) -> anyhow::Result<()> {
+        match class {
+            RowClass::Prompt => self.0.decode(tokens, pos0, n_out)?,
+            RowClass::Generation => self.0.decode_generated(tokens, pos0, n_out)?,
+        };
         Ok(())
     }
     fn n_batch(&self) -> usize {
