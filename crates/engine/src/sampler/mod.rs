@@ -187,16 +187,20 @@ impl Sampler {
             match stage {
                 Stage::Penalties => {
                     let counts = penalty_counts(&cfg, history);
+                    // After a temperature the penalty acts on tempered logits (llama.cpp's
+                    // temperature divides them): subtracted here, before the division, it
+                    // is scaled by the temperature in force.
+                    let scale = if greedy_pick { 1.0 } else { t };
                     if set == Set::Logits {
                         for (&id, &n) in &counts {
                             if let Some(l) = logits.get_mut(id as usize) {
-                                *l = penalize(&cfg, *l, n);
+                                *l = penalize(&cfg, *l, n, scale);
                             }
                         }
                     } else if !counts.is_empty() {
                         for c in self.cands.iter_mut() {
                             if let Some(&n) = counts.get(&c.id) {
-                                c.logit = penalize(&cfg, c.logit, n);
+                                c.logit = penalize(&cfg, c.logit, n, scale);
                             }
                         }
                         set = Set::Unsorted;
@@ -224,16 +228,18 @@ impl Sampler {
                     if pen.is_empty() {
                         continue;
                     }
+                    // As the penalties: DRY subtracts from tempered logits.
+                    let scale = if greedy_pick { 1.0 } else { t };
                     if set == Set::Logits {
                         for (&id, &p) in &pen {
                             if let Some(l) = logits.get_mut(id as usize) {
-                                *l -= p;
+                                *l -= p * scale;
                             }
                         }
                     } else {
                         for c in self.cands.iter_mut() {
                             if let Some(&p) = pen.get(&c.id) {
-                                c.logit -= p;
+                                c.logit -= p * scale;
                             }
                         }
                         set = Set::Unsorted;
@@ -399,14 +405,15 @@ fn penalty_counts(cfg: &SamplerConfig, history: &[u32]) -> HashMap<u32, u32> {
 
 /// llama.cpp's penalty semantics: for a token seen c times in the window, the repeat
 /// penalty divides a positive logit or multiplies a negative one, then
-/// `c · frequency + presence` is subtracted.
-fn penalize(cfg: &SamplerConfig, l: f32, c: u32) -> f32 {
+/// `c · frequency + presence` is subtracted. `scale` is the temperature the chain has
+/// applied so far (`l` is untempered; the subtraction acts on `l / scale`).
+fn penalize(cfg: &SamplerConfig, l: f32, c: u32, scale: f32) -> f32 {
     let l = if l > 0.0 {
         l / cfg.repeat_penalty
     } else {
         l * cfg.repeat_penalty
     };
-    l - (c as f32 * cfg.frequency_penalty + cfg.presence_penalty)
+    l - (c as f32 * cfg.frequency_penalty + cfg.presence_penalty) * scale
 }
 
 /// Index of the largest logit; the lowest id wins a tie.
@@ -439,5 +446,7 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     logits.iter().map(|&l| l as f64 - lse).collect()
 }
 
+#[cfg(test)]
+mod chain_props;
 #[cfg(test)]
 mod tests;
