@@ -3,8 +3,13 @@
 //! min-p → XTC → temperature; llama.cpp's `--samplers`) → seeded draw. With mirostat on,
 //! the chain is logit bias → temperature → mirostat, as in llama.cpp.
 //!
-//! At temperature ≤ 0 the chain is greedy: bias, penalties and DRY, then argmax (the
-//! truncation stages keep the best token, so they cannot change it). Stages that read
+//! At temperature ≤ 0 the chain is greedy: the pick is the best token left where the first
+//! temperature stage stands (llama.cpp's temperature ≤ 0 keeps only that token, so later
+//! stages cannot change it), or at the end without one. Top-k, top-p, min-p and top-n-σ
+//! keep the best token, so the candidate list is built only when a typical-p (which may
+//! drop it) or a penalty or DRY after a truncation could change the pick; otherwise the
+//! pick is the argmax of the penalised logits. XTC does not run for a greedy pick (it would
+//! make it random; llama.cpp runs it). Stages that read
 //! probabilities see the temperature in force at their place in the order
 //! (`stages::softmax`); in the default order top-p and min-p see the untempered
 //! distribution, as in llama.cpp. The RNG is our own (SplitMix64 → xoshiro256**): the same
@@ -183,14 +188,16 @@ impl Sampler {
         let cfg = self.cfg.clone();
         let mut set = Set::Logits;
         let mut t = 1.0f32;
+        let list = greedy_pick && greedy_needs_list(&cfg, order, history);
         for &stage in order {
             match stage {
                 Stage::Penalties => {
                     let counts = penalty_counts(&cfg, history);
                     // After a temperature the penalty acts on tempered logits (llama.cpp's
                     // temperature divides them): subtracted here, before the division, it
-                    // is scaled by the temperature in force.
-                    let scale = if greedy_pick { 1.0 } else { t };
+                    // is scaled by the temperature in force (1 for a greedy pick, which
+                    // stops at the first temperature stage).
+                    let scale = t;
                     if set == Set::Logits {
                         for (&id, &n) in &counts {
                             if let Some(l) = logits.get_mut(id as usize) {
@@ -229,7 +236,7 @@ impl Sampler {
                         continue;
                     }
                     // As the penalties: DRY subtracts from tempered logits.
-                    let scale = if greedy_pick { 1.0 } else { t };
+                    let scale = t;
                     if set == Set::Logits {
                         for (&id, &p) in &pen {
                             if let Some(l) = logits.get_mut(id as usize) {
@@ -245,8 +252,11 @@ impl Sampler {
                         set = Set::Unsorted;
                     }
                 }
-                // Truncation keeps the best token: nothing to do for a greedy pick.
-                _ if greedy_pick => {}
+                // The pick is made where the first temperature stands.
+                Stage::Temperature if greedy_pick => break,
+                // Truncation that cannot change the pick, and XTC, do not run for it.
+                Stage::Xtc if greedy_pick => {}
+                _ if greedy_pick && !list => {}
                 Stage::TopNSigma => {
                     if cfg.top_n_sigma > 0.0 {
                         self.ensure(logits, &mut set, false)?;
@@ -291,7 +301,13 @@ impl Sampler {
             }
         }
         if greedy_pick {
-            return greedy(logits).map(Pick::Token);
+            if set == Set::Logits {
+                return greedy(logits).map(Pick::Token);
+            }
+            let best = self.cands.iter().min_by(|a, b| by_logit(a, b));
+            return best
+                .map(|c| Pick::Token(c.id))
+                .ok_or(SamplerError::NoCandidates);
         }
         self.ensure(logits, &mut set, true)?;
         Ok(Pick::Draw(t))
@@ -380,6 +396,29 @@ enum Pick {
     Token(u32),
     /// Draw from `Sampler::cands` at this temperature.
     Draw(f32),
+}
+
+/// Whether a greedy pick needs the candidate list: before the first temperature stage, a
+/// typical-p (it may drop the best token), or a penalty or DRY stage that changes logits
+/// after a truncation (the best of what is left may not be the best of the vocabulary).
+fn greedy_needs_list(cfg: &SamplerConfig, order: &[Stage], history: &[u32]) -> bool {
+    let mut truncated = false;
+    for &stage in order {
+        match stage {
+            Stage::Temperature => return false,
+            Stage::TypicalP if cfg.typical_p < 1.0 => return true,
+            Stage::TopK if cfg.top_k > 0 => truncated = true,
+            Stage::TopP if cfg.top_p < 1.0 => truncated = true,
+            Stage::MinP if cfg.min_p > 0.0 => truncated = true,
+            Stage::TopNSigma if cfg.top_n_sigma > 0.0 => truncated = true,
+            Stage::Penalties if truncated && !penalty_counts(cfg, history).is_empty() => {
+                return true
+            }
+            Stage::Dry if truncated && cfg.dry_enabled() => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 fn vocab_len(logits: &[f32]) -> usize {
