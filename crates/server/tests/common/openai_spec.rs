@@ -172,12 +172,14 @@ pub fn body_violation(v: &Value) -> Option<String> {
 }
 
 /// A stream's first violation; `events` are its JSON payloads without `[DONE]`. A stream
-/// that reports an error is checked up to the error.
+/// that reports an error (an OpenAI error event, then `[DONE]`) is checked up to the error,
+/// without the rules about how choices end.
 pub fn stream_violation(events: &[Value]) -> Option<String> {
     let end = events
         .iter()
         .position(|e| e.get("error").is_some())
         .unwrap_or(events.len());
+    let errored = end < events.len();
     let events = &events[..end];
     let first = events.first()?;
     let (kind, chat) = match first.get("object").and_then(Value::as_str) {
@@ -281,7 +283,7 @@ pub fn stream_violation(events: &[Value]) -> Option<String> {
         if indices.iter().any(|&i| i >= n) {
             return Err(format!("choice indices {indices:?} are not 0..{n}"));
         }
-        for i in 0..n {
+        for i in (0..n).filter(|_| !errored) {
             let f = finished
                 .get(&i)
                 .ok_or_else(|| format!("choice {i} never gets a finish_reason"))?;
