@@ -10,6 +10,11 @@
 //! index swapped, an `index` leaked into a whole reply's call, a usage total) and requires
 //! the checker to name each; the untouched bodies pass. In `scripts/mutants`: the streamed
 //! tool call's index off by one.
+//!
+//! A second reading: when a Python with the official `openai` package is at hand
+//! (`$MINFER_PYTHON`, else the venv of scripts/venv; SKIP otherwise), the same bodies go
+//! through its response types (`scripts/openai-shapes.py`), and one with a `finish_reason`
+//! outside the API's list must fail there (its control).
 
 mod common;
 
@@ -59,6 +64,48 @@ fn tools() -> Value {
             "parameters": {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
                 "required": ["zone"], "additionalProperties": false}}},
     ])
+}
+
+/// `$MINFER_PYTHON`, else scripts/venv's python, when it imports `openai`.
+fn python_with_openai() -> Option<PathBuf> {
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    let py = nonempty("MINFER_PYTHON").map(PathBuf::from).or_else(|| {
+        let venv = nonempty("MINFER_VENV")
+            .map(PathBuf::from)
+            .or_else(|| nonempty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("minfer/venv")))
+            .or_else(|| nonempty("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/venv")))?;
+        Some(venv.join("bin/python"))
+    });
+    let ok = py.as_ref().is_some_and(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import openai"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !ok {
+        println!("SKIP: the openai package's types (no Python importing openai: set MINFER_PYTHON or run scripts/venv)");
+        return None;
+    }
+    py
+}
+
+/// The bodies as scripts/openai-shapes.py reads them.
+fn script_input(whole: &[Value], streams: &[Vec<Value>]) -> String {
+    let mut lines = Vec::new();
+    for v in whole {
+        let kind = if v["object"] == "chat.completion" {
+            "chat"
+        } else {
+            "completion"
+        };
+        lines.push(json!({"kind": kind, "body": v}).to_string());
+    }
+    for e in streams.iter().flatten() {
+        if e["object"] == "chat.completion.chunk" {
+            lines.push(json!({"kind": "chat.chunk", "body": e}).to_string());
+        }
+    }
+    lines.join("\n")
 }
 
 const CHAT: &str = "/v1/chat/completions";
@@ -260,5 +307,21 @@ async fn every_body_has_openai_shapes_and_broken_ones_are_refused() {
     }
     for v in &whole {
         assert_eq!(body_violation(v), None);
+    }
+
+    // The openai package's types, and their control.
+    if let Some(py) = python_with_openai() {
+        let input = script_input(&whole, &streams);
+        let (ok, out) = minfer_testkit::script::pipe(&py, "openai-shapes.py", &input);
+        assert!(ok, "the openai package's types refuse a body:\n{out}");
+        println!("openai package: {}", out.trim());
+        let mut v = whole[0].clone();
+        v["choices"][0]["finish_reason"] = json!("done");
+        let (ok, out) =
+            minfer_testkit::script::pipe(&py, "openai-shapes.py", &script_input(&[v], &[]));
+        assert!(
+            !ok,
+            "a finish_reason outside the API's list passed the package: {out}"
+        );
     }
 }
