@@ -3,8 +3,13 @@
 //! min-p → XTC → temperature; llama.cpp's `--samplers`) → seeded draw. With mirostat on,
 //! the chain is logit bias → temperature → mirostat, as in llama.cpp.
 //!
-//! At temperature ≤ 0 the chain is greedy: bias, penalties and DRY, then argmax (the
-//! truncation stages keep the best token, so they cannot change it). Stages that read
+//! At temperature ≤ 0 the chain is greedy: the pick is the best token left where the first
+//! temperature stage stands (llama.cpp's temperature ≤ 0 keeps only that token, so later
+//! stages cannot change it), or at the end without one. Top-k, top-p, min-p and top-n-σ
+//! keep the best token, so the candidate list is built only when a typical-p (which may
+//! drop it) or a penalty or DRY after a truncation could change the pick; otherwise the
+//! pick is the argmax of the penalised logits. XTC does not run for a greedy pick (it would
+//! make it random; llama.cpp runs it). Stages that read
 //! probabilities see the temperature in force at their place in the order
 //! (`stages::softmax`); in the default order top-p and min-p see the untempered
 //! distribution, as in llama.cpp. The RNG is our own (SplitMix64 → xoshiro256**): the same
@@ -183,20 +188,26 @@ impl Sampler {
         let cfg = self.cfg.clone();
         let mut set = Set::Logits;
         let mut t = 1.0f32;
+        let list = greedy_pick && greedy_needs_list(&cfg, order, history);
         for &stage in order {
             match stage {
                 Stage::Penalties => {
                     let counts = penalty_counts(&cfg, history);
+                    // After a temperature the penalty acts on tempered logits (llama.cpp's
+                    // temperature divides them): subtracted here, before the division, it
+                    // is scaled by the temperature in force (1 for a greedy pick, which
+                    // stops at the first temperature stage).
+                    let scale = t;
                     if set == Set::Logits {
                         for (&id, &n) in &counts {
                             if let Some(l) = logits.get_mut(id as usize) {
-                                *l = penalize(&cfg, *l, n);
+                                *l = penalize(&cfg, *l, n, scale);
                             }
                         }
                     } else if !counts.is_empty() {
                         for c in self.cands.iter_mut() {
                             if let Some(&n) = counts.get(&c.id) {
-                                c.logit = penalize(&cfg, c.logit, n);
+                                c.logit = penalize(&cfg, c.logit, n, scale);
                             }
                         }
                         set = Set::Unsorted;
@@ -224,23 +235,28 @@ impl Sampler {
                     if pen.is_empty() {
                         continue;
                     }
+                    // As the penalties: DRY subtracts from tempered logits.
+                    let scale = t;
                     if set == Set::Logits {
                         for (&id, &p) in &pen {
                             if let Some(l) = logits.get_mut(id as usize) {
-                                *l -= p;
+                                *l -= p * scale;
                             }
                         }
                     } else {
                         for c in self.cands.iter_mut() {
                             if let Some(&p) = pen.get(&c.id) {
-                                c.logit -= p;
+                                c.logit -= p * scale;
                             }
                         }
                         set = Set::Unsorted;
                     }
                 }
-                // Truncation keeps the best token: nothing to do for a greedy pick.
-                _ if greedy_pick => {}
+                // The pick is made where the first temperature stands.
+                Stage::Temperature if greedy_pick => break,
+                // Truncation that cannot change the pick, and XTC, do not run for it.
+                Stage::Xtc if greedy_pick => {}
+                _ if greedy_pick && !list => {}
                 Stage::TopNSigma => {
                     if cfg.top_n_sigma > 0.0 {
                         self.ensure(logits, &mut set, false)?;
@@ -285,7 +301,13 @@ impl Sampler {
             }
         }
         if greedy_pick {
-            return greedy(logits).map(Pick::Token);
+            if set == Set::Logits {
+                return greedy(logits).map(Pick::Token);
+            }
+            let best = self.cands.iter().min_by(|a, b| by_logit(a, b));
+            return best
+                .map(|c| Pick::Token(c.id))
+                .ok_or(SamplerError::NoCandidates);
         }
         self.ensure(logits, &mut set, true)?;
         Ok(Pick::Draw(t))
@@ -376,6 +398,29 @@ enum Pick {
     Draw(f32),
 }
 
+/// Whether a greedy pick needs the candidate list: before the first temperature stage, a
+/// typical-p (it may drop the best token), or a penalty or DRY stage that changes logits
+/// after a truncation (the best of what is left may not be the best of the vocabulary).
+fn greedy_needs_list(cfg: &SamplerConfig, order: &[Stage], history: &[u32]) -> bool {
+    let mut truncated = false;
+    for &stage in order {
+        match stage {
+            Stage::Temperature => return false,
+            Stage::TypicalP if cfg.typical_p < 1.0 => return true,
+            Stage::TopK if cfg.top_k > 0 => truncated = true,
+            Stage::TopP if cfg.top_p < 1.0 => truncated = true,
+            Stage::MinP if cfg.min_p > 0.0 => truncated = true,
+            Stage::TopNSigma if cfg.top_n_sigma > 0.0 => truncated = true,
+            Stage::Penalties if truncated && !penalty_counts(cfg, history).is_empty() => {
+                return true
+            }
+            Stage::Dry if truncated && cfg.dry_enabled() => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
 fn vocab_len(logits: &[f32]) -> usize {
     logits.len()
 }
@@ -399,14 +444,15 @@ fn penalty_counts(cfg: &SamplerConfig, history: &[u32]) -> HashMap<u32, u32> {
 
 /// llama.cpp's penalty semantics: for a token seen c times in the window, the repeat
 /// penalty divides a positive logit or multiplies a negative one, then
-/// `c · frequency + presence` is subtracted.
-fn penalize(cfg: &SamplerConfig, l: f32, c: u32) -> f32 {
+/// `c · frequency + presence` is subtracted. `scale` is the temperature the chain has
+/// applied so far (`l` is untempered; the subtraction acts on `l / scale`).
+fn penalize(cfg: &SamplerConfig, l: f32, c: u32, scale: f32) -> f32 {
     let l = if l > 0.0 {
         l / cfg.repeat_penalty
     } else {
         l * cfg.repeat_penalty
     };
-    l - (c as f32 * cfg.frequency_penalty + cfg.presence_penalty)
+    l - (c as f32 * cfg.frequency_penalty + cfg.presence_penalty) * scale
 }
 
 /// Index of the largest logit; the lowest id wins a tie.
@@ -439,5 +485,7 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     logits.iter().map(|&l| l as f64 - lse).collect()
 }
 
+#[cfg(test)]
+mod chain_props;
 #[cfg(test)]
 mod tests;

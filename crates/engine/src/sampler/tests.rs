@@ -45,7 +45,7 @@ fn probs_of(logits: &[f64]) -> Vec<f64> {
 
 fn penalties(c: &SamplerConfig, l: &mut [f32], history: &[u32]) {
     for (&id, &n) in &penalty_counts(c, history) {
-        l[id as usize] = penalize(c, l[id as usize], n);
+        l[id as usize] = penalize(c, l[id as usize], n, 1.0);
     }
 }
 

@@ -2,6 +2,8 @@
 //! sent in-process (`tower::ServiceExt::oneshot`, no socket), JSON and SSE bodies read back.
 #![allow(dead_code)]
 
+pub mod openai_spec;
+
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::Router;
@@ -50,13 +52,15 @@ pub struct Reply {
 impl Reply {
     /// The body as JSON; panics (naming the body) when it is not.
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+        let v = serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
                 "status {}: body is not JSON ({e}): {:?}",
                 self.status,
                 String::from_utf8_lossy(&self.body)
             )
-        })
+        });
+        openai_spec::check_body(&v);
+        v
     }
 
     pub fn content_type(&self) -> &str {
@@ -156,9 +160,12 @@ pub fn sse_json(body: &[u8]) -> Vec<Value> {
         Some("[DONE]"),
         "a stream ends with [DONE]"
     );
-    ev.iter()
+    let v: Vec<Value> = ev
+        .iter()
         .map(|e| serde_json::from_str(e).unwrap_or_else(|x| panic!("event {e:?}: {x}")))
-        .collect()
+        .collect();
+    openai_spec::check_stream(&v);
+    v
 }
 
 /// A chat request for a few greedy tokens.

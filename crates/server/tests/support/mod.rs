@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../common/openai_spec.rs"]
+pub mod openai_spec;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
@@ -51,6 +54,7 @@ impl Server {
         let (s, b) = self.request("POST", path, &body.to_string()).await;
         let v = serde_json::from_slice(&b)
             .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {}", String::from_utf8_lossy(&b)));
+        openai_spec::check_body(&v);
         (s, v)
     }
 
@@ -67,6 +71,14 @@ impl Server {
                     panic!("not an SSE data line: {line:?}");
                 }
             }
+        }
+        // A whole stream (ended by [DONE]) is held to OpenAI's chunk shapes.
+        if let Some((_, json)) = out.split_last().filter(|(d, _)| *d == "[DONE]") {
+            let v: Vec<Value> = json
+                .iter()
+                .map(|e| serde_json::from_str(e).unwrap_or_else(|x| panic!("event {e:?}: {x}")))
+                .collect();
+            openai_spec::check_stream(&v);
         }
         (s, out)
     }
