@@ -102,7 +102,7 @@ fn run(mut bes: Vec<Box<dyn Backend>>, w: &Embd) -> Run {
     assign_backends(&mut g, &bes, w, &Placement::everywhere(&bes)).unwrap();
     let plan = Allocator::new().plan(&g, &mut bes, &|_| Ok(0)).unwrap();
     fill_input(&g, &plan, &mut bes, InputKind::TokenIds, &IDS).unwrap();
-    execute(&g, &plan, &mut bes, w).unwrap();
+    execute(&g, &plan, &mut bes, w, &minfer_graph::RowClasses::default()).unwrap();
     let mut captures = HashMap::new();
     for b in &mut bes {
         for (id, v) in b.take_captures().unwrap() {

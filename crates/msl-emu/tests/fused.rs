@@ -212,7 +212,7 @@ fn run(g: &mut Graph, bes: &mut [Box<dyn Backend>], w: &Weights) -> Vec<f32> {
     let mut alloc = Allocator::new();
     let plan = alloc.plan(g, bes, &|_| Ok(0)).unwrap();
     fill_input(g, &plan, bes, InputKind::TokenIds, &[3]).unwrap();
-    execute(g, &plan, bes, w).unwrap();
+    execute(g, &plan, bes, w, &minfer_graph::RowClasses::default()).unwrap();
     let mut out = Vec::new();
     read_output(g, &plan, bes, &mut out).unwrap();
     out

@@ -121,7 +121,7 @@ pub fn run(
     let mut alloc = Allocator::new();
     let plan = alloc.plan(&g, bes, &|_| Ok(0)).unwrap();
     fill_input(&g, &plan, bes, InputKind::TokenIds, ids).unwrap();
-    execute(&g, &plan, bes, w).unwrap();
+    execute(&g, &plan, bes, w, &minfer_graph::RowClasses::default()).unwrap();
     let mut out = Vec::new();
     read_output(&g, &plan, bes, &mut out).unwrap();
     (out, g)
