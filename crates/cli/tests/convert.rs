@@ -1,7 +1,7 @@
 //! `minfer convert` then `minfer run` through the binary (issue 17): a checkpoint made by
 //! scripts/make-hf-checkpoint.py, converted to f32, generates greedily the ids the numpy
 //! Hugging Face forward generated. The byte-level gates against the `gguf`-package oracle
-//! are in crates/engine/tests/convert.rs. SKIP without the venv or the demo model.
+//! are in crates/convert/tests/convert.rs. SKIP without the venv or the demo model.
 
 use minfer_testkit::models;
 use std::path::{Path, PathBuf};

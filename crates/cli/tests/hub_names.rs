@@ -1,7 +1,7 @@
 //! `hf:` names through the binary (issue 17): `HF_ENDPOINT` and `HF_TOKEN` from the
 //! environment, `minfer pull`, `-m hf:…` on a command, `minfer list` and `minfer rm`,
 //! against scripts/hf-test-server.py on loopback. The download rules themselves are tested
-//! in crates/engine/tests/hub.rs.
+//! in crates/hub/tests/hub.rs.
 
 use minfer_gguf::{GgmlType, GgufWriter, Value};
 use std::io::{BufRead, BufReader};

@@ -152,10 +152,7 @@ fn pull_list_verify_rehashes_the_cached_models() {
     let dir = std::env::temp_dir().join(format!("minfer-cli-verify-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let m = minfer_engine::fetch::KNOWN
-        .iter()
-        .min_by_key(|m| m.size)
-        .unwrap();
+    let m = minfer_hub::KNOWN.iter().min_by_key(|m| m.size).unwrap();
     // Sparse: the right size, zeros for bytes.
     let f = std::fs::File::create(dir.join(m.file)).unwrap();
     f.set_len(m.size).unwrap();

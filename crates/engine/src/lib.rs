@@ -1,5 +1,5 @@
-//! The engine: fetching models, loading a model onto backends, KV cells, the sampler chain
-//! and the generation loop.
+//! The engine: loading a model onto backends, KV cells, the sampler chain and the generation
+//! loop. Fetching models is `minfer-hub`'s, converting checkpoints `minfer-convert`'s.
 //!
 //! [`Engine`] (in [`engine`]) is the model side: see its module docs for the API.
 
@@ -7,9 +7,7 @@ pub mod backends;
 pub mod batch;
 pub mod chat;
 pub mod constrain;
-pub mod convert;
 pub mod engine;
-pub mod fetch;
 pub mod generate;
 pub mod kv;
 pub mod kvcells;

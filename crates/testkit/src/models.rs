@@ -1,6 +1,6 @@
 //! The real demo models, when they are cached.
 //!
-//! The directory is the one `minfer pull` fills (`minfer_engine::fetch::models_dir`, checked
+//! The directory is the one `minfer pull` fills (`minfer_hub::models_dir`, checked
 //! equal in this crate's tests): `$MINFER_MODELS`, else `$XDG_CACHE_HOME/minfer/models`, else
 //! `$HOME/.cache/minfer/models` (an empty variable counts as unset). The lookup is made when
 //! called, so a test binary run elsewhere (scripts/avx512-remote-check) reads its own

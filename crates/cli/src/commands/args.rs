@@ -5,11 +5,11 @@
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
 use minfer_engine::sampler::SamplerConfig;
-use minfer_engine::{backends, fetch, parse_cache_type, Engine, EngineConfig};
+use minfer_engine::{backends, parse_cache_type, Engine, EngineConfig};
 use std::time::Instant;
 
 /// The model a run uses when `-m` is not given (fetched on first use).
-pub const DEFAULT_MODEL: &str = fetch::DEFAULT_MODEL;
+pub const DEFAULT_MODEL: &str = minfer_hub::DEFAULT_MODEL;
 
 /// Model, context and backend flags shared by run-like commands.
 #[derive(ClapArgs, Debug, Clone)]
@@ -247,13 +247,13 @@ fn parse_logit_bias(s: &str) -> anyhow::Result<(u32, f32)> {
 }
 
 /// A model argument that names a directory is refused by that name (mapping one fails with
-/// the OS's "No such device"); anything else is resolved as [`fetch::resolve_model`] does.
+/// the OS's "No such device"); anything else is resolved as [`minfer_hub::resolve_model`] does.
 pub fn model_path(model: &str) -> anyhow::Result<std::path::PathBuf> {
     let p = std::path::Path::new(model);
     if p.is_dir() {
         bail!("-m {model}: is a directory, not a GGUF file");
     }
-    Ok(fetch::resolve_model(model)?)
+    Ok(minfer_hub::resolve_model(model)?)
 }
 
 /// Refuses a directory where a file is read, by name.
@@ -377,7 +377,7 @@ pub fn model_file(model: &std::path::Path) -> anyhow::Result<std::path::PathBuf>
     let name = model
         .to_str()
         .with_context(|| format!("model name {} is not UTF-8", model.display()))?;
-    Ok(fetch::resolve_model(name)?)
+    Ok(minfer_hub::resolve_model(name)?)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Args as ClapArgs, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use minfer_engine::convert::{self, OutType};
+use minfer_convert::OutType;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ProgressStyle::with_template("convert [{bar:40}] {pos}/{len} tensors ({eta})")
             .expect("static template"),
     );
-    let report = convert::convert(&args.dir, &args.output, out, &mut |done, total| {
+    let report = minfer_convert::convert(&args.dir, &args.output, out, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })

@@ -1,7 +1,6 @@
 //! `minfer list`: the models in the cache, with the name to pass as `-m`.
 
 use clap::Args as ClapArgs;
-use minfer_engine::fetch;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -11,8 +10,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let dir = fetch::models_dir().ok_or(fetch::FetchError::NoModelsDir)?;
-    let models = fetch::cache::list(&dir)?;
+    let dir = minfer_hub::models_dir().ok_or(minfer_hub::FetchError::NoModelsDir)?;
+    let models = minfer_hub::cache::list(&dir)?;
     if args.json {
         for m in &models {
             let j = serde_json::json!({

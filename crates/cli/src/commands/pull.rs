@@ -2,7 +2,7 @@
 //! into the user cache (`--list` shows the known ones).
 
 use clap::Args as ClapArgs;
-use minfer_engine::fetch::{self, Fetcher, PipSource, PullOutcome};
+use minfer_hub::{Fetcher, PipSource, PullOutcome};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -18,22 +18,22 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let dir = fetch::models_dir().ok_or(fetch::FetchError::NoModelsDir)?;
+    let dir = minfer_hub::models_dir().ok_or(minfer_hub::FetchError::NoModelsDir)?;
     if args.list {
         if args.name.is_some() {
             crate::usage!("--list lists every known model; give a NAME without --list to pull it");
         }
         println!("models directory: {}", dir.display());
         let mut bad = Vec::new();
-        for m in fetch::KNOWN {
-            let cached = fetch::is_cached(m, &dir);
+        for m in minfer_hub::KNOWN {
+            let cached = minfer_hub::is_cached(m, &dir);
             let state = match (cached, args.verify) {
                 (false, _) => "not cached",
                 (true, false) => "cached",
                 (true, true) => {
                     let bar = indicatif::ProgressBar::new(m.size)
                         .with_message(format!("verify {}", m.name));
-                    let sum = fetch::hash_file(&dir.join(m.file), &bar)?;
+                    let sum = minfer_hub::hash_file(&dir.join(m.file), &bar)?;
                     bar.finish_and_clear();
                     if sum.eq_ignore_ascii_case(m.sha256) {
                         "verified"
@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     }
                 }
             };
-            let default = if m.name == fetch::DEFAULT_MODEL {
+            let default = if m.name == minfer_hub::DEFAULT_MODEL {
                 " (default)"
             } else {
                 ""
@@ -71,13 +71,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let name = args.name.as_deref().unwrap_or(fetch::DEFAULT_MODEL);
+    let name = args.name.as_deref().unwrap_or(minfer_hub::DEFAULT_MODEL);
     if name.starts_with("hf:") {
         return pull_hub(&dir, name);
     }
-    let model = fetch::find(name).ok_or_else(|| fetch::FetchError::UnknownModel {
+    let model = minfer_hub::find(name).ok_or_else(|| minfer_hub::FetchError::UnknownModel {
         name: name.into(),
-        known: fetch::KNOWN
+        known: minfer_hub::KNOWN
             .iter()
             .map(|m| m.name)
             .collect::<Vec<_>>()
@@ -100,13 +100,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn pull_hub(dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
-    let r = fetch::hub::HubRef::parse(name)?;
-    let cfg = fetch::hub::HubConfig::from_env();
-    let files = fetch::hub::pull(dir, &r, &cfg, true)?;
+    let r = minfer_hub::hf::HubRef::parse(name)?;
+    let cfg = minfer_hub::hf::HubConfig::from_env();
+    let files = minfer_hub::hf::pull(dir, &r, &cfg, true)?;
     for (path, outcome) in &files {
         let what = match outcome {
-            fetch::hub::FileOutcome::Present => "already present",
-            fetch::hub::FileOutcome::Downloaded => "fetched and verified",
+            minfer_hub::hf::FileOutcome::Present => "already present",
+            minfer_hub::hf::FileOutcome::Downloaded => "fetched and verified",
         };
         println!("{what}: {}", path.display());
     }

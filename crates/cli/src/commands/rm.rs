@@ -1,7 +1,6 @@
 //! `minfer rm NAME`: remove a model from the cache (a name as `minfer list` prints it).
 
 use clap::Args as ClapArgs;
-use minfer_engine::fetch;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -11,8 +10,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let dir = fetch::models_dir().ok_or(fetch::FetchError::NoModelsDir)?;
-    for p in fetch::cache::remove(&dir, &args.name)? {
+    let dir = minfer_hub::models_dir().ok_or(minfer_hub::FetchError::NoModelsDir)?;
+    for p in minfer_hub::cache::remove(&dir, &args.name)? {
         println!("removed {}", p.display());
     }
     Ok(())

