@@ -1,5 +1,6 @@
 //! The engine: loading a model onto backends, KV cells, the sampler chain and the generation
-//! loop. Fetching models is `minfer-hub`'s, converting checkpoints `minfer-convert`'s.
+//! loop. Fetching models is `minfer-hub`'s, converting checkpoints `minfer-convert`'s, perplexity
+//! `minfer-eval`'s.
 //!
 //! [`Engine`] (in [`engine`]) is the model side: see its module docs for the API.
 
@@ -11,7 +12,6 @@ pub mod engine;
 pub mod generate;
 pub mod kv;
 pub mod kvcells;
-pub mod perplexity;
 pub mod sampler;
 pub mod session;
 pub mod stop;

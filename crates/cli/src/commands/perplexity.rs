@@ -1,11 +1,11 @@
 //! `minfer perplexity -m MODEL -f TEXT`: llama-perplexity's perplexity and KL divergence
-//! over `minfer_engine::perplexity`; the running estimate on stdout, timings on stderr.
+//! over `minfer_eval`; the running estimate on stdout, timings on stderr.
 
 use super::args::ModelArgs;
 use crate::usage;
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use minfer_engine::perplexity::{
+use minfer_eval::{
     kl_divergence, perplexity, BaseLogits, ChunkReport, KldSummary, LogitsWriter, PplConfig,
 };
 use minfer_tokenizer::Tokenizer;
@@ -223,7 +223,7 @@ fn run_kld(a: Args) -> anyhow::Result<()> {
     // The table's header comes with its first row, so a model the base file does not fit
     // (another vocabulary) fails with nothing on stdout.
     let mut header = !a.json;
-    let mut on_chunk = |i: usize, s: &minfer_engine::perplexity::KldStats| {
+    let mut on_chunk = |i: usize, s: &minfer_eval::KldStats| {
         if a.json {
             return;
         }

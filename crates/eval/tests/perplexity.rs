@@ -1,13 +1,11 @@
-//! `minfer_engine::perplexity` against independently computed values (issue 17).
+//! `minfer_eval` (perplexity, KL divergence) against independently computed values (issue 17).
 //!
 //! The oracle is the plain f64 reference forward (`minfer_models::reference`) run over each
 //! chunk, with llama-perplexity's rules written out again here: chunks of n_ctx from an empty
 //! cache, the second half scored. Tolerance: the engine's f32 forward differs from the f64
 //! reference by ~1e-5 relative in the logits, so the PPLs agree to 1e-4 relative.
 
-use minfer_engine::perplexity::{
-    kl_divergence, nll, perplexity, BaseLogits, LogitsWriter, PplConfig,
-};
+use minfer_eval::{kl_divergence, nll, perplexity, BaseLogits, LogitsWriter, PplConfig};
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
 use minfer_testkit::{logits::reference_logits, synth};

@@ -8,7 +8,7 @@
 //! `round((logit - min_logit) / scale)`, where `min_logit` is the row's smallest logit but at
 //! most 16 below its largest (rarer tokens read as probability ~0), then zero padding.
 
-use crate::{Error, Result};
+use minfer_engine::{Error, Result};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 

@@ -1,3 +1,5 @@
+//! minfer-eval: evaluation over the engine's public API (ADR 0012).
+//!
 //! Perplexity and KL divergence over a text, with llama-perplexity's method (its
 //! `tools/perplexity/perplexity.cpp`), so the numbers compare with llama.cpp's.
 //!
@@ -20,7 +22,7 @@ mod stats;
 pub use logits_file::{BaseLogits, LogitsWriter};
 pub use stats::{KldStats, KldSummary};
 
-use crate::{Engine, Error, Result};
+use minfer_engine::{Engine, Error, Result};
 
 /// How to cut the text (llama-perplexity's `-c`, `-b`, `--chunks`).
 #[derive(Clone, Debug)]
