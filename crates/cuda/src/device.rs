@@ -339,20 +339,8 @@ impl Gpu {
     /// a missing library is an error naming it).
     pub fn gemm_plan(&mut self, n: u64, k: u64, ty: GemmType) -> DResult<usize> {
         if self.lt.is_none() {
-            self.bind()?;
-            let mut ws = None;
-            let lt = guarded("cuBLASLt", || {
-                Lt::new(|bytes| {
-                    let p = unsafe { result::malloc_sync(bytes) }
-                        .map_err(|e| format!("cuBLASLt workspace of {bytes} bytes: {e:?}"))?;
-                    ws = Some((p, bytes));
-                    Ok(p)
-                })
-            })?;
-            if let Some(a) = ws {
-                self.allocs.push(a);
-            }
-            self.lt = Some(lt);
+            let ws = self.alloc(crate::lt::WORKSPACE)?;
+            self.lt = Some(guarded("cuBLASLt", || Lt::new(ws))?);
         }
         let lt = self.lt.as_mut().expect("opened above");
         guarded("cuBLASLt", || lt.plan(n, k, ty))

@@ -304,8 +304,8 @@ impl CudaBackend {
                 if wl < ne1 * width * 4 {
                     return Err(format!("window input of {wl} bytes for {ne1} queries"));
                 }
+                // Each run's windows are checked by its class's encoder (once per row).
                 let windows = i32s(&self.host_view(wid, ne1 * width * 4)?);
-                check_windows(&windows, width, n_cells)?;
                 let out = self.out(node, args)?;
                 let fa = self.prompt_fa(*cache_type, *head_dim);
                 let shape = (*n_head, *n_head_kv, *head_dim, width, *scale);
@@ -315,7 +315,8 @@ impl CudaBackend {
                             kernel,
                             (q, k, v, win, out),
                             &windows,
-                            (row_bytes, shape.0, shape.1, shape.2, shape.3, shape.4),
+                            (row_bytes, n_cells),
+                            shape,
                             r0,
                             nq,
                         )?,
@@ -323,7 +324,7 @@ impl CudaBackend {
                             let qs = (ne0 * 4 * r0) as u64;
                             let ws = (width * 4 * r0) as u64;
                             let rows = &windows[r0 * width..(r0 + nq) * width];
-                            let max_len = check_windows(rows, width, n_cells)?;
+                            let max_len = check_windows(rows, width, n_cells, r0)?;
                             self.encode_attention_rows(
                                 *cache_type,
                                 (q + qs, k, v, win + ws, out + qs),
@@ -712,11 +713,16 @@ fn mv1_shared(ne0: usize) -> Option<u32> {
     (ne0.is_multiple_of(32) && b <= crate::device::MAX_SHARED).then_some(b)
 }
 
-/// Every query's window lies inside the region's `n_cells` cells; returns the longest
-/// window's length.
-fn check_windows(w: &[i32], width: usize, n_cells: usize) -> DResult<usize> {
+/// Every query's window (rows of `width` i32s, the first being query `first`) lies inside
+/// the region's `n_cells` cells; returns the longest window's length.
+pub(crate) fn check_windows(
+    w: &[i32],
+    width: usize,
+    n_cells: usize,
+    first: usize,
+) -> DResult<usize> {
     let mut longest = 0usize;
-    for (t, row) in w.chunks_exact(width).enumerate() {
+    for (t, row) in (first..).zip(w.chunks_exact(width)) {
         if width == 2 {
             let (lo, hi) = (row[0], row[1]);
             if lo < 0 || hi < lo || hi as usize > n_cells {

@@ -23,7 +23,7 @@ use crate::device::DResult;
 pub(crate) const REF_M: u64 = 512;
 
 /// Workspace given to cuBLASLt (the unpinned control's split-K needs one).
-const WORKSPACE: usize = 32 << 20;
+pub(crate) const WORKSPACE: usize = 32 << 20;
 
 /// The operands' element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -125,9 +125,9 @@ impl Drop for Layout {
 }
 
 impl Lt {
-    /// A handle (the library loaded now: a missing libcublasLt is an error naming it) and a
-    /// workspace allocated by `alloc`.
-    pub fn new(alloc: impl FnOnce(usize) -> DResult<u64>) -> DResult<Lt> {
+    /// A handle (the library loaded now: a missing libcublasLt is an error naming it) over
+    /// `workspace`, a device allocation of [`WORKSPACE`] bytes.
+    pub fn new(workspace: u64) -> DResult<Lt> {
         // SAFETY: only tries to open the library.
         if !unsafe { lt::is_culib_present() } {
             return Err(
@@ -169,7 +169,7 @@ impl Lt {
         Ok(Lt {
             handle,
             plans: Vec::new(),
-            workspace: alloc(WORKSPACE)?,
+            workspace,
             pin,
             ref_m,
             pinned_ws,

@@ -19,6 +19,7 @@ use minfer_graph::{RowClass, RowClasses};
 
 use crate::backend::{type_code, CudaBackend, Matrix, Scratch};
 use crate::device::{Arg, DResult};
+use crate::exec::check_windows;
 use crate::lt::{GemmCall, GemmType};
 
 /// Largest f16 copy of a matrix that prompt rows dequantize (bytes): past it (a 150k-vocab
@@ -268,21 +269,16 @@ impl CudaBackend {
     }
 
     /// Prompt rows `r0..r0 + n` of an attention node on `kernel`, one launch per segment
-    /// of nested windows. `p` = (q, k, v, windows, out) device pointers at row 0.
+    /// of nested windows (each checked against the region's `n_cells` cells). The pointers
+    /// (q, k, v, windows, out) are at row 0.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode_prompt_attention(
         &mut self,
         kernel: &'static str,
         (q, k, v, win, out): (u64, u64, u64, u64, u64),
         windows: &[i32],
-        (row_bytes, n_head, n_head_kv, head_dim, width, scale): (
-            usize,
-            usize,
-            usize,
-            usize,
-            usize,
-            f32,
-        ),
+        (row_bytes, n_cells): (usize, usize),
+        (n_head, n_head_kv, head_dim, width, scale): (usize, usize, usize, usize, f32),
         r0: usize,
         n: usize,
     ) -> DResult<()> {
@@ -291,18 +287,11 @@ impl CudaBackend {
         }
         let shared = (2 * 64 * (head_dim + 8) * 2) as u32;
         let qs = n_head * head_dim * 4;
-        let win_len = |r: usize| -> usize {
-            let w = &windows[r * width..(r + 1) * width];
-            if width == 2 {
-                (w[1] - w[0]).max(0) as usize
-            } else {
-                w.chunks_exact(2).map(|x| x[1].max(0) as usize).sum()
-            }
-        };
         for (s, len) in nested_segments(windows, width, r0, n) {
-            // Splits over the segment's longest window (its last row's): the split size is
-            // fixed, so a query's live splits depend on its own window alone.
-            let longest = (s..s + len).map(win_len).max().unwrap_or(0);
+            // Splits over the segment's longest window: the split size is fixed, so a
+            // query's live splits depend on its own window alone.
+            let rows = &windows[s * width..(s + len) * width];
+            let longest = check_windows(rows, width, n_cells, s)?;
             let n_split = longest.div_ceil(FA_SPLIT).max(1);
             let part = if n_split > 1 {
                 self.scratch(

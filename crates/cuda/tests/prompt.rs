@@ -280,7 +280,6 @@ struct Attn {
     hd: usize,
     n_head: usize,
     n_kv: usize,
-    n_cells: usize,
     k: Vec<u16>,
     v: Vec<u16>,
     q: Vec<f32>,
@@ -297,7 +296,6 @@ impl Attn {
             hd,
             n_head,
             n_kv,
-            n_cells,
             k,
             v,
             q,
@@ -445,7 +443,6 @@ impl Attn {
             }
             s += len;
         }
-        let _ = self.n_cells;
         bytes_f32s(&get(g, out, nq * nh * hd * 4))
     }
 }
