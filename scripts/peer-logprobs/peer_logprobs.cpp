@@ -5,7 +5,7 @@
 // With DUMP_DIR and DUMP_STEP set it also writes every contiguous f32 tensor of that step
 // (eval callback; header: 4 x i64 ne, then the data) for layer-by-layer comparison.
 // Input file lines: "P ids..." (prompt), "G ids..." (generated ids to feed), "E" (run).
-// Build and run: scripts/peer-logprobs/run MODEL INPUT
+// Build and run: scripts/peer-logprobs/run MODEL INPUT   (or: run --system-info)
 #include "llama.h"
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -30,6 +30,7 @@ static bool cb(struct ggml_tensor *t, bool ask, void *) {
     std::vector<char> buf(ggml_nbytes(t));
     ggml_backend_tensor_get(t, buf.data(), 0, buf.size());
     FILE *f = fopen(p.c_str(), "wb");
+    if (!f) { fprintf(stderr, "peer-logprobs: cannot write %s\n", p.c_str()); exit(1); }
     int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
     fwrite(ne, 8, 4, f); fwrite(buf.data(), 1, buf.size(), f); fclose(f);
     return true;
@@ -37,6 +38,10 @@ static bool cb(struct ggml_tensor *t, bool ask, void *) {
 
 int main(int argc, char **argv) {
     // usage: ldump MODEL INPUT   (INPUT lines: "P ids..." prompt, "G ids..." generated, "Q ids..." query ids per step)
+    // `--system-info`: the build's CPU features (llama.cpp's own line), so a gate can tell which
+    // arithmetic this peer runs (an AMX build sends Q4_K/Q8_0 matmuls to its AMX kernels, not
+    // to CPU_REPACK) before it trusts the dumps.
+    if (argc == 2 && strcmp(argv[1], "--system-info") == 0) { printf("%s\n", llama_print_system_info()); return 0; }
     const char *model_path = argv[1];
     FILE *in = fopen(argv[2], "r");
     if (getenv("DUMP_STEP")) g_dump_step = atoi(getenv("DUMP_STEP"));
