@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the JSON Schema corpus of crates/engine/tests/json_schema_corpus.rs (issue 16):
+"""Writes the JSON Schema corpus of crates/generate/tests/json_schema_corpus.rs (issue 16):
 60 schemas of real-world shape (API payloads, configs, records), each with short instances
 (bounded strings and arrays) so a constrained reply finishes within a small token budget.
 Run from the repository root: scripts/gen-json-schema-corpus.py"""

@@ -20,99 +20,8 @@
 
 use crate::engine::{Engine, Error, Result};
 use crate::kvcells::{KvCells, SeqId};
+use crate::model::{bucket, BatchEntry, BatchLogits};
 use minfer_graph::{sched, InputKind, RowClass, RowClasses, WindowLayout, KV_MAP_RUNS};
-
-/// One sequence's part of a batch.
-#[derive(Clone, Copy, Debug)]
-pub struct BatchEntry<'a> {
-    pub seq: SeqId,
-    pub tokens: &'a [u32],
-    /// Position of `tokens[0]`; below the sequence's length, the tail is dropped first.
-    pub pos0: usize,
-    /// How many of the entry's last rows get logits (0: none, a prefill chunk).
-    pub logits: usize,
-    /// Whether the tokens are the sequence's prompt or tokens it generated (its phase: a
-    /// backend may compute the two classes differently, docs/PRECISION.md "Row classes").
-    pub class: RowClass,
-}
-
-impl<'a> BatchEntry<'a> {
-    /// A prompt chunk whose last row gets logits.
-    pub fn new(seq: SeqId, tokens: &'a [u32], pos0: usize) -> Self {
-        BatchEntry::prompt(seq, tokens, pos0, 1)
-    }
-
-    /// A chunk of the sequence's prompt, its last `logits` rows getting logits.
-    pub fn prompt(seq: SeqId, tokens: &'a [u32], pos0: usize, logits: usize) -> Self {
-        BatchEntry {
-            seq,
-            tokens,
-            pos0,
-            logits,
-            class: RowClass::Prompt,
-        }
-    }
-
-    /// Tokens the engine generated (sampled, or drafted and being verified), each row
-    /// getting logits.
-    pub fn generated(seq: SeqId, tokens: &'a [u32], pos0: usize) -> Self {
-        BatchEntry {
-            seq,
-            tokens,
-            pos0,
-            logits: tokens.len(),
-            class: RowClass::Generation,
-        }
-    }
-}
-
-/// The logits of one forward, per entry.
-#[derive(Clone, Debug, Default)]
-pub struct BatchLogits {
-    data: Vec<f32>,
-    /// Per entry: first row in `data` and number of rows.
-    rows: Vec<(usize, usize)>,
-    vocab: usize,
-}
-
-impl BatchLogits {
-    /// Logits of `rows` = per entry (first row in `data`, rows), `vocab` floats a row.
-    pub fn from_rows(data: Vec<f32>, rows: Vec<(usize, usize)>, vocab: usize) -> Self {
-        BatchLogits { data, rows, vocab }
-    }
-
-    /// Entry `i`'s logits: its last `logits` rows, `vocab` floats each.
-    pub fn logits(&self, i: usize) -> &[f32] {
-        let (r0, n) = self.rows.get(i).copied().unwrap_or((0, 0));
-        &self.data[r0 * self.vocab..(r0 + n) * self.vocab]
-    }
-    pub fn n_entries(&self) -> usize {
-        self.rows.len()
-    }
-    pub fn vocab(&self) -> usize {
-        self.vocab
-    }
-}
-
-/// The bucket a token or output count is rounded up to: every count up to 8, then 12, 16,
-/// 24, 32, 48, 64, multiples of 16 up to 128, of 32 up to 256, of 64 up to 512, then of
-/// 128. Decode batches (a handful of rows) waste nothing; past 64 rows the padding stays
-/// under a quarter of the rows (under half up to 64), and 1..=512 rows need 26 graphs.
-pub fn bucket(n: usize) -> usize {
-    match n {
-        0..=8 => n.max(1),
-        9..=12 => 12,
-        13..=16 => 16,
-        17..=24 => 24,
-        25..=32 => 32,
-        33..=48 => 48,
-        49..=64 => 64,
-        65..=128 => n.div_ceil(16) * 16,
-        129..=256 => n.div_ceil(32) * 32,
-        257..=512 => n.div_ceil(64) * 64,
-        _ => n.div_ceil(128) * 128,
-    }
-}
 
 /// Everything a forward's inputs need, computed before anything changes.
 struct Staged {
@@ -373,7 +282,7 @@ impl Engine {
         sched::execute(graph, plan, be, &weights, &rows)?;
         // The output buffer is reused from the last forward; the real rows are compacted to
         // its front in place (with a tail they are already there).
-        let mut data = std::mem::take(&mut self.out.data);
+        let mut data = self.out.take_buffer();
         sched::read_output(graph, plan, be, &mut data)?;
         let vocab = self.hp.vocab_size;
         if tail.is_none() {
@@ -391,7 +300,7 @@ impl Engine {
             rows.push((at, e.logits));
             at += e.logits;
         }
-        self.out = BatchLogits { data, rows, vocab };
+        self.out = BatchLogits::from_rows(data, rows, vocab);
         if self.trace.is_some() {
             let shape = crate::trace::ForwardShape {
                 tokens: entries

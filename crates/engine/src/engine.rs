@@ -26,8 +26,8 @@
 //! - KV operations on sequences are in [`crate::kv`], session files in [`crate::session`].
 
 use crate::backends;
-use crate::batch::BatchLogits;
 use crate::kvcells::{KvCells, SeqId};
+use crate::model::{BatchEntry, BatchLogits, LogitsModel};
 use crate::weights::{intern, ModelWeights};
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
@@ -444,7 +444,7 @@ impl Engine {
                 self.n_batch.min(rest - n_out.min(rest)).max(1)
             };
             let last = start + len == nt;
-            let entry = crate::batch::BatchEntry {
+            let entry = BatchEntry {
                 seq,
                 tokens: &tokens[start..start + len],
                 pos0: pos0 + start,
@@ -563,9 +563,9 @@ impl Engine {
     }
 }
 
-impl crate::generate::LogitsModel for Engine {
+impl LogitsModel for Engine {
     type Error = Error;
-    fn forward_batch(&mut self, entries: &[crate::batch::BatchEntry]) -> Result<&BatchLogits> {
+    fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits> {
         Engine::forward_batch(self, entries)
     }
     fn context_len(&self) -> usize {

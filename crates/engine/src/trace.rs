@@ -13,7 +13,7 @@
 //! the [`Trace`] over; [`Trace::to_json`] renders it (token text through a [`TokenBytes`]).
 
 use crate::engine::{Engine, Result};
-use crate::generate::TokenBytes;
+use crate::model::TokenBytes;
 use minfer_graph::{capture, Graph, NodeId};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

@@ -4,8 +4,8 @@
 //! node's scale, the top five logits those the forward returned, and rows a bucketed
 //! forward pads with left out.
 
-use minfer_engine::generate::TokenBytes;
 use minfer_engine::trace::{NodeStats, Phase, PhaseKind, Trace};
+use minfer_engine::TokenBytes;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;

@@ -12,7 +12,7 @@ use crate::error::ApiError;
 use crate::request::chat::{ChatRequest, ToolChoice};
 use crate::request::GenParams;
 use crate::AppState;
-use minfer_engine::constrain::{ConstraintSpec, Grammar, Grammars};
+use minfer_generate::constrain::{ConstraintSpec, Grammar, Grammars};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -74,7 +74,7 @@ pub fn tool_call_lark(
             .pointer("/function/parameters")
             .cloned()
             .unwrap_or_else(|| serde_json::json!({"type": "object"}));
-        minfer_engine::constrain::compact_json(&mut s);
+        minfer_generate::constrain::compact_json(&mut s);
         s
     };
     let name_of = |t: &Value| {

@@ -92,7 +92,7 @@ pub struct AppState {
     /// Unix seconds the server started (`created` of `/v1/models`).
     pub created: u64,
     /// The grammar factory over the vocabulary, built on the first constrained request.
-    pub grammars: std::sync::OnceLock<Result<Arc<minfer_engine::constrain::Grammars>, String>>,
+    pub grammars: std::sync::OnceLock<Result<Arc<minfer_generate::constrain::Grammars>, String>>,
 }
 
 impl AppState {

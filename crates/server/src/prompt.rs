@@ -5,7 +5,7 @@ use crate::error::ApiError;
 use crate::request::chat::{ChatRequest, ToolChoice};
 use crate::request::completion::Prompt;
 use crate::AppState;
-use minfer_engine::chat::{render_prompt, PromptError};
+use minfer_generate::chat::{render_prompt, PromptError};
 use minfer_tokenizer::template::RenderOptions;
 
 /// A chat prompt and the text the reply is forced to start with (`tool_choice` required

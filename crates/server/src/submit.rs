@@ -6,7 +6,7 @@ use crate::metrics::Reject;
 use crate::request::GenParams;
 use crate::scheduler::{Job, JobEvent};
 use crate::AppState;
-use minfer_engine::generate::GenerateRequest;
+use minfer_generate::GenerateRequest;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,7 +32,7 @@ pub fn choices(
     state: &AppState,
     prompt: &[u32],
     gen: &GenParams,
-    grammar: Option<&minfer_engine::constrain::Grammar>,
+    grammar: Option<&minfer_generate::constrain::Grammar>,
 ) -> Vec<GenerateRequest> {
     (0..gen.n)
         .map(|i| {

@@ -4,8 +4,8 @@
 
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use minfer_engine::sampler::SamplerConfig;
 use minfer_engine::{backends, parse_cache_type, Engine, EngineConfig};
+use minfer_generate::sampler::SamplerConfig;
 use std::time::Instant;
 
 /// The model a run uses when `-m` is not given (fetched on first use).

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use minfer_engine::constrain::{ConstraintSpec, Grammar, Grammars};
+use minfer_generate::constrain::{ConstraintSpec, Grammar, Grammars};
 use minfer_tokenizer::Tokenizer;
 use std::path::PathBuf;
 

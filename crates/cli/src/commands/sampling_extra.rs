@@ -5,7 +5,7 @@
 use super::args::{finite, non_negative, positive, unit_interval};
 use anyhow::{bail, Context};
 use clap::Args as ClapArgs;
-use minfer_engine::sampler::{order, Mirostat, SamplerConfig};
+use minfer_generate::sampler::{order, Mirostat, SamplerConfig};
 
 #[derive(ClapArgs, Debug, Clone)]
 pub struct SamplingExtraArgs {

@@ -4,7 +4,7 @@
 
 use super::fields::{kind, Fields};
 use crate::error::ApiError;
-use minfer_engine::constrain::ConstraintSpec;
+use minfer_generate::constrain::ConstraintSpec;
 use serde_json::Value;
 
 /// The constraint a body asks for, and the field that asked (for error messages).

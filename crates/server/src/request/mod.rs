@@ -9,7 +9,7 @@ pub mod sampling_extra;
 
 use crate::error::ApiError;
 use fields::Fields;
-use minfer_engine::sampler::SamplerConfig;
+use minfer_generate::sampler::SamplerConfig;
 use serde_json::Value;
 
 /// What a request may ask for, set by the server's configuration.
@@ -34,7 +34,7 @@ pub struct GenParams {
     pub stream: bool,
     pub include_usage: bool,
     /// What the reply must follow, and the field that asked for it.
-    pub constraint: Option<(minfer_engine::constrain::ConstraintSpec, &'static str)>,
+    pub constraint: Option<(minfer_generate::constrain::ConstraintSpec, &'static str)>,
 }
 
 /// Most alternatives per token a request may ask for (OpenAI's limit).

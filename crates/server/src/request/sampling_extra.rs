@@ -3,7 +3,7 @@
 
 use super::fields::{self, Fields};
 use crate::error::ApiError;
-use minfer_engine::sampler::{order, Mirostat, SamplerConfig};
+use minfer_generate::sampler::{order, Mirostat, SamplerConfig};
 use serde_json::Value;
 
 /// Most DRY sequence breakers a request may give.
@@ -85,7 +85,7 @@ pub fn apply(f: &Fields, cfg: &mut SamplerConfig, n_ctx: usize) -> Result<(), Ap
 #[cfg(test)]
 mod tests {
     use super::*;
-    use minfer_engine::sampler::Stage;
+    use minfer_generate::sampler::Stage;
     use serde_json::json;
 
     fn read(body: Value) -> Result<SamplerConfig, ApiError> {

@@ -5,7 +5,7 @@ use crate::error::ApiError;
 use crate::metrics::Finish;
 use crate::scheduler::JobEvent;
 use crate::AppState;
-use minfer_engine::generate::{FinishReason, TokenLogprob};
+use minfer_generate::{FinishReason, TokenLogprob};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 

@@ -17,12 +17,12 @@
 pub mod prefix;
 
 use crate::metrics::{Finish, Metrics};
-use minfer_engine::batch::BatchLogits;
-use minfer_engine::chat::Pieces;
-use minfer_engine::generate::{
+use minfer_engine::BatchLogits;
+use minfer_engine::{BatchEntry, Engine, SeqId};
+use minfer_generate::chat::Pieces;
+use minfer_generate::{
     Batcher, Event, FinishReason, GenerateRequest, LogitsModel, SeqGen, TokenLogprob,
 };
-use minfer_engine::{BatchEntry, Engine, SeqId};
 use minfer_tokenizer::Tokenizer;
 use prefix::{common_prefix, PrefixCache};
 use std::collections::VecDeque;

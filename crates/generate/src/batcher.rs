@@ -8,9 +8,9 @@
 //! as they would be alone (batch invariance), so its tokens do not depend on the others or on
 //! where its prompt was cut.
 
-use super::seq::{Failure, SeqGen, Step, TokenLogprob};
-use super::{GenerateError, LogitsModel, TokenBytes};
-use crate::batch::BatchEntry;
+use crate::seq::{Failure, SeqGen, Step, TokenLogprob};
+use crate::{GenerateError, LogitsModel, TokenBytes};
+use minfer_engine::BatchEntry;
 use std::time::Instant;
 
 /// What happened to one sequence in a step.

@@ -1,11 +1,11 @@
 //! One sequence's generation state: its prompt and how much of it the KV holds, the sampler
 //! chain, penalty window, stop matcher, UTF-8-safe text hold and log probabilities.
 
-use super::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, Timings, TokenBytes};
 use crate::constrain::ConstraintState;
-use crate::kvcells::SeqId;
 use crate::sampler::{log_softmax, Sampler, SamplerError};
 use crate::stop::StopMatcher;
+use crate::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, Timings, TokenBytes};
+use minfer_engine::SeqId;
 use std::time::{Duration, Instant};
 
 /// The log probability (natural log, of the raw distribution before bias, penalties and

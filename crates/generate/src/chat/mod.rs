@@ -28,13 +28,13 @@ pub mod sync;
 pub use interruptible::{generate_interruptible, Interruptible};
 pub use prompt::{render_prompt, PromptError};
 
-use crate::batch::{BatchEntry, BatchLogits};
-use crate::engine::{Engine, Error as EngineError};
-use crate::generate::{FinishReason, GenerateRequest, LogitsModel, Timings, TokenBytes};
-use crate::kv::kv_can_shift;
-use crate::kvcells::SeqId;
 use crate::sampler::SamplerConfig;
-use crate::session::SessionError;
+use crate::{FinishReason, GenerateRequest, LogitsModel, Timings, TokenBytes};
+use minfer_engine::kv::kv_can_shift;
+use minfer_engine::session::SessionError;
+use minfer_engine::SeqId;
+use minfer_engine::{BatchEntry, BatchLogits};
+use minfer_engine::{Engine, Error as EngineError};
 use minfer_tokenizer::template::{self, ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::{TokenType, Tokenizer};
 use std::path::Path;
@@ -523,7 +523,7 @@ impl Chat {
         let (app, session) = match self.engine.read_session(&bytes) {
             Ok(s) => (s.app.clone(), Ok(s)),
             Err(EngineError::Session(why)) if kv_mismatch(&why) => (
-                crate::session::app_blob(&bytes)
+                minfer_engine::session::app_blob(&bytes)
                     .map_err(EngineError::from)?
                     .to_vec(),
                 Err(why),

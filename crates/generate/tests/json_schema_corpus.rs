@@ -11,11 +11,11 @@
 //! at most 160 tokens a reply (the schemas bound their strings and arrays, so replies are
 //! short). SKIPs without the model or a Python with jsonschema.
 
-use minfer_engine::chat::Pieces;
-use minfer_engine::constrain::{ConstraintSpec, Grammars};
-use minfer_engine::generate::{generate_batch, FinishReason, GenerateRequest};
-use minfer_engine::sampler::SamplerConfig;
 use minfer_engine::{Engine, EngineConfig};
+use minfer_generate::chat::Pieces;
+use minfer_generate::constrain::{ConstraintSpec, Grammars};
+use minfer_generate::sampler::SamplerConfig;
+use minfer_generate::{generate_batch, FinishReason, GenerateRequest};
 use minfer_testkit::models;
 use minfer_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};

@@ -10,37 +10,26 @@
 //! to the end, and [`generate`] is a batch of one; `run`, `chat` and `bench` go through them.
 //!
 //! It is written against two small traits so it can be tested without a real model:
-//! [`LogitsModel`] (batched forwards over sequences) and [`TokenBytes`] (id → bytes).
+//! [`LogitsModel`] (batched forwards over sequences) and [`TokenBytes`] (id → bytes), both
+//! the engine's (`minfer_engine::model`), which implements the first.
+//!
+//! Beside the loop: the sampler chain ([`sampler`]), constrained decoding ([`constrain`]),
+//! stop strings ([`stop`]) and chat ([`chat`]: templates, turns, session files' app data).
 
 mod batcher;
+pub mod chat;
+pub mod constrain;
+pub mod sampler;
 mod seq;
+pub mod stop;
 
 pub use batcher::{Batcher, Event, StepFailed};
 pub use seq::{Failure, SeqGen, TokenLogprob};
 
-use crate::batch::{BatchEntry, BatchLogits};
 use crate::constrain::{ConstraintStats, Grammar};
-use crate::kvcells::SeqId;
 use crate::sampler::{SamplerConfig, SamplerError};
-
-/// A model as the loop sees it.
-pub trait LogitsModel {
-    type Error: std::error::Error + Send + Sync + 'static;
-    /// One forward: each entry appends its tokens to its sequence at `pos0..`; the logits of
-    /// each entry's last `logits` rows come back in entry order.
-    fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits, Self::Error>;
-    /// Most positions a sequence may hold.
-    fn context_len(&self) -> usize;
-    /// Most tokens one forward takes.
-    fn max_batch(&self) -> usize;
-    /// The sequence [`generate`] uses.
-    fn default_seq(&self) -> SeqId;
-}
-
-/// Token id → the bytes it stands for.
-pub trait TokenBytes {
-    fn token_bytes(&self, id: u32) -> Vec<u8>;
-}
+use minfer_engine::SeqId;
+pub use minfer_engine::{LogitsModel, TokenBytes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError<E: std::error::Error + 'static> {
@@ -189,6 +178,7 @@ pub fn generate_batch<M: LogitsModel>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use minfer_engine::{BatchEntry, BatchLogits};
 
     /// A fake model whose next token is always (last + 1) mod vocab, greedily.
     struct Counter {

@@ -1,12 +1,12 @@
 //! One generation that its caller can stop between forwards (Ctrl-C in `minfer run` and
 //! `minfer chat`), keeping what was generated and its timings.
 //!
-//! It drives the steppable [`Batcher`] with one sequence, as [`crate::generate::generate`]
+//! It drives the steppable [`Batcher`] with one sequence, as [`crate::generate`]
 //! does, and reads `cancel` before every forward; when set, the sequence is ended there
 //! ([`SeqGen::finish_now`]: held text released, timings taken), so an interrupted reply
 //! reports its real token rate instead of none.
 
-use crate::generate::{
+use crate::{
     Batcher, Event, Failure, FinishReason, GenerateError, GenerateOutput, GenerateRequest,
     LogitsModel, SeqGen, TokenBytes,
 };

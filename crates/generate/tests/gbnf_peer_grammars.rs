@@ -10,11 +10,11 @@
 //!
 //! SKIPs without the peer source, the demo model or the venv's Python.
 
-use minfer_engine::chat::Pieces;
-use minfer_engine::constrain::{ConstraintSpec, Grammars};
-use minfer_engine::generate::{generate_batch, FinishReason, GenerateRequest};
-use minfer_engine::sampler::SamplerConfig;
 use minfer_engine::{Engine, EngineConfig};
+use minfer_generate::chat::Pieces;
+use minfer_generate::constrain::{ConstraintSpec, Grammars};
+use minfer_generate::sampler::SamplerConfig;
+use minfer_generate::{generate_batch, FinishReason, GenerateRequest};
 use minfer_testkit::models;
 use minfer_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};

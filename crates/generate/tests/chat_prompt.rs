@@ -10,7 +10,7 @@
 //! (a forged `<|im_start|>` is first found at the template's own `<|im_start|>`, which is
 //! then protected instead of the user's): the reason the search refuses ambiguous contents.
 
-use minfer_engine::chat::{render_prompt, PromptError};
+use minfer_generate::chat::{render_prompt, PromptError};
 use minfer_testkit::models;
 use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions, SpecialTokens};
 use minfer_tokenizer::{TokenType, Tokenizer};

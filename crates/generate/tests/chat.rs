@@ -2,9 +2,9 @@
 //! dropped by shifting the KV, a too-long message changes nothing, /regen, interrupts and
 //! resumed sessions.
 
-use minfer_engine::chat::{Chat, ChatConfig, ChatError, Resumed, TurnEnd, TurnReport};
-use minfer_engine::generate::FinishReason;
-use minfer_engine::sampler::SamplerConfig;
+use minfer_generate::chat::{Chat, ChatConfig, ChatError, Resumed, TurnEnd, TurnReport};
+use minfer_generate::sampler::SamplerConfig;
+use minfer_generate::FinishReason;
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
 use minfer_testkit::synth::*;
