@@ -26,16 +26,16 @@
 //! - KV operations on sequences are in [`crate::kv`], session files in [`crate::session`].
 
 use crate::backends;
+use crate::kvcache::KvCache;
 use crate::kvcells::{KvCells, SeqId};
 use crate::model::{BatchEntry, BatchLogits, LogitsModel};
+use crate::runner::ModelRunner;
 use crate::weights::{intern, ModelWeights};
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
-    dump, Allocator, Backend, FusionConfig, GraphCache, GraphParams, Node, Placement, RowClass,
-    WeightId, WindowLayout,
+    dump, Allocator, FusionConfig, GraphCache, GraphParams, RowClass, WeightId, WindowLayout,
 };
 use minfer_models::{build_graph, check_tensors, output_weight_name, HParams};
-use std::collections::HashMap;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -163,29 +163,11 @@ const GRAPH_CACHE: usize = 16;
 const GRAPH_CACHE_BYTES: usize = 512 << 20;
 
 pub struct Engine {
-    /// Declared before `model`: fields drop in order, and a device backend may hold
-    /// zero-copy wraps of the model's mapping (and submit pending work when dropped).
-    pub(crate) backends: Vec<Box<dyn Backend>>,
-    pub(crate) model: GgufModel,
-    pub(crate) ids: HashMap<String, WeightId>,
-    pub(crate) hp: HParams,
-    output_weight: &'static str,
-    pub(crate) placement: Placement,
-    pub(crate) cache: GraphCache,
-    pub(crate) alloc: Allocator,
-    pub(crate) n_ctx: usize,
+    /// The model on its backends: graphs, plans, weights, the output buffer.
+    pub(crate) runner: ModelRunner,
+    /// The cell table of every sequence and the staging onto it.
+    pub(crate) kv: KvCache,
     pub(crate) n_batch: usize,
-    pub(crate) cache_type: GgmlType,
-    pub(crate) cells: KvCells,
-    /// The sequence of the one-sequence API ([`Engine::decode`], `kv_*`, sessions of one).
-    pub(crate) default_seq: SeqId,
-    pub(crate) out: BatchLogits,
-    /// Every backend is batch invariant, so forwards may be padded to a bucket.
-    pub(crate) bucketed: bool,
-    /// Defragmentations run so far (by a forward or [`Engine::defrag`]).
-    pub(crate) defrags: usize,
-    /// The trace being recorded ([`Engine::trace_begin`]).
-    pub(crate) trace: Option<crate::trace::Trace>,
 }
 
 impl Engine {
@@ -247,36 +229,34 @@ impl Engine {
                 alloc.set_budget(be.id(), b);
             }
         }
-        let mut cells = KvCells::new(n_ctx);
-        let default_seq = cells.create();
         let bucketed = backends.iter().all(|b| b.batch_invariant());
         Ok(Engine {
-            model,
-            ids: names,
-            hp,
-            output_weight,
-            backends,
-            placement,
-            cache,
-            alloc,
-            n_ctx,
+            runner: ModelRunner {
+                backends,
+                model,
+                ids: names,
+                hp,
+                output_weight,
+                placement,
+                cache,
+                alloc,
+                n_ctx,
+                cache_type: cfg.cache_type,
+                out: BatchLogits::default(),
+                bucketed,
+                trace: None,
+            },
+            kv: KvCache::new(n_ctx),
             n_batch: cfg.n_batch.max(1),
-            cache_type: cfg.cache_type,
-            cells,
-            default_seq,
-            out: BatchLogits::default(),
-            bucketed,
-            defrags: 0,
-            trace: None,
         })
     }
 
     pub fn hparams(&self) -> &HParams {
-        &self.hp
+        &self.runner.hp
     }
     /// KV cells of the arena (and most positions of one sequence).
     pub fn n_ctx(&self) -> usize {
-        self.n_ctx
+        self.runner.n_ctx
     }
     /// Most tokens one forward takes.
     pub fn n_batch(&self) -> usize {
@@ -284,56 +264,58 @@ impl Engine {
     }
     /// Positions the default sequence holds (one past its last position).
     pub fn n_past(&self) -> usize {
-        self.cells.next_pos(self.default_seq).unwrap_or(0)
+        self.kv.cells.next_pos(self.kv.default_seq).unwrap_or(0)
     }
     /// Defragmentations of the KV arena run so far.
     pub fn defrags(&self) -> usize {
-        self.defrags
+        self.kv.defrags
     }
     /// Graphs built so far (a decode step that reuses a cached graph does not add one).
     pub fn graph_builds(&self) -> usize {
-        self.cache.builds()
+        self.runner.cache.builds()
     }
     /// Graphs cached now, and the bytes of activation buffers their plans hold.
     pub fn graph_cache_usage(&self) -> (usize, usize) {
-        (self.cache.len(), self.cache.bytes())
+        (self.runner.cache.len(), self.runner.cache.bytes())
     }
     /// Bytes allocated on every backend (KV regions and activation buffers).
     pub fn bytes_in_use(&self) -> usize {
-        self.backends
+        self.runner
+            .backends
             .iter()
-            .map(|b| self.alloc.in_use(b.id()))
+            .map(|b| self.runner.alloc.in_use(b.id()))
             .sum()
     }
     /// Bytes allocated on the CPU backend (KV regions and activation buffers).
     pub fn cpu_bytes_in_use(&self) -> usize {
-        self.alloc.in_use(backends::CPU_ID)
+        self.runner.alloc.in_use(backends::CPU_ID)
     }
     pub fn model(&self) -> &GgufModel {
-        &self.model
+        &self.runner.model
     }
     /// The KV element type.
     pub fn cache_type(&self) -> GgmlType {
-        self.cache_type
+        self.runner.cache_type
     }
     /// One line per backend that holds none of the model's weights, naming the weight and
     /// the reason (empty when every backend holds them).
     pub fn placement_report(&self) -> Vec<String> {
-        self.placement.report()
+        self.runner.placement.report()
     }
     /// Live nodes of the graph for `n_tokens` tokens per backend name, in table order (the
     /// startup line, and the gate that a device engine really runs on the device).
     pub fn nodes_per_backend(&mut self, n_tokens: usize) -> Result<Vec<(String, usize)>> {
-        let p = self.params(n_tokens, 1, WindowLayout::Span);
-        self.prepare(&p)?;
-        let (g, _) = self.cache_peek()?;
-        let mut counts: Vec<(minfer_graph::BackendId, usize)> =
-            self.backends.iter().map(|b| (b.id(), 0)).collect();
-        for n in g.nodes.iter().filter(|n| !n.dead) {
-            if let Some(c) = counts.iter_mut().find(|(id, _)| Some(*id) == n.backend) {
-                c.1 += 1;
+        let p = self.runner.params(n_tokens, 1, WindowLayout::Span);
+        let mut counts = self.runner.inspect(&p, |g, _, backends| {
+            let mut counts: Vec<(minfer_graph::BackendId, usize)> =
+                backends.iter().map(|b| (b.id(), 0)).collect();
+            for n in g.nodes.iter().filter(|n| !n.dead) {
+                if let Some(c) = counts.iter_mut().find(|(id, _)| Some(*id) == n.backend) {
+                    c.1 += 1;
+                }
             }
-        }
+            counts
+        })?;
         counts.sort_by_key(|(id, _)| *id);
         Ok(counts
             .into_iter()
@@ -343,33 +325,32 @@ impl Engine {
     /// How many live nodes of each op (by [`minfer_graph::Op::name`]) the graph for
     /// `n_tokens` new tokens has, sorted by name (what fusion made of it).
     pub fn ops_in_graph(&mut self, n_tokens: usize) -> Result<Vec<(&'static str, usize)>> {
-        let p = self.params(n_tokens, 1, WindowLayout::Span);
-        self.prepare(&p)?;
-        let (g, _) = self.cache_peek()?;
-        let mut counts: Vec<(&'static str, usize)> = Vec::new();
-        for n in g.nodes.iter().filter(|n| !n.dead) {
-            match counts.iter_mut().find(|(name, _)| *name == n.op.name()) {
-                Some(c) => c.1 += 1,
-                None => counts.push((n.op.name(), 1)),
+        let p = self.runner.params(n_tokens, 1, WindowLayout::Span);
+        let mut counts = self.runner.inspect(&p, |g, _, _| {
+            let mut counts: Vec<(&'static str, usize)> = Vec::new();
+            for n in g.nodes.iter().filter(|n| !n.dead) {
+                match counts.iter_mut().find(|(name, _)| *name == n.op.name()) {
+                    Some(c) => c.1 += 1,
+                    None => counts.push((n.op.name(), 1)),
+                }
             }
-        }
+            counts
+        })?;
         counts.sort();
         Ok(counts)
     }
+    /// How many KV cells the arena has and how many are free: the one answer to "is there
+    /// room", asked by schedulers before they admit work.
+    pub fn kv_budget(&self) -> crate::KvBudget {
+        self.kv.budget()
+    }
     /// The cell table of every sequence (read-only: change it through the `seq_*` calls).
     pub fn cells(&self) -> &KvCells {
-        &self.cells
+        &self.kv.cells
     }
     /// The sequence the one-sequence API works on.
     pub fn default_seq(&self) -> SeqId {
-        self.default_seq
-    }
-
-    pub(crate) fn weights(&self) -> ModelWeights<'_> {
-        ModelWeights {
-            model: &self.model,
-            ids: &self.ids,
-        }
+        self.kv.default_seq
     }
 
     /// Appends `tokens` to the default sequence at positions `pos0..` (a `pos0` below its
@@ -412,20 +393,20 @@ impl Engine {
                 self.n_batch
             )));
         }
-        let seq = self.default_seq;
+        let seq = self.kv.default_seq;
         // Checked whole before the first chunk runs, so a refusal changes nothing.
         let n_past = self.n_past();
         if pos0 > n_past {
             return Err(Error::PositionGap { pos0, n_past });
         }
-        if pos0 + nt > self.n_ctx {
+        if pos0 + nt > self.runner.n_ctx {
             return Err(Error::ContextOverflow {
                 pos0,
                 n_tokens: nt,
-                n_ctx: self.n_ctx,
+                n_ctx: self.runner.n_ctx,
             });
         }
-        let vocab = self.hp.vocab_size;
+        let vocab = self.runner.hp.vocab_size;
         if let Some((index, &id)) = tokens
             .iter()
             .enumerate()
@@ -458,7 +439,7 @@ impl Engine {
                 })?;
             start += len;
         }
-        Ok(self.out.logits(0))
+        Ok(self.runner.out.logits(0))
     }
 
     /// The graph of a request shape as Graphviz DOT, coloured by backend.
@@ -482,84 +463,12 @@ impl Engine {
             dump::WeightNames,
         ) -> String,
     ) -> Result<String> {
-        let p = self.params(n_tokens, n_out, WindowLayout::Span);
-        self.prepare(&p)?;
-        let weights = self.weights();
-        let (g, _) = self.cache_peek()?;
-        Ok(export(g, &backends::name_of, &|w| {
-            minfer_graph::WeightSource::name(&weights, w).to_string()
-        }))
-    }
-
-    fn cache_peek(&self) -> Result<(&minfer_graph::Graph, &minfer_graph::Plan)> {
-        self.cache
-            .most_recent()
-            .ok_or_else(|| Error::BadRequest("no graph built".into()))
-    }
-
-    pub(crate) fn params(
-        &self,
-        n_tokens: usize,
-        n_out: usize,
-        window: WindowLayout,
-    ) -> GraphParams {
-        GraphParams {
-            n_tokens,
-            n_out,
-            n_ctx: self.n_ctx,
-            cache_type: self.cache_type,
-            window,
-            prompt_rows: false,
-        }
-    }
-
-    /// Builds (or reuses) the graph for a request shape; it becomes the cache's most recent.
-    pub(crate) fn prepare(&mut self, params: &GraphParams) -> Result<()> {
-        let weights = ModelWeights {
-            model: &self.model,
-            ids: &self.ids,
-        };
-        let (hp, output_weight) = (&self.hp, self.output_weight);
-        let build = |p: &GraphParams| {
-            build_graph(hp, &weights, output_weight, p)
-                .map_err(|e| minfer_graph::Error::Graph(e.to_string()))
-        };
-        // One cell past the context: the scratch cell padding rows write and read.
-        let n_cells = params.n_ctx + 1;
-        let kv_bytes = |n: &Node| -> minfer_graph::Result<usize> {
-            let Some(ty) = n.op.kv_cache_type() else {
-                return Ok(0);
-            };
-            let n_embd_kv = (hp.head_count_kv * hp.head_dim) as u64;
-            let row = ty
-                .row_bytes(n_embd_kv)
-                .ok_or_else(|| minfer_graph::Error::Kv {
-                    layer: n.layer.unwrap_or(0),
-                    problem: format!("a row of {n_embd_kv} is not whole {ty} blocks"),
-                })?;
-            Ok(row as usize * n_cells)
-        };
-        self.cache.get_or_build(
-            params,
-            &build,
-            &kv_bytes,
-            &mut self.backends,
-            &weights,
-            &self.placement,
-            &mut self.alloc,
-        )?;
-        Ok(())
-    }
-
-    /// Creates the per-layer KV regions if no graph has run yet (planning a graph allocates
-    /// them).
-    pub(crate) fn ensure_kv_regions(&mut self) -> Result<()> {
-        let p = self.params(1, 1, WindowLayout::Span);
-        self.prepare(&p)
-    }
-
-    pub(crate) fn kv_region(&self, layer: usize) -> Option<minfer_graph::KvRegion> {
-        self.alloc.kv_region(layer)
+        let p = self.runner.params(n_tokens, n_out, WindowLayout::Span);
+        self.runner.inspect(&p, |g, weights, _| {
+            export(g, &backends::name_of, &|w| {
+                minfer_graph::WeightSource::name(weights, w).to_string()
+            })
+        })
     }
 }
 
@@ -569,13 +478,13 @@ impl LogitsModel for Engine {
         Engine::forward_batch(self, entries)
     }
     fn context_len(&self) -> usize {
-        self.n_ctx
+        self.runner.n_ctx
     }
     fn max_batch(&self) -> usize {
         self.n_batch
     }
     fn default_seq(&self) -> SeqId {
-        self.default_seq
+        self.kv.default_seq
     }
 }
 

@@ -59,22 +59,22 @@ pub struct CellMove {
 
 impl Engine {
     pub(crate) fn kv_layout(&self) -> KvLayout {
-        let n_embd_kv = (self.hp.head_count_kv * self.hp.head_dim) as u64;
+        let n_embd_kv = (self.runner.hp.head_count_kv * self.runner.hp.head_dim) as u64;
         KvLayout {
-            cache_type: self.cache_type,
-            n_head_kv: self.hp.head_count_kv,
-            head_dim: self.hp.head_dim,
+            cache_type: self.runner.cache_type,
+            n_head_kv: self.runner.hp.head_count_kv,
+            head_dim: self.runner.hp.head_dim,
             // Engine::load checked that a row is whole blocks of the cache type.
-            cell_bytes: self.cache_type.row_bytes(n_embd_kv).unwrap_or(0) as usize,
+            cell_bytes: self.runner.cache_type.row_bytes(n_embd_kv).unwrap_or(0) as usize,
         }
     }
 
     fn rope_spec(&self) -> RopeSpec {
         RopeSpec {
-            style: self.hp.arch.rope_style(),
-            head_dim: self.hp.head_dim,
-            freq_base: self.hp.rope_freq_base,
-            freq_scale: 1.0 / self.hp.rope_scale,
+            style: self.runner.hp.arch.rope_style(),
+            head_dim: self.runner.hp.head_dim,
+            freq_base: self.runner.hp.rope_freq_base,
+            freq_scale: 1.0 / self.runner.hp.rope_scale,
         }
     }
 
@@ -86,11 +86,12 @@ impl Engine {
         }
         let layout = self.kv_layout();
         let rope = self.rope_spec();
-        for layer in 0..self.hp.block_count {
-            let Some(r) = self.alloc.kv_region(layer) else {
+        for layer in 0..self.runner.hp.block_count {
+            let Some(r) = self.runner.alloc.kv_region(layer) else {
                 continue;
             };
             let be = self
+                .runner
                 .backends
                 .iter_mut()
                 .find(|b| b.id() == r.backend)
@@ -115,27 +116,27 @@ impl Engine {
 
     /// A new, empty sequence.
     pub fn seq_create(&mut self) -> SeqId {
-        self.cells.create()
+        self.kv.cells.create()
     }
 
     /// Forgets a sequence, freeing the cells no other sequence shares.
     pub fn seq_release(&mut self, seq: SeqId) -> Result<()> {
-        Ok(self.cells.release(seq)?)
+        Ok(self.kv.cells.release(seq)?)
     }
 
     /// Empties a sequence (it stays, holding nothing).
     pub fn seq_clear(&mut self, seq: SeqId) -> Result<()> {
-        Ok(self.cells.clear(seq)?)
+        Ok(self.kv.cells.clear(seq)?)
     }
 
     /// Keeps positions below `n`.
     pub fn seq_truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
-        Ok(self.cells.truncate(seq, n)?)
+        Ok(self.kv.cells.truncate(seq, n)?)
     }
 
     /// Forgets positions `range` (later positions keep theirs).
     pub fn seq_remove(&mut self, seq: SeqId, range: Range<usize>) -> Result<()> {
-        Ok(self.cells.remove(seq, range)?)
+        Ok(self.kv.cells.remove(seq, range)?)
     }
 
     /// Moves positions `range` by `delta`, re-roping their K rows (shared cells are copied
@@ -144,41 +145,41 @@ impl Engine {
         if delta == 0 || range.is_empty() {
             return Ok(());
         }
-        if !kv_can_shift(self.cache_type) {
+        if !kv_can_shift(self.runner.cache_type) {
             return Err(KvError::CannotShift {
-                ty: self.cache_type,
+                ty: self.runner.cache_type,
             }
             .into());
         }
-        let mut next = self.cells.clone();
+        let mut next = self.kv.cells.clone();
         let ops = next.shift(seq, range, delta)?;
         self.apply_cell_ops(&ops)?;
-        self.cells = next;
+        self.kv.cells = next;
         Ok(())
     }
 
     /// `dst` becomes a copy of `src`'s positions `0..n`, in fresh cells of its own.
     pub fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<()> {
-        let mut next = self.cells.clone();
+        let mut next = self.kv.cells.clone();
         let ops = next.copy_prefix(dst, src, n)?;
         self.apply_cell_ops(&ops)?;
-        self.cells = next;
+        self.kv.cells = next;
         Ok(())
     }
 
     /// `dst` becomes `src`'s positions `0..n`, sharing its cells in place.
     pub fn seq_share_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<()> {
-        Ok(self.cells.share_prefix(dst, src, n)?)
+        Ok(self.kv.cells.share_prefix(dst, src, n)?)
     }
 
     /// Compacts the arena toward cell 0 (cells moved verbatim, no result changes) and
     /// returns the moves made.
     pub fn defrag(&mut self) -> Result<Vec<CellMove>> {
-        let mut next = self.cells.clone();
+        let mut next = self.kv.cells.clone();
         let ops = next.defrag();
         self.apply_cell_ops(&ops)?;
-        self.cells = next;
-        self.defrags += 1;
+        self.kv.cells = next;
+        self.kv.defrags += 1;
         Ok(ops
             .iter()
             .filter_map(|op| match *op {
@@ -190,15 +191,15 @@ impl Engine {
 
     /// Forgets everything the default sequence holds.
     pub fn kv_clear(&mut self) {
-        let seq = self.default_seq;
+        let seq = self.kv.default_seq;
         // The default sequence always exists.
-        let _ = self.cells.clear(seq);
+        let _ = self.kv.cells.clear(seq);
     }
 
     /// Keeps the default sequence's first `n` positions.
     pub fn kv_truncate(&mut self, n: usize) {
-        let seq = self.default_seq;
-        let _ = self.cells.truncate(seq, n);
+        let seq = self.kv.default_seq;
+        let _ = self.kv.cells.truncate(seq, n);
     }
 
     /// Keeps the default sequence's positions in `ranges` (ascending, disjoint, within what
@@ -231,14 +232,14 @@ impl Engine {
             dst += r.len();
             moved
         });
-        if moves && !kv_can_shift(self.cache_type) {
+        if moves && !kv_can_shift(self.runner.cache_type) {
             return Err(KvError::CannotShift {
-                ty: self.cache_type,
+                ty: self.runner.cache_type,
             }
             .into());
         }
-        let seq = self.default_seq;
-        let mut next = self.cells.clone();
+        let seq = self.kv.default_seq;
+        let mut next = self.kv.cells.clone();
         let mut ops = Vec::new();
         // Remove the gaps (from the end, so earlier ranges keep their positions), then shift
         // every kept range down to where the ranges before it end.
@@ -264,7 +265,7 @@ impl Engine {
             dst += r.len();
         }
         self.apply_cell_ops(&ops)?;
-        self.cells = next;
+        self.kv.cells = next;
         Ok(())
     }
 

@@ -9,13 +9,16 @@ pub mod backends;
 mod batch;
 pub mod engine;
 pub mod kv;
+mod kvcache;
 pub mod kvcells;
 pub mod model;
+mod runner;
 pub mod session;
 pub mod trace;
 mod weights;
 
 pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};
+pub use kvcache::KvBudget;
 pub use kvcells::{CellError, KvCells, Run, SeqId};
 pub use minfer_graph::{FusionConfig, RowClass, KV_MAP_RUNS};
 pub use model::{bucket, BatchEntry, BatchLogits, LogitsModel, TokenBytes};

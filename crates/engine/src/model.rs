@@ -122,3 +122,24 @@ pub trait LogitsModel {
 pub trait TokenBytes {
     fn token_bytes(&self, id: u32) -> Vec<u8>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_round_up_and_are_few() {
+        for n in 1..=2048 {
+            let b = bucket(n);
+            assert!(b >= n, "{n} -> {b}");
+            assert_eq!(bucket(b), b, "a bucket is its own bucket");
+            if n > 64 {
+                assert!((b - n) * 4 <= n, "{n} -> {b} wastes too much");
+            } else {
+                assert!(2 * b <= 3 * n, "{n} -> {b} wastes too much");
+            }
+        }
+        let distinct: std::collections::BTreeSet<usize> = (1..=512).map(bucket).collect();
+        assert_eq!(distinct.len(), 26);
+    }
+}

@@ -317,7 +317,7 @@ impl Engine {
         }
         let identity = self.model_identity();
         if seqs.iter().any(|s| !s.1.is_empty()) {
-            self.ensure_kv_regions()?;
+            self.runner.ensure_kv_regions()?;
         }
         let cb = self.kv_layout().cell_bytes;
         let hp = self.hparams().clone();
@@ -337,8 +337,9 @@ impl Engine {
             out.extend_from_slice(&u32_field(v)?.to_le_bytes());
         }
         out.extend_from_slice(app);
-        let regions: Vec<Option<minfer_graph::KvRegion>> =
-            (0..hp.block_count).map(|l| self.kv_region(l)).collect();
+        let regions: Vec<Option<minfer_graph::KvRegion>> = (0..hp.block_count)
+            .map(|l| self.runner.kv_region(l))
+            .collect();
         for r in &regions {
             let id = r.map_or(self.kv_backend_id(), |r| r.backend.0);
             out.extend_from_slice(&id.to_le_bytes());
@@ -354,6 +355,7 @@ impl Engine {
             for r in &regions {
                 let Some(r) = r else { continue };
                 let be = self
+                    .runner
                     .backends
                     .iter_mut()
                     .find(|b| b.id() == r.backend)
@@ -374,9 +376,10 @@ impl Engine {
 
     /// The backend id a fresh engine keeps KV regions on (the one that runs KV stores).
     fn kv_backend_id(&self) -> u16 {
-        self.backends
+        self.runner
+            .backends
             .iter()
-            .filter(|b| self.placement.holds(b.id()))
+            .filter(|b| self.runner.placement.holds(b.id()))
             .max_by_key(|b| b.priority())
             .map_or(0, |b| b.id().0)
     }
@@ -464,7 +467,10 @@ impl Engine {
             let be = r.u16();
             let reserved = r.u16();
             field("layer reserved", reserved as u64, 0)?;
-            let this = self.kv_region(layer).map_or(this_be, |r| r.backend.0);
+            let this = self
+                .runner
+                .kv_region(layer)
+                .map_or(this_be, |r| r.backend.0);
             if be != this {
                 return Err(SessionError::Backend {
                     layer,
@@ -546,24 +552,24 @@ impl Engine {
     /// sequence stays, empty unless the session has it).
     pub fn apply_session_all(&mut self, s: &Session) -> Result<()> {
         let needed: usize = s.seqs.iter().map(|x| x.tokens.len()).sum();
-        if needed > self.cells.n_cells() {
+        if needed > self.kv.cells.n_cells() {
             return Err(SessionError::NoRoom {
                 needed,
-                free: self.cells.n_cells(),
+                free: self.kv.cells.n_cells(),
             }
             .into());
         }
-        let mut cells = KvCells::new(self.cells.n_cells());
-        cells.create_with_id(self.default_seq)?;
+        let mut cells = KvCells::new(self.kv.cells.n_cells());
+        cells.create_with_id(self.kv.default_seq)?;
         for sv in &s.seqs {
             if !cells.contains(SeqId(sv.id)) {
                 cells.create_with_id(SeqId(sv.id))?;
             }
         }
-        let before = std::mem::replace(&mut self.cells, cells);
+        let before = std::mem::replace(&mut self.kv.cells, cells);
         for sv in &s.seqs {
             if let Err(e) = self.apply_saved(sv, SeqId(sv.id)) {
-                self.cells = before;
+                self.kv.cells = before;
                 return Err(e);
             }
         }
@@ -572,10 +578,10 @@ impl Engine {
 
     fn apply_saved(&mut self, sv: &SavedSeq, seq: SeqId) -> Result<()> {
         let n = sv.tokens.len();
-        let mut next = self.cells.clone();
+        let mut next = self.kv.cells.clone();
         next.clear(seq)?;
         if n == 0 {
-            self.cells = next;
+            self.kv.cells = next;
             return Ok(());
         }
         let free = next.n_free();
@@ -583,13 +589,14 @@ impl Engine {
             return Err(SessionError::NoRoom { needed: n, free }.into());
         }
         let cells = next.reserve(&[(seq, 0, n)])?.remove(0);
-        self.ensure_kv_regions()?;
+        self.runner.ensure_kv_regions()?;
         let cb = self.kv_layout().cell_bytes;
         for (layer, blob) in sv.layers.iter().enumerate() {
-            let Some(r) = self.kv_region(layer) else {
+            let Some(r) = self.runner.kv_region(layer) else {
                 continue;
             };
             let be = self
+                .runner
                 .backends
                 .iter_mut()
                 .find(|b| b.id() == r.backend)
@@ -601,7 +608,7 @@ impl Engine {
                 }
             }
         }
-        self.cells = next;
+        self.kv.cells = next;
         Ok(())
     }
 

@@ -14,6 +14,7 @@
 
 use crate::engine::{Engine, Result};
 use crate::model::TokenBytes;
+use crate::runner::ModelRunner;
 use minfer_graph::{capture, Graph, NodeId};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -188,18 +189,23 @@ fn top5(row: &[f32]) -> Vec<(u32, f32)> {
 impl Engine {
     /// Arms capture on every backend and starts a trace (a running one is dropped).
     pub fn trace_begin(&mut self) -> Result<()> {
-        for be in &mut self.backends {
+        for be in &mut self.runner.backends {
             be.capture(true)?;
             be.take_captures()?;
         }
-        let md = self.model.metadata();
+        let md = self.runner.model.metadata();
         let model = md
             .get_str("general.name")
             .or_else(|| md.get_str("general.architecture"))
             .unwrap_or("unknown")
             .to_string();
-        let backends = self.backends.iter().map(|b| b.name().to_string()).collect();
-        self.trace = Some(Trace {
+        let backends = self
+            .runner
+            .backends
+            .iter()
+            .map(|b| b.name().to_string())
+            .collect();
+        self.runner.trace = Some(Trace {
             model,
             backends,
             phases: Vec::new(),
@@ -209,12 +215,14 @@ impl Engine {
 
     /// Disarms capture and hands the trace over (None when none was begun).
     pub fn trace_end(&mut self) -> Result<Option<Trace>> {
-        for be in &mut self.backends {
+        for be in &mut self.runner.backends {
             be.capture(false)?;
         }
-        Ok(self.trace.take())
+        Ok(self.runner.trace.take())
     }
+}
 
+impl ModelRunner {
     /// Records the forward that just ran on the cache's most recent graph.
     pub(crate) fn trace_forward(&mut self, f: ForwardShape) -> Result<()> {
         let Some(trace) = &mut self.trace else {

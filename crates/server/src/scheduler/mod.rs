@@ -443,7 +443,7 @@ impl EngineLoop {
         let want_prompt = self.batch.prompt_backlog().min(self.cfg.chunk);
         loop {
             let decodes = self.batch.decode_rows();
-            let free = self.engine.cells().n_free();
+            let free = self.engine.kv_budget().free;
             if free >= decodes + want_prompt {
                 self.batch.cap_next_prompt(free - decodes);
                 return;

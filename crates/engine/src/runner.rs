@@ -1,0 +1,317 @@
+//! The model runner: a loaded model on its backends, turning typed forward inputs into
+//! logits.
+//!
+//! It owns what a forward needs and nothing about sequences: the backends, the mapped model
+//! and its interned weight names, where each weight lives, the graph cache and the allocator
+//! its plans draw from, and the output buffer. Which cells a row writes and which it reads
+//! are the KV cache's answer ([`crate::kvcache`]), handed over as a [`ForwardInput`].
+
+use crate::engine::{Error, Result};
+use crate::model::{bucket, BatchLogits};
+use crate::weights::ModelWeights;
+use minfer_gguf::{GgmlType, GgufModel};
+use minfer_graph::{
+    sched, Allocator, Backend, Graph, GraphCache, GraphParams, InputKind, Node, Placement, Plan,
+    RowClass, RowClasses, WeightId, WindowLayout, KV_MAP_RUNS,
+};
+use minfer_models::{build_graph, HParams};
+use std::collections::HashMap;
+
+/// One forward's rows, computed by the KV cache before anything changes.
+#[derive(Debug, Default)]
+pub(crate) struct ForwardInput {
+    pub tokens: Vec<i32>,
+    pub positions: Vec<i32>,
+    /// The cell each row's K and V are written to.
+    pub kv_cells: Vec<i32>,
+    /// Each row's attention window: runs of (first cell, length).
+    pub windows: Vec<Vec<(usize, usize)>>,
+    /// Row (in the batch) of each output, in entry order.
+    pub out_rows: Vec<usize>,
+    /// Each row's class.
+    pub classes: Vec<RowClass>,
+    /// How many logit rows each entry gets, in entry order.
+    pub entry_logits: Vec<usize>,
+}
+
+pub(crate) struct ModelRunner {
+    /// Declared before `model`: fields drop in order, and a device backend may hold
+    /// zero-copy wraps of the model's mapping (and submit pending work when dropped).
+    pub(crate) backends: Vec<Box<dyn Backend>>,
+    pub(crate) model: GgufModel,
+    pub(crate) ids: HashMap<String, WeightId>,
+    pub(crate) hp: HParams,
+    pub(crate) output_weight: &'static str,
+    pub(crate) placement: Placement,
+    pub(crate) cache: GraphCache,
+    pub(crate) alloc: Allocator,
+    /// Positions of the context: the scratch cell padding rows use is the one past it.
+    pub(crate) n_ctx: usize,
+    pub(crate) cache_type: GgmlType,
+    pub(crate) out: BatchLogits,
+    /// Every backend is batch invariant, so forwards may be padded to a bucket.
+    pub(crate) bucketed: bool,
+    /// The trace being recorded (`Engine::trace_begin`).
+    pub(crate) trace: Option<crate::trace::Trace>,
+}
+
+/// The graph of `params`, built (assigned, fused, planned) on a miss, with the plan it runs
+/// by. A free function over the fields it needs, so the caller keeps the backends free to run
+/// the plan it gets back.
+#[allow(clippy::too_many_arguments)]
+fn graph_for<'c>(
+    cache: &'c mut GraphCache,
+    backends: &mut [Box<dyn Backend>],
+    weights: &ModelWeights<'_>,
+    hp: &HParams,
+    output_weight: &'static str,
+    placement: &Placement,
+    alloc: &mut Allocator,
+    params: &GraphParams,
+) -> Result<(&'c Graph, &'c Plan)> {
+    let build = |p: &GraphParams| {
+        build_graph(hp, weights, output_weight, p)
+            .map_err(|e| minfer_graph::Error::Graph(e.to_string()))
+    };
+    // One cell past the context: the scratch cell padding rows write and read.
+    let n_cells = params.n_ctx + 1;
+    let kv_bytes = |n: &Node| -> minfer_graph::Result<usize> {
+        let Some(ty) = n.op.kv_cache_type() else {
+            return Ok(0);
+        };
+        let n_embd_kv = (hp.head_count_kv * hp.head_dim) as u64;
+        let row = ty
+            .row_bytes(n_embd_kv)
+            .ok_or_else(|| minfer_graph::Error::Kv {
+                layer: n.layer.unwrap_or(0),
+                problem: format!("a row of {n_embd_kv} is not whole {ty} blocks"),
+            })?;
+        Ok(row as usize * n_cells)
+    };
+    Ok(cache.get_or_build(
+        params, &build, &kv_bytes, backends, weights, placement, alloc,
+    )?)
+}
+
+impl ModelRunner {
+    pub(crate) fn params(
+        &self,
+        n_tokens: usize,
+        n_out: usize,
+        window: WindowLayout,
+    ) -> GraphParams {
+        GraphParams {
+            n_tokens,
+            n_out,
+            n_ctx: self.n_ctx,
+            cache_type: self.cache_type,
+            window,
+            prompt_rows: false,
+        }
+    }
+
+    /// The graph (and plan) of a request shape, built or reused.
+    pub(crate) fn prepare(&mut self, params: &GraphParams) -> Result<(&Graph, &Plan)> {
+        let weights = ModelWeights {
+            model: &self.model,
+            ids: &self.ids,
+        };
+        graph_for(
+            &mut self.cache,
+            &mut self.backends,
+            &weights,
+            &self.hp,
+            self.output_weight,
+            &self.placement,
+            &mut self.alloc,
+            params,
+        )
+    }
+
+    /// Runs `look` over the graph of a request shape (built or reused) with the weights and
+    /// backends beside it: the introspection calls (node counts, dumps) see the very graph a
+    /// forward of that shape runs.
+    pub(crate) fn inspect<R>(
+        &mut self,
+        params: &GraphParams,
+        look: impl FnOnce(&Graph, &ModelWeights<'_>, &[Box<dyn Backend>]) -> R,
+    ) -> Result<R> {
+        let weights = ModelWeights {
+            model: &self.model,
+            ids: &self.ids,
+        };
+        let (graph, _) = graph_for(
+            &mut self.cache,
+            &mut self.backends,
+            &weights,
+            &self.hp,
+            self.output_weight,
+            &self.placement,
+            &mut self.alloc,
+            params,
+        )?;
+        Ok(look(graph, &weights, &self.backends))
+    }
+
+    /// Creates the per-layer KV regions if no graph has run yet (planning a graph allocates
+    /// them).
+    pub(crate) fn ensure_kv_regions(&mut self) -> Result<()> {
+        let p = self.params(1, 1, WindowLayout::Span);
+        self.prepare(&p).map(|_| ())
+    }
+
+    pub(crate) fn kv_region(&self, layer: usize) -> Option<minfer_graph::KvRegion> {
+        self.alloc.kv_region(layer)
+    }
+
+    /// Runs one forward of `input`'s rows; the logits are in [`ModelRunner::out`] after.
+    /// Rows are padded to a bucket when every backend is batch invariant; padding rows use
+    /// token 0 at position 0, write the scratch cell past the context and attend only to it.
+    pub(crate) fn forward(&mut self, input: ForwardInput) -> Result<&BatchLogits> {
+        let nt = input.tokens.len();
+        if nt == 0 {
+            return Err(Error::BadRequest("a forward of no rows".into()));
+        }
+        // A backend whose arithmetic depends on the row count runs the exact shape.
+        let round = |n: usize| if self.bucketed { bucket(n) } else { n };
+        let n_tok = round(nt);
+        let n_real_out = input.out_rows.len();
+        let n_out = round(n_real_out.max(1)).min(n_tok);
+        let window = if input.windows.iter().all(|w| w.len() <= 1) {
+            WindowLayout::Span
+        } else {
+            WindowLayout::KvMap
+        };
+        let mut params = self.params(n_tok, n_out, window);
+        params.prompt_rows = input.classes.contains(&RowClass::Prompt);
+        let scratch = self.n_ctx as i32;
+        let ForwardInput {
+            tokens: mut ids,
+            positions: mut pos,
+            kv_cells: mut kvc,
+            windows,
+            out_rows,
+            classes,
+            entry_logits,
+        } = input;
+        let trace_tokens: Option<Vec<u32>> = self
+            .trace
+            .is_some()
+            .then(|| ids.iter().map(|&t| t as u32).collect());
+        ids.resize(n_tok, 0);
+        pos.resize(n_tok, 0);
+        kvc.resize(n_tok, scratch);
+        let win: Vec<i32> = match window {
+            WindowLayout::Span => {
+                let mut w = Vec::with_capacity(2 * n_tok);
+                for runs in &windows {
+                    let (c, len) = runs.first().copied().unwrap_or((0, 0));
+                    w.extend([c as i32, (c + len) as i32]);
+                }
+                for _ in nt..n_tok {
+                    w.extend([scratch, scratch + 1]);
+                }
+                w
+            }
+            WindowLayout::KvMap => {
+                let width = 2 * KV_MAP_RUNS;
+                let mut w = vec![0i32; width * n_tok];
+                for (r, runs) in windows.iter().enumerate() {
+                    for (k, &(c, len)) in runs.iter().enumerate() {
+                        w[r * width + 2 * k] = c as i32;
+                        w[r * width + 2 * k + 1] = len as i32;
+                    }
+                }
+                for r in nt..n_tok {
+                    w[r * width] = scratch;
+                    w[r * width + 1] = 1;
+                }
+                w
+            }
+        };
+        // With a tail, the graph gathers the output rows; without one (n_out == n_tok) every
+        // row gets logits and the real ones are picked below.
+        // A forward with no logit row still computes one output row (ignored).
+        let tail: Option<Vec<i32>> = (n_out < n_tok).then(|| {
+            let mut t: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
+            t.resize(n_out, (nt - 1) as i32);
+            t
+        });
+        if self.trace.is_some() {
+            // Captures of an earlier, failed forward belong to no phase.
+            for b in &mut self.backends {
+                b.take_captures()?;
+            }
+        }
+        let weights = ModelWeights {
+            model: &self.model,
+            ids: &self.ids,
+        };
+        // The plan comes back from the cache that built or found it: no second lookup.
+        let (graph, plan) = graph_for(
+            &mut self.cache,
+            &mut self.backends,
+            &weights,
+            &self.hp,
+            self.output_weight,
+            &self.placement,
+            &mut self.alloc,
+            &params,
+        )?;
+        let be = &mut self.backends;
+        sched::fill_input(graph, plan, be, InputKind::TokenIds, &ids)?;
+        sched::fill_input(graph, plan, be, InputKind::Positions, &pos)?;
+        sched::fill_input(graph, plan, be, InputKind::KvCells, &kvc)?;
+        let win_kind = match window {
+            WindowLayout::Span => InputKind::AttnSpan,
+            WindowLayout::KvMap => InputKind::KvMap,
+        };
+        sched::fill_input(graph, plan, be, win_kind, &win)?;
+        if let Some(t) = &tail {
+            sched::fill_input(graph, plan, be, InputKind::TailIds, t)?;
+        }
+        // Padding rows take the class of the last real row (one run more would cost a
+        // launch; a padding row's result is never read).
+        let last = classes[nt - 1];
+        let mut rows = RowClasses {
+            tokens: classes,
+            outputs: Vec::new(),
+        };
+        rows.tokens.resize(n_tok, last);
+        rows.outputs = match &tail {
+            Some(t) => t.iter().map(|&r| rows.tokens[r as usize]).collect(),
+            None => rows.tokens.clone(),
+        };
+        sched::execute(graph, plan, be, &weights, &rows)?;
+        // The output buffer is reused from the last forward; the real rows are compacted to
+        // its front in place (with a tail they are already there).
+        let mut data = self.out.take_buffer();
+        sched::read_output(graph, plan, be, &mut data)?;
+        let vocab = self.hp.vocab_size;
+        if tail.is_none() {
+            // Output rows ascend, so each one moves down (or stays): in place is safe.
+            for (k, &r) in out_rows.iter().enumerate() {
+                if r != k {
+                    data.copy_within(r * vocab..(r + 1) * vocab, k * vocab);
+                }
+            }
+        }
+        data.truncate(n_real_out * vocab);
+        let mut rows = Vec::with_capacity(entry_logits.len());
+        let mut at = 0;
+        for n in entry_logits {
+            rows.push((at, n));
+            at += n;
+        }
+        self.out = BatchLogits::from_rows(data, rows, vocab);
+        if let Some(tokens) = trace_tokens {
+            let shape = crate::trace::ForwardShape {
+                tokens,
+                graph_tokens: n_tok,
+                graph_out: n_out,
+            };
+            self.trace_forward(shape)?;
+        }
+        Ok(&self.out)
+    }
+}
