@@ -29,19 +29,20 @@ impl Engine {
         let (vocab, n_batch) = (self.runner.hp.vocab_size, self.n_batch);
         let mut staged = self.kv.stage(entries, vocab, n_batch)?;
         if staged.runs_over(KV_MAP_RUNS).is_some() {
-            // Too fragmented for the map: compact, then stage again on the new layout.
+            // Too fragmented for the map: undo, compact, then stage again on the new layout.
+            self.kv.roll_back(staged.undo);
             self.defrag()?;
             staged = self.kv.stage(entries, vocab, n_batch)?;
             if let Some(runs) = staged.runs_over(KV_MAP_RUNS) {
+                self.kv.roll_back(staged.undo);
                 return Err(Error::BadRequest(format!(
                     "a sequence needs {runs} runs of KV cells even after defragmenting (the map \
                      holds {KV_MAP_RUNS})"
                 )));
             }
         }
-        let before = self.kv.commit(&mut staged);
         if let Err(e) = self.runner.forward(staged.input) {
-            self.kv.roll_back(before);
+            self.kv.roll_back(staged.undo);
             return Err(e);
         }
         Ok(&self.runner.out)

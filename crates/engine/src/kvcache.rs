@@ -4,20 +4,21 @@
 //! Staging checks every entry of a batch (a known sequence, once per batch; `pos0` at most its
 //! length; tokens in the vocabulary; positions inside the context) and reserves the new cells
 //! of all of them at once on a copy of the table; any refusal is a typed error naming the
-//! entry and leaves the cache as it was. The staged table replaces the live one only when the
-//! forward that uses it is about to run ([`KvCache::commit`]), and goes back on a failure
-//! ([`KvCache::roll_back`]). Each row's attention window comes from the cells' positions.
+//! entry and leaves the cache as it was. Staging works on the live table under a checkpoint
+//! of the batch's sequences (`kvcells::undo`: no copy of the table per forward), which puts
+//! it back on a refusal or a failed forward ([`KvCache::roll_back`]). Each row's attention window comes from the cells' positions.
 //! Which backend calls a cell operation needs is the engine's (`kv.rs`); this module only
 //! decides cells.
 
 use crate::engine::{Error, Result};
-use crate::kvcells::{KvCells, SeqId};
+use crate::kvcells::{Checkpoint, KvCells, SeqId};
 use crate::model::BatchEntry;
 use crate::runner::ForwardInput;
 
-/// The cells a batch reserved (a copy of the table with them taken) and its forward's rows.
+/// A batch staged on the live table (its cells reserved) and its forward's rows; `undo`
+/// puts the table back if the forward fails.
 pub(crate) struct Staged {
-    cells: KvCells,
+    pub undo: Checkpoint,
     pub input: ForwardInput,
 }
 
@@ -78,125 +79,136 @@ impl KvCache {
         }
     }
 
-    /// Makes a staged table the live one; the table it replaces comes back, for
-    /// [`KvCache::roll_back`] if the forward fails.
-    pub(crate) fn commit(&mut self, staged: &mut Staged) -> KvCells {
-        let cells = std::mem::replace(&mut staged.cells, KvCells::new(0));
-        std::mem::replace(&mut self.cells, cells)
-    }
-
-    /// The forward failed: the cells it reserved hold nothing valid.
-    pub(crate) fn roll_back(&mut self, before: KvCells) {
-        self.cells = before;
+    /// The forward of a staged batch failed: the cells it reserved hold nothing valid, and
+    /// the cells it truncated are the sequences' again (their rows were never overwritten).
+    pub(crate) fn roll_back(&mut self, undo: Checkpoint) {
+        self.cells.restore(undo);
     }
 
     /// Checks every entry and reserves the cells of all of them at once on a copy of the
     /// table (module docs); the live table is untouched until [`KvCache::commit`].
     pub(crate) fn stage(
-        &self,
+        &mut self,
         entries: &[BatchEntry],
         vocab: usize,
         n_batch: usize,
     ) -> Result<Staged> {
-        if entries.is_empty() {
-            return Err(Error::BadRequest("an empty batch".into()));
-        }
-        let mut cells = self.cells.clone();
-        let mut total = 0;
-        for (i, e) in entries.iter().enumerate() {
-            let nt = e.tokens.len();
-            if nt == 0 || e.logits > nt {
-                return Err(entry_err(
-                    i,
-                    Error::BadRequest(format!(
-                        "{nt} tokens, logits for {}: need 1 token and at most one logit row per token",
-                        e.logits
-                    )),
-                ));
-            }
-            if entries[..i].iter().any(|o| o.seq == e.seq) {
-                return Err(entry_err(
-                    i,
-                    Error::BadRequest(format!("sequence {} appears twice in the batch", e.seq)),
-                ));
-            }
-            let n_past = cells.next_pos(e.seq).map_err(|c| entry_err(i, c))?;
-            if e.pos0 > n_past {
-                return Err(entry_err(
-                    i,
-                    Error::PositionGap {
-                        pos0: e.pos0,
-                        n_past,
-                    },
-                ));
-            }
-            if e.pos0 + nt > self.n_ctx {
-                return Err(entry_err(
-                    i,
-                    Error::ContextOverflow {
-                        pos0: e.pos0,
-                        n_tokens: nt,
-                        n_ctx: self.n_ctx,
-                    },
-                ));
-            }
-            if let Some((index, &id)) = e
-                .tokens
-                .iter()
-                .enumerate()
-                .find(|(_, &t)| t as usize >= vocab)
-            {
-                return Err(entry_err(i, Error::TokenOutOfRange { id, index, vocab }));
-            }
-            total += nt;
-        }
-        if total > n_batch {
-            return Err(Error::BadRequest(format!(
-                "the batch holds {total} tokens, more than n_batch {}",
-                n_batch
-            )));
-        }
-        for (i, e) in entries.iter().enumerate() {
-            if e.pos0 < cells.next_pos(e.seq).map_err(|c| entry_err(i, c))? {
-                cells.truncate(e.seq, e.pos0).map_err(|c| entry_err(i, c))?;
+        let undo = self.cells.checkpoint(entries.iter().map(|e| e.seq));
+        match stage_on(&mut self.cells, self.n_ctx, entries, vocab, n_batch) {
+            Ok(input) => Ok(Staged { undo, input }),
+            Err(e) => {
+                self.cells.restore(undo);
+                Err(e)
             }
         }
-        let reqs: Vec<(SeqId, usize, usize)> = entries
-            .iter()
-            .map(|e| (e.seq, e.pos0, e.tokens.len()))
-            .collect();
-        let needed: usize = reqs.iter().map(|r| r.2).sum();
-        let free = cells.n_free();
-        if needed > free {
-            return Err(Error::ArenaFull {
-                needed,
-                free,
-                n_cells: cells.n_cells(),
-            });
-        }
-        let reserved = cells.reserve(&reqs)?;
-        let mut input = ForwardInput {
-            tokens: Vec::with_capacity(total),
-            positions: Vec::with_capacity(total),
-            kv_cells: Vec::with_capacity(total),
-            windows: Vec::with_capacity(total),
-            out_rows: Vec::new(),
-            classes: Vec::with_capacity(total),
-            entry_logits: entries.iter().map(|e| e.logits).collect(),
-        };
-        for (e, new_cells) in entries.iter().zip(&reserved) {
-            let row0 = input.tokens.len();
-            for (j, (&t, &c)) in e.tokens.iter().zip(new_cells).enumerate() {
-                let p = e.pos0 + j;
-                input.tokens.push(t as i32);
-                input.positions.push(p as i32);
-                input.kv_cells.push(c as i32);
-                input.windows.push(cells.window(e.seq, p)?);
-            }
-            let nt = e.tokens.len();
-            input.out_rows.extend(row0 + nt - e.logits..row0 + nt);
-            input.classes.extend(std::iter::repeat_n(e.class, nt));
-        }
-        Ok(Staged { cells, input })
     }
+}
+
+/// Staging on the live table (its caller restores it on an error).
+fn stage_on(
+    cells: &mut KvCells,
+    n_ctx: usize,
+    entries: &[BatchEntry],
+    vocab: usize,
+    n_batch: usize,
+) -> Result<ForwardInput> {
+    if entries.is_empty() {
+        return Err(Error::BadRequest("an empty batch".into()));
+    }
+    let mut total = 0;
+    for (i, e) in entries.iter().enumerate() {
+        let nt = e.tokens.len();
+        if nt == 0 || e.logits > nt {
+            return Err(entry_err(
+                i,
+                Error::BadRequest(format!(
+                    "{nt} tokens, logits for {}: need 1 token and at most one logit row per token",
+                    e.logits
+                )),
+            ));
+        }
+        if entries[..i].iter().any(|o| o.seq == e.seq) {
+            return Err(entry_err(
+                i,
+                Error::BadRequest(format!("sequence {} appears twice in the batch", e.seq)),
+            ));
+        }
+        let n_past = cells.next_pos(e.seq).map_err(|c| entry_err(i, c))?;
+        if e.pos0 > n_past {
+            return Err(entry_err(
+                i,
+                Error::PositionGap {
+                    pos0: e.pos0,
+                    n_past,
+                },
+            ));
+        }
+        if e.pos0 + nt > n_ctx {
+            return Err(entry_err(
+                i,
+                Error::ContextOverflow {
+                    pos0: e.pos0,
+                    n_tokens: nt,
+                    n_ctx,
+                },
+            ));
+        }
+        if let Some((index, &id)) = e
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            return Err(entry_err(i, Error::TokenOutOfRange { id, index, vocab }));
+        }
+        total += nt;
+    }
+    if total > n_batch {
+        return Err(Error::BadRequest(format!(
+            "the batch holds {total} tokens, more than n_batch {}",
+            n_batch
+        )));
+    }
+    for (i, e) in entries.iter().enumerate() {
+        if e.pos0 < cells.next_pos(e.seq).map_err(|c| entry_err(i, c))? {
+            cells.truncate(e.seq, e.pos0).map_err(|c| entry_err(i, c))?;
+        }
+    }
+    let reqs: Vec<(SeqId, usize, usize)> = entries
+        .iter()
+        .map(|e| (e.seq, e.pos0, e.tokens.len()))
+        .collect();
+    let needed: usize = reqs.iter().map(|r| r.2).sum();
+    let free = cells.n_free();
+    if needed > free {
+        return Err(Error::ArenaFull {
+            needed,
+            free,
+            n_cells: cells.n_cells(),
+        });
+    }
+    let reserved = cells.reserve(&reqs)?;
+    let mut input = ForwardInput {
+        tokens: Vec::with_capacity(total),
+        positions: Vec::with_capacity(total),
+        kv_cells: Vec::with_capacity(total),
+        windows: Vec::with_capacity(total),
+        out_rows: Vec::new(),
+        classes: Vec::with_capacity(total),
+        entry_logits: entries.iter().map(|e| e.logits).collect(),
+    };
+    for (e, new_cells) in entries.iter().zip(&reserved) {
+        let row0 = input.tokens.len();
+        for (j, (&t, &c)) in e.tokens.iter().zip(new_cells).enumerate() {
+            let p = e.pos0 + j;
+            input.tokens.push(t as i32);
+            input.positions.push(p as i32);
+            input.kv_cells.push(c as i32);
+            input.windows.push(cells.window(e.seq, p)?);
+        }
+        let nt = e.tokens.len();
+        input.out_rows.extend(row0 + nt - e.logits..row0 + nt);
+        input.classes.extend(std::iter::repeat_n(e.class, nt));
+    }
+    Ok(input)
 }

@@ -25,6 +25,8 @@ mod defrag;
 #[cfg(test)]
 mod defrag_tests;
 mod ops;
+mod undo;
+pub use undo::Checkpoint;
 #[cfg(test)]
 mod props;
 #[cfg(test)]
