@@ -26,7 +26,7 @@ impl Engine {
     /// Runs `entries` as one forward (see the module docs). Entries longer than
     /// [`Engine::n_batch`] in all are refused; the generation loop chunks prompts.
     pub fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits> {
-        let (vocab, n_batch) = (self.runner.hp.vocab_size, self.n_batch);
+        let (vocab, n_batch) = (self.runner.hp().vocab_size, self.n_batch);
         let mut staged = self.kv.stage(entries, vocab, n_batch)?;
         if staged.runs_over(KV_MAP_RUNS).is_some() {
             // Too fragmented for the map: undo, compact, then stage again on the new layout.
@@ -45,6 +45,6 @@ impl Engine {
             self.kv.roll_back(staged.undo);
             return Err(e);
         }
-        Ok(&self.runner.out)
+        Ok(self.runner.out())
     }
 }

@@ -30,12 +30,9 @@ use crate::kvcache::KvCache;
 use crate::kvcells::{KvCells, SeqId};
 use crate::model::{BatchEntry, BatchLogits, LogitsModel};
 use crate::runner::ModelRunner;
-use crate::weights::{intern, ModelWeights};
 use minfer_gguf::{GgmlType, GgufModel};
-use minfer_graph::{
-    dump, Allocator, FusionConfig, GraphCache, GraphParams, RowClass, WeightId, WindowLayout,
-};
-use minfer_models::{build_graph, check_tensors, output_weight_name, HParams};
+use minfer_graph::{dump, FusionConfig, RowClass, WindowLayout};
+use minfer_models::{check_tensors, HParams};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -157,11 +154,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// Graphs kept built (token and output buckets, both window layouts), and the most bytes of
-/// activation buffers their plans may hold together (each plan owns its buffers).
-const GRAPH_CACHE: usize = 16;
-const GRAPH_CACHE_BYTES: usize = 512 << 20;
-
 pub struct Engine {
     /// The model on its backends: graphs, plans, weights, the output buffer.
     pub(crate) runner: ModelRunner,
@@ -173,7 +165,7 @@ pub struct Engine {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
-        let mut backends = backends::instantiate(&ids, cfg.threads, cfg.cpu)?;
+        let backends = backends::instantiate(&ids, cfg.threads, cfg.cpu)?;
         let model = GgufModel::open(path)?;
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;
@@ -200,63 +192,20 @@ impl Engine {
         } else {
             cfg.n_ctx
         };
-        let output_weight = output_weight_name(&model);
-        let names = intern(&model);
-        let placement = {
-            let weights = ModelWeights {
-                model: &model,
-                ids: &names,
-            };
-            // The weights a forward reads: those of the smallest graph (every graph reads
-            // the same ones).
-            let mut probe = build_graph(&hp, &weights, output_weight, &probe_params(n_ctx, &cfg))?;
-            let mut used: Vec<WeightId> = probe.nodes.iter().flat_map(|n| n.op.weights()).collect();
-            used.sort_unstable();
-            used.dedup();
-            let placement = minfer_graph::place_weights(&mut backends, &weights, &used)?;
-            // The probe is a decode graph: its fused nodes name the weight concatenations a
-            // device builds now, once.
-            minfer_graph::assign_backends(&mut probe, &backends, &weights, &placement)?;
-            minfer_graph::fuse(&mut probe, &backends, &weights, cfg.fusion);
-            minfer_graph::prepare_concats(&probe, &mut backends, &weights)?;
-            placement
-        };
-        let mut cache = GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES);
-        cache.set_fusion(cfg.fusion);
-        let mut alloc = Allocator::new();
-        if let Some(b) = cfg.memory_budget {
-            for be in &backends {
-                alloc.set_budget(be.id(), b);
-            }
-        }
-        let bucketed = backends.iter().all(|b| b.batch_invariant());
+        let runner = ModelRunner::new(backends, model, hp, n_ctx, &cfg)?;
         Ok(Engine {
-            runner: ModelRunner {
-                backends,
-                model,
-                ids: names,
-                hp,
-                output_weight,
-                placement,
-                cache,
-                alloc,
-                n_ctx,
-                cache_type: cfg.cache_type,
-                out: BatchLogits::default(),
-                bucketed,
-                trace: None,
-            },
+            runner,
             kv: KvCache::new(n_ctx),
             n_batch: cfg.n_batch.max(1),
         })
     }
 
     pub fn hparams(&self) -> &HParams {
-        &self.runner.hp
+        self.runner.hp()
     }
     /// KV cells of the arena (and most positions of one sequence).
     pub fn n_ctx(&self) -> usize {
-        self.runner.n_ctx
+        self.runner.n_ctx()
     }
     /// Most tokens one forward takes.
     pub fn n_batch(&self) -> usize {
@@ -264,43 +213,46 @@ impl Engine {
     }
     /// Positions the default sequence holds (one past its last position).
     pub fn n_past(&self) -> usize {
-        self.kv.cells.next_pos(self.kv.default_seq).unwrap_or(0)
+        self.kv.cells().next_pos(self.kv.default_seq()).unwrap_or(0)
     }
     /// Defragmentations of the KV arena run so far.
     pub fn defrags(&self) -> usize {
-        self.kv.defrags
+        self.kv.defrags()
     }
     /// Graphs built so far (a decode step that reuses a cached graph does not add one).
     pub fn graph_builds(&self) -> usize {
-        self.runner.cache.builds()
+        self.runner.graph_cache().builds()
     }
     /// Graphs cached now, and the bytes of activation buffers their plans hold.
     pub fn graph_cache_usage(&self) -> (usize, usize) {
-        (self.runner.cache.len(), self.runner.cache.bytes())
+        (
+            self.runner.graph_cache().len(),
+            self.runner.graph_cache().bytes(),
+        )
     }
     /// Bytes allocated on every backend (KV regions and activation buffers).
     pub fn bytes_in_use(&self) -> usize {
         self.runner
-            .backends
+            .backends()
             .iter()
-            .map(|b| self.runner.alloc.in_use(b.id()))
+            .map(|b| self.runner.alloc().in_use(b.id()))
             .sum()
     }
     /// Bytes allocated on the CPU backend (KV regions and activation buffers).
     pub fn cpu_bytes_in_use(&self) -> usize {
-        self.runner.alloc.in_use(backends::CPU_ID)
+        self.runner.alloc().in_use(backends::CPU_ID)
     }
     pub fn model(&self) -> &GgufModel {
-        &self.runner.model
+        self.runner.model()
     }
     /// The KV element type.
     pub fn cache_type(&self) -> GgmlType {
-        self.runner.cache_type
+        self.runner.cache_type()
     }
     /// One line per backend that holds none of the model's weights, naming the weight and
     /// the reason (empty when every backend holds them).
     pub fn placement_report(&self) -> Vec<String> {
-        self.runner.placement.report()
+        self.runner.placement().report()
     }
     /// Live nodes of the graph for `n_tokens` tokens per backend name, in table order (the
     /// startup line, and the gate that a device engine really runs on the device).
@@ -346,11 +298,11 @@ impl Engine {
     }
     /// The cell table of every sequence (read-only: change it through the `seq_*` calls).
     pub fn cells(&self) -> &KvCells {
-        &self.kv.cells
+        self.kv.cells()
     }
     /// The sequence the one-sequence API works on.
     pub fn default_seq(&self) -> SeqId {
-        self.kv.default_seq
+        self.kv.default_seq()
     }
 
     /// Appends `tokens` to the default sequence at positions `pos0..` (a `pos0` below its
@@ -393,20 +345,20 @@ impl Engine {
                 self.n_batch
             )));
         }
-        let seq = self.kv.default_seq;
+        let seq = self.kv.default_seq();
         // Checked whole before the first chunk runs, so a refusal changes nothing.
         let n_past = self.n_past();
         if pos0 > n_past {
             return Err(Error::PositionGap { pos0, n_past });
         }
-        if pos0 + nt > self.runner.n_ctx {
+        if pos0 + nt > self.runner.n_ctx() {
             return Err(Error::ContextOverflow {
                 pos0,
                 n_tokens: nt,
-                n_ctx: self.runner.n_ctx,
+                n_ctx: self.runner.n_ctx(),
             });
         }
-        let vocab = self.runner.hp.vocab_size;
+        let vocab = self.runner.hp().vocab_size;
         if let Some((index, &id)) = tokens
             .iter()
             .enumerate()
@@ -439,7 +391,7 @@ impl Engine {
                 })?;
             start += len;
         }
-        Ok(self.runner.out.logits(0))
+        Ok(self.runner.out().logits(0))
     }
 
     /// The graph of a request shape as Graphviz DOT, coloured by backend.
@@ -478,24 +430,12 @@ impl LogitsModel for Engine {
         Engine::forward_batch(self, entries)
     }
     fn context_len(&self) -> usize {
-        self.runner.n_ctx
+        self.runner.n_ctx()
     }
     fn max_batch(&self) -> usize {
         self.n_batch
     }
     fn default_seq(&self) -> SeqId {
-        self.kv.default_seq
-    }
-}
-
-/// The shape used to find which weights a forward reads.
-fn probe_params(n_ctx: usize, cfg: &EngineConfig) -> GraphParams {
-    GraphParams {
-        n_tokens: 1,
-        n_out: 1,
-        n_ctx,
-        cache_type: cfg.cache_type,
-        window: WindowLayout::Span,
-        prompt_rows: false,
+        self.kv.default_seq()
     }
 }

@@ -21,7 +21,7 @@
 use crate::engine::{Engine, Result};
 use crate::kvcells::{CellOp, SeqId};
 use minfer_gguf::GgmlType;
-use minfer_graph::{KvLayout, RopeSpec};
+use minfer_graph::KvLayout;
 use std::ops::Range;
 
 #[derive(Debug, thiserror::Error)]
@@ -59,84 +59,36 @@ pub struct CellMove {
 
 impl Engine {
     pub(crate) fn kv_layout(&self) -> KvLayout {
-        let n_embd_kv = (self.runner.hp.head_count_kv * self.runner.hp.head_dim) as u64;
-        KvLayout {
-            cache_type: self.runner.cache_type,
-            n_head_kv: self.runner.hp.head_count_kv,
-            head_dim: self.runner.hp.head_dim,
-            // Engine::load checked that a row is whole blocks of the cache type.
-            cell_bytes: self.runner.cache_type.row_bytes(n_embd_kv).unwrap_or(0) as usize,
-        }
+        self.runner.kv_layout()
     }
 
-    fn rope_spec(&self) -> RopeSpec {
-        RopeSpec {
-            style: self.runner.hp.arch.rope_style(),
-            head_dim: self.runner.hp.head_dim,
-            freq_base: self.runner.hp.rope_freq_base,
-            freq_scale: 1.0 / self.runner.hp.rope_scale,
-        }
-    }
-
-    /// Runs cell operations on every layer's regions, on the backends that own them. Before
-    /// any graph has run there are no regions and nothing stored, so nothing to move.
     pub(crate) fn apply_cell_ops(&mut self, ops: &[CellOp]) -> Result<()> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let layout = self.kv_layout();
-        let rope = self.rope_spec();
-        for layer in 0..self.runner.hp.block_count {
-            let Some(r) = self.runner.alloc.kv_region(layer) else {
-                continue;
-            };
-            let be = self
-                .runner
-                .backends
-                .iter_mut()
-                .find(|b| b.id() == r.backend)
-                .ok_or_else(|| KvError::Region {
-                    layer,
-                    problem: format!("backend {} of the region is gone", r.backend),
-                })?;
-            for op in ops {
-                match *op {
-                    CellOp::Copy { src, dst, n } => {
-                        be.kv_copy_cells(r.pair.k, layout.cell_bytes, src, dst, n)?;
-                        be.kv_copy_cells(r.pair.v, layout.cell_bytes, src, dst, n)?;
-                    }
-                    CellOp::Shift { cell, n, delta } => {
-                        be.kv_rope_shift(r.pair.k, &layout, &rope, cell, n, delta)?;
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.runner.apply_cell_ops(ops)
     }
 
     /// A new, empty sequence.
     pub fn seq_create(&mut self) -> SeqId {
-        self.kv.cells.create()
+        self.kv.cells_mut().create()
     }
 
     /// Forgets a sequence, freeing the cells no other sequence shares.
     pub fn seq_release(&mut self, seq: SeqId) -> Result<()> {
-        Ok(self.kv.cells.release(seq)?)
+        Ok(self.kv.cells_mut().release(seq)?)
     }
 
     /// Empties a sequence (it stays, holding nothing).
     pub fn seq_clear(&mut self, seq: SeqId) -> Result<()> {
-        Ok(self.kv.cells.clear(seq)?)
+        Ok(self.kv.cells_mut().clear(seq)?)
     }
 
     /// Keeps positions below `n`.
     pub fn seq_truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
-        Ok(self.kv.cells.truncate(seq, n)?)
+        Ok(self.kv.cells_mut().truncate(seq, n)?)
     }
 
     /// Forgets positions `range` (later positions keep theirs).
     pub fn seq_remove(&mut self, seq: SeqId, range: Range<usize>) -> Result<()> {
-        Ok(self.kv.cells.remove(seq, range)?)
+        Ok(self.kv.cells_mut().remove(seq, range)?)
     }
 
     /// Moves positions `range` by `delta`, re-roping their K rows (shared cells are copied
@@ -145,41 +97,41 @@ impl Engine {
         if delta == 0 || range.is_empty() {
             return Ok(());
         }
-        if !kv_can_shift(self.runner.cache_type) {
+        if !kv_can_shift(self.runner.cache_type()) {
             return Err(KvError::CannotShift {
-                ty: self.runner.cache_type,
+                ty: self.runner.cache_type(),
             }
             .into());
         }
-        let mut next = self.kv.cells.clone();
+        let mut next = self.kv.cells().clone();
         let ops = next.shift(seq, range, delta)?;
         self.apply_cell_ops(&ops)?;
-        self.kv.cells = next;
+        self.kv.replace_cells(next);
         Ok(())
     }
 
     /// `dst` becomes a copy of `src`'s positions `0..n`, in fresh cells of its own.
     pub fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<()> {
-        let mut next = self.kv.cells.clone();
+        let mut next = self.kv.cells().clone();
         let ops = next.copy_prefix(dst, src, n)?;
         self.apply_cell_ops(&ops)?;
-        self.kv.cells = next;
+        self.kv.replace_cells(next);
         Ok(())
     }
 
     /// `dst` becomes `src`'s positions `0..n`, sharing its cells in place.
     pub fn seq_share_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> Result<()> {
-        Ok(self.kv.cells.share_prefix(dst, src, n)?)
+        Ok(self.kv.cells_mut().share_prefix(dst, src, n)?)
     }
 
     /// Compacts the arena toward cell 0 (cells moved verbatim, no result changes) and
     /// returns the moves made.
     pub fn defrag(&mut self) -> Result<Vec<CellMove>> {
-        let mut next = self.kv.cells.clone();
+        let mut next = self.kv.cells().clone();
         let ops = next.defrag();
         self.apply_cell_ops(&ops)?;
-        self.kv.cells = next;
-        self.kv.defrags += 1;
+        self.kv.replace_cells(next);
+        self.kv.count_defrag();
         Ok(ops
             .iter()
             .filter_map(|op| match *op {
@@ -191,15 +143,15 @@ impl Engine {
 
     /// Forgets everything the default sequence holds.
     pub fn kv_clear(&mut self) {
-        let seq = self.kv.default_seq;
+        let seq = self.kv.default_seq();
         // The default sequence always exists.
-        let _ = self.kv.cells.clear(seq);
+        let _ = self.kv.cells_mut().clear(seq);
     }
 
     /// Keeps the default sequence's first `n` positions.
     pub fn kv_truncate(&mut self, n: usize) {
-        let seq = self.kv.default_seq;
-        let _ = self.kv.cells.truncate(seq, n);
+        let seq = self.kv.default_seq();
+        let _ = self.kv.cells_mut().truncate(seq, n);
     }
 
     /// Keeps the default sequence's positions in `ranges` (ascending, disjoint, within what
@@ -232,14 +184,14 @@ impl Engine {
             dst += r.len();
             moved
         });
-        if moves && !kv_can_shift(self.runner.cache_type) {
+        if moves && !kv_can_shift(self.runner.cache_type()) {
             return Err(KvError::CannotShift {
-                ty: self.runner.cache_type,
+                ty: self.runner.cache_type(),
             }
             .into());
         }
-        let seq = self.kv.default_seq;
-        let mut next = self.kv.cells.clone();
+        let seq = self.kv.default_seq();
+        let mut next = self.kv.cells().clone();
         let mut ops = Vec::new();
         // Remove the gaps (from the end, so earlier ranges keep their positions), then shift
         // every kept range down to where the ranges before it end.
@@ -265,7 +217,7 @@ impl Engine {
             dst += r.len();
         }
         self.apply_cell_ops(&ops)?;
-        self.kv.cells = next;
+        self.kv.replace_cells(next);
         Ok(())
     }
 

@@ -44,11 +44,11 @@ pub struct KvBudget {
 
 /// The cell table, the default sequence and what the table has been through.
 pub(crate) struct KvCache {
-    pub(crate) cells: KvCells,
+    cells: KvCells,
     /// The sequence of the one-sequence API (`Engine::decode`, `kv_*`, sessions of one).
-    pub(crate) default_seq: SeqId,
+    default_seq: SeqId,
     /// Defragmentations run so far (by a forward or `Engine::defrag`).
-    pub(crate) defrags: usize,
+    defrags: usize,
     n_ctx: usize,
 }
 
@@ -69,6 +69,34 @@ impl KvCache {
             defrags: 0,
             n_ctx,
         }
+    }
+
+    pub(crate) fn cells(&self) -> &KvCells {
+        &self.cells
+    }
+
+    /// The table, for changes that move no stored row (create, release, clear, truncate,
+    /// remove, share): the ones that do are decided on a copy and swapped in with
+    /// [`KvCache::replace_cells`] once the backends have moved the rows.
+    pub(crate) fn cells_mut(&mut self) -> &mut KvCells {
+        &mut self.cells
+    }
+
+    /// Makes `cells` the table and hands back the one it replaces.
+    pub(crate) fn replace_cells(&mut self, cells: KvCells) -> KvCells {
+        std::mem::replace(&mut self.cells, cells)
+    }
+
+    pub(crate) fn default_seq(&self) -> SeqId {
+        self.default_seq
+    }
+
+    pub(crate) fn defrags(&self) -> usize {
+        self.defrags
+    }
+
+    pub(crate) fn count_defrag(&mut self) {
+        self.defrags += 1;
     }
 
     /// The one place that knows the capacity.

@@ -6,16 +6,24 @@
 //! its plans draw from, and the output buffer. Which cells a row writes and which it reads
 //! are the KV cache's answer ([`crate::kvcache`]), handed over as a [`ForwardInput`].
 
-use crate::engine::{Error, Result};
+use crate::engine::{EngineConfig, Error, Result};
+use crate::kv::KvError;
+use crate::kvcells::CellOp;
 use crate::model::{bucket, BatchLogits};
+use crate::weights::intern;
 use crate::weights::ModelWeights;
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
-    sched, Allocator, Backend, Graph, GraphCache, GraphParams, InputKind, Node, Placement, Plan,
-    RowClass, RowClasses, WeightId, WindowLayout, KV_MAP_RUNS,
+    sched, Allocator, Backend, Graph, GraphCache, GraphParams, InputKind, KvLayout, Node,
+    Placement, Plan, RopeSpec, RowClass, RowClasses, WeightId, WindowLayout, KV_MAP_RUNS,
 };
-use minfer_models::{build_graph, HParams};
+use minfer_models::{build_graph, output_weight_name, HParams};
 use std::collections::HashMap;
+
+/// Graphs kept built (token and output buckets, both window layouts), and the most bytes of
+/// activation buffers their plans may hold together (each plan owns its buffers).
+const GRAPH_CACHE: usize = 16;
+const GRAPH_CACHE_BYTES: usize = 512 << 20;
 
 /// One forward's rows, computed by the KV cache before anything changes.
 #[derive(Debug, Default)]
@@ -37,22 +45,22 @@ pub(crate) struct ForwardInput {
 pub(crate) struct ModelRunner {
     /// Declared before `model`: fields drop in order, and a device backend may hold
     /// zero-copy wraps of the model's mapping (and submit pending work when dropped).
-    pub(crate) backends: Vec<Box<dyn Backend>>,
-    pub(crate) model: GgufModel,
-    pub(crate) ids: HashMap<String, WeightId>,
-    pub(crate) hp: HParams,
-    pub(crate) output_weight: &'static str,
-    pub(crate) placement: Placement,
-    pub(crate) cache: GraphCache,
-    pub(crate) alloc: Allocator,
+    backends: Vec<Box<dyn Backend>>,
+    model: GgufModel,
+    ids: HashMap<String, WeightId>,
+    hp: HParams,
+    output_weight: &'static str,
+    placement: Placement,
+    cache: GraphCache,
+    alloc: Allocator,
     /// Positions of the context: the scratch cell padding rows use is the one past it.
-    pub(crate) n_ctx: usize,
-    pub(crate) cache_type: GgmlType,
-    pub(crate) out: BatchLogits,
+    n_ctx: usize,
+    cache_type: GgmlType,
+    out: BatchLogits,
     /// Every backend is batch invariant, so forwards may be padded to a bucket.
-    pub(crate) bucketed: bool,
+    bucketed: bool,
     /// The trace being recorded (`Engine::trace_begin`).
-    pub(crate) trace: Option<crate::trace::Trace>,
+    trace: Option<crate::trace::Trace>,
 }
 
 /// The graph of `params`, built (assigned, fused, planned) on a miss, with the plan it runs
@@ -94,6 +102,156 @@ fn graph_for<'c>(
 }
 
 impl ModelRunner {
+    /// Places the model's weights on the backends (the weights a forward reads: those of the
+    /// smallest graph, which every graph reads too) and builds the concatenations the decode
+    /// graph's fused nodes name, once.
+    pub(crate) fn new(
+        mut backends: Vec<Box<dyn Backend>>,
+        model: GgufModel,
+        hp: HParams,
+        n_ctx: usize,
+        cfg: &EngineConfig,
+    ) -> Result<ModelRunner> {
+        let output_weight = output_weight_name(&model);
+        let names = intern(&model);
+        let placement = {
+            let weights = ModelWeights {
+                model: &model,
+                ids: &names,
+            };
+            // The weights a forward reads: those of the smallest graph (every graph reads
+            // the same ones).
+            let mut probe = build_graph(&hp, &weights, output_weight, &probe_params(n_ctx, cfg))?;
+            let mut used: Vec<WeightId> = probe.nodes.iter().flat_map(|n| n.op.weights()).collect();
+            used.sort_unstable();
+            used.dedup();
+            let placement = minfer_graph::place_weights(&mut backends, &weights, &used)?;
+            // The probe is a decode graph: its fused nodes name the weight concatenations a
+            // device builds now, once.
+            minfer_graph::assign_backends(&mut probe, &backends, &weights, &placement)?;
+            minfer_graph::fuse(&mut probe, &backends, &weights, cfg.fusion);
+            minfer_graph::prepare_concats(&probe, &mut backends, &weights)?;
+            placement
+        };
+        let mut cache = GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES);
+        cache.set_fusion(cfg.fusion);
+        let mut alloc = Allocator::new();
+        if let Some(b) = cfg.memory_budget {
+            for be in &backends {
+                alloc.set_budget(be.id(), b);
+            }
+        }
+        let bucketed = backends.iter().all(|b| b.batch_invariant());
+        Ok(ModelRunner {
+            backends,
+            model,
+            ids: names,
+            hp,
+            output_weight,
+            placement,
+            cache,
+            alloc,
+            n_ctx,
+            cache_type: cfg.cache_type,
+            out: BatchLogits::default(),
+            bucketed,
+            trace: None,
+        })
+    }
+
+    pub(crate) fn hp(&self) -> &HParams {
+        &self.hp
+    }
+    pub(crate) fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    pub(crate) fn cache_type(&self) -> GgmlType {
+        self.cache_type
+    }
+    pub(crate) fn model(&self) -> &GgufModel {
+        &self.model
+    }
+    pub(crate) fn placement(&self) -> &Placement {
+        &self.placement
+    }
+    pub(crate) fn graph_cache(&self) -> &GraphCache {
+        &self.cache
+    }
+    pub(crate) fn alloc(&self) -> &Allocator {
+        &self.alloc
+    }
+    pub(crate) fn backends(&self) -> &[Box<dyn Backend>] {
+        &self.backends
+    }
+    /// The backends, for the work that is not a forward: KV rows written by a session,
+    /// captures armed by a trace.
+    pub(crate) fn backends_mut(&mut self) -> &mut [Box<dyn Backend>] {
+        &mut self.backends
+    }
+    /// The logits of the last forward.
+    pub(crate) fn out(&self) -> &BatchLogits {
+        &self.out
+    }
+    pub(crate) fn trace_slot(&mut self) -> &mut Option<crate::trace::Trace> {
+        &mut self.trace
+    }
+
+    /// The KV cache's row layout, as the backends' cell operations need it.
+    pub(crate) fn kv_layout(&self) -> KvLayout {
+        let n_embd_kv = (self.hp.head_count_kv * self.hp.head_dim) as u64;
+        KvLayout {
+            cache_type: self.cache_type,
+            n_head_kv: self.hp.head_count_kv,
+            head_dim: self.hp.head_dim,
+            // Engine::load checked that a row is whole blocks of the cache type.
+            cell_bytes: self.cache_type.row_bytes(n_embd_kv).unwrap_or(0) as usize,
+        }
+    }
+
+    fn rope_spec(&self) -> RopeSpec {
+        RopeSpec {
+            style: self.hp.arch.rope_style(),
+            head_dim: self.hp.head_dim,
+            freq_base: self.hp.rope_freq_base,
+            freq_scale: 1.0 / self.hp.rope_scale,
+        }
+    }
+
+    /// Runs cell operations on every layer's regions, on the backends that own them. Before
+    /// any graph has run there are no regions and nothing stored, so nothing to move.
+    pub(crate) fn apply_cell_ops(&mut self, ops: &[CellOp]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let layout = self.kv_layout();
+        let rope = self.rope_spec();
+        for layer in 0..self.hp.block_count {
+            let Some(r) = self.alloc.kv_region(layer) else {
+                continue;
+            };
+            let be = self
+                .backends
+                .iter_mut()
+                .find(|b| b.id() == r.backend)
+                .ok_or_else(|| KvError::Region {
+                    layer,
+                    problem: format!("backend {} of the region is gone", r.backend),
+                })?;
+            for op in ops {
+                match *op {
+                    CellOp::Copy { src, dst, n } => {
+                        be.kv_copy_cells(r.pair.k, layout.cell_bytes, src, dst, n)?;
+                        be.kv_copy_cells(r.pair.v, layout.cell_bytes, src, dst, n)?;
+                    }
+                    CellOp::Shift { cell, n, delta } => {
+                        be.kv_rope_shift(r.pair.k, &layout, &rope, cell, n, delta)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn params(
         &self,
         n_tokens: usize,
@@ -304,14 +462,26 @@ impl ModelRunner {
             at += n;
         }
         self.out = BatchLogits::from_rows(data, rows, vocab);
-        if let Some(tokens) = trace_tokens {
+        if let (Some(tokens), Some(trace)) = (trace_tokens, self.trace.as_mut()) {
             let shape = crate::trace::ForwardShape {
                 tokens,
                 graph_tokens: n_tok,
                 graph_out: n_out,
             };
-            self.trace_forward(shape)?;
+            crate::trace::record(trace, &mut self.backends, graph, &self.out, shape)?;
         }
         Ok(&self.out)
+    }
+}
+
+/// The shape used to find which weights a forward reads.
+fn probe_params(n_ctx: usize, cfg: &EngineConfig) -> GraphParams {
+    GraphParams {
+        n_tokens: 1,
+        n_out: 1,
+        n_ctx,
+        cache_type: cfg.cache_type,
+        window: WindowLayout::Span,
+        prompt_rows: false,
     }
 }

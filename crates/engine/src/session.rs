@@ -356,7 +356,7 @@ impl Engine {
                 let Some(r) = r else { continue };
                 let be = self
                     .runner
-                    .backends
+                    .backends_mut()
                     .iter_mut()
                     .find(|b| b.id() == r.backend)
                     .ok_or_else(|| SessionError::Save(format!("backend {} is gone", r.backend)))?;
@@ -377,9 +377,9 @@ impl Engine {
     /// The backend id a fresh engine keeps KV regions on (the one that runs KV stores).
     fn kv_backend_id(&self) -> u16 {
         self.runner
-            .backends
+            .backends()
             .iter()
-            .filter(|b| self.runner.placement.holds(b.id()))
+            .filter(|b| self.runner.placement().holds(b.id()))
             .max_by_key(|b| b.priority())
             .map_or(0, |b| b.id().0)
     }
@@ -552,24 +552,24 @@ impl Engine {
     /// sequence stays, empty unless the session has it).
     pub fn apply_session_all(&mut self, s: &Session) -> Result<()> {
         let needed: usize = s.seqs.iter().map(|x| x.tokens.len()).sum();
-        if needed > self.kv.cells.n_cells() {
+        if needed > self.kv.cells().n_cells() {
             return Err(SessionError::NoRoom {
                 needed,
-                free: self.kv.cells.n_cells(),
+                free: self.kv.cells().n_cells(),
             }
             .into());
         }
-        let mut cells = KvCells::new(self.kv.cells.n_cells());
-        cells.create_with_id(self.kv.default_seq)?;
+        let mut cells = KvCells::new(self.kv.cells().n_cells());
+        cells.create_with_id(self.kv.default_seq())?;
         for sv in &s.seqs {
             if !cells.contains(SeqId(sv.id)) {
                 cells.create_with_id(SeqId(sv.id))?;
             }
         }
-        let before = std::mem::replace(&mut self.kv.cells, cells);
+        let before = self.kv.replace_cells(cells);
         for sv in &s.seqs {
             if let Err(e) = self.apply_saved(sv, SeqId(sv.id)) {
-                self.kv.cells = before;
+                self.kv.replace_cells(before);
                 return Err(e);
             }
         }
@@ -578,10 +578,10 @@ impl Engine {
 
     fn apply_saved(&mut self, sv: &SavedSeq, seq: SeqId) -> Result<()> {
         let n = sv.tokens.len();
-        let mut next = self.kv.cells.clone();
+        let mut next = self.kv.cells().clone();
         next.clear(seq)?;
         if n == 0 {
-            self.kv.cells = next;
+            self.kv.replace_cells(next);
             return Ok(());
         }
         let free = next.n_free();
@@ -597,7 +597,7 @@ impl Engine {
             };
             let be = self
                 .runner
-                .backends
+                .backends_mut()
                 .iter_mut()
                 .find(|b| b.id() == r.backend)
                 .ok_or_else(|| SessionError::Save(format!("backend {} is gone", r.backend)))?;
@@ -608,7 +608,7 @@ impl Engine {
                 }
             }
         }
-        self.kv.cells = next;
+        self.kv.replace_cells(next);
         Ok(())
     }
 

@@ -13,9 +13,9 @@
 //! the [`Trace`] over; [`Trace::to_json`] renders it (token text through a [`TokenBytes`]).
 
 use crate::engine::{Engine, Result};
+use crate::model::BatchLogits;
 use crate::model::TokenBytes;
-use crate::runner::ModelRunner;
-use minfer_graph::{capture, Graph, NodeId};
+use minfer_graph::{capture, Backend, Graph, NodeId};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -189,11 +189,11 @@ fn top5(row: &[f32]) -> Vec<(u32, f32)> {
 impl Engine {
     /// Arms capture on every backend and starts a trace (a running one is dropped).
     pub fn trace_begin(&mut self) -> Result<()> {
-        for be in &mut self.runner.backends {
+        for be in self.runner.backends_mut() {
             be.capture(true)?;
             be.take_captures()?;
         }
-        let md = self.runner.model.metadata();
+        let md = self.runner.model().metadata();
         let model = md
             .get_str("general.name")
             .or_else(|| md.get_str("general.architecture"))
@@ -201,11 +201,11 @@ impl Engine {
             .to_string();
         let backends = self
             .runner
-            .backends
+            .backends()
             .iter()
             .map(|b| b.name().to_string())
             .collect();
-        self.runner.trace = Some(Trace {
+        *self.runner.trace_slot() = Some(Trace {
             model,
             backends,
             phases: Vec::new(),
@@ -215,64 +215,62 @@ impl Engine {
 
     /// Disarms capture and hands the trace over (None when none was begun).
     pub fn trace_end(&mut self) -> Result<Option<Trace>> {
-        for be in &mut self.runner.backends {
+        for be in self.runner.backends_mut() {
             be.capture(false)?;
         }
-        Ok(self.runner.trace.take())
+        Ok(self.runner.trace_slot().take())
     }
 }
 
-impl ModelRunner {
-    /// Records the forward that just ran on the cache's most recent graph.
-    pub(crate) fn trace_forward(&mut self, f: ForwardShape) -> Result<()> {
-        let Some(trace) = &mut self.trace else {
-            return Ok(());
-        };
-        let mut got: Vec<(NodeId, Vec<f32>)> = Vec::new();
-        for be in &mut self.backends {
-            got.extend(be.take_captures()?);
-        }
-        got.sort_by_key(|(id, _)| *id);
-        let graph: &Graph = match self.cache.most_recent() {
-            Some((g, _)) => g,
-            None => return Ok(()),
-        };
-        let (out, vocab) = (&self.out, self.out.vocab().max(1));
-        let rows = (0..out.n_entries()).map(|i| out.logits(i));
-        let n_out_real = rows.clone().map(|l| l.len() / vocab).sum::<usize>();
-        let last = rows
-            .rev()
-            .find(|l| !l.is_empty())
-            .map(|l| &l[l.len() - vocab..]);
-        let mut nodes = Vec::with_capacity(got.len());
-        for (id, v) in &got {
-            let Some(node) = graph.nodes.get(id.index()).filter(|n| capture::captured(n)) else {
-                continue;
-            };
-            let [ne0, rows] = node.shape;
-            let keep = real_rows(rows, &f, n_out_real) * ne0;
-            let backend = node
-                .backend
-                .map_or_else(|| "?".into(), crate::backends::name_of);
-            let v = &v[..keep.min(v.len())];
-            nodes.push(NodeStats::of(&node.name, node.op.name(), backend, ne0, v));
-        }
-        let had_logits = trace.phases.iter().any(|p| !p.top5.is_empty());
-        let kind = if had_logits && f.tokens.len() == 1 {
-            PhaseKind::Decode
-        } else {
-            PhaseKind::Prefill
-        };
-        let step = trace.phases.iter().filter(|p| p.kind == kind).count();
-        trace.phases.push(Phase {
-            kind,
-            step,
-            tokens: f.tokens,
-            nodes,
-            top5: last.map(top5).unwrap_or_default(),
-        });
-        Ok(())
+/// Records the forward of `graph` that just ran: the backends' captures and the logits in
+/// `out`.
+pub(crate) fn record(
+    trace: &mut Trace,
+    backends: &mut [Box<dyn Backend>],
+    graph: &Graph,
+    out: &BatchLogits,
+    f: ForwardShape,
+) -> Result<()> {
+    let mut got: Vec<(NodeId, Vec<f32>)> = Vec::new();
+    for be in backends.iter_mut() {
+        got.extend(be.take_captures()?);
     }
+    got.sort_by_key(|(id, _)| *id);
+    let vocab = out.vocab().max(1);
+    let rows = (0..out.n_entries()).map(|i| out.logits(i));
+    let n_out_real = rows.clone().map(|l| l.len() / vocab).sum::<usize>();
+    let last = rows
+        .rev()
+        .find(|l| !l.is_empty())
+        .map(|l| &l[l.len() - vocab..]);
+    let mut nodes = Vec::with_capacity(got.len());
+    for (id, v) in &got {
+        let Some(node) = graph.nodes.get(id.index()).filter(|n| capture::captured(n)) else {
+            continue;
+        };
+        let [ne0, rows] = node.shape;
+        let keep = real_rows(rows, &f, n_out_real) * ne0;
+        let backend = node
+            .backend
+            .map_or_else(|| "?".into(), crate::backends::name_of);
+        let v = &v[..keep.min(v.len())];
+        nodes.push(NodeStats::of(&node.name, node.op.name(), backend, ne0, v));
+    }
+    let had_logits = trace.phases.iter().any(|p| !p.top5.is_empty());
+    let kind = if had_logits && f.tokens.len() == 1 {
+        PhaseKind::Decode
+    } else {
+        PhaseKind::Prefill
+    };
+    let step = trace.phases.iter().filter(|p| p.kind == kind).count();
+    trace.phases.push(Phase {
+        kind,
+        step,
+        tokens: f.tokens,
+        nodes,
+        top5: last.map(top5).unwrap_or_default(),
+    });
+    Ok(())
 }
 
 #[cfg(test)]
