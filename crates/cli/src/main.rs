@@ -184,7 +184,7 @@ fn parse() -> Cli {
 fn main() -> ExitCode {
     let cli = parse();
     // Checked before any kernel runs: the kernels' lookup would panic on it.
-    if let Err(e) = minfer_cpu::simd::isa_from_env() {
+    if let Err(e) = minfer_engine::backends::cpu::check_isa_env() {
         return commands::report(commands::UsageError(e).into());
     }
     let result = match cli.command {

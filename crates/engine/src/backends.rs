@@ -12,6 +12,29 @@ pub const CUDA_ID: BackendId = BackendId(2);
 /// proof and debugging on machines without a Mac (slow).
 pub const METAL_EMU_ID: BackendId = BackendId(3);
 
+/// The CPU backend's own knobs and facts, as callers above the engine need them (so the CLI
+/// names no backend crate).
+pub mod cpu {
+    pub use minfer_cpu::Numerics;
+
+    /// Checks `MINFER_CPU_ISA` (a usage error naming the value when it is not an instruction
+    /// set this machine has); checked before any kernel runs.
+    pub fn check_isa_env() -> Result<(), String> {
+        minfer_cpu::simd::isa_from_env().map(|_| ())
+    }
+
+    /// The instruction set the CPU kernels run (the best this machine has, or the one
+    /// `MINFER_CPU_ISA` caps them to).
+    pub fn kernels() -> &'static str {
+        minfer_cpu::simd::detected().name()
+    }
+
+    /// Physical cores, as the CPU backend counts them (what a thread count of 0 means).
+    pub fn physical_cores() -> usize {
+        minfer_cpu::threads::physical_cores()
+    }
+}
+
 /// Settings of the CPU backend (`--numerics`), handed to it at instantiation; the engine
 /// itself never reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -19,16 +42,79 @@ pub struct CpuSettings {
     pub numerics: minfer_cpu::Numerics,
 }
 
-pub fn table() -> Vec<BackendEntry> {
+/// What a backend's constructor is given.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// CPU threads (0: the physical cores).
+    pub threads: usize,
+    pub cpu: CpuSettings,
+}
+
+type Make = fn(BackendId, &'static str, &Settings) -> minfer_graph::Result<Box<dyn Backend>>;
+
+/// One backend of this build: its entry (id, name, whether compiled in and available, whether
+/// it takes part unless named) and its constructor. Adding a backend is one function here
+/// (and its crate behind a cargo feature); the table order is the order `--backend` lists.
+struct Registered {
+    entry: BackendEntry,
+    make: Make,
+}
+
+fn registry() -> Vec<Registered> {
     vec![
-        BackendEntry {
+        cpu_backend(),
+        metal_backend(),
+        cuda_backend(),
+        metal_emu_backend(),
+    ]
+}
+
+/// The constructor of a backend this build leaves out (`resolve` refuses it first, naming
+/// the cargo feature).
+fn not_compiled(
+    _: BackendId,
+    name: &'static str,
+    _: &Settings,
+) -> minfer_graph::Result<Box<dyn Backend>> {
+    Err(minfer_graph::Error::NotCompiled {
+        name: name.into(),
+        why: "no backend implementation in this build".into(),
+    })
+}
+
+fn cpu_backend() -> Registered {
+    Registered {
+        entry: BackendEntry {
             id: CPU_ID,
             name: "cpu",
             compiled: Ok(()),
             available: Ok(()),
             by_default: true,
         },
-        BackendEntry {
+        make: |_, _, s| {
+            Ok(Box::new(CpuBackend::with_numerics(
+                s.threads,
+                s.cpu.numerics,
+            )))
+        },
+    }
+}
+
+fn metal_backend() -> Registered {
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    let make: Make = |id, name, _| {
+        let dev = minfer_metal_objc::SharedDevice::get().map_err(|e| {
+            minfer_graph::Error::Unavailable {
+                name: name.into(),
+                why: e.to_string(),
+            }
+        })?;
+        Ok(Box::new(minfer_metal::MetalBackend::new(dev, id, name)))
+    };
+    #[cfg(not(all(feature = "metal", target_os = "macos")))]
+    let make: Make = not_compiled;
+    Registered {
+        entry: BackendEntry {
             id: METAL_ID,
             name: "metal",
             compiled: if cfg!(all(feature = "metal", target_os = "macos")) {
@@ -45,7 +131,24 @@ pub fn table() -> Vec<BackendEntry> {
             available: metal_available(),
             by_default: true,
         },
-        BackendEntry {
+        make,
+    }
+}
+
+fn cuda_backend() -> Registered {
+    #[cfg(feature = "cuda")]
+    let make: Make = |id, name, _| {
+        minfer_cuda::CudaBackend::new(id, name)
+            .map(|b| Box::new(b) as Box<dyn Backend>)
+            .map_err(|why| minfer_graph::Error::Unavailable {
+                name: name.into(),
+                why,
+            })
+    };
+    #[cfg(not(feature = "cuda"))]
+    let make: Make = not_compiled;
+    Registered {
+        entry: BackendEntry {
             id: CUDA_ID,
             name: "cuda",
             compiled: if cfg!(feature = "cuda") {
@@ -56,7 +159,25 @@ pub fn table() -> Vec<BackendEntry> {
             available: cuda_available(),
             by_default: true,
         },
-        BackendEntry {
+        make,
+    }
+}
+
+fn metal_emu_backend() -> Registered {
+    #[cfg(feature = "metal-emu")]
+    let make: Make = |id, name, _| {
+        Ok(Box::new(minfer_metal::MetalBackend::new(
+            // One forward is one submit; emulated, a big model's takes minutes.
+            minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward)
+                .with_submit_timeout(std::time::Duration::from_secs(900)),
+            id,
+            name,
+        )))
+    };
+    #[cfg(not(feature = "metal-emu"))]
+    let make: Make = not_compiled;
+    Registered {
+        entry: BackendEntry {
             id: METAL_EMU_ID,
             name: "metal-emu",
             compiled: if cfg!(feature = "metal-emu") {
@@ -67,7 +188,13 @@ pub fn table() -> Vec<BackendEntry> {
             available: Ok(()),
             by_default: false,
         },
-    ]
+        make,
+    }
+}
+
+/// Every backend's entry, in table order.
+pub fn table() -> Vec<BackendEntry> {
+    registry().into_iter().map(|r| r.entry).collect()
 }
 
 /// The name of a backend id, for dumps and messages.
@@ -90,41 +217,13 @@ pub fn instantiate(
     threads: usize,
     cpu: CpuSettings,
 ) -> minfer_graph::Result<Vec<Box<dyn Backend>>> {
+    let settings = Settings { threads, cpu };
+    let reg = registry();
     ids.iter()
-        .map(|&id| match id {
-            CPU_ID => {
-                Ok(Box::new(CpuBackend::with_numerics(threads, cpu.numerics)) as Box<dyn Backend>)
-            }
-            #[cfg(all(feature = "metal", target_os = "macos"))]
-            METAL_ID => {
-                let dev = minfer_metal_objc::SharedDevice::get().map_err(|e| {
-                    minfer_graph::Error::Unavailable {
-                        name: "metal".into(),
-                        why: e.to_string(),
-                    }
-                })?;
-                Ok(
-                    Box::new(minfer_metal::MetalBackend::new(dev, METAL_ID, "metal"))
-                        as Box<dyn Backend>,
-                )
-            }
-            #[cfg(feature = "metal-emu")]
-            METAL_EMU_ID => Ok(Box::new(minfer_metal::MetalBackend::new(
-                // One forward is one submit; emulated, a big model's takes minutes.
-                minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward)
-                    .with_submit_timeout(std::time::Duration::from_secs(900)),
-                METAL_EMU_ID,
-                "metal-emu",
-            )) as Box<dyn Backend>),
-            #[cfg(feature = "cuda")]
-            CUDA_ID => minfer_cuda::CudaBackend::new(CUDA_ID, "cuda")
-                .map(|b| Box::new(b) as Box<dyn Backend>)
-                .map_err(|why| minfer_graph::Error::Unavailable {
-                    name: "cuda".into(),
-                    why,
-                }),
-            other => Err(minfer_graph::Error::NotCompiled {
-                name: name_of(other),
+        .map(|&id| match reg.iter().find(|r| r.entry.id == id) {
+            Some(r) => (r.make)(id, r.entry.name, &settings),
+            None => Err(minfer_graph::Error::NotCompiled {
+                name: name_of(id),
                 why: "no backend implementation in this build".into(),
             }),
         })

@@ -181,8 +181,12 @@ fn backend_value(s: &str) -> Result<String, String> {
 }
 
 fn numerics_value(s: &str) -> Result<String, String> {
-    minfer_cpu::Numerics::parse(s)
-        .ok_or_else(|| format!("expected one of {}", minfer_cpu::Numerics::NAMES.join(", ")))?;
+    minfer_engine::backends::cpu::Numerics::parse(s).ok_or_else(|| {
+        format!(
+            "expected one of {}",
+            minfer_engine::backends::cpu::Numerics::NAMES.join(", ")
+        )
+    })?;
     Ok(s.to_string())
 }
 
@@ -286,7 +290,7 @@ impl ModelArgs {
         } else {
             parse_cache_type(&self.cache_type)?
         };
-        let numerics = minfer_cpu::Numerics::parse(&self.numerics)
+        let numerics = minfer_engine::backends::cpu::Numerics::parse(&self.numerics)
             .with_context(|| format!("--numerics {}", self.numerics))?;
         // llama.cpp's x86 numerics run on an f16 KV: `auto` picks it.
         let (cache_type, cache_type_auto) =
@@ -334,9 +338,9 @@ impl ModelArgs {
 pub fn auto_for_numerics(
     cache_type: minfer_gguf::GgmlType,
     auto: bool,
-    numerics: minfer_cpu::Numerics,
+    numerics: minfer_engine::backends::cpu::Numerics,
 ) -> (minfer_gguf::GgmlType, bool) {
-    if auto && numerics != minfer_cpu::Numerics::Native {
+    if auto && numerics != minfer_engine::backends::cpu::Numerics::Native {
         (minfer_gguf::GgmlType::F16, false)
     } else {
         (cache_type, auto)

@@ -82,7 +82,7 @@ pub fn detect() -> SysInfo {
             .map(|n| n.get())
             .unwrap_or(1),
         cpu_simd: runtime_simd(),
-        cpu_kernels: minfer_cpu::simd::detected().name(),
+        cpu_kernels: minfer_engine::backends::cpu::kernels(),
         build_target_features: build_features(),
         build_profile: if cfg!(debug_assertions) {
             "debug"

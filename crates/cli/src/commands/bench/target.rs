@@ -24,7 +24,7 @@ pub fn resolve_threads(t: usize) -> usize {
     if t > 0 {
         t
     } else {
-        minfer_cpu::threads::physical_cores()
+        minfer_engine::backends::cpu::physical_cores()
     }
 }
 
@@ -73,19 +73,20 @@ impl Target for EngineTarget {
 
 pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::Result<Loaded> {
     let ids = backends::resolve(&args.backends)?;
-    let numerics = minfer_cpu::Numerics::parse(&args.numerics).ok_or_else(|| {
-        anyhow::anyhow!(
-            "--numerics {}: expected one of {}",
-            args.numerics,
-            minfer_cpu::Numerics::NAMES.join(", ")
-        )
-    })?;
+    let numerics =
+        minfer_engine::backends::cpu::Numerics::parse(&args.numerics).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--numerics {}: expected one of {}",
+                args.numerics,
+                minfer_engine::backends::cpu::Numerics::NAMES.join(", ")
+            )
+        })?;
     let mut backend = ids
         .iter()
         .map(|&id| backends::name_of(id).to_ascii_uppercase())
         .collect::<Vec<_>>()
         .join(",");
-    if numerics != minfer_cpu::Numerics::Native {
+    if numerics != minfer_engine::backends::cpu::Numerics::Native {
         backend = format!("{backend} ({})", numerics.name());
     }
     let threads = resolve_threads(threads);
