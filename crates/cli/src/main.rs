@@ -181,7 +181,21 @@ fn parse() -> Cli {
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
+/// The library crates report through `tracing`; here their events become the plain lines
+/// on stderr they always were (no time, level or target; info and above).
+fn install_stderr_log() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .without_time()
+        .with_level(false)
+        .with_target(false)
+        .with_ansi(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
+    install_stderr_log();
     let cli = parse();
     // Checked before any kernel runs: the kernels' lookup would panic on it.
     if let Err(e) = minfer_engine::backends::cpu::check_isa_env() {

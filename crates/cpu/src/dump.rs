@@ -24,6 +24,6 @@ pub(crate) fn dump_node(dir: &std::path::Path, node: &Node, out: &[f32]) {
     }
     bytes.extend_from_slice(as_bytes(out));
     if let Err(e) = std::fs::write(dir.join(format!("{name}.bin")), bytes) {
-        eprintln!("MINFER_DUMP_DIR: cannot write {name}: {e}");
+        tracing::warn!("MINFER_DUMP_DIR: cannot write {name}: {e}");
     }
 }

@@ -158,7 +158,7 @@ impl CudaBackend {
         let profile = (env("MINFER_CUDA_PROFILE") == "1").then(Profile::default);
         let graphs = env("MINFER_CUDA_GRAPHS") != "0" && profile.is_none();
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-        eprintln!(
+        tracing::info!(
             "{name}: {} (compute {}), {:.1} GiB ({:.1} GiB free); kernels: matmul {}, \
              attention {}, {}, {} (NVRTC {}, {})",
             gpu.name,
@@ -292,12 +292,13 @@ impl Drop for CudaBackend {
             let mut v: Vec<_> = p.totals.iter().collect();
             v.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
             let all: f64 = v.iter().map(|x| x.1 .1).sum();
-            eprintln!(
+            tracing::info!(
                 "{} profile (device time between events around each node; {:.3} ms in all):",
-                self.name, all
+                self.name,
+                all
             );
             for (k, (n, ms)) in v {
-                eprintln!(
+                tracing::info!(
                     "  {k:<24} {n:>8} nodes {ms:>10.3} ms {:>8.2} us/node",
                     ms * 1e3 / *n as f64
                 );

@@ -279,7 +279,7 @@ impl Gpu {
         let src = match std::env::var_os("MINFER_CUDA_KERNEL_DIR") {
             Some(dir) => {
                 let dir = PathBuf::from(dir);
-                eprintln!(
+                tracing::info!(
                     "cuda: kernel sources from {} (MINFER_CUDA_KERNEL_DIR), not the built-in ones",
                     dir.display()
                 );

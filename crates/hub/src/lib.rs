@@ -114,7 +114,7 @@ impl Fetcher<'_> {
     /// the bars draw nothing), so a log still shows what the download did.
     fn log(&self, line: &str) {
         if self.progress && !std::io::stderr().is_terminal() {
-            eprintln!("{line}");
+            tracing::info!("{line}");
         }
     }
 }

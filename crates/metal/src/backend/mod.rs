@@ -197,7 +197,7 @@ where
 impl<D: Device> Drop for MetalBackend<D> {
     fn drop(&mut self) {
         if let Err(e) = self.submit() {
-            eprintln!("{}: pending work failed at shutdown: {e}", self.name);
+            tracing::error!("{}: pending work failed at shutdown: {e}", self.name);
         }
         if let Some(p) = &self.profile {
             p.print("at exit");

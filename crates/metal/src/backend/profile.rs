@@ -38,7 +38,7 @@ impl OpProfile {
             self.printed_first = true;
             self.print("first submit");
         } else {
-            eprintln!(
+            tracing::info!(
                 "metal profile: submit {} waited {:.3} ms",
                 self.submits,
                 wait.as_secs_f64() * 1e3
@@ -49,14 +49,14 @@ impl OpProfile {
     pub fn print(&self, when: &str) {
         let mut rows: Vec<_> = self.encode.iter().collect();
         rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
-        eprintln!(
+        tracing::info!(
             "metal profile ({when}): {} submits, GPU wait {:.3} ms; host encode by op (top 20):",
             self.submits,
             self.wait.as_secs_f64() * 1e3
         );
-        eprintln!("  {:<28} {:>8} {:>12}", "op", "calls", "encode ms");
+        tracing::info!("  {:<28} {:>8} {:>12}", "op", "calls", "encode ms");
         for (label, (calls, t)) in rows.into_iter().take(20) {
-            eprintln!("  {label:<28} {calls:>8} {:>12.3}", t.as_secs_f64() * 1e3);
+            tracing::info!("  {label:<28} {calls:>8} {:>12.3}", t.as_secs_f64() * 1e3);
         }
     }
 }
