@@ -223,7 +223,10 @@ fn qwen_q4_k_ffn_down_matches_llama_cpp_dumps() {
         .unwrap();
     let info = String::from_utf8_lossy(&info.stdout);
     if info.contains("AMX_INT8 = 1") {
-        println!("SKIP: the peer build has AMX (its Q4_K matmuls skip CPU_REPACK): {}", info.trim());
+        println!(
+            "SKIP: the peer build has AMX (its Q4_K matmuls skip CPU_REPACK): {}",
+            info.trim()
+        );
         return;
     }
     let dir = std::env::temp_dir().join(format!("minfer-ggml-q4k-dump-{}", std::process::id()));
