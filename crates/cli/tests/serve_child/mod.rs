@@ -94,6 +94,10 @@ impl Server {
         self.log.lock().unwrap().join("\n")
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Still running (not crashed).
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
