@@ -626,13 +626,13 @@ fn u32_field(v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| SessionError::Save(format!("{v} does not fit a u32 field")).into())
 }
 
+/// The crash-safe protocol every user file shares (`minfer_gguf::atomic`: temporary,
+/// fsync, rename, directory fsync), with its error as a session I/O error.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".partial");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))?;
-    Ok(())
+    minfer_gguf::atomic::write_bytes(path, bytes).map_err(|e| match e {
+        minfer_gguf::Error::Io { path, source } => SessionError::Io { path, source }.into(),
+        other => SessionError::Save(other.to_string()).into(),
+    })
 }
 
 /// The file length the header and sequence headers declare (u128: no field can overflow it).

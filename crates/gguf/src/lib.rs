@@ -13,6 +13,7 @@
 //! # Ok::<(), minfer_gguf::Error>(())
 //! ```
 
+pub mod atomic;
 pub mod error;
 pub mod file;
 pub mod header;
@@ -25,6 +26,7 @@ pub mod types;
 pub mod value;
 pub mod writer;
 
+pub use atomic::{partial_path, AtomicFile, Staged};
 pub use error::{Error, Result};
 pub use file::GgufFile;
 pub use header::{parse_header, Header, Metadata, TensorInfo};
@@ -32,4 +34,4 @@ pub use model::{GgufModel, ModelTensor};
 pub use string_array::StringArray;
 pub use types::{GgmlType, TypeId};
 pub use value::{Array, Value, ValueType};
-pub use writer::{partial_path, write_streaming, GgufWriter, TensorPlan, WriterTensor};
+pub use writer::{stage_streaming, write_streaming, GgufWriter, TensorPlan, WriterTensor};

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::header::{Metadata, DEFAULT_ALIGNMENT, KEY_ALIGNMENT};
 use crate::model::{split_path, GgufModel, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS};
 use crate::value::Value;
-use crate::writer::{header_bytes, write_streaming, TensorPlan};
+use crate::writer::{header_bytes, stage_streaming, TensorPlan};
 use std::path::{Path, PathBuf};
 
 /// When to start a new part.
@@ -221,6 +221,28 @@ pub fn write_split(
     prefix: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Vec<PathBuf>> {
+    split_into(model, plan, prefix, false, progress)
+}
+
+/// [`write_split`] over existing parts of the same names (`--force`): each old part stays
+/// whole until the new set is complete and renamed over it, so an interrupted split never
+/// loses the old file (deleting it first would).
+pub fn write_split_replacing(
+    model: &GgufModel,
+    plan: &SplitPlan,
+    prefix: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Vec<PathBuf>> {
+    split_into(model, plan, prefix, true, progress)
+}
+
+fn split_into(
+    model: &GgufModel,
+    plan: &SplitPlan,
+    prefix: &Path,
+    replace: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Vec<PathBuf>> {
     let md = unsplit_metadata(model);
     let align = alignment_of(&md);
     let n = plan.parts.len();
@@ -232,39 +254,54 @@ pub fn write_split(
     let paths: Vec<PathBuf> = (0..n)
         .map(|k| split_path(dir, stem, k as u32 + 1, n as u32))
         .collect();
-    for p in &paths {
-        refuse_existing(p)?;
+    if !replace {
+        for p in &paths {
+            refuse_existing(p)?;
+        }
     }
     let n_tensors = plan.n_tensors as i32;
-    let mut written = Vec::with_capacity(n);
+    // Every part is written and fsynced under its temporary name first and only then are
+    // all renamed (crate::atomic), so a failure or a kill before the renames leaves no part
+    // of the new set; a dropped staged part removes its temporary.
+    let mut staged = Vec::with_capacity(n);
     for (no, (idx, path)) in plan.parts.iter().zip(&paths).enumerate() {
         let pmd = part_metadata(&md, no, n, n_tensors, align);
-        let r = write_tensors(model, &pmd, idx, path, progress);
-        if let Err(e) = r {
-            for p in &written {
-                // Best effort: the error being reported is the write failure.
-                let _ = std::fs::remove_file(p);
-            }
-            return Err(e);
-        }
-        written.push(path.clone());
+        staged.push(stage_tensors(model, &pmd, idx, path, progress)?);
     }
-    Ok(written)
+    crate::atomic::commit_all(staged)?;
+    Ok(paths)
 }
 
 /// Merges a split model (opened from any part) into one file at `out`, dropping the split
 /// keys. Refuses a model that is not a split set, and an existing `out`.
 pub fn merge(model: &GgufModel, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<()> {
+    merge_into(model, out, false, progress)
+}
+
+/// [`merge`] over an existing `out` (`--force`): the old file stays whole until the new
+/// one is complete and renamed over it.
+pub fn merge_replacing(model: &GgufModel, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<()> {
+    merge_into(model, out, true, progress)
+}
+
+fn merge_into(
+    model: &GgufModel,
+    out: &Path,
+    replace: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<()> {
     if model.metadata().get(KEY_SPLIT_COUNT).is_none() {
         return Err(Error::Split {
             path: model.parts()[0].path().into(),
             problem: format!("not a split model (no {KEY_SPLIT_COUNT} key); nothing to merge"),
         });
     }
-    refuse_existing(out)?;
+    if !replace {
+        refuse_existing(out)?;
+    }
     let md = unsplit_metadata(model);
     let all: Vec<usize> = (0..model.tensors().len()).collect();
-    write_tensors(model, &md, &all, out, progress)
+    stage_tensors(model, &md, &all, out, progress)?.commit()
 }
 
 fn refuse_existing(p: &Path) -> Result<()> {
@@ -277,15 +314,15 @@ fn refuse_existing(p: &Path) -> Result<()> {
     Ok(())
 }
 
-fn write_tensors(
+fn stage_tensors(
     model: &GgufModel,
     md: &Metadata,
     indices: &[usize],
     path: &Path,
     progress: &mut dyn FnMut(u64),
-) -> Result<()> {
+) -> Result<crate::atomic::Staged> {
     let plans = plans(model, indices);
-    write_streaming(md, &plans, path, |i, out| {
+    stage_streaming(md, &plans, path, |i, out| {
         let t = &model.tensors()[indices[i]];
         let bytes = model.parts()[t.part].tensor_bytes(&t.info);
         // Copy in slices so the progress callback sees big tensors move.

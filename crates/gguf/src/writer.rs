@@ -1,6 +1,7 @@
 //! Writing GGUF v3 files: metadata of every value type, tensor infos, aligned data with
 //! zero padding. Used by tests, `minfer synth` and split tools.
 
+use crate::atomic::{AtomicFile, Staged};
 use crate::error::{Error, Result};
 use crate::header::{Metadata, DEFAULT_ALIGNMENT, KEY_ALIGNMENT, MAGIC, MAX_DIMS};
 use crate::model::{split_path, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS};
@@ -117,11 +118,16 @@ impl GgufWriter {
     /// Writes the file atomically: to a temporary sibling, then renamed into place, so a
     /// failure never leaves a half-written file under the final name.
     pub fn write_to(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.stage(path.as_ref())?.commit()
+    }
+
+    /// The file written to its fsynced temporary, not yet renamed (checked first).
+    fn stage(&self, path: &Path) -> Result<Staged> {
         self.check()?;
-        write_streaming(&self.metadata, &self.plan(), path.as_ref(), |i, out| {
+        stage_streaming(&self.metadata, &self.plan(), path, |i, out| {
             out.write_all(&self.tensors[i].data)
                 .map_err(|source| Error::Io {
-                    path: path.as_ref().into(),
+                    path: path.into(),
                     source,
                 })
         })
@@ -162,6 +168,8 @@ impl GgufWriter {
         }
         let runs = split_runs(&self.tensors, n);
         let mut paths = Vec::with_capacity(n);
+        // Every part is complete and fsynced before the first rename (crate::atomic).
+        let mut staged = Vec::with_capacity(n);
         for (no, run) in runs.into_iter().enumerate() {
             let mut part = GgufWriter::new();
             if no == 0 {
@@ -174,9 +182,10 @@ impl GgufWriter {
                 .set(KEY_SPLIT_TENSORS, Value::I32(n_tensors));
             part.tensors = run.to_vec();
             let path = split_path(dir.as_ref(), prefix, no as u32 + 1, n_parts);
-            part.write_to(&path)?;
+            staged.push(part.stage(&path)?);
             paths.push(path);
         }
+        crate::atomic::commit_all(staged)?;
         Ok(paths)
     }
 }
@@ -216,92 +225,67 @@ impl TensorPlan {
 /// Writes a GGUF v3 file whose tensor bytes are produced on demand, one tensor at a time,
 /// so a file far larger than memory can be written. The header is computed from `tensors`
 /// first; then `produce(i, out)` must write exactly `tensors[i].n_bytes()` bytes to `out`
-/// (checked). The file is written to `<path>.partial` and renamed into place only when
-/// complete; on any failure the partial file is removed.
+/// (checked). The file is written crash-safely ([`crate::atomic`]: `<path>.partial`,
+/// fsynced, renamed into place); on any failure the partial file is removed.
 pub fn write_streaming<E, F>(
     metadata: &Metadata,
     tensors: &[TensorPlan],
     path: &Path,
-    mut produce: F,
+    produce: F,
 ) -> std::result::Result<(), E>
 where
     E: From<Error>,
     F: FnMut(usize, &mut dyn Write) -> std::result::Result<(), E>,
 {
-    let tmp = partial_path(path);
-    let result = (|| -> std::result::Result<(), E> {
-        let io = |source| Error::Io {
-            path: tmp.clone(),
-            source,
-        };
-        let align = alignment(metadata);
-        let sizes = tensors
-            .iter()
-            .map(TensorPlan::n_bytes)
-            .collect::<Result<Vec<u64>>>()?;
-        let (header, offsets) = header_bytes(metadata, tensors, &sizes, align);
-        let file = std::fs::File::create(&tmp).map_err(io)?;
-        let mut out = CountingWriter {
-            inner: std::io::BufWriter::with_capacity(1 << 20, file),
-            written: 0,
-        };
-        out.write_all(&header).map_err(io)?;
-        let base = header.len() as u64;
-        for (i, (t, &off)) in tensors.iter().zip(&offsets).enumerate() {
-            let pad = base + off - out.written;
-            out.write_all(&vec![0u8; pad as usize]).map_err(io)?;
-            let start = out.written;
-            produce(i, &mut out)?;
-            let got = out.written - start;
-            if got != sizes[i] {
-                return Err(Error::Invalid(format!(
-                    "tensor {:?}: producer wrote {got} bytes, {} {:?} needs {}",
-                    t.name, t.ty, t.dims, sizes[i]
-                ))
-                .into());
-            }
+    stage_streaming(metadata, tensors, path, produce)?.commit()?;
+    Ok(())
+}
+
+/// [`write_streaming`] up to the rename: the complete, fsynced temporary, for a writer of
+/// several files that renames them only once all are complete (split parts).
+pub fn stage_streaming<E, F>(
+    metadata: &Metadata,
+    tensors: &[TensorPlan],
+    path: &Path,
+    mut produce: F,
+) -> std::result::Result<Staged, E>
+where
+    E: From<Error>,
+    F: FnMut(usize, &mut dyn Write) -> std::result::Result<(), E>,
+{
+    let io = |source| Error::Io {
+        path: path.into(),
+        source,
+    };
+    let align = alignment(metadata);
+    let sizes = tensors
+        .iter()
+        .map(TensorPlan::n_bytes)
+        .collect::<Result<Vec<u64>>>()?;
+    let (header, offsets) = header_bytes(metadata, tensors, &sizes, align);
+    let data_end = offsets.last().zip(sizes.last()).map_or(0, |(o, s)| o + s);
+    let total = (header.len() as u64 + data_end).div_ceil(align) * align;
+    let mut out = AtomicFile::create(path, Some(total))?;
+    out.write_all(&header).map_err(io)?;
+    let base = header.len() as u64;
+    for (i, (t, &off)) in tensors.iter().zip(&offsets).enumerate() {
+        let pad = base + off - out.written();
+        out.write_all(&vec![0u8; pad as usize]).map_err(io)?;
+        let start = out.written();
+        produce(i, &mut out)?;
+        let got = out.written() - start;
+        if got != sizes[i] {
+            return Err(Error::Invalid(format!(
+                "tensor {:?}: producer wrote {got} bytes, {} {:?} needs {}",
+                t.name, t.ty, t.dims, sizes[i]
+            ))
+            .into());
         }
-        let end = out.written.div_ceil(align) * align;
-        out.write_all(&vec![0u8; (end - out.written) as usize])
-            .map_err(io)?;
-        let file = out.inner.into_inner().map_err(|e| io(e.into_error()))?;
-        file.sync_all().map_err(io)?;
-        drop(file);
-        std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?;
-        Ok(())
-    })();
-    if result.is_err() {
-        // The partial file must never be mistaken for a good one; a failure to remove it
-        // (already gone) changes nothing about the error being reported.
-        let _ = std::fs::remove_file(&tmp);
     }
-    result
-}
-
-/// `<path>.partial`: where a file is assembled before it is renamed into place.
-pub fn partial_path(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".partial");
-    PathBuf::from(s)
-}
-
-struct CountingWriter<W> {
-    inner: W,
-    written: u64,
-}
-
-impl<W: Write> Write for CountingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
+    let end = out.written().div_ceil(align) * align;
+    out.write_all(&vec![0u8; (end - out.written()) as usize])
+        .map_err(io)?;
+    Ok(out.finish()?)
 }
 
 fn alignment(metadata: &Metadata) -> u64 {

@@ -159,16 +159,24 @@ fn arrays_file() -> Vec<u8> {
 #[test]
 fn mutated_files_never_panic_or_over_allocate() {
     // 100k+ in release (well under a minute: one parse of a ~1 KB file takes microseconds);
-    // a debug build checks the same properties on fewer copies.
-    let iterations: u64 = if cfg!(debug_assertions) {
-        20_000
-    } else {
-        150_000
-    };
+    // a debug build checks the same properties on fewer copies. MINFER_GGUF_FUZZ_CASES
+    // sets another number (scripts/fuzz-files: 10^6), MINFER_FUZZ_SEED another seed.
+    let iterations: u64 = std::env::var("MINFER_GGUF_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if cfg!(debug_assertions) {
+            20_000
+        } else {
+            150_000
+        });
+    let seed: u64 = std::env::var("MINFER_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x6767_7566_5EED);
     let bases = [small_file(), arrays_file()];
     let targets: Vec<Vec<usize>> = bases.iter().map(|b| u64_fields(b)).collect();
     let mut outcomes: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut rng = Rng::splitmix64(0x6767_7566_5EED);
+    let mut rng = Rng::splitmix64(seed);
     let mut worst = 0f64;
     for i in 0..iterations {
         let k = (i % 2) as usize;
@@ -178,7 +186,7 @@ fn mutated_files_never_panic_or_over_allocate() {
         }));
         let (r, peak) = match run {
             Ok(x) => x,
-            Err(_) => panic!("iteration {i} (base {k}, {what}) panicked"),
+            Err(_) => panic!("iteration {i} (seed {seed}, base {k}, {what}) panicked"),
         };
         assert!(
             peak <= alloc_bound(b.len()),
@@ -193,7 +201,7 @@ fn mutated_files_never_panic_or_over_allocate() {
         }
         *outcomes.entry(variant(&r)).or_default() += 1;
     }
-    eprintln!("{iterations} mutations: {outcomes:?}; worst peak/len {worst:.1}");
+    eprintln!("{iterations} mutations (seed {seed}): {outcomes:?}; worst peak/len {worst:.1}");
     // The mutations must reach deep into the format, not just break the magic: most error
     // kinds occur, and some mutants still parse.
     for v in [

@@ -230,7 +230,9 @@ pub fn fetch(
         });
     }
     verify(t, &part)?;
-    std::fs::rename(&part, &t.dest).map_err(io(&t.dest))?;
+    // The `.part` was fsynced by the transfer; the rename is made durable, too
+    // (minfer_gguf::atomic's protocol, with a resumable temporary of its own name).
+    minfer_gguf::atomic::rename_durable(&part, &t.dest).map_err(FetchError::from_gguf)?;
     let _ = std::fs::remove_file(&meta);
     Ok(FileOutcome::Downloaded)
 }

@@ -93,6 +93,17 @@ impl FetchError {
             source,
         }
     }
+
+    /// An error of the shared crash-safe writer: its I/O errors keep their path.
+    fn from_gguf(e: minfer_gguf::Error) -> FetchError {
+        match e {
+            minfer_gguf::Error::Io { path, source } => FetchError::Io { path, source },
+            other => FetchError::Io {
+                path: PathBuf::new(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        }
+    }
 }
 
 impl Fetcher<'_> {
@@ -179,11 +190,17 @@ impl Fetcher<'_> {
 
     fn assemble(&self, model: &KnownModel, partial: &Path, work: &Path, dest: &Path) -> Result<()> {
         std::fs::create_dir_all(work).map_err(self.cache_write("the download directory", work))?;
+        // Crash-safe (minfer_gguf::atomic): assembled under `partial`, renamed when checked.
         let file =
-            std::fs::File::create(partial).map_err(self.cache_write("the model file", partial))?;
+            minfer_gguf::AtomicFile::create(dest, Some(model.size)).map_err(|e| match e {
+                minfer_gguf::Error::Io { source, .. } => {
+                    self.cache_write("the model file", partial)(source)
+                }
+                other => FetchError::from_gguf(other),
+            })?;
         let bar = self.bar(model.size, &format!("pull {}", model.name));
         let mut out = HashingWriter {
-            inner: std::io::BufWriter::with_capacity(1 << 20, file),
+            inner: file,
             hasher: Sha256::new(),
             bar: &bar,
         };
@@ -214,12 +231,7 @@ impl Fetcher<'_> {
             std::fs::remove_dir_all(&dir).map_err(|e| FetchError::io(&dir, e))?;
         }
         let got = hex(&out.hasher.finalize_reset());
-        let file = out
-            .inner
-            .into_inner()
-            .map_err(|e| FetchError::io(partial, e.into_error()))?;
-        file.sync_all().map_err(|e| FetchError::io(partial, e))?;
-        drop(file);
+        let staged = out.inner.finish().map_err(FetchError::from_gguf)?;
         bar.finish_and_clear();
         check_size(partial, model.size)?;
         check_sha(&format!("assembled {}", model.file), model.sha256, &got)?;
@@ -229,7 +241,7 @@ impl Fetcher<'_> {
             model.size,
             dest.display()
         ));
-        std::fs::rename(partial, dest).map_err(|e| FetchError::io(dest, e))
+        staged.commit().map_err(FetchError::from_gguf)
     }
 
     fn bar(&self, len: u64, msg: &str) -> ProgressBar {

@@ -7,7 +7,7 @@ use crate::split_output::{self, OutputPart};
 use crate::{layer_number, Error, Result};
 use minfer_gguf::quants::{dequantize_row, quantize_row, quantize_row_imatrix};
 use minfer_gguf::writer::TensorPlan;
-use minfer_gguf::{partial_path, write_streaming, GgmlType, GgufModel, Metadata, Value};
+use minfer_gguf::{stage_streaming, GgmlType, GgufModel, Metadata, Value};
 use regex::Regex;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -377,39 +377,27 @@ pub fn quantize_model(
     })
 }
 
-/// Writes the parts: one straight into place, several each to `<part>.partial` first and
-/// then all renamed, so that a failure leaves no new part and every old file intact.
+/// Writes the parts crash-safely (`minfer_gguf::atomic`): each to its fsynced temporary,
+/// then all renamed, so that a failure (or a kill before the renames) leaves no new part
+/// and every old file intact.
 fn write_parts(
     parts: &[OutputPart],
     plan: &[TensorPlan],
     produce: &mut dyn FnMut(usize, &mut dyn Write) -> Result<()>,
 ) -> Result<()> {
-    if let [p] = parts {
-        return write_streaming::<Error, _>(&p.metadata, plan, &p.path, |i, out| produce(i, out));
+    let mut staged = Vec::with_capacity(parts.len());
+    for p in parts {
+        let r = p.tensors.clone();
+        // A failed part drops the staged ones before it, which removes their temporaries.
+        staged.push(stage_streaming::<Error, _>(
+            &p.metadata,
+            &plan[r.clone()],
+            &p.path,
+            |j, out| produce(r.start + j, out),
+        )?);
     }
-    let staged: Vec<PathBuf> = parts.iter().map(|p| partial_path(&p.path)).collect();
-    let result = (|| -> Result<()> {
-        for (p, tmp) in parts.iter().zip(&staged) {
-            let r = p.tensors.clone();
-            write_streaming::<Error, _>(&p.metadata, &plan[r.clone()], tmp, |j, out| {
-                produce(r.start + j, out)
-            })?;
-        }
-        for (p, tmp) in parts.iter().zip(&staged) {
-            std::fs::rename(tmp, &p.path).map_err(|source| Error::Io {
-                path: p.path.clone(),
-                source,
-            })?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        for tmp in &staged {
-            // Best effort: the error being reported is the write failure.
-            let _ = std::fs::remove_file(tmp);
-        }
-    }
-    result
+    minfer_gguf::atomic::commit_all(staged)?;
+    Ok(())
 }
 
 fn write_all(out: &mut dyn Write, bytes: &[u8], path: &Path) -> Result<()> {

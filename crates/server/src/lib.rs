@@ -46,13 +46,29 @@ pub struct ServeConfig {
     pub queue: usize,
     /// Most prompt tokens one forward reads (`--chunk`).
     pub chunk: usize,
+    /// `Authorization: Bearer KEY` required on every route but `/health` and the page.
     pub api_key: Option<String>,
     /// Parse special-token text in raw completion prompts (`--no-parse-special` turns it off).
     pub parse_special: bool,
-    /// Largest request body accepted.
+    /// Largest request body accepted (`--max-body-bytes`).
     pub body_limit: usize,
     /// How long in-flight requests may run after SIGINT/SIGTERM.
     pub drain_timeout: Duration,
+    /// How long a client may take to send a request's headers (`--header-timeout`); past
+    /// it the connection is closed (slow-loris clients cannot hold connections open).
+    pub header_timeout: Duration,
+    /// Most choices per request (`--max-n`); None: `parallel`.
+    pub max_n: Option<usize>,
+    /// Most prompt tokens (`--max-prompt-tokens`); None: the context less one.
+    pub max_prompt_tokens: Option<usize>,
+    /// Most tokens generated per request, `max_tokens` × `n` (`--max-total-tokens`); None:
+    /// the context × `max_n`, what the cells could hold.
+    pub max_total_tokens: Option<usize>,
+    /// Most bytes of a chat request's `tools` as JSON (`--max-tools-bytes`).
+    pub max_tools_bytes: usize,
+    /// The one origin browsers may call the API from (`--cors-origin`); None: no CORS
+    /// headers at all, so browsers refuse cross-origin calls.
+    pub cors_origin: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -66,6 +82,12 @@ impl Default for ServeConfig {
             parse_special: true,
             body_limit: 4 << 20,
             drain_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(10),
+            max_n: None,
+            max_prompt_tokens: None,
+            max_total_tokens: None,
+            max_tools_bytes: 256 << 10,
+            cors_origin: None,
         }
     }
 }
@@ -109,10 +131,15 @@ impl AppState {
             }
             Err(e) => (None, Some(e.to_string())),
         };
+        let n_ctx = engine.n_ctx();
+        let max_n = cfg.max_n.unwrap_or(cfg.parallel).min(cfg.parallel);
         let limits = Limits {
-            n_ctx: engine.n_ctx(),
-            max_n: cfg.parallel,
+            n_ctx,
+            max_n,
             vocab: engine.hparams().vocab_size,
+            max_prompt_tokens: cfg.max_prompt_tokens.unwrap_or(n_ctx),
+            max_total_tokens: cfg.max_total_tokens.unwrap_or(n_ctx.saturating_mul(max_n)),
+            max_tools_bytes: cfg.max_tools_bytes,
         };
         let eog = tok.eog_ids().to_vec();
         let metrics = Arc::new(Metrics::new());

@@ -113,5 +113,13 @@ pub fn check_len(state: &AppState, tokens: &[u32]) -> Result<(), ApiError> {
         ))
         .with_code("context_length_exceeded"));
     }
+    let max = state.limits.max_prompt_tokens;
+    if tokens.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {} tokens; this server takes at most {max} (--max-prompt-tokens)",
+            tokens.len()
+        ))
+        .with_code("prompt_too_long"));
+    }
     Ok(())
 }

@@ -6,7 +6,6 @@
 
 use crate::routes::app;
 use crate::AppState;
-use std::future::IntoFuture;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,6 +101,29 @@ pub fn signal() -> std::io::Result<Signals> {
     }
 }
 
+/// Serves every connection `l` accepts on its own task: HTTP/1.1 with keep-alive and
+/// pipelining, and a header read timeout (hyper's, which needs a timer that axum::serve
+/// does not set): a client that has not sent a whole request head within `header_timeout`
+/// is disconnected, so slow-loris clients cannot hold connections open.
+async fn accept_loop(mut l: DrainingListener, app: axum::Router, header_timeout: Duration) {
+    use axum::serve::Listener;
+    loop {
+        let (io, _addr) = l.accept().await;
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            // A connection's error is its client's (reset, timeout, bytes that are not
+            // HTTP, answered by hyper with a bare 400): the connection ends, nothing else.
+            let _ = b
+                .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+                .with_upgrades()
+                .await;
+        });
+    }
+}
+
 /// `1 request`, `2 requests`.
 fn requests(n: usize) -> String {
     format!("{n} request{}", if n == 1 { "" } else { "s" })
@@ -130,7 +152,7 @@ pub async fn serve(
         closed: Some(closed_tx),
         addr,
     };
-    let server = tokio::spawn(axum::serve(l, app(state.clone())).into_future());
+    let server = tokio::spawn(accept_loop(l, app(state.clone()), state.cfg.header_timeout));
     signals.recv().await;
     state.draining.store(true, Ordering::SeqCst);
     state.metrics.set_draining(true);

@@ -22,16 +22,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = GgufModel::open(&args.input)
         .with_context(|| format!("cannot open {}", args.input.display()))?;
     let inputs: Vec<PathBuf> = model.parts().iter().map(|p| p.path().into()).collect();
-    for old in super::output::check_outputs(
+    // An existing output (allowed by --force) is replaced by the crash-safe rename, not
+    // removed first: an interrupted merge must leave the old file whole.
+    super::output::check_outputs(
         std::slice::from_ref(&args.output),
         &inputs,
         args.force.force,
-    )? {
-        std::fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
-    }
+    )?;
     let total: u64 = model.tensors().iter().map(|t| t.info.n_bytes).sum();
     let bar = super::split::bytes_bar(total, "merge");
-    split::merge(&model, &args.output, &mut |n| bar.inc(n))
+    split::merge_replacing(&model, &args.output, &mut |n| bar.inc(n))
         .with_context(|| format!("cannot merge into {}", args.output.display()))?;
     bar.finish_and_clear();
     println!(

@@ -29,9 +29,38 @@ pub struct Args {
     #[arg(long, default_value_t = 512)]
     pub chunk: usize,
     /// Require `Authorization: Bearer KEY` on every API route (not /health, nor the chat
-    /// page at /, which asks for the key itself). Not empty.
-    #[arg(long = "api-key")]
+    /// page at /, which asks for the key itself). Not empty. Also from --api-key-file or
+    /// the environment variable MINFER_API_KEY (a key on the command line is visible to
+    /// other users in `ps`).
+    #[arg(long = "api-key", conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// Read the API key from this file (its first line; surrounding whitespace dropped).
+    #[arg(long = "api-key-file")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Let browser pages from this one origin (e.g. `https://app.example.com`) call the API:
+    /// CORS headers for it, preflights answered. Without it no CORS header is sent.
+    #[arg(long = "cors-origin")]
+    pub cors_origin: Option<String>,
+    /// Largest request body in bytes; a larger one is a 413.
+    #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds a client may take to send a request's headers before it is disconnected
+    /// (slow-loris clients).
+    #[arg(long = "header-timeout", default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Most choices (`n`) per request (default and at most --parallel).
+    #[arg(long = "max-n")]
+    pub max_n: Option<usize>,
+    /// Most prompt tokens per request (default: the context less one).
+    #[arg(long = "max-prompt-tokens")]
+    pub max_prompt_tokens: Option<usize>,
+    /// Most tokens one request may generate in all, max_tokens × n (default: the context ×
+    /// --max-n).
+    #[arg(long = "max-total-tokens")]
+    pub max_total_tokens: Option<usize>,
+    /// Most bytes of a chat request's `tools` list as JSON.
+    #[arg(long = "max-tools-bytes", default_value_t = 256 << 10)]
+    pub max_tools_bytes: usize,
     /// Tokenize special-token text in raw completion prompts as plain text.
     #[arg(long = "no-parse-special")]
     pub no_parse_special: bool,
@@ -70,12 +99,78 @@ fn resolve_host(host: &str) -> anyhow::Result<std::net::IpAddr> {
     })
 }
 
+/// The environment variable a key may come from (after --api-key and --api-key-file).
+pub const API_KEY_ENV: &str = "MINFER_API_KEY";
+
+/// The API key from --api-key, --api-key-file or MINFER_API_KEY (in that order), refused
+/// when empty: a server that no request could ever pass is a mistake, not a lock.
+fn api_key(args: &Args) -> anyhow::Result<Option<String>> {
+    let (key, from) = if let Some(k) = &args.api_key {
+        (k.clone(), "--api-key".to_string())
+    } else if let Some(p) = &args.api_key_file {
+        let text = std::fs::read_to_string(p).map_err(|e| {
+            super::UsageError(format!(
+                "--api-key-file {}: cannot read it: {e}",
+                p.display()
+            ))
+        })?;
+        let line = text.lines().next().unwrap_or("").to_string();
+        (line, format!("--api-key-file {}", p.display()))
+    } else {
+        match std::env::var(API_KEY_ENV) {
+            Ok(k) => (k, API_KEY_ENV.to_string()),
+            Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                usage!("{API_KEY_ENV}: the key is not valid UTF-8")
+            }
+        }
+    };
+    let key = key.trim().to_string();
+    if key.is_empty() {
+        usage!(
+            "{from}: the key is empty (no request could ever send it); give a key or leave it out"
+        );
+    }
+    Ok(Some(key))
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 || args.parallel > 256 {
         usage!("--parallel {}: expected 1 to 256", args.parallel);
     }
-    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-        usage!("--api-key: the key is empty (no request could ever send it); give a key or leave the flag out");
+    let api_key = api_key(&args)?;
+    if let Some(n) = args.max_n.filter(|&n| n == 0 || n > args.parallel) {
+        usage!(
+            "--max-n {n}: expected 1 to --parallel ({}): more choices than sequences could never run",
+            args.parallel
+        );
+    }
+    for (flag, v) in [
+        ("--max-prompt-tokens", args.max_prompt_tokens),
+        ("--max-total-tokens", args.max_total_tokens),
+        ("--max-body-bytes", Some(args.max_body_bytes)),
+        ("--max-tools-bytes", Some(args.max_tools_bytes)),
+    ] {
+        if v == Some(0) {
+            usage!("{flag} 0: no request could pass; give at least 1");
+        }
+    }
+    if !(args.header_timeout > 0.0 && args.header_timeout.is_finite()) {
+        usage!(
+            "--header-timeout {}: expected seconds > 0",
+            args.header_timeout
+        );
+    }
+    if let Some(o) = &args.cors_origin {
+        // An origin is scheme://host[:port], compared byte for byte with the browser's.
+        let ok = (o.starts_with("http://") || o.starts_with("https://"))
+            && !o.ends_with('/')
+            && o.bytes().all(|b| b.is_ascii_graphic());
+        if !ok && o != "null" {
+            usage!(
+                "--cors-origin {o:?}: expected an origin such as https://app.example.com (scheme and host, no path, no trailing /)"
+            );
+        }
     }
     if args.chunk == 0 {
         usage!("--chunk must be at least 1");
@@ -93,7 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              takes a dozen); 0 is the model's own"
         );
     }
-    if !host.is_loopback() && args.api_key.is_none() {
+    if !host.is_loopback() && api_key.is_none() {
         eprintln!(
             "warning: serving on {host} without --api-key: anyone who can reach it can use it"
         );
@@ -113,10 +208,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         parallel: args.parallel,
         queue: args.queue,
         chunk: args.chunk,
-        api_key: args.api_key.clone(),
+        api_key,
         parse_special: !args.no_parse_special,
         drain_timeout: Duration::from_secs_f64(args.drain_timeout),
-        ..ServeConfig::default()
+        body_limit: args.max_body_bytes,
+        header_timeout: Duration::from_secs_f64(args.header_timeout),
+        max_n: args.max_n,
+        max_prompt_tokens: args.max_prompt_tokens,
+        max_total_tokens: args.max_total_tokens,
+        max_tools_bytes: args.max_tools_bytes,
+        cors_origin: args.cors_origin.clone(),
     };
     let state = AppState::start(engine, cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -91,12 +91,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let outs: Vec<PathBuf> = (1..=n)
         .map(|k| minfer_gguf::model::split_path(dir, stem, k, n))
         .collect();
-    for old in super::output::check_outputs(&outs, &inputs, args.force.force)? {
-        std::fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
-    }
+    // Existing parts (allowed by --force) are replaced by the crash-safe renames, not
+    // removed first: an interrupted split must leave the old files whole.
+    super::output::check_outputs(&outs, &inputs, args.force.force)?;
     let total: u64 = model.tensors().iter().map(|t| t.info.n_bytes).sum();
     let bar = bytes_bar(total, "split");
-    let paths = split::write_split(&model, &plan, &args.output, &mut |n| bar.inc(n))?;
+    let paths = split::write_split_replacing(&model, &plan, &args.output, &mut |n| bar.inc(n))?;
     bar.finish_and_clear();
     for p in &paths {
         println!("wrote {}", p.display());

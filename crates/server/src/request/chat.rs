@@ -63,6 +63,18 @@ pub fn parse(body: &Value, lim: &Limits) -> Result<ChatRequest, ApiError> {
     let tools = match f.array("tools")? {
         None => None,
         Some(list) => {
+            // Counted as compact JSON: what the template renders, whatever the client's spacing.
+            let bytes = serde_json::to_vec(list).map_or(usize::MAX, |v| v.len());
+            if bytes > lim.max_tools_bytes {
+                return Err(ApiError::bad_field(
+                    "tools",
+                    format!(
+                        "`tools` is {bytes} bytes of JSON; at most {} (--max-tools-bytes)",
+                        lim.max_tools_bytes
+                    ),
+                )
+                .with_code("tools_too_large"));
+            }
             for (i, t) in list.iter().enumerate() {
                 tool(i, t)?;
             }

@@ -16,9 +16,17 @@ use serde_json::Value;
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub n_ctx: usize,
-    /// Most choices (`n`) in one request: the sequences that run at once.
+    /// Most choices (`n`) in one request (`--max-n`; at most the sequences that run at once).
     pub max_n: usize,
     pub vocab: usize,
+    /// Most prompt tokens (`--max-prompt-tokens`; a prompt must also leave room for a reply).
+    pub max_prompt_tokens: usize,
+    /// Most tokens one request may ask to generate in all, `max_tokens` (or the context when
+    /// unset) × `n` (`--max-total-tokens`): bounds the work one request can queue.
+    pub max_total_tokens: usize,
+    /// Most bytes of the `tools` list as JSON (`--max-tools-bytes`): the schemas are
+    /// rendered into the prompt and compiled into grammars, both costly for huge ones.
+    pub max_tools_bytes: usize,
 }
 
 /// The generation settings shared by chat and text completions.
@@ -116,7 +124,7 @@ pub fn gen_params(
             ApiError::bad_field(
                 "n",
                 format!(
-                    "`n` must be between 1 and {} (the sequences this server runs at once, --parallel)",
+                    "`n` must be between 1 and {} (the choices one request may ask for: --max-n, at most --parallel)",
                     lim.max_n
                 ),
             )
@@ -124,6 +132,23 @@ pub fn gen_params(
             e
         }
     })?;
+    let n_choices = n.unwrap_or(1) as usize;
+    let per_choice = max_tokens.unwrap_or(lim.n_ctx);
+    if per_choice.saturating_mul(n_choices) > lim.max_total_tokens {
+        let what = match max_tokens {
+            Some(m) => format!("`max_tokens` {m}"),
+            None => format!("no `max_tokens` (up to the context, {} tokens)", lim.n_ctx),
+        };
+        return Err(ApiError::bad_field(
+            "max_tokens",
+            format!(
+                "{what} × `n` {n_choices} is more than the {} tokens one request may generate \
+                 (--max-total-tokens); ask for fewer tokens or fewer choices",
+                lim.max_total_tokens
+            ),
+        )
+        .with_code("too_many_tokens"));
+    }
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
         Some(o) => match o.get("include_usage") {
@@ -165,7 +190,7 @@ pub fn gen_params(
         sampler,
         max_tokens,
         stop,
-        n: n.unwrap_or(1) as usize,
+        n: n_choices,
         logprobs,
         stream,
         include_usage,
