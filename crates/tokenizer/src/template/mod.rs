@@ -148,9 +148,43 @@ fn strftime_value(now: Option<i64>) -> Value {
     })
 }
 
+/// The most minijinja instructions one render may run. A template comes from a model file,
+/// untrusted input: two nested `range(100000)` loops would otherwise run for hours (a
+/// model load trial-renders its template, so the load would hang). Every template of the
+/// test corpus renders its conversations (tools included) within 2·10⁴ (tried: the
+/// chat_templates tests pass at that fuel); the cost grows with the conversation, and 10⁷
+/// leaves room for tens of thousands of messages while a runaway loop stops in ~0.2 s.
+pub const RENDER_FUEL: u64 = 10_000_000;
+
+/// The most bytes a rendered prompt may have: far beyond any context (a 128k-token prompt
+/// is well under 1 MB of text), and what a hostile template's output may cost in memory
+/// (minijinja caps one string at 100 MB, not a render that writes many).
+pub const RENDER_OUTPUT_LIMIT: usize = 64 << 20;
+
+/// The render's output, refused past [`RENDER_OUTPUT_LIMIT`]: a write error stops minijinja.
+struct CappedOutput {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > RENDER_OUTPUT_LIMIT {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The Jinja2-compatible environment HF renders with (see the module docs).
 fn environment(trim_blocks: bool, lstrip_blocks: bool) -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(RENDER_FUEL));
     env.set_trim_blocks(trim_blocks);
     env.set_lstrip_blocks(lstrip_blocks);
     env.set_keep_trailing_newline(false);
@@ -322,8 +356,50 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| convert(&e, &self.source, false))?;
-        tmpl.render(Value::from(ctx))
-            .map_err(|e| convert(&e, &self.source, false))
+        let mut out = CappedOutput {
+            bytes: Vec::new(),
+            over: false,
+        };
+        // minijinja can panic on template input (2.24: `''[::-1]`, a reversed slice of an
+        // empty string, indexes out of bounds; found by tests/template_fuzz.rs). A template
+        // is untrusted input, so a panic is this render's error, never the process's. The
+        // render's state is all local and dropped with its output: nothing is left torn.
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tmpl.render_captured_to(Value::from(ctx), &mut out)
+                .map(|_| ())
+        }));
+        let r = match run {
+            Ok(r) => r,
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                return Err(Error::Render {
+                    detail: format!("the template engine failed on this template ({why})"),
+                    at: None,
+                });
+            }
+        };
+        if out.over {
+            return Err(Error::Render {
+                detail: format!(
+                    "the rendered prompt passed {RENDER_OUTPUT_LIMIT} bytes (a template loop \
+                     that does not end where it should)"
+                ),
+                at: None,
+            });
+        }
+        r.map_err(|e| convert(&e, &self.source, false))?;
+        // minijinja writes only `str` pieces, so the bytes are UTF-8; checked, not assumed.
+        String::from_utf8(out.bytes).map_err(|e| Error::Render {
+            detail: format!(
+                "the rendered prompt is not UTF-8 at byte {}",
+                e.utf8_error().valid_up_to()
+            ),
+            at: None,
+        })
     }
 
     /// The text that `new` adds after `prev`, for a context that already holds `prev`
