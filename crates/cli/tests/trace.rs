@@ -5,7 +5,7 @@
 //! --trace` writes the session's forwards.
 
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn minfer() -> Command {
@@ -51,7 +51,7 @@ fn run(model: &PathBuf, backend: &str, trace: Option<&PathBuf>) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn synth(model: &PathBuf) {
+fn synth(model: &Path) {
     let out = minfer()
         .args(["synth", "--arch", "qwen2", "--layers", "2", "--embd", "64"])
         .args([
@@ -65,7 +65,7 @@ fn synth(model: &PathBuf) {
             "256",
         ])
         .arg("--output")
-        .arg(&model)
+        .arg(model)
         .output()
         .unwrap();
     assert!(

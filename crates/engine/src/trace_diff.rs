@@ -124,9 +124,12 @@ pub fn check_header(doc: &Value, which: &str) -> R<()> {
     }
 }
 
-/// The layer of a `blk.N.`-named node.
+/// The layer of a node named `L<N>.…` (the graph builders' names) or `blk.<N>.…` (GGUF's).
 fn layer_of(name: &str) -> Option<u64> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+    let rest = name
+        .strip_prefix("blk.")
+        .or_else(|| name.strip_prefix('L'))?;
+    rest.split('.').next()?.parse().ok()
 }
 
 /// How far apart two values are in `scale` (both NaN, or the same infinity: 0).
@@ -366,7 +369,7 @@ fn logits_diff(
 }
 
 impl Place {
-    /// `prefill step 0, node 17 "blk.0.ffn_up" (MulMat, shape [128, 5], layer 0, backend
+    /// `prefill step 0, node 17 "L0.up" (MulMat, shape [128, 5], layer 0, backend
     /// cpu | metal-emu)`.
     pub fn describe(&self) -> String {
         let node = self
