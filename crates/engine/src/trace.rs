@@ -376,4 +376,51 @@ mod tests {
             .len()
             .eq(&SAMPLE));
     }
+
+    /// NaN and Inf are counted, kept out of min / max / mean, and written as strings in the
+    /// sample. Control: the finite values' stats are computed by hand ((1 + -3 + 2) / 3).
+    #[test]
+    fn non_finite_values_are_counted_not_averaged() {
+        let v = [1.0, f32::NAN, -3.0, f32::INFINITY, 2.0, f32::NEG_INFINITY];
+        let s = NodeStats::of("n", "Add", "cpu".into(), 6, &v);
+        assert_eq!((s.nan, s.inf), (1, 2));
+        assert_eq!((s.min, s.max), (-3.0, 2.0));
+        assert_eq!(s.mean, 0.0);
+        assert_eq!(s.absmean, 2.0);
+        let all = NodeStats::of("n", "Add", "cpu".into(), 1, &[f32::NAN]);
+        assert_eq!((all.min, all.max, all.nan), (0.0, 0.0, 1));
+        let j: Vec<Value> = s.sample.iter().map(|&x| f32_json(x)).collect();
+        assert_eq!(j[1], json!("nan"));
+        assert_eq!((&j[3], &j[5]), (&json!("inf"), &json!("-inf")));
+    }
+
+    /// set_chosen fills the phases with logits in order; infer_chosen takes the next decode's
+    /// input. Control: a phase without logits (top5 empty) never gets a token.
+    #[test]
+    fn chosen_tokens_go_to_the_phases_with_logits() {
+        let phase = |kind, tokens: Vec<u32>, logits: bool| Phase {
+            kind,
+            step: 0,
+            tokens,
+            nodes: vec![],
+            top5: if logits { vec![(1, 1.0)] } else { vec![] },
+            chosen: None,
+        };
+        let mut t = Trace {
+            model: "m".into(),
+            backends: vec![],
+            phases: vec![
+                phase(PhaseKind::Prefill, vec![1, 2], false),
+                phase(PhaseKind::Prefill, vec![3], true),
+                phase(PhaseKind::Decode, vec![7], true),
+            ],
+        };
+        let mut u = t.clone();
+        t.set_chosen(&[7, 9, 11]);
+        let got: Vec<Option<u32>> = t.phases.iter().map(|p| p.chosen).collect();
+        assert_eq!(got, [None, Some(7), Some(9)]);
+        u.infer_chosen();
+        let got: Vec<Option<u32>> = u.phases.iter().map(|p| p.chosen).collect();
+        assert_eq!(got, [None, Some(7), None]);
+    }
 }
