@@ -24,6 +24,8 @@ enum Command {
     Run(Box<commands::run::Args>),
     /// Chat in a REPL that keeps the conversation in the KV cache.
     Chat(Box<commands::chat::Args>),
+    /// The first node where two traces (--trace FILE) differ beyond a tolerance.
+    TraceDiff(commands::trace_diff::Args),
     /// Show a GGUF file's metadata, tensors and per-type totals.
     Inspect(commands::inspect::Args),
     /// Write a GGUF model of a chosen shape with seeded random weights.
@@ -218,6 +220,7 @@ fn main() -> ExitCode {
         Command::Render(a) => commands::render::run(a),
         Command::Serve(a) => commands::serve::run(*a),
         Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::TraceDiff(a) => commands::trace_diff::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,9 +1,11 @@
-//! `MINFER_TRACE=<path> minfer run` on a model written by `minfer synth`: the reply's
-//! forwards land in the file as a `minfer-trace` version 1 document (facts §1.15), with no
-//! KV store among the nodes, and the reply itself is the untraced one.
+//! `minfer run --trace FILE` (and `MINFER_TRACE=<path>`) on a model written by `minfer
+//! synth`: the reply's forwards land in the file as a `minfer-trace` version 1 document
+//! (facts §1.15, docs/TRACE.md), with no KV store among the nodes, the reply itself the
+//! untraced one, and each forward's chosen token the one the reply reports; `minfer chat
+//! --trace` writes the session's forwards.
 
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn minfer() -> Command {
@@ -16,6 +18,8 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
+/// `trace` goes by the flag on metal-emu and by the variable on the CPU, so both ways are
+/// exercised.
 fn run(model: &PathBuf, backend: &str, trace: Option<&PathBuf>) -> String {
     let mut cmd = minfer();
     cmd.args([
@@ -32,8 +36,14 @@ fn run(model: &PathBuf, backend: &str, trace: Option<&PathBuf>) -> String {
     .arg(model)
     .arg("hello world")
     .env_remove("MINFER_TRACE");
-    if let Some(t) = trace {
-        cmd.env("MINFER_TRACE", t);
+    match trace {
+        Some(t) if backend == "cpu" => {
+            cmd.env("MINFER_TRACE", t);
+        }
+        Some(t) => {
+            cmd.arg("--trace").arg(t);
+        }
+        None => {}
     }
     let out = cmd.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -41,9 +51,7 @@ fn run(model: &PathBuf, backend: &str, trace: Option<&PathBuf>) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-#[test]
-fn run_writes_a_minfer_trace_document() {
-    let model = tmp("tiny.gguf");
+fn synth(model: &Path) {
     let out = minfer()
         .args(["synth", "--arch", "qwen2", "--layers", "2", "--embd", "64"])
         .args([
@@ -57,7 +65,7 @@ fn run_writes_a_minfer_trace_document() {
             "256",
         ])
         .arg("--output")
-        .arg(&model)
+        .arg(model)
         .output()
         .unwrap();
     assert!(
@@ -65,6 +73,14 @@ fn run_writes_a_minfer_trace_document() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Control for the chosen tokens: they are compared with `--json`'s `generated_ids`, which
+/// the sampler reports independently of the trace.
+#[test]
+fn run_writes_a_minfer_trace_document() {
+    let model = tmp("tiny.gguf");
+    synth(&model);
     let plain = run(&model, "cpu", None);
     for backend in ["cpu", "metal-emu"] {
         let path = tmp(&format!("trace-{backend}.json"));
@@ -98,8 +114,67 @@ fn run_writes_a_minfer_trace_document() {
                 }
                 assert_eq!(n["shape"].as_array().unwrap().len(), 2);
                 assert!(n["sample"].as_array().unwrap().len() <= 64);
+                assert_eq!((&n["nan"], &n["inf"]), (&Value::from(0), &Value::from(0)));
             }
+            assert!(p["chosen"]["text"].is_string());
             assert!(nodes.iter().any(|n| n["backend"] == backend));
         }
     }
+}
+
+#[test]
+fn chosen_tokens_are_the_replys_and_chat_traces_its_session() {
+    let model = tmp("tiny-chosen.gguf");
+    synth(&model);
+    let path = tmp("trace-chosen.json");
+    let out = minfer()
+        .args(["run", "--temp", "0", "-n", "3", "--no-template", "--json"])
+        .arg("-m")
+        .arg(&model)
+        .arg("--trace")
+        .arg(&path)
+        .arg("hello world")
+        .env_remove("MINFER_TRACE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let chosen: Vec<Value> = j["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["chosen"]["id"].clone())
+        .collect();
+    assert_eq!(Value::from(chosen), reply["generated_ids"]);
+
+    let chat = tmp("trace-chat.json");
+    let out = minfer()
+        .args(["chat", "--single-turn", "--temp", "0", "-n", "3"])
+        .arg("-m")
+        .arg(&model)
+        .arg("--trace")
+        .arg(&chat)
+        .arg("hello")
+        .stdin(std::process::Stdio::null())
+        .env_remove("MINFER_TRACE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&chat).unwrap()).unwrap();
+    let phases = j["phases"].as_array().unwrap();
+    // The prompt, two decodes (the third token is sampled from the second's logits) and the
+    // reply's closing text.
+    let kinds: Vec<&str> = phases.iter().map(|p| p["kind"].as_str().unwrap()).collect();
+    assert_eq!(&kinds[..3], ["prefill", "decode", "decode"]);
+    // The first choice is the next forward's input, as the trace infers it.
+    assert!(phases[0]["chosen"]["id"].is_u64());
 }

@@ -15,6 +15,7 @@ pub mod model;
 mod runner;
 pub mod session;
 pub mod trace;
+pub mod trace_diff;
 mod weights;
 
 pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};

@@ -45,6 +45,11 @@ pub struct NodeStats {
     pub max: f32,
     pub mean: f64,
     pub absmean: f64,
+    /// Values that are NaN, and values that are +-infinity. min / max / mean / absmean are
+    /// over the finite values only, so one bad value does not hide the rest of the node
+    /// (the counts say it is there).
+    pub nan: usize,
+    pub inf: usize,
     /// Every `ceil(n / SAMPLE)`-th value, at most [`SAMPLE`].
     pub sample: Vec<f32>,
 }
@@ -53,13 +58,26 @@ impl NodeStats {
     fn of(name: &str, op: &'static str, backend: String, ne0: usize, v: &[f32]) -> Self {
         let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
         let (mut sum, mut abs) = (0f64, 0f64);
+        let (mut nan, mut inf) = (0usize, 0usize);
         for &x in v {
+            if x.is_nan() {
+                nan += 1;
+                continue;
+            }
+            if x.is_infinite() {
+                inf += 1;
+                continue;
+            }
             min = min.min(x);
             max = max.max(x);
             sum += x as f64;
             abs += (x as f64).abs();
         }
-        let n = v.len().max(1) as f64;
+        let n = (v.len() - nan - inf).max(1) as f64;
+        if nan + inf == v.len() {
+            // No finite value: 0 rather than +-inf (JSON has no infinity).
+            (min, max) = (0.0, 0.0);
+        }
         let stride = v.len().div_ceil(SAMPLE).max(1);
         NodeStats {
             name: name.to_string(),
@@ -70,6 +88,8 @@ impl NodeStats {
             max,
             mean: sum / n,
             absmean: abs / n,
+            nan,
+            inf,
             sample: v.iter().step_by(stride).copied().collect(),
         }
     }
@@ -95,6 +115,9 @@ pub struct Phase {
     pub nodes: Vec<NodeStats>,
     /// Top five `(token, logit)` of the forward's last logit row (empty without logits).
     pub top5: Vec<(u32, f32)>,
+    /// The token the sampler chose from this forward's logits ([`Trace::set_chosen`]; None
+    /// for a forward whose logits were not sampled, or before the caller said).
+    pub chosen: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -104,7 +127,33 @@ pub struct Trace {
     pub phases: Vec<Phase>,
 }
 
+/// A non-finite f32 as JSON: NaN and +-inf have no JSON number, so they are written as the
+/// strings "nan", "inf", "-inf" (a sample may hold them; `trace-diff` reads them back).
+pub fn f32_json(x: f32) -> Value {
+    if x.is_nan() {
+        json!("nan")
+    } else if x.is_infinite() {
+        json!(if x > 0.0 { "inf" } else { "-inf" })
+    } else {
+        json!(x)
+    }
+}
+
 impl Trace {
+    /// Records the tokens a generation chose, in order: the i-th goes to the i-th phase that
+    /// returned logits and has no chosen token yet (the engine runs forwards, the sampler
+    /// lives above it, so the caller hands the choices over after the reply). Extra tokens
+    /// are ignored; phases left over keep None.
+    pub fn set_chosen(&mut self, tokens: &[u32]) {
+        let open = self
+            .phases
+            .iter_mut()
+            .filter(|p| !p.top5.is_empty() && p.chosen.is_none());
+        for (p, &t) in open.zip(tokens) {
+            p.chosen = Some(t);
+        }
+    }
+
     /// The `minfer-trace` document, version 1; `text` is the phase's input tokens' text.
     pub fn to_json(&self, text: &dyn TokenBytes) -> Value {
         let phases: Vec<Value> = self
@@ -119,7 +168,8 @@ impl Trace {
                         json!({
                             "name": n.name, "op": n.op, "backend": n.backend, "shape": n.shape,
                             "min": n.min, "max": n.max, "mean": n.mean, "absmean": n.absmean,
-                            "sample": n.sample,
+                            "nan": n.nan, "inf": n.inf,
+                            "sample": n.sample.iter().map(|&x| f32_json(x)).collect::<Vec<_>>(),
                         })
                     })
                     .collect();
@@ -131,8 +181,12 @@ impl Trace {
                     "step": p.step,
                     "n_tokens": p.tokens.len(),
                     "nodes": nodes,
-                    "top5": p.top5.iter().map(|&(t, l)| json!([t, l])).collect::<Vec<_>>(),
+                    "top5": p.top5.iter().map(|&(t, l)| json!([t, f32_json(l)])).collect::<Vec<_>>(),
                     "text": String::from_utf8_lossy(&bytes),
+                    "chosen": p.chosen.map(|t| json!({
+                        "id": t,
+                        "text": String::from_utf8_lossy(&text.token_bytes(t)),
+                    })),
                 })
             })
             .collect();
@@ -143,6 +197,19 @@ impl Trace {
             "backends": self.backends,
             "phases": phases,
         })
+    }
+
+    /// Fills chosen tokens the trace itself shows: a phase with logits followed by a decode
+    /// phase chose that phase's input token (what a chat session knows without the
+    /// sampler's list). The last choice before a prefill or the end stays None.
+    pub fn infer_chosen(&mut self) {
+        for i in 1..self.phases.len() {
+            let (a, b) = self.phases.split_at_mut(i);
+            let (prev, next) = (&mut a[i - 1], &b[0]);
+            if prev.chosen.is_none() && !prev.top5.is_empty() && next.kind == PhaseKind::Decode {
+                prev.chosen = next.tokens.first().copied();
+            }
+        }
     }
 
     /// Writes [`Trace::to_json`] to `path`.
@@ -213,6 +280,11 @@ impl Engine {
         Ok(())
     }
 
+    /// A copy of the trace so far, capture staying armed (None when none was begun).
+    pub fn trace_snapshot(&mut self) -> Option<Trace> {
+        self.runner.trace_slot().clone()
+    }
+
     /// Disarms capture and hands the trace over (None when none was begun).
     pub fn trace_end(&mut self) -> Result<Option<Trace>> {
         for be in self.runner.backends_mut() {
@@ -269,6 +341,7 @@ pub(crate) fn record(
         tokens: f.tokens,
         nodes,
         top5: last.map(top5).unwrap_or_default(),
+        chosen: None,
     });
     Ok(())
 }
@@ -302,5 +375,52 @@ mod tests {
             .sample
             .len()
             .eq(&SAMPLE));
+    }
+
+    /// NaN and Inf are counted, kept out of min / max / mean, and written as strings in the
+    /// sample. Control: the finite values' stats are computed by hand ((1 + -3 + 2) / 3).
+    #[test]
+    fn non_finite_values_are_counted_not_averaged() {
+        let v = [1.0, f32::NAN, -3.0, f32::INFINITY, 2.0, f32::NEG_INFINITY];
+        let s = NodeStats::of("n", "Add", "cpu".into(), 6, &v);
+        assert_eq!((s.nan, s.inf), (1, 2));
+        assert_eq!((s.min, s.max), (-3.0, 2.0));
+        assert_eq!(s.mean, 0.0);
+        assert_eq!(s.absmean, 2.0);
+        let all = NodeStats::of("n", "Add", "cpu".into(), 1, &[f32::NAN]);
+        assert_eq!((all.min, all.max, all.nan), (0.0, 0.0, 1));
+        let j: Vec<Value> = s.sample.iter().map(|&x| f32_json(x)).collect();
+        assert_eq!(j[1], json!("nan"));
+        assert_eq!((&j[3], &j[5]), (&json!("inf"), &json!("-inf")));
+    }
+
+    /// set_chosen fills the phases with logits in order; infer_chosen takes the next decode's
+    /// input. Control: a phase without logits (top5 empty) never gets a token.
+    #[test]
+    fn chosen_tokens_go_to_the_phases_with_logits() {
+        let phase = |kind, tokens: Vec<u32>, logits: bool| Phase {
+            kind,
+            step: 0,
+            tokens,
+            nodes: vec![],
+            top5: if logits { vec![(1, 1.0)] } else { vec![] },
+            chosen: None,
+        };
+        let mut t = Trace {
+            model: "m".into(),
+            backends: vec![],
+            phases: vec![
+                phase(PhaseKind::Prefill, vec![1, 2], false),
+                phase(PhaseKind::Prefill, vec![3], true),
+                phase(PhaseKind::Decode, vec![7], true),
+            ],
+        };
+        let mut u = t.clone();
+        t.set_chosen(&[7, 9, 11]);
+        let got: Vec<Option<u32>> = t.phases.iter().map(|p| p.chosen).collect();
+        assert_eq!(got, [None, Some(7), Some(9)]);
+        u.infer_chosen();
+        let got: Vec<Option<u32>> = u.phases.iter().map(|p| p.chosen).collect();
+        assert_eq!(got, [None, Some(7), None]);
     }
 }

@@ -51,6 +51,10 @@ pub struct Args {
     /// Colour: auto (on a terminal, unless NO_COLOR is set), always or never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub color: String,
+    /// Write the per-node trace of every forward of the session to FILE, rewritten after
+    /// each turn (docs/TRACE.md). A backend that cannot capture refuses (exit non-zero).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 }
 
 const HELP: &str = "\
@@ -167,6 +171,8 @@ struct Repl {
     chat: Chat,
     style: Style,
     session: Option<PathBuf>,
+    /// `--trace`: the file rewritten after each turn.
+    trace: Option<PathBuf>,
 }
 
 /// The flag a user changes to make a saved KV fit again.
@@ -273,6 +279,7 @@ impl Repl {
             Ok(r) => {
                 self.report(&r);
                 self.save_session();
+                self.write_trace()?;
             }
             // A refused turn leaves the chat as it was: say why and go on.
             Err(e) => eprintln!("{}", self.style.notice(&format!("error: {e}"))),
@@ -281,6 +288,34 @@ impl Repl {
             Some(e) => Err(anyhow::Error::new(e).context("cannot write the reply to stdout")),
             None => Ok(()),
         }
+    }
+
+    /// Rewrites `--trace`'s file with every forward so far (the trace stays armed): a
+    /// session ended by Ctrl-C or EOF keeps its last complete turn on disk.
+    fn write_trace(&mut self) -> anyhow::Result<()> {
+        let Some(path) = self.trace.clone() else {
+            return Ok(());
+        };
+        let mut t = self
+            .chat
+            .engine_mut()
+            .trace_snapshot()
+            .context("the trace was not recorded")?;
+        // The sampler's choices are not reported per turn; each one fed back as the next
+        // forward's input is (a reply's last token may stay null, docs/TRACE.md).
+        t.infer_chosen();
+        let tok = self.chat.tokenizer();
+        t.write(&path, &minfer_generate::chat::Pieces(tok))
+            .with_context(|| format!("cannot write the trace {}", path.display()))?;
+        eprintln!(
+            "{}",
+            self.style.stats(&format!(
+                "[trace: {} forwards in {}]",
+                t.phases.len(),
+                path.display()
+            ))
+        );
+        Ok(())
     }
 
     fn command(&mut self, line: &str) -> anyhow::Result<Next> {
@@ -385,10 +420,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(n) = chat.template_notice() {
         eprintln!("{}", style.notice(&format!("note: {n}")));
     }
+    if args.trace.is_some() {
+        // Armed before any forward; a backend that cannot capture refuses here, naming itself.
+        chat.engine_mut().trace_begin()?;
+    }
     let mut repl = Repl {
         chat,
         style,
         session: args.session.clone(),
+        trace: args.trace.clone(),
     };
     if let Some(p) = &args.session {
         if p.exists() {

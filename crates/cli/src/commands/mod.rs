@@ -23,6 +23,7 @@ pub mod serve;
 pub mod split;
 pub mod synth;
 pub mod tokenize;
+pub mod trace_diff;
 
 /// `minfer run`, or with `--cnv` the chat REPL with `run`'s prompt as its first message.
 /// The dispatch lives here so that neither subcommand depends on the other.
@@ -43,6 +44,7 @@ pub fn run_or_chat(a: run::Args) -> anyhow::Result<()> {
         stop: a.stop,
         session: None,
         color: "auto".into(),
+        trace: a.trace,
     })
 }
 
@@ -86,6 +88,19 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
+/// The command printed its result and exits with this code, with no error line (`minfer
+/// trace-diff`: 1 when the traces differ).
+#[derive(Debug)]
+pub struct Quiet(pub u8);
+
+impl std::fmt::Display for Quiet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {}", self.0)
+    }
+}
+
+impl std::error::Error for Quiet {}
+
 /// The exit code of usage errors, as clap's.
 pub const USAGE_EXIT: u8 = 2;
 /// The exit code after Ctrl-C.
@@ -114,6 +129,9 @@ pub fn report(e: anyhow::Error) -> ExitCode {
     }
     if e.downcast_ref::<Interrupted>().is_some() {
         return ExitCode::from(INTERRUPTED_EXIT);
+    }
+    if let Some(q) = e.downcast_ref::<Quiet>() {
+        return ExitCode::from(q.0);
     }
     eprintln!("error: {}", chain_text(&e));
     if e.downcast_ref::<UsageError>().is_some() {

@@ -1,6 +1,6 @@
 //! `minfer run [-m MODEL] [PROMPT]`: one reply, streamed to stdout; timings on stderr.
-//! `MINFER_TRACE=<path>` writes the per-node trace of the reply's forwards there
-//! (`minfer_engine::trace`).
+//! `--trace FILE` (or `MINFER_TRACE=<path>`) writes the per-node trace of the reply's
+//! forwards there (`minfer_engine::trace`, docs/TRACE.md).
 
 use super::args::{max_tokens, n_predict_value, ModelArgs, SamplingArgs};
 use super::constraint_args::ConstraintArgs;
@@ -71,6 +71,11 @@ pub struct Args {
     /// Write the decode graph as JSON.
     #[arg(long = "dump-graph-json")]
     pub dump_graph_json: Option<PathBuf>,
+    /// Write the per-node trace of the reply's forwards to FILE (docs/TRACE.md): each node's
+    /// output stats and 64 sampled values, the top-5 logits and the token chosen. Overrides
+    /// MINFER_TRACE. A backend that cannot capture refuses (exit non-zero).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Conversation mode: the chat REPL (`minfer chat`), PROMPT being the first message.
     #[arg(long)]
     pub cnv: bool,
@@ -195,7 +200,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         logprobs: None,
         constraint,
     };
-    let trace = minfer_engine::trace::env_path();
+    // Off (no --trace, no MINFER_TRACE) nothing is armed: the engine then pays one Option
+    // test per forward and each backend one bool per node (ADR 0006).
+    let trace = args
+        .trace
+        .as_deref()
+        .or_else(|| minfer_engine::trace::env_path());
     if trace.is_some() {
         engine.trace_begin()?;
     }
@@ -229,7 +239,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .to_string()
     };
     if let Some(path) = trace {
-        let t = engine.trace_end()?.context("the trace was not recorded")?;
+        let mut t = engine.trace_end()?.context("the trace was not recorded")?;
+        t.set_chosen(&out.tokens);
         t.write(path, &Pieces(&tok))
             .with_context(|| format!("cannot write the trace {}", path.display()))?;
         eprintln!(
