@@ -5,8 +5,23 @@
 // the same device functions as the unfused MatMul → Rope → KvStore chain (mf_row1_any,
 // mf_rope_cs / mf_rope_lo / mf_rope_hi, mf_f2h, mf_kv_q8_block), so the two give the same bits.
 
-// Rows [0, q_dim) from wq, then kv_dim from wk, then kv_dim from wv (q_dim and kv_dim whole
-// row blocks of blockDim.x / 32, so a block reads one matrix). Shared memory as mf_mmvq1.
+// Rows [0, q_dim) from wq, then kv_dim from wk, then kv_dim from wv, walked as mf_mmvq1
+// walks its rows (mmvq.cu; a row's matrix chosen per row). Shared memory as mf_mmvq1.
+__device__ __forceinline__ void mf_qkv_row(int o, int q_dim, int kv_dim, int tyq, const u8 *wq,
+                                           u64 rbq, int tyk, const u8 *wk, u64 rbk, int tyv,
+                                           const u8 *wv, u64 rbv, const float *bq,
+                                           const float *bk, const float *bv, int *ty,
+                                           const u8 **row, u64 *rb, const float **bias,
+                                           int *r) {
+    if (o < q_dim) {
+        *ty = tyq, *r = o, *rb = rbq, *row = wq + (u64)o * rbq, *bias = bq;
+    } else if (o < q_dim + kv_dim) {
+        *ty = tyk, *r = o - q_dim, *rb = rbk, *row = wk + (u64)*r * rbk, *bias = bk;
+    } else {
+        *ty = tyv, *r = o - q_dim - kv_dim, *rb = rbv, *row = wv + (u64)*r * rbv, *bias = bv;
+    }
+}
+
 extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
                                    u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
                                    const float *bk, const float *bv, const float *x,
@@ -15,27 +30,39 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
-    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int n_rows = q_dim + 2 * kv_dim;
     int ty, r;
     const u8 *w;
     u64 rb;
     const float *bias;
-    if (o < q_dim) {
-        ty = tyq, w = wq, rb = rbq, bias = bq, r = o;
-    } else if (o < q_dim + kv_dim) {
-        ty = tyk, w = wk, rb = rbk, bias = bk, r = o - q_dim;
-    } else {
-        ty = tyv, w = wv, rb = rbv, bias = bv, r = o - q_dim - kv_dim;
+    int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o0 < n_rows) {
+        mf_qkv_row(o0, q_dim, kv_dim, tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, &ty,
+                   &w, &rb, &bias, &r);
+        if (MF_MV1_PREFETCH) mf_prefetch_row(w, rb);
     }
-    mf_prefetch_row(w + (u64)r * rb, rb);
     MF_PDL_ENTRY();
     mf_q8_shared(x, ne0, xq, xds, gain, eps);
-    float s = mf_row1_any(ty, w + (u64)r * rb, xq, xds, ne0 >> 5);
-    MF_PDL_TRIGGER();
-    if ((threadIdx.x & 31) == 0) {
-        if (bias) s = __fadd_rn(s, bias[r]);
-        row[o] = s;
+    MF_MV1_ROWS(o, n_rows) {
+        int nx = mf_mv1_next(o, n_rows);
+        if (MF_MV1_PREFETCH > 1 && nx >= 0) {
+            int tn, rn;
+            const u8 *wn;
+            u64 rbn;
+            const float *bn;
+            mf_qkv_row(nx, q_dim, kv_dim, tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv,
+                       &tn, &wn, &rbn, &bn, &rn);
+            mf_prefetch_row(wn, rbn);
+        }
+        mf_qkv_row(o, q_dim, kv_dim, tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, &ty,
+                   &w, &rb, &bias, &r);
+        float s = mf_row1_any(ty, w, xq, xds, ne0 >> 5);
+        if ((threadIdx.x & 31) == 0) {
+            if (bias) s = __fadd_rn(s, bias[r]);
+            row[o] = s;
+        }
     }
+    MF_PDL_TRIGGER();
 }
 
 // Element e of head row `h` (hd values at `x`) after RoPE at (c, s) of its pair.

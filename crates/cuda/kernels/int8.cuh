@@ -276,6 +276,19 @@ __device__ void mf_mmvq(const u8 *w, u64 row_bytes, const signed char *xq, const
 
 // Output rows per block: a warp each, blockDim.x / 32 (the host picks 4 or 8).
 
+// Ablation switches of the one-token walks (the host's `MINFER_CUDA_MV1_UNROLL=4`,
+// `MINFER_CUDA_MV1_PREFETCH=1|2`; the bits never depend on them): the row loops' unroll, and
+// which L2 prefetches run (0, the default: none; 1: a block's first rows before it waits for
+// its input; 2: those and each next row while the warp computes one). Measured on the 7B
+// (docs/PERFORMANCE.md, issue 27): unroll 4 and either prefetch are slower once the blocks
+// walk their rows (a resident wave keeps enough loads in flight on its own).
+#ifndef MF_MV1_UNROLL
+#define MF_MV1_UNROLL 2
+#endif
+#ifndef MF_MV1_PREFETCH
+#define MF_MV1_PREFETCH 0
+#endif
+
 // Asks L2 for a whole row (128-byte lines, a lane each, never past the row), so its weight
 // blocks are on their way while the kernel waits for the one before it (mf_pdl_wait) and
 // then quantizes x.
@@ -338,7 +351,11 @@ __device__ __forceinline__ float mf_row1(const u8 *row, const signed char *xq,
                                          const float2 *xds, int nb) {
     int lane = threadIdx.x & 31;
     float acc = 0.0f;
+#if MF_MV1_UNROLL == 4
+#pragma unroll 4
+#else
 #pragma unroll 2
+#endif
     for (int b0 = 0; b0 < nb; b0 += 32) {
         int b = b0 + lane;
         float c = 0.0f;
@@ -365,8 +382,175 @@ __device__ __forceinline__ float mf_row1(const u8 *row, const signed char *xq,
     return mf_lane8_sum(acc);
 }
 
+// A Q4_K row at a 16-byte-aligned address, the same bits as mf_row1<MF_Q4_K> with a
+// quarter of its memory instructions: lane l = 8 g + k still owns block b = 32 j + l
+// (superblock 4 j + g, sub-block k) and the partials chain exactly as there, but the lanes
+// of a superblock load it as one 16-byte header (broadcast) and eight contiguous 16-byte
+// quant chunks. Chunk k holds elements 16 h .. 16 h + 15 (h = k & 1) of sub-blocks 2 (k >> 1)
+// (low nibbles) and 2 (k >> 1) + 1 (high nibbles); the two lanes of a pair add their
+// integer halves (exact), after which lane k holds its own sub-block's whole dot product.
+__device__ __forceinline__ float mf_row1_q4k16(const u8 *row, const signed char *xq,
+                                               const float2 *xds, int nb) {
+    const int lane = threadIdx.x & 31, g = lane >> 3, k = lane & 7, h = k & 1;
+    const int nsb = nb >> 3;
+    float acc = 0.0f;
+#if MF_MV1_UNROLL == 4
+#pragma unroll 4
+#else
+#pragma unroll 2
+#endif
+    for (int s0 = 0; s0 < nsb; s0 += 4) {
+        const int sb = s0 + g;
+        const bool ok = sb < nsb;
+        int lo = 0, hi = 0;
+        float f1 = 0.0f, f2 = 0.0f;
+        float2 ds = make_float2(0.0f, 0.0f);
+        if (ok) {
+            const u8 *p = row + (u64)sb * 144;
+            const uint4 hd = *(const uint4 *)p;
+            const uint4 qv = *(const uint4 *)(p + 16 + 16 * k);
+            const u64 b0 = (u64)sb * 8 + (k & 6);
+            const uint4 xa = *(const uint4 *)(xq + b0 * 32 + 16 * h);
+            const uint4 xb = *(const uint4 *)(xq + (b0 + 1) * 32 + 16 * h);
+            const u32 q[4] = {qv.x, qv.y, qv.z, qv.w};
+            const int xl[4] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w};
+            const int xh[4] = {(int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                lo = mf_dp4a((int)(q[i] & 0x0F0F0F0Fu), xl[i], lo);
+                hi = mf_dp4a((int)((q[i] >> 4) & 0x0F0F0F0Fu), xh[i], hi);
+            }
+            // Scale byte i of the 12 after d|dmin, selected without a lane-indexed array
+            // (which would live in local memory).
+            const u64 k03 = (u64)hd.y | ((u64)hd.z << 32);
+#define MF_K4(i)                                                                                  \
+    ((int)(((i) < 8 ? (u32)(k03 >> (8 * (i))) : hd.w >> (8 * ((i) - 8))) & 0xffu))
+            int sc, mn;
+            if (k < 4) {
+                sc = MF_K4(k) & 63;
+                mn = MF_K4(k + 4) & 63;
+            } else {
+                sc = (MF_K4(k + 4) & 15) | ((MF_K4(k - 4) >> 6) << 4);
+                mn = (MF_K4(k + 4) >> 4) | ((MF_K4(k) >> 6) << 4);
+            }
+#undef MF_K4
+            f1 = __fmul_rn(mf_h2f((u16)(hd.x & 0xffffu)), (float)sc);
+            f2 = __fmul_rn(mf_h2f((u16)(hd.x >> 16)), (float)mn);
+            ds = xds[(u64)sb * 8 + k];
+        }
+        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+        MfWBlk wb;
+        wb.f1 = f1;
+        wb.f2 = f2;
+        const float c = ok ? mf_contrib<MF_Q4_K>(wb, h ? hi : lo, 0, ds.x, ds.y) : 0.0f;
+        float c8 = __shfl_down_sync(0xffffffffu, c, 8);
+        float c16 = __shfl_down_sync(0xffffffffu, c, 16);
+        float c24 = __shfl_down_sync(0xffffffffu, c, 24);
+        acc = __fadd_rn(acc, c);
+        acc = __fadd_rn(acc, c8);
+        acc = __fadd_rn(acc, c16);
+        acc = __fadd_rn(acc, c24);
+    }
+    return mf_lane8_sum(acc);
+}
+
+// 8 bytes at any address p as two words, from the three aligned words around them (reads
+// at most 3 bytes before p and 4 past p + 8; callers keep those inside the block).
+__device__ __forceinline__ uint2 mf_ld8_any(const u8 *p) {
+    const u32 *a = (const u32 *)((u64)p & ~(u64)3);
+    const u32 sh = 8 * (u32)((u64)p & 3);
+    const u32 w0 = a[0], w1 = a[1], w2 = a[2];
+    return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+
+// A Q6_K row, the same bits as mf_row1<MF_Q6_K> with fewer memory instructions (its
+// superblocks of 210 bytes are only 2-byte aligned, so mf_wload reads 2 bytes at a time).
+// Lane l = 8 g + k still owns block b = 32 j + l (superblock 4 j + g, sub-block k) and the
+// partials chain as there. The lanes of a superblock split its quants instead of each reading
+// its own sub-block's: lane k takes half h = k >> 2 and elements 8 q .. 8 q + 7 (q = k & 3) of
+// that half's four sub-blocks (8 bytes of each ql run and 8 of qh), weighs each sub-block's
+// integer dot product by the scale of its 16-element half, and the four lanes of the half
+// add their integers (exact): lane k then holds sub-block k's i1 * a + i2 * b, the integer
+// mf_contrib<MF_Q6_K> multiplies.
+__device__ __forceinline__ float mf_row1_q6k8(const u8 *row, const signed char *xq,
+                                              const float2 *xds, int nb) {
+    const int lane = threadIdx.x & 31, g = lane >> 3, k = lane & 7, h = k >> 2, q = k & 3;
+    const int nsb = nb >> 3;
+    float acc = 0.0f;
+#if MF_MV1_UNROLL == 4
+#pragma unroll 4
+#else
+#pragma unroll 2
+#endif
+    for (int s0 = 0; s0 < nsb; s0 += 4) {
+        const int sb = s0 + g;
+        const bool ok = sb < nsb;
+        int t[4] = {0, 0, 0, 0};
+        float d = 0.0f;
+        float2 ds = make_float2(0.0f, 0.0f);
+        if (ok) {
+            const u8 *p = row + (u64)sb * 210;
+            const uint2 l0 = mf_ld8_any(p + 64 * h + 8 * q);
+            const uint2 l1 = mf_ld8_any(p + 64 * h + 32 + 8 * q);
+            const uint2 hq = mf_ld8_any(p + 128 + 32 * h + 8 * q);
+            const u32 lw0[2] = {l0.x, l0.y}, lw1[2] = {l1.x, l1.y}, hw[2] = {hq.x, hq.y};
+            const u64 b0 = (u64)sb * 8 + 4 * h;
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const uint2 xv = *(const uint2 *)(xq + (b0 + jj) * 32 + 8 * q);
+                const u32 xw[2] = {xv.x, xv.y};
+                int dot = 0;
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const u32 lo = ((jj & 1) ? lw1[i] : lw0[i]) >> (4 * (jj >> 1));
+                    const u32 v = (lo & 0x0F0F0F0Fu) | (((hw[i] >> (2 * jj)) & 0x03030303u) << 4);
+                    const int w = (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+                    dot = mf_dp4a(w, (int)xw[i], dot);
+                }
+                t[jj] = dot * (int)(signed char)p[192 + 2 * (4 * h + jj) + (q >> 1)];
+            }
+            d = mf_ld_f16(p + 208);
+            ds = xds[(u64)sb * 8 + k];
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            t[jj] += __shfl_xor_sync(0xffffffffu, t[jj], 1);
+            t[jj] += __shfl_xor_sync(0xffffffffu, t[jj], 2);
+        }
+        MfWBlk wb;
+        wb.f1 = d;
+        wb.i1 = 1;
+        wb.i2 = 0;
+        const int mine = q == 0 ? t[0] : q == 1 ? t[1] : q == 2 ? t[2] : t[3];
+        const float c = ok ? mf_contrib<MF_Q6_K>(wb, mine, 0, ds.x, ds.y) : 0.0f;
+        float c8 = __shfl_down_sync(0xffffffffu, c, 8);
+        float c16 = __shfl_down_sync(0xffffffffu, c, 16);
+        float c24 = __shfl_down_sync(0xffffffffu, c, 24);
+        acc = __fadd_rn(acc, c);
+        acc = __fadd_rn(acc, c8);
+        acc = __fadd_rn(acc, c16);
+        acc = __fadd_rn(acc, c24);
+    }
+    return mf_lane8_sum(acc);
+}
+
+// `MF_MV1_NARROW_Q4K` / `MF_MV1_NARROW_Q6K` (the host's `MINFER_CUDA_MV1=narrow`,
+// `narrow-q4k`, `narrow-q6k`) keep those rows on mf_row1: the switches that measure the wide
+// walks against the narrow one (the same bits either way).
+#ifndef MF_MV1_NARROW_Q4K
+#define MF_MV1_NARROW_Q4K 0
+#endif
+#ifndef MF_MV1_NARROW_Q6K
+#define MF_MV1_NARROW_Q6K 0
+#endif
+
 __device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed char *xq,
                                              const float2 *xds, int nb) {
+    if (ty == MF_Q4_K && !MF_MV1_NARROW_Q4K && ((u64)row & 15) == 0)
+        return mf_row1_q4k16(row, xq, xds, nb);
+    if (ty == MF_Q6_K && !MF_MV1_NARROW_Q6K && ((u64)row & 1) == 0)
+        return mf_row1_q6k8(row, xq, xds, nb);
     switch (ty) {
     case MF_Q8_0: return mf_row1<MF_Q8_0>(row, xq, xds, nb);
     case MF_Q4_0: return mf_row1<MF_Q4_0>(row, xq, xds, nb);
@@ -377,3 +561,18 @@ __device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed
     }
 }
 
+// The one-token kernels (mf_mmvq1, mf_gate_up1, mf_qkv1) quantize x into shared memory once
+// per block and then walk rows o = blockIdx.x * W + warp, + gridDim.x * W, ... (W =
+// blockDim.x / 32, a row per warp at a time). The host launches one resident wave of blocks
+// (`MINFER_CUDA_MV1_GRID=rows`: a block per W rows instead, each quantizing x again), so the
+// prologue is paid once per block and the grid never ends in a partial wave. A row's bits do
+// not depend on the grid: each row is one warp's mf_row1_any. While a warp computes row o,
+// L2 is asked for its next one.
+#define MF_MV1_ROWS(o, n_out)                                                                     \
+    for (int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); o < (n_out);              \
+         o += gridDim.x * (blockDim.x >> 5))
+
+__device__ __forceinline__ int mf_mv1_next(int o, int n_out) {
+    int n = o + gridDim.x * (blockDim.x >> 5);
+    return n < n_out ? n : -1;
+}

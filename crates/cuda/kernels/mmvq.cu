@@ -36,18 +36,21 @@ extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const fl
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
-    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    bool live = o < n_out;
-    if (live) mf_prefetch_row(w + (u64)o * row_bytes, row_bytes);
+    int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (MF_MV1_PREFETCH && o0 < n_out) mf_prefetch_row(w + (u64)o0 * row_bytes, row_bytes);
     MF_PDL_ENTRY(); // the weights were constant before the kernel before this one ran
     mf_q8_shared(x, ne0, xq, xds, nullptr, 0.0f);
-    float s = mf_row1_any(ty, w + (u64)(live ? o : 0) * row_bytes, xq, xds, ne0 >> 5);
-    MF_PDL_TRIGGER();
-    if ((threadIdx.x & 31) == 0 && live) {
-        if (bias) s = __fadd_rn(s, bias[o]);
-        if (res) s = __fadd_rn(s, res[o]);
-        y[o] = s;
+    MF_MV1_ROWS(o, n_out) {
+        int nx = mf_mv1_next(o, n_out);
+        if (MF_MV1_PREFETCH > 1 && nx >= 0) mf_prefetch_row(w + (u64)nx * row_bytes, row_bytes);
+        float s = mf_row1_any(ty, w + (u64)o * row_bytes, xq, xds, ne0 >> 5);
+        if ((threadIdx.x & 31) == 0) {
+            if (bias) s = __fadd_rn(s, bias[o]);
+            if (res) s = __fadd_rn(s, res[o]);
+            y[o] = s;
+        }
     }
+    MF_PDL_TRIGGER();
 }
 
 // The decode FFN's gate and up products and SwiGLU in one launch: y[o] = silu(g) * u with
@@ -59,17 +62,22 @@ extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, 
     extern __shared__ float2 smem[];
     float2 *xds = smem;
     signed char *xq = (signed char *)(smem + (ne0 >> 5));
-    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    bool live = o < n_out;
-    u64 oo = live ? o : 0;
-    if (live) {
-        mf_prefetch_row(wg + oo * rbg, rbg);
-        mf_prefetch_row(wu + oo * rbu, rbu);
+    int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (MF_MV1_PREFETCH && o0 < n_out) {
+        mf_prefetch_row(wg + (u64)o0 * rbg, rbg);
+        mf_prefetch_row(wu + (u64)o0 * rbu, rbu);
     }
     MF_PDL_ENTRY();
     mf_q8_shared(x, ne0, xq, xds, gain, eps);
-    float g = mf_row1_any(tyg, wg + oo * rbg, xq, xds, ne0 >> 5);
-    float u = mf_row1_any(tyu, wu + oo * rbu, xq, xds, ne0 >> 5);
+    MF_MV1_ROWS(o, n_out) {
+        int nx = mf_mv1_next(o, n_out);
+        if (MF_MV1_PREFETCH > 1 && nx >= 0) {
+            mf_prefetch_row(wg + (u64)nx * rbg, rbg);
+            mf_prefetch_row(wu + (u64)nx * rbu, rbu);
+        }
+        float g = mf_row1_any(tyg, wg + (u64)o * rbg, xq, xds, ne0 >> 5);
+        float u = mf_row1_any(tyu, wu + (u64)o * rbu, xq, xds, ne0 >> 5);
+        if ((threadIdx.x & 31) == 0) y[o] = g / (1.0f + expf(-g)) * u;
+    }
     MF_PDL_TRIGGER();
-    if ((threadIdx.x & 31) == 0 && live) y[o] = g / (1.0f + expf(-g)) * u;
 }

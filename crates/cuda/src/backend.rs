@@ -128,6 +128,8 @@ pub struct CudaBackend {
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
     /// `MINFER_CUDA_MV1_WARPS=4` (an ablation switch; the bits do not depend on it).
     pub(crate) mv1_warps: usize,
+    /// How the one-token int8 kernels' blocks cover their rows (`MINFER_CUDA_MV1_GRID`).
+    pub(crate) mv1_grid: Mv1Grid,
     /// Whole splits replayed as CUDA graphs (off: `MINFER_CUDA_GRAPHS=0`, or profiling).
     replayer: Option<Replayer>,
     /// The current forward's row classes (crates/cuda/src/prompt.rs).
@@ -138,6 +140,18 @@ pub struct CudaBackend {
     pub(crate) half_weight: Option<(u64, u64)>,
     /// The activations the f16 activation scratch holds now.
     pub(crate) half_input: Option<HalfInput>,
+}
+
+/// The grid of the one-token int8 kernels, whose blocks walk their rows (kernels/int8.cuh).
+/// A row's bits never depend on it (one warp computes each row alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mv1Grid {
+    /// One resident wave of blocks (the default).
+    Wave,
+    /// A block per `mv1_warps` rows, each quantizing x again (`rows`: the older launch).
+    Rows,
+    /// At most this many blocks (a number: the gates walk many rows a warp with `1`).
+    Blocks(u32),
 }
 
 impl CudaBackend {
@@ -154,6 +168,18 @@ impl CudaBackend {
             4
         } else {
             8
+        };
+        let mv1_grid = match env("MINFER_CUDA_MV1_GRID").as_str() {
+            "" | "wave" => Mv1Grid::Wave,
+            "rows" => Mv1Grid::Rows,
+            n => match n.parse::<u32>() {
+                Ok(b) if b > 0 => Mv1Grid::Blocks(b),
+                _ => {
+                    return Err(format!(
+                        "MINFER_CUDA_MV1_GRID={n}: want wave, rows or a block count"
+                    ))
+                }
+            },
         };
         let profile = (env("MINFER_CUDA_PROFILE") == "1").then(Profile::default);
         let graphs = env("MINFER_CUDA_GRAPHS") != "0" && profile.is_none();
@@ -204,6 +230,7 @@ impl CudaBackend {
             attn_single,
             attn_warp_qt,
             mv1_warps,
+            mv1_grid,
             replayer: graphs.then(Replayer::default),
             rows: RowClasses::default(),
             prompt,

@@ -18,6 +18,53 @@ use sha2::{Digest, Sha256};
 use crate::lt::{GemmCall, GemmType, Lt};
 
 /// The kernel sources in program order (headers first).
+/// The one-token walks' ablation switches as defines for the program (kernels/int8.cuh; the
+/// bits never depend on them): `MINFER_CUDA_MV1=narrow[-q4k|-q6k]` keeps Q4_K / Q6_K rows on
+/// the narrow walk, `MINFER_CUDA_MV1_UNROLL=4` unrolls the row loops by 4 instead of 2,
+/// `MINFER_CUDA_MV1_PREFETCH=1|2` runs the first or both of the L2 prefetches (none by
+/// default).
+fn mv1_defines() -> DResult<String> {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let mut d = String::new();
+    match var("MINFER_CUDA_MV1").as_str() {
+        "" | "wide" => {}
+        "narrow" => d.push_str("#define MF_MV1_NARROW_Q4K 1\n#define MF_MV1_NARROW_Q6K 1\n"),
+        "narrow-q4k" => d.push_str("#define MF_MV1_NARROW_Q4K 1\n"),
+        "narrow-q6k" => d.push_str("#define MF_MV1_NARROW_Q6K 1\n"),
+        other => {
+            return Err(format!(
+                "MINFER_CUDA_MV1={other}: want wide, narrow, narrow-q4k or narrow-q6k"
+            ))
+        }
+    }
+    match var("MINFER_CUDA_MV1_UNROLL").as_str() {
+        "" | "2" => {}
+        "4" => d.push_str("#define MF_MV1_UNROLL 4\n"),
+        other => return Err(format!("MINFER_CUDA_MV1_UNROLL={other}: want 2 or 4")),
+    }
+    match var("MINFER_CUDA_MV1_PREFETCH").as_str() {
+        "" | "0" => {}
+        v @ ("1" | "2") => d.push_str(&format!("#define MF_MV1_PREFETCH {v}\n")),
+        other => return Err(format!("MINFER_CUDA_MV1_PREFETCH={other}: want 0, 1 or 2")),
+    }
+    Ok(d)
+}
+
+/// Kernel launches asked for so far, per kernel name ([`launches`]).
+static LAUNCHES: std::sync::Mutex<Option<HashMap<&'static str, u64>>> = std::sync::Mutex::new(None);
+
+/// Launches of `kernel` the executor asked for so far (issued, or recorded into a graph that
+/// is then replayed without counting), process-wide: what the gates read to show which
+/// kernels a path really ran.
+pub fn launches(kernel: &str) -> u64 {
+    LAUNCHES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(kernel).copied())
+        .unwrap_or(0)
+}
+
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("dequant.cuh", include_str!("../kernels/dequant.cuh")),
@@ -241,6 +288,10 @@ pub struct Gpu {
     pub cached: bool,
     /// Kernels launched as programmatic dependents of the one before them.
     pub pdl: bool,
+    /// Streaming multiprocessors of the device.
+    pub sm_count: u32,
+    /// [`Gpu::resident_blocks`] per (kernel, threads, shared bytes).
+    resident: RefCell<HashMap<(&'static str, u32, u32), u32>>,
     /// Every allocation made (pointer, bytes), freed at drop.
     allocs: Vec<(u64, usize)>,
     /// Page-locked staging for large reads (grown to a power of two, kept).
@@ -292,6 +343,13 @@ impl Gpu {
         } else {
             src
         };
+        let src = format!("{}{src}", mv1_defines()?);
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| drv("multiprocessor count", e))?
+            .max(1) as u32;
         let path = cache_path(&src, &arch);
         let cached_ptx = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
         let cached = cached_ptx.is_some();
@@ -329,10 +387,31 @@ impl Gpu {
             total_mem,
             cached,
             pdl,
+            sm_count,
+            resident: RefCell::new(HashMap::new()),
             allocs: Vec::new(),
             staging: RefCell::new(None),
             lt: None,
         })
+    }
+
+    /// How many blocks of `kernel` (`threads` each, `shared` dynamic bytes) the whole GPU
+    /// holds at once: its multiprocessors times the driver's occupancy (cached per shape).
+    pub fn resident_blocks(&self, kernel: &str, threads: u32, shared: u32) -> DResult<u32> {
+        let (&key, f) = self
+            .funcs
+            .get_key_value(kernel)
+            .ok_or_else(|| format!("no kernel {kernel}"))?;
+        if let Some(&n) = self.resident.borrow().get(&(key, threads, shared)) {
+            return Ok(n);
+        }
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
+            .map_err(|e| drv(&format!("occupancy of {kernel}"), e))?
+            .max(1);
+        let n = per_sm * self.sm_count;
+        self.resident.borrow_mut().insert((key, threads, shared), n);
+        Ok(n)
     }
 
     /// The GEMM plan of `n` outputs over rows of `k` in `ty` (cuBLASLt opened on first use;
@@ -518,6 +597,12 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        *LAUNCHES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .entry(key)
+            .or_insert(0) += 1;
         let l = Work::Kernel(Launch {
             kernel: key,
             grid,

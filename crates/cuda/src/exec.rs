@@ -6,7 +6,7 @@ use minfer_graph::{
     BufId, ExecArgs, KvKind, Node, Op, QkvFused, RopeStyle, RowClass, WindowLayout, KV_MAP_RUNS,
 };
 
-use crate::backend::{theta_scale, type_code, CudaBackend, Matrix, Scratch};
+use crate::backend::{theta_scale, type_code, CudaBackend, Matrix, Mv1Grid, Scratch};
 use crate::device::{Arg, DResult};
 
 /// Output rows and tokens per block of the int8 matmuls (kernels/mmvq.cu `MF_MV_*`).
@@ -380,9 +380,10 @@ impl CudaBackend {
                     None => (0, 0.0),
                 };
                 let out = self.out(node, args)?;
+                let grid = self.mv1_grid("mf_gate_up1", ne0, self.mv1_warps, shared)?;
                 self.gpu.launch_shared(
                     "mf_gate_up1",
-                    (ne0.div_ceil(self.mv1_warps) as u32, 1, 1),
+                    (grid, 1, 1),
                     32 * self.mv1_warps as u32,
                     shared,
                     &[
@@ -559,9 +560,10 @@ impl CudaBackend {
     fn launch_mv1(&mut self, m: &Matrix, x: u64, out: u64, bias: u64, res: u64) -> DResult<()> {
         let ty = type_code(m.ty).ok_or("weight type")?;
         let shared = mv1_shared(m.ne0).ok_or("the one-token row is too long")?;
+        let grid = self.mv1_grid("mf_mmvq1", m.ne1, self.mv1_warps, shared)?;
         self.gpu.launch_shared(
             "mf_mmvq1",
-            (m.ne1.div_ceil(self.mv1_warps) as u32, 1, 1),
+            (grid, 1, 1),
             32 * self.mv1_warps as u32,
             shared,
             &[
@@ -576,6 +578,21 @@ impl CudaBackend {
                 Arg::I32(m.ne1 as i32),
             ],
         )
+    }
+
+    /// Blocks of a one-token kernel (`warps` rows at a time each) over `rows` output rows,
+    /// as [`Mv1Grid`] says: never more than a block per `warps` rows.
+    fn mv1_grid(&self, kernel: &str, rows: usize, warps: usize, shared: u32) -> DResult<u32> {
+        let per_rows = rows.div_ceil(warps) as u32;
+        Ok(match self.mv1_grid {
+            Mv1Grid::Rows => per_rows,
+            Mv1Grid::Blocks(b) => per_rows.min(b),
+            Mv1Grid::Wave => per_rows.min(self.gpu.resident_blocks(
+                kernel,
+                32 * warps as u32,
+                shared,
+            )?),
+        })
     }
 
     /// [`Op::QkvRopeStore`] (no per-head norm): `mf_qkv1` then `mf_rope_store`, the unfused
@@ -659,13 +676,9 @@ impl CudaBackend {
         } else {
             MV1_ROWS
         };
-        self.gpu.launch_shared(
-            "mf_qkv1",
-            (rows.div_ceil(warps) as u32, 1, 1),
-            32 * warps as u32,
-            shared,
-            &a,
-        )?;
+        let grid = self.mv1_grid("mf_qkv1", rows, warps, shared)?;
+        self.gpu
+            .launch_shared("mf_qkv1", (grid, 1, 1), 32 * warps as u32, shared, &a)?;
         let units = if ty == 2 { kv_dim / 32 } else { kv_dim };
         self.gpu.launch(
             "mf_rope_store",

@@ -26,6 +26,8 @@ mod scratch;
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CUDA_PRIORITY};
 #[cfg(feature = "cuda")]
+pub use device::launches;
+#[cfg(feature = "cuda")]
 pub use replay::graph_replays;
 
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.

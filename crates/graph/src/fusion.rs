@@ -7,9 +7,10 @@
 //!   - a layer's Q/K/V chain — `MatMul(+bias)` or `MatMul → RmsNorm(head)` for q, k and v,
 //!     `Rope` of q and k, `KvStore` of k and v — becomes one [`Op::QkvRopeStore`] whose
 //!     output is the roped q (the attention reads it; it runs after the stores it replaced);
-//!   - the FFN `silu(x·Wg) * (x·Wu)` becomes [`Op::FfnGateUp`] when the FFN has at most
-//!     [`MAX_FUSED_FFN`] rows (a larger gate|up concatenation would cost more memory than the
-//!     dispatch it saves).
+//!   - the FFN `silu(x·Wg) * (x·Wu)` becomes [`Op::FfnGateUp`] (a backend that concatenates
+//!     gate|up, Metal, refuses it past [`MAX_FUSED_FFN`] rows in its `supports_op`: a larger
+//!     concatenation would cost more memory than the dispatch it saves; CUDA reads the two
+//!     matrices where they are).
 //!   - then a whole-row `RmsNorm` feeding only such a fused node folds into it as its
 //!     [`InputNorm`] (the node normalises its input itself);
 //!   - and `Add(MatMul(x), r)` (either side), the MatMul consumed by the Add alone, becomes
@@ -26,7 +27,8 @@ use crate::ir::{
     DType, Graph, InputKind, InputNorm, KvKind, Node, NodeId, Op, QkNormSpec, QkvFused,
 };
 
-/// Largest FFN (rows of gate and of up) fused into [`Op::FfnGateUp`].
+/// Largest FFN (rows of gate and of up) a backend that concatenates gate|up fuses into
+/// [`Op::FfnGateUp`].
 pub const MAX_FUSED_FFN: usize = 16384;
 
 /// Which decode rewrites run (the SwiGLU rewrite always does).
@@ -364,7 +366,7 @@ fn fuse_ffn(graph: &mut Graph, backends: &[Box<dyn Backend>], weights: &dyn Weig
 
 /// `SwiGLU(x·Wg, x·Wu)` or `Mul(Silu(x·Wg), x·Wu)` (either side) of one token.
 fn match_ffn(v: &View, m: &Node) -> Option<(NodeId, Op, Vec<NodeId>)> {
-    if m.dead || m.shape[1] != 1 || m.shape[0] > MAX_FUSED_FFN || m.src.len() != 2 {
+    if m.dead || m.shape[1] != 1 || m.src.len() != 2 {
         return None;
     }
     let (gate_mm, up_mm, mut dead) = match m.op {

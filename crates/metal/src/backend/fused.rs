@@ -43,7 +43,18 @@ pub(crate) fn refusal<D: Device>(dev: &D, op: &Op, weights: &dyn WeightSource) -
             gate,
             up,
             in_norm: None,
-        } => concat_refusal(dev, weights, &[*gate, *up]),
+        } => {
+            // The gate|up concatenation costs memory: past MAX_FUSED_FFN rows it costs more
+            // than the dispatch it saves.
+            let rows = weights.weight(*gate).map_or(0, |w| w.ne1);
+            if rows > minfer_graph::MAX_FUSED_FFN {
+                return Some(format!(
+                    "a gate|up concatenation of {rows} rows (more than {})",
+                    minfer_graph::MAX_FUSED_FFN
+                ));
+            }
+            concat_refusal(dev, weights, &[*gate, *up])
+        }
         _ => Some(format!("{} is not a fused op", op.name())),
     }
 }

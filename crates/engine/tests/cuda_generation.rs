@@ -1,0 +1,221 @@
+//! Generation rows on the CUDA backend (issue 27): a sequence's decode step gives the same
+//! bits alone (the one-token kernels `mf_mmvq1`, `mf_qkv1`, `mf_gate_up1`) as among eight
+//! generation rows (the many-token kernels `mf_mmvq_*` / `mf_mmq_*`, which compute the
+//! canonical block order their own way: eight lanes a row or tensor-core tiles, 4-byte
+//! weight loads), whatever grid the one-token
+//! kernels walk their rows with (`MINFER_CUDA_MV1_GRID`: one resident wave, a block per eight
+//! rows, one block walking every row) and whichever Q4_K load path they take
+//! (`MINFER_CUDA_MV1=narrow`). Prints SKIP and passes where no CUDA device exists;
+//! scripts/gpu-gate runs it on the H200, one test per process (the switches are read when
+//! an engine loads).
+//!
+//! Tolerance class: none. Every path computes each row's block contributions with the same
+//! rounded operations and chains them in the same order (kernels/int8.cuh), so the bar is
+//! bit equality. Controls: another generated token gives other bits (the comparison is not
+//! of constants), and the kernel launch counters show that the alone and the batched steps
+//! ran different kernels.
+
+#![cfg(feature = "cuda")]
+
+use minfer_engine::{BatchEntry, Engine, EngineConfig, FusionConfig};
+use minfer_gguf::GgmlType;
+use minfer_models::Arch;
+use minfer_testkit::logits::bits;
+use minfer_testkit::synth::{self, Tiny};
+use std::path::{Path, PathBuf};
+
+fn gpu() -> bool {
+    match minfer_cuda::available() {
+        Ok(()) => true,
+        Err(why) => {
+            println!("SKIP: no CUDA device ({why})");
+            false
+        }
+    }
+}
+
+/// A model wide enough that a Q4_K row spans 7 and 14 superblocks (the 7B's 14 and 74 are
+/// not multiples of the wide walk's four either), with a KV group of 7 query heads.
+fn wide_model(arch: Arch, ty: GgmlType) -> PathBuf {
+    let mut t = Tiny::new(arch, ty);
+    t.d = 1792;
+    t.ff = 3584;
+    t.head_dim = 64;
+    t.n_head = 28;
+    t.n_head_kv = 4;
+    t.vocab = 300;
+    synth::write(&t)
+}
+
+fn engine(path: &Path) -> Engine {
+    engine_with(path, FusionConfig::ALL)
+}
+
+fn engine_with(path: &Path, fusion: FusionConfig) -> Engine {
+    Engine::load(
+        path,
+        EngineConfig {
+            n_ctx: 128,
+            threads: 2,
+            cache_type: GgmlType::F16,
+            backends: vec!["cuda".into()],
+            n_batch: 512,
+            fusion,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn prompt(i: usize) -> Vec<u32> {
+    (0..3 + 2 * i)
+        .map(|k| ((k * 37 + i * 11) % 299) as u32)
+        .collect()
+}
+
+/// Launches of the one-token kernels so far.
+fn one_token_launches() -> u64 {
+    ["mf_mmvq1", "mf_qkv1", "mf_gate_up1"]
+        .iter()
+        .map(|k| minfer_cuda::launches(k))
+        .sum()
+}
+
+/// Launches of the many-token int8 kernels of `ty` so far: the dp4a kernel and the
+/// tensor-core tiles (which of them eight rows take is the backend's choice).
+fn many_token_launches(ty: GgmlType) -> u64 {
+    let t = ty.to_string().to_lowercase();
+    ["", "_r128", "_t32", "_k8"]
+        .iter()
+        .map(|tile| minfer_cuda::launches(&format!("mf_mmq_{t}{tile}")))
+        .sum::<u64>()
+        + minfer_cuda::launches(&format!("mf_mmvq_{t}"))
+}
+
+/// Each sequence prefilled alone, then one generated token: its logits' bits, with the
+/// one-token kernels' launch count of the steps.
+fn alone(path: &Path, token: u32) -> (Vec<Vec<u32>>, u64) {
+    let mut out = Vec::new();
+    let mut launched = 0;
+    for i in 0..8 {
+        let p = prompt(i);
+        let mut e = engine(path);
+        e.decode(&p, 0, 1).unwrap();
+        let before = one_token_launches();
+        let l = e.decode_generated(&[token], p.len(), 1).unwrap().to_vec();
+        launched += one_token_launches() - before;
+        out.push(bits(&l));
+    }
+    (out, launched)
+}
+
+/// The eight sequences prefilled, then their generated tokens in one forward.
+fn batched(path: &Path, token: u32, ty: GgmlType) -> (Vec<Vec<u32>>, u64, u64) {
+    let mut e = engine(path);
+    let prompts: Vec<Vec<u32>> = (0..8).map(prompt).collect();
+    let seqs: Vec<_> = (0..8).map(|_| e.seq_create()).collect();
+    let entries: Vec<BatchEntry> = seqs
+        .iter()
+        .zip(&prompts)
+        .map(|(&s, p)| BatchEntry::new(s, p, 0))
+        .collect();
+    e.forward_batch(&entries).unwrap();
+    let toks = [token];
+    let step: Vec<BatchEntry> = seqs
+        .iter()
+        .zip(&prompts)
+        .map(|(&s, p)| BatchEntry::generated(s, &toks, p.len()))
+        .collect();
+    let (one0, multi0) = (one_token_launches(), many_token_launches(ty));
+    let out = e.forward_batch(&step).unwrap();
+    let got = (0..8).map(|i| bits(out.logits(i))).collect();
+    (
+        got,
+        one_token_launches() - one0,
+        many_token_launches(ty) - multi0,
+    )
+}
+
+fn with_env<T>(vars: &[(&str, &str)], f: impl FnOnce() -> T) -> T {
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+    let r = f();
+    for (k, _) in vars {
+        std::env::remove_var(k);
+    }
+    r
+}
+
+#[test]
+fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
+    if !gpu() {
+        return;
+    }
+    let cases = [
+        (Arch::Qwen2, GgmlType::Q4K),
+        (Arch::Llama, GgmlType::Q6K),
+        (Arch::Qwen2, GgmlType::Q8_0),
+        (Arch::Llama, GgmlType::Q5_0),
+        (Arch::Qwen2, GgmlType::Q4_0),
+    ];
+    for (arch, ty) in cases {
+        let path = wide_model(arch, ty);
+        let (want, one_b, multi_b) = batched(&path, 17, ty);
+        assert_eq!(one_b, 0, "{ty}: the batched step ran one-token kernels");
+        assert!(
+            multi_b > 0,
+            "{ty}: the batched step never ran mf_mmvq_* / mf_mmq_*"
+        );
+        let variants: [(&str, &[(&str, &str)]); 5] = [
+            ("wave", &[]),
+            ("rows", &[("MINFER_CUDA_MV1_GRID", "rows")]),
+            ("one block", &[("MINFER_CUDA_MV1_GRID", "1")]),
+            ("narrow walks", &[("MINFER_CUDA_MV1", "narrow")]),
+            (
+                "unrolled by 4, both prefetches",
+                &[
+                    ("MINFER_CUDA_MV1_UNROLL", "4"),
+                    ("MINFER_CUDA_MV1_PREFETCH", "2"),
+                ],
+            ),
+        ];
+        for (name, vars) in variants {
+            let (got, launched) = with_env(vars, || alone(&path, 17));
+            assert!(launched > 0, "{ty} {name}: the one-token kernels never ran");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g == w;
+                println!("{arch:?} {ty} {name}: sequence {i} alone == among eight: {same}");
+                assert!(same, "{arch:?} {ty} {name}: sequence {i}");
+            }
+        }
+        let (other, _) = alone(&path, 18);
+        assert_ne!(other[0], want[0], "{ty} control: another token differs");
+    }
+}
+
+/// The 7B's FFN (18,944 rows) is past Metal's gate|up concatenation cap; CUDA reads gate and
+/// up where they are, so its decode graph fuses every layer's FFN (and folds the norm in).
+/// Control: the same model with the FFN fusion off has none.
+#[test]
+fn an_ffn_past_the_concatenation_cap_is_fused_on_cuda() {
+    if !gpu() {
+        return;
+    }
+    let mut t = Tiny::new(Arch::Qwen2, GgmlType::Q4K);
+    t.ff = minfer_graph::MAX_FUSED_FFN + 256;
+    let path = synth::write(&t);
+    let count = |e: &mut Engine| {
+        let g = e.ops_in_graph(1).unwrap();
+        g.iter().find(|(n, _)| *n == "FfnGateUp").map_or(0, |c| c.1)
+    };
+    let fused = count(&mut engine(&path));
+    println!("ff {}: FfnGateUp nodes {fused}", t.ff);
+    assert_eq!(fused, t.layers, "every layer's FFN fused");
+    let no_ffn = FusionConfig {
+        ffn: false,
+        ..FusionConfig::ALL
+    };
+    let off = count(&mut engine_with(&path, no_ffn));
+    assert_eq!(off, 0, "control: with the FFN fusion off nothing is fused");
+}
