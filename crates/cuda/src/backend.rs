@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    move_plan, Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout,
-    Node, Op, Result as GraphResult, RopeSpec, RopeStyle, RowClasses, WeightId, WeightRef,
-    WeightSource,
+    move_plan, Backend, BackendId, BufId, CaptureLog, DType, Error as GraphError, ExecArgs,
+    FusedOp, KvLayout, Node, NodeId, Op, Result as GraphResult, RopeSpec, RopeStyle, RowClasses,
+    WeightId, WeightRef, WeightSource,
 };
 
 use crate::device::{Arg, DResult, Gpu};
@@ -140,6 +140,9 @@ pub struct CudaBackend {
     pub(crate) half_weight: Option<(u64, u64)>,
     /// The activations the f16 activation scratch holds now.
     pub(crate) half_input: Option<HalfInput>,
+    /// Node outputs kept for a trace while armed ([`Backend::capture`]): each read back right
+    /// after its node ran, the split run eagerly (no graph replay) while armed.
+    captures: CaptureLog,
 }
 
 /// The grid of the one-token int8 kernels, whose blocks walk their rows (kernels/int8.cuh).
@@ -236,6 +239,7 @@ impl CudaBackend {
             prompt,
             half_weight: None,
             half_input: None,
+            captures: CaptureLog::default(),
         })
     }
 
@@ -343,6 +347,21 @@ struct Profile {
 }
 
 impl CudaBackend {
+    /// A captured node's output, read back now (the stream is in order, so the read sees the
+    /// values as the node wrote them, before any later node reuses the buffer).
+    fn capture_output(&mut self, node: &Node, out: BufId) -> DResult<()> {
+        let (ptr, len) = self.buf(out)?;
+        let bytes = (node.n_elems() * 4).min(len);
+        let mut raw = vec![0u8; bytes];
+        self.gpu.download(ptr, &mut raw)?;
+        let values = raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        self.captures.push(node.id, values);
+        Ok(())
+    }
+
     fn profile_collect(&mut self) {
         if let Some(p) = &mut self.profile {
             for (k, a, b) in p.pending.drain(..) {
@@ -650,10 +669,27 @@ impl Backend for CudaBackend {
             }),
             None => r,
         };
+        let r = match (r, args.out) {
+            (Ok(()), Some(out))
+                if self.captures.armed() && minfer_graph::capture::captured(node) =>
+            {
+                self.capture_output(node, out)
+            }
+            (r, _) => r,
+        };
         r.map_err(|e| GraphError::Exec {
             node: node.name.clone(),
             problem: format!("{} ({}): {e}", self.name, node.op.name()),
         })
+    }
+
+    fn capture(&mut self, on: bool) -> GraphResult<()> {
+        self.captures.arm(on);
+        Ok(())
+    }
+
+    fn take_captures(&mut self) -> GraphResult<Vec<(NodeId, Vec<f32>)>> {
+        Ok(self.captures.take())
     }
 
     fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> GraphResult<()> {
@@ -662,7 +698,9 @@ impl Backend for CudaBackend {
         self.q8_input = None;
         self.half_input = None;
         self.half_weight = None;
-        if self.replayer.is_none() {
+        // While a trace is armed every node's output is read back as it runs, which would
+        // make a recorded split eager anyway: run it eagerly from the start.
+        if self.replayer.is_none() || self.captures.armed() {
             for (node, a) in nodes.iter().zip(args) {
                 self.execute_node(node, a)?;
             }
