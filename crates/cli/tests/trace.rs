@@ -178,3 +178,49 @@ fn chosen_tokens_are_the_replys_and_chat_traces_its_session() {
     // The first choice is the next forward's input, as the trace infers it.
     assert!(phases[0]["chosen"]["id"].is_u64());
 }
+
+/// `bench --trace`: one untimed run of each test lands in the file (pp 6: one prefill of 6
+/// tokens; tg 3: three one-token forwards), and the timed rows are still printed. Control:
+/// --trace with --parallel is refused (exit 2) rather than writing a trace of other runs.
+#[test]
+fn bench_traces_one_untimed_run_of_each_test() {
+    let model = tmp("tiny-bench.gguf");
+    synth(&model);
+    let path = tmp("trace-bench.json");
+    let out = minfer()
+        .args(["bench", "-p", "6", "-n", "3", "-r", "2", "-o", "json"])
+        .arg("-m")
+        .arg(&model)
+        .arg("--trace")
+        .arg(&path)
+        .env_remove("MINFER_TRACE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("trace: 4 forwards"), "{err}");
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rows.to_string().contains("tg3"), "{rows}");
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let shape: Vec<u64> = j["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["n_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(shape, [6, 1, 1, 1]);
+    assert_eq!(j["phases"][0]["kind"], "prefill");
+    for p in j["phases"].as_array().unwrap() {
+        assert!(p["nodes"].as_array().unwrap().len() > 20);
+        assert!(p["chosen"].is_null(), "bench samples nothing");
+    }
+    let out = minfer()
+        .args(["bench", "--parallel", "2", "-p", "4", "-n", "2"])
+        .arg("-m")
+        .arg(&model)
+        .arg("--trace")
+        .arg(tmp("never.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -9,6 +9,7 @@ mod dump;
 pub mod fastdot;
 pub mod llamacpp_x86;
 pub mod ops;
+pub mod plant;
 pub mod simd;
 pub mod threads;
 
@@ -77,6 +78,8 @@ pub struct CpuBackend {
     vectors: Vec<Option<Vec<f32>>>,
     /// Node outputs kept for a trace while armed ([`Backend::capture`]).
     captures: CaptureLog,
+    /// The test-only planted kernel bug (`MINFER_TEST_PLANT_CPU`, [`plant`]); None normally.
+    plant: Option<plant::Plant>,
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -103,6 +106,8 @@ impl CpuBackend {
             pool: Vec::new(),
             vectors: Vec::new(),
             captures: CaptureLog::default(),
+            // The CLI refuses a bad value at start; elsewhere it plants nothing.
+            plant: plant::from_env().ok().flatten(),
         }
     }
 
@@ -223,7 +228,11 @@ impl CpuBackend {
                         w.len()
                     )));
                 }
-                norm::rms_norm(&src(0)?[..n], w, *eps, out);
+                let eps = match &self.plant {
+                    Some(p) if p.hits(node) => *eps + plant::PLANTED_EPS,
+                    _ => *eps,
+                };
+                norm::rms_norm(&src(0)?[..n], w, eps, out);
             }
             Op::Rope {
                 style,

@@ -120,6 +120,45 @@ pub struct Phase {
     pub chosen: Option<u32>,
 }
 
+impl Phase {
+    /// One element of the document's `phases` (docs/TRACE.md); `text` renders the input
+    /// and chosen tokens.
+    pub fn to_json(&self, text: &dyn TokenBytes) -> Value {
+        let bytes: Vec<u8> = self
+            .tokens
+            .iter()
+            .flat_map(|&t| text.token_bytes(t))
+            .collect();
+        let nodes: Vec<Value> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                json!({
+                    "name": n.name, "op": n.op, "backend": n.backend, "shape": n.shape,
+                    "min": n.min, "max": n.max, "mean": n.mean, "absmean": n.absmean,
+                    "nan": n.nan, "inf": n.inf,
+                    "sample": n.sample.iter().map(|&x| f32_json(x)).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({
+            "kind": match self.kind {
+                PhaseKind::Prefill => "prefill",
+                PhaseKind::Decode => "decode",
+            },
+            "step": self.step,
+            "n_tokens": self.tokens.len(),
+            "nodes": nodes,
+            "top5": self.top5.iter().map(|&(t, l)| json!([t, f32_json(l)])).collect::<Vec<_>>(),
+            "text": String::from_utf8_lossy(&bytes),
+            "chosen": self.chosen.map(|t| json!({
+                "id": t,
+                "text": String::from_utf8_lossy(&text.token_bytes(t)),
+            })),
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Trace {
     pub model: String,
@@ -156,40 +195,7 @@ impl Trace {
 
     /// The `minfer-trace` document, version 1; `text` is the phase's input tokens' text.
     pub fn to_json(&self, text: &dyn TokenBytes) -> Value {
-        let phases: Vec<Value> = self
-            .phases
-            .iter()
-            .map(|p| {
-                let bytes: Vec<u8> = p.tokens.iter().flat_map(|&t| text.token_bytes(t)).collect();
-                let nodes: Vec<Value> = p
-                    .nodes
-                    .iter()
-                    .map(|n| {
-                        json!({
-                            "name": n.name, "op": n.op, "backend": n.backend, "shape": n.shape,
-                            "min": n.min, "max": n.max, "mean": n.mean, "absmean": n.absmean,
-                            "nan": n.nan, "inf": n.inf,
-                            "sample": n.sample.iter().map(|&x| f32_json(x)).collect::<Vec<_>>(),
-                        })
-                    })
-                    .collect();
-                json!({
-                    "kind": match p.kind {
-                        PhaseKind::Prefill => "prefill",
-                        PhaseKind::Decode => "decode",
-                    },
-                    "step": p.step,
-                    "n_tokens": p.tokens.len(),
-                    "nodes": nodes,
-                    "top5": p.top5.iter().map(|&(t, l)| json!([t, f32_json(l)])).collect::<Vec<_>>(),
-                    "text": String::from_utf8_lossy(&bytes),
-                    "chosen": p.chosen.map(|t| json!({
-                        "id": t,
-                        "text": String::from_utf8_lossy(&text.token_bytes(t)),
-                    })),
-                })
-            })
-            .collect();
+        let phases: Vec<Value> = self.phases.iter().map(|p| p.to_json(text)).collect();
         json!({
             "format": "minfer-trace",
             "version": 1,
@@ -283,6 +289,16 @@ impl Engine {
     /// A copy of the trace so far, capture staying armed (None when none was begun).
     pub fn trace_snapshot(&mut self) -> Option<Trace> {
         self.runner.trace_slot().clone()
+    }
+
+    /// Copies of the phases recorded from index `from` on, capture staying armed (empty
+    /// when no trace was begun): what a live view streams after each forward.
+    pub fn trace_phases_from(&mut self, from: usize) -> Vec<Phase> {
+        self.runner
+            .trace_slot()
+            .as_ref()
+            .map(|t| t.phases.get(from..).unwrap_or_default().to_vec())
+            .unwrap_or_default()
     }
 
     /// Disarms capture and hands the trace over (None when none was begun).

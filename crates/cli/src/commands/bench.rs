@@ -16,6 +16,8 @@
 //!   into forwards of up to `-b` tokens, then generate `-n` tokens each, one token of every
 //!   sequence per forward; rows report prefill, aggregate decode and total rates
 //!   ([`parallel`]).
+//! - `--trace FILE`: after the timed repetitions, one more untimed run of every test is
+//!   traced per node ([`trace`], docs/TRACE.md); the timed runs never have capture armed.
 
 mod membw;
 mod parallel;
@@ -23,6 +25,7 @@ mod report;
 mod stats;
 mod sysinfo;
 mod target;
+mod trace;
 
 use crate::usage;
 use anyhow::{bail, Context};
@@ -115,6 +118,11 @@ pub struct Args {
     /// Per-repetition progress on stderr.
     #[arg(long)]
     pub progress: bool,
+    /// After the timed repetitions, trace one untimed run of every test (at every depth) to
+    /// FILE (docs/TRACE.md): each node's output stats, the top-5 logits. Capture is never
+    /// armed in a timed run. Needs one thread count; not with --parallel.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// The smallest `--membw-mib`: larger than the last-level caches of common desktop CPUs
@@ -164,6 +172,14 @@ pub trait Target {
     fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> anyhow::Result<()>;
     /// One forward of entries of several sequences (logits computed, not returned).
     fn forward_batch(&mut self, entries: &[BatchEntry]) -> anyhow::Result<()>;
+    /// Arms the per-node trace: the forwards until [`Target::trace_end`] are recorded.
+    fn trace_begin(&mut self) -> anyhow::Result<()> {
+        bail!("this bench target cannot trace")
+    }
+    /// Disarms the trace and writes it to `path`; returns how many forwards it holds.
+    fn trace_end(&mut self, _path: &std::path::Path) -> anyhow::Result<usize> {
+        bail!("this bench target cannot trace")
+    }
 }
 
 /// Seeded token ids uniform over `0..vocab` (xorshift64*; the ids only need to be valid and
@@ -334,6 +350,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.membw_mib
         );
     }
+    if args.trace.is_some() {
+        if !args.parallel.is_empty() {
+            usage!("--trace traces the pp and tg tests; it cannot be used with --parallel");
+        }
+        if args.threads.len() > 1 {
+            usage!("--trace traces the runs of one thread count: give one -t value");
+        }
+    }
     if !args.parallel.is_empty() {
         return run_parallel(&args);
     }
@@ -361,6 +385,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let loaded = target::load(path, &args, threads, n_ctx)?;
             let f = facts.get_or_insert(loaded.facts.clone());
             let mut engine = loaded.target;
+            let mut traced = Vec::new();
             for (&d, &test) in args
                 .n_depth
                 .iter()
@@ -414,6 +439,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     )
                     .at_depth(d),
                 );
+                if args.trace.is_some() {
+                    traced.push((test, tokens, depth));
+                }
+            }
+            if let Some(p) = &args.trace {
+                let n = trace::traced_runs(engine.as_mut(), &traced, p)
+                    .with_context(|| format!("--trace {}", p.display()))?;
+                eprintln!("trace: {n} forwards in {}", p.display());
             }
         }
     }
@@ -570,6 +603,9 @@ mod tests {
         /// The row class of each call.
         classes: Vec<RowClass>,
         clears: usize,
+        /// Whether the trace is armed, and whether each call ran armed.
+        armed: bool,
+        armed_calls: Vec<bool>,
     }
 
     impl Target for Recorder {
@@ -585,7 +621,16 @@ mod tests {
         ) -> anyhow::Result<()> {
             self.calls.push((tokens.len(), pos0, n_out));
             self.classes.push(class);
+            self.armed_calls.push(self.armed);
             Ok(())
+        }
+        fn trace_begin(&mut self) -> anyhow::Result<()> {
+            self.armed = true;
+            Ok(())
+        }
+        fn trace_end(&mut self, _: &std::path::Path) -> anyhow::Result<usize> {
+            self.armed = false;
+            Ok(self.armed_calls.iter().filter(|&&a| a).count())
         }
         fn n_batch(&self) -> usize {
             512
@@ -697,6 +742,37 @@ mod tests {
         assert_eq!(r.calls, vec![(10, 0, 1), (3, 10, 1)]);
         assert_eq!(depth_suffix(2048), " @ d2048");
         assert_eq!(depth_suffix(0), "");
+    }
+
+    /// `--trace`: the timed repetitions run disarmed, then one armed run per test, and the
+    /// trace is disarmed after. Control: a traced_runs that armed before time_test would
+    /// mark the timed calls armed and fail the first assertion.
+    #[test]
+    fn traced_runs_come_after_the_timed_ones_and_only_they_are_armed() {
+        let mut r = Recorder::default();
+        let tokens = synthetic_tokens(3, 1000, 1);
+        time_test(
+            &mut r,
+            Test::Gen(3),
+            &tokens,
+            &[],
+            2,
+            true,
+            &Progress::none(),
+        )
+        .unwrap();
+        let timed = r.calls.len();
+        assert!(r.armed_calls.iter().all(|&a| !a));
+        let runs = vec![
+            (Test::Prompt(3), tokens.clone(), vec![]),
+            (Test::Gen(3), tokens.clone(), vec![]),
+        ];
+        let n = trace::traced_runs(&mut r, &runs, std::path::Path::new("unused")).unwrap();
+        // One pp forward and three tg steps, all armed; disarmed after.
+        assert_eq!(n, 4);
+        assert_eq!(r.calls.len(), timed + 4);
+        assert!(r.armed_calls[timed..].iter().all(|&a| a));
+        assert!(!r.armed);
     }
 
     #[test]
