@@ -224,3 +224,28 @@ fn bench_traces_one_untimed_run_of_each_test() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `minfer viz --trace FILE` refuses, before binding a port, a file that is not a trace and
+/// model flags it would ignore (exit 2, the message naming the problem). Control: the same
+/// flags without the bad parts start a server (`scripts/test-viz-page` runs it).
+#[test]
+fn viz_trace_refuses_what_it_cannot_replay() {
+    let not_trace = tmp("not-a-trace.json");
+    std::fs::write(&not_trace, r#"{"format": "something"}"#).unwrap();
+    let out = minfer()
+        .args(["viz", "--port", "0", "--trace"])
+        .arg(&not_trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a minfer trace"), "{err}");
+    let out = minfer()
+        .args(["viz", "--port", "0", "-m", "some.gguf", "--trace"])
+        .arg(&not_trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-m, -c and --backend do not apply"), "{err}");
+}

@@ -11,7 +11,7 @@ use minfer_generate::{Batcher, Event, GenerateRequest, SeqGen};
 use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::Tokenizer;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::broadcast;
@@ -40,13 +40,13 @@ impl VizState {
         let (tx, rx) = mpsc::channel();
         let (st, busy) = VizState::new(graph, hello, Source::Live(Mutex::new(tx)));
         let st = Arc::new(st);
-        let events = st.events.clone();
         let lp = Loop {
             engine,
             tok,
             template,
-            events,
+            events: st.events.clone(),
             busy,
+            captured: st.captured.clone(),
         };
         std::thread::Builder::new()
             .name("minfer-viz-engine".into())
@@ -62,6 +62,7 @@ struct Loop {
     template: Option<ChatTemplate>,
     events: broadcast::Sender<String>,
     busy: Arc<AtomicBool>,
+    captured: Arc<AtomicU64>,
 }
 
 impl Loop {
@@ -114,8 +115,7 @@ impl Loop {
             logprobs: None,
             constraint: None,
         };
-        // Armed only while a page watches: a run nobody sees captures nothing.
-        let armed = self.events.receiver_count() > 0;
+        let armed = r.armed;
         emit(
             &self.events,
             json!({"type": "run_start", "run": r.id, "prompt": r.prompt,
@@ -125,6 +125,7 @@ impl Loop {
         self.engine.kv_clear();
         if armed {
             self.engine.trace_begin()?;
+            self.captured.fetch_add(1, Ordering::SeqCst);
         }
         let mut batch = Batcher::new(self.engine.max_batch());
         batch.push(
@@ -161,10 +162,14 @@ impl Loop {
             }
             for (id, text) in toks {
                 n_tokens += 1;
+                // `text` is what became final (UTF-8 whole, maybe empty); `piece` is the
+                // token's own bytes.
+                let piece = minfer_engine::TokenBytes::token_bytes(&Pieces(&self.tok), id);
                 emit(
                     &self.events,
                     json!({"type": "token", "run": r.id, "id": id,
-                           "text": String::from_utf8_lossy(&text)}),
+                           "text": String::from_utf8_lossy(&text),
+                           "piece": String::from_utf8_lossy(&piece)}),
                 );
             }
             if !worked {

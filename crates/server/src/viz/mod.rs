@@ -48,6 +48,8 @@ pub struct RunRequest {
     pub prompt: String,
     pub max_tokens: usize,
     pub temperature: f32,
+    /// Capture armed: a page held the event stream when the run was asked for.
+    pub armed: bool,
 }
 
 /// Where runs come from.
@@ -68,12 +70,24 @@ pub struct VizState {
     /// A run is in progress.
     busy: Arc<AtomicBool>,
     next_id: AtomicU64,
+    /// Runs that had capture armed (the engine thread counts them).
+    captured: Arc<AtomicU64>,
 }
 
 impl VizState {
     /// Pages holding the event stream now.
     pub fn pages(&self) -> usize {
         self.events.receiver_count()
+    }
+
+    /// Whether a run is in progress.
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+
+    /// How many runs so far had capture armed.
+    pub fn captured_runs(&self) -> u64 {
+        self.captured.load(Ordering::SeqCst)
     }
 
     fn new(graph: Value, hello: Value, source: Source) -> (VizState, Arc<AtomicBool>) {
@@ -86,6 +100,7 @@ impl VizState {
             source,
             busy: busy.clone(),
             next_id: AtomicU64::new(1),
+            captured: Arc::new(AtomicU64::new(0)),
         };
         (st, busy)
     }
@@ -218,13 +233,15 @@ async fn run(
             .into_response();
     }
     let id = st.next_id.fetch_add(1, Ordering::SeqCst);
+    // Armed only while a page watches: a run nobody sees captures nothing.
+    let armed = st.pages() > 0;
     let req = RunRequest {
         id,
         prompt,
         max_tokens,
         temperature,
+        armed,
     };
-    let armed = st.pages() > 0;
     match &st.source {
         Source::Live(tx) => {
             let sent = tx.lock().map(|tx| tx.send(req)).map_err(|_| ());
@@ -247,4 +264,73 @@ async fn run(
         Json(json!({"run": id, "armed": armed, "mode": if replay { "replay" } else { "live" }})),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PAGE_HTML;
+
+    #[test]
+    fn the_page_has_the_ids_the_browser_test_uses() {
+        for id in [
+            "graph",
+            "pipeline",
+            "run",
+            "prompt",
+            "max-tokens",
+            "temperature",
+            "tokens",
+            "run-stats",
+            "step-slider",
+            "step-prev",
+            "step-next",
+            "step-play",
+            "step-label",
+            "f-kv",
+            "f-io",
+            "f-attn",
+            "f-ffn",
+            "view-graph",
+            "view-pipeline",
+            "inspector",
+            "inspector-back",
+            "insp-name",
+            "insp-op",
+            "insp-stats",
+            "insp-inputs",
+            "sparkline",
+            "status",
+            "error",
+        ] {
+            assert!(
+                PAGE_HTML.contains(&format!("id=\"{id}\"")),
+                "the page lost #{id}"
+            );
+        }
+    }
+
+    /// No external asset, and no HTML built from strings (every text goes in through
+    /// textContent, so token text and node names cannot inject markup).
+    #[test]
+    fn the_page_is_self_contained_and_sets_no_html() {
+        let lower = PAGE_HTML.to_ascii_lowercase();
+        for banned in [
+            "<script src",
+            "@import",
+            "url(",
+            "src=\"http",
+            "href=\"http",
+            "src=\"//",
+            "href=\"//",
+            "innerhtml",
+            "outerhtml",
+            "insertadjacenthtml",
+            "document.write",
+        ] {
+            assert!(!lower.contains(banned), "the page has {banned}");
+        }
+        // The one <link> is the empty inline icon (no favicon request, no console 404).
+        assert_eq!(lower.matches("<link").count(), 1);
+        assert!(PAGE_HTML.contains(r#"<link rel="icon" href="data:,">"#));
+    }
 }

@@ -113,7 +113,8 @@ pub async fn play(
             tokens += 1;
             emit(
                 &events,
-                json!({"type": "token", "run": r.id, "id": c["id"], "text": c["text"]}),
+                json!({"type": "token", "run": r.id, "id": c["id"], "text": c["text"],
+                       "piece": c["text"]}),
             );
         }
         tokio::time::sleep(STEP_PAUSE).await;
