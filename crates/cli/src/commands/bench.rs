@@ -120,7 +120,8 @@ pub struct Args {
     pub progress: bool,
     /// After the timed repetitions, trace one untimed run of every test (at every depth) to
     /// FILE (docs/TRACE.md): each node's output stats, the top-5 logits. Capture is never
-    /// armed in a timed run. Needs one thread count; not with --parallel.
+    /// armed in a timed run. Needs one thread count; not with --parallel. Overrides
+    /// MINFER_TRACE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<std::path::PathBuf>,
 }
@@ -350,12 +351,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.membw_mib
         );
     }
-    if args.trace.is_some() {
+    // The flag, else MINFER_TRACE (as `run` reads them).
+    let trace = args
+        .trace
+        .as_deref()
+        .or_else(|| minfer_engine::trace::env_path());
+    if trace.is_some() {
         if !args.parallel.is_empty() {
-            usage!("--trace traces the pp and tg tests; it cannot be used with --parallel");
+            usage!("--trace (or MINFER_TRACE) traces the pp and tg tests; it cannot be used with --parallel");
         }
         if args.threads.len() > 1 {
-            usage!("--trace traces the runs of one thread count: give one -t value");
+            usage!(
+                "--trace (or MINFER_TRACE) traces the runs of one thread count: give one -t value"
+            );
         }
     }
     if !args.parallel.is_empty() {
@@ -439,11 +447,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     )
                     .at_depth(d),
                 );
-                if args.trace.is_some() {
+                if trace.is_some() {
                     traced.push((test, tokens, depth));
                 }
             }
-            if let Some(p) = &args.trace {
+            if let Some(p) = trace {
                 let n = trace::traced_runs(engine.as_mut(), &traced, p)
                     .with_context(|| format!("--trace {}", p.display()))?;
                 eprintln!("trace: {n} forwards in {}", p.display());
