@@ -1,7 +1,8 @@
 //! `minfer viz`'s routes in-process (no socket) over a synthetic model: the graph has the
 //! decode graph's nodes, a run streams `step` and `token` events to a connected page with
 //! capture armed, a run with no page connected is not captured, bad `/viz/run` bodies get a
-//! 400 naming the field, and replay mode serves a saved trace's nodes and phases.
+//! 400 naming the field, and replay mode serves a saved trace's nodes and phases, with
+//! `--diff`'s outcome naming the node where a second trace parts.
 //!
 //! Controls: arming on every run (`let armed = true` in viz/live.rs) fails the "no page,
 //! no capture" assertion (checked by hand); a page that never connects gets no events (the stream test reads the
@@ -221,7 +222,22 @@ async fn bad_run_bodies_are_400s_naming_the_field() {
                     "nodes": [{"name": "L0.q", "op": "MatMul", "backend": "cpu", "shape": [4, 1],
                                "min": 0.0, "max": 1.0, "mean": 0.5, "absmean": 0.5, "nan": 0,
                                "inf": 0, "sample": [0.0, 1.0]}]}]});
-    let st = VizState::replay(doc, "t.json").unwrap();
+    // --diff: a copy with one value changed parts at that node.
+    let mut other = doc.clone();
+    other["phases"][0]["nodes"][0]["mean"] = json!(0.75);
+    let d = minfer_server::viz::replay::diff_of(&doc, &other, 1e-3, "b.json").unwrap();
+    assert_eq!(
+        (&d["status"], &d["at"]["name"]),
+        (&json!("differ"), &json!("L0.q")),
+        "{d}"
+    );
+    assert_eq!(d["file"], "b.json");
+    let same = minfer_server::viz::replay::diff_of(&doc, &doc, 1e-3, "a.json").unwrap();
+    assert_eq!(
+        same["status"], "agree",
+        "control: a trace agrees with itself"
+    );
+    let st = VizState::replay(doc, "t.json", None).unwrap();
     let router = app(st);
     for (body, param) in [
         (r#"{"max_tokens": 0}"#, "max_tokens"),
@@ -250,7 +266,7 @@ async fn bad_run_bodies_are_400s_naming_the_field() {
         "{v}"
     );
     // Not a trace: refused by name.
-    let e = VizState::replay(json!({"format": "x"}), "bad.json")
+    let e = VizState::replay(json!({"format": "x"}), "bad.json", None)
         .err()
         .unwrap();
     assert!(e.contains("not a minfer trace"), "{e}");

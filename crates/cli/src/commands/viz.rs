@@ -1,6 +1,7 @@
 //! `minfer viz [-m MODEL] [--port 8081] [--trace FILE]`: a page in the browser that shows the
 //! model's graph run (crate `minfer-server`, module `viz`); this module maps flags to it.
-//! `--trace FILE` replays a saved trace instead of loading a model.
+//! `--trace FILE` replays a saved trace instead of loading a model; `--diff B` also marks
+//! the first node where trace B differs from it.
 
 use super::args::{ModelArgs, DEFAULT_MODEL};
 use crate::usage;
@@ -23,6 +24,22 @@ pub struct Args {
     /// running a model: no model is loaded.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// With --trace: a second trace to compare it with (`minfer trace-diff TRACE DIFF`); the
+    /// page marks the first node where they differ.
+    #[arg(long, value_name = "FILE", requires = "trace")]
+    pub diff: Option<PathBuf>,
+    /// The tolerance of --diff, as `minfer trace-diff --tol`.
+    #[arg(long, default_value_t = 1e-3, requires = "diff")]
+    pub tol: f64,
+}
+
+fn read_trace(flag: &str, path: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+    // Exit 2 as `minfer trace-diff` does for a file it cannot use.
+    let s = std::fs::read_to_string(path).map_err(|e| {
+        super::UsageError(format!("{flag} {}: cannot read it: {e}", path.display()))
+    })?;
+    serde_json::from_str(&s)
+        .map_err(|e| super::UsageError(format!("{flag} {}: not JSON: {e}", path.display())).into())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -33,12 +50,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if m.model != DEFAULT_MODEL || !m.backends.is_empty() || m.n_ctx.is_some() {
                 usage!("--trace replays a saved trace without a model: -m, -c and --backend do not apply");
             }
-            let s = std::fs::read_to_string(path)
-                .with_context(|| format!("--trace {}: cannot read it", path.display()))?;
-            let doc: serde_json::Value = serde_json::from_str(&s).map_err(|e| {
-                super::UsageError(format!("--trace {}: not JSON: {e}", path.display()))
-            })?;
-            VizState::replay(doc, &path.display().to_string()).map_err(super::UsageError)?
+            if !(args.tol.is_finite() && args.tol >= 0.0) {
+                usage!("--tol {}: needs a finite value >= 0", args.tol);
+            }
+            let doc = read_trace("--trace", path)?;
+            let diff = match &args.diff {
+                Some(b) => {
+                    let other = read_trace("--diff", b)?;
+                    let name = b.display().to_string();
+                    Some(
+                        minfer_server::viz::replay::diff_of(&doc, &other, args.tol, &name)
+                            .map_err(super::UsageError)?,
+                    )
+                }
+                None => None,
+            };
+            VizState::replay(doc, &path.display().to_string(), diff).map_err(super::UsageError)?
         }
         None => {
             let (engine, load_ms) = args.model.load()?;

@@ -1,6 +1,8 @@
 //! Replay mode (`minfer viz --trace FILE`): no model, a saved `minfer-trace` document. The
 //! graph is the nodes the trace names (in first-seen order; a trace holds no edges, so none
-//! are drawn), and a run plays the trace's phases back as `step` and `token` events.
+//! are drawn), and a run plays the trace's phases back as `step` and `token` events. With a
+//! second trace (`--diff B`), `hello` carries `minfer trace-diff`'s outcome and the page
+//! marks the first node where they part.
 
 use super::{emit, RunRequest, Source, VizState};
 use minfer_engine::trace_diff::{check_header, layer_of};
@@ -73,11 +75,23 @@ pub fn graph_of(doc: &Value) -> Result<Value, String> {
     )
 }
 
+/// `minfer trace-diff` of `a` (the replayed trace) against `b`, as the page shows it: the
+/// outcome's JSON (`status`, `at`, `field`, `a`, `b`, …) with `file`, B's name.
+pub fn diff_of(a: &Value, b: &Value, tol: f64, file: &str) -> Result<Value, String> {
+    let mut out = minfer_engine::trace_diff::diff(a, b, tol)
+        .map_err(|e| format!("--diff {file}: {}", e.0))?
+        .to_json(tol);
+    out["file"] = json!(file);
+    Ok(out)
+}
+
 impl VizState {
-    /// Replay mode over a parsed trace document.
-    pub fn replay(doc: Value, file: &str) -> Result<Arc<VizState>, String> {
+    /// Replay mode over a parsed trace document; `diff` ([`diff_of`]) marks where a second
+    /// trace parts from it.
+    pub fn replay(doc: Value, file: &str, diff: Option<Value>) -> Result<Arc<VizState>, String> {
         let graph = graph_of(&doc)?;
         let hello = json!({
+            "diff": diff,
             "mode": "replay",
             "model": doc.get("model").cloned().unwrap_or(Value::Null),
             "file": file,

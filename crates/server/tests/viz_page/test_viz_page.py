@@ -6,7 +6,9 @@ has --expect-nodes operator nodes (the model's decode graph, counted by the call
 `minfer run --dump-graph-json`), a run streams tokens and per-step stats, the filters hide
 and show the attention path, the step slider moves, clicking a node opens its inspector
 with a sparkline, an input link moves to that node and Back returns. With --replay the
-server replays a saved trace: a run plays its phases back. Screenshots go to --shots.
+server replays a saved trace: a run plays its phases back; with --expect-diff NODE (the
+server got `--diff B`) the trace-diff box must mark exactly NODE and the page must show it
+in its step after the replay. Screenshots go to --shots.
 
 Usually run through scripts/test-viz-page, which builds what it needs and starts servers.
 Prints one line per check; exits non-zero on the first failure.
@@ -101,6 +103,13 @@ class Test:
         self.wait(lambda: "connected" in self.text("#status") or "replay" in self.text("#status"),
                   10, "the event stream")
         self.ok("the event stream is connected")
+        want = self.args.expect_diff
+        if want:
+            self.wait(lambda: self.js("return !document.getElementById('diff-box').classList.contains('hidden')"),
+                      10, "the trace-diff box")
+            marked = self.js("return [...document.querySelectorAll('#graph .node.diff')].map(e => e.dataset.name)")
+            self.check(marked == [want], f"the trace-diff view marks {want}", f"marked {marked}")
+            self.check(want in self.text("#diff-text"), "and names it", self.text("#diff-text"))
         self.shot("viz-loaded.png")
 
         # A run: tokens stream in, steps arrive.
@@ -116,6 +125,11 @@ class Test:
         steps = int(self.js("return state.steps.length"))
         self.check(steps >= 1, f"{steps} steps of node stats arrived")
         self.check("step" in self.text("#step-label"), "the step label shows the step")
+        if want:
+            self.wait(lambda: self.text("#insp-name") == want, 5, "the diff node's inspector")
+            phase = int(self.js("return state.diff.at.phase"))
+            self.check(int(self.js("return state.step")) == phase,
+                       f"after the replay the page shows the differing node in its step ({phase})")
         self.shot("viz-after-run.png")
 
         # Filters: the attention path hides and comes back.
@@ -130,8 +144,13 @@ class Test:
 
         # Playback: the first step.
         if steps > 1:
-            d.find_element(By.ID, "step-prev").click()
-            self.check(int(self.js("return state.step")) == steps - 2, "step back moves one step")
+            before = int(self.js("return state.step"))
+            if before > 0:
+                d.find_element(By.ID, "step-prev").click()
+                self.check(int(self.js("return state.step")) == before - 1, "step back moves one step")
+            else:
+                d.find_element(By.ID, "step-next").click()
+                self.check(int(self.js("return state.step")) == 1, "step forward moves one step")
 
         # The inspector, its inputs and the back stack.
         target = self.args.node
@@ -165,6 +184,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
     ap.add_argument("--expect-nodes", type=int)
+    ap.add_argument("--expect-diff", help="the node the trace-diff view must mark (replay --diff)")
     ap.add_argument("--node", default="L0.attn_norm", help="the node whose inspector is opened")
     ap.add_argument("--max-tokens", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=60)
