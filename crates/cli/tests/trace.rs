@@ -249,3 +249,25 @@ fn viz_trace_refuses_what_it_cannot_replay() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("-m, -c and --backend do not apply"), "{err}");
 }
+
+/// The CPU times its nodes while armed: every node the CPU ran has `ns`, a node of a device
+/// that does not time nodes (metal-emu) has none rather than a made-up value.
+#[test]
+fn cpu_nodes_carry_their_time_and_untimed_backends_none() {
+    let model = tmp("tiny-ns.gguf");
+    synth(&model);
+    for backend in ["cpu", "metal-emu"] {
+        let path = tmp(&format!("trace-ns-{backend}.json"));
+        run(&model, backend, Some(&path));
+        let j: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut on_backend = 0;
+        for p in j["phases"].as_array().unwrap() {
+            for n in p["nodes"].as_array().unwrap() {
+                let on_cpu = n["backend"] == "cpu";
+                assert_eq!(n["ns"].is_u64(), on_cpu, "{backend}: {}", n["name"]);
+                on_backend += usize::from(n["backend"] == backend);
+            }
+        }
+        assert!(on_backend > 20, "{backend} ran the model");
+    }
+}

@@ -516,6 +516,8 @@ impl Backend for CpuBackend {
         } else {
             0
         };
+        // Timed only while a trace is armed (the same branch the capture below takes).
+        let t0 = self.captures.armed().then(std::time::Instant::now);
         let res = if out.len() < n {
             Err(KernelError(format!(
                 "output buffer holds {} values, node needs {n}",
@@ -524,6 +526,10 @@ impl Backend for CpuBackend {
         } else {
             self.run(node, args, alias0.as_deref(), &mut out[..n], kv.as_mut())
         };
+        if let Some(t0) = t0 {
+            self.captures
+                .record_time(node.id, t0.elapsed().as_nanos() as u64);
+        }
         if let (Some(dir), Ok(())) = (dump::dump_dir(), &res) {
             dump::dump_node(dir, node, &out[..n]);
         }
@@ -554,6 +560,10 @@ impl Backend for CpuBackend {
 
     fn take_captures(&mut self) -> Result<Vec<(NodeId, Vec<f32>)>> {
         Ok(self.captures.take())
+    }
+
+    fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
+        self.captures.take_times()
     }
 
     fn kv_copy_cells(

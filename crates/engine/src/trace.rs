@@ -52,6 +52,9 @@ pub struct NodeStats {
     pub inf: usize,
     /// Every `ceil(n / SAMPLE)`-th value, at most [`SAMPLE`].
     pub sample: Vec<f32>,
+    /// Nanoseconds the node took, from a backend that times its nodes
+    /// ([`minfer_graph::Backend::take_node_times`]; None from one that does not).
+    pub ns: Option<u64>,
 }
 
 impl NodeStats {
@@ -91,6 +94,7 @@ impl NodeStats {
             nan,
             inf,
             sample: v.iter().step_by(stride).copied().collect(),
+            ns: None,
         }
     }
 }
@@ -133,12 +137,16 @@ impl Phase {
             .nodes
             .iter()
             .map(|n| {
-                json!({
+                let mut v = json!({
                     "name": n.name, "op": n.op, "backend": n.backend, "shape": n.shape,
                     "min": n.min, "max": n.max, "mean": n.mean, "absmean": n.absmean,
                     "nan": n.nan, "inf": n.inf,
                     "sample": n.sample.iter().map(|&x| f32_json(x)).collect::<Vec<_>>(),
-                })
+                });
+                if let Some(ns) = n.ns {
+                    v["ns"] = json!(ns);
+                }
+                v
             })
             .collect();
         json!({
@@ -320,8 +328,10 @@ pub(crate) fn record(
     f: ForwardShape,
 ) -> Result<()> {
     let mut got: Vec<(NodeId, Vec<f32>)> = Vec::new();
+    let mut times: std::collections::HashMap<NodeId, u64> = std::collections::HashMap::new();
     for be in backends.iter_mut() {
         got.extend(be.take_captures()?);
+        times.extend(be.take_node_times());
     }
     got.sort_by_key(|(id, _)| *id);
     let vocab = out.vocab().max(1);
@@ -342,7 +352,9 @@ pub(crate) fn record(
             .backend
             .map_or_else(|| "?".into(), crate::backends::name_of);
         let v = &v[..keep.min(v.len())];
-        nodes.push(NodeStats::of(&node.name, node.op.name(), backend, ne0, v));
+        let mut stats = NodeStats::of(&node.name, node.op.name(), backend, ne0, v);
+        stats.ns = times.get(id).copied();
+        nodes.push(stats);
     }
     let had_logits = trace.phases.iter().any(|p| !p.top5.is_empty());
     let kind = if had_logits && f.tokens.len() == 1 {

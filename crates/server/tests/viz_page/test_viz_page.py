@@ -176,6 +176,14 @@ class Test:
         self.check(cells > 0, f"the per-layer pipeline view draws {cells} cells")
         self.shot("viz-pipeline.png")
 
+        d.find_element(By.ID, "view-timeline").click()
+        bars = self.js("return document.querySelectorAll('#timeline .tbar').length")
+        timed = int(self.js("return state.steps[state.step].nodes.filter(s => typeof s.ns === 'number').length"))
+        self.check(bars == timed, f"the timeline draws a bar per timed node ({bars})", f"{bars} != {timed}")
+        if self.args.expect_times:
+            self.check(timed > 0, "the CPU's node times arrived")
+        self.shot("viz-timeline.png")
+
         errs = self.console_errors()
         self.check(not errs, "no console errors", "; ".join(e.get("message", "") for e in errs))
 
@@ -184,6 +192,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
     ap.add_argument("--expect-nodes", type=int)
+    ap.add_argument("--expect-times", action="store_true", help="steps must carry node times (a CPU run)")
     ap.add_argument("--expect-diff", help="the node the trace-diff view must mark (replay --diff)")
     ap.add_argument("--node", default="L0.attn_norm", help="the node whose inspector is opened")
     ap.add_argument("--max-tokens", type=int, default=6)
