@@ -133,3 +133,34 @@ pub fn to_viz(
     let n_layers = live().filter_map(|n| n.layer).max().map_or(0, |l| l + 1);
     json!({"output": graph.output.0, "n_layers": n_layers, "nodes": nodes, "edges": edges})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The op decides first, then the name's suffix; a node of neither path is "other".
+    /// Control: the suffixes are the graph builders' (`L3.ffn_norm`), checked against a
+    /// real graph's roles in server/tests/viz.rs.
+    #[test]
+    fn roles_from_op_then_name() {
+        assert_eq!(role_by("Input", "positions", false), "input");
+        assert_eq!(role_by("KvStore", "L0.k_store", false), "kv");
+        assert_eq!(role_by("Attention", "L0.attn", false), "attention");
+        assert_eq!(role_by("MatMul", "L2.q", false), "attention");
+        assert_eq!(role_by("RmsNorm", "L2.ffn_norm", false), "ffn");
+        assert_eq!(role_by("MatMulAdd", "L2.ffn_res", false), "ffn");
+        assert_eq!(role_by("MatMul", "logits", true), "output");
+        assert_eq!(role_by("RmsNorm", "output_norm", false), "other");
+        assert_eq!(role_by("GetRows", "embd", false), "input");
+    }
+
+    #[test]
+    fn fused_ops_name_what_they_stand_for() {
+        assert_eq!(fused_by_name("SwiGLU"), Some(vec!["Silu", "Mul"]));
+        assert_eq!(fused_by_name("MatMulAdd"), Some(vec!["MatMul", "Add"]));
+        assert_eq!(fused_by_name("QkvRopeStore").map(|v| v.len()), Some(7));
+        assert_eq!(fused_by_name("MatMul"), None);
+        assert_eq!(fused_from(&Op::SwiGLU), fused_by_name("SwiGLU"));
+        assert_eq!(fused_from(&Op::Add), None);
+    }
+}
