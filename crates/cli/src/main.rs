@@ -53,6 +53,8 @@ enum Command {
     Serve(Box<commands::serve::Args>),
     /// Print the token ids (and pieces) of a text, or decode ids with --decode.
     Tokenize(commands::tokenize::Args),
+    /// A page in the browser that shows the model's graph run (or replays a --trace FILE).
+    Viz(Box<commands::viz::Args>),
 }
 
 /// The command tree with negative numbers allowed as values.
@@ -200,7 +202,9 @@ fn main() -> ExitCode {
     install_stderr_log();
     let cli = parse();
     // Checked before any kernel runs: the kernels' lookup would panic on it.
-    if let Err(e) = minfer_engine::backends::cpu::check_isa_env() {
+    if let Err(e) = minfer_engine::backends::cpu::check_isa_env()
+        .and_then(|_| minfer_engine::backends::cpu::check_plant_env())
+    {
         return commands::report(commands::UsageError(e).into());
     }
     let result = match cli.command {
@@ -221,6 +225,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => commands::serve::run(*a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::TraceDiff(a) => commands::trace_diff::run(a),
+        Command::Viz(a) => commands::viz::run(*a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

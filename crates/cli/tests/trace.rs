@@ -178,3 +178,96 @@ fn chosen_tokens_are_the_replys_and_chat_traces_its_session() {
     // The first choice is the next forward's input, as the trace infers it.
     assert!(phases[0]["chosen"]["id"].is_u64());
 }
+
+/// `bench --trace`: one untimed run of each test lands in the file (pp 6: one prefill of 6
+/// tokens; tg 3: three one-token forwards), and the timed rows are still printed. Control:
+/// --trace with --parallel is refused (exit 2) rather than writing a trace of other runs.
+#[test]
+fn bench_traces_one_untimed_run_of_each_test() {
+    let model = tmp("tiny-bench.gguf");
+    synth(&model);
+    let path = tmp("trace-bench.json");
+    let out = minfer()
+        .args(["bench", "-p", "6", "-n", "3", "-r", "2", "-o", "json"])
+        .arg("-m")
+        .arg(&model)
+        .arg("--trace")
+        .arg(&path)
+        .env_remove("MINFER_TRACE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("trace: 4 forwards"), "{err}");
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rows.to_string().contains("tg3"), "{rows}");
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let shape: Vec<u64> = j["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["n_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(shape, [6, 1, 1, 1]);
+    assert_eq!(j["phases"][0]["kind"], "prefill");
+    for p in j["phases"].as_array().unwrap() {
+        assert!(p["nodes"].as_array().unwrap().len() > 20);
+        assert!(p["chosen"].is_null(), "bench samples nothing");
+    }
+    let out = minfer()
+        .args(["bench", "--parallel", "2", "-p", "4", "-n", "2"])
+        .arg("-m")
+        .arg(&model)
+        .arg("--trace")
+        .arg(tmp("never.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// `minfer viz --trace FILE` refuses, before binding a port, a file that is not a trace and
+/// model flags it would ignore (exit 2, the message naming the problem). Control: the same
+/// flags without the bad parts start a server (`scripts/test-viz-page` runs it).
+#[test]
+fn viz_trace_refuses_what_it_cannot_replay() {
+    let not_trace = tmp("not-a-trace.json");
+    std::fs::write(&not_trace, r#"{"format": "something"}"#).unwrap();
+    let out = minfer()
+        .args(["viz", "--port", "0", "--trace"])
+        .arg(&not_trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a minfer trace"), "{err}");
+    let out = minfer()
+        .args(["viz", "--port", "0", "-m", "some.gguf", "--trace"])
+        .arg(&not_trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-m, -c and --backend do not apply"), "{err}");
+}
+
+/// The CPU times its nodes while armed: every node the CPU ran has `ns`, a node of a device
+/// that does not time nodes (metal-emu) has none rather than a made-up value.
+#[test]
+fn cpu_nodes_carry_their_time_and_untimed_backends_none() {
+    let model = tmp("tiny-ns.gguf");
+    synth(&model);
+    for backend in ["cpu", "metal-emu"] {
+        let path = tmp(&format!("trace-ns-{backend}.json"));
+        run(&model, backend, Some(&path));
+        let j: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut on_backend = 0;
+        for p in j["phases"].as_array().unwrap() {
+            for n in p["nodes"].as_array().unwrap() {
+                let on_cpu = n["backend"] == "cpu";
+                assert_eq!(n["ns"].is_u64(), on_cpu, "{backend}: {}", n["name"]);
+                on_backend += usize::from(n["backend"] == backend);
+            }
+        }
+        assert!(on_backend > 20, "{backend} ran the model");
+    }
+}

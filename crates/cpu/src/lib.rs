@@ -9,6 +9,7 @@ mod dump;
 pub mod fastdot;
 pub mod llamacpp_x86;
 pub mod ops;
+pub mod plant;
 pub mod simd;
 pub mod threads;
 
@@ -77,6 +78,8 @@ pub struct CpuBackend {
     vectors: Vec<Option<Vec<f32>>>,
     /// Node outputs kept for a trace while armed ([`Backend::capture`]).
     captures: CaptureLog,
+    /// The test-only planted kernel bug (`MINFER_TEST_PLANT_CPU`, [`plant`]); None normally.
+    plant: Option<plant::Plant>,
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -103,6 +106,8 @@ impl CpuBackend {
             pool: Vec::new(),
             vectors: Vec::new(),
             captures: CaptureLog::default(),
+            // The CLI refuses a bad value at start; elsewhere it plants nothing.
+            plant: plant::from_env().ok().flatten(),
         }
     }
 
@@ -223,7 +228,11 @@ impl CpuBackend {
                         w.len()
                     )));
                 }
-                norm::rms_norm(&src(0)?[..n], w, *eps, out);
+                let eps = match &self.plant {
+                    Some(p) if p.hits(node) => *eps + plant::PLANTED_EPS,
+                    _ => *eps,
+                };
+                norm::rms_norm(&src(0)?[..n], w, eps, out);
             }
             Op::Rope {
                 style,
@@ -507,6 +516,8 @@ impl Backend for CpuBackend {
         } else {
             0
         };
+        // Timed only while a trace is armed (the same branch the capture below takes).
+        let t0 = self.captures.armed().then(std::time::Instant::now);
         let res = if out.len() < n {
             Err(KernelError(format!(
                 "output buffer holds {} values, node needs {n}",
@@ -515,6 +526,10 @@ impl Backend for CpuBackend {
         } else {
             self.run(node, args, alias0.as_deref(), &mut out[..n], kv.as_mut())
         };
+        if let Some(t0) = t0 {
+            self.captures
+                .record_time(node.id, t0.elapsed().as_nanos() as u64);
+        }
         if let (Some(dir), Ok(())) = (dump::dump_dir(), &res) {
             dump::dump_node(dir, node, &out[..n]);
         }
@@ -545,6 +560,10 @@ impl Backend for CpuBackend {
 
     fn take_captures(&mut self) -> Result<Vec<(NodeId, Vec<f32>)>> {
         Ok(self.captures.take())
+    }
+
+    fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
+        self.captures.take_times()
     }
 
     fn kv_copy_cells(

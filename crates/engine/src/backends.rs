@@ -23,6 +23,12 @@ pub mod cpu {
         minfer_cpu::simd::isa_from_env().map(|_| ())
     }
 
+    /// Checks `MINFER_TEST_PLANT_CPU`, the test-only planted kernel bug (a usage error
+    /// naming a value that plants none).
+    pub fn check_plant_env() -> Result<(), String> {
+        minfer_cpu::plant::from_env().map(|_| ())
+    }
+
     /// The instruction set the CPU kernels run (the best this machine has, or the one
     /// `MINFER_CPU_ISA` caps them to).
     pub fn kernels() -> &'static str {

@@ -404,6 +404,15 @@ impl Engine {
         self.graph_dump(n_tokens, n_out, dump::to_json)
     }
 
+    /// The decode graph (one token, one output row) as `minfer viz` draws it
+    /// ([`minfer_graph::viz::to_viz`]).
+    pub fn graph_viz(&mut self) -> Result<serde_json::Value> {
+        let p = self.runner.params(1, 1, WindowLayout::Span);
+        self.runner.inspect(&p, |g, weights, _| {
+            minfer_graph::viz::to_viz(g, &backends::name_of, weights)
+        })
+    }
+
     /// Builds (or reuses) the graph of a request shape and exports it with `export`.
     fn graph_dump(
         &mut self,

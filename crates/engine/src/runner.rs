@@ -399,6 +399,7 @@ impl ModelRunner {
             // Captures of an earlier, failed forward belong to no phase.
             for b in &mut self.backends {
                 b.take_captures()?;
+                b.take_node_times();
             }
         }
         let weights = ModelWeights {

@@ -52,6 +52,9 @@ pub struct NodeStats {
     pub inf: usize,
     /// Every `ceil(n / SAMPLE)`-th value, at most [`SAMPLE`].
     pub sample: Vec<f32>,
+    /// Nanoseconds the node took, from a backend that times its nodes
+    /// ([`minfer_graph::Backend::take_node_times`]; None from one that does not).
+    pub ns: Option<u64>,
 }
 
 impl NodeStats {
@@ -91,6 +94,7 @@ impl NodeStats {
             nan,
             inf,
             sample: v.iter().step_by(stride).copied().collect(),
+            ns: None,
         }
     }
 }
@@ -118,6 +122,49 @@ pub struct Phase {
     /// The token the sampler chose from this forward's logits ([`Trace::set_chosen`]; None
     /// for a forward whose logits were not sampled, or before the caller said).
     pub chosen: Option<u32>,
+}
+
+impl Phase {
+    /// One element of the document's `phases` (docs/TRACE.md); `text` renders the input
+    /// and chosen tokens.
+    pub fn to_json(&self, text: &dyn TokenBytes) -> Value {
+        let bytes: Vec<u8> = self
+            .tokens
+            .iter()
+            .flat_map(|&t| text.token_bytes(t))
+            .collect();
+        let nodes: Vec<Value> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut v = json!({
+                    "name": n.name, "op": n.op, "backend": n.backend, "shape": n.shape,
+                    "min": n.min, "max": n.max, "mean": n.mean, "absmean": n.absmean,
+                    "nan": n.nan, "inf": n.inf,
+                    "sample": n.sample.iter().map(|&x| f32_json(x)).collect::<Vec<_>>(),
+                });
+                if let Some(ns) = n.ns {
+                    v["ns"] = json!(ns);
+                }
+                v
+            })
+            .collect();
+        json!({
+            "kind": match self.kind {
+                PhaseKind::Prefill => "prefill",
+                PhaseKind::Decode => "decode",
+            },
+            "step": self.step,
+            "n_tokens": self.tokens.len(),
+            "nodes": nodes,
+            "top5": self.top5.iter().map(|&(t, l)| json!([t, f32_json(l)])).collect::<Vec<_>>(),
+            "text": String::from_utf8_lossy(&bytes),
+            "chosen": self.chosen.map(|t| json!({
+                "id": t,
+                "text": String::from_utf8_lossy(&text.token_bytes(t)),
+            })),
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -156,40 +203,7 @@ impl Trace {
 
     /// The `minfer-trace` document, version 1; `text` is the phase's input tokens' text.
     pub fn to_json(&self, text: &dyn TokenBytes) -> Value {
-        let phases: Vec<Value> = self
-            .phases
-            .iter()
-            .map(|p| {
-                let bytes: Vec<u8> = p.tokens.iter().flat_map(|&t| text.token_bytes(t)).collect();
-                let nodes: Vec<Value> = p
-                    .nodes
-                    .iter()
-                    .map(|n| {
-                        json!({
-                            "name": n.name, "op": n.op, "backend": n.backend, "shape": n.shape,
-                            "min": n.min, "max": n.max, "mean": n.mean, "absmean": n.absmean,
-                            "nan": n.nan, "inf": n.inf,
-                            "sample": n.sample.iter().map(|&x| f32_json(x)).collect::<Vec<_>>(),
-                        })
-                    })
-                    .collect();
-                json!({
-                    "kind": match p.kind {
-                        PhaseKind::Prefill => "prefill",
-                        PhaseKind::Decode => "decode",
-                    },
-                    "step": p.step,
-                    "n_tokens": p.tokens.len(),
-                    "nodes": nodes,
-                    "top5": p.top5.iter().map(|&(t, l)| json!([t, f32_json(l)])).collect::<Vec<_>>(),
-                    "text": String::from_utf8_lossy(&bytes),
-                    "chosen": p.chosen.map(|t| json!({
-                        "id": t,
-                        "text": String::from_utf8_lossy(&text.token_bytes(t)),
-                    })),
-                })
-            })
-            .collect();
+        let phases: Vec<Value> = self.phases.iter().map(|p| p.to_json(text)).collect();
         json!({
             "format": "minfer-trace",
             "version": 1,
@@ -285,6 +299,16 @@ impl Engine {
         self.runner.trace_slot().clone()
     }
 
+    /// Copies of the phases recorded from index `from` on, capture staying armed (empty
+    /// when no trace was begun): what a live view streams after each forward.
+    pub fn trace_phases_from(&mut self, from: usize) -> Vec<Phase> {
+        self.runner
+            .trace_slot()
+            .as_ref()
+            .map(|t| t.phases.get(from..).unwrap_or_default().to_vec())
+            .unwrap_or_default()
+    }
+
     /// Disarms capture and hands the trace over (None when none was begun).
     pub fn trace_end(&mut self) -> Result<Option<Trace>> {
         for be in self.runner.backends_mut() {
@@ -304,8 +328,10 @@ pub(crate) fn record(
     f: ForwardShape,
 ) -> Result<()> {
     let mut got: Vec<(NodeId, Vec<f32>)> = Vec::new();
+    let mut times: std::collections::HashMap<NodeId, u64> = std::collections::HashMap::new();
     for be in backends.iter_mut() {
         got.extend(be.take_captures()?);
+        times.extend(be.take_node_times());
     }
     got.sort_by_key(|(id, _)| *id);
     let vocab = out.vocab().max(1);
@@ -326,7 +352,9 @@ pub(crate) fn record(
             .backend
             .map_or_else(|| "?".into(), crate::backends::name_of);
         let v = &v[..keep.min(v.len())];
-        nodes.push(NodeStats::of(&node.name, node.op.name(), backend, ne0, v));
+        let mut stats = NodeStats::of(&node.name, node.op.name(), backend, ne0, v);
+        stats.ns = times.get(id).copied();
+        nodes.push(stats);
     }
     let had_logits = trace.phases.iter().any(|p| !p.top5.is_empty());
     let kind = if had_logits && f.tokens.len() == 1 {

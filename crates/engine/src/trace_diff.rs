@@ -125,7 +125,7 @@ pub fn check_header(doc: &Value, which: &str) -> R<()> {
 }
 
 /// The layer of a node named `L<N>.…` (the graph builders' names) or `blk.<N>.…` (GGUF's).
-fn layer_of(name: &str) -> Option<u64> {
+pub fn layer_of(name: &str) -> Option<u64> {
     let rest = name
         .strip_prefix("blk.")
         .or_else(|| name.strip_prefix('L'))?;

@@ -317,4 +317,11 @@ pub trait Backend: Send {
     fn take_captures(&mut self) -> Result<Vec<(NodeId, Vec<f32>)>> {
         Ok(Vec::new())
     }
+    /// While armed, the nanoseconds each executed node took since the last take, for a
+    /// backend that times its nodes (the CPU: the wall time of its kernel call); a trace's
+    /// per-node time, `minfer viz`'s timeline. Default: none (a device's command stream
+    /// has no per-node host time).
+    fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
+        Vec::new()
+    }
 }

@@ -22,6 +22,8 @@ pub fn captured(node: &Node) -> bool {
 pub struct CaptureLog {
     armed: bool,
     got: Vec<(NodeId, Vec<f32>)>,
+    /// Per executed node, its time in nanoseconds (a host backend's kernel call).
+    times: Vec<(NodeId, u64)>,
 }
 
 impl CaptureLog {
@@ -30,6 +32,7 @@ impl CaptureLog {
         self.armed = on;
         if !on {
             self.got = Vec::new();
+            self.times = Vec::new();
         }
     }
 
@@ -50,6 +53,18 @@ impl CaptureLog {
         if self.armed {
             self.got.push((id, values));
         }
+    }
+
+    /// Records how long `id` took (armed only).
+    pub fn record_time(&mut self, id: NodeId, ns: u64) {
+        if self.armed {
+            self.times.push((id, ns));
+        }
+    }
+
+    /// The times recorded since the last take, oldest first.
+    pub fn take_times(&mut self) -> Vec<(NodeId, u64)> {
+        std::mem::take(&mut self.times)
     }
 
     /// Everything recorded since the last take, oldest first.
@@ -92,9 +107,15 @@ mod tests {
         // The node's n_elems values, not the whole (size-class) buffer.
         assert_eq!(log.take(), vec![(x, vals[..6].to_vec())]);
         assert!(log.take().is_empty(), "a take empties");
+        log.record_time(x, 5);
+        assert_eq!(log.take_times(), vec![(x, 5)]);
         log.record(g.node(x), &vals);
+        log.record_time(x, 7);
         log.arm(false);
         assert!(log.take().is_empty(), "disarming drops what was not taken");
+        assert!(log.take_times().is_empty(), "and the times");
+        log.record_time(x, 9);
+        assert!(log.take_times().is_empty(), "disarmed: no time kept");
     }
 
     /// A backend that implements nothing of the capture contract.

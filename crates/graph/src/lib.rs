@@ -32,6 +32,7 @@ pub mod ir;
 pub mod placement;
 pub mod registry;
 pub mod sched;
+pub mod viz;
 
 pub use alloc::{size_class, Allocator, KvRegion, Plan};
 pub use assign::assign_backends;

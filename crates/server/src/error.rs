@@ -120,6 +120,11 @@ impl ApiError {
         }
     }
 
+    /// 409: the request cannot run now (`/viz/run` while a run is in progress).
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "conflict_error", message)
+    }
+
     /// 500: the engine failed while serving the request.
     pub fn server(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)

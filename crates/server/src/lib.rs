@@ -20,6 +20,7 @@ pub mod scheduler;
 pub mod shutdown;
 pub mod submit;
 pub mod tools;
+pub mod viz;
 
 use anyhow::Context;
 use metrics::Metrics;

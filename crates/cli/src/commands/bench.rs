@@ -16,6 +16,8 @@
 //!   into forwards of up to `-b` tokens, then generate `-n` tokens each, one token of every
 //!   sequence per forward; rows report prefill, aggregate decode and total rates
 //!   ([`parallel`]).
+//! - `--trace FILE`: after the timed repetitions, one more untimed run of every test is
+//!   traced per node ([`trace`], docs/TRACE.md); the timed runs never have capture armed.
 
 mod membw;
 mod parallel;
@@ -23,6 +25,7 @@ mod report;
 mod stats;
 mod sysinfo;
 mod target;
+mod trace;
 
 use crate::usage;
 use anyhow::{bail, Context};
@@ -115,6 +118,12 @@ pub struct Args {
     /// Per-repetition progress on stderr.
     #[arg(long)]
     pub progress: bool,
+    /// After the timed repetitions, trace one untimed run of every test (at every depth) to
+    /// FILE (docs/TRACE.md): each node's output stats, the top-5 logits. Capture is never
+    /// armed in a timed run. Needs one thread count; not with --parallel. Overrides
+    /// MINFER_TRACE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// The smallest `--membw-mib`: larger than the last-level caches of common desktop CPUs
@@ -164,6 +173,14 @@ pub trait Target {
     fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> anyhow::Result<()>;
     /// One forward of entries of several sequences (logits computed, not returned).
     fn forward_batch(&mut self, entries: &[BatchEntry]) -> anyhow::Result<()>;
+    /// Arms the per-node trace: the forwards until [`Target::trace_end`] are recorded.
+    fn trace_begin(&mut self) -> anyhow::Result<()> {
+        bail!("this bench target cannot trace")
+    }
+    /// Disarms the trace and writes it to `path`; returns how many forwards it holds.
+    fn trace_end(&mut self, _path: &std::path::Path) -> anyhow::Result<usize> {
+        bail!("this bench target cannot trace")
+    }
 }
 
 /// Seeded token ids uniform over `0..vocab` (xorshift64*; the ids only need to be valid and
@@ -334,6 +351,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.membw_mib
         );
     }
+    // The flag, else MINFER_TRACE (as `run` reads them).
+    let trace = args
+        .trace
+        .as_deref()
+        .or_else(|| minfer_engine::trace::env_path());
+    if trace.is_some() {
+        if !args.parallel.is_empty() {
+            usage!("--trace (or MINFER_TRACE) traces the pp and tg tests; it cannot be used with --parallel");
+        }
+        if args.threads.len() > 1 {
+            usage!(
+                "--trace (or MINFER_TRACE) traces the runs of one thread count: give one -t value"
+            );
+        }
+    }
     if !args.parallel.is_empty() {
         return run_parallel(&args);
     }
@@ -361,6 +393,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let loaded = target::load(path, &args, threads, n_ctx)?;
             let f = facts.get_or_insert(loaded.facts.clone());
             let mut engine = loaded.target;
+            let mut traced = Vec::new();
             for (&d, &test) in args
                 .n_depth
                 .iter()
@@ -414,6 +447,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     )
                     .at_depth(d),
                 );
+                if trace.is_some() {
+                    traced.push((test, tokens, depth));
+                }
+            }
+            if let Some(p) = trace {
+                let n = trace::traced_runs(engine.as_mut(), &traced, p)
+                    .with_context(|| format!("--trace {}", p.display()))?;
+                eprintln!("trace: {n} forwards in {}", p.display());
             }
         }
     }
@@ -560,152 +601,4 @@ fn run_parallel(args: &Args) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Records every decode call so the loop's shape can be checked.
-    #[derive(Default)]
-    struct Recorder {
-        calls: Vec<(usize, usize, usize)>,
-        /// The row class of each call.
-        classes: Vec<RowClass>,
-        clears: usize,
-    }
-
-    impl Target for Recorder {
-        fn kv_clear(&mut self) {
-            self.clears += 1;
-        }
-        fn decode(
-            &mut self,
-            tokens: &[u32],
-            pos0: usize,
-            n_out: usize,
-            class: RowClass,
-        ) -> anyhow::Result<()> {
-            self.calls.push((tokens.len(), pos0, n_out));
-            self.classes.push(class);
-            Ok(())
-        }
-        fn n_batch(&self) -> usize {
-            512
-        }
-        fn seq_create(&mut self) -> SeqId {
-            SeqId(1)
-        }
-        fn seq_clear(&mut self, _: SeqId) -> anyhow::Result<()> {
-            Ok(())
-        }
-        fn seq_remove(&mut self, _: SeqId, _: std::ops::Range<usize>) -> anyhow::Result<()> {
-            Ok(())
-        }
-        fn seq_copy_prefix(&mut self, _: SeqId, _: SeqId, _: usize) -> anyhow::Result<()> {
-            Ok(())
-        }
-        fn forward_batch(&mut self, _: &[BatchEntry]) -> anyhow::Result<()> {
-            unreachable!("pp and tg decode one sequence")
-        }
-    }
-
-    #[test]
-    fn prompt_test_is_one_forward_per_repetition_after_a_warm_up() {
-        let mut r = Recorder::default();
-        let tokens = synthetic_tokens(512, 1000, 1);
-        let ns = time_test(
-            &mut r,
-            Test::Prompt(512),
-            &tokens,
-            &[],
-            3,
-            true,
-            &Progress::none(),
-        )
-        .unwrap();
-        assert_eq!(ns.len(), 3);
-        assert_eq!(r.calls, vec![(512, 0, 1); 4]);
-        // A clear before each of the 4 runs, one after.
-        assert_eq!(r.clears, 5);
-    }
-
-    #[test]
-    fn gen_test_is_n_single_token_steps_from_position_zero() {
-        let mut r = Recorder::default();
-        let tokens = synthetic_tokens(4, 1000, 1);
-        time_test(
-            &mut r,
-            Test::Gen(4),
-            &tokens,
-            &[],
-            2,
-            true,
-            &Progress::none(),
-        )
-        .unwrap();
-        // Warm-up: one step; then two runs of positions 0..4.
-        let run: Vec<_> = (0..4).map(|p| (1, p, 1)).collect();
-        let mut want = vec![(1, 0, 1)];
-        want.extend(run.iter().copied());
-        want.extend(run.iter().copied());
-        assert_eq!(r.calls, want);
-        // tg's steps are the engine's own tokens: generation rows (as prompt rows they ran
-        // the prompt kernels on the GPU, 0.19x llama.cpp's decode).
-        assert!(r.classes.iter().all(|&c| c == RowClass::Generation));
-    }
-
-    #[test]
-    fn depth_is_prefilled_before_every_run_and_the_test_starts_after_it() {
-        let mut r = Recorder::default();
-        let tokens = synthetic_tokens(3, 1000, 1);
-        let depth = synthetic_tokens(10, 1000, 2);
-        time_test(
-            &mut r,
-            Test::Gen(3),
-            &tokens,
-            &depth,
-            1,
-            true,
-            &Progress::none(),
-        )
-        .unwrap();
-        // Warm-up: depth, one step at 10; the run: depth, steps at 10, 11, 12.
-        let want = vec![
-            (10, 0, 1),
-            (1, 10, 1),
-            (10, 0, 1),
-            (1, 10, 1),
-            (1, 11, 1),
-            (1, 12, 1),
-        ];
-        assert_eq!(r.calls, want);
-        use RowClass::{Generation as G, Prompt as P};
-        assert_eq!(
-            r.classes,
-            [P, G, P, G, G, G],
-            "the depth is a prompt, the steps not"
-        );
-        let mut r = Recorder::default();
-        time_test(
-            &mut r,
-            Test::Prompt(3),
-            &tokens,
-            &depth,
-            1,
-            false,
-            &Progress::none(),
-        )
-        .unwrap();
-        assert_eq!(r.calls, vec![(10, 0, 1), (3, 10, 1)]);
-        assert_eq!(depth_suffix(2048), " @ d2048");
-        assert_eq!(depth_suffix(0), "");
-    }
-
-    #[test]
-    fn synthetic_tokens_are_valid_seeded_and_varied() {
-        let a = synthetic_tokens(1000, 151_936, 7);
-        assert_eq!(a, synthetic_tokens(1000, 151_936, 7));
-        assert_ne!(a, synthetic_tokens(1000, 151_936, 8));
-        assert!(a.iter().all(|&t| t < 151_936));
-        let distinct: std::collections::HashSet<_> = a.iter().collect();
-        assert!(distinct.len() > 900, "{} distinct", distinct.len());
-    }
-}
+mod tests;

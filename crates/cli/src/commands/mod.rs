@@ -24,6 +24,7 @@ pub mod split;
 pub mod synth;
 pub mod tokenize;
 pub mod trace_diff;
+pub mod viz;
 
 /// `minfer run`, or with `--cnv` the chat REPL with `run`'s prompt as its first message.
 /// The dispatch lives here so that neither subcommand depends on the other.

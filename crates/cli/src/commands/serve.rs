@@ -77,7 +77,7 @@ const MIN_SERVE_CTX: usize = 32;
 
 /// `--host`: an IP address, or a name such as `localhost` resolved to its first address
 /// (IPv4 first, as llama-server's default binds).
-fn resolve_host(host: &str) -> anyhow::Result<std::net::IpAddr> {
+pub(crate) fn resolve_host(host: &str) -> anyhow::Result<std::net::IpAddr> {
     use std::net::ToSocketAddrs;
     if let Ok(ip) = host.parse() {
         return Ok(ip);

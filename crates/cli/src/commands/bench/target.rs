@@ -69,6 +69,18 @@ impl Target for EngineTarget {
         self.0.forward_batch(entries)?;
         Ok(())
     }
+    fn trace_begin(&mut self) -> anyhow::Result<()> {
+        self.0.trace_begin()?;
+        Ok(())
+    }
+    fn trace_end(&mut self, path: &Path) -> anyhow::Result<usize> {
+        let t = self.0.trace_end()?.context("the trace was not recorded")?;
+        let tok = minfer_tokenizer::Tokenizer::from_metadata(self.0.model().metadata())
+            .context("cannot build the tokenizer (the trace's token text)")?;
+        t.write(path, &minfer_generate::chat::Pieces(&tok))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(t.phases.len())
+    }
 }
 
 pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::Result<Loaded> {
