@@ -26,6 +26,10 @@ use minfer_tokenizer::{TokenType, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The byte that starts a special token's word for [`Grammars::from_words`] (no grammar
+/// text can produce such a token).
+pub const SPECIAL_TOKEN_MARKER: u8 = TokTrie::SPECIAL_TOKEN_MARKER;
+
 /// What a reply must match.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConstraintSpec {
@@ -60,6 +64,15 @@ pub enum ConstraintError {
     Refused { kind: &'static str, message: String },
     #[error("the regex is empty (it would match only an empty reply)")]
     EmptyRegex,
+    /// A syntax error in a regex, said before llguidance sees it (its message quotes the
+    /// Lark grammar it wraps the regex in, with that grammar's line and column).
+    #[error("the regex {regex:?} is refused: {what} at character {at}")]
+    RegexSyntax {
+        regex: String,
+        what: String,
+        /// 1-based, in characters.
+        at: usize,
+    },
     #[error("the GBNF grammar is refused: {0}")]
     Gbnf(#[from] GbnfError),
     #[error("cannot build the token trie: {0}")]
@@ -143,6 +156,7 @@ impl Grammars {
                 if rx.is_empty() {
                     return Err(ConstraintError::EmptyRegex);
                 }
+                check_regex_syntax(rx)?;
                 TopLevelGrammar::from_regex(rx)
             }
             ConstraintSpec::Gbnf(src) => TopLevelGrammar::from_lark(gbnf_to_lark(src)?),
@@ -161,6 +175,19 @@ impl Grammars {
             n_vocab: self.n_vocab,
             compile_ms: t0.elapsed().as_secs_f64() * 1e3,
         })
+    }
+}
+
+/// The syntax of `rx` alone (its abstract syntax tree: no flags or Unicode tables, which
+/// llguidance sets its own way and checks itself).
+fn check_regex_syntax(rx: &str) -> Result<(), ConstraintError> {
+    match regex_syntax::ast::parse::Parser::new().parse(rx) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(ConstraintError::RegexSyntax {
+            regex: rx.to_string(),
+            what: e.kind().to_string(),
+            at: rx[..e.span().start.offset].chars().count() + 1,
+        }),
     }
 }
 

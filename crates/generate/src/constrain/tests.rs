@@ -159,11 +159,35 @@ fn refusals_name_the_construct_before_any_token() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("unterminated character class"), "{e}");
+    // Issue 30: a regex's syntax error says what and where in the regex, on one line; it
+    // quoted llguidance's Lark wrapper (`start: /a(b/`) at its line and column ("at 1(8)").
+    // Control: llguidance's own message, which the check before it replaces.
     let e = g
-        .compile(&ConstraintSpec::Regex("a(b".into()))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("regex"), "{e}");
+        .compile(&ConstraintSpec::Regex("xy(b".into()))
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ConstraintError::RegexSyntax {
+            regex: "xy(b".into(),
+            what: "unclosed group".into(),
+            at: 3
+        }
+    );
+    let e = e.to_string();
+    assert!(!e.contains('\n') && !e.contains("start:"), "{e}");
+    let own = match g.factory.create_parser(TopLevelGrammar::from_regex("xy(b")) {
+        Ok(_) => panic!("llguidance took xy(b"),
+        Err(e) => e.to_string(),
+    };
+    assert!(own.contains("start:"), "control: {own}");
+    // Non-ASCII before the error: the position counts characters.
+    let e = g.compile(&ConstraintSpec::Regex("é[".into())).unwrap_err();
+    assert!(
+        matches!(&e, ConstraintError::RegexSyntax { at: 2, .. }),
+        "{e:?}"
+    );
+    // What only llguidance refuses still reaches the user through its message.
+    assert!(g.compile(&ConstraintSpec::Regex("(?<n>a)".into())).is_ok());
 }
 
 #[test]
