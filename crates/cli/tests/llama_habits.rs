@@ -85,11 +85,44 @@ fn run_takes_the_prompt_by_p_and_f_as_llama_cpp() {
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
 }
 
+/// `-c`, `--ctx-size` and `--n-ctx` the same in every command that takes a context: run,
+/// chat, serve (its too-small refusal names the value read) and perplexity (its past-the-
+/// model refusal does). Control: `--ctx` (not one of the three) is refused by each.
 #[test]
 fn the_context_flag_has_llama_cpps_three_spellings() {
     for flag in ["-c", "--ctx-size", "--n-ctx"] {
         let o = run(&["--no-template", "-n", "1", "--temp", "0", flag, "64", "hi"]);
         assert!(o.status.success(), "{flag}: {}", err(&o));
+        let o = minfer()
+            .args([
+                "chat", "-t", "1", "-n", "1", "--temp", "0", flag, "64", "-m",
+            ])
+            .arg(tiny())
+            .arg("hi")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "chat {flag}: {}", err(&o));
+        let o = minfer()
+            .args(["serve", "--port", "0", flag, "1", "-m"])
+            .arg(tiny())
+            .output()
+            .unwrap();
+        assert!(err(&o).contains("-c 1:"), "serve {flag}: {}", err(&o));
+        let o = minfer()
+            .args(["perplexity", "-f", "/dev/null", flag, "100000", "-m"])
+            .arg(tiny())
+            .output()
+            .unwrap();
+        assert!(
+            err(&o).contains("-c 100000:"),
+            "perplexity {flag}: {}",
+            err(&o)
+        );
+    }
+    for cmd in ["run", "chat", "serve", "perplexity"] {
+        let o = minfer().args([cmd, "--ctx", "64"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", err(&o));
     }
 }
 

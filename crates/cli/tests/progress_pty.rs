@@ -114,3 +114,31 @@ fn bench_draws_a_bar_for_each_test_and_for_parallel_runs() {
     p.exp_regex(r"t=1: repetition \d/2").unwrap();
     p.exp_eof().unwrap();
 }
+
+/// Issue 30, defect 10, on a terminal: requantizing says so in one summary line (it printed
+/// a line per tensor through the progress bar on a terminal; `writers.rs` checks a pipe).
+/// Control: a warning per tensor through the bar (`bar.println`, the old code) fails it while
+/// the pipe case in `writers.rs` still passes (tried by hand).
+#[test]
+fn requantizing_on_a_terminal_warns_once() {
+    let d = std::env::temp_dir().join(format!("minfer-progress-rq-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let input = d.join("q8.gguf");
+    let mut spec = SynthSpec::new(Arch::Qwen2, 2, 64, 4, 2, 128);
+    spec.weight_type = minfer_gguf::GgmlType::Q8_0;
+    std::fs::write(&input, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    let mut c = minfer();
+    c.arg("quantize").arg(&input).arg(d.join("q4.gguf")).args([
+        "Q4_0",
+        "--allow-requantize",
+        "-t",
+        "1",
+        "-y",
+    ]);
+    let mut p = spawn_command(c, Some(60_000)).unwrap();
+    let all = p.exp_eof().unwrap();
+    let warned = all.matches("requantiz").count();
+    assert_eq!(warned, 1, "{all:?}");
+    assert!(all.contains(" tensors from "), "{all:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}

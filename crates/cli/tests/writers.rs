@@ -289,3 +289,75 @@ fn quantize_and_split_take_the_names_list_prints() {
     assert!(o.status.success(), "{}", err(&o));
     assert!(q.is_file());
 }
+
+/// Issue 30 (no internals in messages): an output in a directory that does not exist is
+/// named as such by every writer, never by the hidden `.partial` file it would have written
+/// first (synth said "cannot create …/.m.gguf.partial"). Control: the same commands with the
+/// directory made succeed (or, for convert's empty checkpoint, fail on the input instead).
+#[test]
+fn a_missing_output_directory_is_named_by_every_writer() {
+    let d = tmpdir("nodir");
+    let input = tiny_model(&d);
+    let split = minfer()
+        .args(["split", "--split-max-tensors", "8"])
+        .arg(&input)
+        .arg(d.join("p"))
+        .output()
+        .unwrap();
+    assert!(split.status.success(), "{}", err(&split));
+    let first = d.join("p-00001-of-00002.gguf");
+    let ckpt = d.join("checkpoint");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let missing = d.join("missing/dir");
+    let i = input.to_str().unwrap();
+    let m = missing.to_str().unwrap();
+    let commands: Vec<Vec<String>> = vec![
+        vec![
+            "quantize".into(),
+            i.into(),
+            format!("{m}/q.gguf"),
+            "Q8_0".into(),
+        ],
+        vec![
+            "split".into(),
+            "--split-max-tensors".into(),
+            "8".into(),
+            i.into(),
+            format!("{m}/p"),
+        ],
+        vec![
+            "merge".into(),
+            first.to_str().unwrap().into(),
+            format!("{m}/m.gguf"),
+        ],
+        vec![
+            "convert".into(),
+            ckpt.to_str().unwrap().into(),
+            format!("{m}/c.gguf"),
+        ],
+        vec![
+            "synth".into(),
+            "--preset".into(),
+            "0.5b".into(),
+            "-o".into(),
+            format!("{m}/s.gguf"),
+        ],
+    ];
+    for args in &commands {
+        let o = minfer().args(args).output().unwrap();
+        let e = err(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        assert!(
+            e.contains("output directory") && e.contains("does not exist"),
+            "{args:?}: {e}"
+        );
+        assert!(!e.contains(".partial"), "{args:?}: {e}");
+    }
+    std::fs::create_dir_all(&missing).unwrap();
+    for args in &commands[..3] {
+        let o = minfer().args(args).output().unwrap();
+        assert!(o.status.success(), "control {args:?}: {}", err(&o));
+    }
+    let o = minfer().args(&commands[3]).output().unwrap();
+    assert!(!err(&o).contains("output directory"), "{}", err(&o));
+}
