@@ -73,6 +73,14 @@ pub enum ConstraintError {
         /// 1-based, in characters.
         at: usize,
     },
+    /// A JSON schema's `pattern` with a syntax error (said as for [`Self::RegexSyntax`]).
+    #[error("the JSON schema is refused: its pattern {regex:?} has {what} at character {at}")]
+    SchemaPattern {
+        regex: String,
+        what: String,
+        /// 1-based, in characters.
+        at: usize,
+    },
     #[error("the GBNF grammar is refused: {0}")]
     Gbnf(#[from] GbnfError),
     #[error("cannot build the token trie: {0}")]
@@ -161,10 +169,16 @@ impl Grammars {
             }
             ConstraintSpec::Gbnf(src) => TopLevelGrammar::from_lark(gbnf_to_lark(src)?),
         };
-        let parser = self
-            .factory
-            .create_parser(top)
-            .map_err(|e| refused(e.to_string()))?;
+        let parser = self.factory.create_parser(top).map_err(|e| {
+            // A schema's bad `pattern` is named the way a bad --regex is (llguidance's
+            // message spans lines, the regex drawn with a caret); only once llguidance has
+            // refused, so no pattern it takes is refused here.
+            match spec {
+                ConstraintSpec::JsonSchema(schema) => bad_pattern(schema),
+                _ => None,
+            }
+            .unwrap_or_else(|| refused(e.to_string()))
+        })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(refused(e));
@@ -188,6 +202,32 @@ fn check_regex_syntax(rx: &str) -> Result<(), ConstraintError> {
             what: e.kind().to_string(),
             at: rx[..e.span().start.offset].chars().count() + 1,
         }),
+    }
+}
+
+/// The first `pattern` (or `patternProperties` key) in `schema` whose syntax is wrong, as
+/// [`ConstraintError::SchemaPattern`].
+fn bad_pattern(schema: &serde_json::Value) -> Option<ConstraintError> {
+    use serde_json::Value;
+    match schema {
+        Value::Object(o) => {
+            let own = o.get("pattern").and_then(Value::as_str).into_iter();
+            let keys = o
+                .get("patternProperties")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flat_map(|m| m.keys().map(String::as_str));
+            own.chain(keys)
+                .find_map(|rx| match check_regex_syntax(rx) {
+                    Err(ConstraintError::RegexSyntax { regex, what, at }) => {
+                        Some(ConstraintError::SchemaPattern { regex, what, at })
+                    }
+                    _ => None,
+                })
+                .or_else(|| o.values().find_map(bad_pattern))
+        }
+        Value::Array(a) => a.iter().find_map(bad_pattern),
+        _ => None,
     }
 }
 
