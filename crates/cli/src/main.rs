@@ -180,9 +180,54 @@ fn parse() -> Cli {
             }
             e.exit()
         }
-        Err(e) => e.exit(),
+        Err(e) => plain_number_error(&mut cmd, &args, e).exit(),
     };
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// clap's own parse of a number flag ends its message with Rust's words ("invalid digit
+/// found in string", "number too large to fit in target type"): said plainly instead, the
+/// flag and the value kept (issue 30: no internals in messages).
+fn plain_number_error(
+    cmd: &mut clap::Command,
+    args: &[std::ffi::OsString],
+    e: clap::Error,
+) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use std::num::IntErrorKind;
+    if e.kind() != ErrorKind::ValueValidation {
+        return e;
+    }
+    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        e.get(ContextKind::InvalidArg),
+        e.get(ContextKind::InvalidValue),
+    ) else {
+        return e;
+    };
+    let Some(source) = std::error::Error::source(&e) else {
+        return e;
+    };
+    let why = if let Some(p) = source.downcast_ref::<std::num::ParseIntError>() {
+        match p.kind() {
+            IntErrorKind::PosOverflow => "the number is too large",
+            IntErrorKind::NegOverflow => "the number is too small",
+            _ if value.trim_start().starts_with('-') => "expected a whole number of 0 or more",
+            _ => "expected a whole number",
+        }
+    } else if source.downcast_ref::<std::num::ParseFloatError>().is_some() {
+        "expected a number"
+    } else {
+        return e;
+    };
+    let sub = args.get(1).map(|s| s.to_string_lossy().into_owned());
+    let c = match sub.as_deref().and_then(|s| cmd.find_subcommand_mut(s)) {
+        Some(c) => c,
+        None => cmd,
+    };
+    c.error(
+        ErrorKind::ValueValidation,
+        format!("invalid value '{value}' for '{arg}': {why}"),
+    )
 }
 
 /// The library crates report through `tracing`; here their events become the plain lines

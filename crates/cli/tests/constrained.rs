@@ -60,6 +60,11 @@ fn refusals_name_the_construct_before_any_token() {
         "unterminated character class",
     );
     refused(&["--grammar", "main ::= \"a\"", "x"], "no `root` rule");
+    // Issue 30: one line, the regex's own position (llguidance's Lark wrapper is not shown).
+    refused(
+        &["--regex", "ab(c", "x"],
+        "\"ab(c\" is refused: unclosed group at character 3",
+    );
 }
 
 #[test]

@@ -85,11 +85,44 @@ fn run_takes_the_prompt_by_p_and_f_as_llama_cpp() {
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
 }
 
+/// `-c`, `--ctx-size` and `--n-ctx` the same in every command that takes a context: run,
+/// chat, serve (its too-small refusal names the value read) and perplexity (its past-the-
+/// model refusal does). Control: `--ctx` (not one of the three) is refused by each.
 #[test]
 fn the_context_flag_has_llama_cpps_three_spellings() {
     for flag in ["-c", "--ctx-size", "--n-ctx"] {
         let o = run(&["--no-template", "-n", "1", "--temp", "0", flag, "64", "hi"]);
         assert!(o.status.success(), "{flag}: {}", err(&o));
+        let o = minfer()
+            .args([
+                "chat", "-t", "1", "-n", "1", "--temp", "0", flag, "64", "-m",
+            ])
+            .arg(tiny())
+            .arg("hi")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "chat {flag}: {}", err(&o));
+        let o = minfer()
+            .args(["serve", "--port", "0", flag, "1", "-m"])
+            .arg(tiny())
+            .output()
+            .unwrap();
+        assert!(err(&o).contains("-c 1:"), "serve {flag}: {}", err(&o));
+        let o = minfer()
+            .args(["perplexity", "-f", "/dev/null", flag, "100000", "-m"])
+            .arg(tiny())
+            .output()
+            .unwrap();
+        assert!(
+            err(&o).contains("-c 100000:"),
+            "perplexity {flag}: {}",
+            err(&o)
+        );
+    }
+    for cmd in ["run", "chat", "serve", "perplexity"] {
+        let o = minfer().args([cmd, "--ctx", "64"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", err(&o));
     }
 }
 
@@ -150,28 +183,33 @@ fn llamacpp_numerics_with_auto_cache_type_pick_f16() {
     let mut spec = SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128);
     spec.weight_type = minfer_gguf::GgmlType::Q8_0;
     std::fs::write(&m, synthesize(&spec).unwrap().to_bytes()).unwrap();
-    let o = minfer()
-        .args(["run", "-t", "1", "-m"])
-        .arg(&m)
-        .args([
-            "--numerics",
-            "llamacpp-x86-avx2",
-            "--cache-type",
-            "auto",
-            "--no-template",
-            "-n",
-            "1",
-            "--temp",
-            "0",
-            "hi",
-        ])
-        .output()
-        .unwrap();
+    let with_cache = |ty: &str| {
+        minfer()
+            .args(["run", "-t", "1", "-m"])
+            .arg(&m)
+            .args(["--numerics", "llamacpp-x86-avx2", "--cache-type", ty])
+            .args(["--no-template", "-n", "4", "--temp", "0", "--json", "hi"])
+            .output()
+            .unwrap()
+    };
+    let o = with_cache("auto");
     if err(&o).contains("cannot run") || err(&o).contains("not supported") {
         println!("SKIP: {}", err(&o));
         return;
     }
     assert!(o.status.success(), "{}", err(&o));
+    // It is f16: the same reply as with an f16 KV.
+    let reply = |o: &Output| {
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (v["generated_ids"].clone(), v["text"].clone())
+    };
+    let f16 = with_cache("f16");
+    assert!(f16.status.success(), "{}", err(&f16));
+    assert_eq!(reply(&o), reply(&f16));
+    // Control: an f32 KV, which auto picked before, is refused with these numerics.
+    let f32 = with_cache("f32");
+    assert!(!f32.status.success(), "{}", err(&f32));
+    assert!(err(&f32).contains("f16"), "{}", err(&f32));
 }
 
 #[test]

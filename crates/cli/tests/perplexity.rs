@@ -245,6 +245,16 @@ fn chunk_flags_are_checked_and_kl_divergence_fails_cleanly() {
     let e = stderr(&o);
     assert!(e.contains("-c 100000") && e.contains("4096"), "{e}");
     assert!(!e.contains("--n-ctx") && !e.contains("clamped"), "{e}");
+    // Issue 30 (no internals): -b 0 is a usage error naming the flag, before the model loads;
+    // it was the engine's "bad decode request: perplexity: ..." with exit 1.
+    let o = ppl(&["-f", text, "-b", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("-b 0") && !e.contains("decode request"), "{e}");
+    assert!(
+        !e.contains("tokenized"),
+        "refused before the text is read: {e}"
+    );
     let base = std::env::temp_dir().join(format!("minfer-ppl-base-{}.kld", std::process::id()));
     let _ = std::fs::remove_file(&base);
     let o = {

@@ -41,6 +41,20 @@ fn tokenize_and_decode() {
     let out = minfer(&["tokenize", "-m", m, "--decode", "1 999999"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("out of range"));
+
+    // Issue 30: without -m, the demo model, as every command (this is it: the same ids).
+    let out = minfer(&["tokenize", "--json", "Hello world"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ids"], serde_json::json!([9707, 1879]));
+    let msgs = std::env::temp_dir().join(format!("minfer-tokenize-msgs-{}", std::process::id()));
+    std::fs::write(&msgs, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
+    let msgs = msgs.to_str().unwrap();
+    let out = minfer(&["render", msgs]);
+    assert!(out.status.success(), "{out:?}");
+    let named = minfer(&["render", "-m", m, msgs]);
+    assert!(String::from_utf8_lossy(&named.stdout).contains("<|im_start|>user\nhi"));
+    assert_eq!(out.stdout, named.stdout);
 }
 
 /// Issue 30: a piece holding a newline or a tab is printed escaped, one token a line (the

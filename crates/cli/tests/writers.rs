@@ -213,3 +213,151 @@ fn requantizing_warns_once_with_a_count() {
         "singular or plural, not both: {e}"
     );
 }
+
+/// Issue 30 (rough edges): the names `minfer list` prints are what every command that reads
+/// a model takes, `quantize` and `split` included (they took paths only): a file in the
+/// models directory by its name, and a known model by its short name when it is cached.
+/// Control: the same name as a path relative to the working directory does not exist, so
+/// only the models directory's lookup (`args::model_file`) can find it.
+#[test]
+fn quantize_and_split_take_the_names_list_prints() {
+    let d = tmpdir("names");
+    let models = d.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let w = synthesize(&SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128)).unwrap();
+    std::fs::write(models.join("tiny.gguf"), w.to_bytes()).unwrap();
+    assert!(!std::path::Path::new("tiny.gguf").exists());
+    let with_models = |args: &[&str]| {
+        minfer()
+            .args(args)
+            .env("MINFER_MODELS", &models)
+            .current_dir(&d)
+            .output()
+            .unwrap()
+    };
+    let o = with_models(&["list"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(" tiny.gguf"),
+        "{o:?}"
+    );
+    let q = d.join("q8.gguf");
+    let o = with_models(&["quantize", "tiny.gguf", q.to_str().unwrap(), "Q8_0"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(q.is_file());
+    let prefix = d.join("parts");
+    let o = with_models(&[
+        "split",
+        "--split-max-tensors",
+        "8",
+        "tiny.gguf",
+        prefix.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(d.join("parts-00002-of-00002.gguf").is_file(), "{}", err(&o));
+
+    let Some(smol) = minfer_testkit::models::smol() else {
+        return;
+    };
+    let cache = smol.parent().unwrap();
+    let o = minfer()
+        .arg("list")
+        .env("MINFER_MODELS", cache)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(listed.contains(" smollm2-135m\n"), "{listed}");
+    let o = minfer()
+        .args([
+            "split",
+            "--dry-run",
+            "--split-max-tensors",
+            "100",
+            "smollm2-135m",
+        ])
+        .arg(d.join("smol"))
+        .env("MINFER_MODELS", cache)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    let q = d.join("smol-q8.gguf");
+    let o = minfer()
+        .args(["quantize", "smollm2", q.to_str().unwrap(), "Q8_0"])
+        .args(["--allow-requantize", "-t", "2"])
+        .env("MINFER_MODELS", cache)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(q.is_file());
+}
+
+/// Issue 30 (no internals in messages): an output in a directory that does not exist is
+/// named as such by every writer, never by the hidden `.partial` file it would have written
+/// first (synth said "cannot create …/.m.gguf.partial"). Control: the same commands with the
+/// directory made succeed (or, for convert's empty checkpoint, fail on the input instead).
+#[test]
+fn a_missing_output_directory_is_named_by_every_writer() {
+    let d = tmpdir("nodir");
+    let input = tiny_model(&d);
+    let split = minfer()
+        .args(["split", "--split-max-tensors", "8"])
+        .arg(&input)
+        .arg(d.join("p"))
+        .output()
+        .unwrap();
+    assert!(split.status.success(), "{}", err(&split));
+    let first = d.join("p-00001-of-00002.gguf");
+    let ckpt = d.join("checkpoint");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let missing = d.join("missing/dir");
+    let i = input.to_str().unwrap();
+    let m = missing.to_str().unwrap();
+    let commands: Vec<Vec<String>> = vec![
+        vec![
+            "quantize".into(),
+            i.into(),
+            format!("{m}/q.gguf"),
+            "Q8_0".into(),
+        ],
+        vec![
+            "split".into(),
+            "--split-max-tensors".into(),
+            "8".into(),
+            i.into(),
+            format!("{m}/p"),
+        ],
+        vec![
+            "merge".into(),
+            first.to_str().unwrap().into(),
+            format!("{m}/m.gguf"),
+        ],
+        vec![
+            "convert".into(),
+            ckpt.to_str().unwrap().into(),
+            format!("{m}/c.gguf"),
+        ],
+        vec![
+            "synth".into(),
+            "--preset".into(),
+            "0.5b".into(),
+            "-o".into(),
+            format!("{m}/s.gguf"),
+        ],
+    ];
+    for args in &commands {
+        let o = minfer().args(args).output().unwrap();
+        let e = err(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        assert!(
+            e.contains("output directory") && e.contains("does not exist"),
+            "{args:?}: {e}"
+        );
+        assert!(!e.contains(".partial"), "{args:?}: {e}");
+    }
+    std::fs::create_dir_all(&missing).unwrap();
+    for args in &commands[..3] {
+        let o = minfer().args(args).output().unwrap();
+        assert!(o.status.success(), "control {args:?}: {}", err(&o));
+    }
+    let o = minfer().args(&commands[3]).output().unwrap();
+    assert!(!err(&o).contains("output directory"), "{}", err(&o));
+}

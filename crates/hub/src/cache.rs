@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 /// One model in the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedModel {
-    /// What to pass as `-m`: a file name, or `hf:OWNER/REPO:PATH`.
+    /// What to pass as `-m`: a known model's name (`smollm2-135m`) for its file, else the
+    /// file name, or `hf:OWNER/REPO:PATH`.
     pub name: String,
     /// The files, first part first.
     pub files: Vec<PathBuf>,
@@ -53,8 +54,9 @@ pub fn list(dir: &Path) -> Result<Vec<CachedModel>> {
             continue;
         };
         if p.is_file() && (is_gguf(name) || is_part(name)) {
+            let file = name.trim_end_matches(".part");
             out.push(CachedModel {
-                name: name.trim_end_matches(".part").into(),
+                name: find(file).map_or(file, |m| m.name).into(),
                 files: vec![p.clone()],
                 bytes: size(p),
                 partial: is_part(name),

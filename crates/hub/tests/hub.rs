@@ -334,6 +334,9 @@ fn list_and_rm_see_hub_entries_as_sets() {
         hf::pull(&cache_root, &HubRef::parse(name).unwrap(), &cfg, false).unwrap();
     }
     std::fs::write(cache_root.join("local.gguf"), b"x").unwrap();
+    // A known model's file is listed by the name to run it by (issue 30); control: the file
+    // name itself, which `list` printed before.
+    std::fs::write(cache_root.join("smollm2-135m-instruct-q4_1.gguf"), b"yy").unwrap();
     let names: Vec<_> = cache::list(&cache_root)
         .unwrap()
         .into_iter()
@@ -343,6 +346,7 @@ fn list_and_rm_see_hub_entries_as_sets() {
         names,
         [
             ("local.gguf".into(), 1, 1),
+            ("smollm2-135m".into(), 1, 2),
             ("hf:tester/tiny-GGUF:tiny-Q4_K_M.gguf".into(), 1, 300_000),
             (
                 "hf:tester/tiny-GGUF:tiny-Q8_0-00001-of-00002.gguf".into(),
@@ -358,6 +362,7 @@ fn list_and_rm_see_hub_entries_as_sets() {
     cache::remove(&cache_root, "hf:tester/tiny-GGUF").unwrap();
     assert!(!cache_root.join("hf/tester/tiny-GGUF").exists());
     cache::remove(&cache_root, "local.gguf").unwrap();
+    cache::remove(&cache_root, "smollm2-135m").unwrap();
     assert!(cache::list(&cache_root).unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,6 +11,13 @@
 //! whole reply; [`ToolStream`] does the same incrementally for streamed replies. They are
 //! written independently and share only the parse of one block's JSON, so the tests can
 //! hold each one to the other.
+//!
+//! Models also write a call as bare JSON, without the tags (qwen2.5-coder does at
+//! temperature 0): a reply that is, whole, one or more `{"name": ..., "arguments": ...}`
+//! objects (or an array of them, or either in a ```json fence), each naming one of the
+//! request's tools and holding no other key (`parameters` is taken for `arguments`, as
+//! Llama 3 writes it). [`parse_reply`] and [`ToolStream::with_bare_json`] read those as
+//! calls too; anything else is content, so a JSON reply that is not a call stays one.
 
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -158,6 +165,81 @@ pub fn parse_tool_calls(text: &str) -> Result<(Option<String>, Vec<ParsedCall>),
     Ok(((!content.is_empty()).then(|| content.to_string()), calls))
 }
 
+/// A whole reply with the request's tool names: bare JSON calls (module docs) when the
+/// reply is nothing else, else what [`parse_tool_calls`] finds.
+pub fn parse_reply(
+    text: &str,
+    tool_names: &[String],
+) -> Result<(Option<String>, Vec<ParsedCall>), ToolParseError> {
+    match bare_calls(text, tool_names) {
+        Some(calls) => Ok((None, calls)),
+        None => parse_tool_calls(text),
+    }
+}
+
+/// Whether a reply starting with `text` (leading whitespace dropped) could be bare JSON
+/// calls: Some(true) yes, Some(false) no, None not known yet (a part of a fence's ```).
+fn may_be_bare(text: &str) -> Option<bool> {
+    let t = text.trim_start();
+    if t.starts_with('{') || t.starts_with('[') || t.starts_with(FENCE) {
+        Some(true)
+    } else if t.is_empty() || FENCE.starts_with(t) {
+        None
+    } else {
+        Some(false)
+    }
+}
+
+const FENCE: &str = "```";
+
+/// The calls of a reply that is only bare JSON calls (module docs), else None.
+fn bare_calls(text: &str, tool_names: &[String]) -> Option<Vec<ParsedCall>> {
+    if tool_names.is_empty() {
+        return None;
+    }
+    let mut body = text.trim();
+    if let Some(rest) = body.strip_prefix(FENCE) {
+        let rest = rest.strip_suffix(FENCE)?;
+        // The fence's language word, if any, ends at the first newline.
+        let (lang, inner) = rest.split_once('\n')?;
+        if !matches!(lang.trim(), "" | "json") {
+            return None;
+        }
+        body = inner.trim();
+    }
+    let mut values = Vec::new();
+    for v in serde_json::Deserializer::from_str(body).into_iter::<Value>() {
+        match v.ok()? {
+            Value::Array(items) => values.extend(items),
+            other => values.push(other),
+        }
+    }
+    if values.is_empty() {
+        return None;
+    }
+    values
+        .into_iter()
+        .map(|v| {
+            let Value::Object(mut fields) = v else {
+                return None;
+            };
+            if !fields.contains_key("arguments") {
+                if let Some(p) = fields.remove("parameters") {
+                    fields.insert("arguments".into(), p);
+                }
+            }
+            let named = fields
+                .get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| tool_names.iter().any(|t| t == n));
+            if !named || fields.keys().any(|k| k != "name" && k != "arguments") {
+                return None;
+            }
+            call_from_value(Value::Object(fields), body).ok()
+        })
+        .collect()
+}
+
 /// Incremental tool-call parser for a streamed reply.
 ///
 /// Feed each decoded piece to [`push`](Self::push); call [`finish`](Self::finish) at the
@@ -186,11 +268,41 @@ pub struct ToolStream {
     saw_call: bool,
     /// Deltas completed before an error, for the next call to return.
     carried: Vec<ToolDelta>,
+    /// The request's tool names when bare JSON calls are read ([`Self::with_bare_json`]).
+    bare_names: Vec<String>,
+    bare: Bare,
+}
+
+/// Where a stream stands on bare JSON calls.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Bare {
+    /// Nothing but whitespace (or part of a fence) seen yet.
+    Undecided,
+    /// The reply began like JSON: everything is held until the end decides.
+    Holding,
+    /// The reply is not bare JSON (or bare JSON is not read).
+    #[default]
+    Off,
 }
 
 impl ToolStream {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Also reads bare JSON calls to these tools (module docs), as [`parse_reply`] does. A
+    /// reply that begins like JSON is then held whole until [`finish`](Self::finish): only
+    /// the end says whether it was a call.
+    pub fn with_bare_json(tool_names: Vec<String>) -> Self {
+        Self {
+            bare: if tool_names.is_empty() {
+                Bare::Off
+            } else {
+                Bare::Undecided
+            },
+            bare_names: tool_names,
+            ..Self::default()
+        }
     }
 
     /// Whether any call has been released so far (the reply's finish reason is then
@@ -202,6 +314,16 @@ impl ToolStream {
     pub fn push(&mut self, piece: &str) -> Result<Vec<ToolDelta>, ToolParseError> {
         self.pending.push_str(piece);
         let mut out = std::mem::take(&mut self.carried);
+        if self.bare == Bare::Undecided {
+            self.bare = match may_be_bare(&self.pending) {
+                Some(true) => Bare::Holding,
+                Some(false) => Bare::Off,
+                None => Bare::Undecided,
+            };
+        }
+        if self.bare != Bare::Off {
+            return Ok(out);
+        }
         match self.advance(&mut out) {
             Ok(()) => Ok(out),
             Err(err) => {
@@ -216,6 +338,29 @@ impl ToolStream {
     /// stream is then ready for a new reply; `saw_call` keeps its value.
     pub fn finish(&mut self) -> Result<Vec<ToolDelta>, ToolParseError> {
         let mut out = std::mem::take(&mut self.carried);
+        let held = std::mem::replace(
+            &mut self.bare,
+            if self.bare_names.is_empty() {
+                Bare::Off
+            } else {
+                Bare::Undecided
+            },
+        );
+        if held != Bare::Off {
+            if let Some(calls) = bare_calls(&self.pending, &self.bare_names) {
+                self.pending.clear();
+                for call in calls {
+                    self.release_call(call, &mut out);
+                }
+                return Ok(out);
+            }
+            // Not calls after all: the held text is read as any other reply.
+            if let Err(err) = self.advance(&mut out) {
+                self.reset();
+                self.carried = out;
+                return Err(err);
+            }
+        }
         let pending = std::mem::take(&mut self.pending);
         let result = if self.in_block {
             parse_unclosed(&pending).map(|call| self.release_call(call, &mut out))
@@ -223,10 +368,7 @@ impl ToolStream {
             self.release_content(&pending, &mut out);
             Ok(())
         };
-        self.in_block = false;
-        self.close_scan = 0;
-        self.held_space.clear();
-        self.released_any = false;
+        self.reset();
         match result {
             Ok(()) => Ok(out),
             Err(err) => {
@@ -234,6 +376,15 @@ impl ToolStream {
                 Err(err)
             }
         }
+    }
+
+    /// Ready for a new reply (`saw_call` and the bare-JSON setting are kept).
+    fn reset(&mut self) {
+        self.pending.clear();
+        self.in_block = false;
+        self.close_scan = 0;
+        self.held_space.clear();
+        self.released_any = false;
     }
 
     /// Consumes as much of `pending` as is decided.

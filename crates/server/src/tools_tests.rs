@@ -15,7 +15,10 @@ fn call(name: &str, arguments: &str) -> ParsedCall {
 /// Streams `pieces` and folds the deltas into the shape `parse_tool_calls` returns,
 /// checking along the way that no empty content is released and the tag never leaks.
 fn stream(pieces: &[&str]) -> Parsed {
-    let mut parser = ToolStream::new();
+    stream_with(ToolStream::new(), pieces)
+}
+
+fn stream_with(mut parser: ToolStream, pieces: &[&str]) -> Parsed {
     let mut content = String::new();
     let mut calls = Vec::new();
     let mut fold = |deltas: Vec<ToolDelta>| {
@@ -69,9 +72,22 @@ impl Rng {
 /// The streaming parser must agree with the whole-reply parse however `text` is split:
 /// in one piece, in two at every char boundary, char by char, and at random cuts.
 fn assert_agree(text: &str) -> Parsed {
-    let whole = parse_tool_calls(text);
+    assert_agree_with(text, None)
+}
+
+/// [`assert_agree`] with bare JSON calls to `names` read (`names` None: not read), against
+/// [`parse_reply`] (or [`parse_tool_calls`]).
+fn assert_agree_with(text: &str, names: Option<&[String]>) -> Parsed {
+    let whole = match names {
+        Some(n) => parse_reply(text, n),
+        None => parse_tool_calls(text),
+    };
+    let parser = || match names {
+        Some(n) => ToolStream::with_bare_json(n.to_vec()),
+        None => ToolStream::new(),
+    };
     let check = |pieces: &[&str], how: &str| {
-        assert_eq!(stream(pieces), whole, "{how} of {text:?}");
+        assert_eq!(stream_with(parser(), pieces), whole, "{how} of {text:?}");
     };
     check(&[text], "one piece");
     check(&["", text, ""], "with empty pieces");
@@ -449,4 +465,107 @@ fn splitmix64_is_a_reference_match() {
     let first = splitmix64(0);
     assert_eq!(first, 0xE220_A839_7B1D_CDAF);
     assert_eq!(splitmix64(GOLDEN_GAMMA), 0x6E78_9E6A_A1B9_65F4);
+}
+
+fn bare(text: &str) -> (Option<String>, Vec<ParsedCall>) {
+    let names = vec!["get_weather".to_string(), "get_time".to_string()];
+    assert_agree_with(text, Some(&names)).unwrap_or_else(|err| panic!("{text:?}: {err}"))
+}
+
+/// Issue 30: a call written as bare JSON, without the tags (qwen2.5-coder at temperature
+/// 0), is a call when it names one of the request's tools, whole and however it is streamed.
+/// Control: the same replies without the tools' names (`ToolStream::new`, `parse_tool_calls`:
+/// what the server did before) are plain content.
+#[test]
+fn bare_json_calls_to_the_requests_tools_are_calls() {
+    let weather = call("get_weather", r#"{"city":"Paris"}"#);
+    let time = call("get_time", r#"{"zone":"utc"}"#);
+    for text in [
+        r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+        "\n  {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n",
+        r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#,
+        r#"{"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}"#,
+        "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+        "```\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+    ] {
+        assert_eq!(bare(text), (None, vec![weather.clone()]), "{text:?}");
+        let plain = assert_agree(text).unwrap();
+        assert_eq!(
+            plain,
+            (Some(text.trim().to_string()), vec![]),
+            "control: {text:?}"
+        );
+    }
+    let two = [
+        "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"utc\"}}",
+        r#"[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {"zone": "utc"}}]"#,
+    ];
+    for text in two {
+        assert_eq!(
+            bare(text),
+            (None, vec![weather.clone(), time.clone()]),
+            "{text:?}"
+        );
+    }
+    // No arguments: a function without parameters.
+    assert_eq!(
+        bare(r#"{"name": "get_time"}"#),
+        (None, vec![call("get_time", "{}")])
+    );
+    // The tags still work beside it.
+    assert_eq!(bare(WEATHER), (None, vec![weather]));
+}
+
+/// JSON that is not only calls to the request's tools stays content: another name, a key
+/// besides name/arguments, text around it, broken JSON, one good call beside a bad one.
+#[test]
+fn json_that_is_not_a_bare_call_is_content() {
+    for text in [
+        r#"{"name": "get_stock", "arguments": {"s": "X"}}"#,
+        r#"{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 3}"#,
+        r#"{"city": "Paris"}"#,
+        r#"Here: {"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+        r#"{"name": "get_weather", "arguments": {"city": "Paris"}} done"#,
+        r#"{"name": "get_weather", "arguments": {"city": "Par"#,
+        r#"{"name": "get_weather", "arguments": [1]}"#,
+        "[1, 2]",
+        "[]",
+        "```python\n{\"name\": \"get_weather\", \"arguments\": {}}\n```",
+        "{\"name\": \"get_weather\", \"arguments\": {}}\n{\"name\": \"nope\", \"arguments\": {}}",
+        "`code`",
+        "``",
+    ] {
+        assert_eq!(
+            bare(text),
+            (Some(text.trim().to_string()), vec![]),
+            "{text:?}"
+        );
+    }
+}
+
+/// A stream with bare JSON read is reusable, and a reply that is not JSON streams as it
+/// comes (only a JSON-looking start is held).
+#[test]
+fn bare_json_stream_holds_only_json_looking_replies() {
+    let mut p = ToolStream::with_bare_json(vec!["get_time".into()]);
+    assert_eq!(
+        p.push("Hello").unwrap(),
+        vec![ToolDelta::Content("Hello".into())]
+    );
+    assert_eq!(p.finish().unwrap(), vec![]);
+    assert!(
+        p.push("{\"name\": \"get_time\"").unwrap().is_empty(),
+        "held"
+    );
+    assert!(p.push(", \"arguments\": {}}").unwrap().is_empty(), "held");
+    assert_eq!(
+        p.finish().unwrap(),
+        vec![ToolDelta::Call(call("get_time", "{}"))]
+    );
+    assert!(p.saw_call());
+    assert!(p.push("{\"a\": 1}").unwrap().is_empty(), "held");
+    assert_eq!(
+        p.finish().unwrap(),
+        vec![ToolDelta::Content("{\"a\": 1}".into())]
+    );
 }

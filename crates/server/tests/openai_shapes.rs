@@ -34,9 +34,11 @@ const TEMPLATE: &str = "{%- if tools %}{{- '<|im_start|>system\\nCall a tool as 
 {%- endfor %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
-/// A tiny Qwen2 with the built-in byte-level tokenizer and [`TEMPLATE`], written once.
-fn model() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("minfer-openai-shapes-{}", std::process::id()));
+/// A tiny Qwen2 with the built-in byte-level tokenizer and [`TEMPLATE`], in a folder of its
+/// own per test (`tag`), which the test removes.
+fn model(tag: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("minfer-openai-shapes-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plain = dir.join("plain.gguf");
     let spec = SynthSpec::new(Arch::Qwen2, 2, 64, 4, 2, 128);
@@ -114,7 +116,7 @@ const CMPL: &str = "/v1/completions";
 /// The bodies of one run: (whole replies, streams), every one already checked by the
 /// shared helpers (`post_json` and `sse_json` validate what they read).
 async fn bodies() -> (Vec<Value>, Vec<Vec<Value>>) {
-    let path = model();
+    let path = model("bodies");
     let app = minfer_server::app(common::state_with(
         &path,
         ServeConfig {
@@ -324,4 +326,53 @@ async fn every_body_has_openai_shapes_and_broken_ones_are_refused() {
             "a finish_reason outside the API's list passed the package: {out}"
         );
     }
+}
+
+/// Issue 30: a reply that is bare JSON naming one of the request's tools (no `<tool_call>`
+/// tags, as qwen2.5-coder writes at temperature 0) is a tool call, whole and streamed, in
+/// OpenAI's shapes. The synthetic model is made to write exactly that JSON by a
+/// `response_format` schema (tools stay `auto`). Control: the same request without `tools`
+/// gets the JSON back as content, which is what a request with tools got before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_json_call_to_a_requested_tool_is_a_tool_call() {
+    let path = model("bare");
+    let app = minfer_server::app(common::state_with(&path, ServeConfig::default()));
+    let call_schema = json!({"type": "json_schema", "json_schema": {"name": "call", "schema": {
+        "type": "object", "additionalProperties": false, "required": ["name", "arguments"],
+        "properties": {"name": {"const": "get_time"}, "arguments": {"type": "object",
+            "additionalProperties": false, "required": ["zone"],
+            "properties": {"zone": {"const": "utc"}}}}}}});
+    let body = json!({"messages": [{"role": "user", "content": "Time?"}], "tools": tools(),
+        "response_format": call_schema, "max_tokens": 64, "temperature": 0});
+    let (status, v) = post_json(&app, CHAT, &body).await;
+    assert!(status.is_success(), "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(choice["message"]["content"], Value::Null, "{v}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_time", "{v}");
+    assert_eq!(call["arguments"], r#"{"zone":"utc"}"#, "{v}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = sse_json(&post(&app, CHAT, &streamed).await.body);
+    assert_eq!(stream_calls(&events), 1, "{events:?}");
+    let content: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "", "no content beside the call: {events:?}");
+    let last = &events[events.len() - 1]["choices"][0];
+    assert_eq!(last["finish_reason"], "tool_calls", "{events:?}");
+
+    // Control: no tools, the same JSON is the reply's content.
+    let mut plain = body.clone();
+    plain.as_object_mut().unwrap().remove("tools");
+    let (status, v) = post_json(&app, CHAT, &plain).await;
+    assert!(status.is_success(), "{v}");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(parsed["name"], "get_time", "{v}");
+    assert_ne!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

@@ -109,6 +109,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.chunks == Some(0) {
         usage!("--chunks 0: evaluate at least 1 chunk (leave --chunks out for all of them)");
     }
+    if a.batch_size == 0 {
+        // The engine's refusal read "bad decode request: perplexity: the batch size ...".
+        usage!("-b 0: a forward holds at least 1 token; give -b 1 or more");
+    }
     if a.kl_divergence {
         return run_kld(a);
     }
@@ -153,9 +157,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if r.chunk == 1 {
             let per = t0.elapsed().as_secs_f64();
             eprintln!(
-                "{:.2} seconds per chunk, {} chunks of {} tokens: ETA {:.1} minutes",
+                "{:.2} seconds per chunk, {} of {} tokens: ETA {:.1} minutes",
                 per,
-                r.n_chunks,
+                super::count(r.n_chunks, "chunk"),
                 ctx_size,
                 per * r.n_chunks as f64 / 60.0
             );
@@ -183,9 +187,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         )?;
     }
     eprintln!(
-        "{} chunks, {} tokens scored in {:.1} s ({:.0} tokens/s)",
-        res.n_chunks,
-        res.count,
+        "{}, {} scored in {:.1} s ({:.0} tokens/s)",
+        super::count(res.n_chunks, "chunk"),
+        super::count(res.count, "token"),
         secs,
         (res.n_chunks * ctx_size) as f64 / secs
     );

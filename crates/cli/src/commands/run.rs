@@ -10,7 +10,7 @@ use crate::usage;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use minfer_engine::Engine;
-use minfer_generate::chat::{generate_interruptible, Pieces};
+use minfer_generate::chat::{generate_interruptible_with_progress, Pieces};
 use minfer_generate::GenerateRequest;
 use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::Tokenizer;
@@ -210,21 +210,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         engine.trace_begin()?;
     }
     let stream = !args.json;
+    let mut prefill = PrefillLine::new(prompt.len() > engine.n_batch());
     let mut stdout = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
     let res = {
         // Ctrl-C (or a closed stdout) stops the reply between forwards; what was generated
         // is reported below.
         let _generating = Generating::start();
-        generate_interruptible(&mut engine, &Pieces(&tok), &req, &CANCEL, |bytes| {
-            if stream && write_err.is_none() {
-                if let Err(e) = stdout.write_all(bytes).and_then(|_| stdout.flush()) {
-                    write_err = Some(e);
-                    CANCEL.store(true, Ordering::SeqCst);
+        generate_interruptible_with_progress(
+            &mut engine,
+            &Pieces(&tok),
+            &req,
+            &CANCEL,
+            |bytes| {
+                if stream && write_err.is_none() {
+                    if let Err(e) = stdout.write_all(bytes).and_then(|_| stdout.flush()) {
+                        write_err = Some(e);
+                        CANCEL.store(true, Ordering::SeqCst);
+                    }
                 }
-            }
-        })?
+            },
+            |fed, total| prefill.show(fed, total),
+        )?
     };
+    prefill.clear();
     if let Some(e) = write_err {
         return Err(e.into());
     }
@@ -296,4 +305,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(Interrupted.into());
     }
     Ok(())
+}
+
+/// A prompt's prefill shown on a terminal: `prompt: FED/TOTAL tokens` rewritten in place
+/// after each batch-size forward, erased before the reply (issue 30: a 4,000-token prompt
+/// was 42 s of silence). Only for a prompt of more than one forward, and never when stderr
+/// is a file or a pipe (the timings lines say it all there).
+struct PrefillLine {
+    on: bool,
+    drawn: bool,
+}
+
+impl PrefillLine {
+    fn new(long_prompt: bool) -> PrefillLine {
+        PrefillLine {
+            on: long_prompt && std::io::stderr().is_terminal(),
+            drawn: false,
+        }
+    }
+
+    fn show(&mut self, fed: usize, total: usize) {
+        if !self.on {
+            return;
+        }
+        if fed >= total {
+            self.clear();
+            return;
+        }
+        eprint!("\r\x1b[2Kprompt: {fed}/{total} tokens");
+        self.drawn = true;
+    }
+
+    fn clear(&mut self) {
+        if self.drawn {
+            eprint!("\r\x1b[2K");
+            self.drawn = false;
+        }
+    }
 }

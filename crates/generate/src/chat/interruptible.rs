@@ -29,12 +29,27 @@ pub fn generate_interruptible<M: LogitsModel>(
     vocab: &dyn TokenBytes,
     req: &GenerateRequest,
     cancel: &AtomicBool,
+    on_text: impl FnMut(&[u8]),
+) -> Result<Interruptible, GenerateError<M::Error>> {
+    generate_interruptible_with_progress(model, vocab, req, cancel, on_text, |_, _| {})
+}
+
+/// [`generate_interruptible`], calling `on_prefill(fed, total)` after each forward that fed
+/// prompt tokens (`fed` of the prompt's `total`, the last call with `fed == total`), so a
+/// long prompt's prefill can be shown.
+pub fn generate_interruptible_with_progress<M: LogitsModel>(
+    model: &mut M,
+    vocab: &dyn TokenBytes,
+    req: &GenerateRequest,
+    cancel: &AtomicBool,
     mut on_text: impl FnMut(&[u8]),
+    mut on_prefill: impl FnMut(usize, usize),
 ) -> Result<Interruptible, GenerateError<M::Error>> {
     let n_ctx = model.context_len();
     let mut batch = Batcher::new(model.max_batch());
     batch.push((), SeqGen::new(model.default_seq(), req, n_ctx)?);
     let mut cancelled = false;
+    let mut fed_before = 0;
     loop {
         if cancel.load(Ordering::SeqCst) {
             cancelled = true;
@@ -54,6 +69,13 @@ pub fn generate_interruptible<M: LogitsModel>(
             .map_err(|f| f.error)?;
         if let Some(e) = failed {
             return Err(GenerateError::Sampler(e));
+        }
+        if let Some((_, g)) = batch.iter().next() {
+            let (fed, total) = (g.prompt_fed(), g.prompt().len());
+            if fed > fed_before && fed_before < total {
+                fed_before = fed.min(total);
+                on_prefill(fed_before, total);
+            }
         }
         if !worked {
             break;

@@ -25,7 +25,9 @@ pub mod interruptible;
 pub mod prompt;
 pub mod sync;
 
-pub use interruptible::{generate_interruptible, Interruptible};
+pub use interruptible::{
+    generate_interruptible, generate_interruptible_with_progress, Interruptible,
+};
 pub use prompt::{render_prompt, PromptError};
 
 use crate::sampler::SamplerConfig;

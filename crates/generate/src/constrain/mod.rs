@@ -26,6 +26,10 @@ use minfer_tokenizer::{TokenType, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The byte that starts a special token's word for [`Grammars::from_words`] (no grammar
+/// text can produce such a token).
+pub const SPECIAL_TOKEN_MARKER: u8 = TokTrie::SPECIAL_TOKEN_MARKER;
+
 /// What a reply must match.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConstraintSpec {
@@ -60,6 +64,23 @@ pub enum ConstraintError {
     Refused { kind: &'static str, message: String },
     #[error("the regex is empty (it would match only an empty reply)")]
     EmptyRegex,
+    /// A syntax error in a regex, said before llguidance sees it (its message quotes the
+    /// Lark grammar it wraps the regex in, with that grammar's line and column).
+    #[error("the regex {regex:?} is refused: {what} at character {at}")]
+    RegexSyntax {
+        regex: String,
+        what: String,
+        /// 1-based, in characters.
+        at: usize,
+    },
+    /// A JSON schema's `pattern` with a syntax error (said as for [`Self::RegexSyntax`]).
+    #[error("the JSON schema is refused: its pattern {regex:?} has {what} at character {at}")]
+    SchemaPattern {
+        regex: String,
+        what: String,
+        /// 1-based, in characters.
+        at: usize,
+    },
     #[error("the GBNF grammar is refused: {0}")]
     Gbnf(#[from] GbnfError),
     #[error("cannot build the token trie: {0}")]
@@ -143,14 +164,21 @@ impl Grammars {
                 if rx.is_empty() {
                     return Err(ConstraintError::EmptyRegex);
                 }
+                check_regex_syntax(rx)?;
                 TopLevelGrammar::from_regex(rx)
             }
             ConstraintSpec::Gbnf(src) => TopLevelGrammar::from_lark(gbnf_to_lark(src)?),
         };
-        let parser = self
-            .factory
-            .create_parser(top)
-            .map_err(|e| refused(e.to_string()))?;
+        let parser = self.factory.create_parser(top).map_err(|e| {
+            // A schema's bad `pattern` is named the way a bad --regex is (llguidance's
+            // message spans lines, the regex drawn with a caret); only once llguidance has
+            // refused, so no pattern it takes is refused here.
+            match spec {
+                ConstraintSpec::JsonSchema(schema) => bad_pattern(schema),
+                _ => None,
+            }
+            .unwrap_or_else(|| refused(e.to_string()))
+        })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(refused(e));
@@ -161,6 +189,45 @@ impl Grammars {
             n_vocab: self.n_vocab,
             compile_ms: t0.elapsed().as_secs_f64() * 1e3,
         })
+    }
+}
+
+/// The syntax of `rx` alone (its abstract syntax tree: no flags or Unicode tables, which
+/// llguidance sets its own way and checks itself).
+fn check_regex_syntax(rx: &str) -> Result<(), ConstraintError> {
+    match regex_syntax::ast::parse::Parser::new().parse(rx) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(ConstraintError::RegexSyntax {
+            regex: rx.to_string(),
+            what: e.kind().to_string(),
+            at: rx[..e.span().start.offset].chars().count() + 1,
+        }),
+    }
+}
+
+/// The first `pattern` (or `patternProperties` key) in `schema` whose syntax is wrong, as
+/// [`ConstraintError::SchemaPattern`].
+fn bad_pattern(schema: &serde_json::Value) -> Option<ConstraintError> {
+    use serde_json::Value;
+    match schema {
+        Value::Object(o) => {
+            let own = o.get("pattern").and_then(Value::as_str).into_iter();
+            let keys = o
+                .get("patternProperties")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flat_map(|m| m.keys().map(String::as_str));
+            own.chain(keys)
+                .find_map(|rx| match check_regex_syntax(rx) {
+                    Err(ConstraintError::RegexSyntax { regex, what, at }) => {
+                        Some(ConstraintError::SchemaPattern { regex, what, at })
+                    }
+                    _ => None,
+                })
+                .or_else(|| o.values().find_map(bad_pattern))
+        }
+        Value::Array(a) => a.iter().find_map(bad_pattern),
+        _ => None,
     }
 }
 

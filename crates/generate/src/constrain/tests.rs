@@ -159,11 +159,60 @@ fn refusals_name_the_construct_before_any_token() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("unterminated character class"), "{e}");
+    // Issue 30: a regex's syntax error says what and where in the regex, on one line; it
+    // quoted llguidance's Lark wrapper (`start: /a(b/`) at its line and column ("at 1(8)").
+    // Control: llguidance's own message, which the check before it replaces.
     let e = g
-        .compile(&ConstraintSpec::Regex("a(b".into()))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("regex"), "{e}");
+        .compile(&ConstraintSpec::Regex("xy(b".into()))
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ConstraintError::RegexSyntax {
+            regex: "xy(b".into(),
+            what: "unclosed group".into(),
+            at: 3
+        }
+    );
+    let e = e.to_string();
+    assert!(!e.contains('\n') && !e.contains("start:"), "{e}");
+    let own = match g.factory.create_parser(TopLevelGrammar::from_regex("xy(b")) {
+        Ok(_) => panic!("llguidance took xy(b"),
+        Err(e) => e.to_string(),
+    };
+    assert!(own.contains("start:"), "control: {own}");
+    // Non-ASCII before the error: the position counts characters.
+    let e = g.compile(&ConstraintSpec::Regex("é[".into())).unwrap_err();
+    assert!(
+        matches!(&e, ConstraintError::RegexSyntax { at: 2, .. }),
+        "{e:?}"
+    );
+    // The same for a JSON schema's pattern, nested, once llguidance has refused it; a
+    // pattern it takes is not second-guessed. Control: llguidance's own message spans lines.
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "^[a-z]+$"},
+        "b": {"type": "array", "items": {"type": "string", "pattern": "ab(c"}}}});
+    let e = g
+        .compile(&ConstraintSpec::JsonSchema(schema.clone()))
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ConstraintError::SchemaPattern {
+            regex: "ab(c".into(),
+            what: "unclosed group".into(),
+            at: 3
+        }
+    );
+    assert!(!e.to_string().contains('\n'), "{e}");
+    let own = match g
+        .factory
+        .create_parser(TopLevelGrammar::from_json_schema(schema))
+    {
+        Ok(_) => panic!("llguidance took the pattern ab(c"),
+        Err(e) => e.to_string(),
+    };
+    assert!(own.contains('\n'), "control: {own}");
+    // What only llguidance refuses still reaches the user through its message.
+    assert!(g.compile(&ConstraintSpec::Regex("(?<n>a)".into())).is_ok());
 }
 
 #[test]

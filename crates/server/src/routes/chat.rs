@@ -12,7 +12,7 @@ use crate::request::chat::{parse, ChatRequest, ToolChoice};
 use crate::request::parse_json;
 use crate::scheduler::JobEvent;
 use crate::submit::{choices, submit, Submitted};
-use crate::tools::{new_call_id, parse_tool_calls, random_id, ParsedCall, ToolDelta, ToolStream};
+use crate::tools::{new_call_id, parse_reply, random_id, ParsedCall, ToolDelta, ToolStream};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -58,6 +58,21 @@ fn tools_on(req: &ChatRequest) -> bool {
     req.tool_choice != ToolChoice::None
 }
 
+/// The names of the request's tools: a reply that is bare JSON calling one of them is a
+/// call (`tools` module docs).
+fn tool_names(req: &ChatRequest) -> Vec<String> {
+    req.tools
+        .as_ref()
+        .and_then(Value::as_array)
+        .map(|l| {
+            l.iter()
+                .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn call_json(index: usize, c: &ParsedCall) -> Value {
     json!({
         "index": index,
@@ -84,7 +99,7 @@ async fn respond(
             // A block the model got wrong is its text, not a server error: the reply is
             // then plain content (what it wrote, forced opening included).
             let (content, calls) =
-                parse_tool_calls(&full).unwrap_or_else(|_| (Some(full), Vec::new()));
+                parse_reply(&full, &tool_names(req)).unwrap_or_else(|_| (Some(full), Vec::new()));
             if calls.is_empty() {
                 message["content"] = json!(content.unwrap_or_default());
             } else {
@@ -148,9 +163,9 @@ struct ToolState {
 }
 
 impl ToolState {
-    fn new(tools: bool, forced: &str) -> ToolState {
+    fn new(tools: Option<Vec<String>>, forced: &str) -> ToolState {
         let mut t = ToolState {
-            parser: tools.then(ToolStream::new),
+            parser: tools.map(ToolStream::with_bare_json),
             raw: String::new(),
         };
         // The forced opening is inside a call: it yields no content.
@@ -220,8 +235,10 @@ async fn drive(
         )
         .await?;
     }
-    let tools = tools_on(req);
-    let mut parsers: Vec<ToolState> = (0..n).map(|_| ToolState::new(tools, forced)).collect();
+    let tools = tools_on(req).then(|| tool_names(req));
+    let mut parsers: Vec<ToolState> = (0..n)
+        .map(|_| ToolState::new(tools.clone(), forced))
+        .collect();
     let mut calls = vec![0usize; n];
     let mut accs: Vec<ChoiceAcc> = (0..n).map(|_| ChoiceAcc::default()).collect();
     while !accs.iter().all(ChoiceAcc::is_over) {
