@@ -268,24 +268,6 @@ impl ModelRunner {
         }
     }
 
-    /// The graph (and plan) of a request shape, built or reused.
-    pub(crate) fn prepare(&mut self, params: &GraphParams) -> Result<(&Graph, &Plan)> {
-        let weights = ModelWeights {
-            model: &self.model,
-            ids: &self.ids,
-        };
-        graph_for(
-            &mut self.cache,
-            &mut self.backends,
-            &weights,
-            &self.hp,
-            self.output_weight,
-            &self.placement,
-            &mut self.alloc,
-            params,
-        )
-    }
-
     /// Runs `look` over the graph of a request shape (built or reused) with the weights and
     /// backends beside it: the introspection calls (node counts, dumps) see the very graph a
     /// forward of that shape runs.
@@ -314,8 +296,9 @@ impl ModelRunner {
     /// Creates the per-layer KV regions if no graph has run yet (planning a graph allocates
     /// them).
     pub(crate) fn ensure_kv_regions(&mut self) -> Result<()> {
+        // Building (or finding) the one-token graph allocates every layer's KV region.
         let p = self.params(1, 1, WindowLayout::Span);
-        self.prepare(&p).map(|_| ())
+        self.inspect(&p, |_, _, _| ())
     }
 
     pub(crate) fn kv_region(&self, layer: usize) -> Option<minfer_graph::KvRegion> {
