@@ -16,7 +16,7 @@ pub mod threads;
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
     Backend, BackendId, BufId, CaptureLog, DType, Error, ExecArgs, FusedOp, KvLayout, Node, NodeId,
-    Op, Result, RopeSpec, WeightId, WeightRef, WeightSource, WindowLayout,
+    Op, Result, RopeSpec, Support, WeightId, WeightRef, WeightSource, WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 
@@ -338,11 +338,11 @@ impl Backend for CpuBackend {
         CPU_PRIORITY
     }
 
-    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+    fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ty.is_supported() {
             Ok(())
         } else {
-            Err(format!("{} is not a supported weight type", w.ty))
+            Err(format!("{} is not a supported weight type", w.ty).into())
         }
     }
 
@@ -371,36 +371,59 @@ impl Backend for CpuBackend {
         self.numerics == Numerics::Native
     }
 
-    fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
+    fn check_kv_type(&self, ty: GgmlType) -> Support {
         if !KV_TYPES.contains(&ty) {
             return Err("the CPU backend reads f32, f16 and q8_0 KV caches".into());
         }
         if self.numerics != Numerics::Native && ty != GgmlType::F16 {
-            return Err(format!(
-                "--numerics {} needs an f16 KV cache",
-                self.numerics.name()
-            ));
+            return Err(
+                format!("--numerics {} needs an f16 KV cache", self.numerics.name()).into(),
+            );
         }
         Ok(())
     }
 
-    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> bool {
-        let weight_ok = |id: WeightId| weights.weight(id).is_some_and(|w| w.ty.is_supported());
-        let vector_ok = |id: WeightId| weights.weight(id).is_some_and(|w| w.ne1 == 1);
-        match op {
-            Op::GetRows { weight } => weight_ok(*weight),
-            Op::MatMul { weight, bias } => {
-                let ggml_ok = |id: WeightId| {
-                    self.numerics == Numerics::Native
-                        || weights
-                            .weight(id)
-                            .is_some_and(|w| llamacpp_x86::supports_weight(w.ty, w.ne0, w.ne1))
-                };
-                weight_ok(*weight) && ggml_ok(*weight) && bias.is_none_or(vector_ok)
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> Support {
+        let matrix = |id: WeightId| -> Support {
+            let w = weights
+                .weight(id)
+                .ok_or_else(|| format!("weight {} is not in the model", weights.name(id)))?;
+            if !w.ty.is_supported() {
+                return Err(
+                    format!("{} is {}, not a supported type", weights.name(id), w.ty).into(),
+                );
             }
-            Op::RmsNorm { weight, .. } => vector_ok(*weight),
+            Ok(())
+        };
+        let vector = |id: WeightId| -> Support {
+            match weights.weight(id) {
+                Some(w) if w.ne1 == 1 => Ok(()),
+                _ => Err(format!("{} is not a one-row weight", weights.name(id)).into()),
+            }
+        };
+        match op {
+            Op::GetRows { weight } => matrix(*weight),
+            Op::MatMul { weight, bias } => {
+                matrix(*weight)?;
+                if let Some(b) = bias {
+                    vector(*b)?;
+                }
+                let w = weights.weight(*weight).ok_or("weight not in the model")?;
+                match self.numerics.llamacpp() {
+                    Some(_) if !llamacpp_x86::supports_weight(w.ty, w.ne0, w.ne1) => Err(format!(
+                        "--numerics {} has no {} matmul of {} rows: it reproduces Q4_1, Q5_0, \
+                         Q8_0, Q6_K, and Q4_K with a multiple of 8 rows",
+                        self.numerics.name(),
+                        w.ty,
+                        w.ne1
+                    )
+                    .into()),
+                    _ => Ok(()),
+                }
+            }
+            Op::RmsNorm { weight, .. } => vector(*weight),
             Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => {
-                self.check_kv_type(*cache_type).is_ok()
+                self.check_kv_type(*cache_type)
             }
             Op::Input(_)
             | Op::SelectRows
@@ -408,41 +431,26 @@ impl Backend for CpuBackend {
             | Op::Add
             | Op::Mul
             | Op::Silu
-            | Op::SwiGLU => true,
-            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } | Op::MatMulAdd { .. } => false,
+            | Op::SwiGLU => Ok(()),
+            Op::QkvRopeStore(_) | Op::FfnGateUp { .. } | Op::MatMulAdd { .. } => Err(format!(
+                "{} is a fused decode node; the CPU runs the chain",
+                op.name()
+            )
+            .into()),
         }
     }
 
-    fn refusal(&self, op: &Op, weights: &dyn WeightSource) -> Option<String> {
-        let Op::MatMul { weight, .. } = op else {
-            return None;
-        };
-        let w = weights.weight(*weight)?;
-        let weight = weights.name(*weight);
-        if !w.ty.is_supported() {
-            return Some(format!("{weight} is {}, not a supported type", w.ty));
-        }
-        match self.numerics.llamacpp() {
-            Some(_) if !llamacpp_x86::supports_weight(w.ty, w.ne0, w.ne1) => Some(format!(
-                "--numerics {} has no {} matmul of {} rows: it reproduces Q4_1, Q5_0, Q8_0, \
-                 Q6_K, and Q4_K with a multiple of 8 rows",
-                self.numerics.name(),
-                w.ty,
-                w.ne1
-            )),
-            _ => None,
-        }
-    }
-
-    fn supports_fused(&self, op: FusedOp) -> bool {
+    fn supports_fused(&self, op: FusedOp) -> Support {
         match op {
-            FusedOp::SwiGLU => true,
+            FusedOp::SwiGLU => Ok(()),
             // The decode fusions exist for dispatch-bound devices; the CPU keeps the chain.
             FusedOp::QkvRopeStore
             | FusedOp::QkvNormRopeStore
             | FusedOp::FfnGateUp
             | FusedOp::InputNorm
-            | FusedOp::MatMulAdd => false,
+            | FusedOp::MatMulAdd => Err(
+                "the decode fusions are for dispatch-bound devices; the CPU runs the chain".into(),
+            ),
         }
     }
 

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    move_plan, Backend, BackendId, BufId, CaptureLog, DType, Error as GraphError, ExecArgs,
-    FusedOp, KvLayout, Node, NodeId, Op, Result as GraphResult, RopeSpec, RopeStyle, RowClasses,
-    WeightId, WeightRef, WeightSource,
+    move_plan, support, Backend, BackendId, BufId, CaptureLog, DType, Error as GraphError,
+    ExecArgs, FusedOp, KvLayout, Node, NodeId, Op, Result as GraphResult, RopeSpec, RopeStyle,
+    RowClasses, Support, WeightId, WeightRef, WeightSource,
 };
 
 use crate::device::{Arg, DResult, Gpu};
@@ -485,15 +485,15 @@ impl Backend for CudaBackend {
         CUDA_PRIORITY
     }
 
-    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+    fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ne1 == 1 {
             return if w.ty.is_supported() {
                 Ok(())
             } else {
-                Err(format!("{} vectors cannot be converted to f32", w.ty))
+                Err(format!("{} vectors cannot be converted to f32", w.ty).into())
             };
         }
-        matrix_refusal(w.ty, w.ne0).map_or(Ok(()), Err)
+        support(matrix_refusal(w.ty, w.ne0))
     }
 
     fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
@@ -547,31 +547,37 @@ impl Backend for CudaBackend {
         self.rows.clone_from(rows);
     }
 
-    fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
+    fn check_kv_type(&self, ty: GgmlType) -> Support {
         if CUDA_KV_TYPES.contains(&ty) {
             Ok(())
         } else {
-            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name))
+            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name).into())
         }
     }
 
-    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> bool {
-        op_refusal(op, weights).is_none()
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> Support {
+        support(op_refusal(op, weights))
     }
 
-    fn refusal(&self, op: &Op, weights: &dyn WeightSource) -> Option<String> {
-        op_refusal(op, weights)
-    }
-
-    fn supports_fused(&self, op: FusedOp) -> bool {
+    fn supports_fused(&self, op: FusedOp) -> Support {
         match op {
-            FusedOp::SwiGLU => true,
+            FusedOp::SwiGLU => Ok(()),
             // Only on the int8 path, where it is the unfused chain bit for bit.
             FusedOp::FfnGateUp
             | FusedOp::QkvRopeStore
             | FusedOp::InputNorm
-            | FusedOp::MatMulAdd => self.mmvq,
-            FusedOp::QkvNormRopeStore => false,
+            | FusedOp::MatMulAdd
+                if self.mmvq =>
+            {
+                Ok(())
+            }
+            FusedOp::FfnGateUp
+            | FusedOp::QkvRopeStore
+            | FusedOp::InputNorm
+            | FusedOp::MatMulAdd => Err(
+                "the decode fusions run on the int8 path (MINFER_CUDA_MATMUL=f32 is off it)".into(),
+            ),
+            FusedOp::QkvNormRopeStore => Err("the per-head Q/K norm is not fused on CUDA".into()),
         }
     }
 

@@ -175,7 +175,7 @@ impl Engine {
         }
         for be in &backends {
             if let Err(why) = be.check_kv_type(cfg.cache_type) {
-                return Err(Error::CacheType(cfg.cache_type.name().into(), why));
+                return Err(Error::CacheType(cfg.cache_type.name().into(), why.0));
             }
         }
         if cfg.cache_type == GgmlType::Q8_0 && !hp.head_dim.is_multiple_of(32) {

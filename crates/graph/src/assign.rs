@@ -18,25 +18,26 @@ pub fn assign_backends(
     order.sort_by_key(|b| std::cmp::Reverse(b.priority()));
     for node in graph.nodes.iter_mut().filter(|n| !n.dead) {
         let reads_weights = node.op.weights().next().is_some();
-        let chosen = order
-            .iter()
-            .filter(|b| !reads_weights || placement.holds(b.id()))
-            .find(|b| b.supports_op(&node.op, node.dtype, weights))
-            .ok_or_else(|| Error::Unsupported {
-                node: node.name.clone(),
-                op: format!("{:?}", node.op),
-                backends: order
-                    .iter()
-                    .map(|b| match b.refusal(&node.op, weights) {
-                        _ if reads_weights && !placement.holds(b.id()) => {
-                            format!("{} (holds none of the model's weights)", b.name())
-                        }
-                        Some(why) => format!("{} ({why})", b.name()),
-                        None => b.name().to_string(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+        let mut refusals = Vec::new();
+        let mut chosen = None;
+        for b in &order {
+            if reads_weights && !placement.holds(b.id()) {
+                refusals.push(format!("{} (holds none of the model's weights)", b.name()));
+                continue;
+            }
+            match b.supports_op(&node.op, node.dtype, weights) {
+                Ok(()) => {
+                    chosen = Some(*b);
+                    break;
+                }
+                Err(why) => refusals.push(format!("{} ({why})", b.name())),
+            }
+        }
+        let chosen = chosen.ok_or_else(|| Error::Unsupported {
+            node: node.name.clone(),
+            op: format!("{:?}", node.op),
+            backends: refusals.join(", "),
+        })?;
         node.backend = Some(chosen.id());
     }
     Ok(())

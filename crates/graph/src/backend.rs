@@ -156,6 +156,38 @@ pub struct ExecArgs<'a> {
     pub weights: &'a dyn WeightSource,
 }
 
+/// Why a backend cannot hold a weight, run an op or a fused class, or read a KV type: the
+/// one shape every capability question of the contract answers in (ADR 0012).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal(pub String);
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(s: String) -> Self {
+        Refusal(s)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(s: &str) -> Self {
+        Refusal(s.into())
+    }
+}
+
+/// A capability answer: yes, or no with the reason.
+pub type Support = std::result::Result<(), Refusal>;
+
+/// `Ok` for no reason, the refusal for one: the bridge from a backend's
+/// `Option<String>` check.
+pub fn support(refusal: Option<String>) -> Support {
+    refusal.map_or(Ok(()), |r| Err(Refusal(r)))
+}
+
 /// A device as the graph sees it.
 ///
 /// Lifecycle: [`Backend::can_hold`] is asked for every weight of a model and
@@ -170,9 +202,9 @@ pub trait Backend: Send {
     fn name(&self) -> &str;
     /// Assignment priority: higher wins.
     fn priority(&self) -> u32;
-    /// Whether this backend can hold a weight (its type and shape); `Err` says why not, and
-    /// the engine shows it when it keeps a model off this backend.
-    fn can_hold(&self, _w: &WeightRef) -> std::result::Result<(), String> {
+    /// Whether this backend can hold a weight (its type and shape); the refusal says why,
+    /// and the engine shows it when it keeps a model off this backend.
+    fn can_hold(&self, _w: &WeightRef) -> Support {
         Ok(())
     }
     /// Receives the weights placed on this backend, once, before the first forward: a device
@@ -209,20 +241,17 @@ pub trait Backend: Send {
     /// node's kernels from them; one whose arithmetic is the same for both ignores them
     /// (the default).
     fn set_row_classes(&mut self, _rows: &RowClasses) {}
-    /// KV element types this backend's KV stores and attention read and write; `Err` says why
-    /// a type is refused (given the backend's settings).
-    fn check_kv_type(&self, _ty: GgmlType) -> std::result::Result<(), String> {
+    /// KV element types this backend's KV stores and attention read and write; the refusal
+    /// says why a type is refused (given the backend's settings).
+    fn check_kv_type(&self, _ty: GgmlType) -> Support {
         Ok(())
     }
     /// Whether this backend can run `op` producing `dtype` (weights resolved through `weights`,
-    /// so a backend may refuse a weight type).
-    fn supports_op(&self, op: &Op, dtype: DType, weights: &dyn WeightSource) -> bool;
-    /// Why `supports_op` refuses `op`, when the backend can say more than its name (shown in
-    /// the assignment error).
-    fn refusal(&self, _op: &Op, _weights: &dyn WeightSource) -> Option<String> {
-        None
-    }
-    fn supports_fused(&self, op: FusedOp) -> bool;
+    /// so a backend may refuse a weight type); the refusal is shown in the assignment error.
+    fn supports_op(&self, op: &Op, dtype: DType, weights: &dyn WeightSource) -> Support;
+    /// Whether the graph may rewrite a chain into the fused class `op` for this backend (the
+    /// fused node itself is then asked of [`Backend::supports_op`] like any other).
+    fn supports_fused(&self, op: FusedOp) -> Support;
     /// A zeroed buffer of `bytes` bytes.
     fn alloc(&mut self, bytes: usize) -> Result<BufId>;
     fn free(&mut self, buf: BufId);

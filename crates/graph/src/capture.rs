@@ -130,11 +130,11 @@ mod tests {
         fn priority(&self) -> u32 {
             0
         }
-        fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> bool {
-            true
+        fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> crate::Support {
+            Ok(())
         }
-        fn supports_fused(&self, _: crate::FusedOp) -> bool {
-            false
+        fn supports_fused(&self, _: crate::FusedOp) -> crate::Support {
+            Err("no fusions".into())
         }
         fn alloc(&mut self, _: usize) -> crate::Result<crate::BufId> {
             Ok(crate::BufId(0))

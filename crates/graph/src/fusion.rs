@@ -136,8 +136,9 @@ fn backend_of<'a>(backends: &'a [Box<dyn Backend>], node: &Node) -> Option<&'a d
 
 /// Whether `be` takes `op` as a fused node.
 fn accepts(be: &dyn Backend, op: &Op, weights: &dyn WeightSource) -> bool {
-    op.fused_class().is_some_and(|c| be.supports_fused(c))
-        && be.supports_op(op, DType::F32, weights)
+    op.fused_class()
+        .is_some_and(|c| be.supports_fused(c).is_ok())
+        && be.supports_op(op, DType::F32, weights).is_ok()
 }
 
 /// The graph as the pattern matchers read it: live one-token nodes of one backend.
@@ -428,7 +429,7 @@ fn fuse_in_norm(
         let Some(be) = backend_of(backends, node) else {
             continue;
         };
-        if !be.supports_fused(FusedOp::InputNorm) {
+        if be.supports_fused(FusedOp::InputNorm).is_err() {
             continue;
         }
         let v = View {
@@ -463,7 +464,7 @@ fn fuse_in_norm(
             }
             _ => continue,
         };
-        if !be.supports_op(&op, DType::F32, weights) {
+        if be.supports_op(&op, DType::F32, weights).is_err() {
             continue;
         }
         let (norm_id, x) = (norm.id, norm.src[0]);
@@ -535,7 +536,7 @@ fn fuse_swiglu(graph: &mut Graph, backends: &[Box<dyn Backend>]) -> usize {
         let Some(be) = backend_of(backends, node) else {
             continue;
         };
-        if !be.supports_fused(crate::backend::FusedOp::SwiGLU) {
+        if be.supports_fused(crate::backend::FusedOp::SwiGLU).is_err() {
             continue;
         }
         let is_silu = |k: usize| {

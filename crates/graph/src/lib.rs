@@ -37,8 +37,8 @@ pub mod viz;
 pub use alloc::{size_class, Allocator, KvRegion, Plan};
 pub use assign::assign_backends;
 pub use backend::{
-    move_plan, Backend, BackendId, BufId, ExecArgs, FusedOp, KvLayout, KvPair, ReadTicket,
-    RopeSpec, WeightId, WeightRef, WeightSource,
+    move_plan, support, Backend, BackendId, BufId, ExecArgs, FusedOp, KvLayout, KvPair, ReadTicket,
+    Refusal, RopeSpec, Support, WeightId, WeightRef, WeightSource,
 };
 pub use cache::GraphCache;
 pub use capture::CaptureLog;

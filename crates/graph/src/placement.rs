@@ -50,7 +50,7 @@ pub fn place_weights(
     for be in backends.iter_mut() {
         let refused = used.iter().find_map(|&id| {
             let w = weights.weight(id)?;
-            be.can_hold(&w).err().map(|why| (id, why))
+            be.can_hold(&w).err().map(|why| (id, why.0))
         });
         let missing = used.iter().find(|&&id| weights.weight(id).is_none());
         if let Some(&id) = missing {

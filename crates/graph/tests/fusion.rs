@@ -6,8 +6,8 @@
 use minfer_gguf::GgmlType;
 use minfer_graph::{
     fuse, Backend, BackendId, BufId, DType, ExecArgs, FusedOp, FusionConfig, Graph, GraphBuilder,
-    InputKind, InputNorm, KvKind, Node, NodeId, Op, RopeStyle, WeightId, WeightRef, WeightSource,
-    WindowLayout,
+    InputKind, InputNorm, KvKind, Node, NodeId, Op, RopeStyle, Support, WeightId, WeightRef,
+    WeightSource, WindowLayout,
 };
 
 struct NoWeights;
@@ -41,11 +41,15 @@ impl Backend for Planner {
     fn priority(&self) -> u32 {
         1
     }
-    fn supports_op(&self, _: &Op, _: DType, _: &dyn WeightSource) -> bool {
-        true
+    fn supports_op(&self, _: &Op, _: DType, _: &dyn WeightSource) -> Support {
+        Ok(())
     }
-    fn supports_fused(&self, op: FusedOp) -> bool {
-        op == FusedOp::SwiGLU || self.fused
+    fn supports_fused(&self, op: FusedOp) -> Support {
+        if op == FusedOp::SwiGLU || self.fused {
+            Ok(())
+        } else {
+            Err("fusions off".into())
+        }
     }
     fn alloc(&mut self, _: usize) -> minfer_graph::Result<BufId> {
         unreachable!("planning only")

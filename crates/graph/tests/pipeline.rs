@@ -5,8 +5,8 @@ use minfer_gguf::GgmlType;
 use minfer_graph::{
     alloc::size_class, assign_backends, execute, fill_input, fuse, read_output, sched::splits,
     Allocator, Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, FusionConfig, Graph,
-    GraphBuilder, GraphCache, GraphParams, InputKind, Node, Op, Placement, RowClasses, WeightId,
-    WeightRef, WeightSource, WindowLayout,
+    GraphBuilder, GraphCache, GraphParams, InputKind, Node, Op, Placement, RowClasses, Support,
+    WeightId, WeightRef, WeightSource, WindowLayout,
 };
 use std::sync::{Arc, Mutex};
 
@@ -128,19 +128,28 @@ impl Backend for Mock {
     fn priority(&self) -> u32 {
         self.priority
     }
-    fn supports_op(&self, op: &Op, _: DType, _: &dyn WeightSource) -> bool {
-        match op {
+    fn supports_op(&self, op: &Op, _: DType, _: &dyn WeightSource) -> Support {
+        let ok = match op {
             Op::Add => true,
             Op::Input(_) | Op::Mul | Op::Silu | Op::SwiGLU => !self.only_add,
             _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("no {} kernel", op.name()).into())
         }
     }
-    fn supports_fused(&self, _: FusedOp) -> bool {
-        self.fused
+    fn supports_fused(&self, _: FusedOp) -> Support {
+        if self.fused {
+            Ok(())
+        } else {
+            Err("fusions off".into())
+        }
     }
-    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+    fn can_hold(&self, w: &WeightRef) -> Support {
         match self.refuse {
-            Some(t) if t == w.ty => Err(format!("no {t} kernels")),
+            Some(t) if t == w.ty => Err(format!("no {t} kernels").into()),
             _ => Ok(()),
         }
     }

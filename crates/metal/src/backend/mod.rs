@@ -20,8 +20,9 @@ use std::time::Instant;
 
 use minfer_gguf::GgmlType;
 use minfer_graph::{
-    Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout, Node,
-    NodeId, Op, Result as GraphResult, RopeSpec, WeightId, WeightRef, WeightSource,
+    support, Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout,
+    Node, NodeId, Op, Refusal, Result as GraphResult, RopeSpec, Support, WeightId, WeightRef,
+    WeightSource,
 };
 
 use crate::device::Device;
@@ -220,12 +221,12 @@ where
         METAL_PRIORITY
     }
 
-    fn can_hold(&self, w: &WeightRef) -> std::result::Result<(), String> {
+    fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ne1 == 1 {
             // Gains and biases become f32 vectors at load.
-            return quants_ok(w.ty);
+            return quants_ok(w.ty).map_err(Refusal);
         }
-        exec::matrix_refusal(&self.dev, w.ty, w.ne0).map_or(Ok(()), Err)
+        support(exec::matrix_refusal(&self.dev, w.ty, w.ne0))
     }
 
     fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
@@ -257,30 +258,28 @@ where
         false
     }
 
-    fn check_kv_type(&self, ty: GgmlType) -> std::result::Result<(), String> {
+    fn check_kv_type(&self, ty: GgmlType) -> Support {
         if METAL_KV_TYPES.contains(&ty) {
             Ok(())
         } else {
-            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name))
+            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name).into())
         }
     }
 
-    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> bool {
-        exec::op_refusal(&self.dev, op, weights).is_none()
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> Support {
+        support(exec::op_refusal(&self.dev, op, weights))
     }
 
-    fn refusal(&self, op: &Op, weights: &dyn WeightSource) -> Option<String> {
-        exec::op_refusal(&self.dev, op, weights)
-    }
-
-    fn supports_fused(&self, op: FusedOp) -> bool {
+    fn supports_fused(&self, op: FusedOp) -> Support {
         match op {
             FusedOp::SwiGLU
             | FusedOp::QkvRopeStore
             | FusedOp::QkvNormRopeStore
-            | FusedOp::FfnGateUp => true,
+            | FusedOp::FfnGateUp => Ok(()),
             // Not written for Metal yet: the chain runs unfused.
-            FusedOp::InputNorm | FusedOp::MatMulAdd => false,
+            FusedOp::InputNorm | FusedOp::MatMulAdd => {
+                Err(format!("{op:?} is not written for Metal").into())
+            }
         }
     }
 
