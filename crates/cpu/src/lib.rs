@@ -22,7 +22,6 @@ use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 
 /// The CPU's fixed backend id.
 pub const CPU_ID: BackendId = BackendId(0);
-pub const CPU_PRIORITY: u32 = 100;
 
 /// KV cache element types the CPU reads and writes.
 pub const KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
@@ -333,9 +332,6 @@ impl Backend for CpuBackend {
     }
     fn name(&self) -> &str {
         "cpu"
-    }
-    fn priority(&self) -> u32 {
-        CPU_PRIORITY
     }
 
     fn can_hold(&self, w: &WeightRef) -> Support {

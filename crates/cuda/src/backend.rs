@@ -18,9 +18,6 @@ use crate::device::{Arg, DResult, Gpu};
 use crate::replay::Replayer;
 pub(crate) use crate::scratch::{HalfInput, Q8Input, Scratch};
 
-/// Assignment priority: Metal (300) → CUDA → CPU (100).
-pub const CUDA_PRIORITY: u32 = 200;
-
 /// KV element types the kernels read and write.
 pub const CUDA_KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
 
@@ -480,9 +477,6 @@ impl Backend for CudaBackend {
     }
     fn name(&self) -> &str {
         &self.name
-    }
-    fn priority(&self) -> u32 {
-        CUDA_PRIORITY
     }
 
     fn can_hold(&self, w: &WeightRef) -> Support {

@@ -24,7 +24,7 @@ mod replay;
 mod scratch;
 
 #[cfg(feature = "cuda")]
-pub use backend::{CudaBackend, CUDA_PRIORITY};
+pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::launches;
 #[cfg(feature = "cuda")]

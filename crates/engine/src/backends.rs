@@ -60,7 +60,9 @@ type Make = fn(BackendId, &'static str, &Settings) -> minfer_graph::Result<Box<d
 
 /// One backend of this build: its entry (id, name, whether compiled in and available, whether
 /// it takes part unless named) and its constructor. Adding a backend is one function here
-/// (and its crate behind a cargo feature); the table order is the order `--backend` lists.
+/// (and its crate behind a cargo feature). The table order is the backends' priority: a node
+/// goes to the first participating backend that takes it (Metal, then CUDA, then the CPU; the
+/// emulator is Metal's executor and ranks with it).
 struct Registered {
     entry: BackendEntry,
     make: Make,
@@ -68,10 +70,10 @@ struct Registered {
 
 fn registry() -> Vec<Registered> {
     vec![
-        cpu_backend(),
         metal_backend(),
-        cuda_backend(),
         metal_emu_backend(),
+        cuda_backend(),
+        cpu_backend(),
     ]
 }
 

@@ -379,8 +379,7 @@ impl Engine {
         self.runner
             .backends()
             .iter()
-            .filter(|b| self.runner.placement().holds(b.id()))
-            .max_by_key(|b| b.priority())
+            .find(|b| self.runner.placement().holds(b.id()))
             .map_or(0, |b| b.id().0)
     }
 

@@ -280,12 +280,10 @@ impl Engine {
             .or_else(|| md.get_str("general.architecture"))
             .unwrap_or("unknown")
             .to_string();
-        let backends = self
-            .runner
-            .backends()
-            .iter()
-            .map(|b| b.name().to_string())
-            .collect();
+        // Listed by backend id (the CPU first), whatever the engine's priority order.
+        let mut ids: Vec<_> = self.runner.backends().iter().map(|b| b.id()).collect();
+        ids.sort_unstable();
+        let backends = ids.into_iter().map(crate::backends::name_of).collect();
         *self.runner.trace_slot() = Some(Trace {
             model,
             backends,

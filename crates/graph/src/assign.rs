@@ -1,7 +1,8 @@
-//! Backend assignment, decided once at build time: every node goes to the highest-priority
-//! participating backend that holds the node's weights ([`Placement`]) and whose
-//! `supports_op` accepts it. No backend accepting a node is an error naming the node, never a
-//! mid-run fallback.
+//! Backend assignment, decided once at build time: every node goes to the first backend, in
+//! the order the engine holds them (the registry's order, which is their priority: Metal, CUDA,
+//! CPU), that holds the node's weights ([`Placement`]) and whose `supports_op` accepts it. No
+//! backend accepting a node is an error naming each backend's reason, never a mid-run
+//! fallback.
 
 use crate::backend::{Backend, WeightSource};
 use crate::error::{Error, Result};
@@ -14,8 +15,7 @@ pub fn assign_backends(
     weights: &dyn WeightSource,
     placement: &Placement,
 ) -> Result<()> {
-    let mut order: Vec<&dyn Backend> = backends.iter().map(|b| b.as_ref()).collect();
-    order.sort_by_key(|b| std::cmp::Reverse(b.priority()));
+    let order: Vec<&dyn Backend> = backends.iter().map(|b| b.as_ref()).collect();
     for node in graph.nodes.iter_mut().filter(|n| !n.dead) {
         let reads_weights = node.op.weights().next().is_some();
         let mut refusals = Vec::new();

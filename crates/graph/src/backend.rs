@@ -200,8 +200,6 @@ pub fn support(refusal: Option<String>) -> Support {
 pub trait Backend: Send {
     fn id(&self) -> BackendId;
     fn name(&self) -> &str;
-    /// Assignment priority: higher wins.
-    fn priority(&self) -> u32;
     /// Whether this backend can hold a weight (its type and shape); the refusal says why,
     /// and the engine shows it when it keeps a model off this backend.
     fn can_hold(&self, _w: &WeightRef) -> Support {

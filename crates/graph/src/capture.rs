@@ -127,9 +127,6 @@ mod tests {
         fn name(&self) -> &str {
             "plain"
         }
-        fn priority(&self) -> u32 {
-            0
-        }
         fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> crate::Support {
             Ok(())
         }

@@ -19,10 +19,11 @@ pub struct BackendEntry {
 }
 
 /// Resolves requested names (case-insensitive, trimmed; comma lists allowed) to backend ids,
-/// in table order. An empty request means every compiled and available backend that takes
-/// part by default. Three
-/// distinct refusals: an unknown name, a backend not compiled in, and one compiled in but
-/// unavailable. `always` (the CPU) always takes part.
+/// in table order, which is the backends' priority order: assignment gives a node to the
+/// first of them that takes it ([`crate::assign_backends`]). An empty request means every
+/// compiled and available backend that takes part by default. Three distinct refusals: an
+/// unknown name, a backend not compiled in, and one compiled in but unavailable. `always`
+/// (the CPU) always takes part.
 pub fn resolve_backends(
     requested: &[String],
     table: &[BackendEntry],
@@ -61,7 +62,8 @@ pub fn resolve_backends(
         chosen.push(e.id);
     }
     chosen.push(always);
-    chosen.sort_unstable();
+    // Table order is priority order (the first backend that takes a node runs it).
+    chosen.sort_by_key(|id| table.iter().position(|e| e.id == *id).unwrap_or(usize::MAX));
     chosen.dedup();
     Ok(chosen)
 }

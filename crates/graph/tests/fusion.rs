@@ -38,9 +38,6 @@ impl Backend for Planner {
     fn name(&self) -> &str {
         "planner"
     }
-    fn priority(&self) -> u32 {
-        1
-    }
     fn supports_op(&self, _: &Op, _: DType, _: &dyn WeightSource) -> Support {
         Ok(())
     }

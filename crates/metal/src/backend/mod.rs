@@ -33,9 +33,6 @@ use pool::Pool;
 use profile::{OpProfile, TraceRing};
 use resident::Residency;
 
-/// Assignment priority: Metal → CUDA → CPU (the CPU's is 100; higher wins).
-pub const METAL_PRIORITY: u32 = 300;
-
 /// KV element types the Metal kernels read and write.
 pub const METAL_KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
 
@@ -216,9 +213,6 @@ where
     }
     fn name(&self) -> &str {
         &self.name
-    }
-    fn priority(&self) -> u32 {
-        METAL_PRIORITY
     }
 
     fn can_hold(&self, w: &WeightRef) -> Support {

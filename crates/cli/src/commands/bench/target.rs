@@ -93,7 +93,10 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
                 minfer_engine::backends::cpu::Numerics::NAMES.join(", ")
             )
         })?;
-    let mut backend = ids
+    // Named by backend id (the CPU first), as before the ids came in priority order.
+    let mut by_id = ids.clone();
+    by_id.sort_unstable();
+    let mut backend = by_id
         .iter()
         .map(|&id| backends::name_of(id).to_ascii_uppercase())
         .collect::<Vec<_>>()
