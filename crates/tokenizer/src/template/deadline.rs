@@ -11,7 +11,8 @@
 //! marks the render, which then fails with the same message, its output thrown away.
 //!
 //! Not covered: a loop over a value already built (a long string's characters) whose body
-//! calls none of these; fuel bounds its instruction count only (docs/RELIABILITY.md).
+//! calls none of these runs to its end (fuel bounds its instruction count only), and is
+//! refused then, past the deadline (docs/RELIABILITY.md).
 
 use minijinja::{Error, ErrorKind, Value};
 use std::cell::Cell;
@@ -46,9 +47,11 @@ pub(crate) fn arm() -> Armed {
 }
 
 impl Armed {
-    /// Whether a check during the render found the deadline passed.
+    /// Whether the deadline passed: found by a check during the render, or now, once it
+    /// has ended (a render none of the checks saw, that ran past it all the same, is
+    /// refused too: it would make every request that slow).
     pub(crate) fn passed(&self) -> bool {
-        PASSED.get()
+        passed_now()
     }
 }
 
