@@ -13,7 +13,8 @@
 //! 3. rounds the token and output counts up a small ladder ([`bucket`]) so a changing batch
 //!    reuses a handful of graphs; padding rows use token 0 at position 0, write the scratch
 //!    cell past the context and attend only to it, so they never reach a real row;
-//! 4. runs the graph and hands back each entry's logits.
+//! 4. runs the graph and hands back each entry's logits. A failed run (or a fault a test
+//!    armed, [`crate::faults`]) puts the cell table back as it was before step 1.
 //!
 //! A row's result never depends on what else shares the forward (docs/PRECISION.md, batch
 //! invariance): kernels choose their arithmetic per row, never per forward.
@@ -42,6 +43,10 @@ impl Engine {
             }
         }
         if let Err(e) = self.runner.forward(staged.input) {
+            self.kv.roll_back(staged.undo);
+            return Err(e);
+        }
+        if let Err(e) = self.strike_faults(entries) {
             self.kv.roll_back(staged.undo);
             return Err(e);
         }

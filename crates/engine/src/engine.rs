@@ -75,6 +75,9 @@ pub enum Error {
     Kv(#[from] crate::kv::KvError),
     #[error(transparent)]
     Session(#[from] crate::session::SessionError),
+    /// A fault a test armed ([`crate::faults`]).
+    #[error("injected fault: {0}")]
+    Injected(String),
 }
 
 impl Error {
@@ -160,6 +163,8 @@ pub struct Engine {
     /// The cell table of every sequence and the staging onto it.
     pub(crate) kv: KvCache,
     pub(crate) n_batch: usize,
+    /// Faults a test armed, by sequence ([`crate::faults`]); empty in normal use.
+    pub(crate) faults: Vec<(SeqId, crate::faults::InjectedFault)>,
 }
 
 impl Engine {
@@ -197,6 +202,7 @@ impl Engine {
             runner,
             kv: KvCache::new(n_ctx),
             n_batch: cfg.n_batch.max(1),
+            faults: Vec::new(),
         })
     }
 
@@ -446,5 +452,11 @@ impl LogitsModel for Engine {
     }
     fn default_seq(&self) -> SeqId {
         self.kv.default_seq()
+    }
+    fn failed_entry(error: &Error) -> Option<usize> {
+        match error {
+            Error::Entry { entry, .. } => Some(*entry),
+            _ => None,
+        }
     }
 }

@@ -73,7 +73,9 @@ impl Engine {
 
     /// Forgets a sequence, freeing the cells no other sequence shares.
     pub fn seq_release(&mut self, seq: SeqId) -> Result<()> {
-        Ok(self.kv.cells_mut().release(seq)?)
+        self.kv.cells_mut().release(seq)?;
+        self.forget_faults(seq);
+        Ok(())
     }
 
     /// Empties a sequence (it stays, holding nothing).

@@ -8,6 +8,7 @@
 pub mod backends;
 mod batch;
 pub mod engine;
+pub mod faults;
 pub mod kv;
 mod kvcache;
 pub mod kvcells;
@@ -19,6 +20,7 @@ pub mod trace_diff;
 mod weights;
 
 pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};
+pub use faults::InjectedFault;
 pub use kvcache::KvBudget;
 pub use kvcells::{CellError, KvCells, Run, SeqId};
 pub use minfer_graph::{FusionConfig, RowClass, KV_MAP_RUNS};

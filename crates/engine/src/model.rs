@@ -78,6 +78,17 @@ impl BatchLogits {
         self.vocab
     }
 
+    /// Sets every second logit of entry `i` to NaN (an armed fault's NaN logits).
+    pub(crate) fn poison_entry(&mut self, i: usize) {
+        let (r0, n) = self.rows.get(i).copied().unwrap_or((0, 0));
+        for l in self.data[r0 * self.vocab..(r0 + n) * self.vocab]
+            .iter_mut()
+            .step_by(2)
+        {
+            *l = f32::NAN;
+        }
+    }
+
     /// The float buffer, left empty here, for the next forward to refill (no reallocation).
     pub(crate) fn take_buffer(&mut self) -> Vec<f32> {
         std::mem::take(&mut self.data)
@@ -116,6 +127,11 @@ pub trait LogitsModel {
     fn max_batch(&self) -> usize;
     /// The sequence a one-sequence generation uses.
     fn default_seq(&self) -> SeqId;
+    /// The entry (index into the forward's entries) a failed forward's error names, when it
+    /// names one: the loop then fails only that sequence and reruns the others without it.
+    fn failed_entry(_error: &Self::Error) -> Option<usize> {
+        None
+    }
 }
 
 /// Token id → the bytes it stands for.

@@ -192,6 +192,10 @@ impl ModelRunner {
     pub(crate) fn out(&self) -> &BatchLogits {
         &self.out
     }
+    /// The logits of the last forward, for a fault a test armed to poison.
+    pub(crate) fn out_mut(&mut self) -> &mut BatchLogits {
+        &mut self.out
+    }
     pub(crate) fn trace_slot(&mut self) -> &mut Option<crate::trace::Trace> {
         &mut self.trace
     }

@@ -11,6 +11,7 @@
 use crate::seq::{Failure, SeqGen, Step, TokenLogprob};
 use crate::{GenerateError, LogitsModel, TokenBytes};
 use minfer_engine::BatchEntry;
+use std::collections::VecDeque;
 use std::time::Instant;
 
 /// What happened to one sequence in a step.
@@ -48,11 +49,13 @@ pub struct Batcher<T> {
     row: Vec<f32>,
 }
 
-/// A forward failed; every sequence it held is marked failed (the others go on).
+/// A forward failed for some sequences: each is marked failed (and got its `Done` event);
+/// the step's other sequences advanced as usual.
 #[derive(Debug)]
 pub struct StepFailed<E: std::error::Error + 'static> {
+    /// The first failure's error.
     pub error: GenerateError<E>,
-    /// How many sequences the forward held.
+    /// How many sequences failed.
     pub sequences: usize,
 }
 
@@ -166,87 +169,167 @@ impl<T> Batcher<T> {
         if plan.is_empty() {
             return Ok(false);
         }
-        let pending: Vec<[u32; 1]> = plan
+        // The entries' tokens, copied out of the sequences (a few hundred ids at most), so
+        // the entries stay valid while the loop below updates the sequences between forwards.
+        let tokens: Vec<Vec<u32>> = plan
             .iter()
-            .map(|&(i, _)| [self.seqs[i].1.pending.unwrap_or(0)])
+            .map(|&(i, part)| {
+                let g = &self.seqs[i].1;
+                match part {
+                    Part::Decode => vec![g.pending.unwrap_or(0)],
+                    Part::Prompt { start, len } => g.prompt[start..start + len].to_vec(),
+                }
+            })
             .collect();
         let entries: Vec<BatchEntry> = plan
             .iter()
-            .zip(&pending)
-            .map(|(&(i, part), tok)| {
+            .zip(&tokens)
+            .map(|(&(i, part), toks)| {
                 let g = &self.seqs[i].1;
                 match part {
-                    Part::Decode => BatchEntry::generated(g.seq, tok, g.history.len() - 1),
+                    Part::Decode => BatchEntry::generated(g.seq, toks, g.history.len() - 1),
                     // Only the prompt's last chunk samples the first reply token.
                     Part::Prompt { start, len } => BatchEntry::prompt(
                         g.seq,
-                        &g.prompt[start..start + len],
+                        toks,
                         start,
                         usize::from(start + len == g.prompt.len()),
                     ),
                 }
             })
             .collect();
-        let wants: Vec<bool> = entries.iter().map(|e| e.logits > 0).collect();
-        let out = match model.forward_batch(&entries) {
-            Ok(out) => out,
-            Err(e) => {
-                let why = e.to_string();
-                for &(i, _) in &plan {
-                    self.seqs[i].1.fail(Failure::Forward(why.clone()));
-                }
-                return Err(StepFailed {
-                    error: GenerateError::Model(e),
-                    sequences: plan.len(),
-                });
-            }
-        };
-        let now = Instant::now();
-        for (k, (&(i, part), &wants)) in plan.iter().zip(&wants).enumerate() {
-            let (tag, g) = &mut self.seqs[i];
-            if let Part::Prompt { len, .. } = part {
-                g.fed += len;
-                if !wants {
-                    on_event(tag, g, Event::Prefilled { tokens: len });
+        // Every planned entry runs: the whole plan in one forward, or, after a failure, in the
+        // groups below. A group runs from the table as the last forward left it (a failed
+        // forward puts the cells back), and each sequence's rows do not depend on what else
+        // shares its forward, so a sequence that reruns gets the tokens it would have got.
+        let mut groups: VecDeque<Vec<usize>> = VecDeque::from([(0..plan.len()).collect()]);
+        let mut failed: Option<StepFailed<M::Error>> = None;
+        let mut sub: Vec<BatchEntry> = Vec::new();
+        while let Some(group) = groups.pop_front() {
+            sub.clear();
+            sub.extend(group.iter().map(|&j| entries[j]));
+            let e = match model.forward_batch(&sub) {
+                Ok(out) => {
+                    for (k, &j) in group.iter().enumerate() {
+                        let (i, part) = plan[j];
+                        self.absorb(
+                            i,
+                            part,
+                            sub[k].logits > 0,
+                            out.logits(k),
+                            vocab,
+                            n_ctx,
+                            &mut on_event,
+                        );
+                    }
                     continue;
                 }
-                g.mark_prefilled(now);
-            }
-            if g.max_tokens_is_zero() {
-                // Prefill only: nothing to sample.
-                g.finish_timings(now);
-                on_event(tag, g, Event::Done);
-                continue;
-            }
-            self.row.clear();
-            self.row.extend_from_slice(out.logits(k));
-            let (text, done) = match g.accept(&mut self.row, vocab, n_ctx) {
-                Ok(Step::Text(t)) => (t, false),
-                Ok(Step::Done(t)) => (t, true),
-                Err(e) => {
-                    g.fail(Failure::Sampler(e));
-                    on_event(tag, g, Event::Done);
-                    continue;
-                }
+                Err(e) => e,
             };
-            g.out.text.extend_from_slice(&text);
-            let id = *g.out.tokens.last().expect("accept pushed a token");
-            let g: &SeqGen = g;
-            on_event(
-                tag,
-                g,
-                Event::Token {
-                    id,
-                    text: &text,
-                    logprob: g.out.logprobs.last(),
-                },
-            );
-            if done {
-                let (tag, g) = &mut self.seqs[i];
-                g.finish_timings(Instant::now());
-                on_event(tag, g, Event::Done);
+            // Which sequence broke the forward. One alone is its own culprit; otherwise only
+            // an error naming its entry says. An error that names none could come from any of
+            // them (a device error, a full arena): failing them all would end requests that
+            // are fine, so each reruns alone, and only those that fail alone fail. That costs
+            // a forward per sequence, on a path that should not happen.
+            let culprit = if group.len() == 1 {
+                Some(0)
+            } else {
+                M::failed_entry(&e).filter(|&k| k < group.len())
+            };
+            match culprit {
+                Some(k) => {
+                    let (i, _) = plan[group[k]];
+                    let (tag, g) = &mut self.seqs[i];
+                    g.fail(Failure::Forward(e.to_string()));
+                    on_event(tag, g, Event::Done);
+                    let rest: Vec<usize> = group
+                        .iter()
+                        .enumerate()
+                        .filter(|&(n, _)| n != k)
+                        .map(|(_, &j)| j)
+                        .collect();
+                    if !rest.is_empty() {
+                        groups.push_back(rest);
+                    }
+                    match &mut failed {
+                        Some(f) => f.sequences += 1,
+                        None => {
+                            failed = Some(StepFailed {
+                                error: GenerateError::Model(e),
+                                sequences: 1,
+                            })
+                        }
+                    }
+                }
+                None => groups.extend(group.into_iter().map(|j| vec![j])),
             }
         }
-        Ok(true)
+        match failed {
+            Some(f) => Err(f),
+            None => Ok(true),
+        }
+    }
+
+    /// Takes one entry's forward result into its sequence: a prompt chunk read, or the
+    /// logits row its next token is sampled from.
+    #[allow(clippy::too_many_arguments)]
+    fn absorb(
+        &mut self,
+        i: usize,
+        part: Part,
+        wants: bool,
+        logits: &[f32],
+        vocab: &dyn TokenBytes,
+        n_ctx: usize,
+        on_event: &mut impl FnMut(&mut T, &SeqGen, Event),
+    ) {
+        let now = Instant::now();
+        let (tag, g) = &mut self.seqs[i];
+        if let Part::Prompt { len, .. } = part {
+            g.fed += len;
+            if !wants {
+                on_event(tag, g, Event::Prefilled { tokens: len });
+                return;
+            }
+            g.mark_prefilled(now);
+        }
+        if g.max_tokens_is_zero() {
+            // Prefill only: nothing to sample.
+            g.finish_timings(now);
+            on_event(tag, g, Event::Done);
+            return;
+        }
+        self.row.clear();
+        self.row.extend_from_slice(logits);
+        let (text, done) = match g.accept(&mut self.row, vocab, n_ctx) {
+            Ok(Step::Text(t)) => (t, false),
+            Ok(Step::Done(t)) => (t, true),
+            Err(e) => {
+                g.fail(Failure::Sampler(e));
+                on_event(tag, g, Event::Done);
+                return;
+            }
+        };
+        g.out.text.extend_from_slice(&text);
+        let id = *g.out.tokens.last().expect("accept pushed a token");
+        let g: &SeqGen = g;
+        on_event(
+            tag,
+            g,
+            Event::Token {
+                id,
+                text: &text,
+                logprob: g.out.logprobs.last(),
+            },
+        );
+        if done {
+            let (tag, g) = &mut self.seqs[i];
+            g.finish_timings(Instant::now());
+            on_event(tag, g, Event::Done);
+        }
     }
 }
+
+#[cfg(test)]
+#[path = "batcher_tests.rs"]
+mod tests;

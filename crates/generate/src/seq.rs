@@ -198,6 +198,15 @@ impl SeqGen {
         vocab: &dyn TokenBytes,
         n_ctx: usize,
     ) -> Result<Step, SamplerError> {
+        // Raw logits, before any stage: a NaN here is the model's, never a setting's.
+        let nan = logits.iter().filter(|l| l.is_nan()).count();
+        if nan > 0 {
+            return Err(SamplerError::NanLogits {
+                nan,
+                vocab: logits.len(),
+                token: self.out.tokens.len(),
+            });
+        }
         let lp = self.logprobs.map(|n| top_logprobs(logits, n));
         if let Some(c) = &mut self.constraint {
             c.apply(logits)?;

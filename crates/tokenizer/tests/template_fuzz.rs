@@ -17,11 +17,14 @@
 //! the output limit, and the time bound fails (the silent nested loop would run for
 //! hours); without the output limit, case 2061 of a 3000 run renders 300 MB and fails.
 //! And a panic inside minijinja (`''[::-1]`), now a render error:
-//! `a_panic_inside_the_template_engine_is_a_render_error`. Open: see
-//! `a_list_grown_in_a_long_loop_is_not_bounded_yet`.
+//! `a_panic_inside_the_template_engine_is_a_render_error`. And a list grown by `+` in a
+//! long loop (43 s, fuel does not see the cost), now ended by the render's deadline:
+//! `a_list_grown_in_a_long_loop_ends_at_the_render_deadline`.
 
 use minfer_testkit::rng::Rng;
-use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions, SpecialTokens};
+use minfer_tokenizer::template::{
+    ChatTemplate, Message, RenderOptions, SpecialTokens, RENDER_DEADLINE,
+};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
@@ -105,7 +108,8 @@ const HOSTILE: &[&str] = &[
     "{{ 1 / 0 }}",
     "{{ messages | nosuchfilter }}",
     // Not here: a list grown by `+` in a 10⁵ loop (QUADRATIC below), which fuel does not
-    // bound; see `a_list_grown_in_a_long_loop_is_not_bounded_yet`.
+    // bound and the render deadline ends after 1 s (a second per mutant that holds it);
+    // see `a_list_grown_in_a_long_loop_ends_at_the_render_deadline`.
     "{{ raise_exception('no') }}",
     "{{ strftime_now('%Y-%m-%d %Q') }}",
     "{% for m in messages %}{{ m.content[::-1] }}{{ m['tool_calls'][0].function.arguments | tojson }}{% endfor %}",
@@ -202,21 +206,43 @@ fn conversation(rng: &mut Rng) -> (Vec<Message>, RenderOptions) {
 
 /// Found by this fuzzer (case 71 at the default seed, 42.8 s for one render): each `+`
 /// copies the list, so 10⁵ iterations copy 5·10⁹ values, and fuel counts instructions, not
-/// their cost. Open (docs/RELIABILITY.md); kept as a test that shows it, not run by default.
+/// their cost. Now the render's deadline (`RENDER_DEADLINE`, checked as `range` yields) ends
+/// it with an error naming the deadline. Control: without the `range` of
+/// template/deadline.rs (minijinja's own again) the render runs its 43 s and this fails.
 const QUADRATIC: &str = "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = ns.x + [i] %}{% endfor %}{{ ns.x | length }}";
 
 #[test]
-#[ignore = "open: a render quadratic in its loop length is not bounded yet (docs/RELIABILITY.md)"]
-fn a_list_grown_in_a_long_loop_is_not_bounded_yet() {
+fn a_list_grown_in_a_long_loop_ends_at_the_render_deadline() {
     let tpl = ChatTemplate::compile_with(QUADRATIC, SpecialTokens::default(), true, true).unwrap();
     let t = Instant::now();
     let r = tpl.render(&[Message::user("hi")], &RenderOptions::default());
+    let took = t.elapsed();
+    eprintln!("the quadratic render ended after {took:?}: {r:?}");
+    let e = r.expect_err("the render cannot finish within its deadline");
     assert!(
-        t.elapsed() < BOUND,
-        "{:?} ({:?})",
-        t.elapsed(),
-        r.map(|s| s.len())
+        e.to_string().contains("ran past its deadline of 1 s"),
+        "{e}"
     );
+    // The deadline, plus the 64 items at most between two clock reads.
+    assert!(
+        took < RENDER_DEADLINE + Duration::from_millis(500),
+        "{took:?}"
+    );
+    // The same loop, short, still renders (the deadline is per render, not per template),
+    // and the range keeps its size for `length`.
+    let short = QUADRATIC.replace("100000", "1000");
+    let tpl = ChatTemplate::compile_with(&short, SpecialTokens::default(), true, true).unwrap();
+    let ok = tpl.render(&[Message::user("hi")], &RenderOptions::default());
+    assert_eq!(ok.unwrap(), "1000");
+    let len = ChatTemplate::compile_with(
+        "{{ range(7) | length }}{% if range(0) %}x{% endif %}{{ range(10, 0, -3) | list }}",
+        SpecialTokens::default(),
+        true,
+        true,
+    )
+    .unwrap();
+    let out = len.render(&[Message::user("hi")], &RenderOptions::default());
+    assert_eq!(out.unwrap(), "7[10, 7, 4, 1]");
 }
 
 /// Regression (case 6617 at the default seed, 20 000 cases): minijinja 2.24 panics on a

@@ -242,6 +242,11 @@ impl KvCells {
     }
 
     /// The ids of all sequences, ascending.
+    /// How many sequences the table holds.
+    pub fn n_seqs(&self) -> usize {
+        self.seqs.len()
+    }
+
     pub fn seqs(&self) -> Vec<SeqId> {
         self.seqs.keys().copied().collect()
     }

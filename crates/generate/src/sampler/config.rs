@@ -120,6 +120,15 @@ pub enum SamplerError {
     BiasTokenOutOfRange { id: u32, vocab: usize },
     #[error("no candidate token is left to sample (every logit is -inf or NaN)")]
     NoCandidates,
+    /// The model's logits hold NaN: the forward is numerically broken, so no token is drawn
+    /// (one drawn from the rest would look plausible and be garbage).
+    #[error("the model's logits hold NaN ({nan} of {vocab}) at reply token {token}: no token was sampled")]
+    NanLogits {
+        nan: usize,
+        vocab: usize,
+        /// The index of the reply token the logits were for (0: the first).
+        token: usize,
+    },
     /// The grammar allows no token here (a grammar that cannot continue).
     #[error("the grammar allows no token at this point: {0}")]
     Constraint(String),

@@ -10,19 +10,20 @@
 //!    same job waits until that one has read it, then shares it (`n > 1`);
 //! 3. makes room in the arena (least recently used cached prefixes go first; prompt reading
 //!    is capped to what is left; a sequence that cannot grow ends with `length`);
-//! 4. runs one [`Batcher::step`]; a failed forward fails the requests it held with 500s,
-//!    forgets the prefix cache and carries on;
+//! 4. runs one [`Batcher::step`]; a failed forward fails with a 500 the request its error
+//!    names (or, when it names none, those that fail again alone) and reruns the others,
+//!    forgets the prefix cache and carries on; NaN logits fail their request the same way;
 //! 5. finished sequences become cached prefixes, and the metrics are updated.
 
+pub mod faults;
 pub mod prefix;
 
 use crate::metrics::{Finish, Metrics};
-use minfer_engine::BatchLogits;
-use minfer_engine::{BatchEntry, Engine, SeqId};
+pub use faults::{Faults, MarkedFault};
+use faults::{Model, PendingFaults};
+use minfer_engine::{Engine, SeqId};
 use minfer_generate::chat::Pieces;
-use minfer_generate::{
-    Batcher, Event, FinishReason, GenerateRequest, LogitsModel, SeqGen, TokenLogprob,
-};
+use minfer_generate::{Batcher, Event, FinishReason, GenerateRequest, SeqGen, TokenLogprob};
 use minfer_tokenizer::Tokenizer;
 use prefix::{common_prefix, PrefixCache};
 use std::collections::VecDeque;
@@ -107,12 +108,6 @@ pub struct LoopConfig {
     pub cache_entries: usize,
 }
 
-/// Faults tests inject: the next `fail_forwards` forwards fail.
-#[derive(Default, Debug)]
-pub struct Faults {
-    pub fail_forwards: AtomicUsize,
-}
-
 /// Counters the tests read to check that requests really shared forwards.
 #[derive(Default, Debug)]
 pub struct LoopStats {
@@ -123,6 +118,11 @@ pub struct LoopStats {
     pub mixed: AtomicUsize,
     /// Most prompt tokens one forward read.
     pub max_prompt_tokens: AtomicUsize,
+    /// Sequences running when the last marked fault was armed (the forward it strikes).
+    pub batch_at_fault: AtomicUsize,
+    /// Sequences the engine holds (running, cached prefixes, its default one), as of the
+    /// last turn: a sequence nothing answers for any more is a leak.
+    pub engine_sequences: AtomicUsize,
 }
 
 /// Where a sequence's events go.
@@ -156,33 +156,6 @@ struct Parked {
     leader: SeqId,
 }
 
-/// The engine as the batcher sees it, with injected faults.
-struct Model<'a> {
-    engine: &'a mut Engine,
-    faults: &'a Faults,
-}
-
-impl LogitsModel for Model<'_> {
-    type Error = minfer_engine::Error;
-    fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits, Self::Error> {
-        let f = &self.faults.fail_forwards;
-        if f.load(Ordering::Relaxed) > 0 {
-            f.fetch_sub(1, Ordering::Relaxed);
-            return Err(minfer_engine::Error::BadRequest("injected fault".into()));
-        }
-        self.engine.forward_batch(entries)
-    }
-    fn context_len(&self) -> usize {
-        self.engine.n_ctx()
-    }
-    fn max_batch(&self) -> usize {
-        self.engine.n_batch()
-    }
-    fn default_seq(&self) -> SeqId {
-        self.engine.default_seq()
-    }
-}
-
 /// What the loop shares with the handlers.
 pub struct LoopShared {
     pub metrics: Arc<Metrics>,
@@ -209,6 +182,7 @@ pub struct EngineLoop {
     batch: Batcher<Tag>,
     parked: Vec<Parked>,
     cache: PrefixCache,
+    pending_faults: PendingFaults,
 }
 
 impl EngineLoop {
@@ -233,6 +207,7 @@ impl EngineLoop {
             abort,
             waiting: VecDeque::new(),
             parked: Vec::new(),
+            pending_faults: PendingFaults::default(),
         }
     }
 
@@ -369,6 +344,8 @@ impl EngineLoop {
                     }
                 };
                 self.metrics.add_prompt_tokens(req.prompt.len());
+                self.pending_faults
+                    .admit(&self.faults, &self.tok, seq, &req.prompt);
                 let tag = Tag {
                     job: sink.clone(),
                     choice,
@@ -485,6 +462,16 @@ impl EngineLoop {
         if self.batch.is_empty() {
             return;
         }
+        let (batch, parked) = (&self.batch, &self.parked);
+        let sampled = |seq| match batch.iter().find(|(_, g)| g.seq == seq) {
+            Some((_, g)) => Some(g.out.tokens.len()),
+            None => parked.iter().any(|p| p.gen.seq == seq).then_some(0),
+        };
+        if self.pending_faults.arm_due(&mut self.engine, sampled) {
+            self.stats
+                .batch_at_fault
+                .store(self.batch.len(), Ordering::Relaxed);
+        }
         self.stats.forwards.fetch_add(1, Ordering::Relaxed);
         self.stats
             .max_running
@@ -518,7 +505,8 @@ impl EngineLoop {
             .max_prompt_tokens
             .fetch_max(prompt, Ordering::Relaxed);
         if res.is_err() {
-            // The batcher marked the sequences the forward held as failed; `reap` answers them.
+            // The batcher marked the sequences that failed (the one an error named, or those
+            // that failed alone: `Batcher::step`); `reap` answers them and frees their cells.
             metrics.forward_failed();
             // The cells of cached prefixes are not trusted after a failed forward.
             for seq in self.cache.clear() {
@@ -564,6 +552,9 @@ impl EngineLoop {
     fn publish(&self) {
         let m = &self.metrics;
         let cells = self.engine.cells();
+        self.stats
+            .engine_sequences
+            .store(cells.n_seqs(), Ordering::SeqCst);
         let free = cells.n_free();
         m.set_kv(cells.n_cells() - free, cells.n_shared(), free);
         m.set_running(self.running());

@@ -15,11 +15,13 @@
 //! A model without a template gets ChatML, and the loader returns a notice saying so.
 
 pub mod blocks;
+pub mod deadline;
 pub mod error;
 pub mod message;
 pub mod pyjson;
 pub mod strftime;
 
+pub use deadline::RENDER_DEADLINE;
 pub use error::{Error, Result, SourceLine};
 pub use message::{FunctionCall, Message, ToolCall};
 
@@ -188,12 +190,26 @@ fn environment(trim_blocks: bool, lstrip_blocks: bool) -> Environment<'static> {
     env.set_trim_blocks(trim_blocks);
     env.set_lstrip_blocks(lstrip_blocks);
     env.set_keep_trailing_newline(false);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.set_formatter(|out, state: &State, value| match pyjson::py_str(value) {
-        Some(s) => Ok(std::fmt::Write::write_str(out, &s)?),
-        None => minijinja::escape_formatter(out, state, value),
+    // The deadline checks ride on the callbacks ([`deadline`]).
+    env.set_unknown_method_callback(|state, value, method, args| {
+        deadline::check()?;
+        minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
     });
-    env.add_filter("tojson", pyjson::tojson_filter);
+    env.set_formatter(|out, state: &State, value| {
+        deadline::check()?;
+        match pyjson::py_str(value) {
+            Some(s) => Ok(std::fmt::Write::write_str(out, &s)?),
+            None => minijinja::escape_formatter(out, state, value),
+        }
+    });
+    env.add_filter(
+        "tojson",
+        |value: Value, args: minijinja::value::Rest<Value>| {
+            deadline::check()?;
+            pyjson::tojson_filter(value, args)
+        },
+    );
+    env.add_function("range", deadline::range);
     env.add_function("raise_exception", raise_exception);
     env.add_global("strftime_now", strftime_value(None));
     env
@@ -364,6 +380,7 @@ impl ChatTemplate {
         // empty string, indexes out of bounds; found by tests/template_fuzz.rs). A template
         // is untrusted input, so a panic is this render's error, never the process's. The
         // render's state is all local and dropped with its output: nothing is left torn.
+        let armed = deadline::arm();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             tmpl.render_captured_to(Value::from(ctx), &mut out)
                 .map(|_| ())
@@ -382,6 +399,15 @@ impl ChatTemplate {
                 });
             }
         };
+        if armed.passed() {
+            // Also when the render "succeeded": a `range` cut short by the deadline ended
+            // its loop early, so the output is not the template's.
+            return Err(Error::Render {
+                detail: deadline::message(),
+                at: None,
+            });
+        }
+        drop(armed);
         if out.over {
             return Err(Error::Render {
                 detail: format!(
