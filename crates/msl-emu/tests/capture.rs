@@ -146,7 +146,7 @@ fn metal() -> MetalBackend<EmuDevice> {
 fn metal_captures_equal_the_cpu_bit_for_bit_even_for_reused_buffers() {
     let (w, table) = table();
     let cpu = run(vec![Box::new(CpuBackend::new(1))], &w);
-    let mtl = run(vec![Box::new(CpuBackend::new(1)), Box::new(metal())], &w);
+    let mtl = run(vec![Box::new(metal()), Box::new(CpuBackend::new(1))], &w);
     // Every executed f32 node is captured once, the host-filled input never.
     let names = |r: &Run| {
         let mut v: Vec<(NodeId, String)> = r

@@ -92,19 +92,22 @@ pub fn metal() -> MetalBackend<EmuDevice> {
     MetalBackend::new(EmuDevice::new(Schedule::Forward), METAL, "metal-emu")
 }
 
-/// Backends for a run: the CPU alone, or Metal (with the CPU, as the engine always has it).
+/// Backends for a run: the CPU alone, or Metal (with the CPU, as the engine always has it),
+/// in priority order (assignment gives a node to the first that takes it).
 pub fn backends(with_metal: bool, w: &Weights, copy: bool) -> Vec<Box<dyn Backend>> {
-    let mut v: Vec<Box<dyn Backend>> = vec![Box::new(CpuBackend::new(1))];
+    let mut v: Vec<Box<dyn Backend>> = Vec::new();
     if with_metal {
         v.push(Box::new(metal().with_weight_copy(copy)));
     }
+    v.push(Box::new(CpuBackend::new(1)));
     for b in &mut v {
         b.prepare_weights(w, &w.ids()).unwrap();
     }
     v
 }
 
-/// Assigns (by priority, or `force` per node index), plans, fills token ids, runs, reads.
+/// Assigns (the first backend that takes a node, or `force` per node index), plans, fills
+/// token ids, runs, reads.
 pub fn run(
     mut g: Graph,
     bes: &mut [Box<dyn Backend>],
