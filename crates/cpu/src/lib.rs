@@ -15,8 +15,9 @@ pub mod threads;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    Backend, BackendId, BufId, CaptureLog, DType, Error, ExecArgs, FusedOp, KvLayout, Node, NodeId,
-    Op, Result, RopeSpec, Support, WeightId, WeightRef, WeightSource, WindowLayout,
+    BackendId, BufId, Capabilities, CaptureLog, DType, Error, ExecArgs, Executor, FusedOp,
+    Identity, KvLayout, Memory, Node, NodeId, Op, Result, RopeSpec, Support, WeightId, WeightRef,
+    WeightSource, WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 
@@ -326,14 +327,17 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl Identity for CpuBackend {
     fn id(&self) -> BackendId {
         CPU_ID
     }
+
     fn name(&self) -> &str {
         "cpu"
     }
+}
 
+impl Memory for CpuBackend {
     fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ty.is_supported() {
             Ok(())
@@ -362,6 +366,59 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn alloc(&mut self, bytes: usize) -> Result<BufId> {
+        let v = vec![0f32; bytes.div_ceil(4)];
+        let id = match self.pool.iter().position(|b| b.is_none()) {
+            Some(i) => {
+                self.pool[i] = Some(v);
+                i
+            }
+            None => {
+                self.pool.push(Some(v));
+                self.pool.len() - 1
+            }
+        };
+        Ok(BufId(id as u32))
+    }
+
+    fn free(&mut self, buf: BufId) {
+        if let Some(slot) = self.pool.get_mut(buf.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> Result<()> {
+        let b = self.pool.get_mut(buf.0 as usize).and_then(|b| b.as_mut());
+        let bytes = b.map(|v| as_bytes_mut(v)).ok_or_else(|| Error::Backend {
+            backend: "cpu".into(),
+            problem: format!("write to missing buffer {}", buf.0),
+        })?;
+        let end = offset + data.len();
+        if end > bytes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("write of {end} bytes into a {}-byte buffer", bytes.len()),
+            });
+        }
+        bytes[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let bytes = as_bytes(self.buf(buf)?);
+        let end = offset + out.len();
+        if end > bytes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("read of {end} bytes from a {}-byte buffer", bytes.len()),
+            });
+        }
+        out.copy_from_slice(&bytes[offset..end]);
+        Ok(())
+    }
+}
+
+impl Capabilities for CpuBackend {
     fn batch_invariant(&self) -> bool {
         // llama.cpp's arithmetic changes with the number of rows (tiled paths from 8 and 64).
         self.numerics == Numerics::Native
@@ -449,58 +506,9 @@ impl Backend for CpuBackend {
             ),
         }
     }
+}
 
-    fn alloc(&mut self, bytes: usize) -> Result<BufId> {
-        let v = vec![0f32; bytes.div_ceil(4)];
-        let id = match self.pool.iter().position(|b| b.is_none()) {
-            Some(i) => {
-                self.pool[i] = Some(v);
-                i
-            }
-            None => {
-                self.pool.push(Some(v));
-                self.pool.len() - 1
-            }
-        };
-        Ok(BufId(id as u32))
-    }
-
-    fn free(&mut self, buf: BufId) {
-        if let Some(slot) = self.pool.get_mut(buf.0 as usize) {
-            *slot = None;
-        }
-    }
-
-    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> Result<()> {
-        let b = self.pool.get_mut(buf.0 as usize).and_then(|b| b.as_mut());
-        let bytes = b.map(|v| as_bytes_mut(v)).ok_or_else(|| Error::Backend {
-            backend: "cpu".into(),
-            problem: format!("write to missing buffer {}", buf.0),
-        })?;
-        let end = offset + data.len();
-        if end > bytes.len() {
-            return Err(Error::Backend {
-                backend: "cpu".into(),
-                problem: format!("write of {end} bytes into a {}-byte buffer", bytes.len()),
-            });
-        }
-        bytes[offset..end].copy_from_slice(data);
-        Ok(())
-    }
-
-    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> Result<()> {
-        let bytes = as_bytes(self.buf(buf)?);
-        let end = offset + out.len();
-        if end > bytes.len() {
-            return Err(Error::Backend {
-                backend: "cpu".into(),
-                problem: format!("read of {end} bytes from a {}-byte buffer", bytes.len()),
-            });
-        }
-        out.copy_from_slice(&bytes[offset..end]);
-        Ok(())
-    }
-
+impl Executor for CpuBackend {
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()> {
         // An aliased src0 shares the output buffer: copy it before the output is taken.
         let alias0 = match (args.srcs.first().copied().flatten(), args.out) {

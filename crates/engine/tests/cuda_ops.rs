@@ -4,6 +4,7 @@
 
 #![cfg(feature = "cuda")]
 
+use minfer_graph::contract::*;
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
 use minfer_graph::{Backend, KvLayout, RopeSpec, RopeStyle};

@@ -120,32 +120,47 @@ mod tests {
 
     /// A backend that implements nothing of the capture contract.
     struct Plain;
-    impl crate::Backend for Plain {
+    impl crate::Identity for Plain {
         fn id(&self) -> crate::BackendId {
             crate::BackendId(9)
         }
+
         fn name(&self) -> &str {
             "plain"
         }
-        fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> crate::Support {
-            Ok(())
-        }
-        fn supports_fused(&self, _: crate::FusedOp) -> crate::Support {
-            Err("no fusions".into())
-        }
+    }
+
+    impl crate::Memory for Plain {
         fn alloc(&mut self, _: usize) -> crate::Result<crate::BufId> {
             Ok(crate::BufId(0))
         }
+
         fn free(&mut self, _: crate::BufId) {}
+
         fn write(&mut self, _: crate::BufId, _: usize, _: &[u8]) -> crate::Result<()> {
             Ok(())
         }
+
         fn read(&mut self, _: crate::BufId, _: usize, _: &mut [u8]) -> crate::Result<()> {
             Ok(())
         }
+    }
+
+    impl crate::Capabilities for Plain {
+        fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> crate::Support {
+            Ok(())
+        }
+
+        fn supports_fused(&self, _: crate::FusedOp) -> crate::Support {
+            Err("no fusions".into())
+        }
+    }
+
+    impl crate::Executor for Plain {
         fn execute_node(&mut self, _: &Node, _: &crate::ExecArgs) -> crate::Result<()> {
             Ok(())
         }
+
         fn synchronize(&mut self) -> crate::Result<()> {
             Ok(())
         }
@@ -153,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_backend_without_capture_refuses_to_arm() {
-        use crate::Backend;
+        use crate::Executor;
         let mut p = Plain;
         let e = p.capture(true).unwrap_err().to_string();
         assert!(e.contains("plain") && e.contains("cannot capture"), "{e}");
