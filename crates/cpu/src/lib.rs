@@ -24,6 +24,18 @@ use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 /// The CPU's fixed backend id.
 pub const CPU_ID: BackendId = BackendId(0);
 
+/// The CPU's row of the backend table: always compiled in, always available, taking part
+/// unless other backends take every node (the engine's registry lists it last).
+pub fn entry() -> minfer_graph::BackendEntry {
+    minfer_graph::BackendEntry {
+        id: CPU_ID,
+        name: "cpu",
+        compiled: Ok(()),
+        available: Ok(()),
+        by_default: true,
+    }
+}
+
 /// KV cache element types the CPU reads and writes.
 pub const KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
 

@@ -30,6 +30,52 @@ pub use device::launches;
 #[cfg(feature = "cuda")]
 pub use replay::graph_replays;
 
+use minfer_graph::{Backend, BackendEntry, BackendId, Error as GraphError};
+
+/// CUDA's fixed backend id (written into session files and graph dumps).
+pub const CUDA_ID: BackendId = BackendId(2);
+
+/// Why a build without the cargo feature has no CUDA backend.
+const NOT_COMPILED: &str = "this build has no CUDA backend (cargo feature `cuda`)";
+
+/// CUDA's row of the backend table, whether or not this build includes it (the crate
+/// without its feature is the shell that says so).
+pub fn entry() -> BackendEntry {
+    BackendEntry {
+        id: CUDA_ID,
+        name: "cuda",
+        compiled: if cfg!(feature = "cuda") {
+            Ok(())
+        } else {
+            Err(NOT_COMPILED.into())
+        },
+        available: available(),
+        by_default: true,
+    }
+}
+
+/// A CUDA backend under `id` and `name`: unavailable (the driver or device missing, named)
+/// or not compiled in (this build without the feature) as the registry's typed refusals.
+pub fn instantiate(id: BackendId, name: &str) -> Result<Box<dyn Backend>, GraphError> {
+    #[cfg(feature = "cuda")]
+    {
+        CudaBackend::new(id, name)
+            .map(|b| Box::new(b) as Box<dyn Backend>)
+            .map_err(|why| GraphError::Unavailable {
+                name: name.into(),
+                why,
+            })
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = id;
+        Err(GraphError::NotCompiled {
+            name: name.into(),
+            why: NOT_COMPILED.into(),
+        })
+    }
+}
+
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
 pub fn available() -> Result<(), String> {
     #[cfg(feature = "cuda")]
@@ -38,6 +84,6 @@ pub fn available() -> Result<(), String> {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Err("this build has no CUDA backend (cargo feature `cuda`)".into())
+        Err(NOT_COMPILED.into())
     }
 }

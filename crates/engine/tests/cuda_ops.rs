@@ -4,9 +4,9 @@
 
 #![cfg(feature = "cuda")]
 
-use minfer_graph::contract::*;
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
+use minfer_graph::contract::*;
 use minfer_graph::{Backend, KvLayout, RopeSpec, RopeStyle};
 
 /// Whether a CUDA device is here; prints SKIP when not.
