@@ -12,7 +12,7 @@ use minfer_graph::{
     move_plan, support, BackendId, BufId, Capabilities, CaptureLog, DType, Error as GraphError,
     ExecArgs, Executor, FusedOp, Identity, KvLayout, Memory, Node, NodeId, Op, PlanId,
     Result as GraphResult, RopeSpec, RopeStyle, RowClasses, SplitKey, Support, WeightId, WeightRef,
-    WeightSource,
+    WeightSource, Windows,
 };
 
 use crate::device::{Arg, DResult, Gpu};
@@ -132,6 +132,10 @@ pub struct CudaBackend {
     replayer: Option<Replayer>,
     /// The current forward's row classes (crates/cuda/src/prompt.rs).
     pub(crate) rows: RowClasses,
+    /// The current forward's attention windows, typed ([`Executor::set_windows`]), until its
+    /// synchronize; `None` for a backend driven node by node (its windows are read from the
+    /// window input's host copy).
+    pub(crate) windows: Option<Windows>,
     /// Prompt rows' kernels (`MINFER_CUDA_PROMPT`, `MINFER_CUDA_PROMPT_ATTN`).
     pub(crate) prompt: crate::prompt::PromptChoice,
     /// The weight the f16 weight scratch holds now, and the scratch's pointer.
@@ -234,6 +238,7 @@ impl CudaBackend {
             mv1_grid,
             replayer: graphs.then(Replayer::default),
             rows: RowClasses::default(),
+            windows: None,
             prompt,
             half_weight: None,
             half_input: None,
@@ -643,6 +648,10 @@ impl Executor for CudaBackend {
         self.rows.clone_from(rows);
     }
 
+    fn set_windows(&mut self, windows: &Windows) {
+        self.windows = Some(windows.clone());
+    }
+
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> GraphResult<()> {
         if let Some(o) = args.out {
             self.mirror.remove(&o.0);
@@ -752,6 +761,8 @@ impl Executor for CudaBackend {
     }
 
     fn synchronize(&mut self) -> GraphResult<()> {
+        // The forward is over: its windows describe no later node.
+        self.windows = None;
         self.gpu.sync().map_err(|e| self.err(e))?;
         self.profile_collect();
         Ok(())

@@ -2,7 +2,7 @@
 //! sees ids, buffers and nodes.
 
 use crate::error::{Error, Result};
-use crate::ir::{DType, Node, NodeId, Op, RopeStyle, RowClasses};
+use crate::ir::{DType, Node, NodeId, Op, RopeStyle, RowClasses, Windows};
 use minfer_gguf::GgmlType;
 use std::fmt;
 
@@ -315,6 +315,12 @@ pub trait Executor: Memory {
     /// node's kernels from them; one whose arithmetic is the same for both ignores them
     /// (the default).
     fn set_row_classes(&mut self, _rows: &RowClasses) {}
+    /// The next forward's attention windows, typed (the values its window input holds),
+    /// given before its first split by the engine that filled the input; a backend that
+    /// checks windows or sizes its attention grids on the host reads them here, never by
+    /// decoding the input's bytes back. They hold until the forward's
+    /// [`Executor::synchronize`]. Default: ignored (the kernels read the input).
+    fn set_windows(&mut self, _windows: &Windows) {}
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()>;
     /// Runs split `key` of a plan (consecutive nodes of one graph assigned to this backend)
     /// as a whole: a device encodes it as one command buffer or replays the graph it

@@ -340,6 +340,26 @@ pub enum WindowLayout {
     KvMap,
 }
 
+impl WindowLayout {
+    /// i32s per query row of the window input: `[lo, hi)` for a span, `KV_MAP_RUNS` pairs of
+    /// (first cell, length) for a kv map.
+    pub fn width(self) -> usize {
+        match self {
+            WindowLayout::Span => 2,
+            WindowLayout::KvMap => 2 * KV_MAP_RUNS,
+        }
+    }
+}
+
+/// One forward's attention windows as typed values: the rows its window input holds on the
+/// device (`layout.width()` i32s per query, padding rows included), handed to the backends
+/// too ([`crate::Executor::set_windows`]) so none decodes them back from the input's bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub layout: WindowLayout,
+    pub values: std::sync::Arc<[i32]>,
+}
+
 /// What decides a graph's topology. Equal params give an identical graph, so the cache
 /// reuses it; positions, cells and windows are input data, not part of it.
 #[derive(Clone, Debug, PartialEq)]

@@ -52,7 +52,7 @@ pub use error::{Error, Result};
 pub use fusion::{fuse, prepare_concats, FusionConfig, MAX_FUSED_FFN};
 pub use ir::{
     DType, Graph, GraphBuilder, GraphParams, InputKind, InputNorm, KvKind, Node, NodeId, Op,
-    QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout, KV_MAP_RUNS,
+    QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout, Windows, KV_MAP_RUNS,
 };
 pub use placement::{place_weights, Placement};
 pub use registry::{resolve_backends, BackendEntry};
