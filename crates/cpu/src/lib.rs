@@ -88,7 +88,7 @@ pub struct CpuBackend {
     /// Per weight id, the f32 values of one-row weights (norms, biases), derived once in
     /// `prepare_weights` so no forward dequantizes them again.
     vectors: Vec<Option<Vec<f32>>>,
-    /// Node outputs kept for a trace while armed ([`Backend::capture`]).
+    /// Node outputs kept for a trace while armed ([`minfer_graph::Executor::capture`]).
     captures: CaptureLog,
     /// The test-only planted kernel bug (`MINFER_TEST_PLANT_CPU`, [`plant`]); None normally.
     plant: Option<plant::Plant>,

@@ -142,8 +142,9 @@ pub struct CudaBackend {
     pub(crate) half_weight: Option<(u64, u64)>,
     /// The activations the f16 activation scratch holds now.
     pub(crate) half_input: Option<HalfInput>,
-    /// Node outputs kept for a trace while armed ([`Backend::capture`]): each read back right
-    /// after its node ran, the split run eagerly (no graph replay) while armed.
+    /// Node outputs kept for a trace while armed ([`minfer_graph::Executor::capture`]): each
+    /// read back right after its node ran, the split run eagerly (no graph replay) while
+    /// armed.
     captures: CaptureLog,
 }
 

@@ -106,8 +106,8 @@ pub struct KvLayout {
     pub cell_bytes: usize,
 }
 
-/// A read of a backend buffer begun by [`Backend::read_begin`] and completed by
-/// [`Backend::read_finish`].
+/// A read of a backend buffer begun by [`Memory::read_begin`] and completed by
+/// [`Memory::read_finish`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadTicket {
     pub buf: BufId,

@@ -1,12 +1,12 @@
 //! Node-output capture for traces (`MINFER_TRACE`, facts §1.15; seed §4.1, §4.8).
 //!
-//! While a backend is armed ([`crate::Backend::capture`]), it keeps a copy of the output of
+//! While a backend is armed ([`crate::Executor::capture`]), it keeps a copy of the output of
 //! every node it executes whose output is f32 ([`captured`]): `n_elems` values, in the
 //! node's row-major layout, taken when the node has run and before any later node may reuse
 //! its buffer (intermediate buffers are recycled by liveness inside a plan). KV stores write
 //! persistent regions and have no output (dtype `None`), so they are never captured; graph
 //! inputs are host-filled i32 and never executed, so they are not captured either (the host
-//! knows them). [`crate::Backend::take_captures`] hands the copies over, oldest first, once
+//! knows them). [`crate::Executor::take_captures`] hands the copies over, oldest first, once
 //! the work that produced them has completed.
 
 use crate::ir::{DType, Node, NodeId, Op};

@@ -248,7 +248,7 @@ impl Op {
     }
 
     /// The weight matrices a fused op reads as one, rows appended in order (q|k|v, gate|up):
-    /// a backend builds each concatenation once, at load ([`crate::Backend::prepare_concat`]).
+    /// a backend builds each concatenation once, at load ([`crate::Memory::prepare_concat`]).
     pub fn concat_groups(&self) -> Vec<Vec<WeightId>> {
         match self {
             Op::QkvRopeStore(f) => vec![vec![f.wq, f.wk, f.wv]],

@@ -53,7 +53,7 @@ pub struct MetalBackend<D: Device> {
     weight_copy: bool,
     /// Nodes encoded so far (tests check a device path really ran).
     encoded: u64,
-    /// Trace capture staging (armed by [`Backend::capture`]).
+    /// Trace capture staging (armed by [`minfer_graph::Executor::capture`]).
     capture: Staging<D>,
 }
 
