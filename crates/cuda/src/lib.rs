@@ -28,7 +28,7 @@ pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::launches;
 #[cfg(feature = "cuda")]
-pub use replay::graph_replays;
+pub use replay::{graph_captures, graph_replays};
 
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
 pub fn available() -> Result<(), String> {

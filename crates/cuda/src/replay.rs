@@ -20,6 +20,15 @@ pub fn graph_replays() -> u64 {
     REPLAYS.load(Ordering::Relaxed)
 }
 
+/// CUDA graphs captured by every CUDA backend of the process (a server's profile reads how
+/// often a step's shape was new).
+static CAPTURES: AtomicU64 = AtomicU64::new(0);
+
+/// Splits captured as CUDA graphs so far, process-wide.
+pub fn graph_captures() -> u64 {
+    CAPTURES.load(Ordering::Relaxed)
+}
+
 /// Records kept; a server's ladder of batch shapes plus prefill chunks fits.
 const KEEP: usize = 16;
 
@@ -52,6 +61,7 @@ impl Replayer {
             e.last_use = self.clock;
             if e.graph.is_none() {
                 e.graph = Some(OwnedGraph(gpu.capture(&e.launches)?));
+                CAPTURES.fetch_add(1, Ordering::Relaxed);
             }
             let g = e.graph.as_ref().expect("captured above");
             g.0.launch()

@@ -88,6 +88,8 @@ impl PendingFaults {
 pub(super) struct Model<'a> {
     pub(super) engine: &'a mut Engine,
     pub(super) faults: &'a Faults,
+    /// Time spent inside the engine's forwards (the loop's profile).
+    pub(super) in_forward: std::time::Duration,
 }
 
 impl LogitsModel for Model<'_> {
@@ -100,7 +102,10 @@ impl LogitsModel for Model<'_> {
                 "the forward failed before the engine ran it".into(),
             ));
         }
-        self.engine.forward_batch(entries)
+        let t = std::time::Instant::now();
+        let out = self.engine.forward_batch(entries);
+        self.in_forward += t.elapsed();
+        out
     }
     fn context_len(&self) -> usize {
         self.engine.n_ctx()

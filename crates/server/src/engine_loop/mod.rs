@@ -10,7 +10,7 @@
 
 pub mod faults;
 
-use crate::metrics::{Finish, Metrics};
+use crate::metrics::{Finish, Metrics, Turn};
 pub use faults::{Faults, MarkedFault};
 use faults::{Model, PendingFaults};
 use minfer_engine::Engine;
@@ -233,6 +233,7 @@ impl EngineLoop {
                     Err(_) => return,
                 }
             }
+            let turn = Instant::now();
             while let Ok(j) = jobs.try_recv() {
                 self.submit(j);
             }
@@ -240,8 +241,17 @@ impl EngineLoop {
                 self.end_all();
             }
             self.drop_gone();
-            self.step();
+            let in_forward = self.step();
             self.publish();
+            if let Some(forward) = in_forward {
+                let r = self.sched.last_step();
+                self.metrics.profile.turn(&Turn {
+                    generation_rows: r.decodes,
+                    prompt_rows: r.prompt_tokens,
+                    forward,
+                    turn: turn.elapsed(),
+                });
+            }
         }
     }
 
@@ -298,7 +308,8 @@ impl EngineLoop {
         }
     }
 
-    fn step(&mut self) {
+    /// One scheduler step; the time inside the engine's forwards when one ran.
+    fn step(&mut self) -> Option<std::time::Duration> {
         let sched = &self.sched;
         if self
             .pending_faults
@@ -313,13 +324,15 @@ impl EngineLoop {
         let mut model = Model {
             engine: &mut self.engine,
             faults,
+            in_forward: std::time::Duration::ZERO,
         };
         let res = self.sched.step(&mut model, &Pieces(tok), |tag, ev| {
             on_event(metrics, queued, pending, faults, tok, tag, ev)
         });
+        let in_forward = model.in_forward;
         let r = self.sched.last_step();
         if !r.forwarded {
-            return;
+            return None;
         }
         self.stats.forwards.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -336,6 +349,7 @@ impl EngineLoop {
             // cache; their requests were answered.
             self.metrics.forward_failed();
         }
+        Some(in_forward)
     }
 
     fn publish(&self) {
@@ -350,5 +364,9 @@ impl EngineLoop {
         m.set_queued(self.queued.load(Ordering::Relaxed));
         m.set_prefix_cache_entries(self.sched.cached_prefixes());
         m.set_defrags(self.engine.defrags());
+        m.profile.set_engine_counts(
+            self.engine.graph_builds(),
+            minfer_engine::backends::cuda_graph_counts(),
+        );
     }
 }
