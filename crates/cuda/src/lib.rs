@@ -28,7 +28,7 @@ pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::launches;
 #[cfg(feature = "cuda")]
-pub use replay::graph_replays;
+pub use replay::{graph_captures, graph_replays};
 
 use minfer_graph::{Backend, BackendEntry, BackendId, Error as GraphError};
 

@@ -27,6 +27,15 @@ pub fn graph_replays() -> u64 {
     REPLAYS.load(Ordering::Relaxed)
 }
 
+/// CUDA graphs captured by every CUDA backend of the process (a server's profile reads how
+/// often a step's shape was new).
+static CAPTURES: AtomicU64 = AtomicU64::new(0);
+
+/// Splits captured as CUDA graphs so far, process-wide.
+pub fn graph_captures() -> u64 {
+    CAPTURES.load(Ordering::Relaxed)
+}
+
 /// A captured graph owned by one backend.
 struct OwnedGraph(CudaGraph);
 
@@ -53,6 +62,7 @@ impl Replayer {
             if e.launches == launches {
                 if e.graph.is_none() {
                     e.graph = Some(OwnedGraph(gpu.capture(&e.launches)?));
+                    CAPTURES.fetch_add(1, Ordering::Relaxed);
                 }
                 let g = e.graph.as_ref().expect("captured above");
                 g.0.launch()

@@ -41,6 +41,20 @@ pub mod cpu {
     }
 }
 
+/// CUDA graphs captured and replayed so far by every CUDA backend of the process (None in a
+/// build without CUDA): a server's profile reads them to tell a step whose shape was new from
+/// one replayed.
+pub fn cuda_graph_counts() -> Option<(u64, u64)> {
+    #[cfg(feature = "cuda")]
+    {
+        Some((minfer_cuda::graph_captures(), minfer_cuda::graph_replays()))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        None
+    }
+}
+
 /// Settings of the CPU backend (`--numerics`), handed to it at instantiation; the engine
 /// itself never reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -126,6 +126,37 @@ impl Engine {
         Ok(self.kv.cells_mut().share_prefix(dst, src, n)?)
     }
 
+    /// How many leading positions of `src` a new sequence may share with
+    /// [`Engine::seq_share_prefix`] and still have its window mapped by a forward
+    /// (`usize::MAX`: all of them; 0 for an unknown sequence).
+    ///
+    /// A forward maps each sequence's window as at most `KV_MAP_RUNS` runs of cells, and
+    /// defrag can lay a sequence out in one run per *segment*: a stretch of positions whose
+    /// cells have the same owners. Along a sequence's positions the owner sets only shrink
+    /// (a prefix is shared by everyone sharing a longer one), so a segment ends exactly where
+    /// the owner count changes. Sharing at most `KV_MAP_RUNS - 2` segments leaves the rest of
+    /// the map for the sequence's own cells.
+    pub fn shareable_prefix(&self, src: SeqId) -> usize {
+        const SHARED_SEGMENTS: usize = minfer_graph::KV_MAP_RUNS - 2;
+        let cells = self.kv.cells();
+        let Ok(runs) = cells.runs(src) else { return 0 };
+        let mut segments = 0;
+        let mut last = None;
+        for r in runs {
+            for (k, cell) in r.cells().enumerate() {
+                let owners = cells.owner_count(cell);
+                if last != Some(owners) {
+                    segments += 1;
+                    if segments > SHARED_SEGMENTS {
+                        return r.pos + k;
+                    }
+                    last = Some(owners);
+                }
+            }
+        }
+        usize::MAX
+    }
+
     /// Compacts the arena toward cell 0 (cells moved verbatim, no result changes) and
     /// returns the moves made.
     pub fn defrag(&mut self) -> Result<Vec<CellMove>> {

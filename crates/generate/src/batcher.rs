@@ -187,12 +187,14 @@ impl<T> Batcher<T> {
             .map(|(&(i, part), toks)| {
                 let g = &self.seqs[i].1;
                 match part {
-                    Part::Decode => BatchEntry::generated(g.seq, toks, g.history.len() - 1),
+                    Part::Decode => {
+                        BatchEntry::generated(g.seq, toks, g.base() + g.history.len() - 1)
+                    }
                     // Only the prompt's last chunk samples the first reply token.
                     Part::Prompt { start, len } => BatchEntry::prompt(
                         g.seq,
                         toks,
-                        start,
+                        g.base() + start,
                         usize::from(start + len == g.prompt.len()),
                     ),
                 }

@@ -20,11 +20,14 @@ mod batcher;
 pub mod chat;
 pub mod constrain;
 pub mod sampler;
+pub mod sched;
 mod seq;
 pub mod stop;
 
 pub use batcher::{Batcher, Event, StepFailed};
 pub use seq::{Failure, SeqGen, TokenLogprob};
+
+use sched::{Direct, SchedConfig, SchedEvent, Scheduler};
 
 use crate::constrain::{ConstraintStats, Grammar};
 use crate::sampler::{SamplerConfig, SamplerError};
@@ -126,10 +129,10 @@ pub fn generate<M: LogitsModel>(
     Ok(outs.remove(0))
 }
 
-/// Runs several generations, each on its own sequence, to the end through one [`Batcher`]
-/// (prompt chunks up to the model's batch size). `on_text(i, bytes)` streams request `i`'s
-/// text. Each sequence's result is what it would be alone (batch invariance). A failed
-/// forward or sampler ends the whole run with its error.
+/// Runs several generations, each on its own sequence, to the end through the
+/// [`sched::Scheduler`] (prompt chunks up to the model's batch size). `on_text(i, bytes)`
+/// streams request `i`'s text. Each sequence's result is what it would be alone (batch
+/// invariance). A failed forward or sampler ends the whole run with its error.
 pub fn generate_batch<M: LogitsModel>(
     model: &mut M,
     vocab: &dyn TokenBytes,
@@ -137,19 +140,27 @@ pub fn generate_batch<M: LogitsModel>(
     mut on_text: impl FnMut(usize, &[u8]),
 ) -> Result<Vec<GenerateOutput>, GenerateError<M::Error>> {
     let n_ctx = model.context_len();
-    let mut batch = Batcher::new(model.max_batch());
+    let mut sched = Scheduler::new(SchedConfig::direct(model.max_batch()));
     for (i, (seq, r)) in reqs.iter().enumerate() {
-        batch.push(i, SeqGen::new(*seq, r, n_ctx)?);
+        sched.start(i, SeqGen::new(*seq, r, n_ctx)?);
     }
-    loop {
+    let mut outs: Vec<Option<GenerateOutput>> = vec![None; reqs.len()];
+    let mut host = Direct(model);
+    while !sched.is_idle() {
         let mut failed = None;
-        let worked = batch
-            .step(model, vocab, |&mut i, g, ev| match ev {
-                Event::Token { text, .. } if !text.is_empty() => on_text(i, text),
-                Event::Done => {
-                    if let Some(Failure::Sampler(e)) = g.failure() {
-                        failed.get_or_insert(e.clone());
-                    }
+        sched
+            .step(&mut host, vocab, |&mut i, ev| match ev {
+                SchedEvent::Token { text, .. } | SchedEvent::Text(text) if !text.is_empty() => {
+                    on_text(i, text)
+                }
+                SchedEvent::Done { gen, .. } => outs[i] = Some(gen.out.clone()),
+                // A forward's failure ends the step with its error (below); a sampler's
+                // fails its sequence alone, and ends the run here.
+                SchedEvent::Failed {
+                    failure: Some(Failure::Sampler(e)),
+                    ..
+                } => {
+                    failed.get_or_insert(e.clone());
                 }
                 _ => {}
             })
@@ -157,21 +168,19 @@ pub fn generate_batch<M: LogitsModel>(
         if let Some(e) = failed {
             return Err(GenerateError::Sampler(e));
         }
-        if !worked {
-            break;
+        if !sched.last_step().forwarded {
+            // Nothing had work yet some sequence is not done: end it with what it has
+            // rather than loop.
+            sched.finish_all(&mut host, FinishReason::Length, "", |&mut i, ev| {
+                if let SchedEvent::Done { gen, .. } = ev {
+                    outs[i] = Some(gen.out.clone());
+                }
+            });
         }
     }
-    let now = std::time::Instant::now();
-    let mut outs: Vec<(usize, SeqGen)> = batch.take_where(|_, _| true);
-    outs.sort_by_key(|(i, _)| *i);
     Ok(outs
         .into_iter()
-        .map(|(_, mut g)| {
-            if !g.is_done() {
-                g.finish_timings(now);
-            }
-            g.out
-        })
+        .map(|o| o.expect("every started sequence ends with Done or Failed"))
         .collect())
 }
 

@@ -68,6 +68,9 @@ fn complete_prefix_len(b: &[u8]) -> usize {
 /// One sequence's generation state.
 pub struct SeqGen {
     pub seq: SeqId,
+    /// Positions the sequence held before this generation (a conversation's earlier turns):
+    /// its prompt starts at this position and the context left is `n_ctx - base`.
+    base: usize,
     pub(crate) prompt: Vec<u32>,
     /// Prompt tokens the KV holds (sent to the model, or shared from a cached prefix).
     pub(crate) fed: usize,
@@ -104,6 +107,19 @@ impl SeqGen {
         req: &GenerateRequest,
         n_ctx: usize,
     ) -> Result<SeqGen, GenerateError<E>> {
+        SeqGen::resume(seq, 0, req, n_ctx)
+    }
+
+    /// A generation that continues a sequence already holding positions `0..base` (their
+    /// tokens are not part of `req.prompt` nor of the penalty window): the prompt is fed
+    /// from position `base` on, and the context left to it is `n_ctx - base`.
+    pub fn resume<E: std::error::Error>(
+        seq: SeqId,
+        base: usize,
+        req: &GenerateRequest,
+        n_ctx: usize,
+    ) -> Result<SeqGen, GenerateError<E>> {
+        let n_ctx = n_ctx.saturating_sub(base);
         if req.prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
@@ -115,6 +131,7 @@ impl SeqGen {
         }
         Ok(SeqGen {
             seq,
+            base,
             prompt: req.prompt.clone(),
             fed: 0,
             max_tokens: req.max_tokens,
@@ -151,6 +168,11 @@ impl SeqGen {
         let n = n.min(self.prompt.len() - 1);
         self.fed = self.fed.max(n);
         self.fed
+    }
+
+    /// The position the prompt starts at (0 unless [`SeqGen::resume`]d).
+    pub fn base(&self) -> usize {
+        self.base
     }
 
     pub fn prompt(&self) -> &[u32] {
@@ -244,7 +266,7 @@ impl SeqGen {
             text.extend(self.flush(true));
             return Ok(Step::Done(text));
         }
-        if self.history.len() >= n_ctx {
+        if self.base + self.history.len() >= n_ctx {
             self.out.finish = FinishReason::Context;
             let mut text = text;
             text.extend(self.flush(true));

@@ -103,7 +103,7 @@ impl ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable_error",
-            crate::scheduler::SHUTDOWN_MESSAGE,
+            crate::engine_loop::SHUTDOWN_MESSAGE,
         )
         .with_code("shutdown")
     }

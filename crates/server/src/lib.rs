@@ -2,7 +2,7 @@
 //! batching and prefix caching.
 //!
 //! - [`AppState::start`] moves a loaded [`Engine`] onto the engine-loop thread
-//!   ([`scheduler`]) and keeps what handlers need (tokenizer, template, limits, metrics).
+//!   ([`engine_loop`], over `minfer_generate::sched`) and keeps what handlers need (tokenizer, template, limits, metrics).
 //! - [`app`] builds the router (tests call it without a socket); [`serve`] runs it on a
 //!   listener with graceful shutdown (SIGINT/SIGTERM: stop accepting, 503 new requests,
 //!   let in-flight ones finish within the drain timeout).
@@ -10,25 +10,25 @@
 //!   bounded queue; errors are OpenAI-shaped ([`error`]).
 
 pub mod constraint;
+pub mod engine_loop;
 pub mod error;
 pub mod metrics;
 pub mod page;
 pub mod prompt;
 pub mod request;
 pub mod routes;
-pub mod scheduler;
 pub mod shutdown;
 pub mod submit;
 pub mod tools;
 pub mod viz;
 
 use anyhow::Context;
+use engine_loop::{EngineLoop, Faults, Job, LoopConfig, LoopShared, LoopStats};
 use metrics::Metrics;
 use minfer_engine::Engine;
 use minfer_tokenizer::template::ChatTemplate;
 use minfer_tokenizer::Tokenizer;
 use request::Limits;
-use scheduler::{EngineLoop, Faults, Job, LoopConfig, LoopShared, LoopStats};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;

@@ -209,6 +209,8 @@ pub struct Metrics {
     defrags: AtomicU64,
     forward_failures: AtomicU64,
     draining: AtomicBool,
+    /// The engine loop's profile (forwards, rows, host time, graph builds, CUDA captures).
+    pub profile: LoopProfile,
 }
 
 impl Default for Metrics {
@@ -240,6 +242,7 @@ impl Metrics {
             defrags: AtomicU64::new(0),
             forward_failures: AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            profile: LoopProfile::default(),
         }
     }
 
@@ -526,9 +529,14 @@ impl Metrics {
             "1 while the server is draining for shutdown, else 0.",
             u64::from(self.draining()),
         );
+        self.profile.render(&mut out);
         out
     }
 }
+
+#[path = "metrics_profile.rs"]
+mod profile;
+pub use profile::{LoopProfile, Turn};
 
 #[cfg(test)]
 #[path = "metrics_tests.rs"]

@@ -1,10 +1,10 @@
 //! Handing a validated request to the engine loop: the bounded queue, the in-flight count
 //! that shutdown waits for, and the per-choice requests (`n` choices, each its own seed).
 
+use crate::engine_loop::{Job, JobEvent};
 use crate::error::ApiError;
 use crate::metrics::Reject;
 use crate::request::GenParams;
-use crate::scheduler::{Job, JobEvent};
 use crate::AppState;
 use minfer_generate::GenerateRequest;
 use std::sync::atomic::Ordering;

@@ -16,7 +16,7 @@ mod support;
 
 use axum::http::StatusCode;
 use minfer_engine::InjectedFault;
-use minfer_server::scheduler::MarkedFault;
+use minfer_server::engine_loop::MarkedFault;
 use minfer_server::ServeConfig;
 use minfer_testkit::models;
 use serde_json::Value;

@@ -26,16 +26,15 @@ pub mod prompt;
 pub mod sync;
 
 pub use interruptible::{
-    generate_interruptible, generate_interruptible_with_progress, Interruptible,
+    generate_interruptible, generate_interruptible_with_progress, resume_interruptible,
+    Interruptible,
 };
 pub use prompt::{render_prompt, PromptError};
 
 use crate::sampler::SamplerConfig;
-use crate::{FinishReason, GenerateRequest, LogitsModel, Timings, TokenBytes};
+use crate::{FinishReason, GenerateRequest, Timings, TokenBytes};
 use minfer_engine::kv::kv_can_shift;
 use minfer_engine::session::SessionError;
-use minfer_engine::SeqId;
-use minfer_engine::{BatchEntry, BatchLogits};
 use minfer_engine::{Engine, Error as EngineError};
 use minfer_tokenizer::template::{self, ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::{TokenType, Tokenizer};
@@ -125,44 +124,6 @@ pub struct TurnReport {
     pub notices: Vec<String>,
     pub timings: Timings,
     pub reply: String,
-}
-
-/// The engine seen from one position on, so the generation loop (which counts from 0)
-/// continues the sequence; it records what it feeds.
-struct At<'a> {
-    engine: &'a mut Engine,
-    base: usize,
-    fed: Vec<u32>,
-}
-
-impl LogitsModel for At<'_> {
-    type Error = EngineError;
-    fn forward_batch(
-        &mut self,
-        entries: &[BatchEntry],
-    ) -> std::result::Result<&BatchLogits, EngineError> {
-        let moved: Vec<BatchEntry> = entries
-            .iter()
-            .map(|e| BatchEntry {
-                pos0: self.base + e.pos0,
-                ..*e
-            })
-            .collect();
-        let out = self.engine.forward_batch(&moved)?;
-        for e in entries {
-            self.fed.extend_from_slice(e.tokens);
-        }
-        Ok(out)
-    }
-    fn context_len(&self) -> usize {
-        self.engine.n_ctx() - self.base
-    }
-    fn max_batch(&self) -> usize {
-        self.engine.n_batch()
-    }
-    fn default_seq(&self) -> SeqId {
-        self.engine.default_seq()
-    }
 }
 
 pub struct Chat {
@@ -387,24 +348,29 @@ impl Chat {
             // One fresh grammar state per turn.
             constraint: self.cfg.constraint.clone(),
         };
-        let mut at = At {
-            engine: &mut self.engine,
-            base,
-            fed: Vec::new(),
-        };
         let mut text = Vec::new();
-        let res = generate_interruptible(&mut at, &Pieces(&self.tok), &req, cancel, |b| {
-            text.extend_from_slice(b);
-            on_text(b)
-        });
-        let fed = std::mem::take(&mut at.fed);
-        let (end, generated, timings) = match res {
-            Ok(r) if r.interrupted => (TurnEnd::Interrupted, r.out.tokens.len(), r.out.timings),
-            Ok(r) => (
-                TurnEnd::Finished(r.out.finish),
-                r.out.tokens.len(),
-                r.out.timings,
-            ),
+        let seq = self.engine.default_seq();
+        let res = resume_interruptible(
+            &mut self.engine,
+            &Pieces(&self.tok),
+            seq,
+            base,
+            &req,
+            cancel,
+            |b| {
+                text.extend_from_slice(b);
+                on_text(b)
+            },
+            |_, _| {},
+        );
+        let (end, generated, timings, fed) = match res {
+            Ok(r) => {
+                let end = match r.interrupted {
+                    true => TurnEnd::Interrupted,
+                    false => TurnEnd::Finished(r.out.finish),
+                };
+                (end, r.out.tokens.len(), r.out.timings, r.kv_tokens)
+            }
             Err(e) => {
                 // The messages are unchanged; the KV keeps what it held before the turn.
                 self.engine.kv_truncate(base);

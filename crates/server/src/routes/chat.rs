@@ -5,12 +5,12 @@
 use super::collect::{self, apply, chat_logprobs, finish_metric, finish_name, gather, ChoiceAcc};
 use super::sse::{self, send, Gone, SseTx};
 use super::{body, refused};
+use crate::engine_loop::JobEvent;
 use crate::error::ApiError;
 use crate::metrics::Finish;
 use crate::prompt::chat_prompt;
 use crate::request::chat::{parse, ChatRequest, ToolChoice};
 use crate::request::parse_json;
-use crate::scheduler::JobEvent;
 use crate::submit::{choices, submit, Submitted};
 use crate::tools::{new_call_id, parse_reply, random_id, ParsedCall, ToolDelta, ToolStream};
 use crate::AppState;

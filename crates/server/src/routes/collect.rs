@@ -1,9 +1,9 @@
 //! What chat and text completions share: gathering a job's events per choice, usage,
 //! finish reasons and the log-probability shapes.
 
+use crate::engine_loop::JobEvent;
 use crate::error::ApiError;
 use crate::metrics::Finish;
-use crate::scheduler::JobEvent;
 use crate::AppState;
 use minfer_generate::{FinishReason, TokenLogprob};
 use serde_json::{json, Value};
@@ -83,7 +83,7 @@ pub async fn gather(
         }
     }
     if let Some(why) = accs.iter().find_map(|a| a.failed.clone()) {
-        if why == crate::scheduler::SHUTDOWN_MESSAGE {
+        if why == crate::engine_loop::SHUTDOWN_MESSAGE {
             return Err(ApiError::shut_down());
         }
         return Err(ApiError::server(format!("generation failed: {why}")));

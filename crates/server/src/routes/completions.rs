@@ -6,12 +6,12 @@ use super::collect::{
 };
 use super::sse::{self, send, Gone, SseTx};
 use super::{body, refused};
+use crate::engine_loop::JobEvent;
 use crate::error::ApiError;
 use crate::metrics::Finish;
 use crate::prompt::text_prompt;
 use crate::request::completion::{parse, CompletionRequest};
 use crate::request::parse_json;
-use crate::scheduler::JobEvent;
 use crate::submit::{choices, submit, Submitted};
 use crate::tools::random_id;
 use crate::AppState;

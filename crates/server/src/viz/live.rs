@@ -7,7 +7,8 @@ use anyhow::Context;
 use minfer_engine::{Engine, LogitsModel};
 use minfer_generate::chat::Pieces;
 use minfer_generate::sampler::SamplerConfig;
-use minfer_generate::{Batcher, Event, GenerateRequest, SeqGen};
+use minfer_generate::sched::{SchedConfig, SchedEvent, Scheduler};
+use minfer_generate::{GenerateRequest, SeqGen};
 use minfer_tokenizer::template::{ChatTemplate, Message, RenderOptions};
 use minfer_tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -127,23 +128,31 @@ impl Loop {
             self.engine.trace_begin()?;
             self.captured.fetch_add(1, Ordering::SeqCst);
         }
-        let mut batch = Batcher::new(self.engine.max_batch());
-        batch.push(
+        // One sequence the caller owns, through the same scheduler as serve's requests.
+        let mut sched = Scheduler::new(SchedConfig::direct(self.engine.max_batch()));
+        sched.start(
             (),
             SeqGen::new::<minfer_engine::Error>(self.engine.default_seq(), &req, n_ctx)
                 .map_err(|e| anyhow::anyhow!("{e}"))?,
         );
         let t0 = Instant::now();
         let (mut sent, mut n_tokens) = (0usize, 0usize);
-        loop {
+        let mut out = None;
+        while !sched.is_idle() {
             let mut toks: Vec<(u32, Vec<u8>)> = Vec::new();
-            let worked = batch
-                .step(&mut self.engine, &Pieces(&self.tok), |_, _, ev| {
-                    if let Event::Token { id, text, .. } = ev {
-                        toks.push((id, text.to_vec()));
-                    }
+            let mut failed = None;
+            sched
+                .step(&mut self.engine, &Pieces(&self.tok), |_, ev| match ev {
+                    SchedEvent::Token { id, text, .. } => toks.push((id, text.to_vec())),
+                    SchedEvent::Done { gen, .. } => out = Some(gen.out.clone()),
+                    SchedEvent::Failed { message, .. } => failed = Some(message),
+                    _ => {}
                 })
                 .map_err(|f| anyhow::anyhow!("generation failed: {}", f.error))?;
+            if let Some(why) = failed {
+                anyhow::bail!("generation failed: {why}");
+            }
+            let worked = sched.last_step().forwarded;
             if armed {
                 let mut phases = self.engine.trace_phases_from(sent);
                 sent += phases.len();
@@ -179,7 +188,6 @@ impl Loop {
         if armed {
             self.engine.trace_end()?;
         }
-        let out = batch.take_where(|_, _| true).pop().map(|(_, g)| g.out);
         let finish = out
             .as_ref()
             .and_then(|o| serde_json::to_value(o.finish).ok())

@@ -5,6 +5,7 @@
 
 use minfer_engine::{BatchEntry, BatchLogits, Engine, InjectedFault, LogitsModel, SeqId};
 use minfer_generate::chat::Pieces;
+use minfer_generate::sched::SeqHost;
 use minfer_generate::TokenBytes;
 use minfer_tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,6 +88,8 @@ impl PendingFaults {
 pub(super) struct Model<'a> {
     pub(super) engine: &'a mut Engine,
     pub(super) faults: &'a Faults,
+    /// Time spent inside the engine's forwards (the loop's profile).
+    pub(super) in_forward: std::time::Duration,
 }
 
 impl LogitsModel for Model<'_> {
@@ -99,7 +102,10 @@ impl LogitsModel for Model<'_> {
                 "the forward failed before the engine ran it".into(),
             ));
         }
-        self.engine.forward_batch(entries)
+        let t = std::time::Instant::now();
+        let out = self.engine.forward_batch(entries);
+        self.in_forward += t.elapsed();
+        out
     }
     fn context_len(&self) -> usize {
         self.engine.n_ctx()
@@ -112,5 +118,23 @@ impl LogitsModel for Model<'_> {
     }
     fn failed_entry(error: &Self::Error) -> Option<usize> {
         Engine::failed_entry(error)
+    }
+}
+
+impl SeqHost for Model<'_> {
+    fn seq_create(&mut self) -> SeqId {
+        SeqHost::seq_create(self.engine)
+    }
+    fn seq_release(&mut self, seq: SeqId) {
+        SeqHost::seq_release(self.engine, seq)
+    }
+    fn seq_share_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> bool {
+        SeqHost::seq_share_prefix(self.engine, dst, src, n)
+    }
+    fn shareable_prefix(&self, src: SeqId) -> usize {
+        self.engine.shareable_prefix(src)
+    }
+    fn free_cells(&self) -> usize {
+        SeqHost::free_cells(self.engine)
     }
 }

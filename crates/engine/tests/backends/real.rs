@@ -6,10 +6,7 @@
 //! is the slowest test of the suite (see crates/msl-emu/README.md for its speed); the prompt
 //! is kept short for that reason.
 
-#![cfg(feature = "metal-emu")]
-
-use minfer_engine::{Engine, EngineConfig};
-use minfer_gguf::GgmlType;
+use super::*;
 use minfer_testkit::models;
 
 /// "def fibonacci(n):"
@@ -34,7 +31,8 @@ fn greedy(e: &mut Engine) -> (Vec<u32>, Vec<f32>) {
     (out, logits)
 }
 
-fn engine(path: &std::path::Path, backend: &str) -> Engine {
+/// Two threads (the CPU engine's speed on the demo model), 64-token context.
+fn engine(path: &Path, backend: &str) -> Engine {
     Engine::load(
         path,
         EngineConfig {
@@ -48,14 +46,13 @@ fn engine(path: &std::path::Path, backend: &str) -> Engine {
     .unwrap()
 }
 
-#[test]
-fn the_demo_model_decodes_the_cpus_greedy_tokens_on_the_emulator() {
+fn the_demo_model_decodes_the_cpus_greedy_tokens_on_the_emulator(row: &Row, _: &()) {
     let Some(path) = models::qwen() else {
         println!("SKIP: demo model not cached");
         return;
     };
     let mut cpu = engine(&path, "cpu");
-    let backend = std::env::var("MINFER_GATE_METAL_BACKEND").unwrap_or_else(|_| "metal-emu".into());
+    let backend = row.backend();
     let mut mtl = engine(&path, &backend);
     let on_metal = mtl.nodes_per_backend(1).unwrap();
     let count =
@@ -87,8 +84,7 @@ fn the_demo_model_decodes_the_cpus_greedy_tokens_on_the_emulator() {
 /// bar 0.02 on logits of about 15 (measured 0.0088). The CPU quantizes activations to q8_1 for these
 /// dots and sits in a wider class; at this prompt that decides a near-tie the other way
 /// (measured 2026-12-01: reference 2988 over 1797 by 0.22, Metal the same, the CPU 1797).
-#[test]
-fn smollm2_on_the_emulator_matches_the_f64_reference_forward() {
+fn smollm2_on_the_emulator_matches_the_f64_reference_forward(row: &Row, _: &()) {
     use minfer_gguf::GgufModel;
     use minfer_models::{reference, HParams};
     let Some(path) = models::smol() else {
@@ -101,7 +97,7 @@ fn smollm2_on_the_emulator_matches_the_f64_reference_forward() {
     let hp = HParams::from_metadata(g.metadata()).unwrap();
     let want = reference::forward(&g, &hp, &toks).unwrap();
     let want = want.last().unwrap();
-    let backend = std::env::var("MINFER_GATE_METAL_BACKEND").unwrap_or_else(|_| "metal-emu".into());
+    let backend = row.backend();
     let mut e = engine(&path, &backend);
     let got = e.decode(&toks, 0, 1).unwrap().to_vec();
     let d = got
@@ -117,4 +113,11 @@ fn smollm2_on_the_emulator_matches_the_f64_reference_forward() {
     // measured 0.0088 (2026-12-01), bar 0.02 (2.3x; it was 0.05)
     assert!(d <= 0.02, "{d}");
     assert_eq!(argmax(&got), top_ref);
+}
+
+for_each_backend! {
+    the_demo_model_decodes_the_cpus_greedy_tokens_on_the_emulator:
+        the_demo_model_decodes_the_cpus_greedy_tokens_on_the_emulator { metal_emu => () }
+    smollm2_on_the_emulator_matches_the_f64_reference_forward:
+        smollm2_on_the_emulator_matches_the_f64_reference_forward { metal_emu => () }
 }

@@ -8,16 +8,11 @@
 //! round trip copies bytes (bit-identical); a shift re-ropes K in f32 (f32 KV: 1e-4 of the
 //! logits' largest value, f16 KV 1e-2, as on the CPU).
 
-#![cfg(feature = "metal-emu")]
-
-use minfer_engine::{BatchEntry, Engine, EngineConfig};
-use minfer_gguf::GgmlType;
+use super::*;
+use minfer_engine::BatchEntry;
 use minfer_models::Arch;
+use minfer_testkit::logits::bits;
 use minfer_testkit::synth::{self, max_abs, max_abs_diff, tmp, tokens, Tiny};
-
-fn metal_backend() -> String {
-    std::env::var("MINFER_GATE_METAL_BACKEND").unwrap_or_else(|_| "metal-emu".into())
-}
 
 /// A model whose KV rows are 128 elements (q8_0 rows of whole words, as the kernels need).
 fn model(arch: Arch) -> std::path::PathBuf {
@@ -35,31 +30,27 @@ fn model_layers(arch: Arch, layers: usize) -> std::path::PathBuf {
     synth::write(&t)
 }
 
-fn engine(path: &std::path::Path, cache: GgmlType) -> Engine {
+/// The row's engine (128-token context).
+fn engine(row: &Row, path: &Path, cache: GgmlType) -> Engine {
     Engine::load(
         path,
         EngineConfig {
             n_ctx: 128,
-            threads: 1,
+            threads: row.threads,
             cache_type: cache,
-            backends: vec![metal_backend()],
+            backends: vec![row.backend()],
             ..EngineConfig::default()
         },
     )
     .unwrap()
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-#[test]
-fn a_defragmented_sequence_continues_bit_identically() {
+fn a_defragmented_sequence_continues_bit_identically(row: &Row, _: &()) {
     let path = model(Arch::Qwen2);
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
         let runs = minfer_engine::KV_MAP_RUNS;
-        let mut e = engine(&path, ty);
-        let mut plain = engine(&path, ty);
+        let mut e = engine(row, &path, ty);
+        let mut plain = engine(row, &path, ty);
         let vocab = e.hparams().vocab_size;
         let a = e.default_seq();
         let mut fed = 0;
@@ -94,8 +85,7 @@ fn a_defragmented_sequence_continues_bit_identically() {
     }
 }
 
-#[test]
-fn remove_and_shift_on_the_device_equals_a_fresh_prefill_of_the_rest() {
+fn remove_and_shift_on_the_device_equals_a_fresh_prefill_of_the_rest(row: &Row, _: &()) {
     // One layer: its K/V depend only on each token and its position, so after the removal
     // and re-rope the cells hold what a fresh prefill of the rest computes (deeper layers'
     // K/V would still carry the removed tokens through attention).
@@ -104,7 +94,7 @@ fn remove_and_shift_on_the_device_equals_a_fresh_prefill_of_the_rest() {
     // (F16, the shifted values rounded to half again): 1e-6 and 4e-4, 5.5x and 10.5x (they
     // were 1e-4 and 1e-2, 550x and 260x).
     for (ty, tol) in [(GgmlType::F32, 1e-6f32), (GgmlType::F16, 4e-4)] {
-        let mut fresh = engine(&path, ty);
+        let mut fresh = engine(row, &path, ty);
         let vocab = fresh.hparams().vocab_size;
         let (a, b, c) = (
             tokens(5, 1, vocab),
@@ -119,7 +109,7 @@ fn remove_and_shift_on_the_device_equals_a_fresh_prefill_of_the_rest() {
         let want = fresh.decode(&probe, kept.len(), 1).unwrap().to_vec();
         let scale = max_abs(&want);
         let run = |shift: bool| {
-            let mut e = engine(&path, ty);
+            let mut e = engine(row, &path, ty);
             e.decode(&a, 0, 1).unwrap();
             e.decode(&b, a.len(), 1).unwrap();
             e.decode(&c, a.len() + b.len(), 1).unwrap();
@@ -148,11 +138,10 @@ fn remove_and_shift_on_the_device_equals_a_fresh_prefill_of_the_rest() {
     }
 }
 
-#[test]
-fn a_session_saved_from_the_device_continues_bit_identically() {
+fn a_session_saved_from_the_device_continues_bit_identically(row: &Row, _: &()) {
     let path = model(Arch::Qwen3);
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
-        let mut a = engine(&path, ty);
+        let mut a = engine(row, &path, ty);
         let vocab = a.hparams().vocab_size;
         let toks = tokens(17, 1, vocab);
         a.decode(&toks, 0, 1).unwrap();
@@ -160,14 +149,23 @@ fn a_session_saved_from_the_device_continues_bit_identically() {
         a.save_session(&file, &toks, b"{}").unwrap();
         let probe = tokens(3, 2, vocab);
         let want = a.decode(&probe, 17, 3).unwrap().to_vec();
-        let mut b = engine(&path, ty);
+        let mut b = engine(row, &path, ty);
         b.load_session(&file).unwrap();
         assert_eq!(b.n_past(), 17);
         let got = b.decode(&probe, 17, 3).unwrap().to_vec();
         assert_eq!(bits(&got), bits(&want), "{ty}");
         // Control: an engine that did not load the session answers differently.
-        let mut c = engine(&path, ty);
+        let mut c = engine(row, &path, ty);
         let other = c.decode(&probe, 0, 3).unwrap().to_vec();
         assert_ne!(bits(&other), bits(&want), "{ty}");
     }
+}
+
+for_each_backend! {
+    a_defragmented_sequence_continues_bit_identically:
+        a_defragmented_sequence_continues_bit_identically { metal_emu => () }
+    remove_and_shift_on_the_device_equals_a_fresh_prefill_of_the_rest:
+        remove_and_shift_on_the_device_equals_a_fresh_prefill_of_the_rest { metal_emu => () }
+    a_session_saved_from_the_device_continues_bit_identically:
+        a_session_saved_from_the_device_continues_bit_identically { metal_emu => () }
 }

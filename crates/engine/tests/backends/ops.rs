@@ -1,32 +1,16 @@
 //! Single GPU operations of the CUDA backend against the CPU backend's (issue 15): KV region
 //! copies and re-rope, KvStore and Attention nodes for every KV type, the pool's invariants and
-//! out-of-memory as an error. SKIP (pass) where no CUDA device exists.
+//! out-of-memory as an error. SKIP (pass) where no CUDA device exists (the `cuda` row).
 
-#![cfg(feature = "cuda")]
-
+use super::Row;
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
 use minfer_graph::contract::*;
 use minfer_graph::{Backend, KvLayout, RopeSpec, RopeStyle};
 
-/// Whether a CUDA device is here; prints SKIP when not.
-fn gpu() -> bool {
-    match minfer_cuda::available() {
-        Ok(()) => true,
-        Err(why) => {
-            println!("SKIP: no CUDA device ({why})");
-            false
-        }
-    }
-}
-
 /// KV region operations against the CPU backend's: copies bit for bit (overlapping both
 /// ways), the re-rope of a shift within 1e-5 (f32) and one f16 ulp class (f16).
-#[test]
-fn kv_region_ops_match_the_cpu() {
-    if !gpu() {
-        return;
-    }
+fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
     let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
     let mut c = CpuBackend::new(1);
     for (ty, tol) in [(GgmlType::F32, 1e-5f32), (GgmlType::F16, 2e-3)] {
@@ -96,11 +80,7 @@ fn kv_region_ops_match_the_cpu() {
     }
 }
 
-#[test]
-fn the_pool_reuses_exact_lengths_zeroed_and_oom_is_an_error() {
-    if !gpu() {
-        return;
-    }
+fn the_pool_reuses_exact_lengths_zeroed_and_oom_is_an_error(_: &Row, _: &()) {
     let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
     let a = g.alloc(1000).unwrap();
     g.write(a, 0, &[7u8; 1000]).unwrap();
@@ -148,12 +128,8 @@ impl minfer_graph::WeightSource for NoWeights {
 /// every KV type: the stored regions bit for bit (the same rounding rule), the attention
 /// outputs within 1e-5 relative (f32 order against the CPU's f64 scores), f16 within 4e-3
 /// (the CPU's f16 attention rounds Q and its V accumulator to f16; first measured 1.0e-3).
-#[test]
-fn kv_store_and_attention_nodes_match_the_cpu() {
+fn kv_store_and_attention_nodes_match_the_cpu(_: &Row, _: &()) {
     use minfer_graph::{DType, KvKind, KvPair, Node, NodeId, Op, WindowLayout};
-    if !gpu() {
-        return;
-    }
     let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
     let mut c = CpuBackend::new(1);
     let (n_head, n_kv, hd, nt, cells) = (4usize, 2usize, 64usize, 5usize, 16usize);
@@ -441,12 +417,8 @@ fn attention_f64(
 /// alike), and the CPU within its f16 class (it rounds Q and the V accumulator to f16:
 /// 1e-2). Control: the split-K kernels (`split`, a different summation order) give other
 /// bits on the same inputs, so the comparisons above ran the warp-tiled path.
-#[test]
-fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class() {
+fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &Row, _: &()) {
     use minfer_graph::{WindowLayout, KV_MAP_RUNS};
-    if !gpu() {
-        return;
-    }
     let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
     let mut c = CpuBackend::new(1);
     let mut s = 7u32;
@@ -541,4 +513,14 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class() {
             assert!(r_cpu <= 1e-2, "{shape:?} {what}: CPU vs f64");
         }
     }
+}
+
+for_each_backend! {
+    kv_region_ops_match_the_cpu: kv_region_ops_match_the_cpu { cuda => () }
+    the_pool_reuses_exact_lengths_zeroed_and_oom_is_an_error:
+        the_pool_reuses_exact_lengths_zeroed_and_oom_is_an_error { cuda => () }
+    kv_store_and_attention_nodes_match_the_cpu:
+        kv_store_and_attention_nodes_match_the_cpu { cuda => () }
+    warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class:
+        warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class { cuda => () }
 }
