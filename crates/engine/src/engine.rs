@@ -453,6 +453,9 @@ impl LogitsModel for Engine {
     fn default_seq(&self) -> SeqId {
         self.kv.default_seq()
     }
+    fn seq_truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        Engine::seq_truncate(self, seq, len)
+    }
     fn failed_entry(error: &Error) -> Option<usize> {
         match error {
             Error::Entry { entry, .. } => Some(*entry),

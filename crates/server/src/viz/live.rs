@@ -115,6 +115,7 @@ impl Loop {
             eog: self.tok.eog_ids().to_vec(),
             logprobs: None,
             constraint: None,
+            lookup: None,
         };
         let armed = r.armed;
         emit(
