@@ -250,7 +250,7 @@ fn main() -> ExitCode {
     if let Err(e) = minfer_engine::backends::cpu::check_isa_env()
         .and_then(|_| minfer_engine::backends::cpu::check_plant_env())
     {
-        return commands::report(commands::UsageError(e).into());
+        return commands::report(commands::UsageError(e.to_string()).into());
     }
     let result = match cli.command {
         Command::Bench(a) => commands::bench::run(*a),

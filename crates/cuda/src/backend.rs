@@ -156,7 +156,7 @@ pub(crate) enum Mv1Grid {
 
 impl CudaBackend {
     /// The backend on GPU 0, registered under `id` as `name`; prints the startup line.
-    pub fn new(id: BackendId, name: impl Into<String>) -> Result<Self, String> {
+    pub fn new(id: BackendId, name: impl Into<String>) -> Result<Self, crate::CudaError> {
         let gpu = Gpu::new()?;
         let name = name.into();
         let env = |k: &str| std::env::var(k).unwrap_or_default();
@@ -177,7 +177,8 @@ impl CudaBackend {
                 _ => {
                     return Err(format!(
                         "MINFER_CUDA_MV1_GRID={n}: want wave, rows or a block count"
-                    ))
+                    )
+                    .into())
                 }
             },
         };
@@ -242,7 +243,7 @@ impl CudaBackend {
 
     /// Picks the attention kernels as `MINFER_CUDA_ATTN` does (`""` the default, `single`,
     /// `split`, `w1`, `w2`): the gates compare the choices on one backend.
-    pub fn set_attention(&mut self, choice: &str) -> Result<(), String> {
+    pub fn set_attention(&mut self, choice: &str) -> Result<(), crate::CudaError> {
         (self.attn_single, self.attn_warp_qt) = attention_choice(choice)?;
         Ok(())
     }
@@ -258,8 +259,8 @@ impl CudaBackend {
     }
 
     /// A zeroed buffer that stays outside the pool's reuse (tests of the OOM path use it).
-    pub fn raw_alloc(&mut self, bytes: usize) -> Result<u64, String> {
-        self.gpu.alloc(bytes)
+    pub fn raw_alloc(&mut self, bytes: usize) -> Result<u64, crate::CudaError> {
+        Ok(self.gpu.alloc(bytes)?)
     }
 
     pub(crate) fn err(&self, problem: impl std::fmt::Display) -> GraphError {

@@ -10,6 +10,7 @@ mod attn;
 mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;
+mod error;
 #[cfg(feature = "cuda")]
 mod exec;
 #[cfg(feature = "cuda")]
@@ -27,17 +28,18 @@ mod scratch;
 pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::launches;
+pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use replay::graph_replays;
 
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
-pub fn available() -> Result<(), String> {
+pub fn available() -> Result<(), CudaError> {
     #[cfg(feature = "cuda")]
     {
-        device::available()
+        Ok(device::available()?)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Err("this build has no CUDA backend (cargo feature `cuda`)".into())
+        Err(CudaError::NotBuilt)
     }
 }

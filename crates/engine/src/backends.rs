@@ -19,13 +19,13 @@ pub mod cpu {
 
     /// Checks `MINFER_CPU_ISA` (a usage error naming the value when it is not an instruction
     /// set this machine has); checked before any kernel runs.
-    pub fn check_isa_env() -> Result<(), String> {
+    pub fn check_isa_env() -> Result<(), minfer_graph::Refused> {
         minfer_cpu::simd::isa_from_env().map(|_| ())
     }
 
     /// Checks `MINFER_TEST_PLANT_CPU`, the test-only planted kernel bug (a usage error
     /// naming a value that plants none).
-    pub fn check_plant_env() -> Result<(), String> {
+    pub fn check_plant_env() -> Result<(), minfer_graph::Refused> {
         minfer_cpu::plant::from_env().map(|_| ())
     }
 
@@ -150,7 +150,7 @@ fn cuda_backend() -> Registered {
             .map(|b| Box::new(b) as Box<dyn Backend>)
             .map_err(|why| minfer_graph::Error::Unavailable {
                 name: name.into(),
-                why,
+                why: why.to_string(),
             })
     };
     #[cfg(not(feature = "cuda"))]
@@ -238,11 +238,12 @@ pub fn instantiate(
         .collect()
 }
 
-/// Whether the CUDA driver loads and a device exists (builds with the `cuda` feature).
+/// Whether the CUDA driver loads and a device exists (builds with the `cuda` feature), as
+/// the reason text of the backend table.
 fn cuda_available() -> Result<(), String> {
     #[cfg(feature = "cuda")]
     {
-        minfer_cuda::available()
+        minfer_cuda::available().map_err(|e| e.to_string())
     }
     #[cfg(not(feature = "cuda"))]
     {

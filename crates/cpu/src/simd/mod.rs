@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 
 use minfer_gguf::quants::{self, check_quantize_row, check_vec_dot};
 use minfer_gguf::{Error, GgmlType, Result};
+use minfer_graph::Refused;
 
 #[cfg(target_arch = "aarch64")]
 mod arm;
@@ -212,27 +213,23 @@ pub fn detected() -> Isa {
 /// `avx512vnni`, `neon`, `neon-dotprod`), e.g. to measure the AVX2 kernels on an AVX-512
 /// machine. None when unset or empty; an error naming the value when it is no instruction
 /// set or one this machine lacks.
-pub fn isa_from_env() -> std::result::Result<Option<Isa>, String> {
+pub fn isa_from_env() -> std::result::Result<Option<Isa>, Refused> {
     let v = std::env::var("MINFER_CPU_ISA").unwrap_or_default();
     if v.is_empty() {
         return Ok(None);
     }
     let names = || Isa::ALL.map(Isa::name).join(", ");
+    let refuse = |why: String| Refused::new("MINFER_CPU_ISA", v.as_str(), why);
     let isa = Isa::ALL
         .into_iter()
         .find(|i| i.name() == v)
-        .ok_or_else(|| {
-            format!(
-                "MINFER_CPU_ISA={v}: not an instruction set (want one of {})",
-                names()
-            )
-        })?;
+        .ok_or_else(|| refuse(format!("not an instruction set (want one of {})", names())))?;
     if !isa.is_available() {
         let here: Vec<&str> = available().into_iter().map(Isa::name).collect();
-        return Err(format!(
-            "MINFER_CPU_ISA={v}: this machine cannot run it (it has {})",
+        return Err(refuse(format!(
+            "this machine cannot run it (it has {})",
             here.join(", ")
-        ));
+        )));
     }
     Ok(Some(isa))
 }
