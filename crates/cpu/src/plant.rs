@@ -47,11 +47,6 @@ pub fn parse(v: &str) -> Result<Option<Plant>, Refused> {
     }))
 }
 
-/// `MINFER_TEST_PLANT_CPU` as set for this process.
-pub fn from_env() -> Result<Option<Plant>, Refused> {
-    parse(&std::env::var("MINFER_TEST_PLANT_CPU").unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,8 @@ mod prompt;
 mod replay;
 #[cfg(feature = "cuda")]
 mod scratch;
+#[cfg(feature = "cuda")]
+mod settings;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
@@ -31,6 +33,8 @@ pub use device::launches;
 pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use replay::graph_replays;
+#[cfg(feature = "cuda")]
+pub use settings::CudaSettings;
 
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
 pub fn available() -> Result<(), CudaError> {

@@ -473,9 +473,9 @@ fn fused_decode_nodes_are_bitwise_the_unfused_chain() {
                     n_ctx: 160,
                     cache_type: cache,
                     backends: vec!["cuda".into()],
-                    fusion,
                     ..EngineConfig::default()
-                },
+                }
+                .with_fusion(fusion),
             )
             .unwrap()
         };

@@ -26,7 +26,12 @@ fn kv_region_ops_match_the_cpu() {
     if !gpu() {
         return;
     }
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let mut c = CpuBackend::new(1);
     for (ty, tol) in [(GgmlType::F32, 1e-5f32), (GgmlType::F16, 2e-3)] {
         let (heads, hd, cells) = (2usize, 64usize, 40usize);
@@ -100,7 +105,12 @@ fn the_pool_reuses_exact_lengths_zeroed_and_oom_is_an_error() {
     if !gpu() {
         return;
     }
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let a = g.alloc(1000).unwrap();
     g.write(a, 0, &[7u8; 1000]).unwrap();
     g.free(a);
@@ -153,7 +163,12 @@ fn kv_store_and_attention_nodes_match_the_cpu() {
     if !gpu() {
         return;
     }
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let mut c = CpuBackend::new(1);
     let (n_head, n_kv, hd, nt, cells) = (4usize, 2usize, 64usize, 5usize, 16usize);
     let mut s = 99u32;
@@ -446,7 +461,12 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class() {
     if !gpu() {
         return;
     }
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let mut c = CpuBackend::new(1);
     let mut s = 7u32;
     let mut rnd = |n: usize, amp: f32| -> Vec<f32> {

@@ -16,9 +16,9 @@ pub fn engine(path: &Path, backend: &str, cache: GgmlType, fusion: FusionConfig)
             threads: 1,
             cache_type: cache,
             backends: vec![backend.into()],
-            fusion,
             ..EngineConfig::default()
-        },
+        }
+        .with_fusion(fusion),
     )
     .unwrap()
 }
