@@ -7,7 +7,11 @@ use crate::launch::AttnEnv;
 
 /// A switch: set, non-empty and not `0`.
 fn on(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+    switch(std::env::var(name).ok().as_deref())
+}
+
+fn switch(v: Option<&str>) -> bool {
+    v.is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,10 +30,15 @@ pub struct MetalSettings {
 impl MetalSettings {
     /// The knobs as this process's environment sets them.
     pub fn from_env() -> MetalSettings {
+        MetalSettings::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The knobs as `var` gives them (the environment, or a test's table).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> MetalSettings {
         MetalSettings {
-            weight_copy: std::env::var("MINFER_WEIGHT_COPY").is_ok_and(|v| v == "1"),
-            op_profile: on("MINFER_OP_PROFILE"),
-            trace_ring: on("MINFER_TRACE"),
+            weight_copy: var("MINFER_WEIGHT_COPY").as_deref() == Some("1"),
+            op_profile: switch(var("MINFER_OP_PROFILE").as_deref()),
+            trace_ring: switch(var("MINFER_TRACE").as_deref()),
         }
     }
 }
@@ -42,5 +51,39 @@ pub(crate) fn attn_from_env() -> AttnEnv {
         no_split: on("MINFER_NO_SPLIT_ATTN"),
         no_prefill_flash: on("MINFER_NO_PREFILL_FLASH"),
         no_matmul: on("MINFER_NO_MATMUL_ATTN"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> MetalSettings {
+        MetalSettings::from_lookup(|k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// Each switch is on exactly for the values it always took; the control: unset, empty
+    /// and `0` leave everything off, and the weight copy takes only `1`.
+    #[test]
+    fn switches_take_their_documented_values() {
+        assert_eq!(with(&[]), MetalSettings::default());
+        for off in ["", "0"] {
+            assert_eq!(
+                with(&[("MINFER_OP_PROFILE", off), ("MINFER_TRACE", off)]),
+                MetalSettings::default()
+            );
+        }
+        let s = with(&[
+            ("MINFER_WEIGHT_COPY", "1"),
+            ("MINFER_OP_PROFILE", "yes"),
+            ("MINFER_TRACE", "/tmp/t.json"),
+        ]);
+        assert!(s.weight_copy && s.op_profile && s.trace_ring);
+        assert!(!with(&[("MINFER_WEIGHT_COPY", "yes")]).weight_copy);
     }
 }

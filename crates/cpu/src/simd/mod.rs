@@ -191,10 +191,11 @@ impl fmt::Display for Isa {
     }
 }
 
-/// The instruction set the kernels run, decided once: the best this machine has, or the one
-/// `MINFER_CPU_ISA` names ([`crate::settings::isa_from_env`]; results are bit-identical on every set, only
-/// speed differs). An invalid `MINFER_CPU_ISA` panics here with that function's message;
-/// the CLI checks it before any kernel runs, so there it is an error, not a panic.
+/// The instruction set the kernels run, decided once per process (the kernels are free
+/// functions, so the cap is not per backend): the best this machine has, or the one
+/// `MINFER_CPU_ISA` names ([`crate::settings::isa_from_env`]; results are bit-identical on
+/// every set, only speed differs). An invalid `MINFER_CPU_ISA` panics here with that
+/// function's message; the CLI checks it before any kernel runs, so there it is an error.
 pub fn detected() -> Isa {
     static BEST: OnceLock<Isa> = OnceLock::new();
     *BEST.get_or_init(|| match crate::settings::isa_from_env() {
