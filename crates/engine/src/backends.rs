@@ -155,7 +155,7 @@ fn metal_emu_backend() -> Registered {
     let make: Make = |id, name, _, s| {
         Ok(Box::new(minfer_metal::MetalBackend::with_settings(
             // One forward is one submit; emulated, a big model's takes minutes.
-            minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward)
+            minfer_msl_emu::EmuDevice::with_settings(minfer_msl_emu::Schedule::Forward, &s.emu)
                 .with_submit_timeout(std::time::Duration::from_secs(900)),
             id,
             name,

@@ -24,6 +24,9 @@ pub struct Settings {
     /// switch, `MINFER_NO_*_ATTN`), for `metal` and `metal-emu`.
     #[cfg(any(feature = "metal", feature = "metal-emu"))]
     pub metal: minfer_metal::MetalSettings,
+    /// The MSL emulator's (`MINFER_EMU_THREADS`), for `metal-emu`.
+    #[cfg(feature = "metal-emu")]
+    pub emu: minfer_msl_emu::EmuSettings,
 }
 
 impl Settings {
@@ -37,6 +40,8 @@ impl Settings {
             cuda: minfer_cuda::CudaSettings::from_env(),
             #[cfg(any(feature = "metal", feature = "metal-emu"))]
             metal: minfer_metal::MetalSettings::from_env(),
+            #[cfg(feature = "metal-emu")]
+            emu: minfer_msl_emu::EmuSettings::from_env(),
         })
     }
 }
