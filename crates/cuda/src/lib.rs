@@ -10,6 +10,7 @@ mod attn;
 mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;
+mod error;
 #[cfg(feature = "cuda")]
 mod exec;
 #[cfg(feature = "cuda")]
@@ -22,22 +23,27 @@ mod prompt;
 mod replay;
 #[cfg(feature = "cuda")]
 mod scratch;
+#[cfg(feature = "cuda")]
+mod settings;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::launches;
+pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use replay::{graph_captures, graph_replays};
+#[cfg(feature = "cuda")]
+pub use settings::CudaSettings;
 
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
-pub fn available() -> Result<(), String> {
+pub fn available() -> Result<(), CudaError> {
     #[cfg(feature = "cuda")]
     {
-        device::available()
+        Ok(device::available()?)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Err("this build has no CUDA backend (cargo feature `cuda`)".into())
+        Err(CudaError::NotBuilt)
     }
 }
