@@ -246,11 +246,10 @@ fn install_stderr_log() {
 fn main() -> ExitCode {
     install_stderr_log();
     let cli = parse();
-    // Checked before any kernel runs: the kernels' lookup would panic on it.
-    if let Err(e) = minfer_engine::backends::cpu::check_isa_env()
-        .and_then(|_| minfer_engine::backends::cpu::check_plant_env())
-    {
-        return commands::report(commands::UsageError(e).into());
+    // Read before any kernel runs: a value a knob does not name is a usage error here (the
+    // kernels' lookup would panic on it).
+    if let Err(e) = minfer_engine::Settings::from_env() {
+        return commands::report(commands::UsageError(e.to_string()).into());
     }
     let result = match cli.command {
         Command::Bench(a) => commands::bench::run(*a),

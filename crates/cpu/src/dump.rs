@@ -4,14 +4,8 @@
 use crate::as_bytes;
 use minfer_graph::Node;
 
-/// The dump directory, read once: every node's output is written to `DIR/<node name>.bin`
-/// (header 4 x i64 shape, then f32 values), overwriting the previous step's.
-pub(crate) fn dump_dir() -> Option<&'static std::path::Path> {
-    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| std::env::var_os("MINFER_DUMP_DIR").map(Into::into))
-        .as_deref()
-}
-
+/// Writes `out` to `DIR/<node name>.bin` (header 4 x i64 shape, then f32 values),
+/// overwriting the previous step's.
 pub(crate) fn dump_node(dir: &std::path::Path, node: &Node, out: &[f32]) {
     let name: String = node
         .name

@@ -10,6 +10,7 @@ pub mod fastdot;
 pub mod llamacpp_x86;
 pub mod ops;
 pub mod plant;
+pub mod settings;
 pub mod simd;
 pub mod threads;
 
@@ -20,6 +21,7 @@ use minfer_graph::{
     WeightSource, WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
+pub use settings::CpuSettings;
 
 /// The CPU's fixed backend id.
 pub const CPU_ID: BackendId = BackendId(0);
@@ -92,6 +94,8 @@ pub struct CpuBackend {
     captures: CaptureLog,
     /// The test-only planted kernel bug (`MINFER_TEST_PLANT_CPU`, [`plant`]); None normally.
     plant: Option<plant::Plant>,
+    /// `MINFER_DUMP_DIR`: every node's output written there ([`dump`]).
+    dump_dir: Option<std::path::PathBuf>,
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -118,15 +122,25 @@ impl CpuBackend {
             pool: Vec::new(),
             vectors: Vec::new(),
             captures: CaptureLog::default(),
-            // The CLI refuses a bad value at start; elsewhere it plants nothing.
-            plant: plant::from_env().ok().flatten(),
+            plant: None,
+            dump_dir: None,
         }
     }
 
-    /// A backend whose kernels follow `numerics`.
+    /// A backend whose kernels follow `numerics` (nothing planted, nothing dumped).
     pub fn with_numerics(threads: usize, numerics: Numerics) -> Self {
         CpuBackend {
             numerics,
+            ..CpuBackend::new(threads)
+        }
+    }
+
+    /// A backend with the knobs of `s` (what the engine instantiates).
+    pub fn with_settings(threads: usize, s: &CpuSettings) -> Self {
+        CpuBackend {
+            numerics: s.numerics,
+            plant: s.plant.clone(),
+            dump_dir: s.dump_dir.clone(),
             ..CpuBackend::new(threads)
         }
     }
@@ -554,7 +568,7 @@ impl Executor for CpuBackend {
             self.captures
                 .record_time(node.id, t0.elapsed().as_nanos() as u64);
         }
-        if let (Some(dir), Ok(())) = (dump::dump_dir(), &res) {
+        if let (Some(dir), Ok(())) = (self.dump_dir.as_deref(), &res) {
             dump::dump_node(dir, node, &out[..n]);
         }
         if self.captures.armed() && res.is_ok() {

@@ -8,7 +8,7 @@
 //! `Option` test per RMSNorm node. A value that is not `rmsnorm-eps@<layer number>` is
 //! refused by name (the CLI checks it at start, as `MINFER_CPU_ISA`).
 
-use minfer_graph::{Node, Op};
+use minfer_graph::{Node, Op, Refused};
 
 /// What the planted bug adds to the RMSNorm epsilon.
 pub const PLANTED_EPS: f32 = 0.5;
@@ -28,7 +28,7 @@ impl Plant {
 }
 
 /// Parses a `MINFER_TEST_PLANT_CPU` value (empty: none).
-pub fn parse(v: &str) -> Result<Option<Plant>, String> {
+pub fn parse(v: &str) -> Result<Option<Plant>, Refused> {
     if v.is_empty() {
         return Ok(None);
     }
@@ -36,16 +36,15 @@ pub fn parse(v: &str) -> Result<Option<Plant>, String> {
         .strip_prefix("rmsnorm-eps@")
         .and_then(|l| l.parse::<u32>().ok())
         .ok_or_else(|| {
-            format!("MINFER_TEST_PLANT_CPU={v}: not a planted bug (want rmsnorm-eps@<layer>)")
+            Refused::new(
+                "MINFER_TEST_PLANT_CPU",
+                v,
+                "not a planted bug (want rmsnorm-eps@<layer>)",
+            )
         })?;
     Ok(Some(Plant {
         prefix: format!("L{layer}."),
     }))
-}
-
-/// `MINFER_TEST_PLANT_CPU` as set for this process.
-pub fn from_env() -> Result<Option<Plant>, String> {
-    parse(&std::env::var("MINFER_TEST_PLANT_CPU").unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -63,7 +62,7 @@ mod tests {
             })
         );
         for bad in ["rmsnorm-eps@", "rmsnorm-eps@x", "silu@1", "1"] {
-            assert!(parse(bad).unwrap_err().contains(bad), "{bad}");
+            assert!(parse(bad).unwrap_err().to_string().contains(bad), "{bad}");
         }
     }
 }

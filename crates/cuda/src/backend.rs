@@ -80,21 +80,6 @@ pub(crate) struct Pool {
     pub free: HashMap<usize, Vec<u32>>,
 }
 
-/// `MINFER_CUDA_ATTN`: (one block per query, the warp-tiled kernels' most queries a block).
-fn attention_choice(v: &str) -> Result<(bool, usize), String> {
-    Ok(match v {
-        "" | "w2" => (false, 2),
-        "single" => (true, 0),
-        "split" => (false, 0),
-        "w1" => (false, 1),
-        other => {
-            return Err(format!(
-                "MINFER_CUDA_ATTN={other}: want single, split, w1 or w2"
-            ))
-        }
-    })
-}
-
 pub struct CudaBackend {
     id: BackendId,
     name: String,
@@ -161,34 +146,20 @@ pub(crate) enum Mv1Grid {
 }
 
 impl CudaBackend {
-    /// The backend on GPU 0, registered under `id` as `name`; prints the startup line.
-    pub fn new(id: BackendId, name: impl Into<String>) -> Result<Self, String> {
-        let gpu = Gpu::new()?;
+    /// The backend on GPU 0, registered under `id` as `name`, with the knobs of `s`; prints
+    /// the startup line.
+    pub fn new(
+        id: BackendId,
+        name: impl Into<String>,
+        s: &crate::CudaSettings,
+    ) -> Result<Self, crate::CudaError> {
+        let gpu = Gpu::with(s)?;
         let name = name.into();
-        let env = |k: &str| std::env::var(k).unwrap_or_default();
-        let mmvq = env("MINFER_CUDA_MATMUL") != "f32";
-        let mmq = crate::mmq::MmqChoice::from_env()?;
-        let prompt = crate::prompt::PromptChoice::from_env()?;
-        let (attn_single, attn_warp_qt) = attention_choice(&env("MINFER_CUDA_ATTN"))?;
-        let mv1_warps = if env("MINFER_CUDA_MV1_WARPS") == "4" {
-            4
-        } else {
-            8
-        };
-        let mv1_grid = match env("MINFER_CUDA_MV1_GRID").as_str() {
-            "" | "wave" => Mv1Grid::Wave,
-            "rows" => Mv1Grid::Rows,
-            n => match n.parse::<u32>() {
-                Ok(b) if b > 0 => Mv1Grid::Blocks(b),
-                _ => {
-                    return Err(format!(
-                        "MINFER_CUDA_MV1_GRID={n}: want wave, rows or a block count"
-                    ))
-                }
-            },
-        };
-        let profile = (env("MINFER_CUDA_PROFILE") == "1").then(Profile::default);
-        let graphs = env("MINFER_CUDA_GRAPHS") != "0" && profile.is_none();
+        let (mmvq, mmq, prompt) = (s.mmvq, s.mmq, s.prompt);
+        let (attn_single, attn_warp_qt) = s.attention;
+        let (mv1_warps, mv1_grid) = (s.mv1_warps, s.mv1_grid);
+        let profile = s.profile.then(Profile::default);
+        let graphs = s.graphs && profile.is_none();
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         tracing::info!(
             "{name}: {} (compute {}), {:.1} GiB ({:.1} GiB free); kernels: matmul {}, \
@@ -249,8 +220,8 @@ impl CudaBackend {
 
     /// Picks the attention kernels as `MINFER_CUDA_ATTN` does (`""` the default, `single`,
     /// `split`, `w1`, `w2`): the gates compare the choices on one backend.
-    pub fn set_attention(&mut self, choice: &str) -> Result<(), String> {
-        (self.attn_single, self.attn_warp_qt) = attention_choice(choice)?;
+    pub fn set_attention(&mut self, choice: &str) -> Result<(), crate::CudaError> {
+        (self.attn_single, self.attn_warp_qt) = crate::settings::attention(choice)?;
         Ok(())
     }
 
@@ -265,8 +236,8 @@ impl CudaBackend {
     }
 
     /// A zeroed buffer that stays outside the pool's reuse (tests of the OOM path use it).
-    pub fn raw_alloc(&mut self, bytes: usize) -> Result<u64, String> {
-        self.gpu.alloc(bytes)
+    pub fn raw_alloc(&mut self, bytes: usize) -> Result<u64, crate::CudaError> {
+        Ok(self.gpu.alloc(bytes)?)
     }
 
     pub(crate) fn err(&self, problem: impl std::fmt::Display) -> GraphError {

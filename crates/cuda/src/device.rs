@@ -17,39 +17,6 @@ use sha2::{Digest, Sha256};
 
 use crate::lt::{GemmCall, GemmType, Lt};
 
-/// The kernel sources in program order (headers first).
-/// The one-token walks' ablation switches as defines for the program (kernels/int8.cuh; the
-/// bits never depend on them): `MINFER_CUDA_MV1=narrow[-q4k|-q6k]` keeps Q4_K / Q6_K rows on
-/// the narrow walk, `MINFER_CUDA_MV1_UNROLL=4` unrolls the row loops by 4 instead of 2,
-/// `MINFER_CUDA_MV1_PREFETCH=1|2` runs the first or both of the L2 prefetches (none by
-/// default).
-fn mv1_defines() -> DResult<String> {
-    let var = |k: &str| std::env::var(k).unwrap_or_default();
-    let mut d = String::new();
-    match var("MINFER_CUDA_MV1").as_str() {
-        "" | "wide" => {}
-        "narrow" => d.push_str("#define MF_MV1_NARROW_Q4K 1\n#define MF_MV1_NARROW_Q6K 1\n"),
-        "narrow-q4k" => d.push_str("#define MF_MV1_NARROW_Q4K 1\n"),
-        "narrow-q6k" => d.push_str("#define MF_MV1_NARROW_Q6K 1\n"),
-        other => {
-            return Err(format!(
-                "MINFER_CUDA_MV1={other}: want wide, narrow, narrow-q4k or narrow-q6k"
-            ))
-        }
-    }
-    match var("MINFER_CUDA_MV1_UNROLL").as_str() {
-        "" | "2" => {}
-        "4" => d.push_str("#define MF_MV1_UNROLL 4\n"),
-        other => return Err(format!("MINFER_CUDA_MV1_UNROLL={other}: want 2 or 4")),
-    }
-    match var("MINFER_CUDA_MV1_PREFETCH").as_str() {
-        "" | "0" => {}
-        v @ ("1" | "2") => d.push_str(&format!("#define MF_MV1_PREFETCH {v}\n")),
-        other => return Err(format!("MINFER_CUDA_MV1_PREFETCH={other}: want 0, 1 or 2")),
-    }
-    Ok(d)
-}
-
 /// Kernel launches asked for so far, per kernel name ([`launches`]).
 static LAUNCHES: std::sync::Mutex<Option<HashMap<&'static str, u64>>> = std::sync::Mutex::new(None);
 
@@ -65,6 +32,7 @@ pub fn launches(kernel: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The kernel sources in program order (headers first).
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("dequant.cuh", include_str!("../kernels/dequant.cuh")),
@@ -141,15 +109,6 @@ pub const KERNELS: &[&str] = &[
     "mf_fa_64",
     "mf_fa_128",
 ];
-
-/// How long a synchronisation waits before it reports a hung device.
-fn sync_deadline() -> Duration {
-    let s = std::env::var("MINFER_CUDA_SYNC_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(120u64);
-    Duration::from_secs(s)
-}
 
 pub type DResult<T> = std::result::Result<T, String>;
 
@@ -258,12 +217,8 @@ pub fn selftest(arch: &str) -> Vec<(String, DResult<()>)> {
     out
 }
 
-fn cache_path(src: &str, arch: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("MINFER_CUDA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/cuda"))
-        })?;
+fn cache_path(dir: Option<&std::path::Path>, src: &str, arch: &str) -> Option<PathBuf> {
+    let dir = dir?;
     let mut h = Sha256::new();
     h.update(src.as_bytes());
     h.update(arch.as_bytes());
@@ -298,14 +253,25 @@ pub struct Gpu {
     staging: RefCell<Option<Pinned>>,
     /// cuBLASLt, opened by the first prompt-row GEMM plan.
     lt: Option<Lt>,
+    /// How cuBLASLt pins its algorithms (`MINFER_CUDA_GEMM_*`), for when it opens.
+    gemm: crate::settings::GemmPin,
+    /// How long a synchronisation waits before it reports a hung device.
+    sync_timeout: Duration,
 }
 
 impl Gpu {
+    /// GPU 0 with the settings this process's environment sets (the crate's kernel tests).
     pub fn new() -> DResult<Gpu> {
-        guarded("CUDA", Self::open)
+        let s = crate::CudaSettings::from_env().map_err(|e| e.to_string())?;
+        Self::with(&s)
     }
 
-    fn open() -> DResult<Gpu> {
+    /// GPU 0 with `s` (the kernel directory, cache, launch mode and walks it names).
+    pub fn with(s: &crate::CudaSettings) -> DResult<Gpu> {
+        guarded("CUDA", || Self::open(s))
+    }
+
+    fn open(s: &crate::CudaSettings) -> DResult<Gpu> {
         let ctx = CudaContext::new(0).map_err(|e| drv("cuCtx (device 0)", e))?;
         // One stream, ordered by construction: no per-buffer events.
         unsafe { ctx.disable_event_tracking() };
@@ -318,23 +284,16 @@ impl Gpu {
         // Programmatic dependent launch (sm_90 on): the next kernel may start once this one's
         // main loop is done (`late`, the default), at its entry (`early`), or never before it
         // ends (`MINFER_CUDA_PDL=0`: plain launches).
-        let pdl_env = std::env::var("MINFER_CUDA_PDL").unwrap_or_default();
-        let early = match pdl_env.as_str() {
-            "" | "late" => false,
-            "early" => true,
-            "0" => false,
-            other => return Err(format!("MINFER_CUDA_PDL={other}: want 0, early or late")),
-        };
-        let pdl = ma >= 9 && pdl_env != "0";
+        let early = s.pdl == crate::settings::Pdl::Early;
+        let pdl = ma >= 9 && s.pdl != crate::settings::Pdl::Off;
         let total_mem = ctx.total_mem().map_err(|e| drv("cuDeviceTotalMem", e))?;
-        let src = match std::env::var_os("MINFER_CUDA_KERNEL_DIR") {
+        let src = match &s.kernel_dir {
             Some(dir) => {
-                let dir = PathBuf::from(dir);
                 tracing::info!(
                     "cuda: kernel sources from {} (MINFER_CUDA_KERNEL_DIR), not the built-in ones",
                     dir.display()
                 );
-                program_from(&dir)?
+                program_from(dir)?
             }
             None => program(),
         };
@@ -343,14 +302,14 @@ impl Gpu {
         } else {
             src
         };
-        let src = format!("{}{src}", mv1_defines()?);
+        let src = format!("{}{src}", s.mv1.defines());
         let sm_count = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(|e| drv("multiprocessor count", e))?
             .max(1) as u32;
-        let path = cache_path(&src, &arch);
+        let path = cache_path(s.cache_dir.as_deref(), &src, &arch);
         let cached_ptx = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
         let cached = cached_ptx.is_some();
         let ptx = match cached_ptx {
@@ -392,6 +351,8 @@ impl Gpu {
             allocs: Vec::new(),
             staging: RefCell::new(None),
             lt: None,
+            gemm: s.gemm,
+            sync_timeout: s.sync_timeout,
         })
     }
 
@@ -419,7 +380,8 @@ impl Gpu {
     pub fn gemm_plan(&mut self, n: u64, k: u64, ty: GemmType) -> DResult<usize> {
         if self.lt.is_none() {
             let ws = self.alloc(crate::lt::WORKSPACE)?;
-            self.lt = Some(guarded("cuBLASLt", || Lt::new(ws))?);
+            let g = self.gemm;
+            self.lt = Some(guarded("cuBLASLt", || Lt::new(ws, g))?);
         }
         let lt = self.lt.as_mut().expect("opened above");
         guarded("cuBLASLt", || lt.plan(n, k, ty))
@@ -539,7 +501,7 @@ impl Gpu {
     pub fn sync(&self) -> DResult<()> {
         self.bind()?;
         let start = Instant::now();
-        let limit = sync_deadline();
+        let limit = self.sync_timeout;
         loop {
             let r = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) };
             match r {

@@ -10,6 +10,7 @@ mod attn;
 mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;
+mod error;
 #[cfg(feature = "cuda")]
 mod exec;
 #[cfg(feature = "cuda")]
@@ -22,15 +23,22 @@ mod prompt;
 mod replay;
 #[cfg(feature = "cuda")]
 mod scratch;
+#[cfg(feature = "cuda")]
+mod settings;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::launches;
+pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use replay::{graph_captures, graph_replays};
+#[cfg(feature = "cuda")]
+pub use settings::CudaSettings;
 
-use minfer_graph::{Backend, BackendEntry, BackendId, Error as GraphError};
+#[cfg(feature = "cuda")]
+use minfer_graph::{Backend, Error as GraphError};
+use minfer_graph::{BackendEntry, BackendId};
 
 /// CUDA's fixed backend id (written into session files and graph dumps).
 pub const CUDA_ID: BackendId = BackendId(2);
@@ -49,41 +57,40 @@ pub fn entry() -> BackendEntry {
         } else {
             Err(NOT_COMPILED.into())
         },
-        available: available(),
+        available: available().map_err(|e| e.to_string()),
         by_default: true,
     }
 }
 
-/// A CUDA backend under `id` and `name`: unavailable (the driver or device missing, named)
-/// or not compiled in (this build without the feature) as the registry's typed refusals.
-pub fn instantiate(id: BackendId, name: &str) -> Result<Box<dyn Backend>, GraphError> {
-    #[cfg(feature = "cuda")]
-    {
-        CudaBackend::new(id, name)
-            .map(|b| Box::new(b) as Box<dyn Backend>)
-            .map_err(|why| GraphError::Unavailable {
-                name: name.into(),
-                why,
-            })
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = id;
-        Err(GraphError::NotCompiled {
-            name: name.into(),
-            why: NOT_COMPILED.into(),
-        })
-    }
+/// A CUDA backend under `id` and `name` with its settings (`MINFER_CUDA_*`, read once by the
+/// engine's settings): a refused value or an unavailable driver or device as the registry's
+/// typed refusal naming it. Only in a build with the feature (the engine's table makes the
+/// "not compiled" refusal itself otherwise).
+#[cfg(feature = "cuda")]
+pub fn instantiate(
+    id: BackendId,
+    name: &str,
+    settings: &Result<CudaSettings, minfer_graph::Refused>,
+) -> Result<Box<dyn Backend>, GraphError> {
+    let unavailable = |why: String| GraphError::Unavailable {
+        name: name.into(),
+        why,
+    };
+    // A refused `MINFER_CUDA_*` value fails here, where the backend is made.
+    let s = settings.as_ref().map_err(|e| unavailable(e.to_string()))?;
+    CudaBackend::new(id, name, s)
+        .map(|b| Box::new(b) as Box<dyn Backend>)
+        .map_err(|e| unavailable(e.to_string()))
 }
 
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
-pub fn available() -> Result<(), String> {
+pub fn available() -> Result<(), CudaError> {
     #[cfg(feature = "cuda")]
     {
-        device::available()
+        Ok(device::available()?)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Err(NOT_COMPILED.into())
+        Err(CudaError::NotBuilt)
     }
 }

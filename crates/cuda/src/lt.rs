@@ -127,7 +127,7 @@ impl Drop for Layout {
 impl Lt {
     /// A handle (the library loaded now: a missing libcublasLt is an error naming it) over
     /// `workspace`, a device allocation of [`WORKSPACE`] bytes.
-    pub fn new(workspace: u64) -> DResult<Lt> {
+    pub(crate) fn new(workspace: u64, g: crate::settings::GemmPin) -> DResult<Lt> {
         // SAFETY: only tries to open the library.
         if !unsafe { lt::is_culib_present() } {
             return Err(
@@ -139,40 +139,13 @@ impl Lt {
         let mut handle = std::ptr::null_mut();
         // SAFETY: an out-pointer to a handle the call fills.
         ok("create", unsafe { lt::cublasLtCreate(&mut handle) })?;
-        let pin = match std::env::var("MINFER_CUDA_GEMM_PIN")
-            .unwrap_or_default()
-            .as_str()
-        {
-            "" | "1" => true,
-            "0" => false,
-            other => return Err(format!("MINFER_CUDA_GEMM_PIN={other}: want 0 or 1")),
-        };
-        let ref_m = match std::env::var("MINFER_CUDA_GEMM_REF_M")
-            .unwrap_or_default()
-            .as_str()
-        {
-            "" => REF_M,
-            v => v
-                .parse::<u64>()
-                .ok()
-                .filter(|&m| m >= 1)
-                .ok_or_else(|| format!("MINFER_CUDA_GEMM_REF_M={v}: want a row count >= 1"))?,
-        };
-        let pinned_ws = match std::env::var("MINFER_CUDA_GEMM_WS")
-            .unwrap_or_default()
-            .as_str()
-        {
-            "" | "0" => 0,
-            "1" => WORKSPACE as u64,
-            other => return Err(format!("MINFER_CUDA_GEMM_WS={other}: want 0 or 1")),
-        };
         Ok(Lt {
             handle,
             plans: Vec::new(),
             workspace,
-            pin,
-            ref_m,
-            pinned_ws,
+            pin: g.pin,
+            ref_m: g.ref_m,
+            pinned_ws: if g.workspace { WORKSPACE as u64 } else { 0 },
         })
     }
 

@@ -59,49 +59,6 @@ pub(crate) struct MmqChoice {
 }
 
 impl MmqChoice {
-    /// The switches from the environment; a value they do not name is an error.
-    pub(crate) fn from_env() -> Result<MmqChoice, String> {
-        let var = |k: &str| std::env::var(k).unwrap_or_default();
-        let on = match var("MINFER_CUDA_MMQ").as_str() {
-            "" | "1" => true,
-            "0" => false,
-            other => return Err(format!("MINFER_CUDA_MMQ={other}: want 0 or 1")),
-        };
-        let min_tokens = match var("MINFER_CUDA_MMQ_MIN").as_str() {
-            "" => DEFAULT_MIN_TOKENS,
-            v => v
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| format!("MINFER_CUDA_MMQ_MIN={v}: want a token count >= 1"))?,
-        };
-        let tile = match var("MINFER_CUDA_MMQ_TILE").as_str() {
-            "" | "64x64" => MmqTile::R64T64,
-            "128x64" => MmqTile::R128T64,
-            "64x32" => MmqTile::R64T32,
-            "64x64k8" => MmqTile::R64T64K8,
-            other => {
-                return Err(format!(
-                    "MINFER_CUDA_MMQ_TILE={other}: want 64x64, 128x64, 64x32 or 64x64k8"
-                ))
-            }
-        };
-        let split = match var("MINFER_CUDA_MMQ_SPLIT").as_str() {
-            "" => None,
-            "1" => Some(1),
-            "2" => Some(2),
-            "4" => Some(4),
-            "8" => Some(8),
-            other => return Err(format!("MINFER_CUDA_MMQ_SPLIT={other}: want 1, 2, 4 or 8")),
-        };
-        Ok(MmqChoice {
-            on,
-            min_tokens,
-            tile,
-            split,
-        })
-    }
-
     /// The startup line's words for it.
     pub(crate) fn describe(&self) -> String {
         if self.on {

@@ -42,39 +42,6 @@ pub(crate) struct PromptChoice {
 }
 
 impl PromptChoice {
-    pub(crate) fn from_env() -> Result<PromptChoice, String> {
-        let var = |k: &str| std::env::var(k).unwrap_or_default();
-        let gemm = match var("MINFER_CUDA_PROMPT").as_str() {
-            "" | "gemm" => Some(GemmType::F16),
-            "gemm-bf16" => Some(GemmType::Bf16),
-            "mmq" => None,
-            other => {
-                return Err(format!(
-                    "MINFER_CUDA_PROMPT={other}: want gemm, gemm-bf16 or mmq"
-                ))
-            }
-        };
-        let fa = match var("MINFER_CUDA_PROMPT_ATTN").as_str() {
-            "" | "fa" => true,
-            "rows" => false,
-            other => return Err(format!("MINFER_CUDA_PROMPT_ATTN={other}: want fa or rows")),
-        };
-        let control_by_rows = match var("MINFER_CUDA_PROMPT_CONTROL").as_str() {
-            "" => false,
-            "type-by-rows" => true,
-            other => {
-                return Err(format!(
-                    "MINFER_CUDA_PROMPT_CONTROL={other}: want type-by-rows (a gate's control)"
-                ))
-            }
-        };
-        Ok(PromptChoice {
-            gemm,
-            fa,
-            control_by_rows,
-        })
-    }
-
     /// The startup line's words.
     pub(crate) fn describe(&self) -> String {
         format!(

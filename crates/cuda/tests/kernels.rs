@@ -36,6 +36,7 @@ fn the_backend_starts_and_every_kernel_loads() {
         println!("SKIP: no CUDA device ({why})");
         return;
     }
-    let b = minfer_cuda::CudaBackend::new(minfer_graph::BackendId(2), "cuda").unwrap();
+    let s = minfer_cuda::CudaSettings::from_env().unwrap();
+    let b = minfer_cuda::CudaBackend::new(minfer_graph::BackendId(2), "cuda", &s).unwrap();
     assert_eq!(b.nodes_executed(), 0);
 }

@@ -23,7 +23,7 @@ use minfer_gguf::quants::{dequantize_row, f16_to_f32, f32_to_bf16, f32_to_f16, q
 use minfer_gguf::GgmlType;
 
 fn gpu() -> Option<Gpu> {
-    match minfer_cuda::available().and_then(|_| Gpu::new()) {
+    match minfer_cuda::available().and_then(|_| Gpu::new().map_err(minfer_cuda::CudaError::from)) {
         Ok(g) => Some(g),
         Err(why) => {
             println!("SKIP: no CUDA device ({why})");

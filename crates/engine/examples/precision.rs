@@ -32,9 +32,9 @@ fn main() {
         let cfg = EngineConfig {
             n_ctx: 512,
             cache_type: ct,
-            cpu: minfer_engine::backends::CpuSettings { numerics },
             ..Default::default()
-        };
+        }
+        .with_numerics(numerics);
         let mut e = Engine::load(&model, cfg).expect("load");
         let text = std::fs::read_to_string(input).unwrap();
         let ids = |tag: &str| -> Vec<u32> {
@@ -74,9 +74,9 @@ fn main() {
         let cfg = EngineConfig {
             n_ctx: 256,
             cache_type: ct,
-            cpu: minfer_engine::backends::CpuSettings { numerics },
             ..Default::default()
-        };
+        }
+        .with_numerics(numerics);
         let mut e = Engine::load(models.join(model), cfg).expect("load");
         let text = std::fs::read_to_string(fixtures.join(fixture)).unwrap();
         for line in text.lines() {

@@ -17,18 +17,6 @@ pub const METAL_EMU_ID: BackendId = BackendId(3);
 pub mod cpu {
     pub use minfer_cpu::Numerics;
 
-    /// Checks `MINFER_CPU_ISA` (a usage error naming the value when it is not an instruction
-    /// set this machine has); checked before any kernel runs.
-    pub fn check_isa_env() -> Result<(), String> {
-        minfer_cpu::simd::isa_from_env().map(|_| ())
-    }
-
-    /// Checks `MINFER_TEST_PLANT_CPU`, the test-only planted kernel bug (a usage error
-    /// naming a value that plants none).
-    pub fn check_plant_env() -> Result<(), String> {
-        minfer_cpu::plant::from_env().map(|_| ())
-    }
-
     /// The instruction set the CPU kernels run (the best this machine has, or the one
     /// `MINFER_CPU_ISA` caps them to).
     pub fn kernels() -> &'static str {
@@ -55,22 +43,12 @@ pub fn cuda_graph_counts() -> Option<(u64, u64)> {
     }
 }
 
-/// Settings of the CPU backend (`--numerics`), handed to it at instantiation; the engine
-/// itself never reads them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CpuSettings {
-    pub numerics: minfer_cpu::Numerics,
-}
+pub use crate::settings::CpuSettings;
+use crate::Settings;
 
-/// What a backend's constructor is given.
-#[derive(Clone, Copy, Debug)]
-pub struct Settings {
-    /// CPU threads (0: the physical cores).
-    pub threads: usize,
-    pub cpu: CpuSettings,
-}
-
-type Make = fn(BackendId, &'static str, &Settings) -> minfer_graph::Result<Box<dyn Backend>>;
+/// What a backend's constructor is given: its id and name, the CPU threads (0: the physical
+/// cores) and the engine's settings, of which it takes its part.
+type Make = fn(BackendId, &'static str, usize, &Settings) -> minfer_graph::Result<Box<dyn Backend>>;
 
 /// One backend of this build: its entry (id, name, whether compiled in and available, whether
 /// it takes part unless named) and its constructor. A backend crate exports its own entry
@@ -99,6 +77,7 @@ fn registry() -> Vec<Registered> {
 fn not_compiled(
     _: BackendId,
     name: &'static str,
+    _: usize,
     _: &Settings,
 ) -> minfer_graph::Result<Box<dyn Backend>> {
     Err(minfer_graph::Error::NotCompiled {
@@ -110,25 +89,22 @@ fn not_compiled(
 fn cpu_backend() -> Registered {
     Registered {
         entry: minfer_cpu::entry(),
-        make: |_, _, s| {
-            Ok(Box::new(CpuBackend::with_numerics(
-                s.threads,
-                s.cpu.numerics,
-            )))
-        },
+        make: |_, _, threads, s| Ok(Box::new(CpuBackend::with_settings(threads, &s.cpu))),
     }
 }
 
 fn metal_backend() -> Registered {
     #[cfg(all(feature = "metal", target_os = "macos"))]
-    let make: Make = |id, name, _| {
+    let make: Make = |id, name, _, s| {
         let dev = minfer_metal_objc::SharedDevice::get().map_err(|e| {
             minfer_graph::Error::Unavailable {
                 name: name.into(),
                 why: e.to_string(),
             }
         })?;
-        Ok(Box::new(minfer_metal::MetalBackend::new(dev, id, name)))
+        Ok(Box::new(minfer_metal::MetalBackend::with_settings(
+            dev, id, name, &s.metal,
+        )))
     };
     #[cfg(not(all(feature = "metal", target_os = "macos")))]
     let make: Make = not_compiled;
@@ -157,21 +133,26 @@ fn metal_backend() -> Registered {
 /// The entry and the constructor are the CUDA crate's own (its shell says "not compiled"
 /// in a build without the feature).
 fn cuda_backend() -> Registered {
+    #[cfg(feature = "cuda")]
+    let make: Make = |id, name, _, s| minfer_cuda::instantiate(id, name, &s.cuda);
+    #[cfg(not(feature = "cuda"))]
+    let make: Make = not_compiled;
     Registered {
         entry: minfer_cuda::entry(),
-        make: |id, name, _| minfer_cuda::instantiate(id, name),
+        make,
     }
 }
 
 fn metal_emu_backend() -> Registered {
     #[cfg(feature = "metal-emu")]
-    let make: Make = |id, name, _| {
-        Ok(Box::new(minfer_metal::MetalBackend::new(
+    let make: Make = |id, name, _, s| {
+        Ok(Box::new(minfer_metal::MetalBackend::with_settings(
             // One forward is one submit; emulated, a big model's takes minutes.
-            minfer_msl_emu::EmuDevice::new(minfer_msl_emu::Schedule::Forward)
+            minfer_msl_emu::EmuDevice::with_settings(minfer_msl_emu::Schedule::Forward, &s.emu)
                 .with_submit_timeout(std::time::Duration::from_secs(900)),
             id,
             name,
+            &s.metal,
         )))
     };
     #[cfg(not(feature = "metal-emu"))]
@@ -211,17 +192,17 @@ pub fn resolve(names: &[String]) -> minfer_graph::Result<Vec<BackendId>> {
     minfer_graph::resolve_backends(names, &table(), CPU_ID)
 }
 
-/// Instantiates resolved backends.
+/// Instantiates resolved backends, each with its part of `settings` (`threads`: CPU threads,
+/// 0 the physical cores).
 pub fn instantiate(
     ids: &[BackendId],
     threads: usize,
-    cpu: CpuSettings,
+    settings: &Settings,
 ) -> minfer_graph::Result<Vec<Box<dyn Backend>>> {
-    let settings = Settings { threads, cpu };
     let reg = registry();
     ids.iter()
         .map(|&id| match reg.iter().find(|r| r.entry.id == id) {
-            Some(r) => (r.make)(id, r.entry.name, &settings),
+            Some(r) => (r.make)(id, r.entry.name, threads, settings),
             None => Err(minfer_graph::Error::NotCompiled {
                 name: name_of(id),
                 why: "no backend implementation in this build".into(),
@@ -234,7 +215,7 @@ pub fn instantiate(
 fn metal_available() -> Result<(), String> {
     #[cfg(all(feature = "metal", target_os = "macos"))]
     {
-        if std::env::var_os("MINFER_DISABLE_MPS").is_some() {
+        if crate::settings::disable_mps() {
             return Err("MINFER_DISABLE_MPS is set".into());
         }
         minfer_metal_objc::SharedDevice::get()

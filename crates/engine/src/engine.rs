@@ -31,7 +31,7 @@ use crate::kvcells::{KvCells, SeqId};
 use crate::model::{BatchEntry, BatchLogits, LogitsModel};
 use crate::runner::ModelRunner;
 use minfer_gguf::{GgmlType, GgufModel};
-use minfer_graph::{dump, FusionConfig, RowClass, WindowLayout};
+use minfer_graph::{dump, RowClass, WindowLayout};
 use minfer_models::{check_tensors, HParams};
 use std::path::Path;
 
@@ -132,13 +132,11 @@ pub struct EngineConfig {
     pub backends: Vec<String>,
     /// Bytes each backend may allocate for KV regions and activations (None: unbounded).
     pub memory_budget: Option<usize>,
-    /// CPU backend settings (`--numerics`), handed to the backend table.
-    pub cpu: backends::CpuSettings,
     /// Most tokens in one forward; longer prompts run as several (chunked prefill).
     pub n_batch: usize,
-    /// Which decode fusions a device backend gets (default: on, less what
-    /// `MINFER_NO_FUSE_QKV=1` / `_FFN` / `_NORM` / `_ADD` turn off). Per engine.
-    pub fusion: FusionConfig,
+    /// The knobs of the engine and its backends (docs/SETTINGS.md), handed to the backend
+    /// table; the default reads this process's environment ([`crate::Settings::from_env`]).
+    pub settings: crate::Settings,
 }
 
 impl Default for EngineConfig {
@@ -150,10 +148,25 @@ impl Default for EngineConfig {
             cache_type_auto: false,
             backends: Vec::new(),
             memory_budget: None,
-            cpu: backends::CpuSettings::default(),
             n_batch: 512,
-            fusion: FusionConfig::from_env(),
+            // The CLI refuses a bad value at start, so only a library caller can reach this
+            // with one: a panic naming it (as the kernels' lookup always did), not a default.
+            settings: crate::Settings::from_env().unwrap_or_else(|e| panic!("{e}")),
         }
+    }
+}
+
+impl EngineConfig {
+    /// The same configuration with the CPU kernels following `numerics` (`--numerics`).
+    pub fn with_numerics(mut self, numerics: minfer_cpu::Numerics) -> EngineConfig {
+        self.settings.cpu.numerics = numerics;
+        self
+    }
+
+    /// The same configuration with the decode fusions of `fusion` (the gates' controls).
+    pub fn with_fusion(mut self, fusion: minfer_graph::FusionConfig) -> EngineConfig {
+        self.settings.fusion = fusion;
+        self
     }
 }
 
@@ -170,7 +183,7 @@ pub struct Engine {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
-        let backends = backends::instantiate(&ids, cfg.threads, cfg.cpu)?;
+        let backends = backends::instantiate(&ids, cfg.threads, &cfg.settings)?;
         let model = GgufModel::open(path)?;
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;
@@ -452,6 +465,9 @@ impl LogitsModel for Engine {
     }
     fn default_seq(&self) -> SeqId {
         self.kv.default_seq()
+    }
+    fn seq_truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        Engine::seq_truncate(self, seq, len)
     }
     fn failed_entry(error: &Error) -> Option<usize> {
         match error {

@@ -127,6 +127,8 @@ pub trait LogitsModel {
     fn max_batch(&self) -> usize;
     /// The sequence a one-sequence generation uses.
     fn default_seq(&self) -> SeqId;
+    /// Keeps the sequence's positions below `len` (drafted rows that were not accepted).
+    fn seq_truncate(&mut self, seq: SeqId, len: usize) -> Result<(), Self::Error>;
     /// The entry (index into the forward's entries) a failed forward's error names, when it
     /// names one: the loop then fails only that sequence and reruns the others without it.
     fn failed_entry(_error: &Self::Error) -> Option<usize> {

@@ -129,12 +129,12 @@ impl ModelRunner {
             // The probe is a decode graph: its fused nodes name the weight concatenations a
             // device builds now, once.
             minfer_graph::assign_backends(&mut probe, &backends, &weights, &placement)?;
-            minfer_graph::fuse(&mut probe, &backends, &weights, cfg.fusion);
+            minfer_graph::fuse(&mut probe, &backends, &weights, cfg.settings.fusion);
             minfer_graph::prepare_concats(&probe, &mut backends, &weights)?;
             placement
         };
         let mut cache = GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES);
-        cache.set_fusion(cfg.fusion);
+        cache.set_fusion(cfg.settings.fusion);
         let mut alloc = Allocator::new();
         if let Some(b) = cfg.memory_budget {
             for be in &backends {

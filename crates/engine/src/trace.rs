@@ -25,12 +25,7 @@ pub const SAMPLE: usize = 64;
 /// The `MINFER_TRACE` path, read once per process (empty or unset: no trace).
 pub fn env_path() -> Option<&'static Path> {
     static PATH: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        std::env::var_os("MINFER_TRACE")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    })
-    .as_deref()
+    PATH.get_or_init(crate::settings::trace_from_env).as_deref()
 }
 
 /// One node's output in one forward.

@@ -33,11 +33,9 @@ fn engine_with(path: &std::path::PathBuf, ty: GgmlType, n_batch: usize) -> Engin
             threads: 2,
             cache_type: ty,
             n_batch,
-            cpu: minfer_engine::backends::CpuSettings {
-                numerics: NUMERICS.with(|n| n.get()),
-            },
             ..EngineConfig::default()
-        },
+        }
+        .with_numerics(NUMERICS.with(|n| n.get())),
     )
     .unwrap()
 }

@@ -60,9 +60,9 @@ fn engine_with(path: &Path, fusion: FusionConfig) -> Engine {
             cache_type: GgmlType::F16,
             backends: vec!["cuda".into()],
             n_batch: 512,
-            fusion,
             ..EngineConfig::default()
-        },
+        }
+        .with_fusion(fusion),
     )
     .unwrap()
 }

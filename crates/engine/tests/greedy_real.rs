@@ -125,9 +125,9 @@ fn run_gate(model_file: &str, fixture: &str, numerics: Numerics, tol: Tol) {
     let cfg = EngineConfig {
         n_ctx: 128,
         cache_type: GgmlType::F16,
-        cpu: minfer_engine::backends::CpuSettings { numerics },
         ..Default::default()
-    };
+    }
+    .with_numerics(numerics);
     let mut e = Engine::load(&path, cfg).expect("load");
     let text = std::fs::read_to_string(
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -32,8 +32,8 @@ pub enum Event<'a> {
 /// A sequence's part of one forward.
 #[derive(Clone, Copy)]
 enum Part {
-    /// Its last sampled token.
-    Decode,
+    /// Its last sampled token, then `drafts` drafted tokens to verify (prompt lookup).
+    Decode { drafts: usize },
     /// Prompt tokens `start..start + len`.
     Prompt { start: usize, len: usize },
 }
@@ -91,12 +91,14 @@ impl<T> Batcher<T> {
         self.seqs.iter_mut()
     }
 
-    /// Sequences that decode a token in the next step (each needs one new KV cell).
-    pub fn decode_rows(&self) -> usize {
+    /// Generation rows of the next step: one per decoding sequence plus its drafts (each
+    /// row needs one new KV cell). `n_ctx`: the model's context.
+    pub fn decode_rows(&self, n_ctx: usize) -> usize {
         self.seqs
             .iter()
             .filter(|(_, g)| !g.done && g.pending.is_some())
-            .count()
+            .map(|(_, g)| 1 + g.drafts(usize::MAX, n_ctx).len())
+            .sum()
     }
 
     /// Prompt tokens still to read, over every sequence.
@@ -143,11 +145,14 @@ impl<T> Batcher<T> {
         let n_ctx = model.context_len();
         let budget = model.max_batch().max(1);
         let mut plan: Vec<(usize, Part)> = Vec::new();
+        let mut drafted: Vec<Vec<u32>> = Vec::new();
         let mut room = budget;
         for (i, (_, g)) in self.seqs.iter().enumerate() {
             if !g.done && g.pending.is_some() && room > 0 {
-                plan.push((i, Part::Decode));
-                room -= 1;
+                let d = g.drafts(room - 1, n_ctx);
+                plan.push((i, Part::Decode { drafts: d.len() }));
+                room -= 1 + d.len();
+                drafted.push(d);
             }
         }
         let cap = self.prompt_cap.take().unwrap_or(usize::MAX);
@@ -163,20 +168,28 @@ impl<T> Batcher<T> {
         }
         let decodes = plan
             .iter()
-            .filter(|(_, p)| matches!(p, Part::Decode))
-            .count();
+            .map(|(_, p)| match p {
+                Part::Decode { drafts } => 1 + drafts,
+                Part::Prompt { .. } => 0,
+            })
+            .sum();
         self.last = (decodes, prompt_budget - prompt_room);
         if plan.is_empty() {
             return Ok(false);
         }
         // The entries' tokens, copied out of the sequences (a few hundred ids at most), so
         // the entries stay valid while the loop below updates the sequences between forwards.
+        let mut drafted = drafted.into_iter();
         let tokens: Vec<Vec<u32>> = plan
             .iter()
             .map(|&(i, part)| {
                 let g = &self.seqs[i].1;
                 match part {
-                    Part::Decode => vec![g.pending.unwrap_or(0)],
+                    Part::Decode { .. } => {
+                        let mut t = vec![g.pending.unwrap_or(0)];
+                        t.extend(drafted.next().unwrap_or_default());
+                        t
+                    }
                     Part::Prompt { start, len } => g.prompt[start..start + len].to_vec(),
                 }
             })
@@ -187,7 +200,7 @@ impl<T> Batcher<T> {
             .map(|(&(i, part), toks)| {
                 let g = &self.seqs[i].1;
                 match part {
-                    Part::Decode => {
+                    Part::Decode { .. } => {
                         BatchEntry::generated(g.seq, toks, g.base() + g.history.len() - 1)
                     }
                     // Only the prompt's last chunk samples the first reply token.
@@ -217,12 +230,33 @@ impl<T> Batcher<T> {
                         self.absorb(
                             i,
                             part,
-                            sub[k].logits > 0,
+                            sub[k].tokens,
                             out.logits(k),
                             vocab,
                             n_ctx,
                             &mut on_event,
                         );
+                    }
+                    // Drafted rows past the first rejected one are dropped from the KV, so no
+                    // rejected token survives the step (the next entry would drop them too,
+                    // but a finished sequence has no next entry).
+                    let mut cut = Vec::new();
+                    for &j in &group {
+                        let (i, part) = plan[j];
+                        if let Part::Decode { drafts } = part {
+                            let g = &self.seqs[i].1;
+                            if drafts > 0 && g.kv_len() < entries[j].pos0 + 1 + drafts {
+                                cut.push((i, g.kv_len()));
+                            }
+                        }
+                    }
+                    for (i, len) in cut {
+                        let seq = self.seqs[i].1.seq;
+                        if let Err(e) = model.seq_truncate(seq, len) {
+                            let (tag, g) = &mut self.seqs[i];
+                            g.fail(Failure::Forward(e.to_string()));
+                            on_event(tag, g, Event::Done);
+                        }
                     }
                     continue;
                 }
@@ -273,61 +307,87 @@ impl<T> Batcher<T> {
     }
 
     /// Takes one entry's forward result into its sequence: a prompt chunk read, or the
-    /// logits row its next token is sampled from.
+    /// logits rows its next tokens are sampled from (the pending token's row, then one per
+    /// draft: each draft counts while it equals the token sampled at its row).
     #[allow(clippy::too_many_arguments)]
     fn absorb(
         &mut self,
         i: usize,
         part: Part,
-        wants: bool,
+        tokens: &[u32],
         logits: &[f32],
         vocab: &dyn TokenBytes,
         n_ctx: usize,
         on_event: &mut impl FnMut(&mut T, &SeqGen, Event),
     ) {
         let now = Instant::now();
-        let (tag, g) = &mut self.seqs[i];
-        if let Part::Prompt { len, .. } = part {
-            g.fed += len;
-            if !wants {
-                on_event(tag, g, Event::Prefilled { tokens: len });
-                return;
+        let Batcher { seqs, row, .. } = self;
+        let (tag, g) = &mut seqs[i];
+        let drafts: &[u32] = match part {
+            Part::Decode { drafts } => &tokens[1..1 + drafts],
+            Part::Prompt { len, .. } => {
+                g.fed += len;
+                if logits.is_empty() {
+                    on_event(tag, g, Event::Prefilled { tokens: len });
+                    return;
+                }
+                g.mark_prefilled(now);
+                &[]
             }
-            g.mark_prefilled(now);
-        }
+        };
         if g.max_tokens_is_zero() {
             // Prefill only: nothing to sample.
             g.finish_timings(now);
             on_event(tag, g, Event::Done);
             return;
         }
-        self.row.clear();
-        self.row.extend_from_slice(logits);
-        let (text, done) = match g.accept(&mut self.row, vocab, n_ctx) {
-            Ok(Step::Text(t)) => (t, false),
-            Ok(Step::Done(t)) => (t, true),
-            Err(e) => {
-                g.fail(Failure::Sampler(e));
-                on_event(tag, g, Event::Done);
-                return;
+        let rows = drafts.len() + 1;
+        let width = logits.len() / rows;
+        let mut accepted = 0;
+        for r in 0..rows {
+            row.clear();
+            row.extend_from_slice(&logits[r * width..(r + 1) * width]);
+            let (text, done) = match g.accept(row, vocab, n_ctx) {
+                Ok(Step::Text(t)) => (t, false),
+                Ok(Step::Done(t)) => (t, true),
+                Err(e) => {
+                    g.fail(Failure::Sampler(e));
+                    on_event(tag, g, Event::Done);
+                    break;
+                }
+            };
+            g.out.text.extend_from_slice(&text);
+            let id = *g.out.tokens.last().expect("accept pushed a token");
+            {
+                let g: &SeqGen = g;
+                on_event(
+                    tag,
+                    g,
+                    Event::Token {
+                        id,
+                        text: &text,
+                        logprob: g.out.logprobs.last(),
+                    },
+                );
             }
-        };
-        g.out.text.extend_from_slice(&text);
-        let id = *g.out.tokens.last().expect("accept pushed a token");
-        let g: &SeqGen = g;
-        on_event(
-            tag,
-            g,
-            Event::Token {
-                id,
-                text: &text,
-                logprob: g.out.logprobs.last(),
-            },
-        );
-        if done {
-            let (tag, g) = &mut self.seqs[i];
-            g.finish_timings(Instant::now());
-            on_event(tag, g, Event::Done);
+            let holds = !done && r < drafts.len() && id == drafts[r];
+            if holds {
+                accepted += 1;
+                continue;
+            }
+            // The forward's verdict is in: count it before the sequence's output is final.
+            if let Some(l) = &mut g.lookup {
+                l.update(drafts.len(), accepted);
+            }
+            if done {
+                g.finish_timings(Instant::now());
+                on_event(tag, g, Event::Done);
+            }
+            return;
+        }
+        // A sampler failure ended the rows early.
+        if let Some(l) = &mut g.lookup {
+            l.update(drafts.len(), accepted);
         }
     }
 }

@@ -62,6 +62,9 @@ impl LogitsModel for Flaky {
     fn default_seq(&self) -> SeqId {
         SeqId(0)
     }
+    fn seq_truncate(&mut self, _: SeqId, _: usize) -> Result<(), Broke> {
+        Ok(())
+    }
     fn failed_entry(e: &Broke) -> Option<usize> {
         e.entry
     }
@@ -86,6 +89,7 @@ fn greedy(prompt: Vec<u32>, n: usize) -> GenerateRequest {
         eog: vec![],
         logprobs: None,
         constraint: None,
+        lookup: None,
     }
 }
 

@@ -19,6 +19,7 @@
 mod batcher;
 pub mod chat;
 pub mod constrain;
+pub mod lookup;
 pub mod sampler;
 pub mod sched;
 mod seq;
@@ -30,6 +31,7 @@ pub use seq::{Failure, SeqGen, TokenLogprob};
 use sched::{Direct, SchedConfig, SchedEvent, Scheduler};
 
 use crate::constrain::{ConstraintStats, Grammar};
+use crate::lookup::{LookupConfig, SpecStats};
 use crate::sampler::{SamplerConfig, SamplerError};
 use minfer_engine::SeqId;
 pub use minfer_engine::{LogitsModel, TokenBytes};
@@ -42,6 +44,9 @@ pub enum GenerateError<E: std::error::Error + 'static> {
     PromptTooLong { prompt: usize, n_ctx: usize },
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// A speculative drafter asked for with a setting it does not support yet.
+    #[error("speculative decoding (--lookup) does not support {what} yet")]
+    SpeculativeUnsupported { what: &'static str },
     /// The message carries the cause (not also a `source`, so error chains print it once).
     #[error("model forward failed: {0}")]
     Model(E),
@@ -73,6 +78,8 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     /// The grammar the reply must follow (each sequence gets a fresh state from it).
     pub constraint: Option<Grammar>,
+    /// Prompt lookup decoding: drafts verified in the sampled token's forward ([`lookup`]).
+    pub lookup: Option<LookupConfig>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -113,6 +120,8 @@ pub struct GenerateOutput {
     pub logprobs: Vec<TokenLogprob>,
     /// Mask timings, when the request had a constraint.
     pub constraint: Option<ConstraintStats>,
+    /// What the drafter did, when the request speculated.
+    pub speculative: Option<SpecStats>,
 }
 
 /// Runs one generation on the model's default sequence. `on_text` receives text as it
@@ -232,6 +241,9 @@ mod tests {
         fn default_seq(&self) -> SeqId {
             SeqId(0)
         }
+        fn seq_truncate(&mut self, _: SeqId, _: usize) -> Result<(), std::io::Error> {
+            Ok(())
+        }
     }
 
     struct Letters;
@@ -253,6 +265,7 @@ mod tests {
             eog: vec![],
             logprobs: None,
             constraint: None,
+            lookup: None,
         }
     }
 

@@ -2,6 +2,7 @@
 //! chain, penalty window, stop matcher, UTF-8-safe text hold and log probabilities.
 
 use crate::constrain::ConstraintState;
+use crate::lookup::Lookup;
 use crate::sampler::{log_softmax, Sampler, SamplerError};
 use crate::stop::StopMatcher;
 use crate::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, Timings, TokenBytes};
@@ -82,6 +83,8 @@ pub struct SeqGen {
     logprobs: Option<usize>,
     /// The grammar's state (its mask is computed on a worker thread during the forward).
     constraint: Option<ConstraintState>,
+    /// Prompt lookup's drafter, when the request speculates.
+    pub(crate) lookup: Option<Lookup>,
     /// Prompt and generated ids (the penalty window reads it).
     pub(crate) history: Vec<u32>,
     /// The last sampled id, to be decoded next.
@@ -129,6 +132,19 @@ impl SeqGen {
                 n_ctx,
             });
         }
+        if req.lookup.is_some() {
+            // Verifying a draft by equality is exact for greedy sampling only (lookup.rs).
+            if req.sampler.temperature > 0.0 {
+                return Err(GenerateError::SpeculativeUnsupported {
+                    what: "temperature > 0",
+                });
+            }
+            if req.constraint.is_some() {
+                return Err(GenerateError::SpeculativeUnsupported {
+                    what: "a grammar or JSON schema",
+                });
+            }
+        }
         Ok(SeqGen {
             seq,
             base,
@@ -141,6 +157,7 @@ impl SeqGen {
             utf8: Utf8Hold::default(),
             logprobs: req.logprobs,
             constraint: req.constraint.as_ref().map(|g| g.start()),
+            lookup: req.lookup.map(Lookup::new),
             history: req.prompt.clone(),
             pending: None,
             done: false,
@@ -157,6 +174,7 @@ impl SeqGen {
                 },
                 logprobs: Vec::new(),
                 constraint: None,
+                speculative: None,
             },
         })
     }
@@ -207,6 +225,26 @@ impl SeqGen {
     pub(crate) fn fail(&mut self, why: Failure) {
         self.failed = Some(why);
         self.done = true;
+    }
+
+    /// The drafts to verify after the pending token in the next forward, at most `room`
+    /// (none without a drafter): bounded so that every row stays inside the context and no
+    /// more tokens are sampled than `max_tokens` allows.
+    pub(crate) fn drafts(&self, room: usize, n_ctx: usize) -> Vec<u32> {
+        let Some(l) = &self.lookup else {
+            return Vec::new();
+        };
+        // The pending token sits at `pos`; drafts take pos + 1 ..; a forward samples one
+        // token more than it drafts.
+        let pos = self.base + self.history.len() - 1;
+        let ctx_left = n_ctx.saturating_sub(pos + 1);
+        let tokens_left = self.max_tokens.saturating_sub(self.out.tokens.len() + 1);
+        l.draft(&self.history, room.min(ctx_left).min(tokens_left))
+    }
+
+    /// Positions the sequence's KV should hold now: everything but the last sampled token.
+    pub(crate) fn kv_len(&self) -> usize {
+        self.base + self.history.len() - 1
     }
 
     pub(crate) fn max_tokens_is_zero(&self) -> bool {
@@ -307,6 +345,9 @@ impl SeqGen {
         self.done = true;
         if let Some(c) = &self.constraint {
             self.out.constraint = Some(c.stats().clone());
+        }
+        if let Some(l) = &self.lookup {
+            self.out.speculative = Some(l.stats);
         }
         let pre = self.prefilled_at.unwrap_or(now);
         self.out.timings.prompt_ms = ms(pre - self.started);

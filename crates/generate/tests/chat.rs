@@ -24,6 +24,7 @@ fn config(max_tokens: usize, temperature: f32) -> ChatConfig {
         stop: vec![],
         reply_reserve: max_tokens,
         constraint: None,
+        lookup: None,
     }
 }
 

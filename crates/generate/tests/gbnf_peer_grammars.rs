@@ -107,6 +107,7 @@ fn peer_gbnf_grammars_compile_and_replies_are_in_their_language() {
                         eog: tok.eog_ids().to_vec(),
                         logprobs: None,
                         constraint: Some(g.clone()),
+                        lookup: None,
                     },
                 ),
             ));

@@ -97,6 +97,7 @@ fn every_corpus_schema_gives_replies_that_validate() {
                     eog: tok.eog_ids().to_vec(),
                     logprobs: None,
                     constraint: Some(g.clone()),
+                    lookup: None,
                 },
             ));
         }

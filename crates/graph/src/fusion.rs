@@ -19,8 +19,6 @@
 //! - Every graph: `Mul(Silu(a), b)` (Silu on either side) becomes `SwiGLU(a, b)` when the Silu
 //!   runs on the same backend and the Mul is its only consumer.
 
-use std::sync::OnceLock;
-
 use crate::backend::FusedOp;
 use crate::backend::{Backend, RopeSpec, WeightId, WeightSource};
 use crate::error::Result;
@@ -56,21 +54,6 @@ impl FusionConfig {
         norm: false,
         add: false,
     };
-
-    /// `MINFER_NO_FUSE_QKV=1` / `MINFER_NO_FUSE_FFN=1` / `MINFER_NO_FUSE_NORM=1` /
-    /// `MINFER_NO_FUSE_ADD=1` turn a rewrite off; read once per process.
-    pub fn from_env() -> FusionConfig {
-        static CFG: OnceLock<FusionConfig> = OnceLock::new();
-        *CFG.get_or_init(|| {
-            let off = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
-            FusionConfig {
-                qkv: !off("MINFER_NO_FUSE_QKV"),
-                ffn: !off("MINFER_NO_FUSE_FFN"),
-                norm: !off("MINFER_NO_FUSE_NORM"),
-                add: !off("MINFER_NO_FUSE_ADD"),
-            }
-        })
-    }
 }
 
 impl Default for FusionConfig {

@@ -32,6 +32,7 @@ pub mod ir;
 pub mod placement;
 pub mod registry;
 pub mod sched;
+pub mod settings;
 pub mod viz;
 
 pub use alloc::{size_class, Allocator, KvRegion, Plan};
@@ -57,3 +58,4 @@ pub use ir::{
 pub use placement::{place_weights, Placement};
 pub use registry::{resolve_backends, BackendEntry};
 pub use sched::{execute, fill_input, read_output};
+pub use settings::Refused;

@@ -15,9 +15,11 @@ mod download;
 pub mod hf;
 mod python;
 mod registry;
+pub mod settings;
 
 pub use python::{extract_member, python, PipSource, WheelSource};
 pub use registry::{find, models_dir, KnownModel, WheelPart, DEFAULT_MODEL, KNOWN};
+pub use settings::HubSettings;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};

@@ -13,9 +13,7 @@ use std::process::{Command, Stdio};
 
 /// The Python interpreter to run: `$MINFER_PYTHON`, else `python3`.
 pub fn python() -> OsString {
-    std::env::var_os("MINFER_PYTHON")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "python3".into())
+    crate::HubSettings::from_env().python
 }
 
 /// Something that puts a part's wheel file into a directory and returns its path.

@@ -79,12 +79,5 @@ pub fn find(name: &str) -> Option<&'static KnownModel> {
 /// Where models are cached: `$MINFER_MODELS`, else `$XDG_CACHE_HOME/minfer/models`, else
 /// `$HOME/.cache/minfer/models`. None when none of these is set.
 pub fn models_dir() -> Option<PathBuf> {
-    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(d) = nonempty("MINFER_MODELS") {
-        return Some(d.into());
-    }
-    if let Some(d) = nonempty("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("minfer/models"));
-    }
-    nonempty("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/models"))
+    crate::HubSettings::from_env().models_dir
 }

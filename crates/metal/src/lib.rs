@@ -11,6 +11,7 @@ pub mod device;
 pub mod error;
 pub mod launch;
 pub mod params;
+pub mod settings;
 pub mod source;
 pub mod weights;
 
@@ -20,4 +21,5 @@ pub mod conformance;
 pub use backend::MetalBackend;
 pub use device::{Arg, Device, Dispatch, Limits};
 pub use error::{Error, Result};
+pub use settings::MetalSettings;
 pub use weights::WeightRegistry;

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use minfer_metal::device::check_page_aligned;
 use minfer_metal::{Arg, Device, Dispatch, Error, Limits, Result};
+pub use settings::EmuSettings;
 
 #[cfg(test)]
 #[path = "../build/rewrite.rs"]
@@ -34,6 +35,7 @@ use minfer_metal::{Arg, Device, Dispatch, Error, Limits, Result};
 mod rewrite;
 #[cfg(test)]
 mod rewrite_tests;
+pub mod settings;
 
 /// The order in which runnable threads (and threadgroups) run between sync points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,11 +144,12 @@ fn init() {
 /// The worker count of a new device: `MINFER_EMU_THREADS` when set to a positive number, else
 /// the machine's available parallelism.
 pub fn default_workers() -> usize {
-    if let Some(n) = std::env::var("MINFER_EMU_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-    {
+    workers(&EmuSettings::from_env())
+}
+
+/// The worker count `s` gives: its thread count, else the machine's available parallelism.
+pub fn workers(s: &EmuSettings) -> usize {
+    if let Some(n) = s.threads {
         return n;
     }
     std::thread::available_parallelism()
@@ -157,10 +160,15 @@ pub fn default_workers() -> usize {
 
 impl EmuDevice {
     pub fn new(schedule: Schedule) -> EmuDevice {
+        EmuDevice::with_settings(schedule, &EmuSettings::from_env())
+    }
+
+    /// [`EmuDevice::new`] with the knob of `s` (what the engine instantiates).
+    pub fn with_settings(schedule: Schedule, s: &EmuSettings) -> EmuDevice {
         init();
         EmuDevice {
             schedule,
-            workers: default_workers(),
+            workers: workers(s),
             submit_timeout: EMU_SUBMIT_TIMEOUT,
             limits: EMU_LIMITS,
             queue: Mutex::new(Vec::new()),

@@ -126,7 +126,7 @@ impl AppState {
         let (template, template_error) = match ChatTemplate::from_metadata(md) {
             Ok(l) => {
                 if let Some(n) = &l.notice {
-                    eprintln!("note: {n}");
+                    tracing::info!("note: {n}");
                 }
                 (Some(l.template), None)
             }

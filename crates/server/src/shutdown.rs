@@ -162,7 +162,7 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(2), closed_rx).await;
     let timeout = state.cfg.drain_timeout;
     let n = state.in_flight.load(Ordering::SeqCst);
-    eprintln!(
+    tracing::info!(
         "shutting down: {} in flight, waiting up to {:.1} s (a second signal ends them now)",
         requests(n),
         timeout.as_secs_f64()
@@ -186,7 +186,7 @@ pub async fn serve(
         } else {
             format!("after {:.1} s", timeout.as_secs_f64())
         };
-        eprintln!(
+        tracing::info!(
             "shutdown: abandoned {} still in flight {why}: running ones end with their partial \
              reply (finish_reason length), queued ones with a 503",
             requests(abandoned)
@@ -200,7 +200,7 @@ pub async fn serve(
             }
         }
     } else {
-        eprintln!("shutdown: every request finished");
+        tracing::info!("shutdown: every request finished");
     }
     server.abort();
     Ok(abandoned)

@@ -46,6 +46,7 @@ pub fn choices(
                 eog: state.eog.clone(),
                 logprobs: gen.logprobs,
                 constraint: grammar.cloned(),
+                lookup: None,
             }
         })
         .collect()

@@ -62,6 +62,7 @@ fn engine_alone(model: &std::path::Path, user: &str, max_tokens: usize) -> Strin
         eog: tok.eog_ids().to_vec(),
         logprobs: None,
         constraint: None,
+        lookup: None,
     };
     let out = generate(&mut e, &Pieces(&tok), &req, |_| {}).unwrap();
     String::from_utf8_lossy(&out.text).into_owned()

@@ -269,5 +269,5 @@ async fn bad_run_bodies_are_400s_naming_the_field() {
     let e = VizState::replay(json!({"format": "x"}), "bad.json", None)
         .err()
         .unwrap();
-    assert!(e.contains("not a minfer trace"), "{e}");
+    assert!(e.to_string().contains("not a minfer trace"), "{e}");
 }

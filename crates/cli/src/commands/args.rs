@@ -319,9 +319,9 @@ impl ModelArgs {
             cache_type,
             cache_type_auto,
             backends: self.backends.clone(),
-            cpu: minfer_engine::backends::CpuSettings { numerics },
             ..EngineConfig::default()
-        };
+        }
+        .with_numerics(numerics);
         let mut engine =
             Engine::load(&path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
         // What kept the model off a device (a backend that holds none of its weights).

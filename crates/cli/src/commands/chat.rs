@@ -8,6 +8,7 @@
 use super::args::{max_tokens, n_predict_value, ModelArgs, SamplingArgs};
 use super::constraint_args::ConstraintArgs;
 use super::interrupt::{self, Generating, CANCEL};
+use super::spec_args::SpecArgs;
 use crate::usage;
 use anyhow::Context;
 use clap::Args as ClapArgs;
@@ -25,6 +26,8 @@ pub struct Args {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// A first message, sent before the prompt appears.
     pub prompt: Option<String>,
     /// System message.
@@ -414,6 +417,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop: args.stop.clone(),
         reply_reserve: max_tokens,
         constraint: None,
+        lookup: args.spec.config(),
     };
     let mut chat = Chat::new(engine, cfg).context("cannot start the chat")?;
     chat.config_mut().constraint = args.constraint.compile(chat.tokenizer())?;

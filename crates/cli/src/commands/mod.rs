@@ -20,6 +20,7 @@ pub mod rm;
 pub mod run;
 pub mod sampling_extra;
 pub mod serve;
+pub mod spec_args;
 pub mod split;
 pub mod synth;
 pub mod tokenize;
@@ -37,6 +38,7 @@ pub fn run_or_chat(a: run::Args) -> anyhow::Result<()> {
         model: a.model,
         sampling: a.sampling,
         constraint: a.constraint,
+        spec: a.spec,
         prompt,
         system: a.system,
         single_turn: false,

@@ -5,6 +5,7 @@
 use super::args::{max_tokens, n_predict_value, ModelArgs, SamplingArgs};
 use super::constraint_args::ConstraintArgs;
 use super::interrupt::{self, Generating, CANCEL};
+use super::spec_args::SpecArgs;
 use super::Interrupted;
 use crate::usage;
 use anyhow::Context;
@@ -27,6 +28,8 @@ pub struct Args {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// The prompt (read from stdin when absent; one trailing newline is dropped, as
     /// llama.cpp's -f does). A prompt that starts with `-` goes after `--`.
     #[arg(conflicts_with_all = ["prompt_flag", "file"])]
@@ -199,6 +202,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eog: tok.eog_ids().to_vec(),
         logprobs: None,
         constraint,
+        lookup: args.spec.config(),
     };
     // Off (no --trace, no MINFER_TRACE) nothing is armed: the engine then pays one Option
     // test per forward and each backend one bool per node (ADR 0006).
@@ -276,6 +280,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "generated_tokens_per_s": t.generate_tps(),
             },
             "constraint": out.constraint,
+            "speculative": out.speculative,
         });
         serde_json::to_writer(&mut stdout, &v)?;
         writeln!(stdout)?;
@@ -295,6 +300,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t.generate_ms,
         t.generate_tps(),
     );
+    if let Some(s) = &out.speculative {
+        eprintln!(
+            "lookup:    {} drafted, {} accepted ({:.1}%) in {} verifying forwards",
+            s.drafted,
+            s.accepted,
+            100.0 * s.acceptance(),
+            s.verify_forwards
+        );
+    }
     if let Some(c) = &out.constraint {
         let ((m50, m99), (w50, w99)) = c.percentiles();
         eprintln!(

@@ -60,12 +60,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     let name = b.display().to_string();
                     Some(
                         minfer_server::viz::replay::diff_of(&doc, &other, args.tol, &name)
-                            .map_err(super::UsageError)?,
+                            .map_err(|e| super::UsageError(e.to_string()))?,
                     )
                 }
                 None => None,
             };
-            VizState::replay(doc, &path.display().to_string(), diff).map_err(super::UsageError)?
+            VizState::replay(doc, &path.display().to_string(), diff)
+                .map_err(|e| super::UsageError(e.to_string()))?
         }
         None => {
             let (engine, load_ms) = args.model.load()?;

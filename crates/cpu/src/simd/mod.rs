@@ -191,13 +191,14 @@ impl fmt::Display for Isa {
     }
 }
 
-/// The instruction set the kernels run, decided once: the best this machine has, or the one
-/// `MINFER_CPU_ISA` names ([`isa_from_env`]; results are bit-identical on every set, only
-/// speed differs). An invalid `MINFER_CPU_ISA` panics here with [`isa_from_env`]'s message;
-/// the CLI checks it before any kernel runs, so there it is an error, not a panic.
+/// The instruction set the kernels run, decided once per process (the kernels are free
+/// functions, so the cap is not per backend): the best this machine has, or the one
+/// `MINFER_CPU_ISA` names ([`crate::settings::isa_from_env`]; results are bit-identical on
+/// every set, only speed differs). An invalid `MINFER_CPU_ISA` panics here with that
+/// function's message; the CLI checks it before any kernel runs, so there it is an error.
 pub fn detected() -> Isa {
     static BEST: OnceLock<Isa> = OnceLock::new();
-    *BEST.get_or_init(|| match isa_from_env() {
+    *BEST.get_or_init(|| match crate::settings::isa_from_env() {
         Ok(Some(isa)) => isa,
         Ok(None) => Isa::ALL
             .into_iter()
@@ -206,35 +207,6 @@ pub fn detected() -> Isa {
             .unwrap_or(Isa::Scalar),
         Err(e) => panic!("{e}"),
     })
-}
-
-/// `MINFER_CPU_ISA`: an instruction set to run instead of the best one (`scalar`, `avx2`,
-/// `avx512vnni`, `neon`, `neon-dotprod`), e.g. to measure the AVX2 kernels on an AVX-512
-/// machine. None when unset or empty; an error naming the value when it is no instruction
-/// set or one this machine lacks.
-pub fn isa_from_env() -> std::result::Result<Option<Isa>, String> {
-    let v = std::env::var("MINFER_CPU_ISA").unwrap_or_default();
-    if v.is_empty() {
-        return Ok(None);
-    }
-    let names = || Isa::ALL.map(Isa::name).join(", ");
-    let isa = Isa::ALL
-        .into_iter()
-        .find(|i| i.name() == v)
-        .ok_or_else(|| {
-            format!(
-                "MINFER_CPU_ISA={v}: not an instruction set (want one of {})",
-                names()
-            )
-        })?;
-    if !isa.is_available() {
-        let here: Vec<&str> = available().into_iter().map(Isa::name).collect();
-        return Err(format!(
-            "MINFER_CPU_ISA={v}: this machine cannot run it (it has {})",
-            here.join(", ")
-        ));
-    }
-    Ok(Some(isa))
 }
 
 /// The instruction sets this machine can run (always includes [`Isa::Scalar`]).

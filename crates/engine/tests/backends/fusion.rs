@@ -39,9 +39,9 @@ fn engine(
             threads,
             cache_type: cache,
             backends: vec![backend.into()],
-            fusion,
             ..EngineConfig::default()
-        },
+        }
+        .with_fusion(fusion),
     )
     .unwrap()
 }

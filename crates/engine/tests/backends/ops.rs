@@ -11,7 +11,12 @@ use minfer_graph::{Backend, KvLayout, RopeSpec, RopeStyle};
 /// KV region operations against the CPU backend's: copies bit for bit (overlapping both
 /// ways), the re-rope of a shift within 1e-5 (f32) and one f16 ulp class (f16).
 fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let mut c = CpuBackend::new(1);
     for (ty, tol) in [(GgmlType::F32, 1e-5f32), (GgmlType::F16, 2e-3)] {
         let (heads, hd, cells) = (2usize, 64usize, 40usize);
@@ -81,7 +86,12 @@ fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
 }
 
 fn the_pool_reuses_exact_lengths_zeroed_and_oom_is_an_error(_: &Row, _: &()) {
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let a = g.alloc(1000).unwrap();
     g.write(a, 0, &[7u8; 1000]).unwrap();
     g.free(a);
@@ -130,7 +140,12 @@ impl minfer_graph::WeightSource for NoWeights {
 /// (the CPU's f16 attention rounds Q and its V accumulator to f16; first measured 1.0e-3).
 fn kv_store_and_attention_nodes_match_the_cpu(_: &Row, _: &()) {
     use minfer_graph::{DType, KvKind, KvPair, Node, NodeId, Op, WindowLayout};
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let mut c = CpuBackend::new(1);
     let (n_head, n_kv, hd, nt, cells) = (4usize, 2usize, 64usize, 5usize, 16usize);
     let mut s = 99u32;
@@ -419,7 +434,12 @@ fn attention_f64(
 /// bits on the same inputs, so the comparisons above ran the warp-tiled path.
 fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &Row, _: &()) {
     use minfer_graph::{WindowLayout, KV_MAP_RUNS};
-    let mut g = minfer_cuda::CudaBackend::new(minfer_engine::backends::CUDA_ID, "cuda").unwrap();
+    let mut g = minfer_cuda::CudaBackend::new(
+        minfer_engine::backends::CUDA_ID,
+        "cuda",
+        &minfer_cuda::CudaSettings::from_env().unwrap(),
+    )
+    .unwrap();
     let mut c = CpuBackend::new(1);
     let mut s = 7u32;
     let mut rnd = |n: usize, amp: f32| -> Vec<f32> {

@@ -87,6 +87,8 @@ pub struct ChatConfig {
     pub reply_reserve: usize,
     /// Every reply follows this grammar (a fresh state each turn).
     pub constraint: Option<crate::constrain::Grammar>,
+    /// Prompt lookup decoding for the replies (greedy only).
+    pub lookup: Option<crate::lookup::LookupConfig>,
 }
 
 impl Default for ChatConfig {
@@ -97,6 +99,7 @@ impl Default for ChatConfig {
             stop: Vec::new(),
             reply_reserve: 512,
             constraint: None,
+            lookup: None,
         }
     }
 }
@@ -347,6 +350,7 @@ impl Chat {
             logprobs: None,
             // One fresh grammar state per turn.
             constraint: self.cfg.constraint.clone(),
+            lookup: self.cfg.lookup,
         };
         let mut text = Vec::new();
         let seq = self.engine.default_seq();

@@ -63,6 +63,9 @@ impl<M: LogitsModel> LogitsModel for Direct<'_, M> {
     fn default_seq(&self) -> SeqId {
         self.0.default_seq()
     }
+    fn seq_truncate(&mut self, seq: SeqId, len: usize) -> Result<(), M::Error> {
+        self.0.seq_truncate(seq, len)
+    }
     fn failed_entry(error: &M::Error) -> Option<usize> {
         M::failed_entry(error)
     }

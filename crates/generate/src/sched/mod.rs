@@ -458,7 +458,7 @@ impl<T> Scheduler<T> {
     ) {
         let want_prompt = self.batch.prompt_backlog().min(self.cfg.chunk);
         loop {
-            let decodes = self.batch.decode_rows();
+            let decodes = self.batch.decode_rows(host.context_len());
             let free = host.free_cells();
             if free >= decodes + want_prompt {
                 self.batch.cap_next_prompt(free - decodes);

@@ -70,6 +70,11 @@ impl LogitsModel for Fake {
     fn default_seq(&self) -> SeqId {
         SeqId(0)
     }
+    fn seq_truncate(&mut self, seq: SeqId, len: usize) -> Result<(), Self::Error> {
+        let s = self.seqs.get_mut(&seq).expect("a created sequence");
+        s.1 = len - s.0;
+        Ok(())
+    }
 }
 
 impl SeqHost for Fake {
@@ -115,6 +120,7 @@ fn greedy(prompt: Vec<u32>, n: usize) -> GenerateRequest {
         eog: vec![],
         logprobs: None,
         constraint: None,
+        lookup: None,
     }
 }
 

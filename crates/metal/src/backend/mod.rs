@@ -61,6 +61,16 @@ impl<D: Device> MetalBackend<D> {
     /// A backend over `dev`, registered under `id` and shown as `name` (e.g. "metal",
     /// "metal-emu").
     pub fn new(dev: D, id: BackendId, name: impl Into<String>) -> Self {
+        Self::with_settings(dev, id, name, &crate::MetalSettings::from_env())
+    }
+
+    /// [`MetalBackend::new`] with the knobs of `s` (what the engine instantiates).
+    pub fn with_settings(
+        dev: D,
+        id: BackendId,
+        name: impl Into<String>,
+        s: &crate::MetalSettings,
+    ) -> Self {
         MetalBackend {
             id,
             name: name.into(),
@@ -69,9 +79,9 @@ impl<D: Device> MetalBackend<D> {
             weights: Residency::default(),
             scratch: None,
             pending: false,
-            profile: OpProfile::from_env(),
-            trace: TraceRing::from_env(),
-            weight_copy: std::env::var("MINFER_WEIGHT_COPY").is_ok_and(|v| v == "1"),
+            profile: s.op_profile.then(OpProfile::default),
+            trace: s.trace_ring.then(TraceRing::default),
+            weight_copy: s.weight_copy,
             encoded: 0,
             capture: Staging::default(),
         }

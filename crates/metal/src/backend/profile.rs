@@ -1,15 +1,12 @@
 //! `MINFER_OP_PROFILE=1`: host encode time per op label and GPU wait per submit, printed as a
 //! top-20 table at the first submit and when the backend drops. `MINFER_TRACE=1`: a ring of
-//! the last 16 node labels, attached to a failed submit. Both cost one branch when unset.
+//! the last 16 node labels, attached to a failed submit. Both cost one branch when unset;
+//! [`crate::MetalSettings`] reads them.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 const RING: usize = 16;
-
-fn env_on(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
-}
 
 #[derive(Default)]
 pub(crate) struct OpProfile {
@@ -21,10 +18,6 @@ pub(crate) struct OpProfile {
 }
 
 impl OpProfile {
-    pub fn from_env() -> Option<OpProfile> {
-        env_on("MINFER_OP_PROFILE").then(OpProfile::default)
-    }
-
     pub fn encoded(&mut self, label: &str, t: Duration) {
         let e = self.encode.entry(label.to_string()).or_default();
         e.0 += 1;
@@ -67,10 +60,6 @@ pub(crate) struct TraceRing {
 }
 
 impl TraceRing {
-    pub fn from_env() -> Option<TraceRing> {
-        env_on("MINFER_TRACE").then(TraceRing::default)
-    }
-
     pub fn push(&mut self, label: &str) {
         if self.labels.len() == RING {
             self.labels.pop_front();

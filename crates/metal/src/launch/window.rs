@@ -97,13 +97,7 @@ pub struct AttnEnv {
 impl AttnEnv {
     /// The switches as the environment sets them now.
     pub fn from_env() -> AttnEnv {
-        let on = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0");
-        AttnEnv {
-            no_flash: on("MINFER_NO_FLASH_ATTN"),
-            no_split: on("MINFER_NO_SPLIT_ATTN"),
-            no_prefill_flash: on("MINFER_NO_PREFILL_FLASH"),
-            no_matmul: on("MINFER_NO_MATMUL_ATTN"),
-        }
+        crate::settings::attn_from_env()
     }
 
     /// The switches read at the first call, for the rest of the process.

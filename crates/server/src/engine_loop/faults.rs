@@ -116,6 +116,9 @@ impl LogitsModel for Model<'_> {
     fn default_seq(&self) -> SeqId {
         self.engine.default_seq()
     }
+    fn seq_truncate(&mut self, seq: SeqId, len: usize) -> Result<(), Self::Error> {
+        self.engine.seq_truncate(seq, len)
+    }
     fn failed_entry(error: &Self::Error) -> Option<usize> {
         Engine::failed_entry(error)
     }

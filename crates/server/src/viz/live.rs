@@ -29,7 +29,7 @@ impl VizState {
         let template = match ChatTemplate::from_metadata(md) {
             Ok(l) => Some(l.template),
             Err(e) => {
-                eprintln!("note: no chat template ({e}); prompts go to the model as raw text");
+                tracing::info!("note: no chat template ({e}); prompts go to the model as raw text");
                 None
             }
         };
@@ -115,6 +115,7 @@ impl Loop {
             eog: self.tok.eog_ids().to_vec(),
             logprobs: None,
             constraint: None,
+            lookup: None,
         };
         let armed = r.armed;
         emit(

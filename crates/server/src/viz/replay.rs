@@ -17,20 +17,32 @@ use tokio::sync::broadcast;
 /// Pause between replayed phases, so the page shows them one by one.
 const STEP_PAUSE: Duration = Duration::from_millis(40);
 
+/// A saved trace the replay refuses, in the words `minfer viz` prints (a usage error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// The replayed document (`--trace`) is no trace this viewer reads.
+    #[error("{0}")]
+    Trace(String),
+    /// The second trace (`--diff B`) cannot be compared with it.
+    #[error("--diff {file}: {why}")]
+    Diff { file: String, why: String },
+}
+
 fn text<'a>(v: &'a Value, k: &str) -> &'a str {
     v.get(k).and_then(Value::as_str).unwrap_or("")
 }
 
 /// The graph of a trace: every node name once, with the op, shape and backend of its first
 /// appearance. Refuses a document that is not a `minfer-trace` version 1 or has no phases.
-pub fn graph_of(doc: &Value) -> Result<Value, String> {
-    check_header(doc, "--trace").map_err(|e| e.0)?;
+pub fn graph_of(doc: &Value) -> Result<Value, ReplayError> {
+    let bad = ReplayError::Trace;
+    check_header(doc, "--trace").map_err(|e| bad(e.0))?;
     let phases = doc
         .get("phases")
         .and_then(Value::as_array)
-        .ok_or("--trace: no \"phases\" array")?;
+        .ok_or_else(|| bad("--trace: no \"phases\" array".into()))?;
     if phases.is_empty() {
-        return Err("--trace: the trace has no phases".into());
+        return Err(bad("--trace: the trace has no phases".into()));
     }
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut nodes = Vec::new();
@@ -38,11 +50,11 @@ pub fn graph_of(doc: &Value) -> Result<Value, String> {
         let list = p
             .get("nodes")
             .and_then(Value::as_array)
-            .ok_or_else(|| format!("--trace: phase {i} has no \"nodes\" array"))?;
+            .ok_or_else(|| bad(format!("--trace: phase {i} has no \"nodes\" array")))?;
         for n in list {
             let name = text(n, "name");
             if name.is_empty() {
-                return Err(format!("--trace: phase {i} has a node without a name"));
+                return Err(bad(format!("--trace: phase {i} has a node without a name")));
             }
             if seen.contains_key(name) {
                 continue;
@@ -77,9 +89,12 @@ pub fn graph_of(doc: &Value) -> Result<Value, String> {
 
 /// `minfer trace-diff` of `a` (the replayed trace) against `b`, as the page shows it: the
 /// outcome's JSON (`status`, `at`, `field`, `a`, `b`, …) with `file`, B's name.
-pub fn diff_of(a: &Value, b: &Value, tol: f64, file: &str) -> Result<Value, String> {
+pub fn diff_of(a: &Value, b: &Value, tol: f64, file: &str) -> Result<Value, ReplayError> {
     let mut out = minfer_engine::trace_diff::diff(a, b, tol)
-        .map_err(|e| format!("--diff {file}: {}", e.0))?
+        .map_err(|e| ReplayError::Diff {
+            file: file.into(),
+            why: e.0,
+        })?
         .to_json(tol);
     out["file"] = json!(file);
     Ok(out)
@@ -88,7 +103,11 @@ pub fn diff_of(a: &Value, b: &Value, tol: f64, file: &str) -> Result<Value, Stri
 impl VizState {
     /// Replay mode over a parsed trace document; `diff` ([`diff_of`]) marks where a second
     /// trace parts from it.
-    pub fn replay(doc: Value, file: &str, diff: Option<Value>) -> Result<Arc<VizState>, String> {
+    pub fn replay(
+        doc: Value,
+        file: &str,
+        diff: Option<Value>,
+    ) -> Result<Arc<VizState>, ReplayError> {
         let graph = graph_of(&doc)?;
         let hello = json!({
             "diff": diff,

@@ -120,10 +120,10 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
         cache_type,
         cache_type_auto,
         backends: args.backends.clone(),
-        cpu: minfer_engine::backends::CpuSettings { numerics },
         n_batch: args.n_batch,
         ..EngineConfig::default()
-    };
+    }
+    .with_numerics(numerics);
     let engine =
         Engine::load(path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
     // What kept the model off a device (a backend that holds none of its weights).

@@ -1,0 +1,440 @@
+//! Every `MINFER_CUDA_*` knob (docs/SETTINGS.md), read once into [`CudaSettings`], which the
+//! engine's settings hold and hand to [`crate::CudaBackend::new`] by value: the device, the
+//! kernels and cuBLASLt take their part from it, none reads the environment. A value a knob
+//! does not name is refused by name ([`Refused`]) with the words it always had.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use minfer_graph::Refused;
+
+use crate::backend::Mv1Grid;
+use crate::lt::GemmType;
+use crate::mmq::{MmqChoice, MmqTile, DEFAULT_MIN_TOKENS};
+use crate::prompt::PromptChoice;
+
+/// Programmatic dependent launch (`MINFER_CUDA_PDL`; sm_90 on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pdl {
+    /// The next kernel may start once this one's main loop is done (the default).
+    Late,
+    /// At this one's entry.
+    Early,
+    /// Plain launches (`0`).
+    Off,
+}
+
+/// The one-token walks' ablation switches, compiled into the program as defines
+/// (kernels/int8.cuh; the bits never depend on them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mv1Walk {
+    /// Q4_K rows on the narrow (4-byte-load) walk (`MINFER_CUDA_MV1=narrow|narrow-q4k`).
+    pub narrow_q4k: bool,
+    /// Q6_K rows on the narrow (2-byte-load) walk (`MINFER_CUDA_MV1=narrow|narrow-q6k`).
+    pub narrow_q6k: bool,
+    /// Row loops unrolled by 4 instead of 2 (`MINFER_CUDA_MV1_UNROLL=4`).
+    pub unroll4: bool,
+    /// L2 prefetches: 0 none, 1 each block's first rows, 2 also each next row
+    /// (`MINFER_CUDA_MV1_PREFETCH`).
+    pub prefetch: u8,
+}
+
+impl Mv1Walk {
+    /// The defines the program is compiled with.
+    pub(crate) fn defines(&self) -> String {
+        let mut d = String::new();
+        if self.narrow_q4k {
+            d.push_str("#define MF_MV1_NARROW_Q4K 1\n");
+        }
+        if self.narrow_q6k {
+            d.push_str("#define MF_MV1_NARROW_Q6K 1\n");
+        }
+        if self.unroll4 {
+            d.push_str("#define MF_MV1_UNROLL 4\n");
+        }
+        if self.prefetch > 0 {
+            d.push_str(&format!("#define MF_MV1_PREFETCH {}\n", self.prefetch));
+        }
+        d
+    }
+}
+
+/// cuBLASLt's pinning of prompt-row GEMM algorithms (crate::lt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GemmPin {
+    /// One algorithm pinned per shape (off: `MINFER_CUDA_GEMM_PIN=0`, the heuristic per row
+    /// count).
+    pub pin: bool,
+    /// The row count the pinned algorithm is chosen at (`MINFER_CUDA_GEMM_REF_M`).
+    pub ref_m: u64,
+    /// The pinned algorithms may use the workspace (`MINFER_CUDA_GEMM_WS=1`).
+    pub workspace: bool,
+}
+
+/// The CUDA backend's settings, one field per `MINFER_CUDA_*` knob.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaSettings {
+    /// Where compiled PTX is cached (`MINFER_CUDA_CACHE`, else `$HOME/.cache/minfer/cuda`;
+    /// None: no cache).
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// Kernel sources compiled instead of the built-in ones (`MINFER_CUDA_KERNEL_DIR`).
+    pub(crate) kernel_dir: Option<PathBuf>,
+    /// How long a synchronisation waits before it reports a hung device
+    /// (`MINFER_CUDA_SYNC_TIMEOUT_S`, default 120 s).
+    pub(crate) sync_timeout: Duration,
+    /// CUDA graph replay (off: `MINFER_CUDA_GRAPHS=0`).
+    pub(crate) graphs: bool,
+    pub(crate) pdl: Pdl,
+    /// Every node synchronised and timed (`MINFER_CUDA_PROFILE=1`).
+    pub(crate) profile: bool,
+    /// Quantized weights through the int8 kernels (off: `MINFER_CUDA_MATMUL=f32`).
+    pub(crate) mmvq: bool,
+    /// Rows (a warp each) per one-token int8 block: 8, or 4 (`MINFER_CUDA_MV1_WARPS=4`).
+    pub(crate) mv1_warps: usize,
+    pub(crate) mv1_grid: Mv1Grid,
+    pub(crate) mv1: Mv1Walk,
+    /// Generation-row attention (`MINFER_CUDA_ATTN`): one block per query, and the
+    /// warp-tiled kernels' most queries a block.
+    pub(crate) attention: (bool, usize),
+    pub(crate) mmq: MmqChoice,
+    pub(crate) prompt: PromptChoice,
+    pub(crate) gemm: GemmPin,
+}
+
+impl CudaSettings {
+    /// The knobs as this process's environment sets them.
+    pub fn from_env() -> Result<CudaSettings, Refused> {
+        CudaSettings::from_lookup(|k| std::env::var_os(k))
+    }
+
+    /// The knobs as `var` gives them (the environment, or a test's table).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<OsString>) -> Result<CudaSettings, Refused> {
+        let text = |k: &str| {
+            var(k)
+                .map(|v| v.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let cache_dir = var("MINFER_CUDA_CACHE").map(PathBuf::from).or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/cuda"))
+        });
+        // Not refused: a value that is no number keeps the default (as it always has).
+        let sync_s = text("MINFER_CUDA_SYNC_TIMEOUT_S").parse().unwrap_or(120u64);
+        let pdl = match text("MINFER_CUDA_PDL").as_str() {
+            "" | "late" => Pdl::Late,
+            "early" => Pdl::Early,
+            "0" => Pdl::Off,
+            other => {
+                return Err(Refused::new(
+                    "MINFER_CUDA_PDL",
+                    other,
+                    "want 0, early or late",
+                ))
+            }
+        };
+        let mv1_grid = match text("MINFER_CUDA_MV1_GRID").as_str() {
+            "" | "wave" => Mv1Grid::Wave,
+            "rows" => Mv1Grid::Rows,
+            n => match n.parse::<u32>() {
+                Ok(b) if b > 0 => Mv1Grid::Blocks(b),
+                _ => {
+                    return Err(Refused::new(
+                        "MINFER_CUDA_MV1_GRID",
+                        n,
+                        "want wave, rows or a block count",
+                    ))
+                }
+            },
+        };
+        let profile = text("MINFER_CUDA_PROFILE") == "1";
+        Ok(CudaSettings {
+            cache_dir,
+            kernel_dir: var("MINFER_CUDA_KERNEL_DIR").map(PathBuf::from),
+            sync_timeout: Duration::from_secs(sync_s),
+            graphs: text("MINFER_CUDA_GRAPHS") != "0",
+            pdl,
+            profile,
+            mmvq: text("MINFER_CUDA_MATMUL") != "f32",
+            mv1_warps: if text("MINFER_CUDA_MV1_WARPS") == "4" {
+                4
+            } else {
+                8
+            },
+            mv1_grid,
+            mv1: mv1_walk(&text)?,
+            attention: attention(&text("MINFER_CUDA_ATTN"))?,
+            mmq: mmq(&text)?,
+            prompt: prompt(&text)?,
+            gemm: gemm(&text)?,
+        })
+    }
+}
+
+/// `MINFER_CUDA_ATTN`: (one block per query, the warp-tiled kernels' most queries a block).
+pub(crate) fn attention(v: &str) -> Result<(bool, usize), Refused> {
+    Ok(match v {
+        "" | "w2" => (false, 2),
+        "single" => (true, 0),
+        "split" => (false, 0),
+        "w1" => (false, 1),
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_ATTN",
+                other,
+                "want single, split, w1 or w2",
+            ))
+        }
+    })
+}
+
+fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
+    let (narrow_q4k, narrow_q6k) = match var("MINFER_CUDA_MV1").as_str() {
+        "" | "wide" => (false, false),
+        "narrow" => (true, true),
+        "narrow-q4k" => (true, false),
+        "narrow-q6k" => (false, true),
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MV1",
+                other,
+                "want wide, narrow, narrow-q4k or narrow-q6k",
+            ))
+        }
+    };
+    let unroll4 = match var("MINFER_CUDA_MV1_UNROLL").as_str() {
+        "" | "2" => false,
+        "4" => true,
+        other => return Err(Refused::new("MINFER_CUDA_MV1_UNROLL", other, "want 2 or 4")),
+    };
+    let prefetch = match var("MINFER_CUDA_MV1_PREFETCH").as_str() {
+        "" | "0" => 0,
+        "1" => 1,
+        "2" => 2,
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MV1_PREFETCH",
+                other,
+                "want 0, 1 or 2",
+            ))
+        }
+    };
+    Ok(Mv1Walk {
+        narrow_q4k,
+        narrow_q6k,
+        unroll4,
+        prefetch,
+    })
+}
+
+fn mmq(var: &impl Fn(&str) -> String) -> Result<MmqChoice, Refused> {
+    let on = match var("MINFER_CUDA_MMQ").as_str() {
+        "" | "1" => true,
+        "0" => false,
+        other => return Err(Refused::new("MINFER_CUDA_MMQ", other, "want 0 or 1")),
+    };
+    let min_tokens = match var("MINFER_CUDA_MMQ_MIN").as_str() {
+        "" => DEFAULT_MIN_TOKENS,
+        v => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| Refused::new("MINFER_CUDA_MMQ_MIN", v, "want a token count >= 1"))?,
+    };
+    let tile = match var("MINFER_CUDA_MMQ_TILE").as_str() {
+        "" | "64x64" => MmqTile::R64T64,
+        "128x64" => MmqTile::R128T64,
+        "64x32" => MmqTile::R64T32,
+        "64x64k8" => MmqTile::R64T64K8,
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MMQ_TILE",
+                other,
+                "want 64x64, 128x64, 64x32 or 64x64k8",
+            ))
+        }
+    };
+    let split = match var("MINFER_CUDA_MMQ_SPLIT").as_str() {
+        "" => None,
+        "1" => Some(1),
+        "2" => Some(2),
+        "4" => Some(4),
+        "8" => Some(8),
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MMQ_SPLIT",
+                other,
+                "want 1, 2, 4 or 8",
+            ))
+        }
+    };
+    Ok(MmqChoice {
+        on,
+        min_tokens,
+        tile,
+        split,
+    })
+}
+
+fn prompt(var: &impl Fn(&str) -> String) -> Result<PromptChoice, Refused> {
+    let gemm = match var("MINFER_CUDA_PROMPT").as_str() {
+        "" | "gemm" => Some(GemmType::F16),
+        "gemm-bf16" => Some(GemmType::Bf16),
+        "mmq" => None,
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_PROMPT",
+                other,
+                "want gemm, gemm-bf16 or mmq",
+            ))
+        }
+    };
+    let fa = match var("MINFER_CUDA_PROMPT_ATTN").as_str() {
+        "" | "fa" => true,
+        "rows" => false,
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_PROMPT_ATTN",
+                other,
+                "want fa or rows",
+            ))
+        }
+    };
+    let control_by_rows = match var("MINFER_CUDA_PROMPT_CONTROL").as_str() {
+        "" => false,
+        "type-by-rows" => true,
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_PROMPT_CONTROL",
+                other,
+                "want type-by-rows (a gate's control)",
+            ))
+        }
+    };
+    Ok(PromptChoice {
+        gemm,
+        fa,
+        control_by_rows,
+    })
+}
+
+fn gemm(var: &impl Fn(&str) -> String) -> Result<GemmPin, Refused> {
+    let pin = match var("MINFER_CUDA_GEMM_PIN").as_str() {
+        "" | "1" => true,
+        "0" => false,
+        other => return Err(Refused::new("MINFER_CUDA_GEMM_PIN", other, "want 0 or 1")),
+    };
+    let ref_m =
+        match var("MINFER_CUDA_GEMM_REF_M").as_str() {
+            "" => crate::lt::REF_M,
+            v => v.parse::<u64>().ok().filter(|&m| m >= 1).ok_or_else(|| {
+                Refused::new("MINFER_CUDA_GEMM_REF_M", v, "want a row count >= 1")
+            })?,
+        };
+    let workspace = match var("MINFER_CUDA_GEMM_WS").as_str() {
+        "" | "0" => false,
+        "1" => true,
+        other => return Err(Refused::new("MINFER_CUDA_GEMM_WS", other, "want 0 or 1")),
+    };
+    Ok(GemmPin {
+        pin,
+        ref_m,
+        workspace,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<CudaSettings, Refused> {
+        CudaSettings::from_lookup(|k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| OsString::from(v))
+        })
+    }
+
+    /// Unset knobs are the documented defaults; each named value is taken.
+    #[test]
+    fn defaults_and_named_values() {
+        let d = with(&[]).unwrap();
+        assert!(d.graphs && d.mmvq && !d.profile && d.mmq.on && d.gemm.pin);
+        assert_eq!(
+            (d.pdl, d.mv1_warps, d.mv1_grid),
+            (Pdl::Late, 8, Mv1Grid::Wave)
+        );
+        assert_eq!(d.attention, (false, 2));
+        assert_eq!(d.sync_timeout, Duration::from_secs(120));
+        assert_eq!(d.mv1.defines(), "");
+        let s = with(&[
+            ("MINFER_CUDA_GRAPHS", "0"),
+            ("MINFER_CUDA_PDL", "early"),
+            ("MINFER_CUDA_MV1_GRID", "1"),
+            ("MINFER_CUDA_MV1", "narrow-q6k"),
+            ("MINFER_CUDA_MV1_PREFETCH", "2"),
+            ("MINFER_CUDA_ATTN", "split"),
+            ("MINFER_CUDA_MMQ_TILE", "64x32"),
+            ("MINFER_CUDA_PROMPT", "mmq"),
+        ])
+        .unwrap();
+        assert!(!s.graphs);
+        assert_eq!((s.pdl, s.mv1_grid), (Pdl::Early, Mv1Grid::Blocks(1)));
+        assert_eq!(
+            s.mv1.defines(),
+            "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n"
+        );
+        assert_eq!(s.attention, (false, 0));
+        assert_eq!(s.mmq.tile, MmqTile::R64T32);
+        assert_eq!(s.prompt.gemm, None);
+    }
+
+    /// Control: a value a knob does not name is refused with its old text, never defaulted.
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        for (k, v, want) in [
+            (
+                "MINFER_CUDA_PDL",
+                "x",
+                "MINFER_CUDA_PDL=x: want 0, early or late",
+            ),
+            (
+                "MINFER_CUDA_MV1_GRID",
+                "0",
+                "MINFER_CUDA_MV1_GRID=0: want wave, rows or a block count",
+            ),
+            (
+                "MINFER_CUDA_MV1_UNROLL",
+                "3",
+                "MINFER_CUDA_MV1_UNROLL=3: want 2 or 4",
+            ),
+            (
+                "MINFER_CUDA_ATTN",
+                "w3",
+                "MINFER_CUDA_ATTN=w3: want single, split, w1 or w2",
+            ),
+            (
+                "MINFER_CUDA_MMQ_MIN",
+                "0",
+                "MINFER_CUDA_MMQ_MIN=0: want a token count >= 1",
+            ),
+            (
+                "MINFER_CUDA_MMQ_SPLIT",
+                "3",
+                "MINFER_CUDA_MMQ_SPLIT=3: want 1, 2, 4 or 8",
+            ),
+            (
+                "MINFER_CUDA_PROMPT_ATTN",
+                "x",
+                "MINFER_CUDA_PROMPT_ATTN=x: want fa or rows",
+            ),
+            (
+                "MINFER_CUDA_GEMM_WS",
+                "2",
+                "MINFER_CUDA_GEMM_WS=2: want 0 or 1",
+            ),
+        ] {
+            assert_eq!(with(&[(k, v)]).unwrap_err().to_string(), want);
+        }
+    }
+}
