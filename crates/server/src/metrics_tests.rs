@@ -257,6 +257,13 @@ fn fresh_metrics_render_every_family_at_zero() {
         "minfer_kv_defrags_total",
         "minfer_forward_failures_total",
         "minfer_draining",
+        "minfer_loop_forwards_total",
+        "minfer_loop_rows_total",
+        "minfer_loop_forward_seconds_total",
+        "minfer_loop_turn_seconds_total",
+        "minfer_graph_builds_total",
+        "minfer_cuda_graph_captures_total",
+        "minfer_cuda_graph_replays_total",
     ] {
         let family = families
             .get(name)
@@ -266,7 +273,7 @@ fn fresh_metrics_render_every_family_at_zero() {
             "{name} not zero"
         );
     }
-    assert_eq!(families.len(), 21);
+    assert_eq!(families.len(), 28);
     // Every reason series exists before anything happened, so scrapers see stable series.
     let reasons = |name: &str| -> Vec<String> {
         families[name]
