@@ -11,6 +11,12 @@ are reported. A benchmark, not a test.
 
 Loopback only: a URL whose host does not resolve to loopback addresses only is refused.
 
+Soak (issue 34; scripts/soak runs it with its defaults): --soak adds latency percentiles per
+minute, the server's RSS and its slope, the idle counts in /metrics and a verdict line;
+--cancel-rate and --disconnect-rate make clients hang up on purpose (loadtest_soak.py).
+Hung-up requests are neither ok nor errors, but the text read before the hang-up must be a
+prefix of the reference.
+
 Phases:
   1. reference: for each distinct prompt the timed phase will use, one non-streamed chat
      completion, one at a time (greedy: temperature 0, fixed seed, fixed max_tokens).
