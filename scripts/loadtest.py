@@ -11,6 +11,12 @@ are reported. A benchmark, not a test.
 
 Loopback only: a URL whose host does not resolve to loopback addresses only is refused.
 
+Soak (issue 34; scripts/soak runs it with its defaults): --soak adds latency percentiles per
+minute, the server's RSS and its slope, the idle counts in /metrics and a verdict line;
+--cancel-rate and --disconnect-rate make clients hang up on purpose (loadtest_soak.py).
+Hung-up requests are neither ok nor errors, but the text read before the hang-up must be a
+prefix of the reference.
+
 Phases:
   1. reference: for each distinct prompt the timed phase will use, one non-streamed chat
      completion, one at a time (greedy: temperature 0, fixed seed, fixed max_tokens).
@@ -52,6 +58,8 @@ import tempfile
 import threading
 import time
 import urllib.parse
+
+import loadtest_soak as soak
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -179,6 +187,11 @@ class Exchange:
                 raise protocol(f"connection closed inside the {what}")
 
     def send(self, method, path, body=None, accept="*/*"):
+        self.send_only(method, path, body, accept)
+        return self.read_head()
+
+    def send_only(self, method, path, body=None, accept="*/*"):
+        """Connects and sends the request, reading nothing."""
         try:
             self.sock = socket.create_connection((self.target.host, self.target.port),
                                                  timeout=self.left())
@@ -195,6 +208,8 @@ class Exchange:
             self.sock.sendall(data)
         except Exception as e:
             raise classify(e, "send")
+
+    def read_head(self):
         # The status line: a server that closes the connection without one did not answer.
         while b"\n" not in self.buf:
             if len(self.buf) > self.MAX_HEAD:
@@ -475,18 +490,37 @@ class ChunkChecker:
         return "".join(self.parts)
 
 
-def stream_reply(target, model, prompt, max_tokens, timeout, allow_comments=False):
+class Dropped(Exception):
+    """The client hung up on purpose (a soak's cancellation or disconnect, see
+    loadtest_soak.py): how, after how many content deltas, and the text read until then."""
+
+    def __init__(self, how, deltas, text, ttft_s, total_s):
+        super().__init__(how)
+        self.how, self.deltas, self.text = how, deltas, text
+        self.ttft_s, self.total_s = ttft_s, total_s
+
+
+def stream_reply(target, model, prompt, max_tokens, timeout, allow_comments=False, drop=None):
     """One streaming request. Returns (measurements, reply) or raises RequestError.
     allow_comments: SSE comment lines (`:` keep-alives) between events are skipped, each
-    with its blank line, and counted; otherwise they are protocol errors."""
+    with its blank line, and counted; otherwise they are protocol errors.
+    drop: None, or where the client closes its connection on purpose, raising Dropped:
+    ("send",) right after sending the request, ("head",) once the response head came (both
+    before any token), ("deltas", k) after the k-th content delta (mid-stream)."""
     t0 = time.monotonic()
     ex = Exchange(target, t0 + timeout)
     checker = ChunkChecker(max_tokens)
     ttft = None
     try:
+        if drop and drop[0] == "send":
+            ex.send_only("POST", "/v1/chat/completions",
+                         chat_body(model, prompt, max_tokens, True), accept="text/event-stream")
+            raise Dropped("send", 0, "", None, time.monotonic() - t0)
         ex.send("POST", "/v1/chat/completions", chat_body(model, prompt, max_tokens, True),
                 accept="text/event-stream")
         check_status(ex)
+        if drop and drop[0] == "head":
+            raise Dropped("head", 0, "", None, time.monotonic() - t0)
         if ex.media_type() != "text/event-stream":
             raise protocol(f"streamed reply has Content-Type {ex.media_type()!r}")
         data = None  # the data line of the event being read, until its blank line
@@ -524,8 +558,12 @@ def stream_reply(target, model, prompt, max_tokens, timeout, allow_comments=Fals
             if data == b"[DONE]":
                 checker.done()
                 done = True
-            elif checker.chunk(data) and ttft is None:
-                ttft = time.monotonic() - t0
+            elif checker.chunk(data):
+                if ttft is None:
+                    ttft = time.monotonic() - t0
+                if drop and drop[0] == "deltas" and checker.deltas >= drop[1]:
+                    raise Dropped("deltas", checker.deltas, checker.text(), ttft,
+                                  time.monotonic() - t0)
             data = None
         if data is not None:
             raise protocol("stream ended inside an event (no blank line after the data line)")
@@ -670,6 +708,8 @@ class TimedRun:
         self.duration, self.clients = a.duration, clients
         self.allow_divergence = allow_divergence
         self.allow_comments = a.allow_sse_comments
+        # Which requests hang up on purpose (loadtest_soak.DropPlan); None: none does.
+        self.drops = getattr(a, "drop_plan", None)
         self.lock = threading.Lock()
         self.started = 0
         self.records = []
@@ -693,9 +733,15 @@ class TimedRun:
             k = seq % len(self.prompts)
             rec = {"client": cid, "seq": seq, "prompt": k,
                    "start_s": time.monotonic() - self.t0}
+            drop = self.drops.pick(seq, self.refs[k]) if self.drops else None
             try:
-                m, reply = stream_reply(self.target, self.model, self.prompts[k],
-                                        self.max_tokens, self.timeout, self.allow_comments)
+                try:
+                    m, reply = stream_reply(self.target, self.model, self.prompts[k],
+                                            self.max_tokens, self.timeout, self.allow_comments,
+                                            drop)
+                except Dropped as d:
+                    self.dropped(rec, k, d)
+                    continue
                 rec.update(m)
                 bad = compare_reply(k, self.refs[k], reply)
                 if bad and (bad[0] != "divergence" or not self.allow_divergence):
@@ -711,6 +757,27 @@ class TimedRun:
             rec["end_s"] = time.monotonic() - self.t0
             with self.lock:
                 self.records.append(rec)
+
+    def dropped(self, rec, k, d):
+        """Records a request the client hung up on; the text it read must be a prefix of the
+        reference (a lost or duplicated token before the hang-up is a mismatch)."""
+        ref = self.refs[k]["text"]
+        rec.update(ok=None, dropped=d.how, content_deltas=d.deltas, total_s=d.total_s)
+        if d.ttft_s is not None:
+            rec["ttft_s"] = d.ttft_s
+        if not ref.startswith(d.text):
+            pos = first_difference(ref, d.text)
+            lo = max(0, pos - 24)
+            detail = (f"prompt {k}: the text read before hanging up ({len(d.text)} characters, "
+                      f"{d.deltas} deltas) is not a prefix of the reference at character {pos}: "
+                      f"reference {ref[lo:pos + 24]!r}, streamed {d.text[lo:pos + 24]!r}")
+            if self.allow_divergence:
+                rec["divergence"] = detail
+            else:
+                rec.update(ok=False, kind="mismatch", detail=detail)
+        rec["end_s"] = time.monotonic() - self.t0
+        with self.lock:
+            self.records.append(rec)
 
     def run(self):
         self.t0 = time.monotonic()
@@ -748,8 +815,12 @@ def dist_ms(xs, qs=(50, 90, 99)):
 
 def summarize(run):
     recs = sorted(run.records, key=lambda r: r["seq"])
-    ok = [r for r in recs if r["ok"]]
-    bad = [r for r in recs if not r["ok"]]
+    ok = [r for r in recs if r["ok"] is True]
+    bad = [r for r in recs if r["ok"] is False]
+    dropped = {}  # hung up on purpose (ok None), by where
+    for r in recs:
+        if r["ok"] is None:
+            dropped[r["dropped"]] = dropped.get(r["dropped"], 0) + 1
     errors = {k: sum(1 for r in bad if r["kind"] == k) for k in ERROR_KINDS}
     statuses = {}
     for r in bad:
@@ -769,7 +840,7 @@ def summarize(run):
     return {
         "clients": run.clients, "duration_s": run.duration, "max_requests": run.max_requests,
         "max_tokens": run.max_tokens, "wall_s": wall,
-        "requests": len(recs), "ok": len(ok), "errors": len(bad),
+        "requests": len(recs), "ok": len(ok), "errors": len(bad), "dropped": dropped,
         "allow_divergence": run.allow_divergence, "diverged_ok": len(diverged),
         "allow_sse_comments": run.allow_comments,
         "sse_comments": sum(r.get("sse_comments", 0) for r in ok),
@@ -809,6 +880,10 @@ def print_summary(s, out=sys.stdout):
           + "\n")
     w(f"  completion tokens {s['completion_tokens']} (usage), {s['content_deltas']} content "
       f"deltas; {s['tokens_per_s']:.2f} completion tok/s, {s['requests_per_s']:.3f} req/s\n")
+    if s["dropped"]:
+        d = s["dropped"]
+        w(f"  hung up on purpose: {sum(d.values())} (before sending was read: {d.get('send', 0)},"
+          f" after the response head: {d.get('head', 0)}, mid-stream: {d.get('deltas', 0)})\n")
     if s["allow_sse_comments"]:
         w(f"  SSE comment lines skipped (--allow-sse-comments): {s['sse_comments']}\n")
     for kind, details in s["error_samples"].items():
@@ -976,9 +1051,14 @@ def main(argv=None):
     who.add_argument("--minfer", metavar="BIN", help="start `BIN serve` and test it")
     ap.add_argument("--port", type=int, default=0, help="port of a started server (0: free)")
     add_server_args(ap)
+    soak.add_soak_args(ap)
     a = ap.parse_args(argv)
     if a.clients < 1 or a.duration <= 0 or a.max_tokens < 1 or a.timeout <= 0:
         ap.error("--clients, --duration, --max-tokens and --timeout must be positive")
+    soak.check_soak_args(ap, a)
+    a.drop_plan = soak.DropPlan(a.cancel_rate, a.disconnect_rate, a.drop_seed)
+    if not a.drop_plan.active():
+        a.drop_plan = None
     install_sigterm()
     prompts = load_prompts(a.prompts)
     if a.allow_divergence is None:
@@ -1004,8 +1084,12 @@ def main(argv=None):
         refs = fetch_references(target, model, prompts, prompts_used(prompts, a.max_requests),
                                 a.max_tokens, a.timeout, a.ref_concurrency)
         log(f"timed phase: {a.clients} clients, {a.duration:g} s")
+        pid = a.rss_pid or (server.proc.pid if server else 0)
+        sampler = soak.RssSampler(pid, a.rss_interval).start() if a.soak and pid else None
         s = summarize(TimedRun(target, model, prompts, refs, a, a.clients,
                                 a.allow_divergence).run())
+        if a.soak:
+            soak.finish(s, a, target, Exchange, sampler, percentile)
     except KeyboardInterrupt:
         log("interrupted")
         return 130
@@ -1015,6 +1099,8 @@ def main(argv=None):
     print(f"loadtest {target.url()}" + (f" ({side}: {' '.join(server.argv)})" if server else "")
           + f", model {model}, prompts {a.prompts} ({len(prompts)})")
     print_summary(s)
+    if a.soak:
+        soak.print_soak(s, sys.stdout)
     if a.json:
         doc = {"started": started.isoformat(timespec="seconds"), "url": target.url(),
                "side": side, "server_command": server.argv if server else None,
@@ -1023,7 +1109,7 @@ def main(argv=None):
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
-    return 1 if s["errors"] else 0
+    return 1 if s["errors"] or (a.soak and not s["passed"]) else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 //! Crash-safe writes (issue 34) through the real binary: every writer of a user file
-//! (`synth`, `quantize`, `split`, `merge`, `chat --session`, `pull hf:…`) is killed with
+//! (`synth`, `quantize`, `convert`, `split`, `merge`, `chat --session`, `pull hf:…`) is killed with
 //! SIGKILL at a random moment, `MINFER_KILL_RUNS` times each (default 100; the seed is
 //! printed and `MINFER_KILL_SEED` replays it). After every kill each final name holds the
 //! old file, nothing (when there was none) or the complete new file, byte for byte the
@@ -16,43 +16,12 @@
 //! no temporary left. Control: leaving out `AtomicFile`'s removal on drop leaves a
 //! `.partial` that `a_full_disk_…` reports.
 
-use minfer_testkit::rng::Rng;
+mod kill_harness;
+
+use kill_harness::{kill_loop, minfer, reference, run_ok, tmpdir, Expect};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn minfer() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_minfer"))
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("minfer-crash-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn runs() -> usize {
-    std::env::var("MINFER_KILL_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100)
-}
-
-fn seed(name: &str) -> u64 {
-    let s = std::env::var("MINFER_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("{name}: MINFER_KILL_SEED={s}");
-    s
-}
 
 /// Synthesizes a model of about 12 MB (F32): big enough that writing it is most of a run.
 fn synth_args(out: &Path, seed: u64) -> Command {
@@ -71,129 +40,6 @@ fn synth_args(out: &Path, seed: u64) -> Command {
         .args(["--seed", &seed.to_string(), "-y", "-o"])
         .arg(out);
     c
-}
-
-fn run_ok(c: impl std::borrow::BorrowMut<Command>) {
-    let mut c = c;
-    let c = c.borrow_mut();
-    let o = c.output().unwrap();
-    assert!(o.status.success(), "{c:?}: {o:?}");
-}
-
-/// Files under `dir` (recursively) whose name ends with a temporary's suffix (the shared
-/// writer's `.partial`; a download's `.part` and its `.part.json` record).
-fn temporaries(dir: &Path) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            v.extend(temporaries(&p));
-        } else if [".partial", ".part", ".part.json"]
-            .iter()
-            .any(|t| p.to_string_lossy().ends_with(t))
-        {
-            v.push(p);
-        }
-    }
-    v
-}
-
-/// What one final name may hold after a kill.
-struct Expect {
-    path: PathBuf,
-    /// The states allowed besides the new file: the old bytes, or None for "absent".
-    old: Option<Vec<u8>>,
-    new: Vec<u8>,
-    /// More complete states (a chat saves after every turn: each turn's file is whole).
-    also: Vec<Vec<u8>>,
-}
-
-/// How the kills landed, so a run can show they hit the write and not only start-up.
-#[derive(Default, Debug)]
-struct Tally {
-    old: usize,
-    new: usize,
-    other_whole: usize,
-    /// Kills that left a temporary: they landed while a file was being written.
-    mid_write: usize,
-}
-
-/// Restores the old state, runs `cmd`, kills it after a random delay in [0, 1.2 × the
-/// uninterrupted run's time], and checks every final name (temporaries are looked for in
-/// `dir`, recursively).
-fn kill_loop(
-    name: &str,
-    dir: &Path,
-    expects: &[Expect],
-    full: Duration,
-    mut cmd: impl FnMut() -> Command,
-) {
-    let mut rng = Rng::splitmix64(seed(name));
-    let mut tally = Tally::default();
-    let max_us = (full.as_micros() as u64 * 6 / 5).max(1);
-    let t0 = Instant::now();
-    for run in 0..runs() {
-        for e in expects {
-            match &e.old {
-                Some(b) => std::fs::write(&e.path, b).unwrap(),
-                None => {
-                    let _ = std::fs::remove_file(&e.path);
-                }
-            }
-        }
-        let delay = Duration::from_micros(rng.next_u64() % max_us);
-        let mut child = cmd()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(delay);
-        // SIGKILL: no destructor, no signal handler runs in the writer.
-        let _ = child.kill();
-        child.wait().unwrap();
-        if !temporaries(dir).is_empty() {
-            tally.mid_write += 1;
-        }
-        for e in expects {
-            let got = std::fs::read(&e.path).ok();
-            if got.as_deref() == Some(&e.new[..]) {
-                tally.new += 1;
-            } else if got == e.old {
-                tally.old += 1;
-            } else if got.as_ref().is_some_and(|g| e.also.contains(g)) {
-                tally.other_whole += 1;
-            } else {
-                let len = got.as_ref().map(|g| g.len());
-                let prefix = got.as_ref().is_some_and(|g| e.new.starts_with(g));
-                panic!(
-                    "{name} run {run} (killed after {delay:?}): {} holds {len:?} bytes, neither \
-                     the old file nor the complete new one ({} bytes){}",
-                    e.path.display(),
-                    e.new.len(),
-                    if prefix {
-                        ": a prefix of the new file"
-                    } else {
-                        ""
-                    }
-                );
-            }
-        }
-    }
-    eprintln!(
-        "{name}: {} kills in {:.1} s (run {full:?} uninterrupted): {tally:?}",
-        runs(),
-        t0.elapsed().as_secs_f64()
-    );
-}
-
-/// Runs `cmd` to completion: its time, and no temporary left in `dir`.
-fn reference(dir: &Path, mut cmd: Command) -> Duration {
-    let t = Instant::now();
-    run_ok(cmd.stdin(Stdio::null()));
-    let full = t.elapsed();
-    assert_eq!(temporaries(dir), Vec::<PathBuf>::new(), "{cmd:?}");
-    full
 }
 
 #[test]
@@ -275,6 +121,73 @@ fn merge_killed_at_random_leaves_the_old_file_or_the_new_one() {
         also: vec![],
     }];
     kill_loop("merge", &d, &e, full, merge);
+}
+
+/// The venv's python with what scripts/make-hf-checkpoint.py imports (as the convert tests
+/// find it: `MINFER_PYTHON`, else the venv `scripts/venv` makes), or None.
+fn python() -> Option<PathBuf> {
+    let p = std::env::var_os("MINFER_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/minfer/venv/bin/python"))
+        })
+        .filter(|p| p.exists())?;
+    Command::new(&p)
+        .args(["-c", "import gguf, safetensors, tokenizers, numpy"])
+        .status()
+        .is_ok_and(|s| s.success())
+        .then_some(p)
+}
+
+/// A Hugging Face checkpoint (bf16, the demo model's vocabulary: its 151 936 × 64 embedding
+/// makes the f32 output about 40 MB, so the write is most of a run) converted over an old file.
+#[test]
+fn convert_killed_at_random_leaves_the_old_file_or_the_new_one() {
+    let (Some(py), Some(vocab)) = (python(), minfer_testkit::models::qwen()) else {
+        eprintln!(
+            "SKIP: needs the venv (scripts/venv: gguf, safetensors, tokenizers) and the demo model"
+        );
+        return;
+    };
+    let d = tmpdir("convert");
+    let ck = d.join("ck");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/make-hf-checkpoint.py");
+    let st = Command::new(&py)
+        .arg(script)
+        .arg(&ck)
+        .args(["--arch", "qwen2", "--layers", "2", "--vocab-from"])
+        .arg(&vocab)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "make-hf-checkpoint.py failed");
+    let out = d.join("c.gguf");
+    let old = b"an older file under the output's name".to_vec();
+    std::fs::write(&out, &old).unwrap();
+    let convert = || {
+        let mut c = minfer();
+        c.arg("convert")
+            .arg(&ck)
+            .arg(&out)
+            .args(["--outtype", "f32", "-y"]);
+        c
+    };
+    let full = reference(&d, convert());
+    let new = std::fs::read(&out).unwrap();
+    // The kill check compares bytes: a second run must give the same ones.
+    std::fs::write(&out, &old).unwrap();
+    reference(&d, convert());
+    assert!(
+        std::fs::read(&out).unwrap() == new,
+        "convert is not deterministic"
+    );
+    let e = [Expect {
+        path: out.clone(),
+        old: Some(old),
+        new,
+        also: vec![],
+    }];
+    kill_loop("convert", &d, &e, full, convert);
 }
 
 /// Each part is checked alone: absent or complete. (A kill between two of the final

@@ -206,6 +206,7 @@ pub struct Metrics {
     prefix_hit_tokens: AtomicU64,
     prefix_prompt_tokens: AtomicU64,
     prefix_entries: AtomicU64,
+    engine_sequences: AtomicU64,
     defrags: AtomicU64,
     forward_failures: AtomicU64,
     draining: AtomicBool,
@@ -239,6 +240,7 @@ impl Metrics {
             prefix_hit_tokens: AtomicU64::new(0),
             prefix_prompt_tokens: AtomicU64::new(0),
             prefix_entries: AtomicU64::new(0),
+            engine_sequences: AtomicU64::new(0),
             defrags: AtomicU64::new(0),
             forward_failures: AtomicU64::new(0),
             draining: AtomicBool::new(false),
@@ -307,6 +309,13 @@ impl Metrics {
 
     pub fn set_prefix_cache_entries(&self, n: usize) {
         set(&self.prefix_entries, n);
+    }
+
+    /// Sequences the engine holds: running ones, cached prefixes and its default one. Once
+    /// idle this is the cache's entries plus one; more is a sequence nothing answers for
+    /// (a leak), which a soak reads from outside the process.
+    pub fn set_engine_sequences(&self, n: usize) {
+        set(&self.engine_sequences, n);
     }
 
     /// The engine keeps its own running count of defragmentations; this mirrors it.
@@ -507,6 +516,13 @@ impl Metrics {
             "gauge",
             "Entries held by the prefix cache.",
             load(&self.prefix_entries),
+        );
+        scalar(
+            &mut out,
+            "minfer_engine_sequences",
+            "gauge",
+            "Sequences the engine holds: running, cached prefixes and its default one.",
+            load(&self.engine_sequences),
         );
         scalar(
             &mut out,

@@ -254,6 +254,7 @@ fn fresh_metrics_render_every_family_at_zero() {
         "minfer_prefix_cache_prompt_tokens_total",
         "minfer_prefix_cache_hit_rate",
         "minfer_prefix_cache_entries",
+        "minfer_engine_sequences",
         "minfer_kv_defrags_total",
         "minfer_forward_failures_total",
         "minfer_draining",
@@ -273,7 +274,7 @@ fn fresh_metrics_render_every_family_at_zero() {
             "{name} not zero"
         );
     }
-    assert_eq!(families.len(), 28);
+    assert_eq!(families.len(), 29);
     // Every reason series exists before anything happened, so scrapers see stable series.
     let reasons = |name: &str| -> Vec<String> {
         families[name]
@@ -312,6 +313,7 @@ fn updates_show_up_in_render_and_readers() {
     m.add_prefix_lookup(100, 60);
     m.add_prefix_lookup(50, 90); // clamped to 50
     m.set_prefix_cache_entries(5);
+    m.set_engine_sequences(7);
     m.set_defrags(3);
     m.set_defrags(2); // stale value must not move a counter backwards
     m.forward_failed();
@@ -371,6 +373,7 @@ fn updates_show_up_in_render_and_readers() {
         110.0 / 250.0
     );
     assert_eq!(value(&f, "minfer_prefix_cache_entries", None), 5.0);
+    assert_eq!(value(&f, "minfer_engine_sequences", None), 7.0);
     assert_eq!(value(&f, "minfer_kv_defrags_total", None), 3.0);
     assert_eq!(value(&f, "minfer_forward_failures_total", None), 1.0);
     assert_eq!(value(&f, "minfer_draining", None), 1.0);

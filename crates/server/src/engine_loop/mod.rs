@@ -358,6 +358,7 @@ impl EngineLoop {
         self.stats
             .engine_sequences
             .store(cells.n_seqs(), Ordering::SeqCst);
+        m.set_engine_sequences(cells.n_seqs());
         let free = cells.n_free();
         m.set_kv(cells.n_cells() - free, cells.n_shared(), free);
         m.set_running(self.sched.running());

@@ -242,7 +242,7 @@ async fn drive(
     let mut calls = vec![0usize; n];
     let mut accs: Vec<ChoiceAcc> = (0..n).map(|_| ChoiceAcc::default()).collect();
     while !accs.iter().all(ChoiceAcc::is_over) {
-        let Some(ev) = sub.events.recv().await else {
+        let Some(ev) = sse::next_event(&mut sub.events, tx).await? else {
             let e = ApiError::server("the engine loop stopped");
             send(tx, &e.body()).await?;
             break;

@@ -139,7 +139,7 @@ async fn drive(st: &AppState, mut s: Started, tx: &SseTx) -> Result<(), Gone> {
     }
     let mut accs: Vec<ChoiceAcc> = (0..total).map(|_| ChoiceAcc::default()).collect();
     while !accs.iter().all(ChoiceAcc::is_over) {
-        let Some(ev) = s.sub.events.recv().await else {
+        let Some(ev) = sse::next_event(&mut s.sub.events, tx).await? else {
             send(tx, &ApiError::server("the engine loop stopped").body()).await?;
             break;
         };

@@ -2,6 +2,7 @@
 //! when the client goes away the channel closes, the task ends and drops the job's event
 //! receiver, which frees its sequences in the engine loop.
 
+use crate::engine_loop::JobEvent;
 use crate::error::ApiError;
 use crate::metrics::Finish;
 use crate::AppState;
@@ -11,6 +12,7 @@ use serde_json::Value;
 use std::convert::Infallible;
 use std::future::Future;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 pub type SseTx = mpsc::Sender<Result<Event, Infallible>>;
 
@@ -27,6 +29,21 @@ where
     // No keep-alive comments: OpenAI and llama-server send none, and strict clients count them
     // as protocol errors (a queued stream gets its role chunk at once anyway).
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The job's next event (None: the engine loop stopped), or `Gone` as soon as the client
+/// went away. A stream queued behind full slots waits long for its first token with nothing
+/// to send; waiting on the job alone, it would keep its receiver, so its place in the queue,
+/// until that token failed to send, and the engine would prefill it for nobody.
+pub async fn next_event(
+    events: &mut UnboundedReceiver<JobEvent>,
+    tx: &SseTx,
+) -> Result<Option<JobEvent>, Gone> {
+    tokio::select! {
+        biased;
+        ev = events.recv() => Ok(ev),
+        _ = tx.closed() => Err(Gone),
+    }
 }
 
 pub async fn send(tx: &SseTx, v: &Value) -> Result<(), Gone> {
