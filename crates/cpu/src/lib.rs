@@ -16,14 +16,27 @@ pub mod threads;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    Backend, BackendId, BufId, CaptureLog, DType, Error, ExecArgs, FusedOp, KvLayout, Node, NodeId,
-    Op, Result, RopeSpec, Support, WeightId, WeightRef, WeightSource, WindowLayout,
+    BackendId, BufId, Capabilities, CaptureLog, DType, Error, ExecArgs, Executor, FusedOp,
+    Identity, KvLayout, Memory, Node, NodeId, Op, Result, RopeSpec, Support, WeightId, WeightRef,
+    WeightSource, WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 pub use settings::CpuSettings;
 
 /// The CPU's fixed backend id.
 pub const CPU_ID: BackendId = BackendId(0);
+
+/// The CPU's row of the backend table: always compiled in, always available, taking part
+/// unless other backends take every node (the engine's registry lists it last).
+pub fn entry() -> minfer_graph::BackendEntry {
+    minfer_graph::BackendEntry {
+        id: CPU_ID,
+        name: "cpu",
+        compiled: Ok(()),
+        available: Ok(()),
+        by_default: true,
+    }
+}
 
 /// KV cache element types the CPU reads and writes.
 pub const KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
@@ -77,7 +90,7 @@ pub struct CpuBackend {
     /// Per weight id, the f32 values of one-row weights (norms, biases), derived once in
     /// `prepare_weights` so no forward dequantizes them again.
     vectors: Vec<Option<Vec<f32>>>,
-    /// Node outputs kept for a trace while armed ([`Backend::capture`]).
+    /// Node outputs kept for a trace while armed ([`minfer_graph::Executor::capture`]).
     captures: CaptureLog,
     /// The test-only planted kernel bug (`MINFER_TEST_PLANT_CPU`, [`plant`]); None normally.
     plant: Option<plant::Plant>,
@@ -340,14 +353,17 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl Identity for CpuBackend {
     fn id(&self) -> BackendId {
         CPU_ID
     }
+
     fn name(&self) -> &str {
         "cpu"
     }
+}
 
+impl Memory for CpuBackend {
     fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ty.is_supported() {
             Ok(())
@@ -376,6 +392,59 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn alloc(&mut self, bytes: usize) -> Result<BufId> {
+        let v = vec![0f32; bytes.div_ceil(4)];
+        let id = match self.pool.iter().position(|b| b.is_none()) {
+            Some(i) => {
+                self.pool[i] = Some(v);
+                i
+            }
+            None => {
+                self.pool.push(Some(v));
+                self.pool.len() - 1
+            }
+        };
+        Ok(BufId(id as u32))
+    }
+
+    fn free(&mut self, buf: BufId) {
+        if let Some(slot) = self.pool.get_mut(buf.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> Result<()> {
+        let b = self.pool.get_mut(buf.0 as usize).and_then(|b| b.as_mut());
+        let bytes = b.map(|v| as_bytes_mut(v)).ok_or_else(|| Error::Backend {
+            backend: "cpu".into(),
+            problem: format!("write to missing buffer {}", buf.0),
+        })?;
+        let end = offset + data.len();
+        if end > bytes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("write of {end} bytes into a {}-byte buffer", bytes.len()),
+            });
+        }
+        bytes[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let bytes = as_bytes(self.buf(buf)?);
+        let end = offset + out.len();
+        if end > bytes.len() {
+            return Err(Error::Backend {
+                backend: "cpu".into(),
+                problem: format!("read of {end} bytes from a {}-byte buffer", bytes.len()),
+            });
+        }
+        out.copy_from_slice(&bytes[offset..end]);
+        Ok(())
+    }
+}
+
+impl Capabilities for CpuBackend {
     fn batch_invariant(&self) -> bool {
         // llama.cpp's arithmetic changes with the number of rows (tiled paths from 8 and 64).
         self.numerics == Numerics::Native
@@ -463,58 +532,9 @@ impl Backend for CpuBackend {
             ),
         }
     }
+}
 
-    fn alloc(&mut self, bytes: usize) -> Result<BufId> {
-        let v = vec![0f32; bytes.div_ceil(4)];
-        let id = match self.pool.iter().position(|b| b.is_none()) {
-            Some(i) => {
-                self.pool[i] = Some(v);
-                i
-            }
-            None => {
-                self.pool.push(Some(v));
-                self.pool.len() - 1
-            }
-        };
-        Ok(BufId(id as u32))
-    }
-
-    fn free(&mut self, buf: BufId) {
-        if let Some(slot) = self.pool.get_mut(buf.0 as usize) {
-            *slot = None;
-        }
-    }
-
-    fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> Result<()> {
-        let b = self.pool.get_mut(buf.0 as usize).and_then(|b| b.as_mut());
-        let bytes = b.map(|v| as_bytes_mut(v)).ok_or_else(|| Error::Backend {
-            backend: "cpu".into(),
-            problem: format!("write to missing buffer {}", buf.0),
-        })?;
-        let end = offset + data.len();
-        if end > bytes.len() {
-            return Err(Error::Backend {
-                backend: "cpu".into(),
-                problem: format!("write of {end} bytes into a {}-byte buffer", bytes.len()),
-            });
-        }
-        bytes[offset..end].copy_from_slice(data);
-        Ok(())
-    }
-
-    fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> Result<()> {
-        let bytes = as_bytes(self.buf(buf)?);
-        let end = offset + out.len();
-        if end > bytes.len() {
-            return Err(Error::Backend {
-                backend: "cpu".into(),
-                problem: format!("read of {end} bytes from a {}-byte buffer", bytes.len()),
-            });
-        }
-        out.copy_from_slice(&bytes[offset..end]);
-        Ok(())
-    }
-
+impl Executor for CpuBackend {
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()> {
         // An aliased src0 shares the output buffer: copy it before the output is taken.
         let alias0 = match (args.srcs.first().copied().flatten(), args.out) {

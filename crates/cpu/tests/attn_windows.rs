@@ -26,6 +26,7 @@ use minfer_cpu::ops::kv_cells::{self, KvCellError, ShiftRope};
 use minfer_cpu::ops::rope::{rope, RopeParams};
 use minfer_cpu::simd::{self, Isa};
 use minfer_gguf::{quants, GgmlType};
+use minfer_graph::contract::*;
 use minfer_graph::RopeStyle;
 use minfer_testkit::rng::{floats, Rng};
 
@@ -980,7 +981,7 @@ impl minfer_graph::WeightSource for NoWeights {
 #[test]
 fn backend_attention_node_takes_both_layouts() {
     use minfer_cpu::CpuBackend;
-    use minfer_graph::{size_class, Backend, BufId, DType, ExecArgs, KvPair, Node, NodeId, Op};
+    use minfer_graph::{size_class, BufId, DType, ExecArgs, KvPair, Node, NodeId, Op};
     let ty = GgmlType::F16;
     let n_cells = 900;
     let reg = Regions::new(ty, SHAPE, n_cells, 31);

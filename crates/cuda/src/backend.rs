@@ -9,9 +9,10 @@ use std::collections::HashMap;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    move_plan, support, Backend, BackendId, BufId, CaptureLog, DType, Error as GraphError,
-    ExecArgs, FusedOp, KvLayout, Node, NodeId, Op, Result as GraphResult, RopeSpec, RopeStyle,
-    RowClasses, Support, WeightId, WeightRef, WeightSource,
+    move_plan, support, BackendId, BufId, Capabilities, CaptureLog, DType, Error as GraphError,
+    ExecArgs, Executor, FusedOp, Identity, KvLayout, Memory, Node, NodeId, Op, PlanId,
+    Result as GraphResult, RopeSpec, RopeStyle, RowClasses, SplitKey, Support, WeightId, WeightRef,
+    WeightSource, Windows,
 };
 
 use crate::device::{Arg, DResult, Gpu};
@@ -116,14 +117,19 @@ pub struct CudaBackend {
     replayer: Option<Replayer>,
     /// The current forward's row classes (crates/cuda/src/prompt.rs).
     pub(crate) rows: RowClasses,
+    /// The current forward's attention windows, typed ([`Executor::set_windows`]), until its
+    /// synchronize; `None` for a backend driven node by node (its windows are read from the
+    /// window input's host copy).
+    pub(crate) windows: Option<Windows>,
     /// Prompt rows' kernels (`MINFER_CUDA_PROMPT`, `MINFER_CUDA_PROMPT_ATTN`).
     pub(crate) prompt: crate::prompt::PromptChoice,
     /// The weight the f16 weight scratch holds now, and the scratch's pointer.
     pub(crate) half_weight: Option<(u64, u64)>,
     /// The activations the f16 activation scratch holds now.
     pub(crate) half_input: Option<HalfInput>,
-    /// Node outputs kept for a trace while armed ([`Backend::capture`]): each read back right
-    /// after its node ran, the split run eagerly (no graph replay) while armed.
+    /// Node outputs kept for a trace while armed ([`minfer_graph::Executor::capture`]): each
+    /// read back right after its node ran, the split run eagerly (no graph replay) while
+    /// armed.
     captures: CaptureLog,
 }
 
@@ -204,6 +210,7 @@ impl CudaBackend {
             mv1_grid,
             replayer: graphs.then(Replayer::default),
             rows: RowClasses::default(),
+            windows: None,
             prompt,
             half_weight: None,
             half_input: None,
@@ -442,14 +449,17 @@ pub(crate) fn theta_scale(freq_base: f32, head_dim: usize) -> f32 {
     freq_base.powf(-2.0 / head_dim as f32)
 }
 
-impl Backend for CudaBackend {
+impl Identity for CudaBackend {
     fn id(&self) -> BackendId {
         self.id
     }
+
     fn name(&self) -> &str {
         &self.name
     }
+}
 
+impl Memory for CudaBackend {
     fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ne1 == 1 {
             return if w.ty.is_supported() {
@@ -500,50 +510,6 @@ impl Backend for CudaBackend {
 
     fn weights_bytes(&self) -> usize {
         self.weights_bytes
-    }
-
-    fn batch_invariant(&self) -> bool {
-        // One matmul kernel for every row count, each row's arithmetic independent of the
-        // others; attention per (head, query).
-        true
-    }
-
-    fn set_row_classes(&mut self, rows: &RowClasses) {
-        self.rows.clone_from(rows);
-    }
-
-    fn check_kv_type(&self, ty: GgmlType) -> Support {
-        if CUDA_KV_TYPES.contains(&ty) {
-            Ok(())
-        } else {
-            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name).into())
-        }
-    }
-
-    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> Support {
-        support(op_refusal(op, weights))
-    }
-
-    fn supports_fused(&self, op: FusedOp) -> Support {
-        match op {
-            FusedOp::SwiGLU => Ok(()),
-            // Only on the int8 path, where it is the unfused chain bit for bit.
-            FusedOp::FfnGateUp
-            | FusedOp::QkvRopeStore
-            | FusedOp::InputNorm
-            | FusedOp::MatMulAdd
-                if self.mmvq =>
-            {
-                Ok(())
-            }
-            FusedOp::FfnGateUp
-            | FusedOp::QkvRopeStore
-            | FusedOp::InputNorm
-            | FusedOp::MatMulAdd => Err(
-                "the decode fusions run on the int8 path (MINFER_CUDA_MATMUL=f32 is off it)".into(),
-            ),
-            FusedOp::QkvNormRopeStore => Err("the per-head Q/K norm is not fused on CUDA".into()),
-        }
     }
 
     fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
@@ -605,6 +571,58 @@ impl Backend for CudaBackend {
             .download(ptr + offset as u64, out)
             .map_err(|e| self.err(e))
     }
+}
+
+impl Capabilities for CudaBackend {
+    fn batch_invariant(&self) -> bool {
+        // One matmul kernel for every row count, each row's arithmetic independent of the
+        // others; attention per (head, query).
+        true
+    }
+
+    fn check_kv_type(&self, ty: GgmlType) -> Support {
+        if CUDA_KV_TYPES.contains(&ty) {
+            Ok(())
+        } else {
+            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name).into())
+        }
+    }
+
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> Support {
+        support(op_refusal(op, weights))
+    }
+
+    fn supports_fused(&self, op: FusedOp) -> Support {
+        match op {
+            FusedOp::SwiGLU => Ok(()),
+            // Only on the int8 path, where it is the unfused chain bit for bit.
+            FusedOp::FfnGateUp
+            | FusedOp::QkvRopeStore
+            | FusedOp::InputNorm
+            | FusedOp::MatMulAdd
+                if self.mmvq =>
+            {
+                Ok(())
+            }
+            FusedOp::FfnGateUp
+            | FusedOp::QkvRopeStore
+            | FusedOp::InputNorm
+            | FusedOp::MatMulAdd => Err(
+                "the decode fusions run on the int8 path (MINFER_CUDA_MATMUL=f32 is off it)".into(),
+            ),
+            FusedOp::QkvNormRopeStore => Err("the per-head Q/K norm is not fused on CUDA".into()),
+        }
+    }
+}
+
+impl Executor for CudaBackend {
+    fn set_row_classes(&mut self, rows: &RowClasses) {
+        self.rows.clone_from(rows);
+    }
+
+    fn set_windows(&mut self, windows: &Windows) {
+        self.windows = Some(windows.clone());
+    }
 
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> GraphResult<()> {
         if let Some(o) = args.out {
@@ -663,15 +681,22 @@ impl Backend for CudaBackend {
         Ok(self.captures.take())
     }
 
-    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> GraphResult<()> {
+    fn execute_split(
+        &mut self,
+        key: SplitKey,
+        nodes: &[&Node],
+        args: &[ExecArgs],
+    ) -> GraphResult<()> {
         // The quantized-input caches never span splits: another backend may have written
         // the buffer in between.
         self.q8_input = None;
         self.half_input = None;
         self.half_weight = None;
         // While a trace is armed every node's output is read back as it runs, which would
-        // make a recorded split eager anyway: run it eagerly from the start.
-        if self.replayer.is_none() || self.captures.armed() {
+        // make a recorded split eager anyway: run it eagerly from the start. A split of no
+        // plan has no identity to replay under.
+        if self.replayer.is_none() || self.captures.armed() || key.plan == SplitKey::UNPLANNED.plan
+        {
             for (node, a) in nodes.iter().zip(args) {
                 self.execute_node(node, a)?;
             }
@@ -693,7 +718,7 @@ impl Backend for CudaBackend {
             self.replayer
                 .as_mut()
                 .expect("checked above")
-                .run(gpu, launches)
+                .run(gpu, key, launches)
         } else {
             // A read or upload came between the nodes: the rest runs eagerly.
             self.gpu.issue_all(&launches)
@@ -701,7 +726,15 @@ impl Backend for CudaBackend {
         r.map_err(|e| self.err(e))
     }
 
+    fn forget_plan(&mut self, plan: PlanId) {
+        if let Some(r) = &mut self.replayer {
+            r.forget(plan);
+        }
+    }
+
     fn synchronize(&mut self) -> GraphResult<()> {
+        // The forward is over: its windows describe no later node.
+        self.windows = None;
         self.gpu.sync().map_err(|e| self.err(e))?;
         self.profile_collect();
         Ok(())

@@ -3,7 +3,7 @@
 
 use minfer_gguf::GgmlType;
 use minfer_graph::{
-    BufId, ExecArgs, KvKind, Node, Op, QkvFused, RopeStyle, RowClass, WindowLayout, KV_MAP_RUNS,
+    BufId, ExecArgs, KvKind, Node, Op, QkvFused, RopeStyle, RowClass, WindowLayout,
 };
 
 use crate::backend::{theta_scale, type_code, CudaBackend, Matrix, Mv1Grid, Scratch};
@@ -295,17 +295,14 @@ impl CudaBackend {
                 let (k, klen) = self.region(args, KvKind::K)?;
                 let (v, _) = self.region(args, KvKind::V)?;
                 let n_cells = klen / row_bytes;
-                let width = match window {
-                    WindowLayout::Span => 2,
-                    WindowLayout::KvMap => 2 * KV_MAP_RUNS,
-                };
+                let width = window.width();
                 let q = self.src(args, 0, n * 4)?;
                 let (wid, win, wl) = self.src_buf(args, 1)?;
                 if wl < ne1 * width * 4 {
                     return Err(format!("window input of {wl} bytes for {ne1} queries"));
                 }
                 // Each run's windows are checked by its class's encoder (once per row).
-                let windows = i32s(&self.host_view(wid, ne1 * width * 4)?);
+                let windows = self.windows_for(*window, wid, ne1 * width)?;
                 let out = self.out(node, args)?;
                 let fa = self.prompt_fa(*cache_type, *head_dim);
                 let shape = (*n_head, *n_head_kv, *head_dim, width, *scale);
@@ -408,6 +405,30 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// The first `n` window values of the forward: the typed ones the engine handed over
+    /// with the forward ([`minfer_graph::Executor::set_windows`]), or, for a backend driven
+    /// node by node (no forward named them), the window input's host copy. A forward's
+    /// windows of another layout or too few are an error, never the bytes instead.
+    fn windows_for(
+        &self,
+        layout: WindowLayout,
+        input: BufId,
+        n: usize,
+    ) -> DResult<std::sync::Arc<[i32]>> {
+        match &self.windows {
+            Some(w) if w.layout != layout => Err(format!(
+                "the forward's windows are {:?}, the node reads {layout:?}",
+                w.layout
+            )),
+            Some(w) if w.values.len() < n => Err(format!(
+                "the forward names {} window values, the node reads {n}",
+                w.values.len()
+            )),
+            Some(w) => Ok(w.values.clone()),
+            None => Ok(i32s(&self.host_view(input, n * 4)?).into()),
+        }
+    }
+
     /// `nq` query rows of an attention node on the generation rows' kernels (pointers at
     /// their first row).
     fn encode_attention_rows(

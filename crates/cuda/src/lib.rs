@@ -36,6 +36,53 @@ pub use replay::{graph_captures, graph_replays};
 #[cfg(feature = "cuda")]
 pub use settings::CudaSettings;
 
+#[cfg(feature = "cuda")]
+use minfer_graph::{Backend, Error as GraphError};
+use minfer_graph::{BackendEntry, BackendId};
+
+/// CUDA's fixed backend id (written into session files and graph dumps).
+pub const CUDA_ID: BackendId = BackendId(2);
+
+/// Why a build without the cargo feature has no CUDA backend.
+const NOT_COMPILED: &str = "this build has no CUDA backend (cargo feature `cuda`)";
+
+/// CUDA's row of the backend table, whether or not this build includes it (the crate
+/// without its feature is the shell that says so).
+pub fn entry() -> BackendEntry {
+    BackendEntry {
+        id: CUDA_ID,
+        name: "cuda",
+        compiled: if cfg!(feature = "cuda") {
+            Ok(())
+        } else {
+            Err(NOT_COMPILED.into())
+        },
+        available: available().map_err(|e| e.to_string()),
+        by_default: true,
+    }
+}
+
+/// A CUDA backend under `id` and `name` with its settings (`MINFER_CUDA_*`, read once by the
+/// engine's settings): a refused value or an unavailable driver or device as the registry's
+/// typed refusal naming it. Only in a build with the feature (the engine's table makes the
+/// "not compiled" refusal itself otherwise).
+#[cfg(feature = "cuda")]
+pub fn instantiate(
+    id: BackendId,
+    name: &str,
+    settings: &Result<CudaSettings, minfer_graph::Refused>,
+) -> Result<Box<dyn Backend>, GraphError> {
+    let unavailable = |why: String| GraphError::Unavailable {
+        name: name.into(),
+        why,
+    };
+    // A refused `MINFER_CUDA_*` value fails here, where the backend is made.
+    let s = settings.as_ref().map_err(|e| unavailable(e.to_string()))?;
+    CudaBackend::new(id, name, s)
+        .map(|b| Box::new(b) as Box<dyn Backend>)
+        .map_err(|e| unavailable(e.to_string()))
+}
+
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
 pub fn available() -> Result<(), CudaError> {
     #[cfg(feature = "cuda")]

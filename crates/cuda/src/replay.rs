@@ -1,14 +1,21 @@
-//! CUDA graph replay of whole splits. Each split is first recorded (its launches built with
-//! every host check done, none issued); a record equal to one seen before — the same
-//! kernels, grids and arguments, as a decode step's are when positions, cells and windows
-//! live in device inputs — is captured once as a CUDA graph and replayed from then on,
-//! replacing hundreds of launches by one. Replay issues exactly the recorded launches, so its
-//! results are the eager run's bit for bit (a GPU gate checks it).
+//! CUDA graph replay of whole splits, keyed by the split's identity in its plan
+//! ([`SplitKey`]: the graph cache's plan id and the split's index). Each split is recorded
+//! (its launches built with every host check done, none issued); the record is compared
+//! with the one kept under the same key alone — no search among other plans' records — and
+//! at its second equal sighting captured once as a CUDA graph, then replayed from then on,
+//! replacing hundreds of launches by one. The comparison stays because one plan's launches
+//! can change between steps (a prefill's grids follow its longest window and its row
+//! classes): a record that differs replaces the key's record and runs eagerly. Replay issues
+//! exactly the recorded launches, so its results are the eager run's bit for bit (a GPU gate
+//! checks it). A plan's graphs are dropped when the plan is released
+//! ([`Replayer::forget`]), so what is kept follows the graph cache, not a count of its own.
 //! `MINFER_CUDA_GRAPHS=0` turns it off (every split eager).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::CudaGraph;
+use minfer_graph::{PlanId, SplitKey};
 
 use crate::device::{DResult, Gpu, Work};
 
@@ -29,9 +36,6 @@ pub fn graph_captures() -> u64 {
     CAPTURES.load(Ordering::Relaxed)
 }
 
-/// Records kept; a server's ladder of batch shapes plus prefill chunks fits.
-const KEEP: usize = 16;
-
 /// A captured graph owned by one backend.
 struct OwnedGraph(CudaGraph);
 
@@ -43,44 +47,43 @@ unsafe impl Send for OwnedGraph {}
 struct Entry {
     launches: Vec<Work>,
     graph: Option<OwnedGraph>,
-    last_use: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct Replayer {
-    entries: Vec<Entry>,
-    clock: u64,
+    entries: HashMap<SplitKey, Entry>,
 }
 
 impl Replayer {
-    /// Runs a recorded split: replayed if seen before (captured at its second sighting),
-    /// else issued eagerly and remembered.
-    pub fn run(&mut self, gpu: &Gpu, launches: Vec<Work>) -> DResult<()> {
-        self.clock += 1;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.launches == launches) {
-            e.last_use = self.clock;
-            if e.graph.is_none() {
-                e.graph = Some(OwnedGraph(gpu.capture(&e.launches)?));
-                CAPTURES.fetch_add(1, Ordering::Relaxed);
+    /// Runs split `key`'s recorded launches: replayed if the key's last record is the same
+    /// (captured at its second sighting), else issued eagerly and kept as the key's record.
+    pub fn run(&mut self, gpu: &Gpu, key: SplitKey, launches: Vec<Work>) -> DResult<()> {
+        if let Some(e) = self.entries.get_mut(&key) {
+            if e.launches == launches {
+                if e.graph.is_none() {
+                    e.graph = Some(OwnedGraph(gpu.capture(&e.launches)?));
+                    CAPTURES.fetch_add(1, Ordering::Relaxed);
+                }
+                let g = e.graph.as_ref().expect("captured above");
+                g.0.launch()
+                    .map_err(|err| format!("cuGraphLaunch: {err:?}"))?;
+                REPLAYS.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
             }
-            let g = e.graph.as_ref().expect("captured above");
-            g.0.launch()
-                .map_err(|err| format!("cuGraphLaunch: {err:?}"))?;
-            REPLAYS.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
         }
         gpu.issue_all(&launches)?;
-        if self.entries.len() >= KEEP {
-            let oldest = (0..self.entries.len())
-                .min_by_key(|&i| self.entries[i].last_use)
-                .expect("entries is full");
-            self.entries.swap_remove(oldest);
-        }
-        self.entries.push(Entry {
-            launches,
-            graph: None,
-            last_use: self.clock,
-        });
+        self.entries.insert(
+            key,
+            Entry {
+                launches,
+                graph: None,
+            },
+        );
         Ok(())
+    }
+
+    /// Drops the records and graphs of a released plan.
+    pub fn forget(&mut self, plan: PlanId) {
+        self.entries.retain(|k, _| k.plan != plan);
     }
 }

@@ -6,8 +6,8 @@ use minfer_cpu::CpuBackend;
 use minfer_graph::{Backend, BackendEntry, BackendId};
 
 pub use minfer_cpu::CPU_ID;
+pub use minfer_cuda::CUDA_ID;
 pub const METAL_ID: BackendId = BackendId(1);
-pub const CUDA_ID: BackendId = BackendId(2);
 /// The Metal executor on the MSL emulator: the same code as `metal`, run on the CPU, for
 /// proof and debugging on machines without a Mac (slow).
 pub const METAL_EMU_ID: BackendId = BackendId(3);
@@ -51,10 +51,13 @@ use crate::Settings;
 type Make = fn(BackendId, &'static str, usize, &Settings) -> minfer_graph::Result<Box<dyn Backend>>;
 
 /// One backend of this build: its entry (id, name, whether compiled in and available, whether
-/// it takes part unless named) and its constructor. Adding a backend is one function here
-/// (and its crate behind a cargo feature). The table order is the backends' priority: a node
-/// goes to the first participating backend that takes it (Metal, then CUDA, then the CPU; the
-/// emulator is Metal's executor and ranks with it).
+/// it takes part unless named) and its constructor. A backend crate exports its own entry
+/// (`minfer_cpu::entry`, `minfer_cuda::entry` and `minfer_cuda::instantiate`); the two Metal
+/// entries are made here, where the executor (`minfer-metal`), the device (`minfer-metal-objc`,
+/// macOS) and the emulator (`minfer-msl-emu`) meet — no one of those crates knows the others.
+/// The table order is the backends' priority: a node goes to the first participating backend
+/// that takes it (Metal, then CUDA, then the CPU; the emulator is Metal's executor and ranks
+/// with it).
 struct Registered {
     entry: BackendEntry,
     make: Make,
@@ -85,13 +88,7 @@ fn not_compiled(
 
 fn cpu_backend() -> Registered {
     Registered {
-        entry: BackendEntry {
-            id: CPU_ID,
-            name: "cpu",
-            compiled: Ok(()),
-            available: Ok(()),
-            by_default: true,
-        },
+        entry: minfer_cpu::entry(),
         make: |_, _, threads, s| Ok(Box::new(CpuBackend::with_settings(threads, &s.cpu))),
     }
 }
@@ -133,33 +130,15 @@ fn metal_backend() -> Registered {
     }
 }
 
+/// The entry and the constructor are the CUDA crate's own (its shell says "not compiled"
+/// in a build without the feature).
 fn cuda_backend() -> Registered {
     #[cfg(feature = "cuda")]
-    let make: Make = |id, name, _, s| {
-        let unavailable = |why: String| minfer_graph::Error::Unavailable {
-            name: name.into(),
-            why,
-        };
-        // A refused `MINFER_CUDA_*` value fails here, where the backend is made.
-        let cuda = s.cuda.as_ref().map_err(|e| unavailable(e.to_string()))?;
-        minfer_cuda::CudaBackend::new(id, name, cuda)
-            .map(|b| Box::new(b) as Box<dyn Backend>)
-            .map_err(|e| unavailable(e.to_string()))
-    };
+    let make: Make = |id, name, _, s| minfer_cuda::instantiate(id, name, &s.cuda);
     #[cfg(not(feature = "cuda"))]
     let make: Make = not_compiled;
     Registered {
-        entry: BackendEntry {
-            id: CUDA_ID,
-            name: "cuda",
-            compiled: if cfg!(feature = "cuda") {
-                Ok(())
-            } else {
-                Err("this build has no CUDA backend (cargo feature `cuda`)".into())
-            },
-            available: cuda_available(),
-            by_default: true,
-        },
+        entry: minfer_cuda::entry(),
         make,
     }
 }
@@ -230,19 +209,6 @@ pub fn instantiate(
             }),
         })
         .collect()
-}
-
-/// Whether the CUDA driver loads and a device exists (builds with the `cuda` feature), as
-/// the reason text of the backend table.
-fn cuda_available() -> Result<(), String> {
-    #[cfg(feature = "cuda")]
-    {
-        minfer_cuda::available().map_err(|e| e.to_string())
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err("not compiled".into())
-    }
 }
 
 /// Whether this machine has a Metal device (macOS builds with the `metal` feature).

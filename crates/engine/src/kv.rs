@@ -1,7 +1,7 @@
 //! KV operations on sequences. The cell table ([`crate::kvcells`]) decides what moves; the
-//! physical work is backend calls on every layer's regions ([`Backend::kv_copy_cells`],
-//! [`Backend::kv_rope_shift`]), run by the backend that owns the region. No KV arithmetic is
-//! done here.
+//! physical work is backend calls on every layer's regions
+//! ([`minfer_graph::Executor::kv_copy_cells`], [`minfer_graph::Executor::kv_rope_shift`]),
+//! run by the backend that owns the region. No KV arithmetic is done here.
 //!
 //! - [`Engine::seq_remove`] forgets a position range (later positions keep theirs: a gap);
 //!   [`Engine::seq_shift`] moves a range's positions by `delta` and re-ropes its K rows

@@ -15,7 +15,7 @@ use crate::weights::ModelWeights;
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
     sched, Allocator, Backend, Graph, GraphCache, GraphParams, InputKind, KvLayout, Node,
-    Placement, Plan, RopeSpec, RowClass, RowClasses, WeightId, WindowLayout, KV_MAP_RUNS,
+    Placement, Plan, RopeSpec, RowClass, RowClasses, WeightId, WindowLayout, Windows, KV_MAP_RUNS,
 };
 use minfer_models::{build_graph, output_weight_name, HParams};
 use std::collections::HashMap;
@@ -412,7 +412,12 @@ impl ModelRunner {
             WindowLayout::Span => InputKind::AttnSpan,
             WindowLayout::KvMap => InputKind::KvMap,
         };
-        sched::fill_input(graph, plan, be, win_kind, &win)?;
+        // The same values reach the backends typed: none decodes the input's bytes back.
+        let windows = Windows {
+            layout: window,
+            values: win.into(),
+        };
+        sched::fill_input(graph, plan, be, win_kind, &windows.values)?;
         if let Some(t) = &tail {
             sched::fill_input(graph, plan, be, InputKind::TailIds, t)?;
         }
@@ -428,6 +433,9 @@ impl ModelRunner {
             Some(t) => t.iter().map(|&r| rows.tokens[r as usize]).collect(),
             None => rows.tokens.clone(),
         };
+        for b in be.iter_mut() {
+            b.set_windows(&windows);
+        }
         sched::execute(graph, plan, be, &weights, &rows)?;
         // The output buffer is reused from the last forward; the real rows are compacted to
         // its front in place (with a tail they are already there).

@@ -1,7 +1,7 @@
 //! `MINFER_TRACE=<path>` (facts §1.15): per-node output statistics of every forward of a
 //! single-shot generation, written as one JSON document.
 //!
-//! [`Engine::trace_begin`] arms capture on every backend ([`minfer_graph::Backend::capture`]:
+//! [`Engine::trace_begin`] arms capture on every backend ([`minfer_graph::Executor::capture`]:
 //! the CPU copies each node's output after it runs, a device stages it inside its command
 //! stream); each forward then records one [`Phase`]: per captured node its name, op,
 //! backend, shape and min / max / mean / absmean with at most [`SAMPLE`] downsampled values,
@@ -48,7 +48,7 @@ pub struct NodeStats {
     /// Every `ceil(n / SAMPLE)`-th value, at most [`SAMPLE`].
     pub sample: Vec<f32>,
     /// Nanoseconds the node took, from a backend that times its nodes
-    /// ([`minfer_graph::Backend::take_node_times`]; None from one that does not).
+    /// ([`minfer_graph::Executor::take_node_times`]; None from one that does not).
     pub ns: Option<u64>,
 }
 

@@ -15,10 +15,15 @@
 //!   surviving graph rebuilds;
 //! - every allocation from a backend is checked against that backend's budget first.
 
-use crate::backend::{Backend, BackendId, BufId, KvPair};
+use crate::backend::{Backend, BackendId, BufId, KvPair, PlanId};
 use crate::error::{Error, Result};
 use crate::ir::{DType, Graph, InputKind, NodeId, Op};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The next plan's id: process-wide, so no two plans alive anywhere share one (a backend
+/// keyed by plan ids never confuses two engines' plans).
+static NEXT_PLAN: AtomicU64 = AtomicU64::new(1);
 
 /// Size classes: powers of two up to 16 KiB, then 16 KiB steps.
 pub fn size_class(bytes: usize) -> usize {
@@ -50,8 +55,11 @@ pub struct Stage {
 }
 
 /// Buffers of one graph.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Plan {
+    /// This plan's identity (unique in the process, never reused): splits run under it
+    /// ([`crate::SplitKey`]) and backends drop what they keep for it when it is released.
+    pub id: PlanId,
     /// Output buffer of each node (None for dead nodes and region writers).
     pub node_buf: Vec<Option<(BackendId, BufId)>>,
     /// Per node, one buffer per src on the node's own backend.
@@ -185,8 +193,12 @@ impl Allocator {
         Ok(pair)
     }
 
-    /// Frees a plan's buffers on their backends.
+    /// Frees a plan's buffers on their backends, and tells every backend the plan is gone
+    /// ([`crate::Executor::forget_plan`]).
     pub fn release(&mut self, plan: Plan, backends: &mut [Box<dyn Backend>]) {
+        for b in backends.iter_mut() {
+            b.forget_plan(plan.id);
+        }
         for (be, id, class) in plan.owned {
             if let Ok(b) = backend_mut(backends, be) {
                 b.free(id);
@@ -207,6 +219,7 @@ impl Allocator {
     ) -> Result<Plan> {
         let n = graph.nodes.len();
         let mut plan = Plan {
+            id: PlanId(NEXT_PLAN.fetch_add(1, Ordering::Relaxed)),
             node_buf: vec![None; n],
             src_bufs: vec![Vec::new(); n],
             stages: vec![Vec::new(); n],

@@ -2,7 +2,7 @@
 //! sees ids, buffers and nodes.
 
 use crate::error::{Error, Result};
-use crate::ir::{DType, Node, NodeId, Op, RopeStyle, RowClasses};
+use crate::ir::{DType, Node, NodeId, Op, RopeStyle, RowClasses, Windows};
 use minfer_gguf::GgmlType;
 use std::fmt;
 
@@ -106,8 +106,8 @@ pub struct KvLayout {
     pub cell_bytes: usize,
 }
 
-/// A read of a backend buffer begun by [`Backend::read_begin`] and completed by
-/// [`Backend::read_finish`].
+/// A read of a backend buffer begun by [`Memory::read_begin`] and completed by
+/// [`Memory::read_finish`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadTicket {
     pub buf: BufId,
@@ -188,18 +188,44 @@ pub fn support(refusal: Option<String>) -> Support {
     refusal.map_or(Ok(()), |r| Err(Refusal(r)))
 }
 
-/// A device as the graph sees it.
-///
-/// Lifecycle: [`Backend::can_hold`] is asked for every weight of a model and
-/// [`Backend::prepare_weights`] receives those placed on it, once, at load; the allocator
-/// then takes buffers ([`Backend::alloc`]) for each planned graph and the scheduler runs
-/// splits ([`Backend::execute_split`]), moving values between backends in two phases
-/// ([`Backend::read_begin`], [`Backend::read_finish`]). KV regions are changed only through
-/// the region operations ([`Backend::kv_copy_cells`], [`Backend::kv_rope_shift`]) and host
-/// reads and writes (sessions).
-pub trait Backend: Send {
+/// The identity of a compiled plan: given by the allocator when it plans a graph (unique for
+/// the allocator's lifetime, never reused), so a backend may key what it derives from a
+/// plan's execution (CUDA: its recorded graphs) by it, and drop that when the plan is
+/// released ([`Executor::forget_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PlanId(pub u64);
+
+/// One split of a plan: the plan's id and the split's index in execution order
+/// ([`crate::sched::splits`]). The same plan's split `k` is the same nodes with the same
+/// buffers every time it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SplitKey {
+    pub plan: PlanId,
+    pub split: u32,
+}
+
+impl SplitKey {
+    /// A split run outside any plan (a test driving a backend directly): plan 0, which no
+    /// allocator gives, so a backend keeps nothing under it.
+    pub const UNPLANNED: SplitKey = SplitKey {
+        plan: PlanId(0),
+        split: 0,
+    };
+}
+
+/// Who a backend is: its fixed id and its name (messages, dumps). The layers below build on it.
+pub trait Identity {
     fn id(&self) -> BackendId;
     fn name(&self) -> &str;
+}
+
+/// The memory layer: weights placed on the backend and the buffers the allocator takes.
+///
+/// [`Memory::can_hold`] is asked for every weight of a model and
+/// [`Memory::prepare_weights`] receives those placed on it, once, at load; the allocator then
+/// takes buffers ([`Memory::alloc`]) for each planned graph; values move between backends in
+/// two phases ([`Memory::read_begin`], [`Memory::read_finish`]).
+pub trait Memory: Identity {
     /// Whether this backend can hold a weight (its type and shape); the refusal says why,
     /// and the engine shows it when it keeps a model off this backend.
     fn can_hold(&self, _w: &WeightRef) -> Support {
@@ -210,10 +236,10 @@ pub trait Backend: Send {
     fn prepare_weights(&mut self, _weights: &dyn WeightSource, _ids: &[WeightId]) -> Result<()> {
         Ok(())
     }
-    /// Receives, once at load after [`Backend::prepare_weights`], the weight groups its fused
+    /// Receives, once at load after [`Memory::prepare_weights`], the weight groups its fused
     /// nodes read as one matrix ([`crate::Op::concat_groups`]: rows of each group appended):
     /// a device builds each concatenation once here, never per step, and charges it in
-    /// [`Backend::weights_bytes`].
+    /// [`Memory::weights_bytes`].
     fn prepare_concat(
         &mut self,
         _weights: &dyn WeightSource,
@@ -227,29 +253,6 @@ pub trait Backend: Send {
     fn weights_bytes(&self) -> usize {
         0
     }
-    /// Whether every row's result is independent of the other rows in a forward and of their
-    /// number (see docs/PRECISION.md). A backend that copies another engine's row-count
-    /// dependent arithmetic says no, and the engine then runs forwards at their exact shape
-    /// (no bucket padding).
-    fn batch_invariant(&self) -> bool {
-        true
-    }
-    /// The classes of the next forward's rows, given before its first split runs. A backend
-    /// whose arithmetic differs by class (docs/PRECISION.md, "Row classes") chooses each
-    /// node's kernels from them; one whose arithmetic is the same for both ignores them
-    /// (the default).
-    fn set_row_classes(&mut self, _rows: &RowClasses) {}
-    /// KV element types this backend's KV stores and attention read and write; the refusal
-    /// says why a type is refused (given the backend's settings).
-    fn check_kv_type(&self, _ty: GgmlType) -> Support {
-        Ok(())
-    }
-    /// Whether this backend can run `op` producing `dtype` (weights resolved through `weights`,
-    /// so a backend may refuse a weight type); the refusal is shown in the assignment error.
-    fn supports_op(&self, op: &Op, dtype: DType, weights: &dyn WeightSource) -> Support;
-    /// Whether the graph may rewrite a chain into the fused class `op` for this backend (the
-    /// fused node itself is then asked of [`Backend::supports_op`] like any other).
-    fn supports_fused(&self, op: FusedOp) -> Support;
     /// A zeroed buffer of `bytes` bytes.
     fn alloc(&mut self, bytes: usize) -> Result<BufId>;
     fn free(&mut self, buf: BufId);
@@ -277,16 +280,60 @@ pub trait Backend: Send {
         }
         self.read(ticket.buf, ticket.offset, out)
     }
+}
+
+/// The capability layer: every question answers in one [`Support`] (yes, or the refusal
+/// with its reason), asked at assignment and fusion time, never per step.
+pub trait Capabilities: Identity {
+    /// Whether every row's result is independent of the other rows in a forward and of their
+    /// number (see docs/PRECISION.md). A backend that copies another engine's row-count
+    /// dependent arithmetic says no, and the engine then runs forwards at their exact shape
+    /// (no bucket padding).
+    fn batch_invariant(&self) -> bool {
+        true
+    }
+    /// KV element types this backend's KV stores and attention read and write; the refusal
+    /// says why a type is refused (given the backend's settings).
+    fn check_kv_type(&self, _ty: GgmlType) -> Support {
+        Ok(())
+    }
+    /// Whether this backend can run `op` producing `dtype` (weights resolved through `weights`,
+    /// so a backend may refuse a weight type); the refusal is shown in the assignment error.
+    fn supports_op(&self, op: &Op, dtype: DType, weights: &dyn WeightSource) -> Support;
+    /// Whether the graph may rewrite a chain into the fused class `op` for this backend (the
+    /// fused node itself is then asked of [`Capabilities::supports_op`] like any other).
+    fn supports_fused(&self, op: FusedOp) -> Support;
+}
+
+/// The execution layer: the splits of a compiled plan, identified by [`SplitKey`], run on
+/// buffers the memory layer gave; KV regions are changed only through the region operations
+/// ([`Executor::kv_copy_cells`], [`Executor::kv_rope_shift`]) and host reads and writes
+/// (sessions).
+pub trait Executor: Memory {
+    /// The classes of the next forward's rows, given before its first split runs. A backend
+    /// whose arithmetic differs by class (docs/PRECISION.md, "Row classes") chooses each
+    /// node's kernels from them; one whose arithmetic is the same for both ignores them
+    /// (the default).
+    fn set_row_classes(&mut self, _rows: &RowClasses) {}
+    /// The next forward's attention windows, typed (the values its window input holds),
+    /// given before its first split by the engine that filled the input; a backend that
+    /// checks windows or sizes its attention grids on the host reads them here, never by
+    /// decoding the input's bytes back. They hold until the forward's
+    /// [`Executor::synchronize`]. Default: ignored (the kernels read the input).
+    fn set_windows(&mut self, _windows: &Windows) {}
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()>;
-    /// Runs a split (consecutive nodes of one graph assigned to this backend) as a whole:
-    /// a device encodes it as one command buffer or replays a recorded graph. The default
-    /// runs the nodes one by one.
-    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> Result<()> {
+    /// Runs split `key` of a plan (consecutive nodes of one graph assigned to this backend)
+    /// as a whole: a device encodes it as one command buffer or replays the graph it
+    /// recorded for the key. The default runs the nodes one by one.
+    fn execute_split(&mut self, _key: SplitKey, nodes: &[&Node], args: &[ExecArgs]) -> Result<()> {
         for (node, a) in nodes.iter().zip(args) {
             self.execute_node(node, a)?;
         }
         Ok(())
     }
+    /// The plan `plan` was released (its buffers freed): whatever the backend keeps under
+    /// its id is dropped. Default: nothing kept.
+    fn forget_plan(&mut self, _plan: PlanId) {}
     /// Completes all work submitted so far; called at the end of a forward.
     fn synchronize(&mut self) -> Result<()>;
     /// Copies `n` cells of a KV region from cell `src` to cell `dst`, bit for bit, with
@@ -352,3 +399,10 @@ pub trait Backend: Send {
         Vec::new()
     }
 }
+
+/// A device as the graph sees it: the three layers together. Implemented for every type
+/// that implements them (a backend implements [`Identity`], [`Memory`], [`Capabilities`] and
+/// [`Executor`]); callers hold `Box<dyn Backend>`.
+pub trait Backend: Memory + Capabilities + Executor + Send {}
+
+impl<T: Memory + Capabilities + Executor + Send> Backend for T {}

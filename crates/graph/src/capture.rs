@@ -1,12 +1,12 @@
 //! Node-output capture for traces (`MINFER_TRACE`, facts §1.15; seed §4.1, §4.8).
 //!
-//! While a backend is armed ([`crate::Backend::capture`]), it keeps a copy of the output of
+//! While a backend is armed ([`crate::Executor::capture`]), it keeps a copy of the output of
 //! every node it executes whose output is f32 ([`captured`]): `n_elems` values, in the
 //! node's row-major layout, taken when the node has run and before any later node may reuse
 //! its buffer (intermediate buffers are recycled by liveness inside a plan). KV stores write
 //! persistent regions and have no output (dtype `None`), so they are never captured; graph
 //! inputs are host-filled i32 and never executed, so they are not captured either (the host
-//! knows them). [`crate::Backend::take_captures`] hands the copies over, oldest first, once
+//! knows them). [`crate::Executor::take_captures`] hands the copies over, oldest first, once
 //! the work that produced them has completed.
 
 use crate::ir::{DType, Node, NodeId, Op};
@@ -120,32 +120,47 @@ mod tests {
 
     /// A backend that implements nothing of the capture contract.
     struct Plain;
-    impl crate::Backend for Plain {
+    impl crate::Identity for Plain {
         fn id(&self) -> crate::BackendId {
             crate::BackendId(9)
         }
+
         fn name(&self) -> &str {
             "plain"
         }
-        fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> crate::Support {
-            Ok(())
-        }
-        fn supports_fused(&self, _: crate::FusedOp) -> crate::Support {
-            Err("no fusions".into())
-        }
+    }
+
+    impl crate::Memory for Plain {
         fn alloc(&mut self, _: usize) -> crate::Result<crate::BufId> {
             Ok(crate::BufId(0))
         }
+
         fn free(&mut self, _: crate::BufId) {}
+
         fn write(&mut self, _: crate::BufId, _: usize, _: &[u8]) -> crate::Result<()> {
             Ok(())
         }
+
         fn read(&mut self, _: crate::BufId, _: usize, _: &mut [u8]) -> crate::Result<()> {
             Ok(())
         }
+    }
+
+    impl crate::Capabilities for Plain {
+        fn supports_op(&self, _: &Op, _: DType, _: &dyn crate::WeightSource) -> crate::Support {
+            Ok(())
+        }
+
+        fn supports_fused(&self, _: crate::FusedOp) -> crate::Support {
+            Err("no fusions".into())
+        }
+    }
+
+    impl crate::Executor for Plain {
         fn execute_node(&mut self, _: &Node, _: &crate::ExecArgs) -> crate::Result<()> {
             Ok(())
         }
+
         fn synchronize(&mut self) -> crate::Result<()> {
             Ok(())
         }
@@ -153,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_backend_without_capture_refuses_to_arm() {
-        use crate::Backend;
+        use crate::Executor;
         let mut p = Plain;
         let e = p.capture(true).unwrap_err().to_string();
         assert!(e.contains("plain") && e.contains("cannot capture"), "{e}");

@@ -1,6 +1,7 @@
 //! Peephole fusion. A rewrite happens only where the node's backend says
-//! [`Backend::supports_fused`] for the class and [`Backend::supports_op`] accepts the fused
-//! node (its weights); every other backend (the CPU) keeps the unfused chain. Replaced nodes
+//! [`crate::Capabilities::supports_fused`] for the class and
+//! [`crate::Capabilities::supports_op`] accepts the fused node (its weights); every other
+//! backend (the CPU) keeps the unfused chain. Replaced nodes
 //! are marked dead (no buffer, never executed).
 //!
 //! - Decode graphs only (one token), each switchable by [`FusionConfig`]:

@@ -248,7 +248,7 @@ impl Op {
     }
 
     /// The weight matrices a fused op reads as one, rows appended in order (q|k|v, gate|up):
-    /// a backend builds each concatenation once, at load ([`crate::Backend::prepare_concat`]).
+    /// a backend builds each concatenation once, at load ([`crate::Memory::prepare_concat`]).
     pub fn concat_groups(&self) -> Vec<Vec<WeightId>> {
         match self {
             Op::QkvRopeStore(f) => vec![vec![f.wq, f.wk, f.wv]],
@@ -338,6 +338,26 @@ pub enum WindowLayout {
     Span,
     /// [`InputKind::KvMap`]: up to [`KV_MAP_RUNS`] cell runs per query.
     KvMap,
+}
+
+impl WindowLayout {
+    /// i32s per query row of the window input: `[lo, hi)` for a span, `KV_MAP_RUNS` pairs of
+    /// (first cell, length) for a kv map.
+    pub fn width(self) -> usize {
+        match self {
+            WindowLayout::Span => 2,
+            WindowLayout::KvMap => 2 * KV_MAP_RUNS,
+        }
+    }
+}
+
+/// One forward's attention windows as typed values: the rows its window input holds on the
+/// device (`layout.width()` i32s per query, padding rows included), handed to the backends
+/// too ([`crate::Executor::set_windows`]) so none decodes them back from the input's bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub layout: WindowLayout,
+    pub values: std::sync::Arc<[i32]>,
 }
 
 /// What decides a graph's topology. Equal params give an identical graph, so the cache

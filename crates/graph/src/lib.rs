@@ -38,16 +38,22 @@ pub mod viz;
 pub use alloc::{size_class, Allocator, KvRegion, Plan};
 pub use assign::assign_backends;
 pub use backend::{
-    move_plan, support, Backend, BackendId, BufId, ExecArgs, FusedOp, KvLayout, KvPair, ReadTicket,
-    Refusal, RopeSpec, Support, WeightId, WeightRef, WeightSource,
+    move_plan, support, Backend, BackendId, BufId, Capabilities, ExecArgs, Executor, FusedOp,
+    Identity, KvLayout, KvPair, Memory, PlanId, ReadTicket, Refusal, RopeSpec, SplitKey, Support,
+    WeightId, WeightRef, WeightSource,
 };
+/// The backend contract's traits in one import, for code that calls a concrete backend's
+/// methods (a `dyn Backend` needs none: its layers' methods are its own).
+pub mod contract {
+    pub use crate::backend::{Backend, Capabilities, Executor, Identity, Memory};
+}
 pub use cache::GraphCache;
 pub use capture::CaptureLog;
 pub use error::{Error, Result};
 pub use fusion::{fuse, prepare_concats, FusionConfig, MAX_FUSED_FFN};
 pub use ir::{
     DType, Graph, GraphBuilder, GraphParams, InputKind, InputNorm, KvKind, Node, NodeId, Op,
-    QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout, KV_MAP_RUNS,
+    QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout, Windows, KV_MAP_RUNS,
 };
 pub use placement::{place_weights, Placement};
 pub use registry::{resolve_backends, BackendEntry};

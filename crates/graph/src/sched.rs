@@ -4,7 +4,7 @@
 //! runs), and synchronises every backend once at the end. It never allocates buffers.
 
 use crate::alloc::{Plan, Stage};
-use crate::backend::{Backend, BackendId, ExecArgs, ReadTicket, WeightSource};
+use crate::backend::{Backend, BackendId, ExecArgs, ReadTicket, SplitKey, WeightSource};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, InputKind, Node, Op, RowClasses};
 
@@ -28,7 +28,8 @@ pub fn splits(graph: &Graph) -> Vec<(BackendId, Vec<usize>)> {
     out
 }
 
-/// Runs a planned graph. Per split, in order: finish the reads of the values it consumes
+/// Runs a planned graph, each split under its [`SplitKey`] (the plan's id and the split's
+/// index). Per split, in order: finish the reads of the values it consumes
 /// from other backends (begun when their producers' splits were submitted) and write them
 /// into its staging buffers, run the split whole, then begin the reads of its values that
 /// later splits consume. Every backend is synchronised at the end. `rows` are the classes
@@ -102,7 +103,11 @@ pub fn execute(
             })
             .collect();
         if !run.is_empty() {
-            backends[bi].execute_split(&run, &args)?;
+            let key = SplitKey {
+                plan: plan.id,
+                split: k as u32,
+            };
+            backends[bi].execute_split(key, &run, &args)?;
         }
         for (c, (producer, _, st)) in copies.iter().enumerate() {
             if *producer == k {

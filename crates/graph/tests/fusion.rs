@@ -5,9 +5,9 @@
 
 use minfer_gguf::GgmlType;
 use minfer_graph::{
-    fuse, Backend, BackendId, BufId, DType, ExecArgs, FusedOp, FusionConfig, Graph, GraphBuilder,
-    InputKind, InputNorm, KvKind, Node, NodeId, Op, RopeStyle, Support, WeightId, WeightRef,
-    WeightSource, WindowLayout,
+    fuse, Backend, BackendId, BufId, Capabilities, DType, ExecArgs, Executor, FusedOp,
+    FusionConfig, Graph, GraphBuilder, Identity, InputKind, InputNorm, KvKind, Memory, Node,
+    NodeId, Op, RopeStyle, Support, WeightId, WeightRef, WeightSource, WindowLayout,
 };
 
 struct NoWeights;
@@ -31,16 +31,37 @@ struct Planner {
     fused: bool,
 }
 
-impl Backend for Planner {
+impl Identity for Planner {
     fn id(&self) -> BackendId {
         BackendId(1)
     }
+
     fn name(&self) -> &str {
         "planner"
     }
+}
+
+impl Memory for Planner {
+    fn alloc(&mut self, _: usize) -> minfer_graph::Result<BufId> {
+        unreachable!("planning only")
+    }
+
+    fn free(&mut self, _: BufId) {}
+
+    fn write(&mut self, _: BufId, _: usize, _: &[u8]) -> minfer_graph::Result<()> {
+        unreachable!("planning only")
+    }
+
+    fn read(&mut self, _: BufId, _: usize, _: &mut [u8]) -> minfer_graph::Result<()> {
+        unreachable!("planning only")
+    }
+}
+
+impl Capabilities for Planner {
     fn supports_op(&self, _: &Op, _: DType, _: &dyn WeightSource) -> Support {
         Ok(())
     }
+
     fn supports_fused(&self, op: FusedOp) -> Support {
         if op == FusedOp::SwiGLU || self.fused {
             Ok(())
@@ -48,19 +69,13 @@ impl Backend for Planner {
             Err("fusions off".into())
         }
     }
-    fn alloc(&mut self, _: usize) -> minfer_graph::Result<BufId> {
-        unreachable!("planning only")
-    }
-    fn free(&mut self, _: BufId) {}
-    fn write(&mut self, _: BufId, _: usize, _: &[u8]) -> minfer_graph::Result<()> {
-        unreachable!("planning only")
-    }
-    fn read(&mut self, _: BufId, _: usize, _: &mut [u8]) -> minfer_graph::Result<()> {
-        unreachable!("planning only")
-    }
+}
+
+impl Executor for Planner {
     fn execute_node(&mut self, _: &Node, _: &ExecArgs) -> minfer_graph::Result<()> {
         unreachable!("planning only")
     }
+
     fn synchronize(&mut self) -> minfer_graph::Result<()> {
         Ok(())
     }

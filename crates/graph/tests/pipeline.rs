@@ -4,9 +4,10 @@
 use minfer_gguf::GgmlType;
 use minfer_graph::{
     alloc::size_class, assign_backends, execute, fill_input, fuse, read_output, sched::splits,
-    Allocator, Backend, BackendId, BufId, DType, Error, ExecArgs, FusedOp, FusionConfig, Graph,
-    GraphBuilder, GraphCache, GraphParams, InputKind, Node, Op, Placement, RowClasses, Support,
-    WeightId, WeightRef, WeightSource, WindowLayout,
+    Allocator, Backend, BackendId, BufId, Capabilities, DType, Error, ExecArgs, Executor, FusedOp,
+    FusionConfig, Graph, GraphBuilder, GraphCache, GraphParams, Identity, InputKind, Memory, Node,
+    Op, Placement, PlanId, RowClasses, SplitKey, Support, WeightId, WeightRef, WeightSource,
+    WindowLayout,
 };
 use std::sync::{Arc, Mutex};
 
@@ -47,6 +48,9 @@ struct Mock {
     refuse: Option<GgmlType>,
     /// Weights handed over by `prepare_weights`.
     prepared: Arc<Mutex<Vec<WeightId>>>,
+    /// The key of every split run, and every plan the backend was told to forget.
+    splits: Arc<Mutex<Vec<SplitKey>>>,
+    forgotten: Arc<Mutex<Vec<PlanId>>>,
 }
 
 impl Mock {
@@ -62,6 +66,8 @@ impl Mock {
             stale_reads: false,
             refuse: None,
             prepared: Arc::default(),
+            splits: Arc::default(),
+            forgotten: Arc::default(),
         }
     }
 
@@ -112,10 +118,11 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-impl Backend for Mock {
+impl Identity for Mock {
     fn id(&self) -> BackendId {
         BackendId(self.id)
     }
+
     fn name(&self) -> &str {
         if self.id == 0 {
             "mock0"
@@ -123,31 +130,16 @@ impl Backend for Mock {
             "mock1"
         }
     }
-    fn supports_op(&self, op: &Op, _: DType, _: &dyn WeightSource) -> Support {
-        let ok = match op {
-            Op::Add => true,
-            Op::Input(_) | Op::Mul | Op::Silu | Op::SwiGLU => !self.only_add,
-            _ => false,
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("no {} kernel", op.name()).into())
-        }
-    }
-    fn supports_fused(&self, _: FusedOp) -> Support {
-        if self.fused {
-            Ok(())
-        } else {
-            Err("fusions off".into())
-        }
-    }
+}
+
+impl Memory for Mock {
     fn can_hold(&self, w: &WeightRef) -> Support {
         match self.refuse {
             Some(t) if t == w.ty => Err(format!("no {t} kernels").into()),
             _ => Ok(()),
         }
     }
+
     fn prepare_weights(
         &mut self,
         _: &dyn WeightSource,
@@ -156,13 +148,16 @@ impl Backend for Mock {
         self.prepared.lock().unwrap().extend_from_slice(ids);
         Ok(())
     }
+
     fn alloc(&mut self, bytes: usize) -> minfer_graph::Result<BufId> {
         self.bufs.push(Some(vec![0.0; bytes / 4]));
         Ok(BufId(self.bufs.len() as u32 - 1))
     }
+
     fn free(&mut self, buf: BufId) {
         self.bufs[buf.0 as usize] = None;
     }
+
     fn write(&mut self, buf: BufId, offset: usize, data: &[u8]) -> minfer_graph::Result<()> {
         let b = self.bufs[buf.0 as usize].as_mut().unwrap();
         for (i, c) in data.chunks_exact(4).enumerate() {
@@ -170,6 +165,7 @@ impl Backend for Mock {
         }
         Ok(())
     }
+
     fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> minfer_graph::Result<()> {
         if !self.stale_reads {
             self.flush()?;
@@ -180,6 +176,7 @@ impl Backend for Mock {
         }
         Ok(())
     }
+
     fn read_begin(
         &mut self,
         buf: BufId,
@@ -194,6 +191,7 @@ impl Backend for Mock {
             token: 7,
         })
     }
+
     fn read_finish(
         &mut self,
         t: minfer_graph::ReadTicket,
@@ -203,6 +201,32 @@ impl Backend for Mock {
         self.log.lock().unwrap().push(format!("{}:finish", self.id));
         self.read(t.buf, t.offset, out)
     }
+}
+
+impl Capabilities for Mock {
+    fn supports_op(&self, op: &Op, _: DType, _: &dyn WeightSource) -> Support {
+        let ok = match op {
+            Op::Add => true,
+            Op::Input(_) | Op::Mul | Op::Silu | Op::SwiGLU => !self.only_add,
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("no {} kernel", op.name()).into())
+        }
+    }
+
+    fn supports_fused(&self, _: FusedOp) -> Support {
+        if self.fused {
+            Ok(())
+        } else {
+            Err("fusions off".into())
+        }
+    }
+}
+
+impl Executor for Mock {
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> minfer_graph::Result<()> {
         self.log
             .lock()
@@ -215,7 +239,14 @@ impl Backend for Mock {
         }
         self.run(node, args.srcs, args.out)
     }
-    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> minfer_graph::Result<()> {
+
+    fn execute_split(
+        &mut self,
+        key: SplitKey,
+        nodes: &[&Node],
+        args: &[ExecArgs],
+    ) -> minfer_graph::Result<()> {
+        self.splits.lock().unwrap().push(key);
         self.log
             .lock()
             .unwrap()
@@ -225,6 +256,11 @@ impl Backend for Mock {
         }
         Ok(())
     }
+
+    fn forget_plan(&mut self, plan: PlanId) {
+        self.forgotten.lock().unwrap().push(plan);
+    }
+
     fn synchronize(&mut self) -> minfer_graph::Result<()> {
         self.flush()?;
         self.log.lock().unwrap().push(format!("{}:sync", self.id));
@@ -510,6 +546,70 @@ fn cached_plans_own_their_buffers_and_eviction_frees_them() {
         alloc.in_use(BackendId(0)),
         0,
         "clearing the cache frees everything"
+    );
+}
+
+/// Every compiled plan runs its splits under its own id — the same key at each run of a
+/// cached plan, a new id for every build, never one reused after an eviction — and releasing
+/// a plan tells the backend to forget it: what CUDA's graph replay is keyed by
+/// (crates/cuda/src/replay.rs).
+#[test]
+fn plans_run_under_their_own_id_and_release_forgets_it() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mock = Mock::new(0, &log);
+    let (splits, forgotten) = (mock.splits.clone(), mock.forgotten.clone());
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(mock)];
+    let placement = everywhere(&backends);
+    let mut alloc = Allocator::new();
+    let mut cache = GraphCache::new(1);
+    let mut forward = |n: usize| -> PlanId {
+        let p = GraphParams {
+            n_tokens: n,
+            n_out: 1,
+            n_ctx: 16,
+            cache_type: GgmlType::F32,
+            window: WindowLayout::Span,
+            prompt_rows: false,
+        };
+        let build = |p: &GraphParams| Ok(ffn_like(p.n_tokens));
+        let (graph, plan) = cache
+            .get_or_build(
+                &p,
+                &build,
+                &|_| Ok(0),
+                &mut backends,
+                &NoWeights,
+                &placement,
+                &mut alloc,
+            )
+            .unwrap();
+        execute(
+            graph,
+            plan,
+            &mut backends,
+            &NoWeights,
+            &RowClasses::default(),
+        )
+        .unwrap();
+        plan.id
+    };
+    let a = forward(4);
+    assert_eq!(forward(4), a, "a hit runs the cached plan under its id");
+    let keys = std::mem::take(&mut *splits.lock().unwrap());
+    assert_eq!(keys.len(), 2, "one split per run: {keys:?}");
+    assert!(keys.iter().all(|k| *k == SplitKey { plan: a, split: 0 }));
+    assert!(forgotten.lock().unwrap().is_empty());
+    let b = forward(1);
+    assert_ne!(b, a);
+    assert_eq!(
+        *forgotten.lock().unwrap(),
+        vec![a],
+        "the evicted plan is forgotten"
+    );
+    let c = forward(4);
+    assert!(
+        c != a && c != b,
+        "a rebuilt plan gets a new id: {a:?} {b:?} {c:?}"
     );
 }
 

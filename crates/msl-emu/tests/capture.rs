@@ -9,9 +9,10 @@
 
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
+use minfer_graph::contract::*;
 use minfer_graph::{
     assign_backends, execute, fill_input, Allocator, Backend, BackendId, BufId, ExecArgs, Graph,
-    GraphBuilder, InputKind, NodeId, Op, Placement, WeightId, WeightRef, WeightSource,
+    GraphBuilder, InputKind, NodeId, Op, Placement, SplitKey, WeightId, WeightRef, WeightSource,
 };
 use minfer_metal::MetalBackend;
 use minfer_msl_emu::{EmuDevice, Schedule};
@@ -235,7 +236,7 @@ fn split(
             weights: w,
         })
         .collect();
-    be.execute_split(&run, &args).unwrap();
+    be.execute_split(SplitKey::UNPLANNED, &run, &args).unwrap();
 }
 
 #[test]

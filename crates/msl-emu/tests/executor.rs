@@ -9,6 +9,7 @@ mod executor_support;
 use executor_support::*;
 use minfer_cpu::CPU_ID;
 use minfer_gguf::GgmlType;
+use minfer_graph::contract::*;
 use minfer_graph::{sched::splits, Allocator, Backend, ExecArgs, KvKind, KvPair, Op};
 
 #[test]

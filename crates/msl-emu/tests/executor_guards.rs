@@ -7,7 +7,8 @@ mod executor_support;
 
 use executor_support::*;
 use minfer_gguf::GgmlType;
-use minfer_graph::{Backend, ExecArgs, KvKind, KvPair, Op, WeightId, WeightRef, WeightSource};
+use minfer_graph::contract::*;
+use minfer_graph::{ExecArgs, KvKind, KvPair, Op, SplitKey, WeightId, WeightRef, WeightSource};
 
 #[test]
 fn a_weight_type_without_kernels_is_an_error_naming_node_type_and_kernel() {
@@ -60,7 +61,10 @@ fn a_weight_type_without_kernels_is_an_error_naming_node_type_and_kernel() {
         kv: None,
         weights: &w,
     };
-    let err = be.execute_split(&[&node], &[args]).unwrap_err().to_string();
+    let err = be
+        .execute_split(SplitKey::UNPLANNED, &[&node], &[args])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("blk.0.ffn_down"), "{err}");
     assert!(err.to_lowercase().contains("iq2_xxs"), "{err}");
     assert!(err.contains("kernel_mv_"), "{err}");
@@ -92,7 +96,8 @@ fn a_weight_type_without_kernels_is_an_error_naming_node_type_and_kernel() {
         kv: None,
         weights: &good,
     };
-    be.execute_split(&[&node], &[args]).unwrap();
+    be.execute_split(SplitKey::UNPLANNED, &[&node], &[args])
+        .unwrap();
 }
 
 #[test]
@@ -129,7 +134,10 @@ fn a_kv_store_past_the_region_is_an_error_naming_the_cell() {
         kv: Some(kv),
         weights: &w,
     };
-    let err = be.execute_split(&[&node], &[args]).unwrap_err().to_string();
+    let err = be
+        .execute_split(SplitKey::UNPLANNED, &[&node], &[args])
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("blk.3.v_store") && err.contains("cell 9"),
         "{err}"
@@ -142,7 +150,8 @@ fn a_kv_store_past_the_region_is_an_error_naming_the_cell() {
         kv: Some(kv),
         weights: &w,
     };
-    be.execute_split(&[&node], &[args]).unwrap();
+    be.execute_split(SplitKey::UNPLANNED, &[&node], &[args])
+        .unwrap();
 }
 
 #[test]
@@ -176,7 +185,7 @@ fn a_norm_whose_gain_is_not_on_the_device_is_an_error_naming_node_and_tensor() {
             kv: None,
             weights: &w,
         };
-        let r = be.execute_split(&[&norm], &[args]);
+        let r = be.execute_split(SplitKey::UNPLANNED, &[&norm], &[args]);
         if registered {
             r.unwrap();
         } else {
@@ -225,7 +234,7 @@ fn attention_shape_and_window_guards_are_errors_naming_the_node() {
             kv: Some(KvPair { k, v }),
             weights: &w,
         };
-        be.execute_split(&[&attn(ne0)], &[args])
+        be.execute_split(SplitKey::UNPLANNED, &[&attn(ne0)], &[args])
     };
     // Control: a well-formed node runs.
     run(n_head * hd, 12).unwrap();

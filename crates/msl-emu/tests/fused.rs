@@ -9,6 +9,7 @@
 //!   region's n_ctx, before any dispatch (control: the last cell is stored, nothing else).
 
 use minfer_gguf::{quants, GgmlType};
+use minfer_graph::contract::*;
 use minfer_graph::{
     assign_backends, execute, fill_input, read_output, Allocator, Backend, BackendId, DType,
     ExecArgs, Graph, GraphBuilder, InputKind, Node, NodeId, Op, Placement, QkNormSpec, QkvFused,

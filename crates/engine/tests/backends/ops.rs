@@ -5,6 +5,7 @@
 use super::Row;
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
+use minfer_graph::contract::*;
 use minfer_graph::{Backend, KvLayout, RopeSpec, RopeStyle};
 
 /// KV region operations against the CPU backend's: copies bit for bit (overlapping both

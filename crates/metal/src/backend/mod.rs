@@ -1,4 +1,4 @@
-//! `MetalBackend`: the graph executor on a Metal [`Device`] (seed §2.2, §4.1–4.9). The same
+//! `MetalBackend`: the graph executor on a Metal [`Identity`] (seed §2.2, §4.1–4.9). The same
 //! code drives a real GPU (crate `minfer-metal-objc`) and the MSL emulator (crate
 //! `minfer-msl-emu`), so the emulator proves the executor, not just the kernels.
 //!
@@ -20,9 +20,9 @@ use std::time::Instant;
 
 use minfer_gguf::GgmlType;
 use minfer_graph::{
-    support, Backend, BackendId, BufId, DType, Error as GraphError, ExecArgs, FusedOp, KvLayout,
-    Node, NodeId, Op, Refusal, Result as GraphResult, RopeSpec, Support, WeightId, WeightRef,
-    WeightSource,
+    support, BackendId, BufId, Capabilities, DType, Error as GraphError, ExecArgs, Executor,
+    FusedOp, Identity, KvLayout, Memory, Node, NodeId, Op, Refusal, Result as GraphResult,
+    RopeSpec, SplitKey, Support, WeightId, WeightRef, WeightSource,
 };
 
 use crate::device::Device;
@@ -53,7 +53,7 @@ pub struct MetalBackend<D: Device> {
     weight_copy: bool,
     /// Nodes encoded so far (tests check a device path really ran).
     encoded: u64,
-    /// Trace capture staging (armed by [`Backend::capture`]).
+    /// Trace capture staging (armed by [`minfer_graph::Executor::capture`]).
     capture: Staging<D>,
 }
 
@@ -213,7 +213,7 @@ impl<D: Device> Drop for MetalBackend<D> {
     }
 }
 
-impl<D> Backend for MetalBackend<D>
+impl<D> Identity for MetalBackend<D>
 where
     D: Device + Send,
     D::Buffer: Clone + Send,
@@ -221,10 +221,17 @@ where
     fn id(&self) -> BackendId {
         self.id
     }
+
     fn name(&self) -> &str {
         &self.name
     }
+}
 
+impl<D> Memory for MetalBackend<D>
+where
+    D: Device + Send,
+    D::Buffer: Clone + Send,
+{
     fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ne1 == 1 {
             // Gains and biases become f32 vectors at load.
@@ -254,37 +261,6 @@ where
 
     fn weights_bytes(&self) -> usize {
         self.weights.bytes
-    }
-
-    fn batch_invariant(&self) -> bool {
-        // The matmul tier (mat-vec, multi-row, GEMM) is chosen by the forward's row count
-        // and the tiers round differently, so a row's bits depend on its batch.
-        false
-    }
-
-    fn check_kv_type(&self, ty: GgmlType) -> Support {
-        if METAL_KV_TYPES.contains(&ty) {
-            Ok(())
-        } else {
-            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name).into())
-        }
-    }
-
-    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> Support {
-        support(exec::op_refusal(&self.dev, op, weights))
-    }
-
-    fn supports_fused(&self, op: FusedOp) -> Support {
-        match op {
-            FusedOp::SwiGLU
-            | FusedOp::QkvRopeStore
-            | FusedOp::QkvNormRopeStore
-            | FusedOp::FfnGateUp => Ok(()),
-            // Not written for Metal yet: the chain runs unfused.
-            FusedOp::InputNorm | FusedOp::MatMulAdd => {
-                Err(format!("{op:?} is not written for Metal").into())
-            }
-        }
     }
 
     fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
@@ -321,7 +297,50 @@ where
         let b = self.buffer(buf)?;
         self.dev.read_bytes(b, offset, out).map_err(|e| self.err(e))
     }
+}
 
+impl<D> Capabilities for MetalBackend<D>
+where
+    D: Device + Send,
+    D::Buffer: Clone + Send,
+{
+    fn batch_invariant(&self) -> bool {
+        // The matmul tier (mat-vec, multi-row, GEMM) is chosen by the forward's row count
+        // and the tiers round differently, so a row's bits depend on its batch.
+        false
+    }
+
+    fn check_kv_type(&self, ty: GgmlType) -> Support {
+        if METAL_KV_TYPES.contains(&ty) {
+            Ok(())
+        } else {
+            Err(format!("{} reads f32, f16 and q8_0 KV caches", self.name).into())
+        }
+    }
+
+    fn supports_op(&self, op: &Op, _dtype: DType, weights: &dyn WeightSource) -> Support {
+        support(exec::op_refusal(&self.dev, op, weights))
+    }
+
+    fn supports_fused(&self, op: FusedOp) -> Support {
+        match op {
+            FusedOp::SwiGLU
+            | FusedOp::QkvRopeStore
+            | FusedOp::QkvNormRopeStore
+            | FusedOp::FfnGateUp => Ok(()),
+            // Not written for Metal yet: the chain runs unfused.
+            FusedOp::InputNorm | FusedOp::MatMulAdd => {
+                Err(format!("{op:?} is not written for Metal").into())
+            }
+        }
+    }
+}
+
+impl<D> Executor for MetalBackend<D>
+where
+    D: Device + Send,
+    D::Buffer: Clone + Send,
+{
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> GraphResult<()> {
         let t0 = self.profile.as_ref().map(|_| Instant::now());
         if let Some(t) = &mut self.trace {
@@ -342,7 +361,12 @@ where
         })
     }
 
-    fn execute_split(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> GraphResult<()> {
+    fn execute_split(
+        &mut self,
+        _key: SplitKey,
+        nodes: &[&Node],
+        args: &[ExecArgs],
+    ) -> GraphResult<()> {
         for (node, a) in nodes.iter().zip(args) {
             if let Err(e) = self.execute_node(node, a) {
                 // What was encoded is valid work (KV stores among it): run it, then fail.
