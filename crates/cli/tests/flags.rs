@@ -242,6 +242,37 @@ fn flag_value_errors_exit_2_consistently() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
+/// `serve --lookup[=N] --draft-max M` (issue 31) check their ranges as `run`'s do, before
+/// the model loads: exit 2 naming the flag. Control: the edges are accepted (the server then
+/// stops at the next check, an unresolvable `--host`, not at the flag).
+#[test]
+fn serve_lookup_flags_are_range_checked() {
+    let m = tiny();
+    let m = m.to_str().unwrap();
+    for (flags, name) in [
+        (&["--lookup=0"][..], "--lookup"),
+        (&["--lookup=17"][..], "--lookup"),
+        (&["--lookup", "--draft-max", "0"][..], "--draft-max"),
+        (&["--lookup", "--draft-max", "65"][..], "--draft-max"),
+    ] {
+        let out = minfer()
+            .args([&["serve", "-m", m][..], flags].concat())
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(name), "{flags:?}: {err}");
+    }
+    for flags in [&["--lookup=16", "--draft-max", "64"][..], &["--lookup"][..]] {
+        let out = minfer()
+            .args([&["serve", "-m", m, "--host", "nowhere"][..], flags].concat())
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(err.contains("--host nowhere"), "{flags:?}: {err}");
+    }
+}
+
 /// `minfer run "-hello"` used to print the help (`-h` in the cluster) and exit 0.
 #[test]
 fn a_prompt_starting_with_a_dash_is_an_error_suggesting_double_dash() {

@@ -343,3 +343,82 @@ fn a_resumed_chat_continues_bit_identically() {
     assert!(err.to_string().contains("checksum"), "{err}");
     assert!(fresh.messages().is_empty() && fresh.kv_tokens().is_empty());
 }
+
+/// Prompt lookup across turns (issue 31): every reply, the KV's tokens and the next logits
+/// are plain decoding's, and a session saved after a speculative turn resumes identically
+/// into another speculating chat. A rejected draft's row left in the KV would sit at a
+/// position a later turn writes again and change its logits; the probe decodes at the end
+/// compare them bit for bit. Control: drafts were both accepted and rejected (else the
+/// truncation never ran), in every chat that speculated.
+#[test]
+fn lookup_across_turns_and_a_resumed_session_is_plain_decoding() {
+    use minfer_generate::lookup::LookupConfig;
+    let path = model(Arch::Qwen2, 2, 31);
+    let file = tmp("lookup.session");
+    let spec_cfg = || {
+        let mut c = config(24, 0.0);
+        c.lookup = Some(LookupConfig {
+            ngram: 2,
+            draft_max: 8,
+        });
+        c
+    };
+    let mut plain = chat(&path, 512, GgmlType::F16, config(24, 0.0));
+    let mut spec = chat(&path, 512, GgmlType::F16, spec_cfg());
+    plain.set_system(Some("sys"));
+    spec.set_system(Some("sys"));
+    let (mut drafted, mut accepted) = (0, 0);
+    let mut tally = |r: &TurnReport| {
+        let s = r
+            .speculative
+            .expect("a speculating turn reports its drafts");
+        drafted += s.drafted;
+        accepted += s.accepted;
+    };
+    let turns = ["the river the river", WORDS[1], WORDS[4], WORDS[7]];
+    for (i, w) in turns.iter().enumerate() {
+        let a = plain.send(w, &AtomicBool::new(false), |_| {}).unwrap();
+        let b = spec.send(w, &AtomicBool::new(false), |_| {}).unwrap();
+        assert!(a.speculative.is_none());
+        assert_eq!(a.reply, b.reply, "turn {i}");
+        assert_eq!((a.generated, a.prefilled), (b.generated, b.prefilled));
+        assert_eq!(plain.kv_tokens(), spec.kv_tokens(), "turn {i}");
+        assert_eq!(spec.engine().n_past(), spec.kv_tokens().len());
+        assert_in_sync(&spec);
+        tally(&b);
+    }
+    spec.save(&file).unwrap();
+    // Resumed into a new speculating chat, and carried on in the old one and the plain one.
+    let mut resumed = chat(&path, 512, GgmlType::F16, spec_cfg());
+    resumed.load(&file).unwrap();
+    assert_eq!(resumed.kv_tokens(), plain.kv_tokens());
+    for w in [WORDS[2], WORDS[8]] {
+        let a = plain.send(w, &AtomicBool::new(false), |_| {}).unwrap();
+        let b = spec.send(w, &AtomicBool::new(false), |_| {}).unwrap();
+        let c = resumed.send(w, &AtomicBool::new(false), |_| {}).unwrap();
+        assert_eq!(a.reply, b.reply);
+        assert_eq!(a.reply, c.reply);
+        assert_eq!(
+            a.prefilled, c.prefilled,
+            "the resumed chat prefilled the same tokens"
+        );
+        assert_eq!(plain.kv_tokens(), resumed.kv_tokens());
+        tally(&b);
+        tally(&c);
+    }
+    let n = plain.kv_tokens().len();
+    let probe = |c: &mut Chat| c.engine_mut().decode(&[5], n, 1).unwrap().to_vec();
+    let lp = probe(&mut plain);
+    for (name, c) in [("speculating", &mut spec), ("resumed", &mut resumed)] {
+        let l = probe(c);
+        assert!(
+            lp.iter().zip(&l).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "the {name} chat's KV differs from plain decoding's"
+        );
+    }
+    eprintln!("lookup: {accepted} of {drafted} drafts accepted");
+    assert!(
+        accepted > 0 && drafted > accepted,
+        "{accepted} of {drafted} drafts accepted: both kinds are needed"
+    );
+}

@@ -138,3 +138,72 @@ fn verify_cost_by_rows() {
         eprintln!("rows {rows}: {:.2} ms (median of 5)", times[2]);
     }
 }
+
+/// A chat with lookup on SmolLM2 (issue 31: rejected rows never survive in the KV): three
+/// code-edit turns give the plain chat's replies and KV tokens, and a session saved after the
+/// speculative turns, resumed into a new speculating chat, carries on with the same reply and
+/// the same next logits bit for bit. Control: drafts were accepted and rejected.
+#[test]
+fn a_chat_and_its_resumed_session_with_lookup_equal_plain_decoding() {
+    use minfer_generate::chat::{Chat, ChatConfig};
+    use std::sync::atomic::AtomicBool;
+    let Some(m) = minfer_testkit::models::smol() else {
+        return;
+    };
+    let cfg = |lookup| ChatConfig {
+        sampler: SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        max_tokens: 64,
+        reply_reserve: 64,
+        lookup,
+        ..ChatConfig::default()
+    };
+    let open = |lookup| {
+        let e = Engine::load(
+            &m,
+            EngineConfig {
+                n_ctx: 2048,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        Chat::new(e, cfg(lookup)).unwrap()
+    };
+    let on = Some(LookupConfig::default());
+    let (mut plain, mut spec) = (open(None), open(on));
+    let all = prompts();
+    let (mut drafted, mut accepted) = (0, 0);
+    let no = AtomicBool::new(false);
+    for p in [&all[0], &all[7], &all[12]] {
+        let a = plain.send(p, &no, |_| {}).unwrap();
+        let b = spec.send(p, &no, |_| {}).unwrap();
+        assert_eq!(a.reply, b.reply);
+        assert_eq!(plain.kv_tokens(), spec.kv_tokens());
+        let s = b.speculative.unwrap();
+        drafted += s.drafted;
+        accepted += s.accepted;
+    }
+    let file =
+        std::env::temp_dir().join(format!("minfer-lookup-chat-{}.session", std::process::id()));
+    spec.save(&file).unwrap();
+    let mut resumed = open(on);
+    resumed.load(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(resumed.kv_tokens(), plain.kv_tokens());
+    let last = "Now rename `acc` back and reply with the code only.";
+    let a = plain.send(last, &no, |_| {}).unwrap();
+    let c = resumed.send(last, &no, |_| {}).unwrap();
+    assert_eq!(a.reply, c.reply);
+    assert_eq!(a.prefilled, c.prefilled);
+    let n = plain.kv_tokens().len();
+    let la = plain.engine_mut().decode(&[5], n, 1).unwrap().to_vec();
+    let lc = resumed.engine_mut().decode(&[5], n, 1).unwrap().to_vec();
+    assert!(la.iter().zip(&lc).all(|(x, y)| x.to_bits() == y.to_bits()));
+    eprintln!("smollm2 chat: {accepted} of {drafted} drafts accepted");
+    assert!(
+        accepted > 0 && drafted > accepted,
+        "{accepted} of {drafted}"
+    );
+}

@@ -70,6 +70,9 @@ pub struct ServeConfig {
     /// The one origin browsers may call the API from (`--cors-origin`); None: no CORS
     /// headers at all, so browsers refuse cross-origin calls.
     pub cors_origin: Option<String>,
+    /// Prompt lookup for the requests that do not say (`--lookup[=N]`, `--draft-max`): only
+    /// those it is exact for, greedy and unconstrained (request::speculative).
+    pub lookup: Option<minfer_generate::lookup::LookupConfig>,
 }
 
 impl Default for ServeConfig {
@@ -89,6 +92,7 @@ impl Default for ServeConfig {
             max_total_tokens: None,
             max_tools_bytes: 256 << 10,
             cors_origin: None,
+            lookup: None,
         }
     }
 }

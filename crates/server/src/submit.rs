@@ -4,7 +4,7 @@
 use crate::engine_loop::{Job, JobEvent};
 use crate::error::ApiError;
 use crate::metrics::Reject;
-use crate::request::GenParams;
+use crate::request::{speculative, GenParams};
 use crate::AppState;
 use minfer_generate::GenerateRequest;
 use std::sync::atomic::Ordering;
@@ -27,14 +27,27 @@ pub struct Submitted {
 }
 
 /// The engine requests of one prompt's `n` choices. Choice `i` samples with `seed + i`, so
-/// sampled choices differ while each stays reproducible.
+/// sampled choices differ while each stays reproducible. A `speculative` the request asks
+/// for and cannot have (request::speculative) is refused here, before the queue.
 pub fn choices(
     state: &AppState,
     prompt: &[u32],
     gen: &GenParams,
     grammar: Option<&minfer_generate::constrain::Grammar>,
-) -> Vec<GenerateRequest> {
-    (0..gen.n)
+) -> Result<Vec<GenerateRequest>, ApiError> {
+    // A grammar without a constraint field is the one a forced tool call compiles.
+    let constrained_by = match (&gen.constraint, grammar) {
+        (Some((_, field)), _) => Some(*field),
+        (None, Some(_)) => Some("tool_choice"),
+        (None, None) => None,
+    };
+    let lookup = speculative::resolve(
+        gen.speculative,
+        state.cfg.lookup,
+        gen.sampler.temperature,
+        constrained_by,
+    )?;
+    Ok((0..gen.n)
         .map(|i| {
             let mut sampler = gen.sampler.clone();
             sampler.seed = sampler.seed.wrapping_add(i as u64);
@@ -46,10 +59,10 @@ pub fn choices(
                 eog: state.eog.clone(),
                 logprobs: gen.logprobs,
                 constraint: grammar.cloned(),
-                lookup: None,
+                lookup,
             }
         })
-        .collect()
+        .collect())
 }
 
 /// Queues a job, or refuses it when the queue is full or the server is draining.

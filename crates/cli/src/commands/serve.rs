@@ -2,6 +2,7 @@
 //! server (crate `minfer-server`); this module only maps flags to its config.
 
 use super::args::ModelArgs;
+use super::spec_args::SpecArgs;
 use crate::usage;
 use anyhow::Context;
 use clap::Args as ClapArgs;
@@ -12,6 +13,11 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    // The server's default speculation: requests that do not say (`"speculative"` absent
+    // or null) get prompt lookup where it is exact, greedy and unconstrained ones; the
+    // others decode plainly. A request's own `"speculative"` overrides it (`false`: off).
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Address to bind: an IP address or a host name such as localhost (loopback unless
     /// told otherwise).
     #[arg(long, default_value = "127.0.0.1")]
@@ -218,6 +224,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_total_tokens: args.max_total_tokens,
         max_tools_bytes: args.max_tools_bytes,
         cors_origin: args.cors_origin.clone(),
+        lookup: args.spec.config(),
     };
     let state = AppState::start(engine, cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -236,6 +243,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "load: {load_ms:.1} ms; n_ctx {n_ctx}, {} parallel sequences",
             args.parallel
         );
+        if let Some(l) = args.spec.config() {
+            eprintln!(
+                "lookup: n-gram {}, draft-max {} for greedy unconstrained requests that do not set \"speculative\"",
+                l.ngram, l.draft_max
+            );
+        }
         eprintln!("listening on http://{addr}");
         minfer_server::serve(state, listener, signals).await?;
         anyhow::Ok(())

@@ -127,6 +127,8 @@ pub struct TurnReport {
     pub notices: Vec<String>,
     pub timings: Timings,
     pub reply: String,
+    /// What prompt lookup did this turn, when the chat speculates.
+    pub speculative: Option<crate::lookup::SpecStats>,
 }
 
 pub struct Chat {
@@ -367,13 +369,14 @@ impl Chat {
             },
             |_, _| {},
         );
-        let (end, generated, timings, fed) = match res {
+        let (end, generated, timings, fed, speculative) = match res {
             Ok(r) => {
                 let end = match r.interrupted {
                     true => TurnEnd::Interrupted,
                     false => TurnEnd::Finished(r.out.finish),
                 };
-                (end, r.out.tokens.len(), r.out.timings, r.kv_tokens)
+                let spec = r.out.speculative;
+                (end, r.out.tokens.len(), r.out.timings, r.kv_tokens, spec)
             }
             Err(e) => {
                 // The messages are unchanged; the KV keeps what it held before the turn.
@@ -424,6 +427,7 @@ impl Chat {
             notices,
             timings,
             reply,
+            speculative,
         })
     }
 

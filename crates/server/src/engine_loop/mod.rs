@@ -15,6 +15,7 @@ pub use faults::{Faults, MarkedFault};
 use faults::{Model, PendingFaults};
 use minfer_engine::Engine;
 use minfer_generate::chat::Pieces;
+use minfer_generate::lookup::SpecStats;
 use minfer_generate::sched::{SchedConfig, SchedEvent, Scheduler, Stage};
 use minfer_generate::{FinishReason, GenerateRequest, TokenLogprob};
 use minfer_tokenizer::Tokenizer;
@@ -52,6 +53,8 @@ pub enum JobEvent {
         completion_tokens: usize,
         /// Prompt tokens shared from cached cells instead of computed.
         cached_tokens: usize,
+        /// What prompt lookup did, when the choice speculated.
+        speculative: Option<SpecStats>,
     },
     /// The choice failed (a forward or its sampler); the message says why.
     Failed { choice: usize, message: String },
@@ -191,6 +194,7 @@ fn on_event(
                 prompt_tokens: gen.prompt().len(),
                 completion_tokens: n,
                 cached_tokens: cached,
+                speculative: gen.out.speculative,
             });
         }
         SchedEvent::Failed { message, .. } => tag.job.send(JobEvent::Failed { choice, message }),

@@ -6,6 +6,7 @@ pub mod completion;
 pub mod constraint;
 pub mod fields;
 pub mod sampling_extra;
+pub mod speculative;
 
 use crate::error::ApiError;
 use fields::Fields;
@@ -43,6 +44,9 @@ pub struct GenParams {
     pub include_usage: bool,
     /// What the reply must follow, and the field that asked for it.
     pub constraint: Option<(minfer_generate::constrain::ConstraintSpec, &'static str)>,
+    /// minfer's `speculative` field (checked against the sampling and the constraint when
+    /// the request is submitted, where a forced tool call's grammar is known too).
+    pub speculative: speculative::Speculative,
 }
 
 /// Most alternatives per token a request may ask for (OpenAI's limit).
@@ -169,6 +173,7 @@ pub fn gen_params(
     f.str("user")?;
     f.str("model")?;
     let constraint = constraint::read(f)?;
+    let speculative = speculative::read(f.get("speculative"))?;
     let mut sampler = SamplerConfig {
         temperature,
         top_k,
@@ -195,6 +200,7 @@ pub fn gen_params(
         stream,
         include_usage,
         constraint,
+        speculative,
     })
 }
 

@@ -50,7 +50,7 @@ fn start(
     let req = parse(&v, &st.limits)?;
     let prompt = chat_prompt(st, &req)?;
     let grammar = crate::constraint::chat_grammar(st, &req)?;
-    let sub = submit(st, choices(st, &prompt.tokens, &req.gen, grammar.as_ref()))?;
+    let sub = submit(st, choices(st, &prompt.tokens, &req.gen, grammar.as_ref())?)?;
     Ok((req, prompt.forced, sub))
 }
 
@@ -137,7 +137,7 @@ async fn respond(
         "created": collect::unix_now(),
         "model": st.cfg.model_id,
         "choices": out,
-        "usage": collect::usage(prompt, completion, cached),
+        "usage": collect::usage(prompt, completion, cached, &accs),
         "system_fingerprint": "minfer",
     })))
 }
@@ -312,7 +312,7 @@ async fn drive(
         let v = json!({
             "id": id, "object": "chat.completion.chunk", "created": created,
             "model": st.cfg.model_id, "system_fingerprint": "minfer",
-            "choices": [], "usage": collect::usage(p, c, cached),
+            "choices": [], "usage": collect::usage(p, c, cached, &accs),
         });
         send(tx, &v).await?;
     }

@@ -5,6 +5,7 @@ use crate::engine_loop::JobEvent;
 use crate::error::ApiError;
 use crate::metrics::Finish;
 use crate::AppState;
+use minfer_generate::lookup::SpecStats;
 use minfer_generate::{FinishReason, TokenLogprob};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -18,6 +19,7 @@ pub struct ChoiceAcc {
     pub completion_tokens: usize,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
+    pub speculative: Option<SpecStats>,
     pub failed: Option<String>,
 }
 
@@ -52,8 +54,10 @@ pub fn apply(accs: &mut [ChoiceAcc], e: JobEvent) -> usize {
             prompt_tokens,
             completion_tokens,
             cached_tokens,
+            speculative,
         } => {
             let a = &mut accs[choice];
+            a.speculative = speculative;
             a.finish = Some(finish);
             a.prompt_tokens = prompt_tokens;
             a.completion_tokens = completion_tokens;
@@ -107,14 +111,33 @@ pub fn finish_metric(name: &str) -> Finish {
     }
 }
 
-/// The usage object; a prompt shared by `n` choices is counted once per prompt.
-pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Value {
-    json!({
+/// The usage object; a prompt shared by `n` choices is counted once per prompt. When any
+/// choice speculated, the drafts are counted in OpenAI's own fields for proposed tokens
+/// (`completion_tokens_details.accepted_prediction_tokens` / `rejected_prediction_tokens`,
+/// those of its Predicted Outputs), summed over the choices: the drafts are predictions
+/// the model checked, and as there they do not change `completion_tokens`.
+pub fn usage(
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+    accs: &[ChoiceAcc],
+) -> Value {
+    let mut u = json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    })
+    });
+    let spec: Vec<SpecStats> = accs.iter().filter_map(|a| a.speculative).collect();
+    if !spec.is_empty() {
+        let drafted: usize = spec.iter().map(|s| s.drafted).sum();
+        let accepted: usize = spec.iter().map(|s| s.accepted).sum();
+        u["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        });
+    }
+    u
 }
 
 fn piece(st: &AppState, id: u32) -> Vec<u8> {

@@ -56,10 +56,10 @@ fn start(st: &Arc<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Started
         .map(|p| text_prompt(st, p, special))
         .collect::<Result<Vec<_>, _>>()?;
     let grammar = crate::constraint::text_grammar(st, &req.gen)?;
-    let all = prompts
-        .iter()
-        .flat_map(|p| choices(st, p, &req.gen, grammar.as_ref()))
-        .collect();
+    let mut all = Vec::new();
+    for p in &prompts {
+        all.extend(choices(st, p, &req.gen, grammar.as_ref())?);
+    }
     let sub = submit(st, all)?;
     Ok(Started { req, prompts, sub })
 }
@@ -83,6 +83,7 @@ fn usage_of(s: &Started, accs: &[ChoiceAcc]) -> Value {
         prompt,
         accs.iter().map(|a| a.completion_tokens).sum(),
         cached,
+        accs,
     )
 }
 
