@@ -6,8 +6,7 @@
 //! (the batcher before issue 34) fails both tests at the batch-mates' failure.
 
 use super::*;
-use crate::sampler::SamplerConfig;
-use crate::GenerateRequest;
+use crate::test_support::{greedy, Letters};
 use minfer_engine::{BatchLogits, SeqId};
 
 #[derive(Debug)]
@@ -67,29 +66,6 @@ impl LogitsModel for Flaky {
     }
     fn failed_entry(e: &Broke) -> Option<usize> {
         e.entry
-    }
-}
-
-struct Letters;
-impl TokenBytes for Letters {
-    fn token_bytes(&self, id: u32) -> Vec<u8> {
-        vec![b'a' + id as u8]
-    }
-}
-
-fn greedy(prompt: Vec<u32>, n: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt,
-        max_tokens: n,
-        sampler: SamplerConfig {
-            temperature: 0.0,
-            ..SamplerConfig::default()
-        },
-        stop_strings: vec![],
-        eog: vec![],
-        logprobs: None,
-        constraint: None,
-        lookup: None,
     }
 }
 

@@ -24,6 +24,8 @@ pub mod sampler;
 pub mod sched;
 mod seq;
 pub mod stop;
+#[cfg(test)]
+mod test_support;
 
 pub use batcher::{Batcher, Event, StepFailed};
 pub use seq::{Failure, SeqGen, TokenLogprob};
@@ -196,6 +198,7 @@ pub fn generate_batch<M: LogitsModel>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{greedy, Letters};
     use minfer_engine::{BatchEntry, BatchLogits};
 
     /// A fake model whose next token is always (last + 1) mod vocab, greedily.
@@ -246,29 +249,6 @@ mod tests {
         }
     }
 
-    struct Letters;
-    impl TokenBytes for Letters {
-        fn token_bytes(&self, id: u32) -> Vec<u8> {
-            vec![b'a' + id as u8]
-        }
-    }
-
-    fn greedy_req(prompt: Vec<u32>, n: usize) -> GenerateRequest {
-        GenerateRequest {
-            prompt,
-            max_tokens: n,
-            sampler: SamplerConfig {
-                temperature: 0.0,
-                ..SamplerConfig::default()
-            },
-            stop_strings: vec![],
-            eog: vec![],
-            logprobs: None,
-            constraint: None,
-            lookup: None,
-        }
-    }
-
     fn counter(n_ctx: usize) -> Counter {
         Counter {
             vocab: 26,
@@ -282,7 +262,7 @@ mod tests {
     fn prefill_once_then_one_token_per_step_at_the_right_positions() {
         let mut m = counter(100);
         let mut streamed = Vec::new();
-        let out = generate(&mut m, &Letters, &greedy_req(vec![0, 1], 4), |b| {
+        let out = generate(&mut m, &Letters, &greedy(vec![0, 1], 4), |b| {
             streamed.extend_from_slice(b)
         })
         .unwrap();
@@ -296,7 +276,7 @@ mod tests {
     #[test]
     fn eog_token_ends_without_text() {
         let mut m = counter(100);
-        let mut req = greedy_req(vec![0], 10);
+        let mut req = greedy(vec![0], 10);
         req.eog = vec![3];
         let out = generate(&mut m, &Letters, &req, |_| {}).unwrap();
         assert_eq!(out.tokens, vec![1, 2, 3]);
@@ -307,7 +287,7 @@ mod tests {
     #[test]
     fn stop_string_across_tokens_truncates() {
         let mut m = counter(100);
-        let mut req = greedy_req(vec![0], 10);
+        let mut req = greedy(vec![0], 10);
         req.stop_strings = vec!["de".into()];
         let out = generate(&mut m, &Letters, &req, |_| {}).unwrap();
         assert_eq!(out.text, b"bc");
@@ -317,10 +297,10 @@ mod tests {
     #[test]
     fn context_limit_and_prompt_too_long() {
         let mut m = counter(4);
-        let out = generate(&mut m, &Letters, &greedy_req(vec![0, 1], 10), |_| {}).unwrap();
+        let out = generate(&mut m, &Letters, &greedy(vec![0, 1], 10), |_| {}).unwrap();
         assert_eq!(out.finish, FinishReason::Context);
         assert_eq!(out.tokens.len(), 2);
-        let e = generate(&mut m, &Letters, &greedy_req(vec![0; 5], 1), |_| {}).unwrap_err();
+        let e = generate(&mut m, &Letters, &greedy(vec![0; 5], 1), |_| {}).unwrap_err();
         assert!(matches!(
             e,
             GenerateError::PromptTooLong {

@@ -4,7 +4,7 @@
 //! the fake asserts: the engine would silently drop a tail, the fake does not).
 
 use super::*;
-use crate::sampler::SamplerConfig;
+use crate::test_support::greedy;
 use crate::{generate, GenerateRequest, LogitsModel, TokenBytes};
 use minfer_engine::{BatchEntry, BatchLogits, SeqId};
 use std::collections::HashMap;
@@ -72,17 +72,8 @@ impl TokenBytes for Ids {
 
 fn req(prompt: Vec<u32>, n: usize, lookup: Option<LookupConfig>) -> GenerateRequest {
     GenerateRequest {
-        prompt,
-        max_tokens: n,
-        sampler: SamplerConfig {
-            temperature: 0.0,
-            ..SamplerConfig::default()
-        },
-        stop_strings: vec![],
-        eog: vec![],
-        logprobs: None,
-        constraint: None,
         lookup,
+        ..greedy(prompt, n)
     }
 }
 

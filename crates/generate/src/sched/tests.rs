@@ -4,7 +4,7 @@
 //! must give the other answer.
 
 use super::*;
-use crate::sampler::SamplerConfig;
+use crate::test_support::{greedy, Letters};
 use minfer_engine::{BatchEntry, BatchLogits, LogitsModel};
 use std::collections::HashMap;
 
@@ -98,29 +98,6 @@ impl SeqHost for Fake {
     }
     fn free_cells(&self) -> usize {
         self.n_cells - self.seqs.values().map(|s| s.1).sum::<usize>()
-    }
-}
-
-struct Letters;
-impl TokenBytes for Letters {
-    fn token_bytes(&self, id: u32) -> Vec<u8> {
-        vec![b'a' + id as u8]
-    }
-}
-
-fn greedy(prompt: Vec<u32>, n: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt,
-        max_tokens: n,
-        sampler: SamplerConfig {
-            temperature: 0.0,
-            ..SamplerConfig::default()
-        },
-        stop_strings: vec![],
-        eog: vec![],
-        logprobs: None,
-        constraint: None,
-        lookup: None,
     }
 }
 
