@@ -17,8 +17,8 @@ pub mod threads;
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
     BackendId, BufId, Capabilities, CaptureLog, DType, Error, ExecArgs, Executor, FusedOp,
-    Identity, KvLayout, Memory, Node, NodeId, Op, Result, RopeSpec, Support, WeightId, WeightRef,
-    WeightSource, WindowLayout,
+    Identity, Memory, Node, NodeId, Op, Result, Support, WeightId, WeightRef, WeightSource,
+    WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 pub use settings::CpuSettings;
@@ -308,6 +308,49 @@ impl CpuBackend {
                     as_bytes_mut(region),
                 )?;
             }
+            Op::KvCopy {
+                kind,
+                layout,
+                src,
+                dst,
+                n,
+                ..
+            } => {
+                let (k, v) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
+                let region = match kind {
+                    minfer_graph::KvKind::K => k,
+                    minfer_graph::KvKind::V => v,
+                };
+                ops::kv_cells::copy_cells(as_bytes_mut(region), layout.cell_bytes, *src, *dst, *n)
+                    .map_err(|e| KernelError(e.to_string()))?;
+            }
+            Op::KvRopeShift {
+                layout,
+                rope,
+                cell,
+                n,
+                delta,
+                ..
+            } => {
+                let (k, _) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
+                let shift = ops::kv_cells::ShiftRope {
+                    style: rope.style,
+                    freq_base: rope.freq_base,
+                    freq_scale: rope.freq_scale,
+                    fused: false,
+                };
+                ops::kv_cells::rope_shift(
+                    as_bytes_mut(k),
+                    layout.cache_type,
+                    layout.n_head_kv,
+                    layout.head_dim,
+                    &shift,
+                    *cell,
+                    *n,
+                    *delta,
+                )
+                .map_err(|e| KernelError(e.to_string()))?;
+            }
             Op::Attention {
                 n_head,
                 n_head_kv,
@@ -504,6 +547,15 @@ impl Capabilities for CpuBackend {
             Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => {
                 self.check_kv_type(*cache_type)
             }
+            Op::KvCopy { layout, .. } => self.check_kv_type(layout.cache_type),
+            Op::KvRopeShift { layout, .. } => match layout.cache_type {
+                GgmlType::F32 | GgmlType::F16 => Ok(()),
+                other => Err(format!(
+                    "a {other} KV cache cannot shift positions on the CPU (its rows would be \
+                     re-quantized)"
+                )
+                .into()),
+            },
             Op::Input(_)
             | Op::SelectRows
             | Op::Rope { .. }
@@ -602,55 +654,5 @@ impl Executor for CpuBackend {
 
     fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
         self.captures.take_times()
-    }
-
-    fn kv_copy_cells(
-        &mut self,
-        region: BufId,
-        cell_bytes: usize,
-        src: usize,
-        dst: usize,
-        n: usize,
-    ) -> Result<()> {
-        let mut r = self.take(region)?;
-        let res = ops::kv_cells::copy_cells(as_bytes_mut(&mut r), cell_bytes, src, dst, n);
-        self.put(region, r);
-        res.map_err(|e| Error::Backend {
-            backend: "cpu".into(),
-            problem: e.to_string(),
-        })
-    }
-
-    fn kv_rope_shift(
-        &mut self,
-        k_region: BufId,
-        layout: &KvLayout,
-        rope: &RopeSpec,
-        cell: usize,
-        n: usize,
-        delta: i64,
-    ) -> Result<()> {
-        let shift = ops::kv_cells::ShiftRope {
-            style: rope.style,
-            freq_base: rope.freq_base,
-            freq_scale: rope.freq_scale,
-            fused: false,
-        };
-        let mut r = self.take(k_region)?;
-        let res = ops::kv_cells::rope_shift(
-            as_bytes_mut(&mut r),
-            layout.cache_type,
-            layout.n_head_kv,
-            layout.head_dim,
-            &shift,
-            cell,
-            n,
-            delta,
-        );
-        self.put(k_region, r);
-        res.map_err(|e| Error::Backend {
-            backend: "cpu".into(),
-            problem: e.to_string(),
-        })
     }
 }

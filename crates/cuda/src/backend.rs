@@ -9,13 +9,12 @@ use std::collections::HashMap;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    move_plan, support, BackendId, BufId, Capabilities, CaptureLog, DType, Error as GraphError,
-    ExecArgs, Executor, FusedOp, Identity, KvLayout, Memory, Node, NodeId, Op, PlanId,
-    Result as GraphResult, RopeSpec, RopeStyle, RowClasses, SplitKey, Support, WeightId, WeightRef,
-    WeightSource, Windows,
+    support, BackendId, BufId, Capabilities, CaptureLog, DType, Error as GraphError, ExecArgs,
+    Executor, FusedOp, Identity, Memory, Node, NodeId, Op, PlanId, Result as GraphResult,
+    RowClasses, SplitKey, Support, WeightId, WeightRef, WeightSource, Windows,
 };
 
-use crate::device::{Arg, DResult, Gpu};
+use crate::device::{DResult, Gpu};
 use crate::replay::Replayer;
 pub(crate) use crate::scratch::{HalfInput, Q8Input, Scratch};
 
@@ -386,6 +385,10 @@ pub(crate) fn op_refusal(op: &Op, weights: &dyn WeightSource) -> Option<String> 
         (!CUDA_KV_TYPES.contains(&ty)).then(|| format!("no CUDA kernels for a {ty} KV cache"))
     };
     match op {
+        Op::KvCopy { layout, .. } => kv(layout.cache_type),
+        Op::KvRopeShift { layout, .. } => {
+            kv(layout.cache_type).or_else(|| crate::cells::cell_op_refusal(op))
+        }
         Op::GetRows { weight } => matrix(*weight),
         Op::MatMul { weight, bias } => matrix(*weight).or_else(|| bias.and_then(vector)),
         Op::RmsNorm { weight, .. } => vector(*weight),
@@ -695,7 +698,11 @@ impl Executor for CudaBackend {
         // While a trace is armed every node's output is read back as it runs, which would
         // make a recorded split eager anyway: run it eagerly from the start. A split of no
         // plan has no identity to replay under.
-        if self.replayer.is_none() || self.captures.armed() || key.plan == SplitKey::UNPLANNED.plan
+        // A sequence's cell operations are one-off edits: nothing to replay.
+        if self.replayer.is_none()
+            || self.captures.armed()
+            || key.plan == SplitKey::UNPLANNED.plan
+            || nodes.iter().any(|n| n.op.is_cell_op())
         {
             for (node, a) in nodes.iter().zip(args) {
                 self.execute_node(node, a)?;
@@ -738,90 +745,5 @@ impl Executor for CudaBackend {
         self.gpu.sync().map_err(|e| self.err(e))?;
         self.profile_collect();
         Ok(())
-    }
-
-    fn kv_copy_cells(
-        &mut self,
-        region: BufId,
-        cell_bytes: usize,
-        src: usize,
-        dst: usize,
-        n: usize,
-    ) -> GraphResult<()> {
-        if n == 0 || src == dst {
-            return Ok(());
-        }
-        let (ptr, len) = self.buf(region).map_err(|e| self.err(e))?;
-        if (src.max(dst) + n) * cell_bytes > len {
-            return Err(self.err(format!(
-                "copy of {n} cells {src} -> {dst} outside a region of {} cells",
-                len / cell_bytes.max(1)
-            )));
-        }
-        self.mirror.remove(&region.0);
-        // Chunks no longer than the distance never overlap themselves; move_plan orders them.
-        let chunk = src.abs_diff(dst).min(n);
-        for (s, d, l) in move_plan(src, dst, n, chunk) {
-            self.gpu
-                .copy_d2d(
-                    ptr + (d * cell_bytes) as u64,
-                    ptr + (s * cell_bytes) as u64,
-                    l * cell_bytes,
-                )
-                .map_err(|e| self.err(e))?;
-        }
-        Ok(())
-    }
-
-    fn kv_rope_shift(
-        &mut self,
-        k_region: BufId,
-        layout: &KvLayout,
-        rope: &RopeSpec,
-        cell: usize,
-        n: usize,
-        delta: i64,
-    ) -> GraphResult<()> {
-        if n == 0 || delta == 0 {
-            return Ok(());
-        }
-        let ty = match layout.cache_type {
-            GgmlType::F32 => 0,
-            GgmlType::F16 => 1,
-            other => return Err(self.err(format!("a {other} KV cache cannot shift positions"))),
-        };
-        if !layout.head_dim.is_multiple_of(2) {
-            return Err(self.err(format!(
-                "RoPE needs an even head dim, not {}",
-                layout.head_dim
-            )));
-        }
-        let delta = i32::try_from(delta).map_err(|_| self.err(format!("shift {delta} too far")))?;
-        let (ptr, len) = self.buf(k_region).map_err(|e| self.err(e))?;
-        if (cell + n) * layout.cell_bytes > len {
-            return Err(self.err(format!("cells {cell}..{} outside the region", cell + n)));
-        }
-        let half = layout.head_dim / 2;
-        let total = n * layout.n_head_kv * half;
-        self.gpu
-            .launch(
-                "mf_kv_rope_shift",
-                (total.div_ceil(256) as u32, 1, 1),
-                256,
-                &[
-                    Arg::I32(ty),
-                    Arg::U64(ptr),
-                    Arg::U64(layout.cell_bytes as u64),
-                    Arg::I32(cell as i32),
-                    Arg::I32(n as i32),
-                    Arg::I32(layout.n_head_kv as i32),
-                    Arg::I32(layout.head_dim as i32),
-                    Arg::I32(delta),
-                    Arg::F32(theta_scale(rope.freq_base, layout.head_dim)),
-                    Arg::F32(rope.freq_scale),
-                    Arg::I32((rope.style == RopeStyle::Neox) as i32),
-                ],
-            )
-            .map_err(|e| self.err(e))
     }
 }

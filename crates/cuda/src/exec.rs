@@ -105,6 +105,7 @@ impl CudaBackend {
         let g = &self.gpu;
         match &node.op {
             Op::Input(_) => Ok(()),
+            Op::KvCopy { .. } | Op::KvRopeShift { .. } => self.encode_cell_op(node, args),
             Op::GetRows { weight } => {
                 let m = self.matrix(w, *weight)?;
                 if m.ne0 != ne0 {

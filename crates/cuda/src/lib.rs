@@ -9,6 +9,8 @@ mod attn;
 #[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
+mod cells;
+#[cfg(feature = "cuda")]
 pub mod device;
 mod error;
 #[cfg(feature = "cuda")]

@@ -1,7 +1,9 @@
 //! KV operations on sequences. The cell table ([`crate::kvcells`]) decides what moves; the
-//! physical work is backend calls on every layer's regions
-//! ([`minfer_graph::Executor::kv_copy_cells`], [`minfer_graph::Executor::kv_rope_shift`]),
-//! run by the backend that owns the region. No KV arithmetic is done here.
+//! physical work is a graph of cell operations on every layer's regions
+//! ([`minfer_graph::Op::KvCopy`], [`minfer_graph::Op::KvRopeShift`], built by
+//! [`minfer_graph::cell_ops_graph`]), each node on the backend that owns its region and run
+//! by the scheduler like a forward (`ModelRunner::apply_cell_ops`). No KV arithmetic is done
+//! here.
 //!
 //! - [`Engine::seq_remove`] forgets a position range (later positions keep theirs: a gap);
 //!   [`Engine::seq_shift`] moves a range's positions by `delta` and re-ropes its K rows

@@ -14,8 +14,9 @@ use crate::weights::intern;
 use crate::weights::ModelWeights;
 use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{
-    sched, Allocator, Backend, Graph, GraphCache, GraphParams, InputKind, KvLayout, Node,
-    Placement, Plan, RopeSpec, RowClass, RowClasses, WeightId, WindowLayout, Windows, KV_MAP_RUNS,
+    cell_ops_graph, sched, Allocator, Backend, BackendId, CellWork, Graph, GraphCache, GraphParams,
+    InputKind, KvLayout, KvRegion, Node, Placement, Plan, RopeSpec, RowClass, RowClasses, WeightId,
+    WindowLayout, Windows, KV_MAP_RUNS,
 };
 use minfer_models::{build_graph, output_weight_name, HParams};
 use std::collections::HashMap;
@@ -221,39 +222,65 @@ impl ModelRunner {
         }
     }
 
-    /// Runs cell operations on every layer's regions, on the backends that own them. Before
+    /// Runs cell operations on every layer's regions as a graph ([`cell_ops_graph`]): one
+    /// node per layer and region, on the backend holding the region, each asked
+    /// [`minfer_graph::Capabilities::supports_op`] before anything runs, planned by the
+    /// allocator (whose regions they name) and run by the scheduler like a forward. Before
     /// any graph has run there are no regions and nothing stored, so nothing to move.
     pub(crate) fn apply_cell_ops(&mut self, ops: &[CellOp]) -> Result<()> {
-        if ops.is_empty() {
+        let work: Vec<CellWork> = ops
+            .iter()
+            .map(|op| match *op {
+                CellOp::Copy { src, dst, n } => CellWork::Copy { src, dst, n },
+                CellOp::Shift { cell, n, delta } => CellWork::Shift { cell, n, delta },
+            })
+            .collect();
+        let regions: Vec<(usize, KvRegion)> = (0..self.hp.block_count)
+            .filter_map(|l| self.alloc.kv_region(l).map(|r| (l, r)))
+            .collect();
+        let owners: Vec<(usize, BackendId)> =
+            regions.iter().map(|(l, r)| (*l, r.backend)).collect();
+        let Some(graph) = cell_ops_graph(&owners, &work, self.kv_layout(), self.rope_spec()) else {
             return Ok(());
-        }
-        let layout = self.kv_layout();
-        let rope = self.rope_spec();
-        for layer in 0..self.hp.block_count {
-            let Some(r) = self.alloc.kv_region(layer) else {
-                continue;
-            };
+        };
+        let weights = ModelWeights {
+            model: &self.model,
+            ids: &self.ids,
+        };
+        for node in &graph.nodes {
+            let layer = node.layer.unwrap_or_default();
             let be = self
                 .backends
-                .iter_mut()
-                .find(|b| b.id() == r.backend)
+                .iter()
+                .find(|b| Some(b.id()) == node.backend)
                 .ok_or_else(|| KvError::Region {
                     layer,
-                    problem: format!("backend {} of the region is gone", r.backend),
+                    problem: format!("backend {:?} of the region is gone", node.backend),
                 })?;
-            for op in ops {
-                match *op {
-                    CellOp::Copy { src, dst, n } => {
-                        be.kv_copy_cells(r.pair.k, layout.cell_bytes, src, dst, n)?;
-                        be.kv_copy_cells(r.pair.v, layout.cell_bytes, src, dst, n)?;
-                    }
-                    CellOp::Shift { cell, n, delta } => {
-                        be.kv_rope_shift(r.pair.k, &layout, &rope, cell, n, delta)?;
-                    }
-                }
-            }
+            be.supports_op(&node.op, node.dtype, &weights)
+                .map_err(|why| KvError::Region {
+                    layer,
+                    problem: format!("{} cannot run {}: {why}", be.name(), node.op.name()),
+                })?;
         }
-        Ok(())
+        let kv_bytes = |n: &Node| -> minfer_graph::Result<usize> {
+            let layer = n.op.kv_layer();
+            regions
+                .iter()
+                .find(|(l, _)| Some(*l) == layer)
+                .map(|(_, r)| r.bytes)
+                .ok_or_else(|| minfer_graph::Error::Graph(format!("{}: no KV region", n.name)))
+        };
+        let plan = self.alloc.plan(&graph, &mut self.backends, &kv_bytes)?;
+        let ran = sched::execute(
+            &graph,
+            &plan,
+            &mut self.backends,
+            &weights,
+            &RowClasses::default(),
+        );
+        self.alloc.release(plan, &mut self.backends);
+        Ok(ran?)
     }
 
     pub(crate) fn params(

@@ -144,6 +144,27 @@ pub fn move_plan(src: usize, dst: usize, n: usize, chunk: usize) -> Vec<(usize, 
     plan
 }
 
+/// [`crate::Op::KvCopy`] through host memory: `n` cells of `region` from cell `src` to
+/// `dst` (memmove semantics), in chunks of 64 cells ordered by [`move_plan`]. For a backend
+/// whose memory has no device-side copy.
+pub fn copy_cells_through_host<M: Memory + ?Sized>(
+    mem: &mut M,
+    region: BufId,
+    cell_bytes: usize,
+    src: usize,
+    dst: usize,
+    n: usize,
+) -> Result<()> {
+    const CHUNK: usize = 64;
+    let mut tmp = vec![0u8; CHUNK.min(n) * cell_bytes];
+    for (s, d, len) in move_plan(src, dst, n, CHUNK) {
+        let t = &mut tmp[..len * cell_bytes];
+        mem.read(region, s * cell_bytes, t)?;
+        mem.write(region, d * cell_bytes, t)?;
+    }
+    Ok(())
+}
+
 /// The buffers one node execution reads and writes.
 pub struct ExecArgs<'a> {
     /// One buffer per `node.src`, on this backend (staged if produced elsewhere); `None` for
@@ -306,9 +327,10 @@ pub trait Capabilities: Identity {
 }
 
 /// The execution layer: the splits of a compiled plan, identified by [`SplitKey`], run on
-/// buffers the memory layer gave; KV regions are changed only through the region operations
-/// ([`Executor::kv_copy_cells`], [`Executor::kv_rope_shift`]) and host reads and writes
-/// (sessions).
+/// buffers the memory layer gave. KV regions are changed only by nodes: a forward's KV
+/// stores, and a sequence's cell operations ([`crate::Op::KvCopy`],
+/// [`crate::Op::KvRopeShift`] in the graph [`crate::ir::cell_ops_graph`] builds), besides
+/// host reads and writes (sessions).
 pub trait Executor: Memory {
     /// The classes of the next forward's rows, given before its first split runs. A backend
     /// whose arithmetic differs by class (docs/PRECISION.md, "Row classes") chooses each
@@ -336,42 +358,6 @@ pub trait Executor: Memory {
     fn forget_plan(&mut self, _plan: PlanId) {}
     /// Completes all work submitted so far; called at the end of a forward.
     fn synchronize(&mut self) -> Result<()>;
-    /// Copies `n` cells of a KV region from cell `src` to cell `dst`, bit for bit, with
-    /// memmove semantics (overlapping ranges are safe). The default goes through host
-    /// memory in chunks ordered by [`move_plan`].
-    fn kv_copy_cells(
-        &mut self,
-        region: BufId,
-        cell_bytes: usize,
-        src: usize,
-        dst: usize,
-        n: usize,
-    ) -> Result<()> {
-        const CHUNK: usize = 64;
-        let mut tmp = vec![0u8; CHUNK.min(n) * cell_bytes];
-        for (s, d, len) in move_plan(src, dst, n, CHUNK) {
-            let t = &mut tmp[..len * cell_bytes];
-            self.read(region, s * cell_bytes, t)?;
-            self.write(region, d * cell_bytes, t)?;
-        }
-        Ok(())
-    }
-    /// Rotates the K rows of cells `cell..cell + n` of a K region by `delta` positions (the
-    /// re-rope of a KV shift), on this backend.
-    fn kv_rope_shift(
-        &mut self,
-        _k_region: BufId,
-        _layout: &KvLayout,
-        _rope: &RopeSpec,
-        _cell: usize,
-        _n: usize,
-        _delta: i64,
-    ) -> Result<()> {
-        Err(Error::Backend {
-            backend: self.name().into(),
-            problem: "this backend cannot re-rope KV cells (shift)".into(),
-        })
-    }
     /// Arms (`true`) or disarms capture of node outputs for a trace (see
     /// [`crate::capture`]): while armed, every executed node with an f32 output keeps a copy
     /// of its `n_elems` values as they were when it ran (a device stages them inside its

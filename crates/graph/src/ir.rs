@@ -5,7 +5,7 @@
 //! referenced by GGUF name; a matmul weight with `ne0 = in`, `ne1 = out` computes
 //! `y[t][o] = sum_i w[o][i] x[t][i]`.
 
-use crate::backend::{BackendId, FusedOp, RopeSpec, WeightId};
+use crate::backend::{BackendId, FusedOp, KvLayout, RopeSpec, WeightId};
 use minfer_gguf::GgmlType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -89,6 +89,15 @@ pub enum KvKind {
     V,
 }
 
+impl KvKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvKind::K => "k",
+            KvKind::V => "v",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     Input(InputKind),
@@ -167,6 +176,95 @@ pub enum Op {
         weight: WeightId,
         bias: Option<WeightId>,
     },
+    /// Copies `n` cells of the layer's K or V region from cell `src` to cell `dst`, bit for
+    /// bit, with memmove semantics (overlapping ranges are safe): a defragmentation's move,
+    /// a prefix copied into fresh cells, a copy before a shared cell is rotated. No srcs, no
+    /// output; built by the engine for a sequence's KV operation
+    /// ([`cell_ops_graph`]), never inside a forward.
+    KvCopy {
+        layer: usize,
+        kind: KvKind,
+        layout: KvLayout,
+        src: usize,
+        dst: usize,
+        n: usize,
+    },
+    /// Rotates the K rows of cells `cell..cell + n` of the layer's K region by `delta`
+    /// positions (the re-rope of a KV shift: `R(p + δ) = R(δ)·R(p)`). No srcs, no output;
+    /// a backend refuses a KV type it cannot rotate in place.
+    KvRopeShift {
+        layer: usize,
+        layout: KvLayout,
+        rope: RopeSpec,
+        cell: usize,
+        n: usize,
+        delta: i64,
+    },
+}
+
+/// One KV cell operation of a sequence: what [`cell_ops_graph`] turns into nodes per layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CellWork {
+    /// `n` cells from `src` to `dst` in K and V.
+    Copy { src: usize, dst: usize, n: usize },
+    /// The K rows of `cell..cell + n` rotated by `delta` positions.
+    Shift { cell: usize, n: usize, delta: i64 },
+}
+
+/// The graph of a batch of cell operations over the layers that hold KV regions: per
+/// layer and operation in order, a [`Op::KvCopy`] for K and one for V, or a
+/// [`Op::KvRopeShift`] of K, each on the backend holding that layer's regions. Nodes of
+/// one layer run in the order given (an operation may read cells an earlier one wrote);
+/// layers are independent. `regions` lists `(layer, backend)` in layer order. The graph
+/// has no inputs, and its output is its last node (a region writer: no buffer).
+pub fn cell_ops_graph(
+    regions: &[(usize, BackendId)],
+    work: &[CellWork],
+    layout: KvLayout,
+    rope: RopeSpec,
+) -> Option<Graph> {
+    let mut b = GraphBuilder::new();
+    let mut last = None;
+    for &(layer, backend) in regions {
+        b.set_layer(Some(layer));
+        for w in work {
+            let ops = match *w {
+                CellWork::Copy { src, dst, n } => [KvKind::K, KvKind::V]
+                    .map(|kind| {
+                        let name = format!("L{layer}.kv_copy_{}", kind.name());
+                        (
+                            name,
+                            Op::KvCopy {
+                                layer,
+                                kind,
+                                layout,
+                                src,
+                                dst,
+                                n,
+                            },
+                        )
+                    })
+                    .to_vec(),
+                CellWork::Shift { cell, n, delta } => vec![(
+                    format!("L{layer}.kv_shift_k"),
+                    Op::KvRopeShift {
+                        layer,
+                        layout,
+                        rope,
+                        cell,
+                        n,
+                        delta,
+                    },
+                )],
+            };
+            for (name, op) in ops {
+                let id = b.push(name, op, Vec::new(), [0, 0], DType::None);
+                b.nodes[id.index()].backend = Some(backend);
+                last = Some(id);
+            }
+        }
+    }
+    last.map(|out| b.finish(out))
 }
 
 /// The whole-row RMSNorm a fused node applies to its input first (`x / rms(x) * weight`,
@@ -232,6 +330,8 @@ impl Op {
             Op::QkvRopeStore(_) => "QkvRopeStore",
             Op::FfnGateUp { .. } => "FfnGateUp",
             Op::MatMulAdd { .. } => "MatMulAdd",
+            Op::KvCopy { .. } => "KvCopy",
+            Op::KvRopeShift { .. } => "KvRopeShift",
         }
     }
 
@@ -262,8 +362,16 @@ impl Op {
         match self {
             Op::KvStore { cache_type, .. } | Op::Attention { cache_type, .. } => Some(*cache_type),
             Op::QkvRopeStore(f) => Some(f.cache_type),
+            Op::KvCopy { layout, .. } | Op::KvRopeShift { layout, .. } => Some(layout.cache_type),
             _ => None,
         }
+    }
+
+    /// A sequence's KV cell operation ([`cell_ops_graph`]), not forward work: it reads and
+    /// writes only the layer's regions, and a device runs it eagerly (never recorded for
+    /// replay).
+    pub fn is_cell_op(&self) -> bool {
+        matches!(self, Op::KvCopy { .. } | Op::KvRopeShift { .. })
     }
 
     /// The weights an op reads.
@@ -293,6 +401,7 @@ impl Op {
         match self {
             Op::KvStore { layer, .. } | Op::Attention { layer, .. } => Some(*layer),
             Op::QkvRopeStore(f) => Some(f.layer),
+            Op::KvCopy { layer, .. } | Op::KvRopeShift { layer, .. } => Some(*layer),
             _ => None,
         }
     }

@@ -38,9 +38,9 @@ pub mod viz;
 pub use alloc::{size_class, Allocator, KvRegion, Plan};
 pub use assign::assign_backends;
 pub use backend::{
-    move_plan, support, Backend, BackendId, BufId, Capabilities, ExecArgs, Executor, FusedOp,
-    Identity, KvLayout, KvPair, Memory, PlanId, ReadTicket, Refusal, RopeSpec, SplitKey, Support,
-    WeightId, WeightRef, WeightSource,
+    copy_cells_through_host, move_plan, support, Backend, BackendId, BufId, Capabilities, ExecArgs,
+    Executor, FusedOp, Identity, KvLayout, KvPair, Memory, PlanId, ReadTicket, Refusal, RopeSpec,
+    SplitKey, Support, WeightId, WeightRef, WeightSource,
 };
 /// The backend contract's traits in one import, for code that calls a concrete backend's
 /// methods (a `dyn Backend` needs none: its layers' methods are its own).
@@ -52,8 +52,9 @@ pub use capture::CaptureLog;
 pub use error::{Error, Result};
 pub use fusion::{fuse, prepare_concats, FusionConfig, MAX_FUSED_FFN};
 pub use ir::{
-    DType, Graph, GraphBuilder, GraphParams, InputKind, InputNorm, KvKind, Node, NodeId, Op,
-    QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout, Windows, KV_MAP_RUNS,
+    cell_ops_graph, CellWork, DType, Graph, GraphBuilder, GraphParams, InputKind, InputNorm,
+    KvKind, Node, NodeId, Op, QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout,
+    Windows, KV_MAP_RUNS,
 };
 pub use placement::{place_weights, Placement};
 pub use registry::{resolve_backends, BackendEntry};

@@ -1,6 +1,7 @@
-//! KV region operations on the Metal executor under the emulator: they are backend calls
-//! (`kv_copy_cells` as an overlap-safe row copy, `kv_rope_shift` as a kernel on the region's
-//! backend) and host reads and writes (sessions) ordered after pending work.
+//! KV cell operations on every backend: nodes of the sequence's cell-op graph (`KvCopy` as
+//! an overlap-safe row copy, `KvRopeShift` as a kernel on the region's backend), run by the
+//! scheduler like a forward, and host reads and writes (sessions) ordered after pending
+//! work.
 //!
 //! Classes, named before measuring: a defragmentation only moves cells, and attention reads
 //! a window in logical order, so the next logits are bit-identical to an engine that never

@@ -1,12 +1,43 @@
-//! Single GPU operations of the CUDA backend against the CPU backend's (issue 15): KV region
-//! copies and re-rope, KvStore and Attention nodes for every KV type, the pool's invariants and
+//! Single GPU operations of the CUDA backend against the CPU backend's (issue 15): KV cell
+//! copies and re-rope (the `KvCopy` and `KvRopeShift` nodes of a sequence's cell-op graph), KvStore and Attention nodes for every KV type, the pool's invariants and
 //! out-of-memory as an error. SKIP (pass) where no CUDA device exists (the `cuda` row).
 
 use super::Row;
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
 use minfer_graph::contract::*;
-use minfer_graph::{Backend, KvLayout, RopeSpec, RopeStyle};
+use minfer_graph::{
+    Backend, BufId, DType, ExecArgs, KvKind, KvLayout, KvPair, Node, NodeId, Op, RopeSpec,
+    RopeStyle,
+};
+
+/// Runs one cell-op node (`KvCopy` of K, or `KvRopeShift`) on `region` as the layer's K
+/// and V regions, as the engine's cell-op graph runs it.
+fn cell_op(be: &mut dyn Backend, region: BufId, op: Op) -> minfer_graph::Result<()> {
+    let node = Node {
+        id: NodeId(0),
+        name: "L0.cell_op".into(),
+        op,
+        src: Vec::new(),
+        shape: [0, 0],
+        dtype: DType::None,
+        backend: Some(be.id()),
+        layer: Some(0),
+        dead: false,
+    };
+    be.execute_node(
+        &node,
+        &ExecArgs {
+            srcs: &[],
+            out: None,
+            kv: Some(KvPair {
+                k: region,
+                v: region,
+            }),
+            weights: &NoWeights,
+        },
+    )
+}
 
 /// KV region operations against the CPU backend's: copies bit for bit (overlapping both
 /// ways), the re-rope of a shift within 1e-5 (f32) and one f16 ulp class (f16).
@@ -38,16 +69,24 @@ fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
         let rc = c.alloc(bytes.len()).unwrap();
         g.write(rg, 0, &bytes).unwrap();
         c.write(rc, 0, &bytes).unwrap();
-        for (src, dst, n) in [(0, 5, 20), (10, 2, 25), (30, 31, 9)] {
-            g.kv_copy_cells(rg, cell_bytes, src, dst, n).unwrap();
-            c.kv_copy_cells(rc, cell_bytes, src, dst, n).unwrap();
-        }
         let layout = KvLayout {
             cache_type: ty,
             n_head_kv: heads,
             head_dim: hd,
             cell_bytes,
         };
+        for (src, dst, n) in [(0, 5, 20), (10, 2, 25), (30, 31, 9)] {
+            let copy = Op::KvCopy {
+                layer: 0,
+                kind: KvKind::K,
+                layout,
+                src,
+                dst,
+                n,
+            };
+            cell_op(&mut g, rg, copy.clone()).unwrap();
+            cell_op(&mut c, rc, copy).unwrap();
+        }
         for style in [RopeStyle::Neox, RopeStyle::Normal] {
             let rope = RopeSpec {
                 style,
@@ -55,8 +94,16 @@ fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
                 freq_base: 10000.0,
                 freq_scale: 1.0,
             };
-            g.kv_rope_shift(rg, &layout, &rope, 3, 30, -17).unwrap();
-            c.kv_rope_shift(rc, &layout, &rope, 3, 30, -17).unwrap();
+            let shift = Op::KvRopeShift {
+                layer: 0,
+                layout,
+                rope,
+                cell: 3,
+                n: 30,
+                delta: -17,
+            };
+            cell_op(&mut g, rg, shift.clone()).unwrap();
+            cell_op(&mut c, rc, shift).unwrap();
         }
         g.synchronize().unwrap();
         let (mut a, mut b) = (vec![0u8; bytes.len()], vec![0u8; bytes.len()]);

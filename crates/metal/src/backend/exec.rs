@@ -61,6 +61,7 @@ pub(crate) fn op_refusal<D: Device>(
         Op::MatMul { weight, bias } => matrix(*weight).or_else(|| bias.and_then(vector)),
         Op::RmsNorm { weight, .. } => vector(*weight),
         Op::KvStore { cache_type, .. } => kv_refusal(*cache_type),
+        Op::KvCopy { .. } | Op::KvRopeShift { .. } => super::cells::refusal(op),
         Op::Attention {
             cache_type,
             head_dim,
@@ -220,6 +221,7 @@ where
         let n = node.n_elems();
         match &node.op {
             Op::Input(_) => Ok(()),
+            Op::KvCopy { .. } | Op::KvRopeShift { .. } => self.encode_cell_op(node, args),
             Op::GetRows { weight } => {
                 let (wb, m) = self.matrix(w, *weight)?;
                 if m.ne0 != ne0 {

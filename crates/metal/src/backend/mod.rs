@@ -10,6 +10,7 @@
 //! violation is an `Err` naming the node; nothing falls back to the CPU mid-run.
 
 mod capture;
+mod cells;
 mod exec;
 mod fused;
 mod pool;
@@ -21,8 +22,8 @@ use std::time::Instant;
 use minfer_gguf::GgmlType;
 use minfer_graph::{
     support, BackendId, BufId, Capabilities, DType, Error as GraphError, ExecArgs, Executor,
-    FusedOp, Identity, KvLayout, Memory, Node, NodeId, Op, Refusal, Result as GraphResult,
-    RopeSpec, SplitKey, Support, WeightId, WeightRef, WeightSource,
+    FusedOp, Identity, Memory, Node, NodeId, Op, Refusal, Result as GraphResult, SplitKey, Support,
+    WeightId, WeightRef, WeightSource,
 };
 
 use crate::device::Device;
@@ -392,60 +393,6 @@ where
     fn take_captures(&mut self) -> GraphResult<Vec<(NodeId, Vec<f32>)>> {
         self.submit()?;
         Ok(self.capture.take())
-    }
-
-    fn kv_copy_cells(
-        &mut self,
-        region: BufId,
-        cell_bytes: usize,
-        src: usize,
-        dst: usize,
-        n: usize,
-    ) -> GraphResult<()> {
-        if n == 0 || src == dst {
-            return Ok(());
-        }
-        let b = self.buffer(region)?;
-        // copy_rows moves row by row in the overlap-safe order (ascending when moving down).
-        self.dev
-            .copy_rows(b, b, cell_bytes as u64, src as u64, dst as u64, n as u64)
-            .map_err(|e| self.err(e))?;
-        self.pending = true;
-        Ok(())
-    }
-
-    fn kv_rope_shift(
-        &mut self,
-        k_region: BufId,
-        layout: &KvLayout,
-        rope: &RopeSpec,
-        cell: usize,
-        n: usize,
-        delta: i64,
-    ) -> GraphResult<()> {
-        if n == 0 || delta == 0 {
-            return Ok(());
-        }
-        let kv = Self::kv_type("kv_rope_shift", layout.cache_type).map_err(|e| self.err(e))?;
-        let b = self.buffer(k_region)?;
-        let n_cells = self.dev.buffer_len(b) / layout.cell_bytes.max(1);
-        crate::launch::launch_kv_rope_shift(
-            &self.dev,
-            kv,
-            b,
-            layout.n_head_kv,
-            layout.head_dim,
-            n_cells,
-            cell,
-            n,
-            delta,
-            rope.freq_base,
-            rope.freq_scale,
-            rope.style,
-        )
-        .map_err(|e| self.err(e))?;
-        self.pending = true;
-        Ok(())
     }
 }
 
