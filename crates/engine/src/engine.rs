@@ -26,6 +26,8 @@
 //! - KV operations on sequences are in [`crate::kv`], session files in [`crate::session`].
 
 use crate::backends;
+pub use crate::config::{auto_cache_type, parse_cache_type, EngineConfig};
+pub use crate::error::{Error, Result};
 use crate::kvcache::KvCache;
 use crate::kvcells::{KvCells, SeqId};
 use crate::model::{BatchEntry, BatchLogits, LogitsModel};
@@ -34,141 +36,6 @@ use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{dump, RowClass, WindowLayout};
 use minfer_models::{check_tensors, HParams};
 use std::path::Path;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Gguf(#[from] minfer_gguf::Error),
-    #[error(transparent)]
-    Model(#[from] minfer_models::Error),
-    #[error(transparent)]
-    Graph(#[from] minfer_graph::Error),
-    #[error("context overflow: {n_tokens} tokens at position {pos0} exceed n_ctx {n_ctx}")]
-    ContextOverflow {
-        pos0: usize,
-        n_tokens: usize,
-        n_ctx: usize,
-    },
-    #[error("decode at position {pos0}, but the sequence holds only {n_past} tokens (positions must be contiguous)")]
-    PositionGap { pos0: usize, n_past: usize },
-    #[error("token id {id} at index {index} is outside the vocabulary of {vocab}")]
-    TokenOutOfRange { id: u32, index: usize, vocab: usize },
-    #[error("bad decode request: {0}")]
-    BadRequest(String),
-    #[error("batch entry {entry}: {source}")]
-    Entry {
-        entry: usize,
-        #[source]
-        source: Box<Error>,
-    },
-    #[error("the batch needs {needed} new KV cells, the arena has {free} free of {n_cells}")]
-    ArenaFull {
-        needed: usize,
-        free: usize,
-        n_cells: usize,
-    },
-    #[error("cache type {0}: {1}")]
-    CacheType(String, String),
-    #[error(transparent)]
-    Cells(#[from] crate::kvcells::CellError),
-    #[error(transparent)]
-    Kv(#[from] crate::kv::KvError),
-    #[error(transparent)]
-    Session(#[from] crate::session::SessionError),
-    /// A fault a test armed ([`crate::faults`]).
-    #[error("injected fault: {0}")]
-    Injected(String),
-}
-
-impl Error {
-    /// The error itself when it is wrapped in a batch entry's [`Error::Entry`].
-    pub fn inner(&self) -> &Error {
-        match self {
-            Error::Entry { source, .. } => source.inner(),
-            e => e,
-        }
-    }
-}
-
-pub type Result<T> = std::result::Result<T, Error>;
-
-/// The KV element type of a device engine under `--cache-type auto` (seed §2.3): f16 when
-/// `n_layers × n_kv_embd >= 8192` (the 7B class, where attention is KV-bandwidth bound),
-/// f32 below (small models are dispatch bound and f16 measured slower there).
-pub fn auto_cache_type(hp: &HParams) -> GgmlType {
-    if hp.block_count * hp.head_count_kv * hp.head_dim >= 8192 {
-        GgmlType::F16
-    } else {
-        GgmlType::F32
-    }
-}
-
-/// KV cache element types, as `--cache-type` spells them.
-pub fn parse_cache_type(s: &str) -> Result<GgmlType> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "f32" => Ok(GgmlType::F32),
-        "f16" => Ok(GgmlType::F16),
-        "q8_0" => Ok(GgmlType::Q8_0),
-        other => Err(Error::CacheType(
-            other.into(),
-            "expected f32, f16 or q8_0".into(),
-        )),
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// Context length (KV cells of the arena, shared by all sequences); 0 means the model's
-    /// `context_length`.
-    pub n_ctx: usize,
-    /// CPU threads; 0 means the number of physical cores.
-    pub threads: usize,
-    pub cache_type: GgmlType,
-    /// `--cache-type auto`: an engine on a device picks its KV element type by model size
-    /// ([`auto_cache_type`]); a CPU-only engine keeps `cache_type`. Per engine, never
-    /// process-wide: two engines in one process may hold different formats.
-    pub cache_type_auto: bool,
-    /// `--backend` names; empty means every available backend.
-    pub backends: Vec<String>,
-    /// Bytes each backend may allocate for KV regions and activations (None: unbounded).
-    pub memory_budget: Option<usize>,
-    /// Most tokens in one forward; longer prompts run as several (chunked prefill).
-    pub n_batch: usize,
-    /// The knobs of the engine and its backends (docs/SETTINGS.md), handed to the backend
-    /// table; the default reads this process's environment ([`crate::Settings::from_env`]).
-    pub settings: crate::Settings,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            n_ctx: 4096,
-            threads: 0,
-            cache_type: GgmlType::F32,
-            cache_type_auto: false,
-            backends: Vec::new(),
-            memory_budget: None,
-            n_batch: 512,
-            // The CLI refuses a bad value at start, so only a library caller can reach this
-            // with one: a panic naming it (as the kernels' lookup always did), not a default.
-            settings: crate::Settings::from_env().unwrap_or_else(|e| panic!("{e}")),
-        }
-    }
-}
-
-impl EngineConfig {
-    /// The same configuration with the CPU kernels following `numerics` (`--numerics`).
-    pub fn with_numerics(mut self, numerics: minfer_cpu::Numerics) -> EngineConfig {
-        self.settings.cpu.numerics = numerics;
-        self
-    }
-
-    /// The same configuration with the decode fusions of `fusion` (the gates' controls).
-    pub fn with_fusion(mut self, fusion: minfer_graph::FusionConfig) -> EngineConfig {
-        self.settings.fusion = fusion;
-        self
-    }
-}
 
 pub struct Engine {
     /// The model on its backends: graphs, plans, weights, the output buffer.

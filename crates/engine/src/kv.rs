@@ -26,25 +26,7 @@ use minfer_gguf::GgmlType;
 use minfer_graph::KvLayout;
 use std::ops::Range;
 
-#[derive(Debug, thiserror::Error)]
-pub enum KvError {
-    #[error("a {ty} KV cache cannot shift positions (re-quantizing rotated K rows compounds rounding); only f32 and f16 can")]
-    CannotShift { ty: GgmlType },
-    #[error("{op}: positions {start}..{end} are not within the {n_past} positions held")]
-    NotHeld {
-        op: &'static str,
-        start: usize,
-        end: usize,
-        n_past: usize,
-    },
-    #[error("kv_retain: ranges must be ascending and disjoint; {prev:?} is followed by {next:?}")]
-    Unordered {
-        prev: Range<usize>,
-        next: Range<usize>,
-    },
-    #[error("layer {layer}: {problem}")]
-    Region { layer: usize, problem: String },
-}
+pub use crate::error::KvError;
 
 /// Whether a KV element type can shift positions (see the module docs).
 pub fn kv_can_shift(ty: GgmlType) -> bool {

@@ -10,10 +10,9 @@
 //! Which backend calls a cell operation needs is the engine's (`kv.rs`); this module only
 //! decides cells.
 
-use crate::engine::{Error, Result};
+use crate::error::{Error, Result};
 use crate::kvcells::{Checkpoint, KvCells, SeqId};
-use crate::model::BatchEntry;
-use crate::runner::ForwardInput;
+use crate::model::{BatchEntry, ForwardInput};
 
 /// A batch staged on the live table (its cells reserved) and its forward's rows; `undo`
 /// puts the table back if the forward fails.

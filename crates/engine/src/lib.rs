@@ -7,7 +7,9 @@
 
 pub mod backends;
 mod batch;
+mod config;
 pub mod engine;
+mod error;
 pub mod faults;
 pub mod kv;
 mod kvcache;
@@ -18,6 +20,7 @@ pub mod session;
 pub mod settings;
 pub mod trace;
 pub mod trace_diff;
+mod trace_run;
 mod weights;
 
 pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};

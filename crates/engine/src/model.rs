@@ -161,3 +161,20 @@ mod tests {
         assert_eq!(distinct.len(), 26);
     }
 }
+
+/// One forward's rows, computed by the KV cache before anything changes.
+#[derive(Debug, Default)]
+pub(crate) struct ForwardInput {
+    pub tokens: Vec<i32>,
+    pub positions: Vec<i32>,
+    /// The cell each row's K and V are written to.
+    pub kv_cells: Vec<i32>,
+    /// Each row's attention window: runs of (first cell, length).
+    pub windows: Vec<Vec<(usize, usize)>>,
+    /// Row (in the batch) of each output, in entry order.
+    pub out_rows: Vec<usize>,
+    /// Each row's class.
+    pub classes: Vec<RowClass>,
+    /// How many logit rows each entry gets, in entry order.
+    pub entry_logits: Vec<usize>,
+}

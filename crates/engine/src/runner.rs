@@ -6,10 +6,10 @@
 //! its plans draw from, and the output buffer. Which cells a row writes and which it reads
 //! are the KV cache's answer ([`crate::kvcache`]), handed over as a [`ForwardInput`].
 
-use crate::engine::{EngineConfig, Error, Result};
-use crate::kv::KvError;
+use crate::config::EngineConfig;
+use crate::error::{Error, KvError, Result};
 use crate::kvcells::CellOp;
-use crate::model::{bucket, BatchLogits};
+use crate::model::{bucket, BatchLogits, ForwardInput};
 use crate::weights::intern;
 use crate::weights::ModelWeights;
 use minfer_gguf::{GgmlType, GgufModel};
@@ -25,23 +25,6 @@ use std::collections::HashMap;
 /// activation buffers their plans may hold together (each plan owns its buffers).
 const GRAPH_CACHE: usize = 16;
 const GRAPH_CACHE_BYTES: usize = 512 << 20;
-
-/// One forward's rows, computed by the KV cache before anything changes.
-#[derive(Debug, Default)]
-pub(crate) struct ForwardInput {
-    pub tokens: Vec<i32>,
-    pub positions: Vec<i32>,
-    /// The cell each row's K and V are written to.
-    pub kv_cells: Vec<i32>,
-    /// Each row's attention window: runs of (first cell, length).
-    pub windows: Vec<Vec<(usize, usize)>>,
-    /// Row (in the batch) of each output, in entry order.
-    pub out_rows: Vec<usize>,
-    /// Each row's class.
-    pub classes: Vec<RowClass>,
-    /// How many logit rows each entry gets, in entry order.
-    pub entry_logits: Vec<usize>,
-}
 
 pub(crate) struct ModelRunner {
     /// Declared before `model`: fields drop in order, and a device backend may hold

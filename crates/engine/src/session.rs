@@ -31,7 +31,7 @@
 use crate::engine::{Engine, Result};
 use crate::kvcells::{KvCells, SeqId};
 use minfer_gguf::{GgmlType, GgufModel};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub const MAGIC: &[u8; 8] = b"MINFSESS";
 pub const VERSION: u32 = 2;
@@ -40,57 +40,7 @@ const LAYER_HEADER: usize = 4;
 const SEQ_HEADER: usize = 8;
 const CHECKSUM: usize = 8;
 
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error("session file {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("not a minfer session file (magic {found:02x?}, expected \"MINFSESS\")")]
-    Magic { found: Vec<u8> },
-    #[error("session format version {found}, this build reads version {VERSION}{hint}", hint = if *found == 1 { " (version 1 files hold one sequence in the old cell layout; save the session again)" } else { "" })]
-    Version { found: u32 },
-    #[error("session file truncated: {len} bytes, the header says {expected}")]
-    Truncated { len: usize, expected: usize },
-    #[error("session file has {extra} bytes after its checksum (the header says {expected} bytes in all)")]
-    Trailing { extra: usize, expected: usize },
-    #[error("session checksum mismatch: stored {stored:#018x}, computed {computed:#018x} (the file is corrupt)")]
-    Checksum { stored: u64, computed: u64 },
-    #[error("session field {field} is {found}, expected {expected}")]
-    Field {
-        field: &'static str,
-        found: u64,
-        expected: u64,
-    },
-    #[error("session is for another model (identity {saved:#018x}, this model is {this:#018x})")]
-    OtherModel { saved: u64, this: u64 },
-    #[error("session was saved with n_ctx {saved}, this engine has n_ctx {this}")]
-    NCtx { saved: u32, this: usize },
-    #[error("session KV type is {saved}, this engine's is {this}")]
-    KvType { saved: String, this: GgmlType },
-    #[error("session layer {layer} KV was saved on backend {saved} ({saved_name}), this engine keeps it on {this} ({this_name})")]
-    Backend {
-        layer: usize,
-        saved: u16,
-        saved_name: String,
-        this: u16,
-        this_name: String,
-    },
-    #[error("session holds {n_tokens} tokens, more than n_ctx {n_ctx}")]
-    TooManyTokens { n_tokens: usize, n_ctx: usize },
-    #[error("session token {index} is id {id}, outside the vocabulary of {vocab}")]
-    TokenOutOfRange { index: usize, id: u32, vocab: usize },
-    #[error("session sequence {seq} appears twice")]
-    DuplicateSeq { seq: u32 },
-    #[error("session has no sequence {seq}")]
-    NoSuchSeq { seq: u32 },
-    #[error("the session's sequences need {needed} KV cells, the arena has {free} free")]
-    NoRoom { needed: usize, free: usize },
-    #[error("cannot save a session: {0}")]
-    Save(String),
-}
+pub use crate::error::SessionError;
 
 /// FNV-1a, 64-bit.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -219,7 +169,10 @@ fn verify_file(b: &[u8]) -> std::result::Result<FileHeader, SessionError> {
     if b.len() >= 12 {
         let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
         if version != VERSION {
-            return Err(SessionError::Version { found: version });
+            return Err(SessionError::Version {
+                found: version,
+                reads: VERSION,
+            });
         }
     }
     if b.len() < HEADER + CHECKSUM {

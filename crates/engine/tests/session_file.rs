@@ -152,7 +152,7 @@ fn another_model_n_ctx_or_kv_type_is_refused_by_name() {
                 .unwrap_err(),
         );
         assert!(
-            matches!(err, SessionError::Version { found } if found == v as u32),
+            matches!(err, SessionError::Version { found, .. } if found == v as u32),
             "{err}"
         );
         assert!(err.to_string().contains(hint), "{err}");
