@@ -1085,7 +1085,9 @@ def main(argv=None):
                                 a.max_tokens, a.timeout, a.ref_concurrency)
         log(f"timed phase: {a.clients} clients, {a.duration:g} s")
         pid = a.rss_pid or (server.proc.pid if server else 0)
-        sampler = soak.RssSampler(pid, a.rss_interval).start() if a.soak and pid else None
+        probe = lambda: soak.read_counters(target, Exchange)  # noqa: E731
+        sampler = (soak.RssSampler(pid, a.rss_interval, probe=probe).start()
+                   if a.soak and pid else None)
         s = summarize(TimedRun(target, model, prompts, refs, a, a.clients,
                                 a.allow_divergence).run())
         if a.soak:

@@ -97,13 +97,22 @@ def read_rss_kib(pid):
     return None
 
 
+# Counters read beside each RSS sample (when the sampler is given a probe): a graph built or a
+# CUDA graph captured for a new batch shape costs host memory that stays while its plan is
+# cached, so RSS that grows while these grow is the caches filling, not a leak.
+COUNTERS = ("minfer_graph_builds_total", "minfer_cuda_graph_captures_total")
+
+
 class RssSampler:
     """Samples a process's RSS every `interval` seconds on its own thread:
-    [(seconds since start, KiB)]."""
+    [(seconds since start, KiB)]; with a `probe` (a callable giving {counter: value}), the
+    COUNTERS at each sample too: [(seconds, {counter: value})]."""
 
-    def __init__(self, pid, interval, t0=None):
+    def __init__(self, pid, interval, t0=None, probe=None):
         self.pid, self.interval = pid, interval
         self.t0 = t0 if t0 is not None else time.monotonic()
+        self.probe = probe
+        self.counts = []
         self.samples = []
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -118,6 +127,10 @@ class RssSampler:
             if kib is None:
                 return
             self.samples.append((time.monotonic() - self.t0, kib))
+            if self.probe is not None:
+                c = self.probe()
+                if c is not None:
+                    self.counts.append((time.monotonic() - self.t0, c))
             if self.stop_event.wait(self.interval):
                 return
 
@@ -144,10 +157,26 @@ def slope_per_min(samples):
     return sxy / sxx * 60.0
 
 
-def rss_report(samples, warmup):
+def rss_report(samples, warmup, counts=()):
     after = [s for s in samples if s[0] >= warmup]
     kib = [v for _, v in samples]
+    half = after[len(after) // 2:]
+    # When the graph and CUDA-graph counters last moved: the slope after it is the memory of
+    # a server whose caches have stopped filling.
+    last_move, prev = None, None
+    for t, c in counts:
+        if prev is not None and c != prev:
+            last_move = t
+        prev = c
+    settled = [s for s in after if last_move is not None and s[0] > last_move]
     return {
+        "slope_second_half_kib_per_min": slope_per_min(half),
+        "counters_first": counts[0][1] if counts else None,
+        "counters_at_warmup": next((c for t, c in counts if t >= warmup), None),
+        "counters_last": counts[-1][1] if counts else None,
+        "counters_last_moved_s": last_move,
+        "slope_after_counters_settled_kib_per_min": slope_per_min(settled),
+        "samples_after_counters_settled": len(settled),
         "samples": len(samples), "samples_after_warmup": len(after), "warmup_s": warmup,
         "first_kib": kib[0] if kib else None, "max_kib": max(kib) if kib else None,
         "last_kib": kib[-1] if kib else None,
@@ -211,6 +240,29 @@ def read_metrics(target, exchange_cls, timeout=10):
             except ValueError:
                 pass
     return values
+
+
+def read_counters(target, exchange_cls, timeout=5):
+    """{counter: value} of the COUNTERS in /metrics (those present), or None."""
+    ex = exchange_cls(target, time.monotonic() + timeout)
+    try:
+        ex.send("GET", "/metrics", accept="text/plain")
+        if ex.status != 200:
+            return None
+        text = ex.read_all().decode("utf-8", "replace")
+    except Exception:
+        return None
+    finally:
+        ex.close()
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in COUNTERS:
+            try:
+                out[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    return out
 
 
 def metrics_problems(v):
@@ -292,6 +344,22 @@ def print_soak(s, out):
           f"{r['last_kib']} KiB at the end; slope after warm-up "
           + ("-" if slope is None else f"{slope:+.1f} KiB/min")
           + f" over {r['samples_after_warmup']} samples (least squares)\n")
+        h = r.get("slope_second_half_kib_per_min")
+        w("  RSS slope over the second half of those samples: "
+          + ("-" if h is None else f"{h:+.1f} KiB/min") + "\n")
+        if r.get("counters_last") is not None:
+            def cs(c):
+                return "none" if c is None else ", ".join(
+                    f"{k.removeprefix('minfer_')} {v:g}" for k, v in sorted(c.items()))
+            moved = r["counters_last_moved_s"]
+            st = r["slope_after_counters_settled_kib_per_min"]
+            w(f"  graph counters: {cs(r['counters_first'])} at start, "
+              f"{cs(r['counters_at_warmup'])} at warm-up's end, {cs(r['counters_last'])} at "
+              f"the end; last moved at "
+              + ("-" if moved is None else f"{moved:.0f} s")
+              + "; RSS slope after that "
+              + ("-" if st is None else f"{st:+.1f} KiB/min")
+              + f" over {r['samples_after_counters_settled']} samples\n")
     m = s["metrics"]
     if m is None:
         w("  /metrics: not read (the server has none, or did not answer)\n")
@@ -306,7 +374,7 @@ def print_soak(s, out):
 
 def finish(summary, a, target, exchange_cls, sampler, percentile):
     """Adds the soak's parts to a loadtest summary once the load is over."""
-    rss = rss_report(sampler.stop(), a.warmup) if sampler else None
+    rss = rss_report(sampler.stop(), a.warmup, sampler.counts) if sampler else None
     metrics, problems = settle_metrics(target, exchange_cls, a.metrics_wait)
     passed, reasons = verdict(summary, rss, metrics, problems, a.max_rss_slope)
     summary.update(per_minute=per_minute(summary["records"], percentile), rss=rss,
