@@ -604,6 +604,10 @@ impl Executor for CpuBackend {
         self.captures.take_times()
     }
 
+    fn node_time_source(&self) -> Option<&'static str> {
+        Some("host wall time of the node's kernel call")
+    }
+
     fn kv_copy_cells(
         &mut self,
         region: BufId,

@@ -166,7 +166,20 @@ impl Phase {
 pub struct Trace {
     pub model: String,
     pub backends: Vec<String>,
+    /// Per backend that times its nodes, what its `ns` measure
+    /// ([`minfer_graph::Executor::node_time_source`]), in `backends` order.
+    pub timing: Vec<(String, String)>,
     pub phases: Vec<Phase>,
+}
+
+/// `timing` as a JSON object: backend name to what its node times measure.
+pub fn timing_json(timing: &[(String, String)]) -> Value {
+    Value::Object(
+        timing
+            .iter()
+            .map(|(b, what)| (b.clone(), json!(what)))
+            .collect(),
+    )
 }
 
 /// A non-finite f32 as JSON: NaN and +-inf have no JSON number, so they are written as the
@@ -204,6 +217,7 @@ impl Trace {
             "version": 1,
             "model": self.model,
             "backends": self.backends,
+            "timing": timing_json(&self.timing),
             "phases": phases,
         })
     }
@@ -279,12 +293,46 @@ impl Engine {
         let mut ids: Vec<_> = self.runner.backends().iter().map(|b| b.id()).collect();
         ids.sort_unstable();
         let backends = ids.into_iter().map(crate::backends::name_of).collect();
+        let timing = self.node_time_sources();
         *self.runner.trace_slot() = Some(Trace {
             model,
             backends,
+            timing,
             phases: Vec::new(),
         });
         Ok(())
+    }
+
+    /// Per backend that times its nodes while a trace is armed, what the times measure
+    /// (backend id order, the CPU first): a trace's `timing`, `minfer viz`'s timeline.
+    pub fn node_time_sources(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self
+            .runner
+            .backends()
+            .iter()
+            .filter_map(|b| b.node_time_source().map(|w| (b.id(), w)))
+            .collect();
+        v.sort_unstable_by_key(|(id, _)| *id);
+        v.into_iter()
+            .map(|(id, w)| (crate::backends::name_of(id), w.to_string()))
+            .collect()
+    }
+
+    /// The node times every backend holds now (taken): (backend, node, ns), each backend's
+    /// in execution order. For the gates of the contract (an untraced forward leaves none);
+    /// a trace takes them itself after each forward.
+    #[doc(hidden)]
+    pub fn take_node_times(&mut self) -> Vec<(String, NodeId, u64)> {
+        let mut out = Vec::new();
+        for b in self.runner.backends_mut() {
+            let name = crate::backends::name_of(b.id());
+            out.extend(
+                b.take_node_times()
+                    .into_iter()
+                    .map(|(n, t)| (name.clone(), n, t)),
+            );
+        }
+        out
     }
 
     /// A copy of the trace so far, capture staying armed (None when none was begun).
@@ -430,6 +478,7 @@ mod tests {
         let mut t = Trace {
             model: "m".into(),
             backends: vec![],
+            timing: vec![],
             phases: vec![
                 phase(PhaseKind::Prefill, vec![1, 2], false),
                 phase(PhaseKind::Prefill, vec![3], true),
