@@ -655,4 +655,8 @@ impl Executor for CpuBackend {
     fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
         self.captures.take_times()
     }
+
+    fn node_time_source(&self) -> Option<&'static str> {
+        Some("host wall time of the node's kernel call")
+    }
 }

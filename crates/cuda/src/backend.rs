@@ -17,6 +17,7 @@ use minfer_graph::{
 use crate::device::{DResult, Gpu};
 use crate::replay::Replayer;
 pub(crate) use crate::scratch::{HalfInput, Q8Input, Scratch};
+use crate::timing::{ns_of, NodeTimer};
 
 /// KV element types the kernels read and write.
 pub const CUDA_KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
@@ -130,6 +131,8 @@ pub struct CudaBackend {
     /// read back right after its node ran, the split run eagerly (no graph replay) while
     /// armed.
     captures: CaptureLog,
+    /// Event pairs around nodes, for the profile and an armed trace's node times.
+    timer: NodeTimer,
 }
 
 /// The grid of the one-token int8 kernels, whose blocks walk their rows (kernels/int8.cuh).
@@ -214,6 +217,7 @@ impl CudaBackend {
             half_weight: None,
             half_input: None,
             captures: CaptureLog::default(),
+            timer: NodeTimer::default(),
         })
     }
 
@@ -316,7 +320,6 @@ impl Drop for CudaBackend {
 /// CUDA graphs are off), read at each synchronisation and summed per op and row class.
 #[derive(Default)]
 struct Profile {
-    pending: Vec<(String, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
     totals: HashMap<String, (u64, f64)>,
 }
 
@@ -336,15 +339,27 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn profile_collect(&mut self) {
-        if let Some(p) = &mut self.profile {
-            for (k, a, b) in p.pending.drain(..) {
-                let ms = a.elapsed_ms(&b).unwrap_or(0.0) as f64;
+    /// Reads the event pairs of the work just synchronised: the profile's totals, and an
+    /// armed trace's node times (a pair that cannot be read is then an error, not a gap).
+    fn collect_times(&mut self) -> DResult<()> {
+        let mut first_err = None;
+        for span in self.timer.take() {
+            let ms = span.elapsed_ms();
+            if let (Some(p), Some(k)) = (&mut self.profile, span.key) {
                 let e = p.totals.entry(k).or_insert((0, 0.0));
                 e.0 += 1;
-                e.1 += ms;
+                e.1 += *ms.as_ref().unwrap_or(&0.0) as f64;
+            }
+            if let Some(id) = span.node {
+                match ms {
+                    Ok(ms) => self.captures.record_time(id, ns_of(ms)),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
             }
         }
+        first_err.map_or(Ok(()), Err)
     }
 }
 
@@ -637,26 +652,22 @@ impl Executor for CudaBackend {
             self.mirror.remove(&kv.v.0);
         }
         self.executed += 1;
-        let timed = self.profile.is_some();
-        let event = |g: &Gpu| {
-            g.ctx
-                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .and_then(|e| e.record(&g.stream).map(|_| e))
-                .map_err(|e| format!("profile event: {e:?}"))
-        };
-        let start = if timed { Some(event(&self.gpu)) } else { None };
+        // Off (no profile, no trace armed) this is the only cost: no event is made.
+        let traced = self.captures.armed();
+        let start = (traced || self.profile.is_some()).then(|| NodeTimer::event(&self.gpu));
+        let issued = self.gpu.issued();
         let r = self.encode(node, args);
         let r = match start {
             Some(s) => r.and_then(|_| {
-                let (s, e) = (s?, event(&self.gpu)?);
-                let key = format!(
-                    "{} {}",
-                    node.op.name(),
-                    if node.shape[1] == 1 { "1 row" } else { "rows" }
-                );
-                if let Some(p) = &mut self.profile {
-                    p.pending.push((key, s, e));
-                }
+                let (s, e) = (s?, NodeTimer::event(&self.gpu)?);
+                let key = self.profile.is_some().then(|| {
+                    let rows = if node.shape[1] == 1 { "1 row" } else { "rows" };
+                    format!("{} {rows}", node.op.name())
+                });
+                // A trace times the nodes that put work on the stream (a fused node's
+                // launches are its own); one that launched nothing has no time.
+                let id = (traced && self.gpu.issued() != issued).then_some(node.id);
+                self.timer.push(key, id, s, e);
                 Ok(())
             }),
             None => r,
@@ -682,6 +693,16 @@ impl Executor for CudaBackend {
 
     fn take_captures(&mut self) -> GraphResult<Vec<(NodeId, Vec<f32>)>> {
         Ok(self.captures.take())
+    }
+
+    fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
+        // Pairs still unread belong to a forward that never synchronised.
+        self.timer.forget_nodes();
+        self.captures.take_times()
+    }
+
+    fn node_time_source(&self) -> Option<&'static str> {
+        Some(crate::timing::MEASURES)
     }
 
     fn execute_split(
@@ -743,7 +764,6 @@ impl Executor for CudaBackend {
         // The forward is over: its windows describe no later node.
         self.windows = None;
         self.gpu.sync().map_err(|e| self.err(e))?;
-        self.profile_collect();
-        Ok(())
+        self.collect_times().map_err(|e| self.err(e))
     }
 }

@@ -3,7 +3,7 @@
 //! hash and architecture), raw device allocations owned until drop, every launch's error
 //! checked and synchronisation bounded by a deadline.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -257,6 +257,8 @@ pub struct Gpu {
     gemm: crate::settings::GemmPin,
     /// How long a synchronisation waits before it reports a hung device.
     sync_timeout: Duration,
+    /// Kernels and GEMMs issued on the stream so far ([`Gpu::issued`]).
+    issued: Cell<u64>,
 }
 
 impl Gpu {
@@ -353,6 +355,7 @@ impl Gpu {
             lt: None,
             gemm: s.gemm,
             sync_timeout: s.sync_timeout,
+            issued: Cell::new(0),
         })
     }
 
@@ -579,7 +582,14 @@ impl Gpu {
         self.issue(&l)
     }
 
+    /// Kernels and GEMMs issued on the stream so far (recorded ones count when issued or
+    /// captured; a replayed graph's do not): whether a node put work on the stream.
+    pub fn issued(&self) -> u64 {
+        self.issued.get()
+    }
+
     fn issue(&self, w: &Work) -> DResult<()> {
+        self.issued.set(self.issued.get() + 1);
         let l = match w {
             Work::Kernel(l) => l,
             Work::Gemm(c) => {

@@ -27,6 +27,8 @@ mod replay;
 mod scratch;
 #[cfg(feature = "cuda")]
 mod settings;
+#[cfg(feature = "cuda")]
+mod timing;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;

@@ -166,7 +166,20 @@ impl Phase {
 pub struct Trace {
     pub model: String,
     pub backends: Vec<String>,
+    /// Per backend that times its nodes, what its `ns` measure
+    /// ([`minfer_graph::Executor::node_time_source`]), in `backends` order.
+    pub timing: Vec<(String, String)>,
     pub phases: Vec<Phase>,
+}
+
+/// `timing` as a JSON object: backend name to what its node times measure.
+pub fn timing_json(timing: &[(String, String)]) -> Value {
+    Value::Object(
+        timing
+            .iter()
+            .map(|(b, what)| (b.clone(), json!(what)))
+            .collect(),
+    )
 }
 
 /// A non-finite f32 as JSON: NaN and +-inf have no JSON number, so they are written as the
@@ -204,6 +217,7 @@ impl Trace {
             "version": 1,
             "model": self.model,
             "backends": self.backends,
+            "timing": timing_json(&self.timing),
             "phases": phases,
         })
     }
@@ -381,6 +395,7 @@ mod tests {
         let mut t = Trace {
             model: "m".into(),
             backends: vec![],
+            timing: vec![],
             phases: vec![
                 phase(PhaseKind::Prefill, vec![1, 2], false),
                 phase(PhaseKind::Prefill, vec![3], true),

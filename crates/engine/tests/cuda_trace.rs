@@ -7,6 +7,11 @@
 //! of the CPU's (the CPU-vs-Metal trace gate measured 6.9e-7 for the same class). Controls:
 //! the traced forwards give the untraced logits bit for bit (capture reads, never perturbs),
 //! and once disarmed the decode steps are replayed as CUDA graphs again.
+//!
+//! Node times (CUDA events around each node's launches, read after the forward's
+//! synchronize): every traced CUDA node timed, non-zero, each forward's sum within its wall
+//! time; none kept by an untraced or disarmed forward. Control: the check fails on the same
+//! trace with one time dropped.
 
 #![cfg(feature = "cuda")]
 
@@ -17,6 +22,7 @@ use minfer_models::Arch;
 use minfer_testkit::logits::bits;
 use minfer_testkit::synth;
 use std::path::Path;
+use std::time::Instant;
 
 const PROMPT: [u32; 5] = [3, 17, 99, 4, 60];
 const DECODE: [u32; 3] = [21, 7, 40];
@@ -119,4 +125,84 @@ fn cuda_traces_agree_with_the_cpu_and_leave_the_logits_alone() {
         replays >= 2,
         "the decode steps were not replayed after the trace"
     );
+}
+
+/// Per phase, the sum of the CUDA nodes' times; an error names a CUDA node without a
+/// non-zero time.
+fn cuda_times(t: &Trace) -> Result<Vec<(usize, u64)>, String> {
+    let mut out = Vec::new();
+    for (k, p) in t.phases.iter().enumerate() {
+        let (mut n, mut sum) = (0, 0u64);
+        for s in p.nodes.iter().filter(|s| s.backend == "cuda") {
+            match s.ns {
+                Some(ns) if ns > 0 => {
+                    n += 1;
+                    sum += ns;
+                }
+                other => return Err(format!("phase {k} {} ({}): ns {other:?}", s.name, s.op)),
+            }
+        }
+        out.push((n, sum));
+    }
+    Ok(out)
+}
+
+#[test]
+fn cuda_node_times_cover_every_launching_node_within_the_forward() {
+    match minfer_cuda::available() {
+        Ok(()) => {}
+        Err(why) => {
+            println!("SKIP: no CUDA device ({why})");
+            return;
+        }
+    }
+    let path = synth::model(Arch::Qwen2, 2, 11);
+    let mut g = engine(&path, "cuda");
+    g.decode(&PROMPT, 0, 1).unwrap();
+    assert!(
+        g.take_node_times().is_empty(),
+        "an untraced forward keeps no times"
+    );
+    g.kv_clear();
+    g.trace_begin().unwrap();
+    // Each forward's wall time, host side, around the whole call.
+    let mut walls = Vec::new();
+    let t0 = Instant::now();
+    g.decode(&PROMPT, 0, 1).unwrap();
+    walls.push(t0.elapsed().as_nanos() as u64);
+    for (i, &t) in DECODE.iter().enumerate() {
+        let t0 = Instant::now();
+        g.decode_generated(&[t], PROMPT.len() + i, 1).unwrap();
+        walls.push(t0.elapsed().as_nanos() as u64);
+    }
+    let mut t = g.trace_end().unwrap().expect("a trace was begun");
+    let cuda = t.timing.iter().find(|(b, _)| b == "cuda");
+    let what = &cuda.expect("the trace says what CUDA's times are").1;
+    assert!(what.contains("CUDA events"), "{what}");
+    let sums = cuda_times(&t).unwrap();
+    assert_eq!(sums.len(), walls.len());
+    for (k, ((n, sum), wall)) in sums.iter().zip(&walls).enumerate() {
+        println!(
+            "phase {k}: {n} cuda nodes timed, {:.1} us of events in a {:.1} us forward",
+            *sum as f64 / 1e3,
+            *wall as f64 / 1e3
+        );
+        assert!(*n > 20, "phase {k}: {n} cuda nodes timed");
+        assert!(
+            sum <= wall,
+            "phase {k}: node times {sum} ns > the forward's {wall} ns"
+        );
+    }
+    // Disarmed: the next forwards (replayed again) leave no times.
+    g.decode_generated(&[5], PROMPT.len() + DECODE.len(), 1)
+        .unwrap();
+    assert!(g.take_node_times().is_empty(), "disarmed: no times");
+    // The control: the check fails on the trace with one CUDA node's time dropped.
+    let i = t.phases[1]
+        .nodes
+        .iter()
+        .position(|s| s.backend == "cuda")
+        .unwrap();
+    t.phases[1].nodes[i].ns = None;
+    assert!(cuda_times(&t).is_err());
 }

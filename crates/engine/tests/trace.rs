@@ -2,7 +2,8 @@
 //! CPU and on the Metal executor under the emulator: the same phases and node names (outside
 //! chains a device fuses), no KV store (the graph has them), stats within 1e-3 of each
 //! node's scale, the top five logits those the forward returned, and rows a bucketed
-//! forward pads with left out.
+//! forward pads with left out. Node times: every node of both backends timed (the
+//! emulator's its own wall time, as the trace's `timing` says), none kept untraced.
 
 use minfer_engine::trace::{NodeStats, Phase, PhaseKind, Trace};
 use minfer_engine::TokenBytes;
@@ -188,4 +189,58 @@ fn padded_rows_are_left_out_and_the_json_has_the_format() {
     // Disarmed: the next forward records nothing and there is no trace to end.
     c.decode(&[5], prompt.len() + DECODE.len(), 1).unwrap();
     assert!(c.trace_end().unwrap().is_none());
+}
+
+/// Whether every node of `backend` in every phase has a non-zero time.
+fn all_timed(t: &Trace, backend: &str) -> Result<usize, String> {
+    let mut n = 0;
+    for (k, p) in t.phases.iter().enumerate() {
+        for s in p.nodes.iter().filter(|s| s.backend == backend) {
+            match s.ns {
+                Some(ns) if ns > 0 => n += 1,
+                other => return Err(format!("phase {k} {}: ns {other:?}", s.name)),
+            }
+        }
+    }
+    Ok(n)
+}
+
+#[test]
+#[cfg(feature = "metal-emu")]
+fn metal_emu_traces_time_every_node_and_say_the_times_are_the_emulators() {
+    let path = synth::model(Arch::Qwen2, 2, 11);
+    let mut m = engine(&path, "metal-emu");
+    // Untraced: no backend keeps a time.
+    m.decode(&PROMPT, 0, 1).unwrap();
+    assert!(
+        m.take_node_times().is_empty(),
+        "an untraced forward keeps no times"
+    );
+    m.kv_clear();
+    let (mut t, _) = traced(&mut m, &PROMPT);
+    let on_device = all_timed(&t, "metal-emu").unwrap();
+    assert!(on_device > 60, "{on_device} metal-emu nodes timed");
+    all_timed(&t, "cpu").unwrap();
+    let what: Vec<&str> = t.timing.iter().map(|(b, _)| b.as_str()).collect();
+    assert_eq!(what, ["cpu", "metal-emu"]);
+    assert!(t.timing[1].1.contains("emulator") && t.timing[1].1.contains("not a GPU"));
+    let j = t.to_json(&Bytes);
+    assert_eq!(j["timing"]["metal-emu"], t.timing[1].1.as_str());
+    let p = &j["phases"][1]["nodes"];
+    assert!(p
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|n| n["ns"].as_u64() > Some(0)));
+    // Disarmed: the next forward leaves no times behind.
+    m.decode(&[5], PROMPT.len() + DECODE.len(), 1).unwrap();
+    assert!(m.take_node_times().is_empty(), "disarmed: no times");
+    // The control: the check fails on a trace with one time dropped.
+    let i = t.phases[1]
+        .nodes
+        .iter()
+        .position(|s| s.backend == "metal-emu")
+        .unwrap();
+    t.phases[1].nodes[i].ns = None;
+    assert!(all_timed(&t, "metal-emu").is_err());
 }

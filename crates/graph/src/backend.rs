@@ -377,12 +377,19 @@ pub trait Executor: Memory {
     fn take_captures(&mut self) -> Result<Vec<(NodeId, Vec<f32>)>> {
         Ok(Vec::new())
     }
-    /// While armed, the nanoseconds each executed node took since the last take, for a
-    /// backend that times its nodes (the CPU: the wall time of its kernel call); a trace's
-    /// per-node time, `minfer viz`'s timeline. Default: none (a device's command stream
-    /// has no per-node host time).
+    /// While armed, the nanoseconds each executed node that did work took since the last
+    /// take, in execution order, once the forward has synchronised, for a backend that
+    /// times its nodes (what the time is: [`Executor::node_time_source`]); a trace's
+    /// per-node time, `minfer viz`'s timeline. Default: none.
     fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
         Vec::new()
+    }
+    /// What [`Executor::take_node_times`]'s times measure, in a phrase a trace carries (the
+    /// CPU: its kernel call's wall time; CUDA: the device between events around the node's
+    /// launches; the MSL emulator: its own wall time, no GPU clock). None: this backend
+    /// does not time its nodes.
+    fn node_time_source(&self) -> Option<&'static str> {
+        None
     }
 }
 

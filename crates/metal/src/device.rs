@@ -85,6 +85,27 @@ pub trait Device {
     /// the labels of the most recent dispatches.
     fn submit(&self) -> Result<()>;
 
+    /// Starts a timed span `tag` (a trace's node) in the pending commands: the work encoded
+    /// from here to [`Device::end_span`] is timed when it runs. Only called while a trace is
+    /// armed and [`Device::span_clock`] is some; default: ignored.
+    fn begin_span(&self, _tag: u32) -> Result<()> {
+        Ok(())
+    }
+    /// Ends the span [`Device::begin_span`] started (work encoded after it is not the span's).
+    fn end_span(&self) -> Result<()> {
+        Ok(())
+    }
+    /// The spans that held work, of the submits that completed since the last take: (tag,
+    /// nanoseconds) in command order. Default: none.
+    fn take_spans(&self) -> Vec<(u32, u64)> {
+        Vec::new()
+    }
+    /// What a span's time measures, a phrase a trace carries; None (the default): the
+    /// device does not time spans.
+    fn span_clock(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Copies `data` into `buf` at `offset` (host side; do it before the commands that read it).
     fn write_bytes(&self, buf: &Self::Buffer, offset: usize, data: &[u8]) -> Result<()> {
         check_range(self.buffer_len(buf), offset, data.len())?;

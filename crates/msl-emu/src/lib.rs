@@ -123,6 +123,9 @@ enum Cmd {
         dst_row: u64,
         n_rows: u64,
     },
+    /// The start and end of a timed span ([`Device::begin_span`]): no work of its own.
+    SpanBegin(u32),
+    SpanEnd,
 }
 
 /// The emulated device. Commands queue until [`Device::submit`] runs them in order.
@@ -133,7 +136,13 @@ pub struct EmuDevice {
     limits: Limits,
     queue: Mutex<Vec<Cmd>>,
     labels: Mutex<VecDeque<String>>,
+    /// Spans of the completed submits not yet taken: (tag, the emulator's nanoseconds).
+    spans: Mutex<Vec<(u32, u64)>>,
 }
+
+/// What the emulator's span times are (a trace's `timing`, docs/TRACE.md).
+const SPAN_CLOCK: &str = "the MSL emulator's host wall time running the node's dispatches \
+     (a CPU emulating the kernels, not a GPU clock)";
 
 fn init() {
     static ONCE: Once = Once::new();
@@ -173,6 +182,7 @@ impl EmuDevice {
             limits: EMU_LIMITS,
             queue: Mutex::new(Vec::new()),
             labels: Mutex::new(VecDeque::new()),
+            spans: Mutex::new(Vec::new()),
         }
     }
 
@@ -194,6 +204,14 @@ impl EmuDevice {
     pub fn with_workers(mut self, n: usize) -> EmuDevice {
         self.workers = n.max(1);
         self
+    }
+
+    fn push(&self, cmd: Cmd) -> Result<()> {
+        self.queue
+            .lock()
+            .map_err(|_| Error::Unavailable("queue poisoned".into()))?
+            .push(cmd);
+        Ok(())
     }
 
     pub fn schedule(&self) -> Schedule {
@@ -227,6 +245,7 @@ impl EmuDevice {
 
     fn run(&self, cmd: &Cmd, deadline: Instant) -> std::result::Result<(), String> {
         match cmd {
+            Cmd::SpanBegin(_) | Cmd::SpanEnd => Ok(()),
             Cmd::Dispatch {
                 pipeline,
                 grid,
@@ -468,13 +487,29 @@ impl Device for EmuDevice {
             .lock()
             .map_err(|_| Error::Unavailable("label ring poisoned".into()))?;
         let deadline = Instant::now() + self.submit_timeout;
+        // The open span: its tag, when it started running, whether work ran inside it.
+        let mut open: Option<(u32, Instant, bool)> = None;
+        let mut spans = Vec::new();
         for cmd in &cmds {
             let label = match cmd {
                 Cmd::Dispatch {
                     pipeline, label, ..
                 } => format!("{} [{}]", label, pipeline.name.to_string_lossy()),
                 Cmd::CopyRows { .. } => "copy_rows".to_string(),
+                Cmd::SpanBegin(tag) => {
+                    open = Some((*tag, Instant::now(), false));
+                    continue;
+                }
+                Cmd::SpanEnd => {
+                    if let Some((tag, t0, true)) = open.take() {
+                        spans.push((tag, t0.elapsed().as_nanos() as u64));
+                    }
+                    continue;
+                }
             };
+            if let Some(o) = &mut open {
+                o.2 = true;
+            }
             if labels.len() == LABEL_RING {
                 labels.pop_front();
             }
@@ -486,7 +521,28 @@ impl Device for EmuDevice {
                 });
             }
         }
+        self.spans
+            .lock()
+            .map_err(|_| Error::Unavailable("span list poisoned".into()))?
+            .extend(spans);
         Ok(())
+    }
+
+    fn begin_span(&self, tag: u32) -> Result<()> {
+        self.push(Cmd::SpanBegin(tag))
+    }
+
+    fn end_span(&self) -> Result<()> {
+        self.push(Cmd::SpanEnd)
+    }
+
+    fn take_spans(&self) -> Vec<(u32, u64)> {
+        // A panic while the list was held leaves complete entries: take them all the same.
+        std::mem::take(&mut *self.spans.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn span_clock(&self) -> Option<&'static str> {
+        Some(SPAN_CLOCK)
     }
 }
 

@@ -5,7 +5,9 @@
 //! a later node of the same split reuses, where the control (reading the node's buffer
 //! after the split) gives the later node's values; staging buffers are reused at their
 //! exact length once warm; disarmed, nothing is staged or captured; past the staging
-//! ceiling the split is submitted early and the captures are unchanged.
+//! ceiling the split is submitted early and the captures are unchanged. Node times (the
+//! emulator's wall time per node's dispatches, no GPU clock): one per node in execution
+//! order while armed, none disarmed; a span that ran no work gives none.
 
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgmlType;
@@ -308,4 +310,94 @@ fn staging_is_reused_at_exact_length_and_costs_nothing_disarmed() {
     for ((i, v), (j, u)) in first.iter().zip(&flushed) {
         assert_eq!((i, bits(v)), (j, bits(u)));
     }
+}
+
+/// Node times as a trace wants them: one per node that ran work, the nodes in `want` order
+/// (execution order), each non-zero.
+fn times_cover(times: &[(NodeId, u64)], want: &[u32]) -> Result<(), String> {
+    let ids: Vec<u32> = times.iter().map(|(id, _)| id.0).collect();
+    if ids != want {
+        return Err(format!("timed nodes {ids:?}, ran {want:?}"));
+    }
+    match times.iter().find(|(_, ns)| *ns == 0) {
+        Some((id, _)) => Err(format!("node {} has a zero time", id.0)),
+        None => Ok(()),
+    }
+}
+
+#[test]
+fn node_times_cover_each_node_in_execution_order_only_while_armed() {
+    let (w, _) = table();
+    let g = graph(IDS.len());
+    let mut be = metal();
+    let what = be
+        .node_time_source()
+        .expect("the emulated device times its nodes");
+    assert!(
+        what.contains("emulator") && what.contains("not a GPU"),
+        "{what}"
+    );
+    be.prepare_weights(&w, &[WeightId(0)]).unwrap();
+    let bytes = 4 * D * IDS.len();
+    let ids = be.alloc(4 * IDS.len()).unwrap();
+    let ids_bytes: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
+    be.write(ids, 0, &ids_bytes).unwrap();
+    let (p, q) = (be.alloc(bytes).unwrap(), be.alloc(bytes).unwrap());
+    let nodes = vec![(1, vec![ids], p), (2, vec![p, p], q), (3, vec![q, q], p)];
+    split(&mut be, &g, &w, &nodes);
+    be.synchronize().unwrap();
+    assert!(be.take_node_times().is_empty(), "disarmed: no times");
+    be.capture(true).unwrap();
+    split(&mut be, &g, &w, &nodes);
+    be.synchronize().unwrap();
+    let times = be.take_node_times();
+    times_cover(&times, &[1, 2, 3]).unwrap();
+    // The control: the check fails when a node's time is missing or zero.
+    assert!(times_cover(&times[1..], &[1, 2, 3]).is_err());
+    let mut zero = times.clone();
+    zero[1].1 = 0;
+    assert!(times_cover(&zero, &[1, 2, 3]).is_err());
+    assert!(be.take_node_times().is_empty(), "a take empties");
+    // Execution order, not id order: the same nodes run b then a.
+    let backwards = vec![(3, vec![q, q], p), (2, vec![p, p], q)];
+    split(&mut be, &g, &w, &backwards);
+    be.synchronize().unwrap();
+    times_cover(&be.take_node_times(), &[3, 2]).unwrap();
+    // Disarmed again: nothing.
+    be.capture(false).unwrap();
+    split(&mut be, &g, &w, &nodes);
+    be.synchronize().unwrap();
+    assert!(be.take_node_times().is_empty());
+    // A staging ceiling of one node's output submits after each node: the spans of every
+    // submit are kept, in order.
+    let mut small = metal().with_staging_ceiling(bytes);
+    small.prepare_weights(&w, &[WeightId(0)]).unwrap();
+    let ids = small.alloc(4 * IDS.len()).unwrap();
+    small.write(ids, 0, &ids_bytes).unwrap();
+    let (p, q) = (small.alloc(bytes).unwrap(), small.alloc(bytes).unwrap());
+    let nodes = vec![(1, vec![ids], p), (2, vec![p, p], q), (3, vec![q, q], p)];
+    small.capture(true).unwrap();
+    split(&mut small, &g, &w, &nodes);
+    small.synchronize().unwrap();
+    times_cover(&small.take_node_times(), &[1, 2, 3]).unwrap();
+}
+
+#[test]
+fn the_emulator_times_a_span_only_when_it_ran_work() {
+    use minfer_metal::Device;
+    let dev = EmuDevice::new(Schedule::Forward);
+    let (a, b) = (dev.new_buffer(64).unwrap(), dev.new_buffer(64).unwrap());
+    dev.begin_span(7).unwrap();
+    dev.end_span().unwrap();
+    dev.begin_span(8).unwrap();
+    dev.copy_rows(&a, &b, 16, 0, 0, 4).unwrap();
+    dev.end_span().unwrap();
+    // Work outside any span is nobody's.
+    dev.copy_rows(&a, &b, 16, 0, 0, 4).unwrap();
+    assert!(dev.take_spans().is_empty(), "nothing ran before the submit");
+    dev.submit().unwrap();
+    let spans = dev.take_spans();
+    assert_eq!(spans.iter().map(|s| s.0).collect::<Vec<_>>(), [8]);
+    assert!(spans[0].1 > 0);
+    assert!(dev.take_spans().is_empty(), "a take empties");
 }

@@ -148,6 +148,9 @@ async fn live_graph_runs_and_capture_only_while_a_page_is_connected() {
     let mut body = router.clone().oneshot(req).await.unwrap().into_body();
     let hello = events_until(&mut body, "hello").await;
     assert_eq!(hello[0]["mode"], "live");
+    // What the timeline's times are, per backend that times its nodes.
+    let cpu_timing = hello[0]["timing"]["cpu"].as_str().unwrap_or_default();
+    assert!(cpu_timing.contains("wall time"), "{}", hello[0]);
     assert_eq!(st.pages(), 1);
     let v = start_run(&router, r#"{"prompt": "hello", "max_tokens": 3}"#).await;
     assert_eq!(v["armed"], true, "{v}");
@@ -182,6 +185,15 @@ async fn live_graph_runs_and_capture_only_while_a_page_is_connected() {
         !names.iter().any(|n| n.ends_with("_store")),
         "no KV stores captured"
     );
+    // Every streamed node carries its time (the CPU times each one while armed).
+    for s in &steps {
+        let nodes = s["phase"]["nodes"].as_array().unwrap();
+        assert!(
+            nodes.iter().all(|n| n["ns"].as_u64() > Some(0)),
+            "{}",
+            s["phase"]["kind"]
+        );
+    }
     drop(body);
 
     // The page went away: capture is off again.

@@ -85,6 +85,15 @@ impl<D: Device> Staging<D> {
         self.log.take()
     }
 
+    /// Records a node's time (armed only).
+    pub fn record_time(&mut self, id: NodeId, ns: u64) {
+        self.log.record_time(id, ns);
+    }
+
+    pub fn take_times(&mut self) -> Vec<(NodeId, u64)> {
+        self.log.take_times()
+    }
+
     /// A staging buffer of exactly `bytes`: a free one, else a new one.
     fn buffer(&mut self, dev: &D, bytes: usize) -> Result<D::Buffer> {
         if let Some(b) = self.free.get_mut(&bytes).and_then(|v| v.pop()) {

@@ -56,6 +56,9 @@ pub struct MetalBackend<D: Device> {
     encoded: u64,
     /// Trace capture staging (armed by [`minfer_graph::Executor::capture`]).
     capture: Staging<D>,
+    /// Whether the device times spans ([`Device::span_clock`]): while a trace is armed each
+    /// node's dispatches are one span, its node time.
+    spans: bool,
 }
 
 impl<D: Device> MetalBackend<D> {
@@ -75,7 +78,6 @@ impl<D: Device> MetalBackend<D> {
         MetalBackend {
             id,
             name: name.into(),
-            dev,
             pool: Pool::default(),
             weights: Residency::default(),
             scratch: None,
@@ -85,6 +87,8 @@ impl<D: Device> MetalBackend<D> {
             weight_copy: s.weight_copy,
             encoded: 0,
             capture: Staging::default(),
+            spans: dev.span_clock().is_some(),
+            dev,
         }
     }
 
@@ -154,6 +158,10 @@ impl<D: Device> MetalBackend<D> {
         if self.capture.armed() {
             // The staging this submit filled is read back now (and freed for reuse).
             let staged = self.capture.submitted(&self.dev, r.is_ok());
+            // The device keeps only a completed submit's spans.
+            for (tag, ns) in self.dev.take_spans() {
+                self.capture.record_time(NodeId(tag), ns);
+            }
             r = r.and(staged);
         }
         r.map_err(|e| match &self.trace {
@@ -347,7 +355,18 @@ where
         if let Some(t) = &mut self.trace {
             t.push(&node.name);
         }
-        let mut r = self.encode(node, args);
+        // A node's dispatches are its span; the staging blit after them is not.
+        let span = self.spans && self.capture.armed();
+        let mut r = if span {
+            self.dev.begin_span(node.id.0)
+        } else {
+            Ok(())
+        };
+        r = r.and_then(|_| self.encode(node, args));
+        if span {
+            let ended = self.dev.end_span();
+            r = r.and(ended);
+        }
         if self.capture.armed() && r.is_ok() {
             r = self.stage_capture(node, args);
         }
@@ -393,6 +412,14 @@ where
     fn take_captures(&mut self) -> GraphResult<Vec<(NodeId, Vec<f32>)>> {
         self.submit()?;
         Ok(self.capture.take())
+    }
+
+    fn take_node_times(&mut self) -> Vec<(NodeId, u64)> {
+        self.capture.take_times()
+    }
+
+    fn node_time_source(&self) -> Option<&'static str> {
+        self.dev.span_clock()
     }
 }
 

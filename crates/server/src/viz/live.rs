@@ -37,6 +37,7 @@ impl VizState {
             "mode": "live",
             "model": model,
             "n_nodes": graph["nodes"].as_array().map_or(0, Vec::len),
+            "timing": minfer_engine::trace::timing_json(&engine.node_time_sources()),
         });
         let (tx, rx) = mpsc::channel();
         let (st, busy) = VizState::new(graph, hello, Source::Live(Mutex::new(tx)));

@@ -116,6 +116,7 @@ impl VizState {
             "file": file,
             "n_nodes": graph["nodes"].as_array().map_or(0, Vec::len),
             "n_phases": doc["phases"].as_array().map_or(0, Vec::len),
+            "timing": doc.get("timing").cloned().unwrap_or(Value::Null),
         });
         let (st, _) = VizState::new(graph, hello, Source::Replay(Arc::new(doc)));
         Ok(Arc::new(st))

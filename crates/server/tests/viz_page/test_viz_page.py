@@ -181,7 +181,16 @@ class Test:
         timed = int(self.js("return state.steps[state.step].nodes.filter(s => typeof s.ns === 'number').length"))
         self.check(bars == timed, f"the timeline draws a bar per timed node ({bars})", f"{bars} != {timed}")
         if self.args.expect_times:
-            self.check(timed > 0, "the CPU's node times arrived")
+            self.check(timed > 0, "the node times arrived")
+        b = self.args.expect_timed_backend
+        if b:
+            on_b = int(self.js(f"return state.steps[state.step].nodes.filter(s => s.backend === '{b}' && s.ns > 0).length"))
+            self.check(on_b > 0, f"{b} nodes have times ({on_b})")
+            bars_b = self.js(f"return [...document.querySelectorAll('#timeline .tbar')].filter(r => r.getAttribute('fill') === backendColour('{b}')).length")
+            self.check(bars_b == on_b, f"the timeline draws a bar per timed {b} node ({bars_b})", f"{bars_b} != {on_b}")
+            src = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#timeline .tsource")]
+            line = next((t for t in src if t.startswith(b + ":")), "")
+            self.check(line and "not stated" not in line, f"the timeline says what {b}'s times are: {line}", "; ".join(src))
         self.shot("viz-timeline.png")
 
         errs = self.console_errors()
@@ -192,7 +201,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
     ap.add_argument("--expect-nodes", type=int)
-    ap.add_argument("--expect-times", action="store_true", help="steps must carry node times (a CPU run)")
+    ap.add_argument("--expect-times", action="store_true", help="steps must carry node times")
+    ap.add_argument("--expect-timed-backend", help="this backend's nodes must be timed and drawn, its time source named")
     ap.add_argument("--expect-diff", help="the node the trace-diff view must mark (replay --diff)")
     ap.add_argument("--node", default="L0.attn_norm", help="the node whose inspector is opened")
     ap.add_argument("--max-tokens", type=int, default=6)
