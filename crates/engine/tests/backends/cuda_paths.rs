@@ -156,11 +156,15 @@ fn long_ctx(arch: Arch, ty: GgmlType, head_dim: usize) -> PathBuf {
 }
 
 fn long_engine(path: &Path, n_batch: usize) -> Engine {
+    long_engine_kv(path, n_batch, GgmlType::F16)
+}
+
+fn long_engine_kv(path: &Path, n_batch: usize, cache: GgmlType) -> Engine {
     Engine::load(
         path,
         EngineConfig {
             n_ctx: 4096,
-            cache_type: GgmlType::F16,
+            cache_type: cache,
             backends: vec!["cuda".into()],
             n_batch,
             ..EngineConfig::default()
@@ -184,58 +188,143 @@ fn prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company(_: &Row, _
         (Arch::Qwen2, GgmlType::Q4K, 128),
         (Arch::Llama, GgmlType::Q6K, 64),
     ] {
-        let path = long_ctx(arch, ty, hd);
-        let prompt: Vec<u32> = (0..2100u32).map(|i| (i * 7919 + 13) % 40).collect();
-        let whole = bits(long_engine(&path, 4096).decode(&prompt, 0, 1).unwrap());
-        for chunk in [1, 7, 64, 512, 2048] {
-            let got = bits(long_engine(&path, chunk).decode(&prompt, 0, 1).unwrap());
-            println!(
-                "{arch:?} {ty} hd {hd}: chunks of {chunk} == whole: {}",
-                got == whole
-            );
-            assert!(got == whole, "{arch:?} {ty}: chunks of {chunk}");
-        }
-        // In company: sequence A's second chunk beside B's prompt chunk and C's generated row.
-        let mut e = long_engine(&path, 4096);
-        let (a, b, c) = (e.seq_create(), e.seq_create(), e.seq_create());
-        let pa = &prompt[..300];
-        e.forward_batch(&[BatchEntry::prompt(a, &pa[..100], 0, 0)])
-            .unwrap();
-        e.forward_batch(&[BatchEntry::prompt(c, &prompt[500..540], 0, 1)])
-            .unwrap();
-        let out = e
-            .forward_batch(&[
-                BatchEntry::prompt(b, &prompt[1000..1077], 0, 1),
-                BatchEntry::prompt(a, &pa[100..], 100, 1),
-                BatchEntry::generated(c, &[7], 40),
-            ])
-            .unwrap();
-        let mixed = bits(out.logits(1));
-        let alone = bits(long_engine(&path, 4096).decode(pa, 0, 1).unwrap());
-        println!("{arch:?}: in company == alone: {}", mixed == alone);
-        assert!(mixed == alone, "{arch:?}: a prompt chunk among other rows");
-        // Against the f64 reference on a shorter prompt.
-        let short = &prompt[..200];
-        let got = long_engine(&path, 64).decode(short, 0, 1).unwrap().to_vec();
-        let want = reference_logits(&path, short);
-        let d = max_diff(&got, want.last().unwrap());
-        println!(
-            "{arch:?}: prompt rows vs reference {d:.3e} (rms {:.3})",
-            rms(&want)
-        );
-        assert!(d <= 0.02 * rms(&want), "{arch:?}: {d}");
+        prompt_rows_case(arch, ty, hd, GgmlType::F16);
     }
-    // The control: a kernel choice by the chunk's row count makes the chunking visible.
+    prompt_rows_control(GgmlType::F16);
+}
+
+/// The same gate with a q8_0 KV cache (`--cache-type q8_0`): prompt rows on the tensor-core
+/// flash attention reading q8_0 blocks (`mf_fa_q8_*`, head dim 128 and 64). Against the f64
+/// reference the bar is the f16 class's plus twice the CPU's own error with a q8_0 cache
+/// (the q8_0 rounding both make). Controls: the planted row-count choice is seen as for f16,
+/// and `MINFER_CUDA_PROMPT_ATTN=rows` (the generation rows' kernels) gives other bits, so the
+/// chunkings above really ran the q8_0 flash kernel.
+fn q8_0_prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company(_: &Row, _: &()) {
+    for (arch, ty, hd) in [
+        (Arch::Qwen2, GgmlType::Q4K, 128),
+        (Arch::Llama, GgmlType::Q6K, 64),
+    ] {
+        prompt_rows_case(arch, ty, hd, GgmlType::Q8_0);
+        let path = long_ctx(arch, ty, hd);
+        let prompt: Vec<u32> = (0..300u32).map(|i| (i * 7919 + 13) % 40).collect();
+        let fa = bits(
+            long_engine_kv(&path, 512, GgmlType::Q8_0)
+                .decode(&prompt, 0, 1)
+                .unwrap(),
+        );
+        std::env::set_var("MINFER_CUDA_PROMPT_ATTN", "rows");
+        let rows = bits(
+            long_engine_kv(&path, 512, GgmlType::Q8_0)
+                .decode(&prompt, 0, 1)
+                .unwrap(),
+        );
+        std::env::remove_var("MINFER_CUDA_PROMPT_ATTN");
+        println!(
+            "{arch:?} hd {hd} q8_0: flash == generation kernels: {}",
+            fa == rows
+        );
+        assert_ne!(
+            fa, rows,
+            "{arch:?} hd {hd}: q8_0 prompt rows did not run the flash kernel"
+        );
+    }
+    prompt_rows_control(GgmlType::Q8_0);
+}
+
+/// One model's chunkings, company and reference bar on a `cache` KV.
+fn prompt_rows_case(arch: Arch, ty: GgmlType, hd: usize, cache: GgmlType) {
+    let engine = |chunk: usize| long_engine_kv(&long_ctx(arch, ty, hd), chunk, cache);
+    let path = long_ctx(arch, ty, hd);
+    let prompt: Vec<u32> = (0..2100u32).map(|i| (i * 7919 + 13) % 40).collect();
+    let whole = bits(engine(4096).decode(&prompt, 0, 1).unwrap());
+    for chunk in [1, 7, 64, 512, 2048] {
+        let got = bits(engine(chunk).decode(&prompt, 0, 1).unwrap());
+        println!(
+            "{arch:?} {ty} hd {hd} {cache} KV: chunks of {chunk} == whole: {}",
+            got == whole
+        );
+        assert!(got == whole, "{arch:?} {ty} {cache}: chunks of {chunk}");
+    }
+    // In company: sequence A's second chunk beside B's prompt chunk and C's generated row.
+    let mut e = engine(4096);
+    let (a, b, c) = (e.seq_create(), e.seq_create(), e.seq_create());
+    let pa = &prompt[..300];
+    e.forward_batch(&[BatchEntry::prompt(a, &pa[..100], 0, 0)])
+        .unwrap();
+    e.forward_batch(&[BatchEntry::prompt(c, &prompt[500..540], 0, 1)])
+        .unwrap();
+    let out = e
+        .forward_batch(&[
+            BatchEntry::prompt(b, &prompt[1000..1077], 0, 1),
+            BatchEntry::prompt(a, &pa[100..], 100, 1),
+            BatchEntry::generated(c, &[7], 40),
+        ])
+        .unwrap();
+    let mixed = bits(out.logits(1));
+    let alone = bits(engine(4096).decode(pa, 0, 1).unwrap());
+    println!(
+        "{arch:?} {cache} KV: in company == alone: {}",
+        mixed == alone
+    );
+    assert!(
+        mixed == alone,
+        "{arch:?} {cache}: a prompt chunk among other rows"
+    );
+    // Against the f64 reference on a shorter prompt.
+    let short = &prompt[..200];
+    let got = engine(64).decode(short, 0, 1).unwrap().to_vec();
+    let all = reference_logits(&path, short);
+    let want = all.last().unwrap();
+    let d = max_diff(&got, want);
+    let bar = if cache == GgmlType::F16 {
+        0.02 * rms(&all)
+    } else {
+        let cpu = Engine::load(
+            &path,
+            EngineConfig {
+                n_ctx: 4096,
+                cache_type: cache,
+                backends: vec!["cpu".into()],
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+        .decode(short, 0, 1)
+        .unwrap()
+        .to_vec();
+        let dc = max_diff(&cpu, want);
+        println!("{arch:?} {cache} KV on the CPU: vs reference {dc:.3e}");
+        0.02 * rms(&all) + 2.0 * dc
+    };
+    println!(
+        "{arch:?} {cache} KV: prompt rows vs reference {d:.3e} (rms {:.3}, bar {bar:.3e})",
+        rms(&all)
+    );
+    assert!(d <= bar, "{arch:?} {cache}: {d}");
+}
+
+/// The control: a kernel choice by the chunk's row count makes the chunking visible.
+fn prompt_rows_control(cache: GgmlType) {
     let path = long_ctx(Arch::Qwen2, GgmlType::Q4K, 128);
     let prompt: Vec<u32> = (0..2100u32).map(|i| (i * 7919 + 13) % 40).collect();
     std::env::set_var("MINFER_CUDA_PROMPT_CONTROL", "type-by-rows");
-    let whole = bits(long_engine(&path, 4096).decode(&prompt, 0, 1).unwrap());
+    let whole = bits(
+        long_engine_kv(&path, 4096, cache)
+            .decode(&prompt, 0, 1)
+            .unwrap(),
+    );
     let differ: Vec<usize> = [1, 7, 64, 512]
         .into_iter()
-        .filter(|&c| bits(long_engine(&path, c).decode(&prompt, 0, 1).unwrap()) != whole)
+        .filter(|&c| {
+            bits(
+                long_engine_kv(&path, c, cache)
+                    .decode(&prompt, 0, 1)
+                    .unwrap(),
+            ) != whole
+        })
         .collect();
     std::env::remove_var("MINFER_CUDA_PROMPT_CONTROL");
-    println!("control: type by row count, chunkings {differ:?} differ from whole");
+    println!("control ({cache} KV): type by row count, chunkings {differ:?} differ from whole");
     // Chunks of 64 and 512 end in 52 rows, padded to the 64-row bucket: only 1 and 7 run
     // fewer than 64 rows.
     assert_eq!(differ, [1, 7], "control: the planted row-count choice");
@@ -279,5 +368,7 @@ for_each_backend! {
     a_half_b_model_agrees_with_the_cpu: a_half_b_model_agrees_with_the_cpu { cuda => () }
     prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company:
         prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company { cuda => () }
+    q8_0_prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company:
+        q8_0_prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company { cuda => () }
     prompt_rows_run_their_own_kernels: prompt_rows_run_their_own_kernels { cuda => () }
 }
