@@ -243,8 +243,9 @@ fn q8_0_prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company(_: &R
 
 /// One model's chunkings, company and reference bar on a `cache` KV.
 fn prompt_rows_case(arch: Arch, ty: GgmlType, hd: usize, cache: GgmlType) {
-    let engine = |chunk: usize| long_engine_kv(&long_ctx(arch, ty, hd), chunk, cache);
+    // Written once: an engine still alive maps the file.
     let path = long_ctx(arch, ty, hd);
+    let engine = |chunk: usize| long_engine_kv(&path, chunk, cache);
     let prompt: Vec<u32> = (0..2100u32).map(|i| (i * 7919 + 13) % 40).collect();
     let whole = bits(engine(4096).decode(&prompt, 0, 1).unwrap());
     for chunk in [1, 7, 64, 512, 2048] {
