@@ -119,6 +119,14 @@ extern "C" __global__ void mf_bias_rows(float *y, const float *bias, int n_out, 
 // window's values alone. Windows longer than MF_FA_SPLIT keys are cut at fixed multiples of
 // it over the grid's z; each split writes a partial and mf_attn_combine merges the live ones
 // in order (one live split: the same o / l the unsplit launch writes).
+//
+// A q8_0 cache (cells of 34-byte blocks: an f16 scale, 32 int8) takes the same path: a tile's
+// raw blocks come in by cp.async (a head's HD values are 17 copies of HD/16 bytes: q8_0
+// blocks are only 2-byte aligned, a head's run of them is HD/16-aligned), then the block
+// dequantizes them into one shared f16 tile (each value d * q, exact in f32, rounded once to
+// f16: the reference's value rounded once) that S = Q·Kᵀ, and after it P·V, read as they read
+// an f16 cache's tiles. Every other step is the f16 kernel's, so the masking rule holds
+// unchanged.
 
 #define MF_FA_Q 64
 #define MF_FA_K 64
@@ -166,14 +174,71 @@ __device__ __forceinline__ void mf_fa_load(u16 *dst, const u8 *base, u64 row_byt
     }
 }
 
+// cp.async of 4 or 8 bytes (`bytes` of them read, the rest zero-filled).
+template <int CP>
+__device__ __forceinline__ void mf_cp_small(u32 dst, const void *src, int bytes) {
+    if (CP == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+                     : "memory");
+}
+
+// One 64-key tile of a q8_0 cache's K or V blocks for one head (HD / 32 blocks, 17 * HD / 16
+// bytes at `head_off` of each cell) into shared rows of those bytes, packed; rows past the
+// window are zero-filled (scale 0, so their f16 values are +0 and a masked P·V term is 0).
 template <int HD>
+__device__ __forceinline__ void mf_fa_load_q8(u8 *dst, const u8 *base, u64 row_bytes,
+                                              u64 head_off, const int *wl, int width, u32 lmax,
+                                              u32 tile) {
+    const int CP = HD / 16, RB = 17 * CP;
+    for (int i = threadIdx.x; i < MF_FA_K * 17; i += blockDim.x) {
+        int j = i / 17, ch = i % 17;
+        u32 kl = tile * MF_FA_K + (u32)j;
+        u32 sa = mf_smem_addr(dst + j * RB + ch * CP);
+        if (kl < lmax) {
+            u64 cell = mf_win_cell(wl, width, kl);
+            mf_cp_small<CP>(sa, base + cell * row_bytes + head_off + (u64)ch * CP, CP);
+        } else {
+            mf_cp_small<CP>(sa, base, 0);
+        }
+    }
+}
+
+// The raw q8_0 tile `raw` as f16 rows of `HD + 8` halves (the layout mf_fa_load gives an f16
+// cache): a thread takes 8 values of one block at a time, d * q exact in f32, rounded once.
+template <int HD>
+__device__ __forceinline__ void mf_fa_deq_q8(u16 *dst, const u8 *raw) {
+    const int S = HD + 8, RB = HD / 32 * 34, U = HD / 8;
+    for (int u = threadIdx.x; u < MF_FA_K * U; u += blockDim.x) {
+        int j = u / U, c = u % U;
+        const u8 *b = raw + j * RB + (c / 4) * 34;
+        float d = mf_h2f(*(const u16 *)b);
+        const u16 *qp = (const u16 *)(b + 2 + 8 * (c % 4));
+        u32 w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u32 pr = qp[k];
+            float lo = d * (float)(signed char)(pr & 0xff);
+            float hi = d * (float)(signed char)(pr >> 8);
+            w[k] = mf_pack2(lo, hi, 0);
+        }
+        *(uint4 *)(dst + j * S + c * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// Shared bytes of mf_fa (prompt.rs `FaKernel::of`): f16 KV, a K and a V tile of f16 rows; q8_0,
+// one f16 tile (K's, then V's) and the raw K and V blocks.
+template <int HD, bool Q8>
 __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc, const int *win,
                                       float *out, float *part, u64 row_bytes, int n_head,
                                       int n_head_kv, int width, float scale, int n_q,
                                       int n_split) {
     extern __shared__ __align__(16) u16 mf_fa_smem[];
     const int S = HD + 8;
-    u16 *ks = mf_fa_smem, *vs = mf_fa_smem + MF_FA_K * S;
+    u16 *ks = mf_fa_smem, *vs = Q8 ? mf_fa_smem : mf_fa_smem + MF_FA_K * S;
+    u8 *kraw = (u8 *)(mf_fa_smem + MF_FA_K * S), *vraw = kraw + MF_FA_K * (HD / 32 * 34);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int h = blockIdx.y, hk = h / (n_head / n_head_kv);
     int q0 = blockIdx.x * MF_FA_Q;
@@ -181,15 +246,22 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
     int last = min(q0 + MF_FA_Q - 1, n_q - 1);
     const int *wl = win + (u64)last * width;
     u32 lmax = mf_win_len(wl, width);
-    u64 head_off = (u64)hk * HD * 2;
+    // The head's first byte in a cell: HD f16 values, or HD / 32 q8_0 blocks.
+    u64 head_off = Q8 ? (u64)hk * (HD / 32 * 34) : (u64)hk * HD * 2;
     // This block's split of the keys: MF_FA_SPLIT logical rows from split * MF_FA_SPLIT (a
     // constant, so a query's splits are fixed by its window alone).
     u32 ntiles = (lmax + MF_FA_K - 1) / MF_FA_K;
     u32 t_begin = blockIdx.z * (MF_FA_SPLIT / MF_FA_K);
     u32 t_end = min(ntiles, t_begin + MF_FA_SPLIT / MF_FA_K);
-    mf_fa_load<HD>(ks, kc, row_bytes, head_off, wl, width, lmax, t_begin);
-    mf_cp_commit();
-    mf_fa_load<HD>(vs, vc, row_bytes, head_off, wl, width, lmax, t_begin);
+    if (Q8) {
+        mf_fa_load_q8<HD>(kraw, kc, row_bytes, head_off, wl, width, lmax, t_begin);
+        mf_cp_commit();
+        mf_fa_load_q8<HD>(vraw, vc, row_bytes, head_off, wl, width, lmax, t_begin);
+    } else {
+        mf_fa_load<HD>(ks, kc, row_bytes, head_off, wl, width, lmax, t_begin);
+        mf_cp_commit();
+        mf_fa_load<HD>(vs, vc, row_bytes, head_off, wl, width, lmax, t_begin);
+    }
     mf_cp_commit();
 
     int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
@@ -216,8 +288,18 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
     float m0 = MF_MINF, m1 = MF_MINF, l0 = 0.0f, l1 = 0.0f;
     const float sl = scale * 1.4426950408889634f;
     for (u32 tile = t_begin; tile < t_end; ++tile) {
+        // K's tile is in (the wait leaves only the last group, V's, in flight), and every
+        // warp is past the last tile's P·V (the f16 tile is free to rewrite).
         mf_cp_wait1();
         __syncthreads();
+        if (Q8) {
+            mf_fa_deq_q8<HD>(ks, kraw);
+            __syncthreads();
+            // The raw K blocks are read: the next tile's come in during S, softmax and P·V.
+            if (tile + 1 < t_end)
+                mf_fa_load_q8<HD>(kraw, kc, row_bytes, head_off, wl, width, lmax, tile + 1);
+            mf_cp_commit();
+        }
         float s[8][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -227,10 +309,12 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
             for (int c = 0; c < HD / 16; ++c)
                 mf_mma_f16(s[j], qf[c], *(const u32 *)(kr + 16 * c), *(const u32 *)(kr + 16 * c + 8));
         }
-        __syncthreads();
-        if (tile + 1 < t_end)
-            mf_fa_load<HD>(ks, kc, row_bytes, head_off, wl, width, lmax, tile + 1);
-        mf_cp_commit();
+        if (!Q8) {
+            __syncthreads();
+            if (tile + 1 < t_end)
+                mf_fa_load<HD>(ks, kc, row_bytes, head_off, wl, width, lmax, tile + 1);
+            mf_cp_commit();
+        }
         // Scale and mask (logical key index against each row's window), then the online
         // softmax: the row's max over its quad, the rescale only when the max moved.
         float mx0 = MF_MINF, mx1 = MF_MINF;
@@ -279,8 +363,16 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
         }
         l0 += ps0;
         l1 += ps1;
+        // V's tile is in (the next K tile may still be in flight); every warp is past S.
         mf_cp_wait1();
         __syncthreads();
+        if (Q8) {
+            mf_fa_deq_q8<HD>(vs, vraw);
+            __syncthreads();
+            if (tile + 1 < t_end)
+                mf_fa_load_q8<HD>(vraw, vc, row_bytes, head_off, wl, width, lmax, tile + 1);
+            mf_cp_commit();
+        }
         // P·V: the P fragments from the score registers (a0: rows g, keys 2t of the first
         // 8-key tile; a1: row g+8; a2, a3: the second tile), V's by ldmatrix.trans.
 #pragma unroll
@@ -298,10 +390,12 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
                 mf_mma_f16(o[2 * jp + 1], a, b2, b3);
             }
         }
-        __syncthreads();
-        if (tile + 1 < t_end)
-            mf_fa_load<HD>(vs, vc, row_bytes, head_off, wl, width, lmax, tile + 1);
-        mf_cp_commit();
+        if (!Q8) {
+            __syncthreads();
+            if (tile + 1 < t_end)
+                mf_fa_load<HD>(vs, vc, row_bytes, head_off, wl, width, lmax, tile + 1);
+            mf_cp_commit();
+        }
     }
     MF_PDL_TRIGGER();
 #pragma unroll
@@ -341,13 +435,15 @@ __device__ __forceinline__ void mf_fa(const float *q, const u8 *kc, const u8 *vc
     }
 }
 
-#define MF_FA_KERNEL(HD)                                                                         \
+#define MF_FA_KERNEL(NAME, HD, Q8)                                                               \
     extern "C" __global__ void __launch_bounds__(128)                                           \
-        mf_fa_##HD(const float *q, const u8 *kc, const u8 *vc, const int *win, float *out,       \
-                   float *part, u64 row_bytes, int n_head, int n_head_kv, int width,             \
-                   float scale, int n_q, int n_split) {                                          \
-        mf_fa<HD>(q, kc, vc, win, out, part, row_bytes, n_head, n_head_kv, width, scale, n_q,    \
-                  n_split);                                                                      \
+        NAME(const float *q, const u8 *kc, const u8 *vc, const int *win, float *out,             \
+             float *part, u64 row_bytes, int n_head, int n_head_kv, int width, float scale,      \
+             int n_q, int n_split) {                                                             \
+        mf_fa<HD, Q8>(q, kc, vc, win, out, part, row_bytes, n_head, n_head_kv, width, scale,     \
+                      n_q, n_split);                                                             \
     }
-MF_FA_KERNEL(64)
-MF_FA_KERNEL(128)
+MF_FA_KERNEL(mf_fa_64, 64, false)
+MF_FA_KERNEL(mf_fa_128, 128, false)
+MF_FA_KERNEL(mf_fa_q8_64, 64, true)
+MF_FA_KERNEL(mf_fa_q8_128, 128, true)

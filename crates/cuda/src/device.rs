@@ -108,6 +108,8 @@ pub const KERNELS: &[&str] = &[
     "mf_bias_rows",
     "mf_fa_64",
     "mf_fa_128",
+    "mf_fa_q8_64",
+    "mf_fa_q8_128",
 ];
 
 pub type DResult<T> = std::result::Result<T, String>;

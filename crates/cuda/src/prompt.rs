@@ -8,7 +8,8 @@
 //!   too, F32 and F16 weights the f32 kernel: a property of the matrix, the same for every
 //!   forward.
 //! - Attention: FlashAttention-2-shaped tensor-core tiles (kernels/prompt.cu `mf_fa_*`) for
-//!   f16 KV caches at head dim 64 or 128; other models keep the generation rows' kernels.
+//!   f16 and q8_0 KV caches at head dim 64 or 128 (q8_0 tiles dequantized to f16 in shared
+//!   memory as they come in); other models keep the generation rows' kernels.
 //!
 //! `MINFER_CUDA_PROMPT=gemm` (default) | `gemm-bf16` | `mmq` (prompt rows on the int8
 //! kernels, ADR 0008's path), `MINFER_CUDA_PROMPT_ATTN=fa` (default) | `rows` (the
@@ -31,6 +32,39 @@ const FA_Q: usize = 64;
 /// Logical keys per split of a long window (kernels/prompt.cu `MF_FA_SPLIT`).
 const FA_SPLIT: usize = 1024;
 
+/// A prompt attention kernel (kernels/prompt.cu `mf_fa_*`): its name, shared bytes and the
+/// alignment its copies need of the KV rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FaKernel {
+    pub name: &'static str,
+    /// Dynamic shared memory per block, bytes.
+    pub shared: u32,
+    /// Bytes each cp.async moves: the KV rows (and regions) must be multiples of it.
+    pub align: usize,
+}
+
+impl FaKernel {
+    /// The kernel for a KV cache of `cache` at `head_dim` (None: the generation rows' kernels).
+    pub(crate) fn of(cache: GgmlType, head_dim: usize) -> Option<FaKernel> {
+        // f16: a K and a V tile of 64 rows of head_dim + 8 halves, copied 16 bytes at a time.
+        // q8_0: one such f16 tile (K's, then V's) and the raw K and V blocks (17 * hd / 16
+        // bytes a key), copied hd / 16 bytes at a time (q8_0 blocks are 34 bytes).
+        let tile = 64 * (head_dim + 8) * 2;
+        let (name, shared, align) = match (cache, head_dim) {
+            (GgmlType::F16, 64) => ("mf_fa_64", 2 * tile, 16),
+            (GgmlType::F16, 128) => ("mf_fa_128", 2 * tile, 16),
+            (GgmlType::Q8_0, 64) => ("mf_fa_q8_64", tile + 2 * 64 * 68, 4),
+            (GgmlType::Q8_0, 128) => ("mf_fa_q8_128", tile + 2 * 64 * 136, 8),
+            _ => return None,
+        };
+        Some(FaKernel {
+            name,
+            shared: shared as u32,
+            align,
+        })
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PromptChoice {
     /// The GEMM's operand type; None: prompt rows on the int8 kernels (`mmq`).
@@ -51,7 +85,7 @@ impl PromptChoice {
                 None => "int8 kernels".into(),
             },
             if self.fa {
-                "tensor-core flash (f16 KV, head dim 64/128)"
+                "tensor-core flash (f16/q8_0 KV, head dim 64/128)"
             } else {
                 "as generation rows"
             }
@@ -224,15 +258,11 @@ impl CudaBackend {
 
     /// The prompt attention kernel for this model's KV (None: prompt rows use the
     /// generation rows' kernels).
-    pub(crate) fn prompt_fa(&self, cache: GgmlType, head_dim: usize) -> Option<&'static str> {
-        if !self.prompt.fa || cache != GgmlType::F16 {
+    pub(crate) fn prompt_fa(&self, cache: GgmlType, head_dim: usize) -> Option<FaKernel> {
+        if !self.prompt.fa {
             return None;
         }
-        match head_dim {
-            64 => Some("mf_fa_64"),
-            128 => Some("mf_fa_128"),
-            _ => None,
-        }
+        FaKernel::of(cache, head_dim)
     }
 
     /// Prompt rows `r0..r0 + n` of an attention node on `kernel`, one launch per segment
@@ -241,7 +271,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode_prompt_attention(
         &mut self,
-        kernel: &'static str,
+        kernel: FaKernel,
         (q, k, v, win, out): (u64, u64, u64, u64, u64),
         windows: &[i32],
         (row_bytes, n_cells): (usize, usize),
@@ -249,10 +279,17 @@ impl CudaBackend {
         r0: usize,
         n: usize,
     ) -> DResult<()> {
-        if !row_bytes.is_multiple_of(16) {
-            return Err(format!("KV rows of {row_bytes} bytes, not 16-byte aligned"));
+        let a = kernel.align;
+        if !row_bytes.is_multiple_of(a)
+            || !k.is_multiple_of(a as u64)
+            || !v.is_multiple_of(a as u64)
+        {
+            return Err(format!(
+                "{}: KV rows of {row_bytes} bytes at {k:#x} / {v:#x}, not {a}-byte aligned",
+                kernel.name
+            ));
         }
-        let shared = (2 * 64 * (head_dim + 8) * 2) as u32;
+        let shared = kernel.shared;
         let qs = n_head * head_dim * 4;
         for (s, len) in nested_segments(windows, width, r0, n) {
             // Splits over the segment's longest window: the split size is fixed, so a
@@ -269,7 +306,7 @@ impl CudaBackend {
                 0
             };
             self.gpu.launch_shared(
-                kernel,
+                kernel.name,
                 (len.div_ceil(FA_Q) as u32, n_head as u32, n_split as u32),
                 128,
                 shared,
@@ -321,6 +358,26 @@ mod tests {
         // A shorter later window starts a segment.
         let w = [0, 5, 0, 4];
         assert_eq!(nested_segments(&w, 2, 0, 2), vec![(0, 1), (1, 1)]);
+    }
+
+    #[test]
+    fn flash_kernels_fit_their_shared_memory_and_every_kv_row() {
+        for cache in [GgmlType::F16, GgmlType::Q8_0] {
+            for hd in [64, 128] {
+                let k = FaKernel::of(cache, hd).unwrap();
+                assert!(k.shared <= crate::device::MAX_SHARED, "{}", k.name);
+                // Every KV row (all heads of a cell) and every head's first byte in it is a
+                // multiple of the copy size, whatever the KV head count.
+                let head = cache.row_bytes(hd as u64).unwrap() as usize;
+                for n_kv in 1..=64u64 {
+                    let row = cache.row_bytes(n_kv * hd as u64).unwrap() as usize;
+                    assert_eq!(row % k.align, 0, "{} with {n_kv} KV heads", k.name);
+                }
+                assert_eq!(head % k.align, 0, "{}", k.name);
+            }
+            assert_eq!(FaKernel::of(cache, 96), None);
+        }
+        assert_eq!(FaKernel::of(GgmlType::F32, 128), None);
     }
 
     #[test]
