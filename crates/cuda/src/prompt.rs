@@ -12,7 +12,7 @@
 //!   memory as they come in); other models keep the generation rows' kernels.
 //!
 //! `MINFER_CUDA_PROMPT=gemm` (default) | `gemm-bf16` | `mmq` (prompt rows on the int8
-//! kernels, ADR 0008's path), `MINFER_CUDA_PROMPT_ATTN=fa` (default) | `rows` (the
+//! kernels, ADR 0008's path), `MINFER_CUDA_PROMPT_ATTN=fa` (default: f16 KV) | `fa-q8` (q8_0 KV too, not yet gated on a GPU) | `rows` (the
 //! generation rows' attention kernels).
 
 use minfer_gguf::GgmlType;
@@ -71,6 +71,9 @@ pub(crate) struct PromptChoice {
     pub gemm: Option<GemmType>,
     /// Tensor-core attention for prompt rows (off: `rows`).
     pub fa: bool,
+    /// ... over a q8_0 KV cache too (`fa-q8`; off by default until the kernels' H200 gate
+    /// has run: a q8_0 cache's prompt rows then use the generation rows' kernels).
+    pub fa_q8: bool,
     /// A gate's control only: bf16 operands for runs of fewer than 64 rows.
     pub control_by_rows: bool,
 }
@@ -84,8 +87,10 @@ impl PromptChoice {
                 Some(t) => format!("cuBLASLt {} GEMM (pinned algorithm)", t.name()),
                 None => "int8 kernels".into(),
             },
-            if self.fa {
+            if self.fa_q8 {
                 "tensor-core flash (f16/q8_0 KV, head dim 64/128)"
+            } else if self.fa {
+                "tensor-core flash (f16 KV, head dim 64/128)"
             } else {
                 "as generation rows"
             }
@@ -259,7 +264,7 @@ impl CudaBackend {
     /// The prompt attention kernel for this model's KV (None: prompt rows use the
     /// generation rows' kernels).
     pub(crate) fn prompt_fa(&self, cache: GgmlType, head_dim: usize) -> Option<FaKernel> {
-        if !self.prompt.fa {
+        if !self.prompt.fa || (cache == GgmlType::Q8_0 && !self.prompt.fa_q8) {
             return None;
         }
         FaKernel::of(cache, head_dim)

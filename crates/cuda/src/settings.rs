@@ -288,14 +288,17 @@ fn prompt(var: &impl Fn(&str) -> String) -> Result<PromptChoice, Refused> {
             ))
         }
     };
-    let fa = match var("MINFER_CUDA_PROMPT_ATTN").as_str() {
-        "" | "fa" => true,
-        "rows" => false,
+    // The q8_0 flash kernels have not run on a GPU yet (issue 26): opt-in until their H200
+    // gate passes, so a q8_0 cache's prompt rows stay on the gated generation kernels.
+    let (fa, fa_q8) = match var("MINFER_CUDA_PROMPT_ATTN").as_str() {
+        "" | "fa" => (true, false),
+        "fa-q8" => (true, true),
+        "rows" => (false, false),
         other => {
             return Err(Refused::new(
                 "MINFER_CUDA_PROMPT_ATTN",
                 other,
-                "want fa or rows",
+                "want fa, fa-q8 or rows",
             ))
         }
     };
@@ -313,6 +316,7 @@ fn prompt(var: &impl Fn(&str) -> String) -> Result<PromptChoice, Refused> {
     Ok(PromptChoice {
         gemm,
         fa,
+        fa_q8,
         control_by_rows,
     })
 }
@@ -426,7 +430,7 @@ mod tests {
             (
                 "MINFER_CUDA_PROMPT_ATTN",
                 "x",
-                "MINFER_CUDA_PROMPT_ATTN=x: want fa or rows",
+                "MINFER_CUDA_PROMPT_ATTN=x: want fa, fa-q8 or rows",
             ),
             (
                 "MINFER_CUDA_GEMM_WS",
