@@ -207,3 +207,19 @@ fn registered_weights_are_charged_in_the_memory_budget() {
     roomy.set_budget(METAL, acts + weights + 4096);
     roomy.plan(&g(), &mut bes, &|_| Ok(0)).unwrap();
 }
+
+/// Row classes choose the tiers, so the executor is batch invariant; the gates' control
+/// (`MINFER_METAL_TIER_CONTROL=by-rows`) chooses them by the row count again and says so.
+#[test]
+fn the_executor_is_batch_invariant_unless_the_tier_control_is_planted() {
+    use minfer_metal::MetalSettings;
+    let make = |s: &MetalSettings| {
+        MetalBackend::with_settings(EmuDevice::new(Schedule::Forward), METAL, "metal-emu", s)
+    };
+    assert!(make(&MetalSettings::default()).batch_invariant());
+    let control = MetalSettings {
+        tier_by_rows: true,
+        ..MetalSettings::default()
+    };
+    assert!(!make(&control).batch_invariant());
+}

@@ -8,8 +8,8 @@ use minfer_graph::{
     assign_backends, execute, fill_input, read_output, Allocator, Backend, BackendId, Graph,
     GraphBuilder, InputKind, Op, Placement, WeightId, WeightRef, WeightSource,
 };
-use minfer_metal::MetalBackend;
-use minfer_msl_emu::{EmuDevice, Schedule};
+pub use minfer_metal::MetalBackend;
+pub use minfer_msl_emu::{EmuDevice, Schedule};
 
 pub const METAL: BackendId = BackendId(1);
 
