@@ -109,11 +109,23 @@ pub fn backends(with_metal: bool, w: &Weights, copy: bool) -> Vec<Box<dyn Backen
 /// Assigns (the first backend that takes a node, or `force` per node index), plans, fills
 /// token ids, runs, reads.
 pub fn run(
+    g: Graph,
+    bes: &mut [Box<dyn Backend>],
+    w: &Weights,
+    force: Option<&dyn Fn(usize) -> BackendId>,
+    ids: &[i32],
+) -> (Vec<f32>, Graph) {
+    run_rows(g, bes, w, force, ids, &minfer_graph::RowClasses::default())
+}
+
+/// [`run`] with the forward's row classes (none named: every row a generation row).
+pub fn run_rows(
     mut g: Graph,
     bes: &mut [Box<dyn Backend>],
     w: &Weights,
     force: Option<&dyn Fn(usize) -> BackendId>,
     ids: &[i32],
+    rows: &minfer_graph::RowClasses,
 ) -> (Vec<f32>, Graph) {
     assign_backends(&mut g, bes, w, &Placement::everywhere(bes)).unwrap();
     if let Some(f) = force {
@@ -124,7 +136,7 @@ pub fn run(
     let mut alloc = Allocator::new();
     let plan = alloc.plan(&g, bes, &|_| Ok(0)).unwrap();
     fill_input(&g, &plan, bes, InputKind::TokenIds, ids).unwrap();
-    execute(&g, &plan, bes, w, &minfer_graph::RowClasses::default()).unwrap();
+    execute(&g, &plan, bes, w, rows).unwrap();
     let mut out = Vec::new();
     read_output(&g, &plan, bes, &mut out).unwrap();
     (out, g)
