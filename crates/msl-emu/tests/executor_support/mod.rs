@@ -120,13 +120,25 @@ pub fn run(
 
 /// [`run`] with the forward's row classes (none named: every row a generation row).
 pub fn run_rows(
-    mut g: Graph,
+    g: Graph,
     bes: &mut [Box<dyn Backend>],
     w: &Weights,
     force: Option<&dyn Fn(usize) -> BackendId>,
     ids: &[i32],
     rows: &minfer_graph::RowClasses,
 ) -> (Vec<f32>, Graph) {
+    try_run_rows(g, bes, w, force, ids, rows).unwrap()
+}
+
+/// [`run_rows`], the execution's error returned (assignment and planning still unwrap).
+pub fn try_run_rows(
+    mut g: Graph,
+    bes: &mut [Box<dyn Backend>],
+    w: &Weights,
+    force: Option<&dyn Fn(usize) -> BackendId>,
+    ids: &[i32],
+    rows: &minfer_graph::RowClasses,
+) -> Result<(Vec<f32>, Graph), minfer_graph::Error> {
     assign_backends(&mut g, bes, w, &Placement::everywhere(bes)).unwrap();
     if let Some(f) = force {
         for (i, n) in g.nodes.iter_mut().enumerate() {
@@ -136,10 +148,10 @@ pub fn run_rows(
     let mut alloc = Allocator::new();
     let plan = alloc.plan(&g, bes, &|_| Ok(0)).unwrap();
     fill_input(&g, &plan, bes, InputKind::TokenIds, ids).unwrap();
-    execute(&g, &plan, bes, w, rows).unwrap();
+    execute(&g, &plan, bes, w, rows)?;
     let mut out = Vec::new();
     read_output(&g, &plan, bes, &mut out).unwrap();
-    (out, g)
+    Ok((out, g))
 }
 
 pub fn on(g: &Graph, be: BackendId) -> usize {
