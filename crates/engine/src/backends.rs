@@ -96,6 +96,12 @@ fn cpu_backend() -> Registered {
 fn metal_backend() -> Registered {
     #[cfg(all(feature = "metal", target_os = "macos"))]
     let make: Make = |id, name, _, s| {
+        s.metal
+            .check()
+            .map_err(|why| minfer_graph::Error::Unavailable {
+                name: name.into(),
+                why,
+            })?;
         let dev = minfer_metal_objc::SharedDevice::get().map_err(|e| {
             minfer_graph::Error::Unavailable {
                 name: name.into(),
@@ -146,6 +152,13 @@ fn cuda_backend() -> Registered {
 fn metal_emu_backend() -> Registered {
     #[cfg(feature = "metal-emu")]
     let make: Make = |id, name, _, s| {
+        // A refused `MINFER_METAL_TIER_CONTROL` fails here, where the backend is made.
+        s.metal
+            .check()
+            .map_err(|why| minfer_graph::Error::Unavailable {
+                name: name.into(),
+                why,
+            })?;
         Ok(Box::new(minfer_metal::MetalBackend::with_settings(
             // One forward is one submit; emulated, a big model's takes minutes.
             minfer_msl_emu::EmuDevice::with_settings(minfer_msl_emu::Schedule::Forward, &s.emu)

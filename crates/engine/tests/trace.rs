@@ -1,9 +1,10 @@
 //! The engine's trace (`MINFER_TRACE`, `minfer_engine::trace`) on a synthetic model, on the
 //! CPU and on the Metal executor under the emulator: the same phases and node names (outside
-//! chains a device fuses), no KV store (the graph has them), stats within 1e-3 of each
-//! node's scale, the top five logits those the forward returned, and rows a bucketed
-//! forward pads with left out. Node times: every node of both backends timed (the
-//! emulator's its own wall time, as the trace's `timing` says), none kept untraced.
+//! chains a device fuses), no KV store (the graph has them), stats within 5e-3 of each
+//! node's scale (Metal's prompt rows on its GEMM), the top five logits those the forward
+//! returned, and rows a bucketed forward pads with left out. Node times: every node of both
+//! backends timed (the emulator's its own wall time, as the trace's `timing` says), none
+//! kept untraced.
 
 use minfer_engine::trace::{NodeStats, Phase, PhaseKind, Trace};
 use minfer_engine::TokenBytes;
@@ -135,9 +136,12 @@ fn cpu_and_metal_traces_agree_and_skip_kv_stores() {
             ] {
                 let rel = (x - y).abs() / scale;
                 worst = worst.max(rel);
-                // f32 on both backends in different orders: measured 6.9e-7 of the node's
-                // scale (2026-12-01), bar 5e-6 (7x; it was 1e-3).
-                assert!(rel <= 5e-6, "phase {k} {}: {x} vs {y}", a.name);
+                // Metal's prompt rows run the GEMM (weights staged as half; row classes,
+                // ADR 0011) and the decode steps read the K/V they wrote; the CPU is f32:
+                // measured 1.39e-3 of the node's scale (2026-12-04, phase 2's gate/up), bar
+                // 5e-3 (3.6x). It was 5e-6 (f32 in both, 6.9e-7 measured) while a 5-row
+                // prompt took the multi-row kernel.
+                assert!(rel <= 5e-3, "phase {k} {}: {x} vs {y}", a.name);
             }
             assert_eq!(a.sample.len(), b.sample.len());
             assert!(a.sample.len() <= 64);

@@ -25,6 +25,13 @@ pub struct MetalSettings {
     /// A ring of the last node labels attached to a failed submit (`MINFER_TRACE`, read as a
     /// switch here; the engine reads the same name as a path).
     pub trace_ring: bool,
+    /// The gates' control (`MINFER_METAL_TIER_CONTROL=by-rows`): the matmul tier and the
+    /// attention family chosen by the forward's row count, as before row classes, instead of
+    /// by the rows' class; the backend then says it is not batch invariant.
+    pub tier_by_rows: bool,
+    /// `MINFER_METAL_TIER_CONTROL` held a value other than `by-rows`: refused where the
+    /// backend is made ([`MetalSettings::check`]).
+    pub tier_refused: bool,
 }
 
 impl MetalSettings {
@@ -39,7 +46,22 @@ impl MetalSettings {
             weight_copy: var("MINFER_WEIGHT_COPY").as_deref() == Some("1"),
             op_profile: switch(var("MINFER_OP_PROFILE").as_deref()),
             trace_ring: switch(var("MINFER_TRACE").as_deref()),
+            tier_by_rows: var("MINFER_METAL_TIER_CONTROL").as_deref() == Some("by-rows"),
+            tier_refused: !matches!(
+                var("MINFER_METAL_TIER_CONTROL").as_deref(),
+                None | Some("" | "by-rows")
+            ),
         }
+    }
+
+    /// The refusal of a bad knob, given where the backend is made (never a silent default).
+    pub fn check(&self) -> Result<(), String> {
+        if self.tier_refused {
+            return Err(
+                "MINFER_METAL_TIER_CONTROL: want by-rows (a gate's control) or unset".into(),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -85,5 +107,11 @@ mod tests {
         ]);
         assert!(s.weight_copy && s.op_profile && s.trace_ring);
         assert!(!with(&[("MINFER_WEIGHT_COPY", "yes")]).weight_copy);
+        // The tier control: `by-rows` only; anything else is refused, never ignored.
+        let c = with(&[("MINFER_METAL_TIER_CONTROL", "by-rows")]);
+        assert!(c.tier_by_rows && c.check().is_ok());
+        let bad = with(&[("MINFER_METAL_TIER_CONTROL", "rows")]);
+        assert!(!bad.tier_by_rows && bad.check().is_err());
+        assert!(with(&[("MINFER_METAL_TIER_CONTROL", "")]).check().is_ok());
     }
 }

@@ -86,12 +86,16 @@ fn a_smaller_threadgroup_memory_limit_keeps_the_gemm_off() {
         ),
         "{err}"
     );
-    // the tier choice sees the limit and takes the multi-row kernel instead
-    let tier = launch::launch_matmul(&dev, GgmlType::F32, &w, 0, &x, &out, k, n, nt).unwrap();
+    // prompt rows' tier choice sees the limit (a property of the device, never of the
+    // forward) and takes the multi-row kernel instead
+    let prompt = minfer_graph::RowClass::Prompt;
+    let tier =
+        launch::launch_matmul(&dev, prompt, GgmlType::F32, &w, 0, &x, &out, k, n, nt).unwrap();
     assert_eq!(tier, MatmulTier::Multi);
-    // control: with the full limit the same shape takes the GEMM
+    // control: with the full limit the same rows take the GEMM
     let full = EmuDevice::new(Schedule::Forward);
-    let tier = launch::launch_matmul(&full, GgmlType::F32, &w, 0, &x, &out, k, n, nt).unwrap();
+    let tier =
+        launch::launch_matmul(&full, prompt, GgmlType::F32, &w, 0, &x, &out, k, n, nt).unwrap();
     assert_eq!(tier, MatmulTier::Gemm);
 }
 

@@ -62,8 +62,9 @@ fn alternating_cpu_and_metal_splits_equal_the_all_cpu_run() {
 fn norm_matmul_bias_silu_match_the_cpu_within_their_classes() {
     // Classes, named before measuring: f32 weights differ only in accumulation order (a
     // 64-term dot product: <= 1e-6 relative to the largest output; measured 1.0e-7, it was
-    // 1e-5) in the mat-vec and multi-row tiers; the GEMM tier (nt >= 9 here) stages weight
-    // tiles as f16 (as llama.cpp's does; rel 2^-11 per weight): <= 1e-3 (measured 1.9e-4).
+    // 1e-5) in the mat-vec and multi-row tiers (generation rows); the GEMM tier (prompt
+    // rows, here nt 12) stages weight tiles as f16 (as llama.cpp's does; rel 2^-11 per
+    // weight): <= 1e-3 (measured 1.9e-4).
     // q8_0 weights add the CPU's q8_0 quantization of the activations (a device reads f32):
     // <= 2e-2 (measured 7.3e-3).
     for (ty, small, gemm) in [
@@ -71,14 +72,25 @@ fn norm_matmul_bias_silu_match_the_cpu_within_their_classes() {
         (GgmlType::Q8_0, 2e-2, 2e-2),
     ] {
         for nt in [1usize, 5, 12] {
-            let bar = if nt >= 9 { gemm } else { small };
+            let prompt = nt >= 9;
+            let bar = if prompt { gemm } else { small };
+            let class = if prompt {
+                minfer_graph::RowClass::Prompt
+            } else {
+                minfer_graph::RowClass::Generation
+            };
+            let rows = minfer_graph::RowClasses {
+                tokens: vec![class; nt],
+                outputs: vec![class; nt],
+            };
             let n_out = 96;
             let w = proj_weights(ty, n_out);
             let ids: Vec<i32> = (0..nt as i32).map(|i| (i * 7) % ROWS as i32).collect();
             let mut cpu = backends(false, &w, false);
             let (want, _) = run(norm_matmul_graph(&w, nt, n_out), &mut cpu, &w, None, &ids);
             let mut mtl = backends(true, &w, false);
-            let (got, g) = run(norm_matmul_graph(&w, nt, n_out), &mut mtl, &w, None, &ids);
+            let g = norm_matmul_graph(&w, nt, n_out);
+            let (got, g) = run_rows(g, &mut mtl, &w, None, &ids, &rows);
             assert_eq!(on(&g, CPU_ID), 0);
             let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             let err = want
@@ -91,6 +103,13 @@ fn norm_matmul_bias_silu_match_the_cpu_within_their_classes() {
                 err > 0.0 || ty == GgmlType::F32,
                 "q8_0: the CPU path quantizes"
             );
+            // The prompt rows really ran the GEMM: its half-staged weights leave the f32 class.
+            if prompt && ty == GgmlType::F32 {
+                assert!(
+                    err > small * scale,
+                    "f32 prompt rows: {err} is the f32 class"
+                );
+            }
         }
     }
 }
@@ -206,4 +225,20 @@ fn registered_weights_are_charged_in_the_memory_budget() {
     let mut roomy = Allocator::new();
     roomy.set_budget(METAL, acts + weights + 4096);
     roomy.plan(&g(), &mut bes, &|_| Ok(0)).unwrap();
+}
+
+/// Row classes choose the tiers, so the executor is batch invariant; the gates' control
+/// (`MINFER_METAL_TIER_CONTROL=by-rows`) chooses them by the row count again and says so.
+#[test]
+fn the_executor_is_batch_invariant_unless_the_tier_control_is_planted() {
+    use minfer_metal::MetalSettings;
+    let make = |s: &MetalSettings| {
+        MetalBackend::with_settings(EmuDevice::new(Schedule::Forward), METAL, "metal-emu", s)
+    };
+    assert!(make(&MetalSettings::default()).batch_invariant());
+    let control = MetalSettings {
+        tier_by_rows: true,
+        ..MetalSettings::default()
+    };
+    assert!(!make(&control).batch_invariant());
 }

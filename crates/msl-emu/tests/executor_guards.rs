@@ -1,6 +1,7 @@
 //! The Metal graph executor's guards on the emulator (seed §4.9): a weight type without
 //! kernels, a KV-store cell past the region, a norm gain not on the device, attention rows
-//! and windows, K-quant rows that are not whole super-blocks. Each is an `Err` naming the
+//! and windows, K-quant rows that are not whole super-blocks, row classes that fit no node's
+//! rows. Each is an `Err` naming the
 //! node (or a placement refusal naming the weight), and each has a control that runs.
 
 mod executor_support;
@@ -264,4 +265,47 @@ fn a_k_quant_weight_whose_rows_are_not_whole_super_blocks_is_refused() {
     };
     let why = be.can_hold(&bad).unwrap_err().0;
     assert!(why.contains("256"), "{why}");
+}
+
+/// Row classes whose counts fit neither the node's rows nor the output rows are an error
+/// naming the node and both counts (never a guessed class); control: the classes of the
+/// forward's three rows run.
+#[test]
+fn row_classes_that_fit_no_node_rows_are_an_error_naming_the_node() {
+    use minfer_graph::{RowClass, RowClasses};
+    let w = proj_weights(GgmlType::F32, 96);
+    let ids = [1i32, 4, 9];
+    let wrong = RowClasses {
+        tokens: vec![RowClass::Prompt; 5],
+        outputs: vec![RowClass::Prompt; 2],
+    };
+    let mut mtl = backends(true, &w, false);
+    let err = try_run_rows(
+        norm_matmul_graph(&w, 3, 96),
+        &mut mtl,
+        &w,
+        None,
+        &ids,
+        &wrong,
+    )
+    .expect_err("mismatched row classes ran");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("proj") && msg.contains("5 token rows and 2 output rows, the node has 3"),
+        "{msg}"
+    );
+    let right = RowClasses {
+        tokens: vec![RowClass::Prompt; 3],
+        outputs: vec![RowClass::Prompt; 3],
+    };
+    let mut mtl = backends(true, &w, false);
+    assert!(try_run_rows(
+        norm_matmul_graph(&w, 3, 96),
+        &mut mtl,
+        &w,
+        None,
+        &ids,
+        &right
+    )
+    .is_ok());
 }

@@ -5,7 +5,7 @@
 //!
 //! Classes, named before measuring: a defragmentation only moves cells, and attention reads
 //! a window in logical order, so the next logits are bit-identical to an engine that never
-//! moved (with the same forward shapes: the matmul tier follows the row count); a session
+//! moved (each row's tiers follow its row class, ADR 0011); a session
 //! round trip copies bytes (bit-identical); a shift re-ropes K in f32 (f32 KV: 1e-4 of the
 //! logits' largest value, f16 KV 1e-2, as on the CPU).
 

@@ -17,8 +17,9 @@
 //! Modules: `models` (whole synthetic models: reference, greedy, KV classes, chunking,
 //! batches, determinism), `kv` (KV region operations on the device), `fusion` (fused decode
 //! nodes against the unfused chain), `real` (the cached demo models), `cuda_paths` (the CUDA
-//! backend's own arithmetic paths and prompt rows), `ops` (single operations against the CPU
-//! backend's).
+//! backend's own arithmetic paths and prompt rows), `metal_rows` (the Metal executor's row
+//! classes: each class on its own tiers, bit for bit across chunkings and company), `ops`
+//! (single operations against the CPU backend's).
 
 // A row compiled out (no `cuda` feature, or no `metal-emu`) leaves its classes unused.
 #![cfg_attr(
@@ -149,6 +150,7 @@ macro_rules! for_each_backend {
 mod cuda_paths;
 mod fusion;
 mod kv;
+mod metal_rows;
 mod models;
 #[cfg(feature = "cuda")]
 mod ops;

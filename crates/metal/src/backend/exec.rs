@@ -3,7 +3,7 @@
 //! cannot run is refused here by name, before any dispatch.
 
 use minfer_gguf::GgmlType;
-use minfer_graph::{ExecArgs, KvKind, Node, Op, WeightSource, WindowLayout};
+use minfer_graph::{ExecArgs, KvKind, Node, Op, RowClass, RowClasses, WeightSource, WindowLayout};
 
 use super::{grown, MetalBackend};
 use crate::device::Device;
@@ -213,6 +213,33 @@ where
         }
     }
 
+    /// The runs of one row class among a node's `rows` rows: (first row, rows, class). A
+    /// forward that named no classes (a backend driven node by node) is one run of
+    /// generation rows; under the gates' control (`MINFER_METAL_TIER_CONTROL=by-rows`) the
+    /// node is one run whose tier follows its row count (class `None`).
+    fn row_runs(&self, rows: usize) -> Result<Vec<(usize, usize, Option<RowClass>)>> {
+        if self.tier_by_rows {
+            return Ok(vec![(0, rows, None)]);
+        }
+        if self.rows.tokens.is_empty() {
+            return Ok(vec![(0, rows, Some(RowClass::Generation))]);
+        }
+        let classes = self.rows.of(rows).ok_or_else(|| {
+            shape(
+                "row classes",
+                format!(
+                    "classes for {} token rows and {} output rows, the node has {rows}",
+                    self.rows.tokens.len(),
+                    self.rows.outputs.len()
+                ),
+            )
+        })?;
+        Ok(RowClasses::runs(classes)
+            .into_iter()
+            .map(|(r0, n, c)| (r0, n, Some(c)))
+            .collect())
+    }
+
     /// Encodes `node`'s dispatches (no submit).
     pub(super) fn encode(&mut self, node: &Node, args: &ExecArgs) -> Result<()> {
         let dev = &self.dev;
@@ -253,22 +280,31 @@ where
                 }
                 let x = self.src(args, 0)?;
                 let out = self.out(node, args)?;
-                let tier =
-                    launch::launch_matmul(dev, m.ty, &wb, m.offset, &x, &out, m.ne0, m.ne1, ne1);
-                if let Err(Error::UnsupportedType { .. } | Error::UnknownKernel { .. }) = tier {
-                    // The #317/#329 case: never another type's kernel, and say which would run.
-                    let ty = m.ty.name().to_ascii_lowercase();
-                    return Err(Error::UnsupportedType {
-                        op: "matmul",
-                        ty: format!(
-                            "{} (weight {}): the library has no kernel_mv_{ty}_f32 / \
-                             kernel_mv_multi_{ty}_f32 / kernel_mm_{ty}_f32",
-                            m.ty,
-                            w.name(*weight)
-                        ),
-                    });
+                // Each run of one row class on its class's tier (docs/PRECISION.md).
+                for (r0, nt, class) in self.row_runs(ne1)? {
+                    let tier = match class {
+                        Some(c) => launch::class_tier(dev, c, m.ne0, nt),
+                        None => launch::rows_tier(dev, m.ne0, m.ne1, nt),
+                    };
+                    let r = launch::launch_matmul_rows(
+                        dev, tier, m.ty, &wb, m.offset, &x, &out, m.ne0, m.ne1, r0, nt,
+                    );
+                    if let Err(Error::UnsupportedType { .. } | Error::UnknownKernel { .. }) = r {
+                        // The #317/#329 case: never another type's kernel, and say which
+                        // would run.
+                        let ty = m.ty.name().to_ascii_lowercase();
+                        return Err(Error::UnsupportedType {
+                            op: "matmul",
+                            ty: format!(
+                                "{} (weight {}): the library has no kernel_mv_{ty}_f32 / \
+                                 kernel_mv_multi_{ty}_f32 / kernel_mm_{ty}_f32",
+                                m.ty,
+                                w.name(*weight)
+                            ),
+                        });
+                    }
+                    r?;
                 }
-                tier?;
                 if let Some(b) = bias {
                     let bv = self.vector(w, *b, ne0)?;
                     launch::launch_add_rows(dev, &out, &bv, &out, ne0, ne1)?;
@@ -401,26 +437,44 @@ where
                 };
                 let n_cells =
                     dev.buffer_len(&k) / cell_bytes(OP, kv, *cache_type, n_head_kv * head_dim)?;
-                let s = WindowAttn {
-                    n_head: *n_head,
-                    n_head_kv: *n_head_kv,
-                    head_dim: *head_dim,
-                    n_tokens: ne1,
-                    n_cells,
-                    kv,
-                    scale: *scale,
-                    window: match window {
-                        WindowLayout::Span => WindowKind::Span,
-                        WindowLayout::KvMap => WindowKind::Map,
-                    },
-                };
                 let q = self.src(args, 0)?;
                 let win = self.src(args, 1)?;
                 let out = self.out(node, args)?;
+                let runs = self.row_runs(ne1)?;
                 let scratch = &mut self.scratch;
-                launch::launch_attention_window_sized(dev, &s, &q, &k, &v, &win, &out, |bytes| {
-                    grown(dev, scratch, bytes)
-                })?;
+                // Each run of one row class on its class's family: every family is batch
+                // invariant alone, so a row's bits follow its class, never the forward.
+                for (r0, nq, class) in runs {
+                    let s = WindowAttn {
+                        n_head: *n_head,
+                        n_head_kv: *n_head_kv,
+                        head_dim: *head_dim,
+                        n_tokens: nq,
+                        n_cells,
+                        kv,
+                        scale: *scale,
+                        window: match window {
+                            WindowLayout::Span => WindowKind::Span,
+                            WindowLayout::KvMap => WindowKind::Map,
+                        },
+                    };
+                    let kernel = match class {
+                        Some(c) => launch::window_class_kernel(&s, c, launch::AttnEnv::get()),
+                        None => launch::window_kernel(&s),
+                    };
+                    launch::launch_attention_window_sized(
+                        dev,
+                        kernel,
+                        &s,
+                        &q,
+                        &k,
+                        &v,
+                        &win,
+                        &out,
+                        r0,
+                        |bytes| grown(dev, &mut *scratch, bytes),
+                    )?;
+                }
                 Ok(())
             }
         }

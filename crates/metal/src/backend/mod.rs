@@ -22,8 +22,8 @@ use std::time::Instant;
 use minfer_gguf::GgmlType;
 use minfer_graph::{
     support, BackendId, BufId, Capabilities, DType, Error as GraphError, ExecArgs, Executor,
-    FusedOp, Identity, Memory, Node, NodeId, Op, Refusal, Result as GraphResult, SplitKey, Support,
-    WeightId, WeightRef, WeightSource,
+    FusedOp, Identity, Memory, Node, NodeId, Op, Refusal, Result as GraphResult, RowClasses,
+    SplitKey, Support, WeightId, WeightRef, WeightSource,
 };
 
 use crate::device::Device;
@@ -59,6 +59,11 @@ pub struct MetalBackend<D: Device> {
     /// Whether the device times spans ([`Device::span_clock`]): while a trace is armed each
     /// node's dispatches are one span, its node time.
     spans: bool,
+    /// The classes of the forward's rows ([`Executor::set_row_classes`]): each run of one
+    /// class takes its class's matmul tier and attention family.
+    rows: RowClasses,
+    /// `MINFER_METAL_TIER_CONTROL=by-rows`: the gates' control, tiers by the row count.
+    tier_by_rows: bool,
 }
 
 impl<D: Device> MetalBackend<D> {
@@ -89,6 +94,8 @@ impl<D: Device> MetalBackend<D> {
             capture: Staging::default(),
             spans: dev.span_clock().is_some(),
             dev,
+            rows: RowClasses::default(),
+            tier_by_rows: s.tier_by_rows,
         }
     }
 
@@ -314,9 +321,11 @@ where
     D::Buffer: Clone + Send,
 {
     fn batch_invariant(&self) -> bool {
-        // The matmul tier (mat-vec, multi-row, GEMM) is chosen by the forward's row count
-        // and the tiers round differently, so a row's bits depend on its batch.
-        false
+        // The matmul tier and the attention family follow each row's class, never the
+        // forward's row count, and each is batch invariant on its own (docs/PRECISION.md,
+        // "Row classes"). The gates' control chooses them by the row count again: a row's
+        // bits then depend on its batch, and the engine must run exact shapes.
+        !self.tier_by_rows
     }
 
     fn check_kv_type(&self, ty: GgmlType) -> Support {
@@ -350,6 +359,10 @@ where
     D: Device + Send,
     D::Buffer: Clone + Send,
 {
+    fn set_row_classes(&mut self, rows: &RowClasses) {
+        self.rows.clone_from(rows);
+    }
+
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> GraphResult<()> {
         let t0 = self.profile.as_ref().map(|_| Instant::now());
         if let Some(t) = &mut self.trace {

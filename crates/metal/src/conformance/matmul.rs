@@ -47,7 +47,14 @@ pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
     per_type!(v, D, "mv_{}_matches_reference", mv_gate);
     per_type!(v, D, "mv_multi_{}_matches_reference", multi_gate);
     per_type!(v, D, "mm_{}_matches_reference", mm_gate);
-    v.push(("matmul_tier_follows_the_design".into(), tier_selection::<D>));
+    v.push((
+        "matmul_tier_follows_the_row_class".into(),
+        tier_selection::<D>,
+    ));
+    v.push((
+        "matmul_rows_are_bitwise_equal_within_their_class".into(),
+        class_rows_invariant::<D>,
+    ));
     v.push((
         "matmul_refuses_a_type_without_kernels".into(),
         refuses_unkerneled::<D>,
@@ -178,29 +185,99 @@ fn mm_gate<D: Device, const ID: u32>(dev: &D) -> GateResult {
     matmul_case(dev, ID, MatmulTier::Gemm, 40)
 }
 
+/// The tier of a run follows its row class, never its row count: generation rows on the
+/// mat-vec (one) or multi-row kernel (more, 16 included), prompt rows on the GEMM (one
+/// included); the row-count choice (the gates' control) differs from it at 1 prompt row and
+/// 16 generation rows.
 fn tier_selection<D: Device>(dev: &D) -> GateResult {
+    use minfer_graph::RowClass::{Generation, Prompt};
     let mut log = Vec::new();
-    for (n, nt, want) in [
-        (72usize, 1usize, MatmulTier::Mv),
-        (72, 5, MatmulTier::Multi),
-        (72, 9, MatmulTier::Gemm),
-        (2048, 2, MatmulTier::Gemm),
+    for (class, nt, want, by_rows) in [
+        (Generation, 1usize, MatmulTier::Mv, MatmulTier::Mv),
+        (Generation, 5, MatmulTier::Multi, MatmulTier::Multi),
+        (Generation, 16, MatmulTier::Multi, MatmulTier::Gemm),
+        (Prompt, 1, MatmulTier::Gemm, MatmulTier::Mv),
+        (Prompt, 5, MatmulTier::Gemm, MatmulTier::Multi),
+        (Prompt, 64, MatmulTier::Gemm, MatmulTier::Gemm),
     ] {
-        let k = 32;
+        let (k, n) = (32, 72);
         let wb = dev.new_buffer(n * k * 4).map_err(e)?;
         let xb = dev.new_buffer(nt * k * 4).map_err(e)?;
         let out = dev.new_buffer(n * nt * 4).map_err(e)?;
-        let got =
-            launch::launch_matmul(dev, GgmlType::F32, &wb, 0, &xb, &out, k, n, nt).map_err(e)?;
+        let got = launch::launch_matmul(dev, class, GgmlType::F32, &wb, 0, &xb, &out, k, n, nt)
+            .map_err(e)?;
         dev.submit().map_err(e)?;
         if got != want {
             return Err(format!(
-                "n={n} nt={nt}: chose {got:?}, the design says {want:?}"
+                "{class:?} x {nt}: chose {got:?}, the row class says {want:?}"
+            ));
+        }
+        let rows = launch::rows_tier(dev, k, n, nt);
+        if rows != by_rows {
+            return Err(format!(
+                "{nt} rows: the control chose {rows:?}, want {by_rows:?}"
             ));
         }
         log.push(got as u8);
     }
     judge("tier selection", log, 0.0, 0.0)
+}
+
+/// Within a class a row's bits do not depend on the run it is in: a generation row alone
+/// (mat-vec) equals the same row as row i of 2, 5 and 16 (multi-row kernel) and inside a
+/// node's rows at an offset (`launch_matmul_rows`); a prompt row equals itself on the GEMM
+/// alone, among 7, 33 and 64 rows (partial and full 32-row token tiles) and at an offset.
+/// Control: the row-count choice (16 rows on the GEMM) changes the generation row's bits.
+/// Types: f32, q8_0 and q4_k (k = 256, 72 outputs: a full and a partial 64-row tile).
+fn class_rows_invariant<D: Device>(dev: &D) -> GateResult {
+    use minfer_graph::RowClass::{Generation, Prompt};
+    let (k, n) = (256usize, 72usize);
+    let mut out = Vec::new();
+    for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4K] {
+        let (data, _) = weights(ty, n, k, 400 + ty as u64)?;
+        let wb = dev.buffer_from(&data).map_err(e)?;
+        let row = Rng::new(401).vec(k);
+        // `nt` rows with `row` as row `at`, the others other values; the output's row `at`.
+        let run =
+            |tier: MatmulTier, nt: usize, at: usize, row0: usize| -> Result<Vec<u32>, String> {
+                let mut x = Rng::new(402 + nt as u64).vec((row0 + nt) * k);
+                x[(row0 + at) * k..][..k].copy_from_slice(&row);
+                let xb = dev.buffer_from(&f32_bytes(&x)).map_err(e)?;
+                let ob = dev.new_buffer((row0 + nt) * n * 4).map_err(e)?;
+                launch::launch_matmul_rows(dev, tier, ty, &wb, 0, &xb, &ob, k, n, row0, nt)
+                    .map_err(e)?;
+                let got = read_f32(dev, &ob, (row0 + nt) * n)?;
+                Ok(got[(row0 + at) * n..][..n]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect())
+            };
+        let tier = |c, nt| launch::class_tier(dev, c, k, nt);
+        let alone = run(tier(Generation, 1), 1, 0, 0)?;
+        for (nt, at, row0) in [(2, 1, 0), (5, 3, 0), (16, 9, 0), (5, 2, 3)] {
+            if run(tier(Generation, nt), nt, at, row0)? != alone {
+                return Err(format!(
+                    "{ty}: a generation row differs as row {at} of {nt} (offset {row0})"
+                ));
+            }
+        }
+        let prompt = run(tier(Prompt, 1), 1, 0, 0)?;
+        for (nt, at, row0) in [(7, 6, 0), (33, 32, 0), (64, 17, 0), (7, 0, 5)] {
+            if run(tier(Prompt, nt), nt, at, row0)? != prompt {
+                return Err(format!(
+                    "{ty}: a prompt row differs as row {at} of {nt} (offset {row0})"
+                ));
+            }
+        }
+        // Control: the row-count choice puts 16 generation rows on the GEMM.
+        if run(launch::rows_tier(dev, k, n, 16), 16, 9, 0)? == alone {
+            return Err(format!(
+                "{ty}: control: the row-count tier left the bits unchanged"
+            ));
+        }
+        out.extend(alone.iter().chain(&prompt).flat_map(|b| b.to_le_bytes()));
+    }
+    judge("row-class invariance", out, 0.0, 0.0)
 }
 
 fn refuses_unkerneled<D: Device>(dev: &D) -> GateResult {

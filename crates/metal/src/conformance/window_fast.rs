@@ -7,6 +7,7 @@ use super::window::{build, run, sequences, vs_ref, window_values, Runs, NH, NKV,
 use super::{e, f32_bytes, judge, max_err, read_f32, GateFn, GateResult};
 use crate::device::Device;
 use crate::launch::{self, AttnEnv, KvType, WindowAttn, WindowKernel, WindowKind};
+use minfer_graph::RowClass;
 
 pub fn register<D: Device>(v: &mut Vec<(String, GateFn<D>)>) {
     let list: [(&str, GateFn<D>); 18] = [
@@ -308,6 +309,24 @@ fn kernel_choice<D: Device>(dev: &D) -> GateResult {
             return Err(format!(
                 "{env:?} nt {nt} hd{hd} {kv:?}: took {got:?}, not {want:?}"
             ));
+        }
+    }
+    // The executor's choice per row class, under every switch setting of the table: a run
+    // of generation rows takes the one-query family and a run of prompt rows the
+    // many-query family, whatever the run's length (1, 3, 16).
+    for (env, _, hd, kv, _) in table {
+        let decode = launch::window_kernel_for(&shape_of(1, hd, kv), &env);
+        let prefill = launch::window_kernel_for(&shape_of(3, hd, kv), &env);
+        for nt in [1, 3, 16] {
+            let s = shape_of(nt, hd, kv);
+            let g = launch::window_class_kernel(&s, RowClass::Generation, &env);
+            let p = launch::window_class_kernel(&s, RowClass::Prompt, &env);
+            if (g, p) != (decode, prefill) {
+                return Err(format!(
+                    "{env:?} {nt} rows hd{hd} {kv:?}: generation {g:?} / prompt {p:?}, not \
+                     {decode:?} / {prefill:?}"
+                ));
+            }
         }
     }
     if *AttnEnv::get() != AttnEnv::from_env() {

@@ -1,4 +1,5 @@
 use minfer_gguf::GgmlType;
+use minfer_graph::RowClass;
 
 use super::{encode, need_len, read_i32s, to_u32};
 use crate::device::{as_bytes, Arg, Device};
@@ -85,6 +86,25 @@ pub fn launch_matmul_tier<D: Device>(
     n: usize,
     nt: usize,
 ) -> Result<()> {
+    launch_matmul_rows(dev, tier, ty, w, w_offset, x, out, k, n, 0, nt)
+}
+
+/// [`launch_matmul_tier`] over rows `row0..row0 + nt` of x and out (a run of one row class
+/// inside a node's rows): the kernels see the run as rows `0..nt` through buffer offsets.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_matmul_rows<D: Device>(
+    dev: &D,
+    tier: MatmulTier,
+    ty: GgmlType,
+    w: &D::Buffer,
+    w_offset: u64,
+    x: &D::Buffer,
+    out: &D::Buffer,
+    k: usize,
+    n: usize,
+    row0: usize,
+    nt: usize,
+) -> Result<()> {
     const OP: &str = "matmul";
     let suffix = matmul_kernel_suffix(OP, ty)?;
     let rb = row_bytes(OP, ty, k, if tier == MatmulTier::Gemm { 32 } else { 16 })?;
@@ -100,9 +120,10 @@ pub fn launch_matmul_tier<D: Device>(
             reason: format!("the mat-vec kernel takes one token, got {nt}"),
         });
     }
+    let (x_off, out_off) = ((row0 * k) as u64 * 4, (row0 * n) as u64 * 4);
     need_len(dev, OP, "weight", w, w_offset, (rb * n) as u64)?;
-    need_len(dev, OP, "x", x, 0, (k * nt) as u64 * 4)?;
-    need_len(dev, OP, "out", out, 0, (n * nt) as u64 * 4)?;
+    need_len(dev, OP, "x", x, x_off, (k * nt) as u64 * 4)?;
+    need_len(dev, OP, "out", out, out_off, (n * nt) as u64 * 4)?;
     let p = MatmulParams {
         k: to_u32(OP, "k", k)?,
         n: to_u32(OP, "n", n)?,
@@ -111,8 +132,8 @@ pub fn launch_matmul_tier<D: Device>(
     };
     let args = [
         Arg::Buffer(w, w_offset),
-        Arg::Buffer(x, 0),
-        Arg::Buffer(out, 0),
+        Arg::Buffer(x, x_off),
+        Arg::Buffer(out, out_off),
         Arg::Bytes(as_bytes(&p)),
     ];
     let rows2 = to_u32(OP, "row pairs", n.div_ceil(2))?;
@@ -195,12 +216,46 @@ pub fn launch_mm<D: Device>(
     launch_matmul_tier(dev, MatmulTier::Gemm, ty, w, w_offset, x, out, k, n, nt)
 }
 
-/// The design's tier choice: GEMM when `nt >= 2 && (n >= 2048 || nt >= 9)` and its 8 KiB of
-/// threadgroup memory fits the queried limit; the multi-row kernel for other `nt > 1`; the
-/// mat-vec for one token.
+/// Whether the GEMM can run a matrix with rows of `k` on `dev`: its K step of 32 and its
+/// 8 KiB of threadgroup memory (a property of the matrix and the device, never of a forward).
+pub fn gemm_fits<D: Device>(dev: &D, k: usize) -> bool {
+    k.is_multiple_of(32) && dev.limits().max_threadgroup_memory >= GEMM_TG_MEM
+}
+
+/// The tier of a run of `nt` rows of one class (docs/PRECISION.md, "Row classes"): prompt
+/// rows on the GEMM whatever their number (a 1-token remainder included), where the matrix
+/// and the device allow it, else on the multi-row kernel; generation rows on the mat-vec
+/// (one row) or the multi-row kernel (more), which compute a row with the same arithmetic
+/// (the same chunk order per lane, then one `simd_sum`), so their bits never depend on the
+/// run's length.
+pub fn class_tier<D: Device>(dev: &D, class: RowClass, k: usize, nt: usize) -> MatmulTier {
+    match class {
+        RowClass::Prompt if gemm_fits(dev, k) => MatmulTier::Gemm,
+        RowClass::Prompt => MatmulTier::Multi,
+        RowClass::Generation if nt == 1 => MatmulTier::Mv,
+        RowClass::Generation => MatmulTier::Multi,
+    }
+}
+
+/// The tier chosen by the forward's row count (the choice before row classes): GEMM when
+/// `nt >= 2 && (n >= 2048 || nt >= 9)` and [`gemm_fits`]; the multi-row kernel for other
+/// `nt > 1`; the mat-vec for one token. Only the gates' control
+/// (`MINFER_METAL_TIER_CONTROL=by-rows`) runs it: a row's bits then depend on its batch.
+pub fn rows_tier<D: Device>(dev: &D, k: usize, n: usize, nt: usize) -> MatmulTier {
+    if nt == 1 {
+        MatmulTier::Mv
+    } else if (n >= 2048 || nt >= 9) && gemm_fits(dev, k) {
+        MatmulTier::Gemm
+    } else {
+        MatmulTier::Multi
+    }
+}
+
+/// The matmul of a run of `nt` rows of `class` ([`class_tier`]); returns the tier it ran.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_matmul<D: Device>(
     dev: &D,
+    class: RowClass,
     ty: GgmlType,
     w: &D::Buffer,
     w_offset: u64,
@@ -210,16 +265,7 @@ pub fn launch_matmul<D: Device>(
     n: usize,
     nt: usize,
 ) -> Result<MatmulTier> {
-    let tier = if nt == 1 {
-        MatmulTier::Mv
-    } else if (n >= 2048 || nt >= 9)
-        && k.is_multiple_of(32)
-        && dev.limits().max_threadgroup_memory >= GEMM_TG_MEM
-    {
-        MatmulTier::Gemm
-    } else {
-        MatmulTier::Multi
-    };
+    let tier = class_tier(dev, class, k, nt);
     launch_matmul_tier(dev, tier, ty, w, w_offset, x, out, k, n, nt)?;
     Ok(tier)
 }

@@ -21,16 +21,16 @@ pub use elementwise::{launch_add, launch_add_rows, launch_mul, launch_silu, laun
 pub use fused::{launch_qkv_norm, launch_qkv_rope_store, launch_swiglu_split, QkvStore};
 pub use kv::{launch_store_kv, q8_0_row_bytes};
 pub use matmul::{
-    launch_get_rows, launch_matmul, launch_matmul_tier, launch_mm, launch_mv, launch_mv_multi,
-    matmul_kernel_suffix, MatmulTier,
+    class_tier, gemm_fits, launch_get_rows, launch_matmul, launch_matmul_rows, launch_matmul_tier,
+    launch_mm, launch_mv, launch_mv_multi, matmul_kernel_suffix, rows_tier, MatmulTier,
 };
 pub use norm::{launch_qk_norm, launch_rms_norm, launch_rms_norm_256};
 pub use rope::{launch_kv_rope_shift, launch_rope};
 pub use window::{
     check_windows, launch_attention_window, launch_attention_window_sized,
-    launch_attention_window_with, launch_window_prefill_with_tail_bug, window_family_scratch_bytes,
-    window_kernel, window_kernel_for, window_scratch_bytes, AttnEnv, WindowAttn, WindowKernel,
-    WindowKind, FLASH_WINDOW_CHUNK, SPLIT_WINDOW_ROWS,
+    launch_attention_window_with, launch_window_prefill_with_tail_bug, window_class_kernel,
+    window_family_scratch_bytes, window_kernel, window_kernel_for, window_scratch_bytes, AttnEnv,
+    WindowAttn, WindowKernel, WindowKind, FLASH_WINDOW_CHUNK, SPLIT_WINDOW_ROWS,
 };
 pub use window_fast::{prefill_tiles, PREFILL_TILE_QUERIES, PREFILL_WAVE_TILES};
 

@@ -4,16 +4,17 @@
 //! are the query's logical rows `0..len`. Scores use the op's `scale`. An empty window gives
 //! zeros (as the CPU's flash kernel does).
 //!
-//! Five kernel families ([`WindowKernel`]), picked per the seed's §4.4.1 by
-//! [`window_kernel`]. Batch invariance: within a family, a query's output bits depend only on
+//! Five kernel families ([`WindowKernel`]): the executor picks one per row class
+//! ([`window_class_kernel`]); [`window_kernel`] is the seed's §4.4.1 choice by the number of
+//! queries (direct launches, and the gates' control). Batch invariance: within a family, a query's output bits depend only on
 //! its q row and the K/V values its window lists, in logical order. Every family walks the
 //! logical rows in blocks at fixed logical multiples (classic: 32 rows; flash: chunks of
 //! [`FLASH_WINDOW_CHUNK`] combined in chunk order; split: [`SPLIT_WINDOW_ROWS`]-row splits
 //! combined in split order; prefill flash: 64-row blocks; three-pass: single rows in order);
 //! no boundary depends on the cells, the other queries of the launch, their number, or the
-//! region's size. Across families a row's bits may differ (different summation orders): the
-//! executor declares itself non-batch-invariant, so a family switch between two launches is
-//! allowed; a switch inside one launch never happens.
+//! region's size. Across families a row's bits may differ (different summation orders), so
+//! the executor never lets the family follow the forward's shape: each run of one row class
+//! takes its class's family (docs/PRECISION.md, "Row classes").
 
 use std::sync::OnceLock;
 
@@ -21,7 +22,7 @@ use super::{encode, need_len, read_i32s, to_u32, window_fast, KvType};
 use crate::device::{as_bytes, Arg, Device};
 use crate::error::{Error, Result};
 use crate::params::WindowAttnParams;
-use minfer_graph::KV_MAP_RUNS;
+use minfer_graph::{RowClass, KV_MAP_RUNS};
 
 /// Logical rows per flash chunk: chunk `c` of every query covers its rows
 /// `[c * FLASH_WINDOW_CHUNK, (c + 1) * FLASH_WINDOW_CHUNK)`.
@@ -123,16 +124,20 @@ pub(super) fn read_windows<D: Device>(
     s: &WindowAttn,
     window: &D::Buffer,
 ) -> Result<(Vec<i32>, usize)> {
+    read_windows_from(dev, s, window, 0)
+}
+
+/// [`read_windows`] of the `s.n_tokens` windows from query `row0` on.
+fn read_windows_from<D: Device>(
+    dev: &D,
+    s: &WindowAttn,
+    window: &D::Buffer,
+    row0: usize,
+) -> Result<(Vec<i32>, usize)> {
     let width = s.window.width();
-    need_len(
-        dev,
-        OP,
-        "window",
-        window,
-        0,
-        (s.n_tokens * width) as u64 * 4,
-    )?;
-    let vals = read_i32s(dev, window, s.n_tokens * width)?;
+    let (first, n) = (row0 * width, s.n_tokens * width);
+    need_len(dev, OP, "window", window, 0, (first + n) as u64 * 4)?;
+    let vals = read_i32s(dev, window, first + n)?.split_off(first);
     let n_cells = s.n_cells as i64;
     let mut longest = 0usize;
     for (t, w) in vals.chunks_exact(width.max(1)).enumerate() {
@@ -228,6 +233,25 @@ pub fn window_kernel_for(s: &WindowAttn, env: &AttnEnv) -> WindowKernel {
     }
 }
 
+/// The family of a run of one row class (docs/PRECISION.md, "Row classes"), whatever its
+/// number of queries: head dim 64/128 over f32/f16 KV: generation rows take the decode
+/// families (flash, else split, else classic), prompt rows the prefill ones (flash prefill,
+/// else three-pass, else classic), a 1-token prompt remainder and a forward of many
+/// generation rows included. Other head dims and q8_0 regions take classic. Each family is
+/// batch invariant on its own (`window_*_is_batch_invariant`), so a row's bits then depend
+/// only on its class, its q row and the K/V values its window lists.
+pub fn window_class_kernel(s: &WindowAttn, class: RowClass, env: &AttnEnv) -> WindowKernel {
+    let fast = matches!(s.head_dim, 64 | 128) && s.kv != KvType::Q8_0;
+    match (fast, class) {
+        (false, _) => WindowKernel::Classic,
+        (true, RowClass::Generation) if !env.no_flash => WindowKernel::Flash,
+        (true, RowClass::Generation) if !env.no_split => WindowKernel::Split,
+        (true, RowClass::Prompt) if !env.no_prefill_flash => WindowKernel::PrefillFlash,
+        (true, RowClass::Prompt) if !env.no_matmul => WindowKernel::ThreePass,
+        (true, _) => WindowKernel::Classic,
+    }
+}
+
 /// Checks windows ([`check_windows`]), needs `scratch` to hold [`window_scratch_bytes`],
 /// encodes the dispatches (no buffer allocation inside), returns the kernel it ran.
 #[allow(clippy::too_many_arguments)]
@@ -246,7 +270,8 @@ pub fn launch_attention_window<D: Device>(
     Ok(kernel)
 }
 
-/// The buffers of one windowed launch.
+/// The buffers of one windowed launch, and the byte offsets of its first query's q row,
+/// window and output row (non-zero for a run of one row class inside a node's rows).
 pub(super) struct Bufs<'a, B> {
     pub q: &'a B,
     pub k: &'a B,
@@ -254,6 +279,9 @@ pub(super) struct Bufs<'a, B> {
     pub window: &'a B,
     pub scratch: &'a B,
     pub out: &'a B,
+    pub q_off: u64,
+    pub win_off: u64,
+    pub out_off: u64,
 }
 
 /// [`launch_attention_window`] forcing one kernel family (tests), with `scratch` holding
@@ -278,6 +306,9 @@ pub fn launch_attention_window_with<D: Device>(
         window,
         scratch,
         out,
+        q_off: 0,
+        win_off: 0,
+        out_off: 0,
     };
     launch_family(dev, kernel, s, &b, false)
 }
@@ -304,27 +335,33 @@ pub fn launch_window_prefill_with_tail_bug<D: Device>(
         window,
         scratch,
         out,
+        q_off: 0,
+        win_off: 0,
+        out_off: 0,
     };
     launch_family(dev, WindowKernel::PrefillFlash, s, &b, true)
 }
 
-/// [`launch_attention_window`] with the scratch asked of `scratch(bytes)` once the windows
-/// are read: the executor's path, so each attention node reads and checks its window buffer
-/// once (the bytes are [`window_scratch_bytes`] of the longest window).
+/// Family `kernel` over queries `row0..row0 + s.n_tokens` of the node's q, window and out
+/// buffers, with the scratch asked of `scratch(bytes)` once the windows are read: the
+/// executor's path, so each run reads and checks its windows once (the bytes are
+/// [`window_family_scratch_bytes`] of the run's longest window).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_attention_window_sized<D: Device>(
     dev: &D,
+    kernel: WindowKernel,
     s: &WindowAttn,
     q: &D::Buffer,
     k: &D::Buffer,
     v: &D::Buffer,
     window: &D::Buffer,
     out: &D::Buffer,
+    row0: usize,
     scratch: impl FnOnce(usize) -> Result<D::Buffer>,
-) -> Result<WindowKernel> {
-    let kernel = window_kernel(s);
-    check_shapes(dev, kernel, s, q, k, v, out)?;
-    let (vals, max_len) = read_windows(dev, s, window)?;
+) -> Result<()> {
+    let q_off = (row0 * s.n_head * s.head_dim) as u64 * 4;
+    check_shapes(dev, kernel, s, q, k, v, out, q_off)?;
+    let (vals, max_len) = read_windows_from(dev, s, window, row0)?;
     let scratch = scratch(window_family_scratch_bytes(kernel, s, max_len))?;
     let b = Bufs {
         q,
@@ -333,9 +370,11 @@ pub fn launch_attention_window_sized<D: Device>(
         window,
         scratch: &scratch,
         out,
+        q_off,
+        win_off: (row0 * s.window.width()) as u64 * 4,
+        out_off: q_off,
     };
-    encode_family(dev, kernel, s, &b, false, &vals, max_len)?;
-    Ok(kernel)
+    encode_family(dev, kernel, s, &b, false, &vals, max_len)
 }
 
 fn launch_family<D: Device>(
@@ -345,12 +384,14 @@ fn launch_family<D: Device>(
     b: &Bufs<'_, D::Buffer>,
     tail_bug: bool,
 ) -> Result<()> {
-    check_shapes(dev, kernel, s, b.q, b.k, b.v, b.out)?;
+    check_shapes(dev, kernel, s, b.q, b.k, b.v, b.out, 0)?;
     let (vals, max_len) = read_windows(dev, s, b.window)?;
     encode_family(dev, kernel, s, b, tail_bug, &vals, max_len)
 }
 
-/// The launch's shape checks against the family and the buffers (before the windows are read).
+/// The launch's shape checks against the family and the buffers (before the windows are
+/// read); the queries' q and out rows start at byte `q_off`.
+#[allow(clippy::too_many_arguments)]
 fn check_shapes<D: Device>(
     dev: &D,
     kernel: WindowKernel,
@@ -359,6 +400,7 @@ fn check_shapes<D: Device>(
     k: &D::Buffer,
     v: &D::Buffer,
     out: &D::Buffer,
+    q_off: u64,
 ) -> Result<()> {
     if s.n_head == 0 || s.n_head_kv == 0 || !s.n_head.is_multiple_of(s.n_head_kv) {
         return Err(shape(format!(
@@ -394,8 +436,8 @@ fn check_shapes<D: Device>(
     }
     let row_bytes = s.kv.row_bytes(kv_stride);
     let q_bytes = (s.n_tokens * s.n_head * s.head_dim) as u64 * 4;
-    need_len(dev, OP, "q", q, 0, q_bytes)?;
-    need_len(dev, OP, "out", out, 0, q_bytes)?;
+    need_len(dev, OP, "q", q, q_off, q_bytes)?;
+    need_len(dev, OP, "out", out, q_off, q_bytes)?;
     need_len(dev, OP, "k region", k, 0, (s.n_cells * row_bytes) as u64)?;
     need_len(dev, OP, "v region", v, 0, (s.n_cells * row_bytes) as u64)?;
     Ok(())
@@ -453,11 +495,11 @@ fn encode_family<D: Device>(
             [p.n_head, p.n_tokens, 1],
             [128, 1, 1],
             &[
-                Arg::Buffer(b.q, 0),
+                Arg::Buffer(b.q, b.q_off),
                 Arg::Buffer(b.k, 0),
                 Arg::Buffer(b.v, 0),
-                Arg::Buffer(b.window, 0),
-                Arg::Buffer(b.out, 0),
+                Arg::Buffer(b.window, b.win_off),
+                Arg::Buffer(b.out, b.out_off),
                 Arg::Bytes(as_bytes(&p)),
             ],
             &[],
@@ -469,10 +511,10 @@ fn encode_family<D: Device>(
                 [p.n_chunks, p.n_head, p.n_tokens],
                 [128, 1, 1],
                 &[
-                    Arg::Buffer(b.q, 0),
+                    Arg::Buffer(b.q, b.q_off),
                     Arg::Buffer(b.k, 0),
                     Arg::Buffer(b.v, 0),
-                    Arg::Buffer(b.window, 0),
+                    Arg::Buffer(b.window, b.win_off),
                     Arg::Buffer(b.scratch, 0),
                     Arg::Bytes(as_bytes(&p)),
                 ],
@@ -485,8 +527,8 @@ fn encode_family<D: Device>(
                 [128, 1, 1],
                 &[
                     Arg::Buffer(b.scratch, 0),
-                    Arg::Buffer(b.window, 0),
-                    Arg::Buffer(b.out, 0),
+                    Arg::Buffer(b.window, b.win_off),
+                    Arg::Buffer(b.out, b.out_off),
                     Arg::Bytes(as_bytes(&p)),
                 ],
                 &[],

@@ -8,8 +8,8 @@ use minfer_graph::{
     assign_backends, execute, fill_input, read_output, Allocator, Backend, BackendId, Graph,
     GraphBuilder, InputKind, Op, Placement, WeightId, WeightRef, WeightSource,
 };
-use minfer_metal::MetalBackend;
-use minfer_msl_emu::{EmuDevice, Schedule};
+pub use minfer_metal::MetalBackend;
+pub use minfer_msl_emu::{EmuDevice, Schedule};
 
 pub const METAL: BackendId = BackendId(1);
 
@@ -109,12 +109,36 @@ pub fn backends(with_metal: bool, w: &Weights, copy: bool) -> Vec<Box<dyn Backen
 /// Assigns (the first backend that takes a node, or `force` per node index), plans, fills
 /// token ids, runs, reads.
 pub fn run(
-    mut g: Graph,
+    g: Graph,
     bes: &mut [Box<dyn Backend>],
     w: &Weights,
     force: Option<&dyn Fn(usize) -> BackendId>,
     ids: &[i32],
 ) -> (Vec<f32>, Graph) {
+    run_rows(g, bes, w, force, ids, &minfer_graph::RowClasses::default())
+}
+
+/// [`run`] with the forward's row classes (none named: every row a generation row).
+pub fn run_rows(
+    g: Graph,
+    bes: &mut [Box<dyn Backend>],
+    w: &Weights,
+    force: Option<&dyn Fn(usize) -> BackendId>,
+    ids: &[i32],
+    rows: &minfer_graph::RowClasses,
+) -> (Vec<f32>, Graph) {
+    try_run_rows(g, bes, w, force, ids, rows).unwrap()
+}
+
+/// [`run_rows`], the execution's error returned (assignment and planning still unwrap).
+pub fn try_run_rows(
+    mut g: Graph,
+    bes: &mut [Box<dyn Backend>],
+    w: &Weights,
+    force: Option<&dyn Fn(usize) -> BackendId>,
+    ids: &[i32],
+    rows: &minfer_graph::RowClasses,
+) -> Result<(Vec<f32>, Graph), minfer_graph::Error> {
     assign_backends(&mut g, bes, w, &Placement::everywhere(bes)).unwrap();
     if let Some(f) = force {
         for (i, n) in g.nodes.iter_mut().enumerate() {
@@ -124,10 +148,10 @@ pub fn run(
     let mut alloc = Allocator::new();
     let plan = alloc.plan(&g, bes, &|_| Ok(0)).unwrap();
     fill_input(&g, &plan, bes, InputKind::TokenIds, ids).unwrap();
-    execute(&g, &plan, bes, w, &minfer_graph::RowClasses::default()).unwrap();
+    execute(&g, &plan, bes, w, rows)?;
     let mut out = Vec::new();
     read_output(&g, &plan, bes, &mut out).unwrap();
-    (out, g)
+    Ok((out, g))
 }
 
 pub fn on(g: &Graph, be: BackendId) -> usize {
