@@ -18,7 +18,7 @@
 //! batches, determinism), `kv` (KV region operations on the device), `fusion` (fused decode
 //! nodes against the unfused chain), `real` (the cached demo models), `cuda_paths` (the CUDA
 //! backend's own arithmetic paths and prompt rows), `ops` (single operations against the CPU
-//! backend's).
+//! backend's), `times` (a trace's per-node times on the Metal row).
 
 // A row compiled out (no `cuda` feature, or no `metal-emu`) leaves its classes unused.
 #![cfg_attr(
@@ -153,3 +153,4 @@ mod models;
 #[cfg(feature = "cuda")]
 mod ops;
 mod real;
+mod times;
