@@ -33,9 +33,9 @@ pub(crate) const SPAN_CLOCK: &str = "the GPU's timestamp counter at the start an
      of the node's encoders (counter sample buffer, stage-boundary sampling), summed, in ns by a \
      rate measured against the host clock";
 
-/// Samples per counter sample buffer: 4096 timestamps of 8 bytes are 32 KiB, the size Metal
-/// is known to accept for one sample buffer on Apple GPUs; a command buffer that needs more
-/// takes another from the pool.
+/// Samples per counter sample buffer: 4096 timestamps of 8 bytes, 32 KiB. The headers state no
+/// ceiling; 32 KiB is the size other Metal timestamp users keep to, and a refusal is loud (the
+/// creation error names it). A command buffer that needs more takes another from the pool.
 const SAMPLES_PER_BUFFER: usize = 4096;
 
 type Device = ProtocolObject<dyn MTLDevice>;
@@ -109,7 +109,7 @@ impl SpanClock {
         desc.setCounterSet(Some(&self.counter_set));
         // Shared: resolveCounterRange is only allowed on shared sample buffers.
         desc.setStorageMode(MTLStorageMode::Shared);
-        // SAFETY: a count within the size Metal accepts (see SAMPLES_PER_BUFFER).
+        // SAFETY: a plain count; Metal checks it when the buffer is made (an error, not UB).
         unsafe { desc.setSampleCount(SAMPLES_PER_BUFFER) };
         device
             .newCounterSampleBufferWithDescriptor_error(&desc)
