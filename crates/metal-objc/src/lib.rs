@@ -5,19 +5,22 @@
 //! command buffer; [`Device::submit`] commits it with a completion handler, waits with a bound
 //! ([`SUBMIT_TIMEOUT`]), requires `Completed`, and otherwise returns an error carrying the
 //! dispatch-label ring. `MINFER_OP_PROFILE=1` prints host encode time per kernel and the GPU
-//! wait per submit.
+//! wait per submit. While a trace is armed each span (`Device::begin_span`, one per node) is
+//! encoders of its own whose start and end sample the GPU's timestamp counter (`timing.rs`).
 //!
 //! On Linux this crate only type-checks (scripts/metal-check); it runs on macOS
 //! (scripts/mac-gate).
 
 mod profile;
 mod shared;
+mod timing;
 
 pub use shared::{SharedBuffer, SharedDevice};
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -28,12 +31,14 @@ use objc2::rc::Retained;
 use objc2::runtime::ProtocolObject;
 use objc2_foundation::{NSString, NSURL};
 use objc2_metal::{
-    MTLBarrierScope, MTLBlitCommandEncoder, MTLBuffer, MTLCommandBuffer, MTLCommandBufferStatus,
-    MTLCommandEncoder, MTLCommandQueue, MTLComputeCommandEncoder, MTLComputePipelineState,
-    MTLCreateSystemDefaultDevice, MTLDevice, MTLLibrary, MTLResourceOptions, MTLSize,
+    MTLBarrierScope, MTLBlitCommandEncoder, MTLBlitPassDescriptor, MTLBuffer, MTLCommandBuffer,
+    MTLCommandBufferStatus, MTLCommandEncoder, MTLCommandQueue, MTLComputeCommandEncoder,
+    MTLComputePassDescriptor, MTLComputePipelineState, MTLCreateSystemDefaultDevice, MTLDevice,
+    MTLLibrary, MTLResourceOptions, MTLSize,
 };
 
 use profile::Profile;
+use timing::{CbSpans, Open, SpanClock};
 
 /// Bound on one submit's wait (GPU safety rule 1: never wait forever).
 pub const SUBMIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,6 +61,8 @@ struct Pending {
     enc: Encoder,
     /// Buffers used by this command buffer, kept alive until it completes.
     keep: Vec<MtlBuffer>,
+    /// Its encoders that carry timestamp samples (a trace's node times).
+    spans: CbSpans,
 }
 
 /// The Metal device.
@@ -69,6 +76,11 @@ pub struct MetalDevice {
     pending: Mutex<Option<Pending>>,
     labels: Mutex<VecDeque<String>>,
     profile: Option<Mutex<Profile>>,
+    /// The span clock, or why this device has none (then `span_clock` is None).
+    clock: std::result::Result<SpanClock, String>,
+    /// The span begun and not yet ended: new encoders carry its samples.
+    open_span: Mutex<Option<Open>>,
+    span_seq: AtomicU64,
 }
 
 struct Shared(MetalDevice);
@@ -161,6 +173,7 @@ impl MetalDevice {
         let profile = std::env::var("MINFER_OP_PROFILE")
             .is_ok_and(|v| v == "1")
             .then(|| Mutex::new(Profile::default()));
+        let clock = SpanClock::new(&device);
         Ok(MetalDevice {
             device,
             queue,
@@ -170,7 +183,41 @@ impl MetalDevice {
             pending: Mutex::new(None),
             labels: Mutex::new(VecDeque::new()),
             profile,
+            clock,
+            open_span: Mutex::new(None),
+            span_seq: AtomicU64::new(0),
         })
+    }
+
+    /// Why a trace's `metal` nodes carry no times on this device (no timestamp counters at
+    /// stage boundaries); None when they do.
+    pub fn span_clock_unavailable(&self) -> Option<&str> {
+        self.clock.as_ref().err().map(String::as_str)
+    }
+
+    /// The span new encoders belong to, when one is open and the device times spans.
+    fn open_span(&self) -> Result<Option<(&SpanClock, Open)>> {
+        let Ok(clock) = &self.clock else {
+            return Ok(None);
+        };
+        let open = *self
+            .open_span
+            .lock()
+            .map_err(|_| unavailable("open span lock poisoned"))?;
+        Ok(open.map(|o| (clock, o)))
+    }
+
+    /// Ends the open encoder and sets the open span (a span's work is whole encoders).
+    fn set_span(&self, open: Option<Open>) -> Result<()> {
+        let mut guard = self.lock_pending()?;
+        if let Some(p) = guard.as_mut() {
+            end_encoder(p);
+        }
+        *self
+            .open_span
+            .lock()
+            .map_err(|_| unavailable("open span lock poisoned"))? = open;
+        Ok(())
     }
 
     fn lock_pending(&self) -> Result<std::sync::MutexGuard<'_, Option<Pending>>> {
@@ -189,6 +236,7 @@ impl MetalDevice {
                 cb,
                 enc: Encoder::None,
                 keep: Vec::new(),
+                spans: CbSpans::default(),
             });
         }
         guard
@@ -313,9 +361,23 @@ impl Device for MetalDevice {
         let mut guard = self.lock_pending()?;
         let p = self.pending(&mut guard)?;
         if matches!(p.enc, Encoder::None) {
-            let enc =
-                p.cb.computeCommandEncoder()
-                    .ok_or_else(|| unavailable("computeCommandEncoder returned nil"))?;
+            let enc = match self.open_span()? {
+                // A span's encoder samples the timestamp counter at its start and end.
+                Some((clock, open)) => {
+                    let (buf, start, end) = p.spans.slot(clock, &self.device, open)?;
+                    let desc = MTLComputePassDescriptor::computePassDescriptor();
+                    // SAFETY: attachment 0 always exists; both indices lie in the buffer.
+                    unsafe {
+                        let att = desc.sampleBufferAttachments().objectAtIndexedSubscript(0);
+                        att.setSampleBuffer(Some(&buf));
+                        att.setStartOfEncoderSampleIndex(start);
+                        att.setEndOfEncoderSampleIndex(end);
+                    }
+                    p.cb.computeCommandEncoderWithDescriptor(&desc)
+                }
+                None => p.cb.computeCommandEncoder(),
+            }
+            .ok_or_else(|| unavailable("computeCommandEncoder returned nil"))?;
             p.enc = Encoder::Compute(enc);
         }
         let Encoder::Compute(enc) = &p.enc else {
@@ -392,9 +454,23 @@ impl Device for MetalDevice {
         let mut guard = self.lock_pending()?;
         let p = self.pending(&mut guard)?;
         end_encoder(p);
-        let blit =
-            p.cb.blitCommandEncoder()
-                .ok_or_else(|| unavailable("blitCommandEncoder returned nil"))?;
+        let blit = match self.open_span()? {
+            // A blit inside a span (a cell-op's row move) is part of the node's time.
+            Some((clock, open)) => {
+                let (buf, start, end) = p.spans.slot(clock, &self.device, open)?;
+                let desc = MTLBlitPassDescriptor::blitPassDescriptor();
+                // SAFETY: attachment 0 always exists; both indices lie in the buffer.
+                unsafe {
+                    let att = desc.sampleBufferAttachments().objectAtIndexedSubscript(0);
+                    att.setSampleBuffer(Some(&buf));
+                    att.setStartOfEncoderSampleIndex(start);
+                    att.setEndOfEncoderSampleIndex(end);
+                }
+                p.cb.blitCommandEncoderWithDescriptor(&desc)
+            }
+            None => p.cb.blitCommandEncoder(),
+        }
+        .ok_or_else(|| unavailable("blitCommandEncoder returned nil"))?;
         // An overlapping same-buffer bulk copy is undefined: copy row by row, ascending when
         // the rows move down, descending when they move up.
         let rows: Box<dyn Iterator<Item = u64>> = if dst_row <= src_row {
@@ -455,13 +531,18 @@ impl Device for MetalDevice {
             }
         }
         if !completed || timeout.timed_out() {
+            // The GPU may still write its samples: those sample buffers are not reused.
             return Err(Error::Submit {
                 reason: format!("no completion within {SUBMIT_TIMEOUT:?}"),
                 labels: self.recent_labels(),
             });
         }
         let status = p.cb.status();
+        let spans = std::mem::take(&mut p.spans);
         if status != MTLCommandBufferStatus::Completed {
+            if let Ok(clock) = &self.clock {
+                spans.recycle(clock);
+            }
             let detail =
                 p.cb.error()
                     .map(|e| e.localizedDescription().to_string())
@@ -471,6 +552,29 @@ impl Device for MetalDevice {
                 labels: self.recent_labels(),
             });
         }
-        Ok(())
+        match &self.clock {
+            Ok(clock) => spans.resolve(clock, &self.device),
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn begin_span(&self, tag: u32) -> Result<()> {
+        let seq = self.span_seq.fetch_add(1, Ordering::Relaxed);
+        self.set_span(Some(Open { tag, seq }))
+    }
+
+    fn end_span(&self) -> Result<()> {
+        self.set_span(None)
+    }
+
+    fn take_spans(&self) -> Vec<(u32, u64)> {
+        match &self.clock {
+            Ok(clock) => clock.take(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn span_clock(&self) -> Option<&'static str> {
+        self.clock.as_ref().ok().map(|_| timing::SPAN_CLOCK)
     }
 }

@@ -94,4 +94,16 @@ impl Device for SharedDevice {
     fn submit(&self) -> Result<()> {
         self.0.submit()
     }
+    fn begin_span(&self, tag: u32) -> Result<()> {
+        self.0.begin_span(tag)
+    }
+    fn end_span(&self) -> Result<()> {
+        self.0.end_span()
+    }
+    fn take_spans(&self) -> Vec<(u32, u64)> {
+        self.0.take_spans()
+    }
+    fn span_clock(&self) -> Option<&'static str> {
+        self.0.span_clock()
+    }
 }

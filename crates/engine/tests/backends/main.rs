@@ -19,7 +19,8 @@
 //! nodes against the unfused chain), `real` (the cached demo models), `cuda_paths` (the CUDA
 //! backend's own arithmetic paths and prompt rows), `metal_rows` (the Metal executor's row
 //! classes: each class on its own tiers, bit for bit across chunkings and company), `ops`
-//! (single operations against the CPU backend's).
+//! (single operations against the CPU backend's), `times` (a trace's per-node times on the
+//! Metal row).
 
 // A row compiled out (no `cuda` feature, or no `metal-emu`) leaves its classes unused.
 #![cfg_attr(
@@ -155,3 +156,4 @@ mod models;
 #[cfg(feature = "cuda")]
 mod ops;
 mod real;
+mod times;
