@@ -308,48 +308,9 @@ impl CpuBackend {
                     as_bytes_mut(region),
                 )?;
             }
-            Op::KvCopy {
-                kind,
-                layout,
-                src,
-                dst,
-                n,
-                ..
-            } => {
+            Op::KvCopy { .. } | Op::KvRopeShift { .. } => {
                 let (k, v) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
-                let region = match kind {
-                    minfer_graph::KvKind::K => k,
-                    minfer_graph::KvKind::V => v,
-                };
-                ops::kv_cells::copy_cells(as_bytes_mut(region), layout.cell_bytes, *src, *dst, *n)
-                    .map_err(|e| KernelError(e.to_string()))?;
-            }
-            Op::KvRopeShift {
-                layout,
-                rope,
-                cell,
-                n,
-                delta,
-                ..
-            } => {
-                let (k, _) = kv.ok_or_else(|| KernelError("no KV region".into()))?;
-                let shift = ops::kv_cells::ShiftRope {
-                    style: rope.style,
-                    freq_base: rope.freq_base,
-                    freq_scale: rope.freq_scale,
-                    fused: false,
-                };
-                ops::kv_cells::rope_shift(
-                    as_bytes_mut(k),
-                    layout.cache_type,
-                    layout.n_head_kv,
-                    layout.head_dim,
-                    &shift,
-                    *cell,
-                    *n,
-                    *delta,
-                )
-                .map_err(|e| KernelError(e.to_string()))?;
+                ops::kv_cells::run_cell_op(&node.op, as_bytes_mut(k), as_bytes_mut(v))?;
             }
             Op::Attention {
                 n_head,

@@ -329,7 +329,7 @@ pub trait Capabilities: Identity {
 /// The execution layer: the splits of a compiled plan, identified by [`SplitKey`], run on
 /// buffers the memory layer gave. KV regions are changed only by nodes: a forward's KV
 /// stores, and a sequence's cell operations ([`crate::Op::KvCopy`],
-/// [`crate::Op::KvRopeShift`] in the graph [`crate::ir::cell_ops_graph`] builds), besides
+/// [`crate::Op::KvRopeShift`] in the graph [`crate::cells::cell_ops_graph`] builds), besides
 /// host reads and writes (sessions).
 pub trait Executor: Memory {
     /// The classes of the next forward's rows, given before its first split runs. A backend

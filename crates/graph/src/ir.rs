@@ -180,7 +180,7 @@ pub enum Op {
     /// bit, with memmove semantics (overlapping ranges are safe): a defragmentation's move,
     /// a prefix copied into fresh cells, a copy before a shared cell is rotated. No srcs, no
     /// output; built by the engine for a sequence's KV operation
-    /// ([`cell_ops_graph`]), never inside a forward.
+    /// ([`crate::cells::cell_ops_graph`]), never inside a forward.
     KvCopy {
         layer: usize,
         kind: KvKind,
@@ -200,71 +200,6 @@ pub enum Op {
         n: usize,
         delta: i64,
     },
-}
-
-/// One KV cell operation of a sequence: what [`cell_ops_graph`] turns into nodes per layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CellWork {
-    /// `n` cells from `src` to `dst` in K and V.
-    Copy { src: usize, dst: usize, n: usize },
-    /// The K rows of `cell..cell + n` rotated by `delta` positions.
-    Shift { cell: usize, n: usize, delta: i64 },
-}
-
-/// The graph of a batch of cell operations over the layers that hold KV regions: per
-/// layer and operation in order, a [`Op::KvCopy`] for K and one for V, or a
-/// [`Op::KvRopeShift`] of K, each on the backend holding that layer's regions. Nodes of
-/// one layer run in the order given (an operation may read cells an earlier one wrote);
-/// layers are independent. `regions` lists `(layer, backend)` in layer order. The graph
-/// has no inputs, and its output is its last node (a region writer: no buffer).
-pub fn cell_ops_graph(
-    regions: &[(usize, BackendId)],
-    work: &[CellWork],
-    layout: KvLayout,
-    rope: RopeSpec,
-) -> Option<Graph> {
-    let mut b = GraphBuilder::new();
-    let mut last = None;
-    for &(layer, backend) in regions {
-        b.set_layer(Some(layer));
-        for w in work {
-            let ops = match *w {
-                CellWork::Copy { src, dst, n } => [KvKind::K, KvKind::V]
-                    .map(|kind| {
-                        let name = format!("L{layer}.kv_copy_{}", kind.name());
-                        (
-                            name,
-                            Op::KvCopy {
-                                layer,
-                                kind,
-                                layout,
-                                src,
-                                dst,
-                                n,
-                            },
-                        )
-                    })
-                    .to_vec(),
-                CellWork::Shift { cell, n, delta } => vec![(
-                    format!("L{layer}.kv_shift_k"),
-                    Op::KvRopeShift {
-                        layer,
-                        layout,
-                        rope,
-                        cell,
-                        n,
-                        delta,
-                    },
-                )],
-            };
-            for (name, op) in ops {
-                let id = b.push(name, op, Vec::new(), [0, 0], DType::None);
-                b.nodes[id.index()].backend = Some(backend);
-                last = Some(id);
-            }
-        }
-    }
-    last.map(|out| b.finish(out))
 }
 
 /// The whole-row RMSNorm a fused node applies to its input first (`x / rms(x) * weight`,
@@ -367,7 +302,7 @@ impl Op {
         }
     }
 
-    /// A sequence's KV cell operation ([`cell_ops_graph`]), not forward work: it reads and
+    /// A sequence's KV cell operation ([`crate::cells::cell_ops_graph`]), not forward work: it reads and
     /// writes only the layer's regions, and a device runs it eagerly (never recorded for
     /// replay).
     pub fn is_cell_op(&self) -> bool {
@@ -616,6 +551,16 @@ impl GraphBuilder {
 
     pub fn shape(&self, id: NodeId) -> [usize; 2] {
         self.nodes[id.index()].shape
+    }
+
+    /// A node that only reads and writes its layer's KV regions: no srcs, no output.
+    pub(crate) fn region_op(&mut self, name: String, op: Op) -> NodeId {
+        self.push(name, op, Vec::new(), [0, 0], DType::None)
+    }
+
+    /// Assigns a node to a backend at build time (a graph the engine places itself).
+    pub(crate) fn set_backend(&mut self, id: NodeId, backend: BackendId) {
+        self.nodes[id.index()].backend = Some(backend);
     }
 
     fn push(

@@ -25,6 +25,7 @@ pub mod assign;
 pub mod backend;
 pub mod cache;
 pub mod capture;
+pub mod cells;
 pub mod dump;
 pub mod error;
 pub mod fusion;
@@ -49,12 +50,12 @@ pub mod contract {
 }
 pub use cache::GraphCache;
 pub use capture::CaptureLog;
+pub use cells::{cell_ops_graph, CellWork};
 pub use error::{Error, Result};
 pub use fusion::{fuse, prepare_concats, FusionConfig, MAX_FUSED_FFN};
 pub use ir::{
-    cell_ops_graph, CellWork, DType, Graph, GraphBuilder, GraphParams, InputKind, InputNorm,
-    KvKind, Node, NodeId, Op, QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout,
-    Windows, KV_MAP_RUNS,
+    DType, Graph, GraphBuilder, GraphParams, InputKind, InputNorm, KvKind, Node, NodeId, Op,
+    QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout, Windows, KV_MAP_RUNS,
 };
 pub use placement::{place_weights, Placement};
 pub use registry::{resolve_backends, BackendEntry};

@@ -16,8 +16,56 @@
 use super::rope::{rope, RopeParams};
 use super::KernelError;
 use minfer_gguf::{quants, GgmlType};
-use minfer_graph::RopeStyle;
+use minfer_graph::{KvKind, Op, RopeStyle};
 use std::fmt;
+
+/// Runs a cell-op node of the engine's cell-op graph ([`Op::KvCopy`], [`Op::KvRopeShift`])
+/// on the layer's K and V regions.
+pub fn run_cell_op(op: &Op, k: &mut [u8], v: &mut [u8]) -> Result<(), KernelError> {
+    let res = match *op {
+        Op::KvCopy {
+            kind,
+            layout,
+            src,
+            dst,
+            n,
+            ..
+        } => {
+            let region = match kind {
+                KvKind::K => k,
+                KvKind::V => v,
+            };
+            copy_cells(region, layout.cell_bytes, src, dst, n)
+        }
+        Op::KvRopeShift {
+            layout,
+            rope,
+            cell,
+            n,
+            delta,
+            ..
+        } => {
+            let shift = ShiftRope {
+                style: rope.style,
+                freq_base: rope.freq_base,
+                freq_scale: rope.freq_scale,
+                fused: false,
+            };
+            rope_shift(
+                k,
+                layout.cache_type,
+                layout.n_head_kv,
+                layout.head_dim,
+                &shift,
+                cell,
+                n,
+                delta,
+            )
+        }
+        _ => return Err(KernelError(format!("{} is not a cell op", op.name()))),
+    };
+    res.map_err(|e| KernelError(e.to_string()))
+}
 
 /// Cells rotated per dequantize / rotate / quantize round (bounds the scratch memory).
 const CHUNK_CELLS: usize = 64;
