@@ -98,7 +98,9 @@ pub struct Offload {
 pub fn size_text(b: u64) -> String {
     const MIB: f64 = (1u64 << 20) as f64;
     let x = b as f64;
-    if b >= 1 << 30 {
+    if b == 0 {
+        "0 B".into()
+    } else if b >= 1 << 30 {
         format!("{:.1} GiB", x / (MIB * 1024.0))
     } else if b >= 1 << 20 {
         format!("{:.1} MiB", x / MIB)
@@ -125,7 +127,7 @@ impl Offload {
             self.n_layers - self.on_device,
             size_text(self.weights_device),
             size_text(self.weights_host),
-            self.cache_type.name()
+            self.cache_type.name().to_ascii_lowercase()
         )
     }
 }
@@ -327,12 +329,22 @@ pub(crate) fn place(
 /// Why `auto` stopped at `k` blocks (or left the head on the host), with the figures.
 fn fit_reason(costs: &BlockCosts, k: usize, budget: u64, source: &str) -> String {
     let n = costs.weights.len();
-    let used = costs.budget_for(k, false);
-    let what = if k < n {
-        format!("block {k} needs {}", size_text(costs.block(k)))
+    let taken = if k == 0 {
+        format!(
+            "the reserve for activations and the pool takes {}",
+            size_text(costs.reserve)
+        )
     } else {
         format!(
-            "the embedding and output head need {}",
+            "blocks 0..{k} and the reserve for activations and the pool take {}",
+            size_text(costs.budget_for(k, false))
+        )
+    };
+    let more = if k < n {
+        format!("block {k} needs {} more", size_text(costs.block(k)))
+    } else {
+        format!(
+            "the embedding and output head need {} more",
             size_text(costs.edges)
         )
     };
@@ -342,10 +354,7 @@ fn fit_reason(costs: &BlockCosts, k: usize, budget: u64, source: &str) -> String
         ""
     };
     format!(
-        "a budget of {} ({source}) holds {k} of {n} blocks: {what} beyond the {} the first \
-         {k} and the {} reserve take{tail}",
-        size_text(budget),
-        size_text(used - costs.reserve),
-        size_text(costs.reserve)
+        "a budget of {} ({source}) holds {k} of {n} blocks: {taken}, {more}{tail}",
+        size_text(budget)
     )
 }
