@@ -1,5 +1,8 @@
 //! Layer offload (issue 32) on metal-emu + cpu: a synthetic 4-block model at every split
 //! point, batches and sessions on a mixed plan, and `auto`'s budget fit with its controls.
+//! `MINFER_OFFLOAD_BACKEND=cuda` runs the same cases with CUDA as the device (a build with
+//! `--features cuda`, on the H200: scripts/gpu-gate's `engine-offload`); the failed-query
+//! case needs the emulator's hook and is skipped there.
 //!
 //! Tolerance class (named before the bar was set, ADR 0014): a split model runs blocks
 //! `0..k` with the Metal executor's f32 arithmetic and the rest with the CPU's, so its logits
@@ -9,6 +12,8 @@
 //! measured (2026-12-04, emulator, Qwen2 F32, 4 blocks, 7-token prompt + 3 decodes):
 //! k=1 1.44e-6, k=2 1.99e-6, k=3 1.99e-6, k=4 2.05e-6 of the RMS (the bar is 4.9x the
 //! worst); k=0 is the CPU's own arithmetic, bit for bit. Greedy tokens: exactly the CPU's.
+//! CUDA as the device: the backends matrix's CUDA F32 class, `CUDA_ACC_TOL` (1e-3 absolute;
+//! f32 accumulation in the device's order), not yet measured here (the H200's run).
 
 #![cfg(feature = "metal-emu")]
 
@@ -22,6 +27,22 @@ use std::path::{Path, PathBuf};
 const N_LAYERS: usize = 4;
 /// Max |dlogit| of a split engine against the all-CPU one, as a fraction of the RMS.
 const SPLIT_REL: f64 = 1e-5;
+/// The same for CUDA as the device, absolute (the backends matrix's `ACC_TOL`).
+const CUDA_ACC_TOL: f64 = 1e-3;
+
+/// The device backend of these cases: metal-emu, or `MINFER_OFFLOAD_BACKEND`.
+fn device() -> String {
+    std::env::var("MINFER_OFFLOAD_BACKEND").unwrap_or_else(|_| "metal-emu".into())
+}
+
+/// The logit bar for a split engine against the all-CPU one whose logits have `rms`.
+fn bar(rms: f64) -> f64 {
+    if device() == "cuda" {
+        CUDA_ACC_TOL
+    } else {
+        SPLIT_REL * rms
+    }
+}
 
 fn model() -> PathBuf {
     synth::model(Arch::Qwen2, N_LAYERS, 7)
@@ -43,7 +64,7 @@ fn cfg(backend: &str, layers: GpuLayers, gpu_mem: Option<usize>) -> EngineConfig
 }
 
 fn engine(path: &Path, layers: GpuLayers) -> Engine {
-    Engine::load(path, cfg("metal-emu", layers, None)).unwrap()
+    Engine::load(path, cfg(&device(), layers, None)).unwrap()
 }
 
 fn cpu(path: &Path) -> Engine {
@@ -67,10 +88,10 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 fn assert_plan_honoured(e: &mut Engine, k: usize) {
     for (layer, be) in e.weight_nodes_by_layer(1).unwrap() {
         let want = match layer {
-            Some(l) if l < k => "metal-emu",
-            Some(_) => "cpu",
-            None if k == N_LAYERS => "metal-emu",
-            None => "cpu",
+            Some(l) if l < k => device(),
+            Some(_) => "cpu".into(),
+            None if k == N_LAYERS => device(),
+            None => "cpu".into(),
         };
         assert_eq!(be, want, "k={k}: a node of block {layer:?}");
     }
@@ -87,7 +108,7 @@ fn every_split_point_answers_like_the_cpu() {
     let want_tokens = greedy(&mut c, &PROMPT, 8);
     let mut c = cpu(&path);
     let want = run_logits(&mut c, &PROMPT);
-    let bar = SPLIT_REL * rms(&want);
+    let bar = bar(rms(&want));
     let mut worst = 0f64;
     for k in 0..=N_LAYERS {
         let mut e = engine(&path, GpuLayers::Count(k));
@@ -189,11 +210,7 @@ fn a_session_survives_a_mixed_plan() {
 }
 
 fn auto_with(path: &Path, budget: u64) -> Engine {
-    Engine::load(
-        path,
-        cfg("metal-emu", GpuLayers::Auto, Some(budget as usize)),
-    )
-    .unwrap()
+    Engine::load(path, cfg(&device(), GpuLayers::Auto, Some(budget as usize))).unwrap()
 }
 
 /// `auto` with a budget that fits exactly k blocks places k; one byte less places k-1, and
@@ -271,6 +288,10 @@ fn a_budget_below_one_block_runs_on_the_cpu_with_the_reason() {
 #[test]
 fn a_failed_memory_query_is_an_error_not_a_zero_budget() {
     use minfer_engine::backends::EmuMemory;
+    if device() != "metal-emu" {
+        println!("SKIP: the failed query needs the emulator's MINFER_EMU_MEM hook");
+        return;
+    }
     let path = model();
     let costs = engine(&path, GpuLayers::Count(0))
         .offload()
