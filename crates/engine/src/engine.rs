@@ -165,24 +165,24 @@ impl Engine {
             .map(|(id, n)| (backends::name_of(id), n))
             .collect())
     }
-    /// Per live node of the graph for `n_tokens` tokens that reads weights: its block
-    /// (None: embedding, final norm, head) and the name of its backend (the gate that a
-    /// layer-offload plan is honoured node by node).
-    pub fn weight_nodes_by_layer(
+    /// Per live node of the graph for `n_tokens` tokens: its block (None: inputs, embedding,
+    /// final norm, head), the name of its backend and whether it reads weights (the gate that
+    /// a layer-offload plan is honoured node by node).
+    pub fn nodes_by_layer(
         &mut self,
         n_tokens: usize,
-    ) -> Result<Vec<(Option<usize>, String)>> {
+    ) -> Result<Vec<(Option<usize>, String, bool)>> {
         let p = self.runner.params(n_tokens, 1, WindowLayout::Span);
         let nodes = self.runner.inspect(&p, |g, _, _| {
             g.nodes
                 .iter()
-                .filter(|n| !n.dead && n.op.weights().next().is_some())
-                .map(|n| (n.layer, n.backend))
+                .filter(|n| !n.dead)
+                .map(|n| (n.layer, n.backend, n.op.weights().next().is_some()))
                 .collect::<Vec<_>>()
         })?;
         Ok(nodes
             .into_iter()
-            .map(|(l, b)| (l, b.map_or_else(|| "none".into(), backends::name_of)))
+            .map(|(l, b, w)| (l, b.map_or_else(|| "none".into(), backends::name_of), w))
             .collect())
     }
     /// How many live nodes of each op (by [`minfer_graph::Op::name`]) the graph for
