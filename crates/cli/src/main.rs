@@ -101,15 +101,24 @@ fn help_by_cluster(args: &[std::ffi::OsString]) -> Option<String> {
 /// first and answered with minfer's equivalent (a usage error, exit 2).
 const LLAMA_FLAGS: &[(&[&str], &str)] = &[
     (
-        &["-ngl", "--n-gpu-layers", "--gpu-layers"],
-        "minfer has no per-layer GPU count: --backend cuda (or metal) puts every weight it can on the GPU, --backend cpu none",
+        &["-dev", "--device"],
+        "choose the device with --backend cpu|metal|cuda",
     ),
-    (&["-dev", "--device"], "choose the device with --backend cpu|metal|cuda"),
     (
-        &["-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"],
+        &[
+            "-cnv",
+            "--conversation",
+            "-i",
+            "--interactive",
+            "-if",
+            "--interactive-first",
+        ],
         "use `minfer chat` (or `minfer run --cnv`) for a conversation",
     ),
-    (&["-no-cnv", "--no-conversation"], "`minfer run` is one reply already (no conversation)"),
+    (
+        &["-no-cnv", "--no-conversation"],
+        "`minfer run` is one reply already (no conversation)",
+    ),
     (&["-st"], "--single-turn (minfer chat)"),
     (&["-mli", "--multiline-input"], "--multiline (minfer chat)"),
     (&["-sys", "--system-prompt"], "--system TEXT"),
@@ -121,11 +130,26 @@ const LLAMA_FLAGS: &[(&[&str], &str)] = &[
         &["-fa", "--flash-attn"],
         "minfer's attention is always the fused (flash) kind: leave the flag out",
     ),
-    (&["-np"], "--parallel N (minfer serve; bench: --parallel N,...)"),
-    (&["-tb", "--threads-batch"], "-t N sets the threads of prompt and generation alike"),
-    (&["-ub", "--ubatch-size"], "-b/--batch-size (bench) or --chunk (serve)"),
-    (&["-hf", "-hfr", "--hf-repo"], "-m hf:OWNER/REPO[:QUANT] (fetched into the cache on first use)"),
-    (&["-cb", "--cont-batching"], "minfer serve always batches continuously: leave the flag out"),
+    (
+        &["-np"],
+        "--parallel N (minfer serve; bench: --parallel N,...)",
+    ),
+    (
+        &["-tb", "--threads-batch"],
+        "-t N sets the threads of prompt and generation alike",
+    ),
+    (
+        &["-ub", "--ubatch-size"],
+        "-b/--batch-size (bench) or --chunk (serve)",
+    ),
+    (
+        &["-hf", "-hfr", "--hf-repo"],
+        "-m hf:OWNER/REPO[:QUANT] (fetched into the cache on first use)",
+    ),
+    (
+        &["-cb", "--cont-batching"],
+        "minfer serve always batches continuously: leave the flag out",
+    ),
 ];
 
 /// The first llama.cpp flag of `args` that minfer answers (before `--`): (flag, answer).
@@ -143,8 +167,29 @@ fn llama_flag(args: &[std::ffi::OsString]) -> Option<(String, &'static str)> {
     None
 }
 
+/// llama.cpp's `-ngl N` is `--gpu-layers N` (clap would read it as `-n gl`): rewritten by
+/// its whole name before `--`, as `-ngl=N` too; after `--` it is prompt text.
+fn ngl_alias(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut before_dashes = true;
+    args.into_iter()
+        .map(|a| {
+            if a == "--" {
+                before_dashes = false;
+            }
+            if !before_dashes {
+                return a;
+            }
+            match a.to_str() {
+                Some("-ngl") => "--gpu-layers".into(),
+                Some(s) if s.starts_with("-ngl=") => format!("--gpu-layers={}", &s[5..]).into(),
+                _ => a,
+            }
+        })
+        .collect()
+}
+
 fn parse() -> Cli {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let args: Vec<std::ffi::OsString> = ngl_alias(std::env::args_os().collect());
     let mut cmd = command();
     if let Some((flag, answer)) = llama_flag(&args) {
         let sub = args.get(1).map(|s| s.to_string_lossy().into_owned());

@@ -530,6 +530,12 @@ impl Memory for CudaBackend {
         self.weights_bytes
     }
 
+    fn free_memory(&self) -> std::result::Result<usize, minfer_graph::Refusal> {
+        self.gpu
+            .try_free_mem()
+            .map_err(|e| minfer_graph::Refusal(e.to_string()))
+    }
+
     fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
         let bytes = bytes.max(4);
         if let Some(id) = self.pool.free.get_mut(&bytes).and_then(|v| v.pop()) {

@@ -422,6 +422,16 @@ impl Gpu {
         self.ctx.mem_get_info().map(|(f, _)| f).unwrap_or(0)
     }
 
+    /// Free device memory, or the driver's error (layer offload refuses to plan on a failed
+    /// query rather than read it as zero).
+    pub fn try_free_mem(&self) -> DResult<usize> {
+        self.bind()?;
+        self.ctx
+            .mem_get_info()
+            .map(|(f, _)| f)
+            .map_err(|e| drv("cuMemGetInfo", e))
+    }
+
     /// A zeroed allocation of `bytes`; out of memory is an error naming the request and the
     /// free memory.
     pub fn alloc(&mut self, bytes: usize) -> DResult<u64> {

@@ -7,6 +7,9 @@ use minfer_graph::{Backend, BackendEntry, BackendId};
 
 pub use minfer_cpu::CPU_ID;
 pub use minfer_cuda::CUDA_ID;
+/// What the emulator answers as its free memory (`MINFER_EMU_MEM`; `Settings::emu.memory`).
+#[cfg(feature = "metal-emu")]
+pub use minfer_msl_emu::EmuMemory;
 pub const METAL_ID: BackendId = BackendId(1);
 /// The Metal executor on the MSL emulator: the same code as `metal`, run on the CPU, for
 /// proof and debugging on machines without a Mac (slow).

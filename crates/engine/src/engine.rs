@@ -135,6 +135,11 @@ impl Engine {
     pub fn cache_type(&self) -> GgmlType {
         self.runner.cache_type()
     }
+    /// The layer-offload plan taken at load ([`crate::offload`]): None without a device
+    /// backend, or when the device holds none of the weights.
+    pub fn offload(&self) -> Option<&crate::offload::Offload> {
+        self.runner.offload()
+    }
     /// One line per backend that holds none of the model's weights, naming the weight and
     /// the reason (empty when every backend holds them).
     pub fn placement_report(&self) -> Vec<String> {
@@ -158,6 +163,26 @@ impl Engine {
         Ok(counts
             .into_iter()
             .map(|(id, n)| (backends::name_of(id), n))
+            .collect())
+    }
+    /// Per live node of the graph for `n_tokens` tokens: its block (None: inputs, embedding,
+    /// final norm, head), the name of its backend and whether it reads weights (the gate that
+    /// a layer-offload plan is honoured node by node).
+    pub fn nodes_by_layer(
+        &mut self,
+        n_tokens: usize,
+    ) -> Result<Vec<(Option<usize>, String, bool)>> {
+        let p = self.runner.params(n_tokens, 1, WindowLayout::Span);
+        let nodes = self.runner.inspect(&p, |g, _, _| {
+            g.nodes
+                .iter()
+                .filter(|n| !n.dead)
+                .map(|n| (n.layer, n.backend, n.op.weights().next().is_some()))
+                .collect::<Vec<_>>()
+        })?;
+        Ok(nodes
+            .into_iter()
+            .map(|(l, b, w)| (l, b.map_or_else(|| "none".into(), backends::name_of), w))
             .collect())
     }
     /// How many live nodes of each op (by [`minfer_graph::Op::name`]) the graph for

@@ -50,6 +50,19 @@ pub enum Error {
     /// A fault a test armed ([`crate::faults`]).
     #[error("injected fault: {0}")]
     Injected(String),
+    /// `--gpu-layers auto` without `--gpu-mem` and a device that could not say how much
+    /// memory is free: never read as a zero budget (issue 32).
+    #[error(
+        "offload: cannot size the plan: {backend}'s free-memory query failed: {why}; the \
+         model's blocks would charge {weights_mib:.1} MiB of weights ({need_mib:.1} MiB with \
+         KV and the reserve); give --gpu-mem SIZE or --gpu-layers N"
+    )]
+    MemoryQuery {
+        backend: String,
+        why: String,
+        weights_mib: f64,
+        need_mib: f64,
+    },
 }
 
 impl Error {

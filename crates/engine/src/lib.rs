@@ -15,6 +15,7 @@ pub mod kv;
 mod kvcache;
 pub mod kvcells;
 pub mod model;
+pub mod offload;
 mod runner;
 pub mod session;
 pub mod settings;
@@ -23,6 +24,7 @@ pub mod trace_diff;
 mod trace_run;
 mod weights;
 
+pub use config::{parse_size, GpuLayers};
 pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};
 pub use faults::InjectedFault;
 pub use kvcache::KvBudget;

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 /// Graphs kept built (token and output buckets, both window layouts), and the most bytes of
 /// activation buffers their plans may hold together (each plan owns its buffers).
 const GRAPH_CACHE: usize = 16;
-const GRAPH_CACHE_BYTES: usize = 512 << 20;
+pub(crate) const GRAPH_CACHE_BYTES: usize = 512 << 20;
 
 pub(crate) struct ModelRunner {
     /// Declared before `model`: fields drop in order, and a device backend may hold
@@ -35,6 +35,9 @@ pub(crate) struct ModelRunner {
     hp: HParams,
     output_weight: &'static str,
     placement: Placement,
+    /// The layer-offload plan taken at load (None: no device backend, or one that holds
+    /// none of the weights).
+    offload: Option<crate::offload::Offload>,
     cache: GraphCache,
     alloc: Allocator,
     /// Positions of the context: the scratch cell padding rows use is the one past it.
@@ -98,24 +101,21 @@ impl ModelRunner {
     ) -> Result<ModelRunner> {
         let output_weight = output_weight_name(&model);
         let names = intern(&model);
-        let placement = {
+        let planned = {
             let weights = ModelWeights {
                 model: &model,
                 ids: &names,
             };
             // The weights a forward reads: those of the smallest graph (every graph reads
-            // the same ones).
+            // the same ones), each with its block, which the offload plan places.
             let mut probe = build_graph(&hp, &weights, output_weight, &probe_params(n_ctx, cfg))?;
-            let mut used: Vec<WeightId> = probe.nodes.iter().flat_map(|n| n.op.weights()).collect();
-            used.sort_unstable();
-            used.dedup();
-            let placement = minfer_graph::place_weights(&mut backends, &weights, &used)?;
+            let planned = crate::offload::place(&mut backends, &weights, &probe, &hp, n_ctx, cfg)?;
             // The probe is a decode graph: its fused nodes name the weight concatenations a
             // device builds now, once.
-            minfer_graph::assign_backends(&mut probe, &backends, &weights, &placement)?;
+            minfer_graph::assign_backends(&mut probe, &backends, &weights, &planned.placement)?;
             minfer_graph::fuse(&mut probe, &backends, &weights, cfg.settings.fusion);
             minfer_graph::prepare_concats(&probe, &mut backends, &weights)?;
-            placement
+            planned
         };
         let mut cache = GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES);
         cache.set_fusion(cfg.settings.fusion);
@@ -125,6 +125,11 @@ impl ModelRunner {
                 alloc.set_budget(be.id(), b);
             }
         }
+        // The budget the offload plan fitted is the device allocator's limit too: every
+        // device allocation is checked against it before it is made.
+        if let Some((device, b)) = planned.budget {
+            alloc.set_budget(device, cfg.memory_budget.map_or(b, |m| m.min(b)));
+        }
         let bucketed = backends.iter().all(|b| b.batch_invariant());
         Ok(ModelRunner {
             backends,
@@ -132,7 +137,8 @@ impl ModelRunner {
             ids: names,
             hp,
             output_weight,
-            placement,
+            placement: planned.placement,
+            offload: planned.offload,
             cache,
             alloc,
             n_ctx,
@@ -157,6 +163,9 @@ impl ModelRunner {
     }
     pub(crate) fn placement(&self) -> &Placement {
         &self.placement
+    }
+    pub(crate) fn offload(&self) -> Option<&crate::offload::Offload> {
+        self.offload.as_ref()
     }
     pub(crate) fn graph_cache(&self) -> &GraphCache {
         &self.cache

@@ -293,8 +293,8 @@ impl Engine {
         let regions: Vec<Option<minfer_graph::KvRegion>> = (0..hp.block_count)
             .map(|l| self.runner.kv_region(l))
             .collect();
-        for r in &regions {
-            let id = r.map_or(self.kv_backend_id(), |r| r.backend.0);
+        for (l, r) in regions.iter().enumerate() {
+            let id = r.map_or(self.kv_backend_id(l), |r| r.backend.0);
             out.extend_from_slice(&id.to_le_bytes());
             out.extend_from_slice(&0u16.to_le_bytes());
         }
@@ -327,8 +327,12 @@ impl Engine {
         Ok(out)
     }
 
-    /// The backend id a fresh engine keeps KV regions on (the one that runs KV stores).
-    fn kv_backend_id(&self) -> u16 {
+    /// The backend id a fresh engine keeps `layer`'s KV regions on (the one that runs its KV
+    /// stores: the block's backend under a layer plan, else the first holding the weights).
+    fn kv_backend_id(&self, layer: usize) -> u16 {
+        if let Some(plan) = self.runner.placement().layers() {
+            return plan.home(Some(layer)).0;
+        }
         self.runner
             .backends()
             .iter()
@@ -414,7 +418,6 @@ impl Engine {
             (hp.head_count_kv * hp.head_dim) as u64,
         )?;
         let app = r.take(app_len).to_vec();
-        let this_be = self.kv_backend_id();
         for layer in 0..n_layer {
             let be = r.u16();
             let reserved = r.u16();
@@ -422,7 +425,7 @@ impl Engine {
             let this = self
                 .runner
                 .kv_region(layer)
-                .map_or(this_be, |r| r.backend.0);
+                .map_or_else(|| self.kv_backend_id(layer), |r| r.backend.0);
             if be != this {
                 return Err(SessionError::Backend {
                     layer,

@@ -1,7 +1,10 @@
 //! Backend assignment, decided once at build time: every node goes to the first backend, in
 //! the order the engine holds them (the registry's order, which is their priority: Metal, CUDA,
-//! CPU), that holds the node's weights ([`Placement`]) and whose `supports_op` accepts it. No
-//! backend accepting a node is an error naming each backend's reason, never a mid-run
+//! CPU), that holds the node's weights ([`Placement`]) and whose `supports_op` accepts it.
+//! Under a layer plan (layer offload) a node's search starts at its block's backend
+//! ([`crate::LayerPlan::home`]): a block on the CPU never sends a node to the device, and a
+//! node a device block's backend refuses goes to a lower-priority one, as without a plan.
+//! No backend accepting a node is an error naming each backend's reason, never a mid-run
 //! fallback.
 
 use crate::backend::{Backend, WeightSource};
@@ -18,11 +21,24 @@ pub fn assign_backends(
     let order: Vec<&dyn Backend> = backends.iter().map(|b| b.as_ref()).collect();
     for node in graph.nodes.iter_mut().filter(|n| !n.dead) {
         let reads_weights = node.op.weights().next().is_some();
+        let first = match placement.layers() {
+            Some(plan) => {
+                let home = plan.home(node.layer);
+                order.iter().position(|b| b.id() == home).unwrap_or(0)
+            }
+            None => 0,
+        };
         let mut refusals = Vec::new();
         let mut chosen = None;
-        for b in &order {
-            if reads_weights && !placement.holds(b.id()) {
-                refusals.push(format!("{} (holds none of the model's weights)", b.name()));
+        for b in &order[first..] {
+            let held = node.op.weights().all(|w| placement.holds_weight(b.id(), w));
+            if reads_weights && !held {
+                let what = if placement.layers().is_some() {
+                    "holds none of this block's weights"
+                } else {
+                    "holds none of the model's weights"
+                };
+                refusals.push(format!("{} ({what})", b.name()));
                 continue;
             }
             match b.supports_op(&node.op, node.dtype, weights) {

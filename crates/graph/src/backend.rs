@@ -274,6 +274,15 @@ pub trait Memory: Identity {
     fn weights_bytes(&self) -> usize {
         0
     }
+    /// Bytes of device memory free for this engine now (layer offload sizes its plan by it
+    /// when no `--gpu-mem` is given). A failed query is the refusal with the device's reason,
+    /// never a zero: the engine then refuses to guess. Default: this backend does not say.
+    fn free_memory(&self) -> std::result::Result<usize, Refusal> {
+        Err(Refusal(format!(
+            "{} does not report its free memory",
+            self.name()
+        )))
+    }
     /// A zeroed buffer of `bytes` bytes.
     fn alloc(&mut self, bytes: usize) -> Result<BufId>;
     fn free(&mut self, buf: BufId);

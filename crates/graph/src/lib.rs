@@ -57,7 +57,7 @@ pub use ir::{
     DType, Graph, GraphBuilder, GraphParams, InputKind, InputNorm, KvKind, Node, NodeId, Op,
     QkNormSpec, QkvFused, RopeStyle, RowClass, RowClasses, WindowLayout, Windows, KV_MAP_RUNS,
 };
-pub use placement::{place_weights, Placement};
+pub use placement::{first_refusal, place_by_layer, place_weights, LayerPlan, Placement};
 pub use registry::{resolve_backends, BackendEntry};
 pub use sched::{execute, fill_input, read_output};
 pub use settings::Refused;

@@ -291,6 +291,17 @@ impl Device for MetalDevice {
         &self.limits
     }
 
+    /// What Metal recommends this process keep resident on the device, less what it already
+    /// holds (unified memory: the figure layer offload fits its blocks into).
+    fn free_memory(&self) -> std::result::Result<usize, String> {
+        let max = self.device.recommendedMaxWorkingSetSize();
+        let used = self.device.currentAllocatedSize() as u64;
+        if max == 0 {
+            return Err("recommendedMaxWorkingSetSize is 0".into());
+        }
+        Ok(max.saturating_sub(used) as usize)
+    }
+
     fn new_buffer(&self, len: usize) -> Result<MetalBuffer> {
         self.device
             .newBufferWithLength_options(len.max(16), MTLResourceOptions::StorageModeShared)

@@ -40,6 +40,9 @@ impl Device for SharedDevice {
     fn limits(&self) -> &Limits {
         self.0.limits()
     }
+    fn free_memory(&self) -> std::result::Result<usize, String> {
+        self.0.free_memory()
+    }
     fn new_buffer(&self, len: usize) -> Result<SharedBuffer> {
         self.0.new_buffer(len).map(SharedBuffer)
     }

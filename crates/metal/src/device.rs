@@ -52,6 +52,11 @@ pub trait Device {
     fn name(&self) -> String;
     /// Limits queried from the device.
     fn limits(&self) -> &Limits;
+    /// Bytes the device can still give this process (layer offload's budget when no
+    /// `--gpu-mem` is given); `Err(reason)` when it cannot say. Default: it cannot.
+    fn free_memory(&self) -> std::result::Result<usize, String> {
+        Err(format!("{} does not report its free memory", self.name()))
+    }
     /// A new zero-initialised shared buffer of `len` bytes.
     fn new_buffer(&self, len: usize) -> Result<Self::Buffer>;
     /// Wraps host memory without copying (a page-aligned mmap'd GGUF part).

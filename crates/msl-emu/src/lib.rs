@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use minfer_metal::device::check_page_aligned;
 use minfer_metal::{Arg, Device, Dispatch, Error, Limits, Result};
-pub use settings::EmuSettings;
+pub use settings::{parse_size, EmuMemory, EmuSettings};
 
 #[cfg(test)]
 #[path = "../build/rewrite.rs"]
@@ -134,6 +134,8 @@ pub struct EmuDevice {
     workers: usize,
     submit_timeout: Duration,
     limits: Limits,
+    /// What [`Device::free_memory`] answers.
+    memory: EmuMemory,
     queue: Mutex<Vec<Cmd>>,
     labels: Mutex<VecDeque<String>>,
     /// Spans of the completed submits not yet taken: (tag, the emulator's nanoseconds).
@@ -180,6 +182,7 @@ impl EmuDevice {
             workers: workers(s),
             submit_timeout: EMU_SUBMIT_TIMEOUT,
             limits: EMU_LIMITS,
+            memory: s.memory,
             queue: Mutex::new(Vec::new()),
             labels: Mutex::new(VecDeque::new()),
             spans: Mutex::new(Vec::new()),
@@ -347,6 +350,19 @@ impl Device for EmuDevice {
 
     fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    fn free_memory(&self) -> std::result::Result<usize, String> {
+        match self.memory {
+            EmuMemory::Bytes(n) => Ok(n as usize),
+            EmuMemory::Fail => {
+                Err("the emulated device's memory query failed (MINFER_EMU_MEM=fail)".into())
+            }
+            EmuMemory::Invalid => {
+                Err("MINFER_EMU_MEM is neither a size (3G, 512M, bytes) nor `fail`".into())
+            }
+            EmuMemory::Host => host_available(),
+        }
     }
 
     fn new_buffer(&self, len: usize) -> Result<EmuBuffer> {
@@ -544,6 +560,17 @@ impl Device for EmuDevice {
     fn span_clock(&self) -> Option<&'static str> {
         Some(SPAN_CLOCK)
     }
+}
+
+/// The host's available memory (the emulator's buffers are host memory).
+fn host_available() -> std::result::Result<usize, String> {
+    let info = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| format!("cannot read /proc/meminfo: {e}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map(|kib| kib << 10)
+        .ok_or_else(|| "/proc/meminfo has no MemAvailable line".into())
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub struct ModelArgs {
     /// llamacpp-x86-avx512 (llama.cpp's x86 build bit for bit; needs --cache-type f16).
     #[arg(long = "numerics", default_value = "native", value_parser = numerics_value)]
     pub numerics: String,
+    #[command(flatten)]
+    pub offload: super::offload_args::OffloadArgs,
 }
 
 /// The context length when `-c` is not given (llama.cpp's default).
@@ -313,7 +315,7 @@ impl ModelArgs {
             (None, Some(max)) => DEFAULT_N_CTX.min(max),
             (None, None) => DEFAULT_N_CTX,
         };
-        let cfg = EngineConfig {
+        let mut cfg = EngineConfig {
             n_ctx,
             threads: self.threads.unwrap_or(0),
             cache_type,
@@ -322,12 +324,14 @@ impl ModelArgs {
             ..EngineConfig::default()
         }
         .with_numerics(numerics);
+        self.offload.apply(&mut cfg);
         let mut engine =
             Engine::load(&path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
         // What kept the model off a device (a backend that holds none of its weights).
         for line in engine.placement_report() {
             eprintln!("note: {line}");
         }
+        self.offload.report(&engine);
         startup_line(&mut engine)?;
         Ok((engine, t0.elapsed().as_secs_f64() * 1e3))
     }

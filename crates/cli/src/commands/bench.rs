@@ -101,6 +101,8 @@ pub struct Args {
     /// CPU float arithmetic, as for `minfer run` (native, llamacpp-x86-avx2, llamacpp-x86-avx512).
     #[arg(long = "numerics", default_value = "native")]
     pub numerics: String,
+    #[command(flatten)]
+    pub offload: super::offload_args::OffloadArgs,
     /// Seed of the synthetic token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,

@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod interrupt;
 pub mod list;
 pub mod merge;
+pub mod offload_args;
 pub mod output;
 pub mod perplexity;
 pub mod pull;

@@ -58,6 +58,8 @@ pub struct Args {
     /// CPU float arithmetic (see `minfer run --help`).
     #[arg(long = "numerics", default_value = "native")]
     pub numerics: String,
+    #[command(flatten)]
+    pub offload: super::offload_args::OffloadArgs,
 }
 
 fn load(a: &Args, n_ctx: usize) -> anyhow::Result<minfer_engine::Engine> {
@@ -68,6 +70,7 @@ fn load(a: &Args, n_ctx: usize) -> anyhow::Result<minfer_engine::Engine> {
         cache_type: a.cache_type.clone(),
         backends: a.backends.clone(),
         numerics: a.numerics.clone(),
+        offload: a.offload.clone(),
     };
     Ok(margs.load()?.0)
 }

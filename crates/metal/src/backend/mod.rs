@@ -279,6 +279,10 @@ where
         self.weights.bytes
     }
 
+    fn free_memory(&self) -> std::result::Result<usize, Refusal> {
+        self.dev.free_memory().map_err(Refusal)
+    }
+
     fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
         let (id, reused) = self.pool.take(&self.dev, bytes).map_err(|e| self.err(e))?;
         if reused {

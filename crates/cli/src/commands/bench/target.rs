@@ -114,7 +114,7 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
     };
     let (cache_type, cache_type_auto) =
         crate::commands::args::auto_for_numerics(cache_type, cache_type_auto, numerics);
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         n_ctx,
         threads,
         cache_type,
@@ -124,12 +124,14 @@ pub fn load(path: &Path, args: &Args, threads: usize, n_ctx: usize) -> anyhow::R
         ..EngineConfig::default()
     }
     .with_numerics(numerics);
+    args.offload.apply(&mut cfg);
     let engine =
         Engine::load(path, cfg).with_context(|| format!("cannot load {}", path.display()))?;
     // What kept the model off a device (a backend that holds none of its weights).
     for line in engine.placement_report() {
         eprintln!("note: {line}");
     }
+    args.offload.report(&engine);
     let facts = model_facts(engine.model(), path);
     let type_kv = engine.cache_type().name().to_ascii_lowercase();
     Ok(Loaded {

@@ -1,0 +1,360 @@
+//! Layer offload (issue 32, ADR 0014): which blocks of the model run on the device backend
+//! and which on the CPU, decided once at load from the GGUF tensor index, before any weight
+//! is uploaded.
+//!
+//! - `--gpu-layers N`: blocks `0..N` on the device (N past the model's blocks is clamped, as
+//!   llama.cpp's `-ngl`); the embedding, final norm and output head go on the device only
+//!   when every block does.
+//! - `--gpu-layers auto` (the default with a device backend): the largest prefix of blocks
+//!   whose device bytes ([`BlockCosts`]: weights, the fused concatenations a device builds,
+//!   and the block's K and V at the context) fit the budget less a fixed reserve for
+//!   activations and the pool. The budget is `--gpu-mem`, else the device's free memory as
+//!   its memory layer reports it; a failed query is [`Error::MemoryQuery`], never a zero.
+//!
+//! A plan with every block and the head on the device is placed exactly as before offload
+//! existed (every backend holds every weight); any other plan places each block's weights on
+//! its backend only ([`minfer_graph::place_by_layer`]), the CPU holding every weight so a
+//! node a device refuses still has a home. Values crossing a block boundary are staged by
+//! the scheduler (one copy per value and destination per forward).
+
+use crate::backends::{self, CPU_ID};
+use crate::config::{EngineConfig, GpuLayers};
+use crate::error::{Error, Result};
+use crate::weights::ModelWeights;
+use minfer_gguf::GgmlType;
+use minfer_graph::{Backend, BackendId, Graph, LayerPlan, Placement, WeightId, WeightSource};
+use minfer_models::HParams;
+
+/// Bytes of activation buffers and pool slack `auto` keeps free beside the blocks: at most
+/// what the graph cache lets cached plans hold together, plus this slack.
+const POOL_SLACK: u64 = 16 << 20;
+
+/// What the planner charges, per block and beside them, in bytes (from the tensor index).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockCosts {
+    /// Per block: its weights as stored in the file.
+    pub weights: Vec<u64>,
+    /// Per block: the weight concatenations the device would build for its fused nodes.
+    pub concat: Vec<u64>,
+    /// One block's K and V regions at the context (every block has the same).
+    pub kv: u64,
+    /// Weights outside the blocks: embedding, final norm, output head.
+    pub edges: u64,
+    /// Activations and pool slack, charged once.
+    pub reserve: u64,
+}
+
+impl BlockCosts {
+    /// Device bytes of block `l` (weights, concatenations, KV).
+    pub fn block(&self, l: usize) -> u64 {
+        self.weights[l] + self.concat[l] + self.kv
+    }
+
+    /// The budget that holds exactly the first `k` blocks (with the head when `k` is every
+    /// block and `head` is set): what a test hands `--gpu-mem` to ask for `k`.
+    pub fn budget_for(&self, k: usize, head: bool) -> u64 {
+        let blocks: u64 = (0..k).map(|l| self.block(l)).sum();
+        self.reserve + blocks + if head { self.edges } else { 0 }
+    }
+
+    /// The largest prefix that fits `budget`: (blocks, whether the head fits too).
+    pub fn fit(&self, budget: u64) -> (usize, bool) {
+        let mut left = match budget.checked_sub(self.reserve) {
+            Some(b) => b,
+            None => return (0, false),
+        };
+        let mut k = 0;
+        while k < self.weights.len() && self.block(k) <= left {
+            left -= self.block(k);
+            k += 1;
+        }
+        (k, k == self.weights.len() && self.edges <= left)
+    }
+}
+
+/// The plan as the engine took it: what the startup line says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Offload {
+    /// The device backend's name.
+    pub device: String,
+    /// Blocks of the model, and how many run on the device (a prefix).
+    pub n_layers: usize,
+    pub on_device: usize,
+    /// Whether the embedding, final norm and output head run on the device.
+    pub head_on_device: bool,
+    /// Weight bytes (as stored in the file) placed on the device and left on the host.
+    pub weights_device: u64,
+    pub weights_host: u64,
+    pub cache_type: GgmlType,
+    /// The budget `auto` fitted (None for a count).
+    pub budget: Option<u64>,
+    /// Why `auto` placed fewer than every block (and the head), in words.
+    pub reason: Option<String>,
+    /// What the planner charged (tests derive budgets for a given count from it).
+    pub costs: BlockCosts,
+}
+
+/// Bytes in the unit a person reads: GiB from 1 GiB, else MiB from 1 MiB, else KiB.
+pub fn size_text(b: u64) -> String {
+    const MIB: f64 = (1u64 << 20) as f64;
+    let x = b as f64;
+    if b == 0 {
+        "0 B".into()
+    } else if b >= 1 << 30 {
+        format!("{:.1} GiB", x / (MIB * 1024.0))
+    } else if b >= 1 << 20 {
+        format!("{:.1} MiB", x / MIB)
+    } else {
+        format!("{:.1} KiB", x / 1024.0)
+    }
+}
+
+impl Offload {
+    /// The startup line: `offload: 20 of 28 blocks on cuda, 8 on cpu; weights 3.1 GiB on
+    /// device, 1.2 GiB on host; KV f16 on each block's device`.
+    pub fn line(&self) -> String {
+        let head = if self.on_device == self.n_layers && !self.head_on_device {
+            "; output head on cpu"
+        } else {
+            ""
+        };
+        format!(
+            "offload: {} of {} blocks on {}, {} on cpu{head}; weights {} on device, {} on host; \
+             KV {} on each block's device",
+            self.on_device,
+            self.n_layers,
+            self.device,
+            self.n_layers - self.on_device,
+            size_text(self.weights_device),
+            size_text(self.weights_host),
+            self.cache_type.name().to_ascii_lowercase()
+        )
+    }
+}
+
+/// Each weight the probe graph reads, with the block of the node reading it.
+fn used_by_layer(probe: &Graph) -> Vec<(WeightId, Option<usize>)> {
+    let mut used: Vec<(WeightId, Option<usize>)> = probe
+        .nodes
+        .iter()
+        .flat_map(|n| n.op.weights().map(move |w| (w, n.layer)))
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    used
+}
+
+fn bytes_of(weights: &dyn WeightSource, id: WeightId) -> u64 {
+    weights.weight(id).map_or(0, |w| w.bytes.len() as u64)
+}
+
+/// The planner's charges for `device`: weights per block from the index, the concatenations
+/// the device's fused nodes would read (a dry assignment and fusion of the probe graph with
+/// every block on the device), KV at `n_ctx` plus the scratch cell, and the reserve.
+pub(crate) fn block_costs(
+    backends: &[Box<dyn Backend>],
+    device: BackendId,
+    weights: &ModelWeights<'_>,
+    probe: &Graph,
+    hp: &HParams,
+    n_ctx: usize,
+    cfg: &EngineConfig,
+) -> Result<BlockCosts> {
+    let n = hp.block_count;
+    let mut costs = BlockCosts {
+        weights: vec![0; n],
+        concat: vec![0; n],
+        kv: 0,
+        edges: 0,
+        reserve: 0,
+    };
+    let mut seen = std::collections::HashSet::new();
+    for (id, layer) in used_by_layer(probe) {
+        match layer {
+            Some(l) if l < n => costs.weights[l] += bytes_of(weights, id),
+            // A weight outside the blocks is charged once (tied embeddings read it twice).
+            _ => {
+                if seen.insert(id) {
+                    costs.edges += bytes_of(weights, id);
+                }
+            }
+        }
+    }
+    let plan = LayerPlan {
+        blocks: vec![device; n],
+        edges: device,
+    };
+    let mut dry = probe.clone();
+    let everywhere = Placement::everywhere(backends).with_layers(plan);
+    minfer_graph::assign_backends(&mut dry, backends, weights, &everywhere)?;
+    minfer_graph::fuse(&mut dry, backends, weights, cfg.settings.fusion);
+    for node in dry
+        .nodes
+        .iter()
+        .filter(|n| !n.dead && n.backend == Some(device))
+    {
+        if let Some(l) = node.layer.filter(|&l| l < n) {
+            for g in node.op.concat_groups() {
+                costs.concat[l] += g.iter().map(|&id| bytes_of(weights, id)).sum::<u64>();
+            }
+        }
+    }
+    let n_embd_kv = (hp.head_count_kv * hp.head_dim) as u64;
+    let row = cfg.cache_type.row_bytes(n_embd_kv).unwrap_or(0);
+    costs.kv = 2 * row * (n_ctx as u64 + 1);
+    // One forward of a full batch: the residual and its norm, q, k, v, attention's output,
+    // the FFN's two halves, attention scores over the context, and every row's logits.
+    let (d, ff, q) = (
+        hp.embedding_length as u64,
+        hp.feed_forward_length as u64,
+        (hp.head_count * hp.head_dim) as u64,
+    );
+    let nb = cfg.n_batch.max(1) as u64;
+    let per_row =
+        3 * d + 2 * q + 2 * n_embd_kv + 2 * ff + hp.head_count as u64 * (n_ctx as u64 + 1);
+    let act = 4 * nb * (per_row + hp.vocab_size as u64);
+    costs.reserve = act.min(crate::runner::GRAPH_CACHE_BYTES as u64) + POOL_SLACK;
+    Ok(costs)
+}
+
+/// What the planner decided: the placement made and the plan to report (None when no
+/// device takes part, or the device cannot hold the model's weights: placed as before).
+pub(crate) struct Planned {
+    pub placement: Placement,
+    pub offload: Option<Offload>,
+    /// The device and the budget its allocations are checked against.
+    pub budget: Option<(BackendId, usize)>,
+}
+
+/// Plans and places the model's weights (see the module docs).
+pub(crate) fn place(
+    backends: &mut [Box<dyn Backend>],
+    weights: &ModelWeights<'_>,
+    probe: &Graph,
+    hp: &HParams,
+    n_ctx: usize,
+    cfg: &EngineConfig,
+) -> Result<Planned> {
+    let used = used_by_layer(probe);
+    let mut ids: Vec<WeightId> = used.iter().map(|&(id, _)| id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let whole = |backends: &mut [Box<dyn Backend>]| -> Result<Placement> {
+        Ok(minfer_graph::place_weights(backends, weights, &ids)?)
+    };
+    let device = backends
+        .iter()
+        .find(|b| backends::is_device(b.id()))
+        .map(|b| b.id());
+    let Some(device) = device else {
+        return Ok(Planned {
+            placement: whole(backends)?,
+            offload: None,
+            budget: None,
+        });
+    };
+    let dev = backends
+        .iter()
+        .find(|b| b.id() == device)
+        .map(|b| b.as_ref())
+        .ok_or_else(|| Error::BadRequest("the device backend is gone".into()))?;
+    // A device that cannot hold some weight holds none, as before offload (the placement
+    // report names the weight).
+    if minfer_graph::first_refusal(dev, weights, &ids).is_some() {
+        return Ok(Planned {
+            placement: whole(backends)?,
+            offload: None,
+            budget: None,
+        });
+    }
+    let name = dev.name().to_string();
+    let costs = block_costs(backends, device, weights, probe, hp, n_ctx, cfg)?;
+    let n = hp.block_count;
+    let (k, head, budget, reason) = match cfg.gpu_layers {
+        GpuLayers::Count(c) => (c.min(n), c >= n, None, None),
+        GpuLayers::Auto => {
+            let (budget, source) = match cfg.gpu_mem {
+                Some(b) => (b as u64, "--gpu-mem".to_string()),
+                None => match dev.free_memory() {
+                    Ok(b) => (b as u64, format!("{name}'s free memory")),
+                    Err(why) => {
+                        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+                        let w: u64 = costs.weights.iter().sum::<u64>() + costs.edges;
+                        return Err(Error::MemoryQuery {
+                            backend: name,
+                            why: why.0,
+                            weights_mib: mib(w),
+                            need_mib: mib(costs.budget_for(n, true)),
+                        });
+                    }
+                },
+            };
+            let (k, head) = costs.fit(budget);
+            let reason = (!head).then(|| fit_reason(&costs, k, budget, &source));
+            (k, head, Some(budget), reason)
+        }
+    };
+    let blocks_device: u64 = costs.weights[..k].iter().sum();
+    let total: u64 = costs.weights.iter().sum::<u64>() + costs.edges;
+    let weights_device = blocks_device + if head { costs.edges } else { 0 };
+    let placement = if k == n && head {
+        whole(backends)?
+    } else {
+        let plan = LayerPlan {
+            blocks: (0..n)
+                .map(|l| if l < k { device } else { CPU_ID })
+                .collect(),
+            edges: if head { device } else { CPU_ID },
+        };
+        minfer_graph::place_by_layer(backends, weights, &used, &plan, CPU_ID)?
+    };
+    Ok(Planned {
+        placement,
+        offload: Some(Offload {
+            device: name,
+            n_layers: n,
+            on_device: k,
+            head_on_device: head,
+            weights_device,
+            weights_host: total - weights_device,
+            cache_type: cfg.cache_type,
+            budget,
+            reason,
+            costs,
+        }),
+        budget: budget.map(|b| (device, b as usize)),
+    })
+}
+
+/// Why `auto` stopped at `k` blocks (or left the head on the host), with the figures.
+fn fit_reason(costs: &BlockCosts, k: usize, budget: u64, source: &str) -> String {
+    let n = costs.weights.len();
+    let taken = if k == 0 {
+        format!(
+            "the reserve for activations and the pool takes {}",
+            size_text(costs.reserve)
+        )
+    } else {
+        format!(
+            "blocks 0..{k} and the reserve for activations and the pool take {}",
+            size_text(costs.budget_for(k, false))
+        )
+    };
+    let more = if k < n {
+        format!("block {k} needs {} more", size_text(costs.block(k)))
+    } else {
+        format!(
+            "the embedding and output head need {} more",
+            size_text(costs.edges)
+        )
+    };
+    let tail = if k == 0 {
+        "; every block runs on the CPU"
+    } else {
+        ""
+    };
+    format!(
+        "a budget of {} ({source}) holds {k} of {n} blocks: {taken}, {more}{tail}",
+        size_text(budget)
+    )
+}
