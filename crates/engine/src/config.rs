@@ -5,6 +5,11 @@ use crate::error::{Error, Result};
 use minfer_gguf::GgmlType;
 use minfer_models::HParams;
 
+/// Plans the graph cache keeps, and the bytes their buffers may take (the runner's cache;
+/// layer offload's `auto` reserves the bytes on the device).
+pub(crate) const GRAPH_CACHE: usize = 16;
+pub(crate) const GRAPH_CACHE_BYTES: usize = 512 << 20;
+
 /// The KV element type of a device engine under `--cache-type auto` (seed §2.3): f16 when
 /// `n_layers × n_kv_embd >= 8192` (the 7B class, where attention is KV-bandwidth bound),
 /// f32 below (small models are dispatch bound and f16 measured slower there).

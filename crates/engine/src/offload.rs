@@ -213,7 +213,7 @@ pub(crate) fn block_costs(
     let per_row =
         3 * d + 2 * q + 2 * n_embd_kv + 2 * ff + hp.head_count as u64 * (n_ctx as u64 + 1);
     let act = 4 * nb * (per_row + hp.vocab_size as u64);
-    costs.reserve = act.min(crate::runner::GRAPH_CACHE_BYTES as u64) + POOL_SLACK;
+    costs.reserve = act.min(crate::config::GRAPH_CACHE_BYTES as u64) + POOL_SLACK;
     Ok(costs)
 }
 

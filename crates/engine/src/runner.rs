@@ -21,10 +21,9 @@ use minfer_graph::{
 use minfer_models::{build_graph, output_weight_name, HParams};
 use std::collections::HashMap;
 
-/// Graphs kept built (token and output buckets, both window layouts), and the most bytes of
-/// activation buffers their plans may hold together (each plan owns its buffers).
-const GRAPH_CACHE: usize = 16;
-pub(crate) const GRAPH_CACHE_BYTES: usize = 512 << 20;
+// Graphs kept built (token and output buckets, both window layouts), and the most bytes of
+// activation buffers their plans may hold together (each plan owns its buffers).
+use crate::config::{GRAPH_CACHE, GRAPH_CACHE_BYTES};
 
 pub(crate) struct ModelRunner {
     /// Declared before `model`: fields drop in order, and a device backend may hold
