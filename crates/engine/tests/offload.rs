@@ -4,14 +4,17 @@
 //! `--features cuda`, on the H200: scripts/gpu-gate's `engine-offload`); the failed-query
 //! case needs the emulator's hook and is skipped there.
 //!
-//! Tolerance class (named before the bar was set, ADR 0014): a split model runs blocks
-//! `0..k` with the Metal executor's f32 arithmetic and the rest with the CPU's, so its logits
-//! differ from the all-CPU engine's by at most what the all-device engine's do (f32
-//! accumulation in another order; forwards below 9 rows stay off the GEMM tier). Bar
-//! `SPLIT_REL` (1e-5, the backends matrix's `ACC_REL_TOL` class) of the all-CPU logits' RMS;
-//! measured (2026-12-04, emulator, Qwen2 F32, 4 blocks, 7-token prompt + 3 decodes):
-//! k=1 1.44e-6, k=2 1.99e-6, k=3 1.99e-6, k=4 2.05e-6 of the RMS (the bar is 4.9x the
-//! worst); k=0 is the CPU's own arithmetic, bit for bit. Greedy tokens: exactly the CPU's.
+//! Tolerance class (ADR 0014): a split model runs blocks `0..k` with the Metal executor's
+//! arithmetic and the rest with the CPU's. The prompt's rows are prompt rows, which Metal
+//! computes on its GEMM (weights staged as half, f32 accumulation; ADR 0011 since issue 26
+//! point 6), and the blocks after them read the K/V those rows wrote: the backends matrix's
+//! `PROMPT_REL` class, `SPLIT_REL` = 5e-3 of the all-CPU logits' RMS (measured by the matrix
+//! 1.73e-3 at worst over its models). Measured here (2026-12-04, emulator, Qwen2 F32, 4
+//! blocks, 7-token prompt): k=1 3.25e-3, k=2 2.98e-3, k=3 3.10e-3, k=4 3.54e-3 of the RMS
+//! (deterministic: the same bits every run; the bar is 1.4x the worst). Before Metal's prompt rows took the GEMM at any count
+//! (forwards under 9 rows ran its f32 kernels) the class was the matrix's `ACC_REL_TOL`, 1e-5,
+//! measured 1.4e-6–2.1e-6. k=0 is the CPU's own arithmetic, bit for bit. Greedy tokens:
+//! exactly the CPU's.
 //! CUDA as the device: the backends matrix's CUDA F32 class, `CUDA_ACC_TOL` (1e-3 absolute;
 //! f32 accumulation in the device's order), not yet measured here (the H200's run).
 
@@ -26,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 const N_LAYERS: usize = 4;
 /// Max |dlogit| of a split engine against the all-CPU one, as a fraction of the RMS.
-const SPLIT_REL: f64 = 1e-5;
+const SPLIT_REL: f64 = 5e-3;
 /// The same for CUDA as the device, absolute (the backends matrix's `ACC_TOL`).
 const CUDA_ACC_TOL: f64 = 1e-3;
 
