@@ -308,7 +308,8 @@ impl<T> Batcher<T> {
 
     /// Takes one entry's forward result into its sequence: a prompt chunk read, or the
     /// logits rows its next tokens are sampled from (the pending token's row, then one per
-    /// draft: each draft counts while it equals the token sampled at its row).
+    /// draft: each draft counts while verification keeps it; the first rejected one's row
+    /// gives the token drawn in its place and ends the rows).
     #[allow(clippy::too_many_arguments)]
     fn absorb(
         &mut self,
@@ -347,9 +348,11 @@ impl<T> Batcher<T> {
         for r in 0..rows {
             row.clear();
             row.extend_from_slice(&logits[r * width..(r + 1) * width]);
-            let (text, done) = match g.accept(row, vocab, n_ctx) {
-                Ok(Step::Text(t)) => (t, false),
-                Ok(Step::Done(t)) => (t, true),
+            // Rows with a draft are verified (speculative sampling's rule); the row after
+            // the last draft, reached only when every draft held, samples plainly.
+            let (text, done, held) = match g.accept(row, drafts.get(r).copied(), vocab, n_ctx) {
+                Ok((Step::Text(t), held)) => (t, false, held),
+                Ok((Step::Done(t), held)) => (t, true, held),
                 Err(e) => {
                     g.fail(Failure::Sampler(e));
                     on_event(tag, g, Event::Done);
@@ -370,8 +373,7 @@ impl<T> Batcher<T> {
                     },
                 );
             }
-            let holds = !done && r < drafts.len() && id == drafts[r];
-            if holds {
+            if !done && held {
                 accepted += 1;
                 continue;
             }

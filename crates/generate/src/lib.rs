@@ -23,6 +23,7 @@ pub mod lookup;
 pub mod sampler;
 pub mod sched;
 mod seq;
+pub mod speculative;
 pub mod stop;
 #[cfg(test)]
 mod test_support;

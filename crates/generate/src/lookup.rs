@@ -4,12 +4,14 @@
 //! generation rows (the sampled token's row, then one per draft). A reply that copies its
 //! input — a code edit — accepts long runs of drafts, so a token costs a fraction of a forward.
 //!
-//! The output is the plain decoding's token for token: every row is computed as a lone decode
-//! row would be (generation rows are batch invariant), each token is sampled from its own row
-//! by the sequence's sampler exactly as in plain decoding, and a draft counts only where it
-//! equals that token; rows past the first mismatch are dropped from the KV. That argument
-//! holds for greedy sampling; with temperature > 0 the acceptance rule of speculative sampling
-//! is needed, which is not built, so it is refused by name.
+//! Verification: every row is computed as a lone decode row would be (generation rows are
+//! batch invariant) and its token comes from the sequence's own sampler chain on that row
+//! (penalties over the kept history, the grammar's mask), by speculative sampling's rule
+//! ([`crate::speculative`]): a draft holds with probability p(x) (its q is one-hot), and the
+//! first one that fails is replaced by a draw from the residual; rows past it are dropped
+//! from the KV. Greedy, that is equality with the plain pick, so greedy output is plain
+//! decoding's token for token; sampled output is distributed as plain sampling's (not equal
+//! to it draw for draw). Under a grammar a draft stops before its first refused token.
 //!
 //! The draft length adapts to what is accepted (doubling while every draft holds, back to the
 //! accepted run otherwise), and after three drafts in a row with nothing accepted a sequence
@@ -38,7 +40,7 @@ impl Default for LookupConfig {
 pub struct SpecStats {
     /// Tokens drafted and verified.
     pub drafted: usize,
-    /// Drafts equal to the token sampled at their row.
+    /// Drafts verification kept (equal to the greedy pick; kept by the rule when sampling).
     pub accepted: usize,
     /// Forwards that verified at least one draft.
     pub verify_forwards: usize,

@@ -116,9 +116,14 @@ fn settings_lookup_cannot_honour_are_refused_by_name() {
     let mut m = Chain::default();
     let mut r = req(vec![1, 2, 3], 4, Some(LookupConfig::default()));
     r.sampler.temperature = 0.7;
+    r.sampler.mirostat = crate::sampler::Mirostat::V2;
     let e = generate(&mut m, &Ids, &r, |_| {}).unwrap_err().to_string();
-    assert!(e.contains("temperature > 0"), "{e}");
-    // Control: the same request greedy runs.
+    assert!(e.contains("mirostat"), "{e}");
+    // Controls: the same request without mirostat runs (temperature > 0 is verified by
+    // speculative sampling's rule), and so does mirostat's greedy pick.
+    r.sampler.mirostat = crate::sampler::Mirostat::Off;
+    assert!(generate(&mut Chain::default(), &Ids, &r, |_| {}).is_ok());
+    r.sampler.mirostat = crate::sampler::Mirostat::V2;
     r.sampler.temperature = 0.0;
-    assert!(generate(&mut m, &Ids, &r, |_| {}).is_ok());
+    assert!(generate(&mut Chain::default(), &Ids, &r, |_| {}).is_ok());
 }

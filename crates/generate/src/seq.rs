@@ -3,7 +3,7 @@
 
 use crate::constrain::ConstraintState;
 use crate::lookup::Lookup;
-use crate::sampler::{log_softmax, Sampler, SamplerError};
+use crate::sampler::{log_softmax, Mirostat, Sampler, SamplerError};
 use crate::stop::StopMatcher;
 use crate::{FinishReason, GenerateError, GenerateOutput, GenerateRequest, Timings, TokenBytes};
 use minfer_engine::SeqId;
@@ -133,16 +133,11 @@ impl SeqGen {
             });
         }
         if req.lookup.is_some() {
-            // Verifying a draft by equality is exact for greedy sampling only (lookup.rs).
-            if req.sampler.temperature > 0.0 {
-                return Err(GenerateError::SpeculativeUnsupported {
-                    what: "temperature > 0",
-                });
-            }
-            if req.constraint.is_some() {
-                return Err(GenerateError::SpeculativeUnsupported {
-                    what: "a grammar or JSON schema",
-                });
+            // Drafts are verified by speculative sampling's rule (crate::speculative), which
+            // needs the row's distribution to be a function of the history alone. Mirostat's
+            // running μ moves with every draw and is not carried through verification.
+            if req.sampler.temperature > 0.0 && req.sampler.mirostat != Mirostat::Off {
+                return Err(GenerateError::SpeculativeUnsupported { what: "mirostat" });
             }
         }
         Ok(SeqGen {
@@ -239,7 +234,15 @@ impl SeqGen {
         let pos = self.base + self.history.len() - 1;
         let ctx_left = n_ctx.saturating_sub(pos + 1);
         let tokens_left = self.max_tokens.saturating_sub(self.out.tokens.len() + 1);
-        l.draft(&self.history, room.min(ctx_left).min(tokens_left))
+        let mut d = l.draft(&self.history, room.min(ctx_left).min(tokens_left));
+        if let Some(c) = &self.constraint {
+            // The grammar constrains the proposals: a draft ends before its first token the
+            // matcher (advanced over every committed token) refuses, since verification
+            // could never keep it (its probability under the mask is 0). The check leaves
+            // the matcher where it was; verification advances it over kept tokens only.
+            d.truncate(c.valid_prefix(&d));
+        }
+        d
     }
 
     /// Positions the sequence's KV should hold now: everything but the last sampled token.
@@ -251,10 +254,27 @@ impl SeqGen {
         self.max_tokens == 0
     }
 
-    /// Samples from `logits` (the row after the last token fed) and updates the state.
+    /// Samples from `logits` (the row after the last token fed) and updates the state. With
+    /// a `draft` (the token drafted for this row, proposed deterministically: its `q` is
+    /// one-hot), the row's token is speculative sampling's verdict on it instead of a plain
+    /// draw; the bool says whether the draft held.
     pub(crate) fn accept(
         &mut self,
         logits: &mut [f32],
+        draft: Option<u32>,
+        vocab: &dyn TokenBytes,
+        n_ctx: usize,
+    ) -> Result<(Step, bool), SamplerError> {
+        let mut held = false;
+        let step = self.accept_inner(logits, draft, &mut held, vocab, n_ctx)?;
+        Ok((step, held))
+    }
+
+    fn accept_inner(
+        &mut self,
+        logits: &mut [f32],
+        draft: Option<u32>,
+        held: &mut bool,
         vocab: &dyn TokenBytes,
         n_ctx: usize,
     ) -> Result<Step, SamplerError> {
@@ -271,9 +291,17 @@ impl SeqGen {
         if let Some(c) = &mut self.constraint {
             c.apply(logits)?;
         }
-        let id = self
-            .sampler
-            .sample(logits, &self.history, &|t| vocab.token_bytes(t))?;
+        let bytes = |t| vocab.token_bytes(t);
+        let id = match draft {
+            None => self.sampler.sample(logits, &self.history, &bytes)?,
+            Some(x) => {
+                let v = self
+                    .sampler
+                    .verify(logits, &self.history, &bytes, x, &[(x, 1.0)])?;
+                *held = v.accepted();
+                v.token()
+            }
+        };
         if let Some((all, top)) = lp {
             self.out.logprobs.push(TokenLogprob {
                 id,

@@ -35,18 +35,7 @@ pub fn choices(
     gen: &GenParams,
     grammar: Option<&minfer_generate::constrain::Grammar>,
 ) -> Result<Vec<GenerateRequest>, ApiError> {
-    // A grammar without a constraint field is the one a forced tool call compiles.
-    let constrained_by = match (&gen.constraint, grammar) {
-        (Some((_, field)), _) => Some(*field),
-        (None, Some(_)) => Some("tool_choice"),
-        (None, None) => None,
-    };
-    let lookup = speculative::resolve(
-        gen.speculative,
-        state.cfg.lookup,
-        gen.sampler.temperature,
-        constrained_by,
-    )?;
+    let lookup = speculative::resolve(gen.speculative, state.cfg.lookup, &gen.sampler)?;
     Ok((0..gen.n)
         .map(|i| {
             let mut sampler = gen.sampler.clone();

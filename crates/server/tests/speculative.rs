@@ -1,8 +1,11 @@
 //! `"speculative": {"lookup": N, "draft_max": M}` and `serve --lookup` on the real SmolLM2
 //! model (issue 31): greedy replies with prompt lookup equal the plain ones alone, streamed,
 //! among 8 concurrent requests mixing lookup and plain (continuous batching) and on
-//! /v1/completions; the drafts are counted in `usage.completion_tokens_details`; a server
-//! default applies only where exact; what is not supported is a 400 naming it.
+//! /v1/completions, and under a grammar (a schema, `response_format`, a forced tool call);
+//! sampled replies with lookup are served streamed and not, reproducible for a seed and
+//! inside their grammar; the drafts are counted in `usage.completion_tokens_details`; a
+//! server default applies wherever lookup is supported; what is not (mirostat sampling) is
+//! a 400 naming it.
 //! Controls: drafts were really accepted (else lookup against plain compares plain with
 //! plain), the replies differ between prompts, and the requests shared forwards.
 
@@ -174,7 +177,7 @@ async fn lookup_replies_equal_plain_alone_streamed_and_among_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_default_applies_where_exact_and_a_request_may_turn_it_off() {
+async fn a_server_default_applies_where_supported_and_a_request_may_turn_it_off() {
     let Some(m) = models::smol() else { return };
     let s = start(
         &m,
@@ -205,12 +208,17 @@ async fn a_server_default_applies_where_exact_and_a_request_may_turn_it_off() {
     let mut body = chat(p, MAX_TOKENS);
     body["speculative"] = Value::Null;
     assert!(drafts(&ok(&s, CHAT, &body).await["usage"]).is_some());
-    // A sampled or constrained request is served, plainly (the default steps aside) ...
+    // A sampled or a constrained request speculates too ...
     let mut body = chat(p, 8);
     body["temperature"] = json!(0.8);
-    assert_eq!(drafts(&ok(&s, CHAT, &body).await["usage"]), None);
+    assert!(drafts(&ok(&s, CHAT, &body).await["usage"]).is_some());
     let mut body = chat(p, 8);
     body["response_format"] = json!({"type": "json_object"});
+    assert!(drafts(&ok(&s, CHAT, &body).await["usage"]).is_some());
+    // ... mirostat sampling is served plainly (the default steps aside) ...
+    let mut body = chat(p, 8);
+    body["temperature"] = json!(0.8);
+    body["mirostat"] = json!(2);
     assert_eq!(drafts(&ok(&s, CHAT, &body).await["usage"]), None);
     // ... while asking for lookup with it is refused (control for the step-aside).
     body["speculative"] = json!({});
@@ -270,39 +278,16 @@ async fn what_lookup_cannot_do_is_refused_by_name() {
         ),
         (
             set(
-                set(base(), "speculative", json!({})),
-                "temperature",
-                json!(0.7),
+                set(
+                    set(base(), "speculative", json!({})),
+                    "temperature",
+                    json!(0.7),
+                ),
+                "mirostat",
+                json!(2),
             ),
             "speculative",
-            "temperature",
-        ),
-        (
-            set(
-                set(base(), "speculative", json!({})),
-                "grammar",
-                json!("root ::= \"a\""),
-            ),
-            "speculative",
-            "`grammar`",
-        ),
-        (
-            set(
-                set(base(), "speculative", json!({})),
-                "json_schema",
-                json!({"type": "object"}),
-            ),
-            "speculative",
-            "`json_schema`",
-        ),
-        (
-            set(
-                set(base(), "speculative", json!({})),
-                "response_format",
-                json!({"type": "json_object"}),
-            ),
-            "speculative",
-            "`response_format`",
+            "`mirostat`",
         ),
     ];
     for (body, param, says) in cases {
@@ -313,12 +298,30 @@ async fn what_lookup_cannot_do_is_refused_by_name() {
         assert!(msg.contains(says), "{body}: {msg}");
     }
     // Text completions read the same field.
-    let body =
-        json!({"prompt": "a", "max_tokens": 2, "temperature": 0.5, "speculative": {"lookup": 2}});
+    let body = json!({"prompt": "a", "max_tokens": 2, "temperature": 0.5, "mirostat": 1, "speculative": {"lookup": 2}});
     let (st, v) = s.post(CMPL, &body).await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["param"], "speculative");
-    // Controls: the edges of the ranges, `true` and `false` are served.
+    // Controls: the edges of the ranges, `true` and `false`, sampling and grammars are served.
+    let sampled = set(
+        set(base(), "speculative", json!({})),
+        "temperature",
+        json!(0.7),
+    );
+    ok(&s, CHAT, &sampled).await;
+    ok(
+        &s,
+        CMPL,
+        &json!({"prompt": "a", "max_tokens": 2, "temperature": 0.5, "speculative": {"lookup": 2}}),
+    )
+    .await;
+    for (k, v) in [
+        ("grammar", json!("root ::= \"a\"")),
+        ("json_schema", json!({"type": "object"})),
+        ("response_format", json!({"type": "json_object"})),
+    ] {
+        ok(&s, CHAT, &set(set(base(), "speculative", json!({})), k, v)).await;
+    }
     for spec in [
         json!({"lookup": 1, "draft_max": 1}),
         json!({"lookup": 16, "draft_max": 64}),
@@ -329,30 +332,95 @@ async fn what_lookup_cannot_do_is_refused_by_name() {
     }
 }
 
-/// A forced tool call is a grammar too (on the Qwen demo model, whose template has tools).
+/// A forced tool call is a grammar too (on the Qwen demo model, whose template has tools):
+/// with lookup its greedy call is the plain one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forced_tool_call_with_lookup_is_refused_by_name() {
+async fn a_forced_tool_call_with_lookup_is_the_plain_call() {
     let Some(m) = models::qwen() else { return };
     let s = start(&m, 2048, ServeConfig::default());
     let body = |choice: &str| {
         json!({
-            "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "messages": [{"role": "user", "content": "Weather in Paris? Then in Paris, France."}],
             "tools": [{"type": "function", "function": {"name": "get_weather",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
-            "tool_choice": choice, "max_tokens": 4, "temperature": 0, "speculative": {},
+            "tool_choice": choice, "max_tokens": 32, "temperature": 0,
         })
     };
-    let (st, v) = s.post(CHAT, &body("required")).await;
-    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
-    assert_eq!(v["error"]["param"], "speculative");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("`tool_choice`"),
+    let plain = ok(&s, CHAT, &body("required")).await;
+    let v = ok(&s, CHAT, &with_lookup(body("required"))).await;
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"],
+        plain["choices"][0]["message"]["tool_calls"][0]["function"],
         "{v}"
     );
-    // Control: tools the reply may use or not leave it unconstrained, and lookup runs.
-    let v = ok(&s, CHAT, &body("auto")).await;
+    assert!(
+        plain["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].is_string(),
+        "control: a call was made: {plain}"
+    );
     assert!(drafts(&v["usage"]).is_some(), "{v}");
+    // Control: tools the reply may use or not leave it unconstrained, and lookup runs.
+    let v = ok(&s, CHAT, &with_lookup(body("auto"))).await;
+    assert!(drafts(&v["usage"]).is_some(), "{v}");
+}
+
+/// Under a grammar, greedy replies with lookup are the plain ones, streamed and not; sampled
+/// replies with lookup are served streamed and not, the same for the same seed, and stay
+/// inside their grammar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_and_sampled_requests_speculate() {
+    let Some(m) = models::smol() else { return };
+    let s = start(&m, 4096, ServeConfig::default());
+    let record = r#"{"name": "total_price", "args": ["items", "tax"], "lines": 5, "pure": true}"#;
+    let p = format!("Repeat this JSON object exactly, with no other text:\n{record}");
+    let json_object = |mut b: Value| {
+        b["response_format"] = json!({"type": "json_object"});
+        b
+    };
+    let (mut accepted, mut counted) = (0, 0);
+    for grammar in [
+        json!({"response_format": {"type": "json_object"}}),
+        json!({"grammar": "root ::= \"{\\\"name\\\": \\\"\" [a-z_]+ \"\\\"}\""}),
+    ] {
+        let mut body = chat(&p, MAX_TOKENS);
+        body.as_object_mut()
+            .unwrap()
+            .extend(grammar.as_object().unwrap().clone());
+        let plain = text_of(&ok(&s, CHAT, &body).await);
+        let v = ok(&s, CHAT, &with_lookup(body.clone())).await;
+        assert_eq!(text_of(&v), plain, "{grammar}");
+        let (a, r) = drafts(&v["usage"]).expect("drafts counted");
+        accepted += a;
+        counted += a + r;
+        let mut body = with_lookup(body);
+        body["stream"] = json!(true);
+        let (st, ev) = s.stream(CHAT, &body).await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(chat_stream_text(&ev, 1)[0], plain, "streamed, {grammar}");
+    }
+    eprintln!("constrained greedy: {accepted} of {counted} drafts kept");
+    assert!(accepted > 0, "control: drafts held under the grammar");
+
+    // Sampled, with and without a grammar: a seed repeats, streamed or not.
+    for constrained in [false, true] {
+        let mut body = with_lookup(chat(&p, MAX_TOKENS));
+        body["temperature"] = json!(0.8);
+        body["seed"] = json!(7);
+        if constrained {
+            body = json_object(body);
+        }
+        let v = ok(&s, CHAT, &body).await;
+        let text = text_of(&v);
+        assert!(drafts(&v["usage"]).is_some(), "{v}");
+        assert_eq!(text_of(&ok(&s, CHAT, &body).await), text, "seeded");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (st, ev) = s.stream(CHAT, &streamed).await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(chat_stream_text(&ev, 1)[0], text, "streamed, seeded");
+        if constrained && v["choices"][0]["finish_reason"] == "stop" {
+            let parsed: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(parsed.is_object());
+        }
+    }
 }

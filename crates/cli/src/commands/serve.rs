@@ -14,8 +14,8 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     // The server's default speculation: requests that do not say (`"speculative"` absent
-    // or null) get prompt lookup where it is exact, greedy and unconstrained ones; the
-    // others decode plainly. A request's own `"speculative"` overrides it (`false`: off).
+    // or null) get prompt lookup wherever it is supported (all but mirostat sampling, which
+    // decodes plainly). A request's own `"speculative"` overrides it (`false`: off).
     #[command(flatten)]
     pub spec: SpecArgs,
     /// Address to bind: an IP address or a host name such as localhost (loopback unless
@@ -245,7 +245,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         if let Some(l) = args.spec.config() {
             eprintln!(
-                "lookup: n-gram {}, draft-max {} for greedy unconstrained requests that do not set \"speculative\"",
+                "lookup: n-gram {}, draft-max {} for requests that do not set \"speculative\" (not mirostat sampling)",
                 l.ngram, l.draft_max
             );
         }

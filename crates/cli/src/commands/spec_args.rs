@@ -7,9 +7,10 @@ use minfer_generate::lookup::LookupConfig;
 pub struct SpecArgs {
     /// Prompt lookup decoding: draft the continuation of the latest earlier occurrence of the
     /// last N tokens (N-gram, 3 when given without a value) in the prompt and reply, and
-    /// verify the drafts in the sampled token's forward. The output is the same token for
-    /// token; greedy sampling only (temperature 0), no grammar. Written `--lookup=N` before a
-    /// positional prompt.
+    /// verify the drafts in the sampled token's forward. Greedy output is the same token for
+    /// token; with --temp > 0 drafts are verified by speculative sampling (the plain
+    /// distribution, not the plain draws of a seed); a grammar constrains the drafts too;
+    /// not with --mirostat at --temp > 0. Written `--lookup=N` before a positional prompt.
     #[arg(
         long,
         value_name = "N",

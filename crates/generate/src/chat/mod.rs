@@ -87,7 +87,7 @@ pub struct ChatConfig {
     pub reply_reserve: usize,
     /// Every reply follows this grammar (a fresh state each turn).
     pub constraint: Option<crate::constrain::Grammar>,
-    /// Prompt lookup decoding for the replies (greedy only).
+    /// Prompt lookup decoding for the replies (greedy or sampled; not with mirostat).
     pub lookup: Option<crate::lookup::LookupConfig>,
 }
 

@@ -288,4 +288,6 @@ impl Grammar {
 }
 
 #[cfg(test)]
+mod lookup_tests;
+#[cfg(test)]
 mod tests;

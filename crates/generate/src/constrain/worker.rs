@@ -8,6 +8,15 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// What the sequence asks of its worker, in order.
+enum Msg {
+    /// The sampled token: advance over it, then compute the next mask.
+    Commit(u32),
+    /// How many of these drafted tokens the grammar allows in turn from the current state
+    /// (llguidance's `validate_tokens`, which leaves the matcher where it was).
+    Validate(Vec<u32>),
+}
+
 /// The worker's answer for one step.
 struct Computed {
     mask: Result<SimpleVob, String>,
@@ -41,8 +50,9 @@ impl ConstraintStats {
 
 /// One sequence's view of its constraint.
 pub struct ConstraintState {
-    to_worker: Option<Sender<u32>>,
+    to_worker: Option<Sender<Msg>>,
     from_worker: Receiver<Computed>,
+    validated: Receiver<usize>,
     eog: Arc<[u32]>,
     n_vocab: usize,
     stats: ConstraintStats,
@@ -56,8 +66,9 @@ impl std::fmt::Debug for ConstraintState {
 
 impl ConstraintState {
     pub(crate) fn spawn(mut matcher: Matcher, eog: Arc<[u32]>, n_vocab: usize) -> Self {
-        let (to_worker, tokens) = channel::<u32>();
+        let (to_worker, tokens) = channel::<Msg>();
         let (masks, from_worker) = channel::<Computed>();
+        let (valid, validated) = channel::<usize>();
         std::thread::Builder::new()
             .name("minfer-grammar".into())
             .spawn(move || {
@@ -73,7 +84,18 @@ impl ConstraintState {
                     return;
                 }
                 // Ends when the state is dropped (its sender closes).
-                while let Ok(tok) = tokens.recv() {
+                while let Ok(msg) = tokens.recv() {
+                    let tok = match msg {
+                        Msg::Commit(t) => t,
+                        Msg::Validate(draft) => {
+                            // An error here surfaces at the next mask; the draft is cut.
+                            let n = matcher.validate_tokens(&draft).unwrap_or(0);
+                            if valid.send(n).is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                    };
                     let r = match matcher.consume_token(tok) {
                         Ok(()) => compute(&mut matcher),
                         Err(e) => Computed {
@@ -90,6 +112,7 @@ impl ConstraintState {
         ConstraintState {
             to_worker: Some(to_worker),
             from_worker,
+            validated,
             eog,
             n_vocab,
             stats: ConstraintStats::default(),
@@ -149,10 +172,25 @@ impl ConstraintState {
     /// Hands the sampled token to the worker, which computes the next mask at once.
     pub fn commit(&mut self, token: u32) {
         if let Some(tx) = &self.to_worker {
-            if tx.send(token).is_err() {
+            if tx.send(Msg::Commit(token)).is_err() {
                 self.to_worker = None;
             }
         }
+    }
+
+    /// How many leading tokens of `draft` the grammar allows, each after the ones before,
+    /// from the state after every committed token. The worker answers after the mask it is
+    /// computing, so this waits for that mask (the forward then starts a little later).
+    /// 0 when the worker is gone (the next mask says why).
+    pub fn valid_prefix(&self, draft: &[u32]) -> usize {
+        if draft.is_empty() {
+            return 0;
+        }
+        let Some(tx) = &self.to_worker else { return 0 };
+        if tx.send(Msg::Validate(draft.to_vec())).is_err() {
+            return 0;
+        }
+        self.validated.recv().unwrap_or(0).min(draft.len())
     }
 
     pub fn stats(&self) -> &ConstraintStats {

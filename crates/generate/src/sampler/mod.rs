@@ -141,6 +141,33 @@ impl Sampler {
         }
     }
 
+    /// Verifies the drafted token `draft`, proposed from `q`, against this row's final
+    /// distribution: the chain runs exactly as [`Sampler::sample`] runs it (bias, stages,
+    /// penalties over `history`), then speculative sampling's rule decides
+    /// ([`crate::speculative`]). A greedy pick is the rule's one-hot case: the draft holds
+    /// when it is the pick, and the pick replaces it otherwise (no draw is taken).
+    /// Mirostat's running μ is not updated here: a request that speculates with mirostat is
+    /// refused before it runs.
+    pub fn verify(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        bytes: Bytes,
+        draft: u32,
+        q: &crate::speculative::Dist,
+    ) -> Result<crate::speculative::Verdict, SamplerError> {
+        use crate::speculative::{verify, Verdict};
+        match self.distribution(logits, history, bytes)? {
+            Pick::Token(t) if t == draft => Ok(Verdict::Accepted(t)),
+            Pick::Token(t) => Ok(Verdict::Rejected(t)),
+            Pick::Draw(t) => {
+                let probs = softmax(&self.cands, t);
+                let p: Vec<(u32, f64)> = self.cands.iter().map(|c| c.id).zip(probs).collect();
+                Ok(verify(&p, q, draft, &mut self.rng))
+            }
+        }
+    }
+
     /// Runs the chain up to the draw: either a token (greedy) or the candidates left in
     /// `self.cands`, best first, to be drawn at temperature `t`.
     fn distribution(

@@ -1,12 +1,18 @@
 //! minfer's `speculative` request field (issue 31): prompt lookup decoding per request.
 //!
 //! - absent or `null` (how OpenAI's clients send an unset optional): the server's default,
-//!   `serve --lookup[=N]`, which applies only to the requests it is exact for (greedy and
-//!   unconstrained); any other request of such a server decodes plainly, as without it.
+//!   `serve --lookup[=N]`, which applies to every request lookup supports (greedy or
+//!   sampled, constrained or not); a request it does not support (mirostat sampling)
+//!   decodes plainly, as without it.
 //! - `false`: no speculation, whatever the server's default.
 //! - `true` or `{"lookup": N, "draft_max": M}` (both optional: N 3, M 8): lookup for this
-//!   request. A setting it cannot honour (temperature > 0, a grammar, a schema, a forced
-//!   tool call) is a 400 naming it, not a plain reply in disguise.
+//!   request. A setting it cannot honour (mirostat at temperature > 0) is a 400 naming it,
+//!   not a plain reply in disguise.
+//!
+//! Greedy replies with lookup are the plain ones token for token; sampled ones are verified
+//! by speculative sampling's rule, so they are distributed as plain sampling's but a seed
+//! does not give the plain reply's draws (ADR 0013). A grammar constrains the drafts and the
+//! verification alike.
 //!
 //! Unlike OpenAI's own objects, whose unknown keys pass (newer clients send newer fields),
 //! this object is minfer's: an unknown key inside it (a typo, or a drafter not built yet
@@ -15,6 +21,7 @@
 use super::fields::kind;
 use crate::error::ApiError;
 use minfer_generate::lookup::LookupConfig;
+use minfer_generate::sampler::{Mirostat, SamplerConfig};
 use serde_json::Value;
 
 /// What a request asked of speculation.
@@ -102,23 +109,18 @@ pub fn read(v: Option<&Value>) -> Result<Speculative, ApiError> {
     }))
 }
 
-/// Whether lookup can be exact for a request: greedy sampling and no grammar. `constraint`
-/// names the field that constrains the reply, if one does. An explicit request that fails
-/// it is a 400 naming the field; the server's default then decodes plainly.
-pub fn check(temperature: f32, constraint: Option<&str>) -> Result<(), ApiError> {
-    if temperature > 0.0 {
+/// Whether lookup supports a request's sampling: everything but mirostat at a temperature
+/// above 0 (its running surprise bound moves with each draw and is not carried through
+/// verification). A grammar, a schema or a forced tool call composes with it. An explicit
+/// request that fails it is a 400 naming the field; the server's default then decodes
+/// plainly.
+pub fn check(sampler: &SamplerConfig) -> Result<(), ApiError> {
+    if sampler.temperature > 0.0 && sampler.mirostat != Mirostat::Off {
         return Err(ApiError::bad_field(
             "speculative",
             format!(
-                "`speculative` (prompt lookup) needs greedy sampling, `temperature` 0; this request samples at temperature {temperature}, which needs speculative sampling's acceptance rule (not built yet)"
-            ),
-        ));
-    }
-    if let Some(field) = constraint {
-        return Err(ApiError::bad_field(
-            "speculative",
-            format!(
-                "`speculative` (prompt lookup) cannot be combined with `{field}` yet: drafts are not constrained by a grammar"
+                "`speculative` (prompt lookup) cannot be combined with `mirostat` at `temperature` {} (not supported: mirostat's surprise bound is not carried through draft verification)",
+                sampler.temperature
             ),
         ));
     }
@@ -129,13 +131,12 @@ pub fn check(temperature: f32, constraint: Option<&str>) -> Result<(), ApiError>
 pub fn resolve(
     asked: Speculative,
     server: Option<LookupConfig>,
-    temperature: f32,
-    constraint: Option<&str>,
+    sampler: &SamplerConfig,
 ) -> Result<Option<LookupConfig>, ApiError> {
     match asked {
         Speculative::Off => Ok(None),
-        Speculative::Lookup(c) => check(temperature, constraint).map(|()| Some(c)),
-        Speculative::ServerDefault => Ok(server.filter(|_| check(temperature, constraint).is_ok())),
+        Speculative::Lookup(c) => check(sampler).map(|()| Some(c)),
+        Speculative::ServerDefault => Ok(server.filter(|_| check(sampler).is_ok())),
     }
 }
 
@@ -189,29 +190,35 @@ mod tests {
     }
 
     #[test]
-    fn the_server_default_applies_only_where_exact() {
+    fn the_server_default_applies_where_supported() {
         let s = Some(LookupConfig::default());
         let on = Speculative::Lookup(LookupConfig::default());
+        let sampler = |temperature, mirostat| SamplerConfig {
+            temperature,
+            mirostat,
+            ..SamplerConfig::default()
+        };
+        let greedy = sampler(0.0, Mirostat::Off);
+        let sampled = sampler(0.7, Mirostat::Off);
+        let miro = sampler(0.7, Mirostat::V2);
+        assert_eq!(resolve(Speculative::ServerDefault, s, &greedy).unwrap(), s);
+        assert_eq!(resolve(Speculative::ServerDefault, s, &sampled).unwrap(), s);
+        assert_eq!(resolve(Speculative::ServerDefault, s, &miro).unwrap(), None);
+        // Mirostat's greedy pick is plain greedy decoding: supported.
+        let miro_greedy = sampler(0.0, Mirostat::V2);
         assert_eq!(
-            resolve(Speculative::ServerDefault, s, 0.0, None).unwrap(),
+            resolve(Speculative::ServerDefault, s, &miro_greedy).unwrap(),
             s
         );
+        assert_eq!(resolve(Speculative::Off, s, &greedy).unwrap(), None);
         assert_eq!(
-            resolve(Speculative::ServerDefault, s, 0.7, None).unwrap(),
-            None
-        );
-        assert_eq!(
-            resolve(Speculative::ServerDefault, s, 0.0, Some("grammar")).unwrap(),
-            None
-        );
-        assert_eq!(resolve(Speculative::Off, s, 0.0, None).unwrap(), None);
-        assert_eq!(
-            resolve(Speculative::ServerDefault, None, 0.0, None).unwrap(),
+            resolve(Speculative::ServerDefault, None, &greedy).unwrap(),
             None
         );
         // Asked for, it is refused where the default steps aside.
-        assert!(resolve(on, None, 0.7, None).is_err());
-        assert!(resolve(on, None, 0.0, Some("json_schema")).is_err());
-        assert_eq!(resolve(on, None, 0.0, None).unwrap(), s);
+        let e = format!("{:?}", resolve(on, None, &miro).unwrap_err());
+        assert!(e.contains("mirostat"), "{e}");
+        assert_eq!(resolve(on, None, &sampled).unwrap(), s);
+        assert_eq!(resolve(on, None, &greedy).unwrap(), s);
     }
 }
