@@ -26,6 +26,7 @@ pub mod backend;
 pub mod cache;
 pub mod capture;
 pub mod cells;
+pub mod comm;
 pub mod dump;
 pub mod error;
 pub mod fusion;
@@ -51,6 +52,7 @@ pub mod contract {
 pub use cache::GraphCache;
 pub use capture::CaptureLog;
 pub use cells::{cell_ops_graph, CellWork};
+pub use comm::{CommError, CommResult, Communicator, LoopbackComm, LoopbackGroup};
 pub use error::{Error, Result};
 pub use fusion::{fuse, prepare_concats, FusionConfig, MAX_FUSED_FFN};
 pub use ir::{
