@@ -116,7 +116,7 @@ pub struct LoopbackGroup;
 
 impl LoopbackGroup {
     /// `size` handles (rank 0 first) whose waits give up after `timeout`.
-    pub fn new(size: usize, timeout: Duration) -> Vec<LoopbackComm> {
+    pub fn ranks(size: usize, timeout: Duration) -> Vec<LoopbackComm> {
         assert!(size > 0, "a group has at least one rank");
         let shared = Arc::new(Shared {
             size,
@@ -325,7 +325,7 @@ mod tests {
         f: impl Fn(LoopbackComm) -> T + Send + Sync + 'static,
     ) -> Vec<T> {
         let f = Arc::new(f);
-        let hs: Vec<_> = LoopbackGroup::new(n, timeout)
+        let hs: Vec<_> = LoopbackGroup::ranks(n, timeout)
             .into_iter()
             .map(|c| {
                 let f = f.clone();
@@ -453,7 +453,7 @@ mod tests {
 
     #[test]
     fn one_rank_is_the_identity() {
-        let c = LoopbackGroup::new(1, Duration::from_millis(10)).remove(0);
+        let c = LoopbackGroup::ranks(1, Duration::from_millis(10)).remove(0);
         let mut b = [1.5f32, -2.0];
         c.all_reduce_sum(&mut b).unwrap();
         assert_eq!(b, [1.5, -2.0]);
