@@ -5,8 +5,10 @@ pub mod arch;
 pub mod error;
 pub mod graph;
 pub mod reference;
+pub mod shard;
 pub mod synth;
 pub mod tensors;
+pub mod tp;
 
 pub use arch::{names, Arch, HParams};
 pub use error::{Error, Result};
