@@ -20,6 +20,8 @@ pub mod lt;
 #[cfg(feature = "cuda")]
 mod mmq;
 #[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
 mod prompt;
 #[cfg(feature = "cuda")]
 mod replay;
