@@ -148,6 +148,15 @@ pub fn available() -> DResult<()> {
     })
 }
 
+/// How many CUDA devices the driver sees (`--tensor-parallel`'s refusal names it).
+pub fn device_count() -> DResult<usize> {
+    guarded("CUDA driver", || {
+        CudaContext::device_count()
+            .map(|n| n.max(0) as usize)
+            .map_err(|e| drv("cuDeviceGetCount", e))
+    })
+}
+
 /// The program from `dir` instead of the built-in sources (`MINFER_CUDA_KERNEL_DIR`, for
 /// kernel work on a GPU machine without a Rust toolchain): every file of [`SOURCES`] must be
 /// there, and a missing one is an error naming it.

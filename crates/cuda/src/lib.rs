@@ -89,6 +89,18 @@ pub fn instantiate(
         .map_err(|e| unavailable(e.to_string()))
 }
 
+/// How many CUDA devices this machine has; a build without the feature says so.
+pub fn device_count() -> Result<usize, CudaError> {
+    #[cfg(feature = "cuda")]
+    {
+        Ok(device::device_count()?)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(CudaError::NotBuilt)
+    }
+}
+
 /// Whether this machine can run the CUDA backend: the driver loads and a device exists.
 pub fn available() -> Result<(), CudaError> {
     #[cfg(feature = "cuda")]

@@ -189,6 +189,12 @@ fn metal_emu_backend() -> Registered {
     }
 }
 
+/// How many CUDA devices this build and machine offer, or why none (for the refusal of
+/// `--tensor-parallel`, issue 36).
+pub fn cuda_device_count() -> Result<usize, String> {
+    minfer_cuda::device_count().map_err(|e| e.to_string())
+}
+
 /// Every backend's entry, in table order.
 pub fn table() -> Vec<BackendEntry> {
     registry().into_iter().map(|r| r.entry).collect()

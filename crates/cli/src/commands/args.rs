@@ -40,6 +40,72 @@ pub struct ModelArgs {
     pub numerics: String,
     #[command(flatten)]
     pub offload: super::offload_args::OffloadArgs,
+    /// Split the model over N GPUs (tensor parallelism, issue 36). Not available yet: any
+    /// N above 1 is refused, naming what is missing.
+    #[arg(long = "tensor-parallel", visible_alias = "tp")]
+    pub tensor_parallel: Option<usize>,
+    /// The CUDA devices of a tensor-parallel run (comma-separated ordinals).
+    #[arg(long = "gpus", value_delimiter = ',')]
+    pub gpus: Vec<usize>,
+    /// llama.cpp's multi-GPU split: none (the default), layer or row. Only none exists yet.
+    #[arg(long = "split-mode")]
+    pub split_mode: Option<String>,
+}
+
+/// The multi-GPU flags' refusal (issue 36, ADR 0015): nothing past one device runs yet, and
+/// nothing falls back silently to one. `cuda_devices` is the build's and machine's answer.
+pub fn check_multi_gpu(
+    tensor_parallel: Option<usize>,
+    gpus: &[usize],
+    split_mode: Option<&str>,
+    cuda_devices: impl FnOnce() -> Result<usize, String>,
+) -> anyhow::Result<()> {
+    match split_mode.map(str::trim) {
+        None | Some("none") => {}
+        Some("layer") => bail!(
+            "--split-mode layer (layers shared out over several GPUs) is not implemented; --gpu-layers N splits the layers between one GPU and the CPU"
+        ),
+        Some("row") => bail!(
+            "--split-mode row is tensor parallelism: --tensor-parallel N, which is not available yet"
+        ),
+        Some(other) => bail!("--split-mode {other:?}: expected none, layer or row"),
+    }
+    let n = match (tensor_parallel, gpus.len()) {
+        (Some(0), _) => bail!("--tensor-parallel 0: expected 1 or more GPUs"),
+        (Some(n), g) if g > 0 && g != n => {
+            bail!("--tensor-parallel {n} with --gpus naming {g} devices: give as many as N")
+        }
+        (Some(n), _) => n,
+        (None, g) => g.max(1),
+    };
+    if n == 1 {
+        if gpus.iter().all(|&g| g == 0) {
+            // One device, the default one: what every run does already.
+            return Ok(());
+        }
+        bail!(
+            "--gpus {}: a one-GPU run uses CUDA device 0 (choosing another is not implemented)",
+            gpus[0]
+        );
+    }
+    let have = match cuda_devices() {
+        Ok(k) => format!("this machine has {k}"),
+        Err(why) => why,
+    };
+    bail!(
+        "tensor parallelism needs {n} CUDA devices{}; {have}, and the sharded CUDA forward is not built yet (issue 36: the sharding plan and the NCCL communicator exist, no multi-GPU run has been made)",
+        if gpus.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({})",
+                gpus.iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        }
+    )
 }
 
 /// The context length when `-c` is not given (llama.cpp's default).
@@ -286,6 +352,12 @@ impl ModelArgs {
     /// Resolves the model (pulling a known one on first use) and loads it; the flag values
     /// were checked by their parsers.
     pub fn load(&self) -> anyhow::Result<(Engine, f64)> {
+        check_multi_gpu(
+            self.tensor_parallel,
+            &self.gpus,
+            self.split_mode.as_deref(),
+            backends::cuda_device_count,
+        )?;
         let cache_type_auto = self.cache_type.trim().eq_ignore_ascii_case("auto");
         let cache_type = if cache_type_auto {
             minfer_gguf::GgmlType::F32

@@ -71,6 +71,10 @@ fn load(a: &Args, n_ctx: usize) -> anyhow::Result<minfer_engine::Engine> {
         backends: a.backends.clone(),
         numerics: a.numerics.clone(),
         offload: a.offload.clone(),
+        // perplexity has no multi-GPU flags: one device.
+        tensor_parallel: None,
+        gpus: Vec::new(),
+        split_mode: None,
     };
     Ok(margs.load()?.0)
 }
