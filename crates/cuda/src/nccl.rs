@@ -5,10 +5,11 @@
 //! - libnccl is loaded at run time like the driver (cudarc's `dynamic-loading`): a build
 //!   needs no NCCL, and a machine without `libnccl.so.2` gets a typed error here, never
 //!   cudarc's panic on a missing library.
-//! - `NCCL_NVLS_ENABLE=0` is set before the first communicator: NVLink SHARP multicast
-//!   (NVLS) needs the fabric manager's multicast objects, which the lent H200 machines do not
-//!   give (docs: the device README says multicast must stay off); with it on, NCCL's init
-//!   fails or hangs there. A different value already in the environment is refused.
+//! - `NCCL_NVLS_ENABLE=0` is set before the first communicator: NVLink multicast (NVLS)
+//!   stays off because, on the shared multi-GPU hosts minfer is tested on, a program using
+//!   it can put the host's GPUs out of service for a day or more (the device machines'
+//!   notes require it off, for PyTorch and NVSHMEM too). A different value already in the
+//!   environment is refused, not overridden.
 //! - Every wait is bounded: a collective is enqueued, then its completion event is polled up
 //!   to the group's timeout; past it (or on an asynchronous NCCL error) the communicator is
 //!   aborted (`ncclCommAbort`, which unblocks the other ranks' kernels with an error) and the
