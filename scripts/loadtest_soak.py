@@ -216,9 +216,9 @@ def per_minute(records, percentile):
     return out
 
 
-def read_metrics(target, exchange_cls, timeout=10):
-    """{name: value} of the unlabelled samples in METRICS from GET /metrics, or None when the
-    server has no such route (not minfer) or does not answer."""
+def read_metrics(target, exchange_cls, timeout=10, names=METRICS):
+    """{name: value} of the unlabelled samples among `names` from GET /metrics, or None when
+    the server has no such route (not minfer) or does not answer."""
     ex = exchange_cls(target, time.monotonic() + timeout)
     try:
         ex.send("GET", "/metrics", accept="text/plain")
@@ -234,7 +234,7 @@ def read_metrics(target, exchange_cls, timeout=10):
         if not line or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) == 2 and parts[0] in METRICS:
+        if len(parts) == 2 and parts[0] in names:
             try:
                 values[parts[0]] = float(parts[1])
             except ValueError:
@@ -244,25 +244,7 @@ def read_metrics(target, exchange_cls, timeout=10):
 
 def read_counters(target, exchange_cls, timeout=5):
     """{counter: value} of the COUNTERS in /metrics (those present), or None."""
-    ex = exchange_cls(target, time.monotonic() + timeout)
-    try:
-        ex.send("GET", "/metrics", accept="text/plain")
-        if ex.status != 200:
-            return None
-        text = ex.read_all().decode("utf-8", "replace")
-    except Exception:
-        return None
-    finally:
-        ex.close()
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in COUNTERS:
-            try:
-                out[parts[0]] = float(parts[1])
-            except ValueError:
-                pass
-    return out
+    return read_metrics(target, exchange_cls, timeout, COUNTERS)
 
 
 def metrics_problems(v):
