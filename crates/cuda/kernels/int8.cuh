@@ -342,15 +342,38 @@ __device__ __forceinline__ void mf_q8_shared(const float *x, int ne0, signed cha
     __syncthreads();
 }
 
+// The chain of one lane group's partial: lane r < 8 adds c of lanes r, r + 8, r + 16 and
+// r + 24 (blocks 32 j + r, + 8, + 16, + 24: increasing b within residue r) to P_r.
+__device__ __forceinline__ float mf_chain32(float acc, float c) {
+    float c8 = __shfl_down_sync(0xffffffffu, c, 8);
+    float c16 = __shfl_down_sync(0xffffffffu, c, 16);
+    float c24 = __shfl_down_sync(0xffffffffu, c, 24);
+    acc = __fadd_rn(acc, c);
+    acc = __fadd_rn(acc, c8);
+    acc = __fadd_rn(acc, c16);
+    return __fadd_rn(acc, c24);
+}
+
+// The row walks below compute one weight row against NT activation rows at once (token t's
+// quantized row at xq + t * 32 nb, its scales at xds + t * nb): the weight bytes are loaded
+// once and each token's partials chain exactly as the one-token walk chains them, so token
+// t's value is the same bits as mf_row1_any over that token alone. NT = 1 is the one-token
+// kernels' walk (x in shared memory); NT > 1 the multi-row generation kernels' (x in global
+// memory, quantized by mf_quantize_q8: the same bits as mf_q8_shared). Lane 0 ends with
+// res[t].
+
 // One row's dot product in the canonical order over a warp: lane l computes c_b for the
 // blocks b = 32 j + l (+0 past the row's end, which leaves a partial that is never -0 as
 // it is), and lane r < 8 chains P_r through the four blocks of residue r in each group of
-// 32 in increasing b. Lane 0 returns the row's value.
-template <int TY>
-__device__ __forceinline__ float mf_row1(const u8 *row, const signed char *xq,
-                                         const float2 *xds, int nb) {
+// 32 in increasing b.
+template <int TY, int NT>
+__device__ __forceinline__ void mf_rown(const u8 *row, const signed char *xq, const float2 *xds,
+                                        int nb, float *res) {
     int lane = threadIdx.x & 31;
-    float acc = 0.0f;
+    const u64 xs = (u64)nb * 32;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
 #if MF_MV1_UNROLL == 4
 #pragma unroll 4
 #else
@@ -358,42 +381,47 @@ __device__ __forceinline__ float mf_row1(const u8 *row, const signed char *xq,
 #endif
     for (int b0 = 0; b0 < nb; b0 += 32) {
         int b = b0 + lane;
-        float c = 0.0f;
+        float c[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) c[t] = 0.0f;
         if (b < nb) {
             MfWBlk wb;
             mf_wload<TY>(row, b, wb);
-            const int *xv = (const int *)(xq + (u64)b * 32);
-            int a = 0, e = 0;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) a = mf_dp4a(wb.q[i], xv[i], a);
+            for (int t = 0; t < NT; ++t) {
+                const int *xv = (const int *)(xq + t * xs + (u64)b * 32);
+                int a = 0, e = 0;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) e = mf_dp4a(wb.q[4 + i], xv[4 + i], e);
-            float2 ds = xds[b];
-            c = mf_contrib<TY>(wb, a, e, ds.x, ds.y);
+                for (int i = 0; i < 4; ++i) a = mf_dp4a(wb.q[i], xv[i], a);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) e = mf_dp4a(wb.q[4 + i], xv[4 + i], e);
+                float2 ds = xds[t * (u64)nb + b];
+                c[t] = mf_contrib<TY>(wb, a, e, ds.x, ds.y);
+            }
         }
-        float c8 = __shfl_down_sync(0xffffffffu, c, 8);
-        float c16 = __shfl_down_sync(0xffffffffu, c, 16);
-        float c24 = __shfl_down_sync(0xffffffffu, c, 24);
-        acc = __fadd_rn(acc, c);
-        acc = __fadd_rn(acc, c8);
-        acc = __fadd_rn(acc, c16);
-        acc = __fadd_rn(acc, c24);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = mf_chain32(acc[t], c[t]);
     }
-    return mf_lane8_sum(acc);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) res[t] = mf_lane8_sum(acc[t]);
 }
 
-// A Q4_K row at a 16-byte-aligned address, the same bits as mf_row1<MF_Q4_K> with a
+// A Q4_K row at a 16-byte-aligned address, the same bits as mf_rown<MF_Q4_K> with a
 // quarter of its memory instructions: lane l = 8 g + k still owns block b = 32 j + l
 // (superblock 4 j + g, sub-block k) and the partials chain exactly as there, but the lanes
 // of a superblock load it as one 16-byte header (broadcast) and eight contiguous 16-byte
 // quant chunks. Chunk k holds elements 16 h .. 16 h + 15 (h = k & 1) of sub-blocks 2 (k >> 1)
 // (low nibbles) and 2 (k >> 1) + 1 (high nibbles); the two lanes of a pair add their
 // integer halves (exact), after which lane k holds its own sub-block's whole dot product.
-__device__ __forceinline__ float mf_row1_q4k16(const u8 *row, const signed char *xq,
-                                               const float2 *xds, int nb) {
+template <int NT>
+__device__ __forceinline__ void mf_rown_q4k16(const u8 *row, const signed char *xq,
+                                              const float2 *xds, int nb, float *res) {
     const int lane = threadIdx.x & 31, g = lane >> 3, k = lane & 7, h = k & 1;
     const int nsb = nb >> 3;
-    float acc = 0.0f;
+    const u64 xs = (u64)nb * 32;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
 #if MF_MV1_UNROLL == 4
 #pragma unroll 4
 #else
@@ -402,23 +430,33 @@ __device__ __forceinline__ float mf_row1_q4k16(const u8 *row, const signed char 
     for (int s0 = 0; s0 < nsb; s0 += 4) {
         const int sb = s0 + g;
         const bool ok = sb < nsb;
-        int lo = 0, hi = 0;
+        int lo[NT], hi[NT];
         float f1 = 0.0f, f2 = 0.0f;
-        float2 ds = make_float2(0.0f, 0.0f);
+        float2 ds[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            lo[t] = 0;
+            hi[t] = 0;
+            ds[t] = make_float2(0.0f, 0.0f);
+        }
         if (ok) {
             const u8 *p = row + (u64)sb * 144;
             const uint4 hd = *(const uint4 *)p;
             const uint4 qv = *(const uint4 *)(p + 16 + 16 * k);
             const u64 b0 = (u64)sb * 8 + (k & 6);
-            const uint4 xa = *(const uint4 *)(xq + b0 * 32 + 16 * h);
-            const uint4 xb = *(const uint4 *)(xq + (b0 + 1) * 32 + 16 * h);
             const u32 q[4] = {qv.x, qv.y, qv.z, qv.w};
-            const int xl[4] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w};
-            const int xh[4] = {(int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                lo = mf_dp4a((int)(q[i] & 0x0F0F0F0Fu), xl[i], lo);
-                hi = mf_dp4a((int)((q[i] >> 4) & 0x0F0F0F0Fu), xh[i], hi);
+            for (int t = 0; t < NT; ++t) {
+                const uint4 xa = *(const uint4 *)(xq + t * xs + b0 * 32 + 16 * h);
+                const uint4 xb = *(const uint4 *)(xq + t * xs + (b0 + 1) * 32 + 16 * h);
+                const int xl[4] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w};
+                const int xh[4] = {(int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    lo[t] = mf_dp4a((int)(q[i] & 0x0F0F0F0Fu), xl[i], lo[t]);
+                    hi[t] = mf_dp4a((int)((q[i] >> 4) & 0x0F0F0F0Fu), xh[i], hi[t]);
+                }
+                ds[t] = xds[t * (u64)nb + (u64)sb * 8 + k];
             }
             // Scale byte i of the 12 after d|dmin, selected without a lane-indexed array
             // (which would live in local memory).
@@ -436,23 +474,21 @@ __device__ __forceinline__ float mf_row1_q4k16(const u8 *row, const signed char 
 #undef MF_K4
             f1 = __fmul_rn(mf_h2f((u16)(hd.x & 0xffffu)), (float)sc);
             f2 = __fmul_rn(mf_h2f((u16)(hd.x >> 16)), (float)mn);
-            ds = xds[(u64)sb * 8 + k];
         }
-        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
         MfWBlk wb;
         wb.f1 = f1;
         wb.f2 = f2;
-        const float c = ok ? mf_contrib<MF_Q4_K>(wb, h ? hi : lo, 0, ds.x, ds.y) : 0.0f;
-        float c8 = __shfl_down_sync(0xffffffffu, c, 8);
-        float c16 = __shfl_down_sync(0xffffffffu, c, 16);
-        float c24 = __shfl_down_sync(0xffffffffu, c, 24);
-        acc = __fadd_rn(acc, c);
-        acc = __fadd_rn(acc, c8);
-        acc = __fadd_rn(acc, c16);
-        acc = __fadd_rn(acc, c24);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            lo[t] += __shfl_xor_sync(0xffffffffu, lo[t], 1);
+            hi[t] += __shfl_xor_sync(0xffffffffu, hi[t], 1);
+            const float c =
+                ok ? mf_contrib<MF_Q4_K>(wb, h ? hi[t] : lo[t], 0, ds[t].x, ds[t].y) : 0.0f;
+            acc[t] = mf_chain32(acc[t], c);
+        }
     }
-    return mf_lane8_sum(acc);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) res[t] = mf_lane8_sum(acc[t]);
 }
 
 // 8 bytes at any address p as two words, from the three aligned words around them (reads
@@ -464,7 +500,7 @@ __device__ __forceinline__ uint2 mf_ld8_any(const u8 *p) {
     return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
 }
 
-// A Q6_K row, the same bits as mf_row1<MF_Q6_K> with fewer memory instructions (its
+// A Q6_K row, the same bits as mf_rown<MF_Q6_K> with fewer memory instructions (its
 // superblocks of 210 bytes are only 2-byte aligned, so mf_wload reads 2 bytes at a time).
 // Lane l = 8 g + k still owns block b = 32 j + l (superblock 4 j + g, sub-block k) and the
 // partials chain as there. The lanes of a superblock split its quants instead of each reading
@@ -473,11 +509,15 @@ __device__ __forceinline__ uint2 mf_ld8_any(const u8 *p) {
 // integer dot product by the scale of its 16-element half, and the four lanes of the half
 // add their integers (exact): lane k then holds sub-block k's i1 * a + i2 * b, the integer
 // mf_contrib<MF_Q6_K> multiplies.
-__device__ __forceinline__ float mf_row1_q6k8(const u8 *row, const signed char *xq,
-                                              const float2 *xds, int nb) {
+template <int NT>
+__device__ __forceinline__ void mf_rown_q6k8(const u8 *row, const signed char *xq,
+                                             const float2 *xds, int nb, float *res) {
     const int lane = threadIdx.x & 31, g = lane >> 3, k = lane & 7, h = k >> 2, q = k & 3;
     const int nsb = nb >> 3;
-    float acc = 0.0f;
+    const u64 xs = (u64)nb * 32;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
 #if MF_MV1_UNROLL == 4
 #pragma unroll 4
 #else
@@ -486,9 +526,14 @@ __device__ __forceinline__ float mf_row1_q6k8(const u8 *row, const signed char *
     for (int s0 = 0; s0 < nsb; s0 += 4) {
         const int sb = s0 + g;
         const bool ok = sb < nsb;
-        int t[4] = {0, 0, 0, 0};
+        int tt[NT][4];
         float d = 0.0f;
-        float2 ds = make_float2(0.0f, 0.0f);
+        float2 ds[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            tt[t][0] = tt[t][1] = tt[t][2] = tt[t][3] = 0;
+            ds[t] = make_float2(0.0f, 0.0f);
+        }
         if (ok) {
             const u8 *p = row + (u64)sb * 210;
             const uint2 l0 = mf_ld8_any(p + 64 * h + 8 * q);
@@ -496,47 +541,53 @@ __device__ __forceinline__ float mf_row1_q6k8(const u8 *row, const signed char *
             const uint2 hq = mf_ld8_any(p + 128 + 32 * h + 8 * q);
             const u32 lw0[2] = {l0.x, l0.y}, lw1[2] = {l1.x, l1.y}, hw[2] = {hq.x, hq.y};
             const u64 b0 = (u64)sb * 8 + 4 * h;
+            int wq[4][2];
+            int sc[4];
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
-                const uint2 xv = *(const uint2 *)(xq + (b0 + jj) * 32 + 8 * q);
-                const u32 xw[2] = {xv.x, xv.y};
-                int dot = 0;
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     const u32 lo = ((jj & 1) ? lw1[i] : lw0[i]) >> (4 * (jj >> 1));
                     const u32 v = (lo & 0x0F0F0F0Fu) | (((hw[i] >> (2 * jj)) & 0x03030303u) << 4);
-                    const int w = (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
-                    dot = mf_dp4a(w, (int)xw[i], dot);
+                    wq[jj][i] = (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
                 }
-                t[jj] = dot * (int)(signed char)p[192 + 2 * (4 * h + jj) + (q >> 1)];
+                sc[jj] = (int)(signed char)p[192 + 2 * (4 * h + jj) + (q >> 1)];
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const uint2 xv = *(const uint2 *)(xq + t * xs + (b0 + jj) * 32 + 8 * q);
+                    int dot = mf_dp4a(wq[jj][0], (int)xv.x, 0);
+                    dot = mf_dp4a(wq[jj][1], (int)xv.y, dot);
+                    tt[t][jj] = dot * sc[jj];
+                }
+                ds[t] = xds[t * (u64)nb + (u64)sb * 8 + k];
             }
             d = mf_ld_f16(p + 208);
-            ds = xds[(u64)sb * 8 + k];
-        }
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            t[jj] += __shfl_xor_sync(0xffffffffu, t[jj], 1);
-            t[jj] += __shfl_xor_sync(0xffffffffu, t[jj], 2);
         }
         MfWBlk wb;
         wb.f1 = d;
         wb.i1 = 1;
         wb.i2 = 0;
-        const int mine = q == 0 ? t[0] : q == 1 ? t[1] : q == 2 ? t[2] : t[3];
-        const float c = ok ? mf_contrib<MF_Q6_K>(wb, mine, 0, ds.x, ds.y) : 0.0f;
-        float c8 = __shfl_down_sync(0xffffffffu, c, 8);
-        float c16 = __shfl_down_sync(0xffffffffu, c, 16);
-        float c24 = __shfl_down_sync(0xffffffffu, c, 24);
-        acc = __fadd_rn(acc, c);
-        acc = __fadd_rn(acc, c8);
-        acc = __fadd_rn(acc, c16);
-        acc = __fadd_rn(acc, c24);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                tt[t][jj] += __shfl_xor_sync(0xffffffffu, tt[t][jj], 1);
+                tt[t][jj] += __shfl_xor_sync(0xffffffffu, tt[t][jj], 2);
+            }
+            const int mine = q == 0 ? tt[t][0] : q == 1 ? tt[t][1] : q == 2 ? tt[t][2] : tt[t][3];
+            const float c = ok ? mf_contrib<MF_Q6_K>(wb, mine, 0, ds[t].x, ds[t].y) : 0.0f;
+            acc[t] = mf_chain32(acc[t], c);
+        }
     }
-    return mf_lane8_sum(acc);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) res[t] = mf_lane8_sum(acc[t]);
 }
 
 // `MF_MV1_NARROW_Q4K` / `MF_MV1_NARROW_Q6K` (the host's `MINFER_CUDA_MV1=narrow`,
-// `narrow-q4k`, `narrow-q6k`) keep those rows on mf_row1: the switches that measure the wide
+// `narrow-q4k`, `narrow-q6k`) keep those rows on mf_rown: the switches that measure the wide
 // walks against the narrow one (the same bits either way).
 #ifndef MF_MV1_NARROW_Q4K
 #define MF_MV1_NARROW_Q4K 0
@@ -545,20 +596,29 @@ __device__ __forceinline__ float mf_row1_q6k8(const u8 *row, const signed char *
 #define MF_MV1_NARROW_Q6K 0
 #endif
 
+template <int NT>
+__device__ __forceinline__ void mf_rown_any(int ty, const u8 *row, const signed char *xq,
+                                            const float2 *xds, int nb, float *res) {
+    if (ty == MF_Q4_K && !MF_MV1_NARROW_Q4K && ((u64)row & 15) == 0)
+        return mf_rown_q4k16<NT>(row, xq, xds, nb, res);
+    if (ty == MF_Q6_K && !MF_MV1_NARROW_Q6K && ((u64)row & 1) == 0)
+        return mf_rown_q6k8<NT>(row, xq, xds, nb, res);
+    switch (ty) {
+    case MF_Q8_0: return mf_rown<MF_Q8_0, NT>(row, xq, xds, nb, res);
+    case MF_Q4_0: return mf_rown<MF_Q4_0, NT>(row, xq, xds, nb, res);
+    case MF_Q4_1: return mf_rown<MF_Q4_1, NT>(row, xq, xds, nb, res);
+    case MF_Q5_0: return mf_rown<MF_Q5_0, NT>(row, xq, xds, nb, res);
+    case MF_Q4_K: return mf_rown<MF_Q4_K, NT>(row, xq, xds, nb, res);
+    default: return mf_rown<MF_Q6_K, NT>(row, xq, xds, nb, res);
+    }
+}
+
+// One token's row (lane 0 returns it): the one-token kernels' walk.
 __device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed char *xq,
                                              const float2 *xds, int nb) {
-    if (ty == MF_Q4_K && !MF_MV1_NARROW_Q4K && ((u64)row & 15) == 0)
-        return mf_row1_q4k16(row, xq, xds, nb);
-    if (ty == MF_Q6_K && !MF_MV1_NARROW_Q6K && ((u64)row & 1) == 0)
-        return mf_row1_q6k8(row, xq, xds, nb);
-    switch (ty) {
-    case MF_Q8_0: return mf_row1<MF_Q8_0>(row, xq, xds, nb);
-    case MF_Q4_0: return mf_row1<MF_Q4_0>(row, xq, xds, nb);
-    case MF_Q4_1: return mf_row1<MF_Q4_1>(row, xq, xds, nb);
-    case MF_Q5_0: return mf_row1<MF_Q5_0>(row, xq, xds, nb);
-    case MF_Q4_K: return mf_row1<MF_Q4_K>(row, xq, xds, nb);
-    default: return mf_row1<MF_Q6_K>(row, xq, xds, nb);
-    }
+    float r[1];
+    mf_rown_any<1>(ty, row, xq, xds, nb, r);
+    return r[0];
 }
 
 // The one-token kernels (mf_mmvq1, mf_gate_up1, mf_qkv1) quantize x into shared memory once

@@ -101,6 +101,8 @@ pub struct CudaBackend {
     pub(crate) mmvq: bool,
     /// Tensor-core int8 matmuls for many tokens (crates/cuda/src/mmq.rs).
     pub(crate) mmq: crate::mmq::MmqChoice,
+    /// Most generation rows of a matmul on the multi-row vector kernels (`MINFER_CUDA_MVN`).
+    pub(crate) mvn_max: usize,
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
     /// Most queries per block of the warp-tiled attention (kernels/attnw.cu; f16 KV, head
@@ -206,6 +208,7 @@ impl CudaBackend {
             q8_input: None,
             mmvq,
             mmq,
+            mvn_max: s.mvn_max,
             attn_single,
             attn_warp_qt,
             mv1_warps,

@@ -15,6 +15,17 @@ const MV_T: usize = 8;
 /// Fewest output rows per block of the one-token int8 kernels (a warp each; the block has
 /// `mv1_warps` of them).
 const MV1_ROWS: usize = 4;
+/// Rows one pass of the multi-row vector kernels takes, and the kernels by row count (2 ..= 8).
+const MVN_MAX_PASS: usize = 8;
+const MVN_KERNELS: [&str; 7] = [
+    "mf_mmvqn2",
+    "mf_mmvqn3",
+    "mf_mmvqn4",
+    "mf_mmvqn5",
+    "mf_mmvqn6",
+    "mf_mmvqn7",
+    "mf_mmvqn8",
+];
 /// Window rows per attention chunk (kernels/attn.cu `MF_ATTN_CHUNK`, `MF_GQA_CHUNK`).
 const ATTN_CHUNK: usize = 256;
 const GQA_CHUNK: usize = 64;
@@ -537,6 +548,10 @@ impl CudaBackend {
         }
         if let Some(kernel) = self.mmvq_kernel(m.ty) {
             let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
+            // A few rows: the multi-row vector kernels, each row the one-token kernel's bits.
+            if (2..=self.mvn_max).contains(&n) {
+                return self.launch_mvn(m, (xq, xds), n, out, b);
+            }
             // Many tokens: tensor-core tiles, the same bits (the canonical order).
             if let Some((k, tile)) = self.mmq_kernel(m.ty, n) {
                 return self.encode_mmq(k, tile, m, (xq, xds), (out, b), (n_out, n));
@@ -600,6 +615,47 @@ impl CudaBackend {
                 Arg::I32(m.ne1 as i32),
             ],
         )
+    }
+
+    /// `mf_mmvqn<k>`: `n` (2 ..= 16) rows' `out = m · x (+ bias)` over their quantized
+    /// activations `(xq, xds)`, in the fewest passes of at most 8 rows (each pass reads the
+    /// weights once), the rows shared out evenly so that no pass has fewer than 2.
+    fn launch_mvn(
+        &mut self,
+        m: &Matrix,
+        (xq, xds): (u64, u64),
+        n: usize,
+        out: u64,
+        bias: u64,
+    ) -> DResult<()> {
+        let ty = type_code(m.ty).ok_or("weight type")?;
+        let nb = m.ne0 / 32;
+        let mut t0 = 0;
+        let mut passes = n.div_ceil(MVN_MAX_PASS);
+        while t0 < n {
+            let k = (n - t0).div_ceil(passes);
+            passes -= 1;
+            let kernel = MVN_KERNELS[k - 2];
+            let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, 0)?;
+            self.gpu.launch(
+                kernel,
+                (grid, 1, 1),
+                32 * self.mv1_warps as u32,
+                &[
+                    Arg::I32(ty),
+                    Arg::U64(m.ptr),
+                    Arg::U64(m.row_bytes as u64),
+                    Arg::U64(xq + (t0 * m.ne0) as u64),
+                    Arg::U64(xds + (t0 * nb * 8) as u64),
+                    Arg::U64(out + (t0 * m.ne1 * 4) as u64),
+                    Arg::U64(bias),
+                    Arg::I32(m.ne0 as i32),
+                    Arg::I32(m.ne1 as i32),
+                ],
+            )?;
+            t0 += k;
+        }
+        Ok(())
     }
 
     /// Blocks of a one-token kernel (`warps` rows at a time each) over `rows` output rows,

@@ -14,6 +14,10 @@ use crate::lt::GemmType;
 use crate::mmq::{MmqChoice, MmqTile, DEFAULT_MIN_TOKENS};
 use crate::prompt::PromptChoice;
 
+/// Generation rows of one matmul on the multi-row vector kernels by default
+/// (`MINFER_CUDA_MVN`): up to one pass of 8 (kernels/mmvq.cu `mf_mmvqn*`).
+pub(crate) const DEFAULT_MVN_MAX: usize = 8;
+
 /// Programmatic dependent launch (`MINFER_CUDA_PDL`; sm_90 on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pdl {
@@ -98,6 +102,11 @@ pub struct CudaSettings {
     /// warp-tiled kernels' most queries a block.
     pub(crate) attention: (bool, usize),
     pub(crate) mmq: MmqChoice,
+    /// Most generation rows of one matmul the multi-row vector kernels take
+    /// (`MINFER_CUDA_MVN`, 0 ..= 16; 0: off, the dp4a / `mma` kernels as before): a warp per
+    /// output row reading its weights once for up to 8 rows (more in passes of 8). The bits
+    /// never depend on it.
+    pub(crate) mvn_max: usize,
     pub(crate) prompt: PromptChoice,
     pub(crate) gemm: GemmPin,
 }
@@ -164,6 +173,12 @@ impl CudaSettings {
             mv1: mv1_walk(&text)?,
             attention: attention(&text("MINFER_CUDA_ATTN"))?,
             mmq: mmq(&text)?,
+            mvn_max: match text("MINFER_CUDA_MVN").as_str() {
+                "" => DEFAULT_MVN_MAX,
+                v => v.parse::<usize>().ok().filter(|&n| n <= 16).ok_or_else(|| {
+                    Refused::new("MINFER_CUDA_MVN", v, "want a row count from 0 to 16")
+                })?,
+            },
             prompt: prompt(&text)?,
             gemm: gemm(&text)?,
         })
@@ -369,6 +384,7 @@ mod tests {
             (Pdl::Late, 8, Mv1Grid::Wave)
         );
         assert_eq!(d.attention, (false, 2));
+        assert_eq!(d.mvn_max, DEFAULT_MVN_MAX);
         assert_eq!(d.sync_timeout, Duration::from_secs(120));
         assert_eq!(d.mv1.defines(), "");
         let s = with(&[
@@ -380,8 +396,10 @@ mod tests {
             ("MINFER_CUDA_ATTN", "split"),
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
             ("MINFER_CUDA_PROMPT", "mmq"),
+            ("MINFER_CUDA_MVN", "0"),
         ])
         .unwrap();
+        assert_eq!(s.mvn_max, 0);
         assert!(!s.graphs);
         assert_eq!((s.pdl, s.mv1_grid), (Pdl::Early, Mv1Grid::Blocks(1)));
         assert_eq!(
@@ -421,6 +439,11 @@ mod tests {
                 "MINFER_CUDA_MMQ_MIN",
                 "0",
                 "MINFER_CUDA_MMQ_MIN=0: want a token count >= 1",
+            ),
+            (
+                "MINFER_CUDA_MVN",
+                "17",
+                "MINFER_CUDA_MVN=17: want a row count from 0 to 16",
             ),
             (
                 "MINFER_CUDA_MMQ_SPLIT",

@@ -1,6 +1,7 @@
-//! Generation rows on the CUDA backend (issue 27): a sequence's decode step gives the same
-//! bits alone (the one-token kernels `mf_mmvq1`, `mf_qkv1`, `mf_gate_up1`) as among eight
-//! generation rows (the many-token kernels `mf_mmvq_*` / `mf_mmq_*`, which compute the
+//! Generation rows on the CUDA backend (issues 27 and 29): a sequence's decode step gives the
+//! same bits alone (the one-token kernels `mf_mmvq1`, `mf_qkv1`, `mf_gate_up1`) as among 2 to
+//! 12 generation rows (the multi-row vector kernels `mf_mmvqn*`, a warp per row over up to 8
+//! tokens' activations, or the many-token kernels `mf_mmvq_*` / `mf_mmq_*`, which compute the
 //! canonical block order their own way: eight lanes a row or tensor-core tiles, 4-byte
 //! weight loads), whatever grid the one-token
 //! kernels walk their rows with (`MINFER_CUDA_MV1_GRID`: one resident wave, a block per eight
@@ -55,7 +56,7 @@ fn engine_with(path: &Path, fusion: FusionConfig) -> Engine {
     Engine::load(
         path,
         EngineConfig {
-            n_ctx: 128,
+            n_ctx: 256,
             threads: 2,
             cache_type: GgmlType::F16,
             backends: vec!["cuda".into()],
@@ -81,8 +82,16 @@ fn one_token_launches() -> u64 {
         .sum()
 }
 
-/// Launches of the many-token int8 kernels of `ty` so far: the dp4a kernel and the
-/// tensor-core tiles (which of them eight rows take is the backend's choice).
+/// Launches of the multi-row vector kernels so far (every weight type).
+fn multi_row_launches() -> u64 {
+    (2..=8)
+        .map(|k| minfer_cuda::launches(&format!("mf_mmvqn{k}")))
+        .sum()
+}
+
+/// Launches of the many-token int8 kernels of `ty` so far: the multi-row vector kernels,
+/// the dp4a kernel and the tensor-core tiles (which of them a row count takes is the
+/// backend's choice).
 fn many_token_launches(ty: GgmlType) -> u64 {
     let t = ty.to_string().to_lowercase();
     ["", "_r128", "_t32", "_k8"]
@@ -90,14 +99,19 @@ fn many_token_launches(ty: GgmlType) -> u64 {
         .map(|tile| minfer_cuda::launches(&format!("mf_mmq_{t}{tile}")))
         .sum::<u64>()
         + minfer_cuda::launches(&format!("mf_mmvq_{t}"))
+        + multi_row_launches()
 }
 
-/// Each sequence prefilled alone, then one generated token: its logits' bits, with the
-/// one-token kernels' launch count of the steps.
+/// Each of the first eight sequences prefilled alone, then one generated token: its
+/// logits' bits, with the one-token kernels' launch count of the steps.
 fn alone(path: &Path, token: u32) -> (Vec<Vec<u32>>, u64) {
+    alone_n(path, token, 8)
+}
+
+fn alone_n(path: &Path, token: u32, n: usize) -> (Vec<Vec<u32>>, u64) {
     let mut out = Vec::new();
     let mut launched = 0;
-    for i in 0..8 {
+    for i in 0..n {
         let p = prompt(i);
         let mut e = engine(path);
         e.decode(&p, 0, 1).unwrap();
@@ -111,9 +125,15 @@ fn alone(path: &Path, token: u32) -> (Vec<Vec<u32>>, u64) {
 
 /// The eight sequences prefilled, then their generated tokens in one forward.
 fn batched(path: &Path, token: u32, ty: GgmlType) -> (Vec<Vec<u32>>, u64, u64) {
+    batched_n(path, token, ty, 8)
+}
+
+/// The first `n` sequences prefilled, then their generated tokens in one forward: the bits,
+/// and the one-token and many-token kernels' launches of that step.
+fn batched_n(path: &Path, token: u32, ty: GgmlType, n: usize) -> (Vec<Vec<u32>>, u64, u64) {
     let mut e = engine(path);
-    let prompts: Vec<Vec<u32>> = (0..8).map(prompt).collect();
-    let seqs: Vec<_> = (0..8).map(|_| e.seq_create()).collect();
+    let prompts: Vec<Vec<u32>> = (0..n).map(prompt).collect();
+    let seqs: Vec<_> = (0..n).map(|_| e.seq_create()).collect();
     let entries: Vec<BatchEntry> = seqs
         .iter()
         .zip(&prompts)
@@ -128,7 +148,7 @@ fn batched(path: &Path, token: u32, ty: GgmlType) -> (Vec<Vec<u32>>, u64, u64) {
         .collect();
     let (one0, multi0) = (one_token_launches(), many_token_launches(ty));
     let out = e.forward_batch(&step).unwrap();
-    let got = (0..8).map(|i| bits(out.logits(i))).collect();
+    let got = (0..n).map(|i| bits(out.logits(i))).collect();
     (
         got,
         one_token_launches() - one0,
@@ -190,6 +210,57 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
             }
         }
         let (other, _) = alone(&path, 18);
+        assert_ne!(other[0], want[0], "{ty} control: another token differs");
+    }
+}
+
+/// Every generation-row count the multi-row vector kernels take (2 to 8 in one pass, 9 and 12
+/// in two under `MINFER_CUDA_MVN=16`) gives each sequence its bits alone, as the kernels they
+/// replace do (`MINFER_CUDA_MVN=0`: the dp4a kernel below 8 rows, the tensor-core tiles from
+/// 8). Controls: the launch counters show the multi-row kernels ran on the one side and not on
+/// the other, and another token differs.
+#[test]
+fn multi_row_generation_kernels_keep_each_row_alone_bits() {
+    if !gpu() {
+        return;
+    }
+    let cases = [
+        (Arch::Qwen2, GgmlType::Q4K),
+        (Arch::Llama, GgmlType::Q6K),
+        (Arch::Qwen2, GgmlType::Q8_0),
+        (Arch::Llama, GgmlType::Q5_0),
+        (Arch::Qwen2, GgmlType::Q4_0),
+    ];
+    for (arch, ty) in cases {
+        let path = wide_model(arch, ty);
+        let (want, _) = alone_n(&path, 17, 12);
+        for (n, mvn) in [(2, ""), (3, ""), (5, ""), (8, ""), (9, "16"), (12, "16")] {
+            for (side, value) in [("multi-row", mvn), ("replaced", "0")] {
+                let vars: &[(&str, &str)] = if value.is_empty() {
+                    &[]
+                } else {
+                    &[("MINFER_CUDA_MVN", value)]
+                };
+                let mvn0 = multi_row_launches();
+                let (got, one, many) = with_env(vars, || batched_n(&path, 17, ty, n));
+                let ran = multi_row_launches() - mvn0;
+                println!(
+                    "{arch:?} {ty} {n} rows, {side} kernels: multi-row launches {ran}, \
+                     many-token {many}, one-token {one}"
+                );
+                assert_eq!(one, 0, "{ty} {n} {side}: one-token kernels ran");
+                if side == "multi-row" {
+                    assert!(ran > 0, "{ty} {n}: the multi-row kernels never ran");
+                } else {
+                    assert_eq!(ran, 0, "{ty} {n}: MINFER_CUDA_MVN=0 still ran them");
+                    assert!(many > 0, "{ty} {n}: no many-token kernel ran");
+                }
+                for (i, g) in got.iter().enumerate() {
+                    assert!(g == &want[i], "{arch:?} {ty} {n} rows {side}: sequence {i}");
+                }
+            }
+        }
+        let (other, _) = alone_n(&path, 18, 1);
         assert_ne!(other[0], want[0], "{ty} control: another token differs");
     }
 }

@@ -11,9 +11,11 @@ use minfer_graph::{
     RopeStyle,
 };
 
-/// Runs one cell-op node (`KvCopy` of K, or `KvRopeShift`) on `region` as the layer's K
-/// and V regions, as the engine's cell-op graph runs it.
-fn cell_op(be: &mut dyn Backend, region: BufId, op: Op) -> minfer_graph::Result<()> {
+/// Runs one cell-op node (`KvCopy` of K, or `KvRopeShift`) on `k` as the layer's K region
+/// (`v` its V region, which neither op here touches), as the engine's cell-op graph runs it.
+/// The two are distinct buffers, as the engine's are: the CPU backend takes a node's K and V
+/// out of its pool for the node's run, so one buffer in both places is not a layer's regions.
+fn cell_op(be: &mut dyn Backend, (k, v): (BufId, BufId), op: Op) -> minfer_graph::Result<()> {
     let node = Node {
         id: NodeId(0),
         name: "L0.cell_op".into(),
@@ -30,10 +32,7 @@ fn cell_op(be: &mut dyn Backend, region: BufId, op: Op) -> minfer_graph::Result<
         &ExecArgs {
             srcs: &[],
             out: None,
-            kv: Some(KvPair {
-                k: region,
-                v: region,
-            }),
+            kv: Some(KvPair { k, v }),
             weights: &NoWeights,
         },
     )
@@ -69,6 +68,7 @@ fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
         let rc = c.alloc(bytes.len()).unwrap();
         g.write(rg, 0, &bytes).unwrap();
         c.write(rc, 0, &bytes).unwrap();
+        let (kg, kc) = ((rg, g.alloc(bytes.len()).unwrap()), (rc, c.alloc(bytes.len()).unwrap()));
         let layout = KvLayout {
             cache_type: ty,
             n_head_kv: heads,
@@ -84,8 +84,8 @@ fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
                 dst,
                 n,
             };
-            cell_op(&mut g, rg, copy.clone()).unwrap();
-            cell_op(&mut c, rc, copy).unwrap();
+            cell_op(&mut g, kg, copy.clone()).unwrap();
+            cell_op(&mut c, kc, copy).unwrap();
         }
         for style in [RopeStyle::Neox, RopeStyle::Normal] {
             let rope = RopeSpec {
@@ -102,8 +102,8 @@ fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
                 n: 30,
                 delta: -17,
             };
-            cell_op(&mut g, rg, shift.clone()).unwrap();
-            cell_op(&mut c, rc, shift).unwrap();
+            cell_op(&mut g, kg, shift.clone()).unwrap();
+            cell_op(&mut c, kc, shift).unwrap();
         }
         g.synchronize().unwrap();
         let (mut a, mut b) = (vec![0u8; bytes.len()], vec![0u8; bytes.len()]);
