@@ -12,8 +12,9 @@
 //!   memory as they come in); other models keep the generation rows' kernels.
 //!
 //! `MINFER_CUDA_PROMPT=gemm` (default) | `gemm-bf16` | `mmq` (prompt rows on the int8
-//! kernels, ADR 0008's path), `MINFER_CUDA_PROMPT_ATTN=fa` (default: f16 KV) | `fa-q8` (q8_0 KV too, not yet gated on a GPU) | `rows` (the
-//! generation rows' attention kernels).
+//! kernels, ADR 0008's path), `MINFER_CUDA_PROMPT_ATTN=fa` (default, also named `fa-q8`: f16 and q8_0
+//! KV) | `fa-f16` (f16 KV only: a q8_0 cache's prompt rows on the generation rows' kernels, as
+//! before the q8_0 tiles were gated) | `rows` (the generation rows' attention kernels).
 
 use minfer_gguf::GgmlType;
 use minfer_graph::{RowClass, RowClasses};
@@ -71,8 +72,8 @@ pub(crate) struct PromptChoice {
     pub gemm: Option<GemmType>,
     /// Tensor-core attention for prompt rows (off: `rows`).
     pub fa: bool,
-    /// ... over a q8_0 KV cache too (`fa-q8`; off by default until the kernels' H200 gate
-    /// has run: a q8_0 cache's prompt rows then use the generation rows' kernels).
+    /// ... over a q8_0 KV cache too (default since the kernels' GPU gate passed, session 16;
+    /// off with `fa-f16`: a q8_0 cache's prompt rows then use the generation rows' kernels).
     pub fa_q8: bool,
     /// A gate's control only: bf16 operands for runs of fewer than 64 rows.
     pub control_by_rows: bool,

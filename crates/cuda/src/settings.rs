@@ -306,14 +306,14 @@ fn prompt(var: &impl Fn(&str) -> String) -> Result<PromptChoice, Refused> {
     // The q8_0 flash kernels have not run on a GPU yet (issue 26): opt-in until their H200
     // gate passes, so a q8_0 cache's prompt rows stay on the gated generation kernels.
     let (fa, fa_q8) = match var("MINFER_CUDA_PROMPT_ATTN").as_str() {
-        "" | "fa" => (true, false),
-        "fa-q8" => (true, true),
+        "" | "fa" | "fa-q8" => (true, true),
+        "fa-f16" => (true, false),
         "rows" => (false, false),
         other => {
             return Err(Refused::new(
                 "MINFER_CUDA_PROMPT_ATTN",
                 other,
-                "want fa, fa-q8 or rows",
+                "want fa, fa-q8, fa-f16 or rows",
             ))
         }
     };
@@ -453,7 +453,7 @@ mod tests {
             (
                 "MINFER_CUDA_PROMPT_ATTN",
                 "x",
-                "MINFER_CUDA_PROMPT_ATTN=x: want fa, fa-q8 or rows",
+                "MINFER_CUDA_PROMPT_ATTN=x: want fa, fa-q8, fa-f16 or rows",
             ),
             (
                 "MINFER_CUDA_GEMM_WS",

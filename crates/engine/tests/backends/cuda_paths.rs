@@ -210,8 +210,9 @@ fn prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company(_: &Row, _
 /// and `MINFER_CUDA_PROMPT_ATTN=rows` (the generation rows' kernels) gives other bits, so the
 /// chunkings above really ran the q8_0 flash kernel.
 fn q8_0_prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company(_: &Row, _: &()) {
-    // The q8_0 kernels are opt-in until this gate has passed on the H200.
-    std::env::set_var("MINFER_CUDA_PROMPT_ATTN", "fa-q8");
+    // The q8_0 flash kernels are the default since this gate passed (2026-12-06, H100):
+    // unset is what users get; `rows` below is the other side.
+    std::env::remove_var("MINFER_CUDA_PROMPT_ATTN");
     for (arch, ty, hd) in [
         (Arch::Qwen2, GgmlType::Q4K, 128),
         (Arch::Llama, GgmlType::Q6K, 64),
@@ -230,7 +231,7 @@ fn q8_0_prompt_rows_are_bitwise_equal_across_chunk_sizes_and_batch_company(_: &R
                 .decode(&prompt, 0, 1)
                 .unwrap(),
         );
-        std::env::set_var("MINFER_CUDA_PROMPT_ATTN", "fa-q8");
+        std::env::remove_var("MINFER_CUDA_PROMPT_ATTN");
         println!(
             "{arch:?} hd {hd} q8_0: flash == generation kernels: {}",
             fa == rows
