@@ -29,7 +29,7 @@ use crate::backends;
 pub use crate::config::{auto_cache_type, parse_cache_type, EngineConfig};
 pub use crate::error::{Error, Result};
 use crate::kvcache::KvCache;
-use crate::kvcells::{KvCells, SeqId};
+use crate::kvcells::{KvCells, Placement as KvPlacement, SeqId};
 use crate::model::{BatchEntry, BatchLogits, LogitsModel};
 use crate::runner::ModelRunner;
 use minfer_gguf::{GgmlType, GgufModel};
@@ -104,6 +104,15 @@ impl Engine {
     /// Defragmentations of the KV arena run so far.
     pub fn defrags(&self) -> usize {
         self.kv.defrags()
+    }
+    /// Where new KV cells go when a sequence cannot grow in place (the default:
+    /// [`KvPlacement::SERVER`], blocks).
+    pub fn kv_placement(&self) -> KvPlacement {
+        self.kv.cells().placement()
+    }
+    /// Places later KV cells as `placement` says (held cells stay where they are).
+    pub fn set_kv_placement(&mut self, placement: KvPlacement) {
+        self.kv.cells_mut().set_placement(placement);
     }
     /// Graphs built so far (a decode step that reuses a cached graph does not add one).
     pub fn graph_builds(&self) -> usize {

@@ -11,7 +11,7 @@
 //! decides cells.
 
 use crate::error::{Error, Result};
-use crate::kvcells::{Checkpoint, KvCells, SeqId};
+use crate::kvcells::{Checkpoint, KvCells, Placement, SeqId};
 use crate::model::{BatchEntry, ForwardInput};
 
 /// A batch staged on the live table (its cells reserved) and its forward's rows; `undo`
@@ -60,7 +60,8 @@ fn entry_err(entry: usize, e: impl Into<Error>) -> Error {
 
 impl KvCache {
     pub(crate) fn new(n_ctx: usize) -> KvCache {
-        let mut cells = KvCells::new(n_ctx);
+        // Blocks keep a sequence's window a few runs while many grow together (no defrag).
+        let mut cells = KvCells::with_placement(n_ctx, Placement::SERVER);
         let default_seq = cells.create();
         KvCache {
             cells,

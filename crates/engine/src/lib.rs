@@ -28,7 +28,7 @@ pub use config::{parse_size, GpuLayers};
 pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error, Result};
 pub use faults::InjectedFault;
 pub use kvcache::KvBudget;
-pub use kvcells::{CellError, KvCells, Run, SeqId};
+pub use kvcells::{CellError, KvCells, Placement as KvPlacement, Run, SeqId};
 pub use minfer_graph::{FusionConfig, RowClass, KV_MAP_RUNS};
 pub use model::{bucket, BatchEntry, BatchLogits, LogitsModel, TokenBytes};
 pub use settings::Settings;

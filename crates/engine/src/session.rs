@@ -514,7 +514,8 @@ impl Engine {
             }
             .into());
         }
-        let mut cells = KvCells::new(self.kv.cells().n_cells());
+        let mut cells =
+            KvCells::with_placement(self.kv.cells().n_cells(), self.kv.cells().placement());
         cells.create_with_id(self.kv.default_seq())?;
         for sv in &s.seqs {
             if !cells.contains(SeqId(sv.id)) {

@@ -25,6 +25,8 @@ fn cell_placement_and_defrag_leave_the_next_logits_bit_identical() {
         let want2 = plain.decode(&probe2, 23, 1).unwrap().to_vec();
 
         let mut e = engine(&path, 96, ty);
+        // First fit scatters the sequence as below (blocks would keep it one run).
+        e.set_kv_placement(minfer_engine::KvPlacement::FirstFit);
         let (x, y) = (e.seq_create(), e.seq_create());
         let filler = tokens(7, 5, vocab);
         e.forward_batch(&[minfer_engine::BatchEntry::new(x, &filler, 0)])
@@ -187,6 +189,8 @@ fn a_sequence_in_too_many_runs_is_defragmented_first() {
     let path = model_heads(Arch::Qwen2, 2, 7, 2, 1);
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
         let mut e = engine(&path, 128, ty);
+        // First fit lays the runs out as below (blocks would keep the sequence one run).
+        e.set_kv_placement(minfer_engine::KvPlacement::FirstFit);
         let vocab = e.hparams().vocab_size;
         let a = e.default_seq();
         let mut fed = Vec::new();
@@ -227,5 +231,55 @@ fn a_sequence_in_too_many_runs_is_defragmented_first() {
             bits_eq(&got, &want),
             "{ty}: defragmented forward changed the logits"
         );
+    }
+}
+
+/// Batched decode of several sequences gives the same bits whatever the placement: first fit
+/// (the sequences' cells interleave: kv maps, then defrags) and blocks (few runs, no
+/// defrag). The two really differ (asserted: runs and defrags).
+#[test]
+fn batched_decode_is_bit_identical_under_first_fit_and_blocks() {
+    use minfer_engine::{BatchEntry, KvPlacement};
+    let path = model_heads(Arch::Qwen2, 2, 1, 2, 1);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
+        let run = |placement: KvPlacement| {
+            let mut e = engine(&path, 128, ty);
+            e.set_kv_placement(placement);
+            let vocab = e.hparams().vocab_size;
+            let seqs: Vec<_> = (0..4).map(|_| e.seq_create()).collect();
+            let prompts: Vec<Vec<u32>> = (0..4).map(|j| tokens(6, 20 + j, vocab)).collect();
+            let entries: Vec<_> = (seqs.iter().zip(&prompts))
+                .map(|(&s, p)| BatchEntry::new(s, p, 0))
+                .collect();
+            let mut logits = vec![e.forward_batch(&entries).unwrap().clone()];
+            let mut most_runs = 0;
+            for i in 0..16 {
+                let step: Vec<Vec<u32>> =
+                    (0..4).map(|j| tokens(1, 40 + i * 4 + j, vocab)).collect();
+                let entries: Vec<_> = (seqs.iter().zip(&step))
+                    .map(|(&s, t)| BatchEntry::generated(s, t, 6 + i as usize))
+                    .collect();
+                logits.push(e.forward_batch(&entries).unwrap().clone());
+                for &s in &seqs {
+                    most_runs = most_runs.max(e.cells().runs(s).unwrap().len());
+                }
+            }
+            (logits, most_runs, e.defrags())
+        };
+        let (ff, ff_runs, ff_defrags) = run(KvPlacement::FirstFit);
+        let (bl, bl_runs, bl_defrags) = run(KvPlacement::SERVER);
+        assert!(
+            ff_runs > 1 && ff_defrags > 0,
+            "{ty}: first fit {ff_runs} runs, {ff_defrags} defrags"
+        );
+        assert_eq!((bl_runs, bl_defrags), (1, 0), "{ty}: blocks");
+        for (k, (a, b)) in ff.iter().zip(&bl).enumerate() {
+            for r in 0..4 {
+                assert!(
+                    bits_eq(a.logits(r), b.logits(r)),
+                    "{ty}: forward {k}, sequence {r}"
+                );
+            }
+        }
     }
 }

@@ -175,6 +175,12 @@ pub trait Target {
     fn seq_copy_prefix(&mut self, dst: SeqId, src: SeqId, n: usize) -> anyhow::Result<()>;
     /// One forward of entries of several sequences (logits computed, not returned).
     fn forward_batch(&mut self, entries: &[BatchEntry]) -> anyhow::Result<()>;
+    /// Where later KV cells go when a sequence cannot grow in place.
+    fn set_kv_placement(&mut self, _placement: minfer_engine::KvPlacement) {}
+    /// Defragmentations of the KV arena so far.
+    fn defrags(&self) -> usize {
+        0
+    }
     /// Arms the per-node trace: the forwards until [`Target::trace_end`] are recorded.
     fn trace_begin(&mut self) -> anyhow::Result<()> {
         bail!("this bench target cannot trace")

@@ -13,8 +13,9 @@
 //! per cell only an owner count and the position; who the owners are lives in the runs
 //! (no per-cell sets, no per-cell heap allocation). [`KvCells::check`] proves the two agree.
 //!
-//! Allocation is first-fit: a sequence first grows its last run in place when the cells
-//! right after it are free, then takes the lowest free cells.
+//! Allocation: a sequence first grows its last run in place when the cells right after it
+//! are free; the rest is placed as [`Placement`] says (the lowest free cells, or a free
+//! stretch with room to grow: `place`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -25,7 +26,11 @@ mod defrag;
 #[cfg(test)]
 mod defrag_tests;
 mod ops;
+mod place;
+#[cfg(test)]
+mod place_tests;
 mod undo;
+pub use place::Placement;
 pub use undo::Checkpoint;
 #[cfg(test)]
 mod props;
@@ -166,6 +171,8 @@ pub struct KvCells {
     seqs: BTreeMap<SeqId, Vec<Run>>,
     /// One past the highest id ever used, so `create` never reuses an id.
     next_id: u64,
+    /// Where `reserve` puts cells a sequence cannot grow into in place.
+    placement: Placement,
 }
 
 /// Appends `run` to `runs`, merging it into the last run when both cells and positions
@@ -192,7 +199,26 @@ impl KvCells {
             n_free: n_cells,
             seqs: BTreeMap::new(),
             next_id: 0,
+            placement: Placement::FirstFit,
         }
+    }
+
+    /// The same empty table, placing cells as `placement` says.
+    pub fn with_placement(n_cells: usize, placement: Placement) -> Self {
+        KvCells {
+            placement,
+            ..KvCells::new(n_cells)
+        }
+    }
+
+    /// Where `reserve` puts the cells a sequence cannot grow into in place.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// Places later reservations as `placement` says (cells already held stay).
+    pub fn set_placement(&mut self, placement: Placement) {
+        self.placement = placement;
     }
 
     /// The number of cells in the table (free or not).
@@ -329,6 +355,10 @@ impl KvCells {
                 cell += 1;
             }
         }
+        if let Placement::Blocks { min } = self.placement {
+            self.place_blocks(min, &mut out, reqs);
+            return Ok(out);
+        }
         // Phase 2: the rest from the lowest free cells. Nothing is freed during a reserve,
         // so one cursor sweeps the table once for the whole batch.
         let mut cursor = 0;
@@ -337,17 +367,7 @@ impl KvCells {
                 let cell = self.take_lowest_free(&mut cursor, pos0 + cells.len());
                 cells.push(cell);
             }
-            let runs = self.seqs.get_mut(&seq).expect("validated");
-            for (k, &cell) in cells.iter().enumerate() {
-                push_run(
-                    runs,
-                    Run {
-                        cell,
-                        len: 1,
-                        pos: pos0 + k,
-                    },
-                );
-            }
+            self.push_cells(seq, pos0, cells);
         }
         Ok(out)
     }

@@ -17,7 +17,9 @@
 //!   Medians over the repetitions are reported.
 //! - Where the cells go is [`KvLayout`]: by default each sequence owns a slot of P + T
 //!   cells (one span per query, as llama.cpp's per-sequence KV streams), or the engine's
-//!   first-fit allocation (interleaved cells, kv-map windows, compaction).
+//!   allocation (blocks: a sequence's cells in few runs), or plain first fit (interleaved
+//!   cells, kv-map windows, compaction). Each row reports the defragmentations its runs
+//!   made (JSON `defrags`).
 
 use super::report::{size_text, write_header, Format, ModelFacts};
 use super::sysinfo::SysInfo;
@@ -90,6 +92,8 @@ pub fn prefill_plan(n_parallel: usize, n_prompt: usize, n_batch: usize) -> Vec<V
 pub struct Samples {
     pub pp_ns: Vec<u64>,
     pub tg_ns: Vec<u64>,
+    /// Defragmentations during the timed runs.
+    pub defrags: usize,
 }
 
 /// The synthetic tokens of a shape: each sequence's prompt and decode tokens.
@@ -129,11 +133,14 @@ pub enum KvLayout {
     // decode grows every sequence in place. Afterwards the measured set drops its first P
     // positions and becomes the next run's spare set, so later runs need no extra forward.
     Slots,
-    /// The engine's first-fit allocation from an empty arena, as `generate_batch` sees it.
+    /// First fit from an empty arena (the engine's allocation before blocks).
     //
     // One sequence's decode cells interleave with the others', so windows become kv maps
     // and the cache is compacted every few steps.
     FirstFit,
+    /// The engine's allocation from an empty arena, as the server sees it: a sequence that
+    /// cannot grow in place jumps to a block with room to grow (few runs, rare compaction).
+    Blocks,
 }
 
 impl KvLayout {
@@ -141,6 +148,15 @@ impl KvLayout {
         match self {
             KvLayout::Slots => "slots",
             KvLayout::FirstFit => "first-fit",
+            KvLayout::Blocks => "blocks",
+        }
+    }
+
+    /// The engine's cell placement under this layout (the slots are laid out by first fit).
+    pub fn placement(self) -> minfer_engine::KvPlacement {
+        match self {
+            KvLayout::Slots | KvLayout::FirstFit => minfer_engine::KvPlacement::FirstFit,
+            KvLayout::Blocks => minfer_engine::KvPlacement::SERVER,
         }
     }
 }
@@ -263,7 +279,7 @@ fn run_once(
             }
             std::mem::swap(&mut sets.live, &mut sets.spare);
         }
-        KvLayout::FirstFit => {
+        KvLayout::FirstFit | KvLayout::Blocks => {
             for &s in &sets.live {
                 target.seq_clear(s)?;
             }
@@ -304,6 +320,7 @@ pub fn time_parallel(
         }
         Ok(())
     };
+    target.set_kv_placement(layout.placement());
     clear_all(target)?;
     if layout == KvLayout::Slots {
         lay_out_slots(target, shape, &sets, tokens)?;
@@ -312,12 +329,14 @@ pub fn time_parallel(
         run_once(target, shape, &mut sets, tokens, layout).context("warm-up run")?;
     }
     let mut out = Samples::default();
+    let defrags = target.defrags();
     for rep in 0..reps {
         progress(rep);
         let (pp, tg) = run_once(target, shape, &mut sets, tokens, layout)?;
         out.pp_ns.push(pp);
         out.tg_ns.push(tg);
     }
+    out.defrags = target.defrags() - defrags;
     clear_all(target)?;
     Ok(out)
 }
@@ -345,6 +364,8 @@ pub struct ParRow {
     pub n_kv: usize,
     pub samples_pp_ns: Vec<u64>,
     pub samples_tg_ns: Vec<u64>,
+    /// KV defragmentations during the timed runs (all repetitions).
+    pub defrags: usize,
     /// T_PP s
     pub t_pp_s: f64,
     /// S_PP t/s: all N·P prompt tokens over the prefill time.
@@ -417,6 +438,7 @@ impl ParRow {
             s_tg_stddev_ts: stats::stdev(&s_tg),
             samples_pp_ns: s.pp_ns,
             samples_tg_ns: s.tg_ns,
+            defrags: s.defrags,
         }
     }
 }
@@ -640,6 +662,9 @@ mod tests {
         fn seq_create(&mut self) -> SeqId {
             self.cells.create()
         }
+        fn set_kv_placement(&mut self, placement: minfer_engine::KvPlacement) {
+            self.cells.set_placement(placement);
+        }
         fn seq_clear(&mut self, seq: SeqId) -> anyhow::Result<()> {
             self.calls.push(Call::Clear(seq.0));
             Ok(self.cells.clear(seq)?)
@@ -771,6 +796,26 @@ mod tests {
     }
 
     #[test]
+    fn blocks_keep_decode_windows_a_kv_map_where_first_fit_does_not() {
+        for (p, t, n) in [(32, 32, 8), (128, 32, 8), (128, 32, 32)] {
+            let s = shape(p, t, n);
+            let most = |layout| {
+                let (mut f, all, sets) = setup(s, 512);
+                let tokens = Tokens::new(s, 100, 2);
+                time_parallel(&mut f, s, &all, sets, &tokens, layout, 1, true, &|_| {}).unwrap();
+                f.cells.check().unwrap();
+                f.max_runs
+            };
+            let runs = minfer_engine::KV_MAP_RUNS;
+            let blocks = most(KvLayout::Blocks);
+            assert!(blocks <= runs, "p {p} t {t} n {n}: {blocks} runs");
+            // Control: first fit needs more runs than a map holds (the engine would defrag).
+            let ff = most(KvLayout::FirstFit);
+            assert!(ff > runs, "first fit p {p} t {t} n {n}: {ff} runs");
+        }
+    }
+
+    #[test]
     fn slots_hold_for_many_shapes_and_batch_sizes() {
         for (p, t, n, nb) in [(7, 4, 5, 8), (128, 32, 16, 512), (3, 9, 4, 5), (1, 1, 1, 1)] {
             let s = shape(p, t, n);
@@ -841,6 +886,7 @@ mod tests {
         let s = Samples {
             pp_ns: vec![2_000_000_000, 4_000_000_000, 1_000_000_000],
             tg_ns: vec![1_000_000_000, 2_000_000_000, 4_000_000_000],
+            defrags: 0,
         };
         let r = ParRow::new(&rf, shape, s);
         assert_eq!(r.n_kv, 640);
@@ -857,6 +903,7 @@ mod tests {
             Samples {
                 pp_ns: vec![1_000_000_000],
                 tg_ns: vec![1_000_000_000],
+                defrags: 0,
             },
         );
         assert_eq!(one.s_tg_ts, 32.0);

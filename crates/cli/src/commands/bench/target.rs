@@ -69,6 +69,12 @@ impl Target for EngineTarget {
         self.0.forward_batch(entries)?;
         Ok(())
     }
+    fn set_kv_placement(&mut self, placement: minfer_engine::KvPlacement) {
+        self.0.set_kv_placement(placement);
+    }
+    fn defrags(&self) -> usize {
+        self.0.defrags()
+    }
     fn trace_begin(&mut self) -> anyhow::Result<()> {
         self.0.trace_begin()?;
         Ok(())

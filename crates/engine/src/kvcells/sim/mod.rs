@@ -71,8 +71,19 @@ impl Sim {
 
     /// `steps` random operations on a table of random size, each followed by `verify`.
     pub(super) fn run(seed: u64, steps: usize, fault: Fault) -> Result<Sim, String> {
+        Sim::run_placed(seed, steps, fault, super::Placement::FirstFit)
+    }
+
+    /// [`Sim::run`] on a table placing cells as `placement` says.
+    pub(super) fn run_placed(
+        seed: u64,
+        steps: usize,
+        fault: Fault,
+        placement: super::Placement,
+    ) -> Result<Sim, String> {
         let mut rng = Rng::new(seed);
         let mut sim = Sim::new(6 + rng.below(40), fault);
+        sim.cells.set_placement(placement);
         for _ in 0..2 + rng.below(3) {
             sim.do_create()?;
         }
