@@ -67,6 +67,7 @@ fn compare(model: &Path, prompts: &[String], max_tokens: usize) -> (usize, usize
             logprobs: None,
             constraint: None,
             lookup,
+            draft: None,
         };
         engine.kv_clear();
         let plain = generate(&mut engine, &Pieces(&tok), &req(None), |_| {}).unwrap();

@@ -418,6 +418,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         reply_reserve: max_tokens,
         constraint: None,
         lookup: args.spec.config(),
+        draft: None,
     };
     let mut chat = Chat::new(engine, cfg).context("cannot start the chat")?;
     chat.config_mut().constraint = args.constraint.compile(chat.tokenizer())?;

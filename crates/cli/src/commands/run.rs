@@ -203,6 +203,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         logprobs: None,
         constraint,
         lookup: args.spec.config(),
+        draft: None,
     };
     // Off (no --trace, no MINFER_TRACE) nothing is armed: the engine then pays one Option
     // test per forward and each backend one bool per node (ADR 0006).
