@@ -68,14 +68,14 @@ impl Engine {
     pub fn self_draft(&self, layers: usize, cfg: EngineConfig) -> Result<Engine> {
         let n = self.hparams().block_count;
         if layers == 0 || layers >= n {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::SelfDraft(format!(
                 "--self-draft {layers}: the draft takes the first LAYERS blocks of the model's {n}, so LAYERS must be 1 to {}",
                 n.saturating_sub(1)
             )));
         }
         let ids = backends::resolve(&cfg.backends)?;
         if let Some(&d) = ids.iter().find(|&&id| backends::is_device(id)) {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::SelfDraft(format!(
                 "--self-draft runs on the cpu backend only: on {} the draft's blocks would be uploaded a second time",
                 backends::name_of(d)
             )));
