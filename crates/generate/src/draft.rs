@@ -17,7 +17,7 @@
 //!   from the request's seed, so a seeded run repeats).
 //!
 //! It stops at `draft_max` tokens, or before a token whose draft probability is under
-//! `p_min`; a proposal shorter than `draft_min` is dropped. The length adapts as prompt
+//! `p_min`; a proposal shorter than `draft_min` is dropped (and counts as a miss). The length adapts as prompt
 //! lookup's does (doubling while every draft holds, the accepted run + 1 otherwise), and
 //! after three forwards with nothing accepted the sequence stops drafting for a pause that
 //! doubles each time it recurs (8, 16, … 256 forwards): a draft that is always rejected
@@ -366,17 +366,30 @@ impl SeqDraft {
         if want == 0 || want < self.handle.cfg.draft_min {
             return Ok(Vec::new());
         }
-        let mut m = self
+        let p = self
             .handle
             .model
             .lock()
-            .map_err(|_| "the draft model's lock is poisoned".to_string())?;
-        let p = m.propose(history, n_prompt, want, self.how, &mut self.rng)?;
+            .map_err(|_| "the draft model's lock is poisoned".to_string())?
+            .propose(history, n_prompt, want, self.how, &mut self.rng)?;
         if p.tokens.len() < self.handle.cfg.draft_min.max(1) {
+            // The draft ran and had nothing sure enough (p-min) or long enough: a miss, so
+            // a draft that is never confident pauses as a rejected one does.
+            self.miss();
             return Ok(Vec::new());
         }
         self.q = p.q;
         Ok(p.tokens)
+    }
+
+    /// A forward whose draft gained nothing; the third in a row starts a pause.
+    fn miss(&mut self) {
+        self.misses += 1;
+        if self.misses >= 3 {
+            self.misses = 0;
+            self.pause = self.next_pause;
+            self.next_pause = (self.next_pause * 2).min(PAUSE_MAX);
+        }
     }
 
     /// Counts a forward: `drafted` verified, `accepted` of them held.
@@ -396,12 +409,7 @@ impl SeqDraft {
         } else {
             self.k = (accepted + 1).max(min).min(max);
             if accepted == 0 {
-                self.misses += 1;
-                if self.misses >= 3 {
-                    self.misses = 0;
-                    self.pause = self.next_pause;
-                    self.next_pause = (self.next_pause * 2).min(PAUSE_MAX);
-                }
+                self.miss();
             } else {
                 self.misses = 0;
                 self.next_pause = PAUSE;
