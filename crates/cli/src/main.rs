@@ -167,8 +167,9 @@ fn llama_flag(args: &[std::ffi::OsString]) -> Option<(String, &'static str)> {
     None
 }
 
-/// llama.cpp's `-ngl N` is `--gpu-layers N` (clap would read it as `-n gl`): rewritten by
-/// its whole name before `--`, as `-ngl=N` too; after `--` it is prompt text.
+/// llama.cpp's `-ngl N` is `--gpu-layers N` (clap would read it as `-n gl`) and `-md MODEL`
+/// `--draft MODEL`: rewritten by their whole names before `--`, as `-ngl=N` / `-md=M` too;
+/// after `--` they are prompt text.
 fn ngl_alias(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let mut before_dashes = true;
     args.into_iter()
@@ -182,6 +183,9 @@ fn ngl_alias(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
             match a.to_str() {
                 Some("-ngl") => "--gpu-layers".into(),
                 Some(s) if s.starts_with("-ngl=") => format!("--gpu-layers={}", &s[5..]).into(),
+                // llama.cpp's `-md MODEL` (clap would read `-m d`): the draft model.
+                Some("-md") => "--draft".into(),
+                Some(s) if s.starts_with("-md=") => format!("--draft={}", &s[4..]).into(),
                 _ => a,
             }
         })

@@ -36,6 +36,7 @@ use minfer_gguf::{GgmlType, GgufModel};
 use minfer_graph::{dump, RowClass, WindowLayout};
 use minfer_models::{check_tensors, HParams};
 use std::path::Path;
+use std::sync::Arc;
 
 pub struct Engine {
     /// The model on its backends: graphs, plans, weights, the output buffer.
@@ -54,6 +55,44 @@ impl Engine {
         let model = GgufModel::open(path)?;
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;
+        Engine::on_model(&ids, backends, Arc::new(model), hp, cfg)
+    }
+
+    /// A self-drafting engine (issue 31, `--self-draft LAYERS`): this engine's first `layers`
+    /// blocks, then its final norm and output head, over the same mapped weights (the
+    /// `Arc`'d model, so no second copy of a weight is read or held on the CPU), with its
+    /// own graphs and its own KV cells for those blocks (ADR 0013 says why not the target's).
+    /// `cfg` is the draft's (its context, threads, batch); its backends must be the CPU's
+    /// alone: a device backend would upload the blocks a second time. Refused by name:
+    /// `layers` of 0 or not below the model's block count.
+    pub fn self_draft(&self, layers: usize, cfg: EngineConfig) -> Result<Engine> {
+        let n = self.hparams().block_count;
+        if layers == 0 || layers >= n {
+            return Err(Error::SelfDraft(format!(
+                "--self-draft {layers}: the draft takes the first LAYERS blocks of the model's {n}, so LAYERS must be 1 to {}",
+                n.saturating_sub(1)
+            )));
+        }
+        let ids = backends::resolve(&cfg.backends)?;
+        if let Some(&d) = ids.iter().find(|&&id| backends::is_device(id)) {
+            return Err(Error::SelfDraft(format!(
+                "--self-draft runs on the cpu backend only: on {} the draft's blocks would be uploaded a second time",
+                backends::name_of(d)
+            )));
+        }
+        let backends = backends::instantiate(&ids, cfg.threads, &cfg.settings)?;
+        let mut hp = self.hparams().clone();
+        hp.block_count = layers;
+        Engine::on_model(&ids, backends, self.runner.model_arc(), hp, cfg)
+    }
+
+    fn on_model(
+        ids: &[minfer_graph::BackendId],
+        backends: Vec<Box<dyn minfer_graph::Backend>>,
+        model: Arc<GgufModel>,
+        hp: HParams,
+        cfg: EngineConfig,
+    ) -> Result<Engine> {
         let mut cfg = cfg;
         if cfg.cache_type_auto && ids.iter().any(|&id| backends::is_device(id)) {
             cfg.cache_type = auto_cache_type(&hp);

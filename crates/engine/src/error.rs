@@ -27,6 +27,9 @@ pub enum Error {
     TokenOutOfRange { id: u32, index: usize, vocab: usize },
     #[error("bad decode request: {0}")]
     BadRequest(String),
+    /// A self-drafting engine that cannot be built as asked (`Engine::self_draft`).
+    #[error("{0}")]
+    SelfDraft(String),
     #[error("batch entry {entry}: {source}")]
     Entry {
         entry: usize,

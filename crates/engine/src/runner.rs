@@ -20,6 +20,7 @@ use minfer_graph::{
 };
 use minfer_models::{build_graph, output_weight_name, HParams};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 // Graphs kept built (token and output buckets, both window layouts), and the most bytes of
 // activation buffers their plans may hold together (each plan owns its buffers).
@@ -29,7 +30,9 @@ pub(crate) struct ModelRunner {
     /// Declared before `model`: fields drop in order, and a device backend may hold
     /// zero-copy wraps of the model's mapping (and submit pending work when dropped).
     backends: Vec<Box<dyn Backend>>,
-    model: GgufModel,
+    /// Shared with a self-drafting engine over the same weights (`Engine::self_draft`): one
+    /// mapping, never a second copy.
+    model: Arc<GgufModel>,
     ids: HashMap<String, WeightId>,
     hp: HParams,
     output_weight: &'static str,
@@ -93,7 +96,7 @@ impl ModelRunner {
     /// graph's fused nodes name, once.
     pub(crate) fn new(
         mut backends: Vec<Box<dyn Backend>>,
-        model: GgufModel,
+        model: Arc<GgufModel>,
         hp: HParams,
         n_ctx: usize,
         cfg: &EngineConfig,
@@ -159,6 +162,10 @@ impl ModelRunner {
     }
     pub(crate) fn model(&self) -> &GgufModel {
         &self.model
+    }
+    /// The mapped model, shared (a self-drafting engine reads the same mapping).
+    pub(crate) fn model_arc(&self) -> Arc<GgufModel> {
+        Arc::clone(&self.model)
     }
     pub(crate) fn placement(&self) -> &Placement {
         &self.placement

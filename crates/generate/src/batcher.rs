@@ -97,7 +97,7 @@ impl<T> Batcher<T> {
         self.seqs
             .iter()
             .filter(|(_, g)| !g.done && g.pending.is_some())
-            .map(|(_, g)| 1 + g.drafts(usize::MAX, n_ctx).len())
+            .map(|(_, g)| 1 + g.draft_bound(n_ctx))
             .sum()
     }
 
@@ -147,9 +147,18 @@ impl<T> Batcher<T> {
         let mut plan: Vec<(usize, Part)> = Vec::new();
         let mut drafted: Vec<Vec<u32>> = Vec::new();
         let mut room = budget;
-        for (i, (_, g)) in self.seqs.iter().enumerate() {
+        for (i, (tag, g)) in self.seqs.iter_mut().enumerate() {
             if !g.done && g.pending.is_some() && room > 0 {
-                let d = g.drafts(room - 1, n_ctx);
+                // A draft model runs here; its failure fails the sequence (never a silent
+                // fall back to plain decoding).
+                let d = match g.drafts(room - 1, n_ctx) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        g.fail(Failure::Forward(e));
+                        on_event(tag, g, Event::Done);
+                        continue;
+                    }
+                };
                 plan.push((i, Part::Decode { drafts: d.len() }));
                 room -= 1 + d.len();
                 drafted.push(d);
@@ -350,7 +359,8 @@ impl<T> Batcher<T> {
             row.extend_from_slice(&logits[r * width..(r + 1) * width]);
             // Rows with a draft are verified (speculative sampling's rule); the row after
             // the last draft, reached only when every draft held, samples plainly.
-            let (text, done, held) = match g.accept(row, drafts.get(r).copied(), vocab, n_ctx) {
+            let draft = drafts.get(r).map(|&x| (r, x));
+            let (text, done, held) = match g.accept(row, draft, vocab, n_ctx) {
                 Ok((Step::Text(t), held)) => (t, false, held),
                 Ok((Step::Done(t), held)) => (t, true, held),
                 Err(e) => {
@@ -373,14 +383,20 @@ impl<T> Batcher<T> {
                     },
                 );
             }
-            if !done && held {
+            if held {
                 accepted += 1;
-                continue;
+                if !done {
+                    continue;
+                }
             }
-            // The forward's verdict is in: count it before the sequence's output is final.
-            if let Some(l) = &mut g.lookup {
-                l.update(drafts.len(), accepted);
-            }
+            // The forward's verdict is in: count it before the sequence's output is final
+            // (drafts past a row that ended the sequence were never verified).
+            let verified = if done {
+                (r + 1).min(drafts.len())
+            } else {
+                drafts.len()
+            };
+            g.drafts_verified(verified, accepted);
             if done {
                 g.finish_timings(Instant::now());
                 on_event(tag, g, Event::Done);
@@ -388,9 +404,7 @@ impl<T> Batcher<T> {
             return;
         }
         // A sampler failure ended the rows early.
-        if let Some(l) = &mut g.lookup {
-            l.update(drafts.len(), accepted);
-        }
+        g.drafts_verified(drafts.len(), accepted);
     }
 }
 

@@ -19,6 +19,7 @@
 mod batcher;
 pub mod chat;
 pub mod constrain;
+pub mod draft;
 pub mod lookup;
 pub mod sampler;
 pub mod sched;
@@ -48,7 +49,7 @@ pub enum GenerateError<E: std::error::Error + 'static> {
     #[error(transparent)]
     Sampler(#[from] SamplerError),
     /// A speculative drafter asked for with a setting it does not support yet.
-    #[error("speculative decoding (--lookup) does not support {what} yet")]
+    #[error("speculative decoding does not support {what} yet")]
     SpeculativeUnsupported { what: &'static str },
     /// The message carries the cause (not also a `source`, so error chains print it once).
     #[error("model forward failed: {0}")]
@@ -83,6 +84,9 @@ pub struct GenerateRequest {
     pub constraint: Option<Grammar>,
     /// Prompt lookup decoding: drafts verified in the sampled token's forward ([`lookup`]).
     pub lookup: Option<LookupConfig>,
+    /// A draft model (or self-drafting) proposes the drafts instead ([`draft`]); not with
+    /// `lookup`.
+    pub draft: Option<draft::DraftHandle>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]

@@ -2,6 +2,7 @@
 //! chain, penalty window, stop matcher, UTF-8-safe text hold and log probabilities.
 
 use crate::constrain::ConstraintState;
+use crate::draft::SeqDraft;
 use crate::lookup::Lookup;
 use crate::sampler::{log_softmax, Mirostat, Sampler, SamplerError};
 use crate::stop::StopMatcher;
@@ -85,6 +86,8 @@ pub struct SeqGen {
     constraint: Option<ConstraintState>,
     /// Prompt lookup's drafter, when the request speculates.
     pub(crate) lookup: Option<Lookup>,
+    /// A draft model's (or self-drafting's) drafter, when the request speculates with one.
+    pub(crate) model_draft: Option<SeqDraft>,
     /// Prompt and generated ids (the penalty window reads it).
     pub(crate) history: Vec<u32>,
     /// The last sampled id, to be decoded next.
@@ -132,7 +135,12 @@ impl SeqGen {
                 n_ctx,
             });
         }
-        if req.lookup.is_some() {
+        if req.lookup.is_some() && req.draft.is_some() {
+            return Err(GenerateError::SpeculativeUnsupported {
+                what: "two drafters at once (prompt lookup and a draft model)",
+            });
+        }
+        if req.lookup.is_some() || req.draft.is_some() {
             // Drafts are verified by speculative sampling's rule (crate::speculative), which
             // needs the row's distribution to be a function of the history alone. Mirostat's
             // running μ moves with every draw and is not carried through verification.
@@ -153,6 +161,10 @@ impl SeqGen {
             logprobs: req.logprobs,
             constraint: req.constraint.as_ref().map(|g| g.start()),
             lookup: req.lookup.map(Lookup::new),
+            model_draft: req
+                .draft
+                .clone()
+                .map(|h| SeqDraft::new(h, req.sampler.temperature, req.sampler.seed)),
             history: req.prompt.clone(),
             pending: None,
             done: false,
@@ -225,16 +237,13 @@ impl SeqGen {
     /// The drafts to verify after the pending token in the next forward, at most `room`
     /// (none without a drafter): bounded so that every row stays inside the context and no
     /// more tokens are sampled than `max_tokens` allows.
-    pub(crate) fn drafts(&self, room: usize, n_ctx: usize) -> Vec<u32> {
-        let Some(l) = &self.lookup else {
-            return Vec::new();
+    pub(crate) fn drafts(&mut self, room: usize, n_ctx: usize) -> Result<Vec<u32>, String> {
+        let limit = room.min(self.draft_limit(n_ctx));
+        let mut d = match (&self.lookup, &mut self.model_draft) {
+            (Some(l), _) => l.draft(&self.history, limit),
+            (None, Some(m)) => m.draft(&self.history, self.prompt.len(), limit)?,
+            (None, None) => return Ok(Vec::new()),
         };
-        // The pending token sits at `pos`; drafts take pos + 1 ..; a forward samples one
-        // token more than it drafts.
-        let pos = self.base + self.history.len() - 1;
-        let ctx_left = n_ctx.saturating_sub(pos + 1);
-        let tokens_left = self.max_tokens.saturating_sub(self.out.tokens.len() + 1);
-        let mut d = l.draft(&self.history, room.min(ctx_left).min(tokens_left));
         if let Some(c) = &self.constraint {
             // The grammar constrains the proposals: a draft ends before its first token the
             // matcher (advanced over every committed token) refuses, since verification
@@ -242,7 +251,41 @@ impl SeqGen {
             // the matcher where it was; verification advances it over kept tokens only.
             d.truncate(c.valid_prefix(&d));
         }
-        d
+        // Nothing follows an end-of-generation token.
+        if let Some(i) = d.iter().position(|t| self.eog.contains(t)) {
+            d.truncate(i + 1);
+        }
+        Ok(d)
+    }
+
+    /// At most how many drafts the next forward verifies, without running a draft model:
+    /// the KV budget's bound ([`crate::Batcher::decode_rows`]).
+    pub(crate) fn draft_bound(&self, n_ctx: usize) -> usize {
+        let limit = self.draft_limit(n_ctx);
+        match (&self.lookup, &self.model_draft) {
+            (Some(l), _) => l.draft(&self.history, limit).len(),
+            (None, Some(m)) => m.bound(limit),
+            (None, None) => 0,
+        }
+    }
+
+    /// The drafts the context and `max_tokens` leave room for: the pending token sits at
+    /// `pos`, drafts take pos + 1 ..; a forward samples one token more than it drafts.
+    fn draft_limit(&self, n_ctx: usize) -> usize {
+        let pos = self.base + self.history.len() - 1;
+        let ctx_left = n_ctx.saturating_sub(pos + 1);
+        let tokens_left = self.max_tokens.saturating_sub(self.out.tokens.len() + 1);
+        ctx_left.min(tokens_left)
+    }
+
+    /// Counts a forward's verdict with the drafter: `drafted` verified, `accepted` held.
+    pub(crate) fn drafts_verified(&mut self, drafted: usize, accepted: usize) {
+        if let Some(l) = &mut self.lookup {
+            l.update(drafted, accepted);
+        }
+        if let Some(m) = &mut self.model_draft {
+            m.update(drafted, accepted);
+        }
     }
 
     /// Positions the sequence's KV should hold now: everything but the last sampled token.
@@ -255,13 +298,13 @@ impl SeqGen {
     }
 
     /// Samples from `logits` (the row after the last token fed) and updates the state. With
-    /// a `draft` (the token drafted for this row, proposed deterministically: its `q` is
-    /// one-hot), the row's token is speculative sampling's verdict on it instead of a plain
-    /// draw; the bool says whether the draft held.
+    /// a `draft` (the `r`th draft of the forward and its token), the row's token is
+    /// speculative sampling's verdict on it instead of a plain draw, against the draft's q
+    /// (one-hot for lookup's and a greedy draft model's); the bool says whether it held.
     pub(crate) fn accept(
         &mut self,
         logits: &mut [f32],
-        draft: Option<u32>,
+        draft: Option<(usize, u32)>,
         vocab: &dyn TokenBytes,
         n_ctx: usize,
     ) -> Result<(Step, bool), SamplerError> {
@@ -273,7 +316,7 @@ impl SeqGen {
     fn accept_inner(
         &mut self,
         logits: &mut [f32],
-        draft: Option<u32>,
+        draft: Option<(usize, u32)>,
         held: &mut bool,
         vocab: &dyn TokenBytes,
         n_ctx: usize,
@@ -294,10 +337,13 @@ impl SeqGen {
         let bytes = |t| vocab.token_bytes(t);
         let id = match draft {
             None => self.sampler.sample(logits, &self.history, &bytes)?,
-            Some(x) => {
-                let v = self
-                    .sampler
-                    .verify(logits, &self.history, &bytes, x, &[(x, 1.0)])?;
+            Some((r, x)) => {
+                let one_hot = [(x, 1.0)];
+                let q: &[(u32, f64)] = match &self.model_draft {
+                    Some(m) if r < m.q.len() => &m.q[r],
+                    _ => &one_hot,
+                };
+                let v = self.sampler.verify(logits, &self.history, &bytes, x, q)?;
                 *held = v.accepted();
                 v.token()
             }
@@ -376,6 +422,9 @@ impl SeqGen {
         }
         if let Some(l) = &self.lookup {
             self.out.speculative = Some(l.stats);
+        }
+        if let Some(m) = &self.model_draft {
+            self.out.speculative = Some(m.stats);
         }
         let pre = self.prefilled_at.unwrap_or(now);
         self.out.timings.prompt_ms = ms(pre - self.started);

@@ -82,6 +82,7 @@ fn request(seed: u64, lookup: Option<LookupConfig>) -> GenerateRequest {
             ..SamplerConfig::default()
         },
         lookup,
+        draft: None,
         // Every token follows every other somewhere in the prompt: a draft at every row.
         ..greedy(vec![0, 1, 2, 3, 4, 0, 2, 4, 1, 3, 0], REPLY)
     }

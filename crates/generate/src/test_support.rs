@@ -27,6 +27,7 @@ pub(crate) fn greedy(prompt: Vec<u32>, n: usize) -> GenerateRequest {
         logprobs: None,
         constraint: None,
         lookup: None,
+        draft: None,
     }
 }
 

@@ -25,6 +25,7 @@ fn config(max_tokens: usize, temperature: f32) -> ChatConfig {
         reply_reserve: max_tokens,
         constraint: None,
         lookup: None,
+        draft: None,
     }
 }
 

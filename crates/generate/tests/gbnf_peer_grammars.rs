@@ -108,6 +108,7 @@ fn peer_gbnf_grammars_compile_and_replies_are_in_their_language() {
                         logprobs: None,
                         constraint: Some(g.clone()),
                         lookup: None,
+                        draft: None,
                     },
                 ),
             ));

@@ -98,6 +98,7 @@ fn every_corpus_schema_gives_replies_that_validate() {
                     logprobs: None,
                     constraint: Some(g.clone()),
                     lookup: None,
+                    draft: None,
                 },
             ));
         }

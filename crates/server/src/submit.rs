@@ -49,6 +49,7 @@ pub fn choices(
                 logprobs: gen.logprobs,
                 constraint: grammar.cloned(),
                 lookup,
+                draft: None,
             }
         })
         .collect())

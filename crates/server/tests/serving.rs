@@ -63,6 +63,7 @@ fn engine_alone(model: &std::path::Path, user: &str, max_tokens: usize) -> Strin
         logprobs: None,
         constraint: None,
         lookup: None,
+        draft: None,
     };
     let out = generate(&mut e, &Pieces(&tok), &req, |_| {}).unwrap();
     String::from_utf8_lossy(&out.text).into_owned()

@@ -406,7 +406,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let sampler = args.sampling.to_config()?;
     args.constraint.spec()?;
+    args.spec.check()?;
     let (engine, _) = args.model.load()?;
+    let draft = args.spec.draft_handle(&engine, &args.model)?;
     if let Some(note) = args.sampling.seed_note(&sampler) {
         eprintln!("{note}");
     }
@@ -418,6 +420,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         reply_reserve: max_tokens,
         constraint: None,
         lookup: args.spec.config(),
+        draft,
     };
     let mut chat = Chat::new(engine, cfg).context("cannot start the chat")?;
     chat.config_mut().constraint = args.constraint.compile(chat.tokenizer())?;

@@ -152,12 +152,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let sampler = args.sampling.to_config()?;
     args.constraint.spec()?;
+    args.spec.check()?;
     let prompt_text = match given_prompt(&args)? {
         Some(p) => p,
         None => prompt_from_stdin()?,
     };
     interrupt::install()?;
     let (mut engine, load_ms) = args.model.load()?;
+    let draft = args.spec.draft_handle(&engine, &args.model)?;
     if let Some(note) = args.sampling.seed_note(&sampler) {
         eprintln!("{note}");
     }
@@ -203,6 +205,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         logprobs: None,
         constraint,
         lookup: args.spec.config(),
+        draft,
     };
     // Off (no --trace, no MINFER_TRACE) nothing is armed: the engine then pays one Option
     // test per forward and each backend one bool per node (ADR 0006).
@@ -302,7 +305,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     if let Some(s) = &out.speculative {
         eprintln!(
-            "lookup:    {} drafted, {} accepted ({:.1}%) in {} verifying forwards",
+            "{:<12}{} drafted, {} accepted ({:.1}%) in {} verifying forwards",
+            format!("{}:", args.spec.drafter_name()),
             s.drafted,
             s.accepted,
             100.0 * s.acceptance(),

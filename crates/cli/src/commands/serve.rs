@@ -141,6 +141,8 @@ fn api_key(args: &Args) -> anyhow::Result<Option<String>> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.spec.check()?;
+    args.spec.refuse_model_drafters("serve")?;
     if args.parallel == 0 || args.parallel > 256 {
         usage!("--parallel {}: expected 1 to 256", args.parallel);
     }

@@ -1,6 +1,12 @@
-//! Speculative decoding flags shared by `run` and `chat` (issue 31): prompt lookup.
+//! Speculative decoding flags shared by `run`, `chat` and `serve` (issue 31): prompt lookup,
+//! a draft model (`--draft`, `-md`) and self-drafting (`--self-draft`).
 
+use super::args::{model_path, ModelArgs};
+use crate::usage;
+use anyhow::Context;
 use clap::Args as ClapArgs;
+use minfer_engine::{Engine, EngineConfig};
+use minfer_generate::draft::{check_vocab, DraftConfig, DraftHandle, EngineDraft};
 use minfer_generate::lookup::LookupConfig;
 
 #[derive(ClapArgs, Debug, Clone)]
@@ -19,9 +25,29 @@ pub struct SpecArgs {
         value_parser = clap::value_parser!(u32).range(1..=16)
     )]
     pub lookup: Option<u32>,
-    /// Most tokens drafted for one forward (with --lookup).
+    /// A draft model (`-md` as llama.cpp spells it): it proposes up to --draft-max tokens
+    /// (greedy, or drawn from its own distribution at --temp > 0) that the model verifies in
+    /// one forward; same guarantees as --lookup. Its vocabulary must be the model's (type,
+    /// size within 128, BOS/EOS, token texts). Not in `serve` yet.
+    #[arg(long = "draft", value_name = "MODEL")]
+    pub draft: Option<String>,
+    /// Self-drafting: the model's own first LAYERS blocks, final norm and output head are
+    /// the draft (no second file, the same mapped weights, own KV); 1 to the block count
+    /// minus 1; CPU backend only. Not in `serve` yet.
+    #[arg(long = "self-draft", value_name = "LAYERS")]
+    pub self_draft: Option<usize>,
+    /// Most tokens drafted for one forward (with --lookup, --draft or --self-draft).
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub draft_max: u32,
+    /// A draft model's proposal shorter than N tokens is not verified (0: any).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub draft_min: u32,
+    /// A draft model stops before a token it gives less than P probability.
+    #[arg(long, value_name = "P", default_value_t = 0.75)]
+    pub draft_p_min: f32,
+    /// The draft model's backend (default: the model's --backend).
+    #[arg(long = "draft-backend", value_name = "NAME")]
+    pub draft_backend: Option<String>,
 }
 
 impl SpecArgs {
@@ -30,5 +56,116 @@ impl SpecArgs {
             ngram: n as usize,
             draft_max: self.draft_max as usize,
         })
+    }
+
+    /// Usage errors before anything loads: one drafter at a time, `--draft-p-min` a
+    /// probability, the draft flags only with a draft.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let drafters = [
+            self.lookup.map(|_| "--lookup"),
+            self.draft.as_ref().map(|_| "--draft"),
+            self.self_draft.map(|_| "--self-draft"),
+        ];
+        let given: Vec<&str> = drafters.into_iter().flatten().collect();
+        if given.len() > 1 {
+            usage!("{}: one drafter at a time", given.join(" and "));
+        }
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            usage!("--draft-p-min {}: expected 0 to 1", self.draft_p_min);
+        }
+        if self.draft_min > self.draft_max {
+            usage!(
+                "--draft-min {} is above --draft-max {}: no proposal could be verified",
+                self.draft_min,
+                self.draft_max
+            );
+        }
+        if self.draft_backend.is_some() && self.draft.is_none() && self.self_draft.is_none() {
+            usage!("--draft-backend applies to --draft or --self-draft");
+        }
+        Ok(())
+    }
+
+    /// `serve` refuses the model drafters by name (not built there yet).
+    pub fn refuse_model_drafters(&self, command: &str) -> anyhow::Result<()> {
+        for (flag, given) in [
+            ("--draft", self.draft.is_some()),
+            ("--self-draft", self.self_draft.is_some()),
+        ] {
+            if given {
+                usage!("minfer {command} does not support {flag} yet (prompt lookup, --lookup, it does): use it with `minfer run` or `minfer chat`");
+            }
+        }
+        Ok(())
+    }
+
+    /// The draft engine `--draft` or `--self-draft` asks for, after the target loaded: its
+    /// context and threads are the target's, its backend `--draft-backend` or the target's.
+    pub fn draft_handle(
+        &self,
+        target: &Engine,
+        model: &ModelArgs,
+    ) -> anyhow::Result<Option<DraftHandle>> {
+        let cfg = DraftConfig {
+            draft_max: self.draft_max as usize,
+            draft_min: self.draft_min as usize,
+            p_min: self.draft_p_min,
+        };
+        let engine_cfg = EngineConfig {
+            n_ctx: target.n_ctx(),
+            threads: model.threads.unwrap_or(0),
+            cache_type: target.cache_type(),
+            backends: match &self.draft_backend {
+                Some(b) => vec![b.clone()],
+                None => model.backends.clone(),
+            },
+            ..EngineConfig::default()
+        };
+        let vocab = target.hparams().vocab_size;
+        if let Some(layers) = self.self_draft {
+            let draft = target
+                .self_draft(layers, engine_cfg)
+                .context("cannot start the self-draft")?;
+            eprintln!(
+                "self-draft: the first {layers} of {} blocks, final norm and output head (the same weights)",
+                target.hparams().block_count
+            );
+            return Ok(Some(DraftHandle::new(EngineDraft::new(draft), cfg)));
+        }
+        let Some(name) = &self.draft else {
+            return Ok(None);
+        };
+        let path = model_path(name)?;
+        let draft = Engine::load(&path, engine_cfg)
+            .with_context(|| format!("cannot load the draft model {}", path.display()))?;
+        if let Err(why) = check_vocab(target.model().metadata(), draft.model().metadata()) {
+            anyhow::bail!(
+                "--draft {}: its vocabulary is not the model's: {why}",
+                path.display()
+            );
+        }
+        let draft_vocab = draft.hparams().vocab_size;
+        eprintln!(
+            "draft:     {} ({} blocks), draft-max {}, draft-p-min {}",
+            path.display(),
+            draft.hparams().block_count,
+            cfg.draft_max,
+            cfg.p_min
+        );
+        Ok(Some(DraftHandle::new(
+            EngineDraft::new(draft).with_vocab(draft_vocab, vocab),
+            cfg,
+        )))
+    }
+
+    /// The name the stats line gives the drafter.
+    pub fn drafter_name(&self) -> &'static str {
+        if self.draft.is_some() {
+            "draft"
+        } else if self.self_draft.is_some() {
+            "self-draft"
+        } else {
+            "lookup"
+        }
     }
 }

@@ -89,6 +89,8 @@ pub struct ChatConfig {
     pub constraint: Option<crate::constrain::Grammar>,
     /// Prompt lookup decoding for the replies (greedy or sampled; not with mirostat).
     pub lookup: Option<crate::lookup::LookupConfig>,
+    /// A draft model (or self-drafting) for the replies ([`crate::draft`]; not with `lookup`).
+    pub draft: Option<crate::draft::DraftHandle>,
 }
 
 impl Default for ChatConfig {
@@ -100,6 +102,7 @@ impl Default for ChatConfig {
             reply_reserve: 512,
             constraint: None,
             lookup: None,
+            draft: None,
         }
     }
 }
@@ -353,6 +356,7 @@ impl Chat {
             // One fresh grammar state per turn.
             constraint: self.cfg.constraint.clone(),
             lookup: self.cfg.lookup,
+            draft: self.cfg.draft.clone(),
         };
         let mut text = Vec::new();
         let seq = self.engine.default_seq();

@@ -117,6 +117,7 @@ impl Loop {
             logprobs: None,
             constraint: None,
             lookup: None,
+            draft: None,
         };
         let armed = r.armed;
         emit(

@@ -1,0 +1,169 @@
+//! The model drafters through the binary (issue 31): `run --draft MODEL` (and llama.cpp's
+//! `-md`) and `--self-draft LAYERS` give plain decoding's greedy tokens; a draft of another
+//! vocabulary is refused naming the first difference (control: one of the same vocabulary
+//! loads); `serve` refuses `--draft` and `--self-draft` by name (control: `--lookup` passes
+//! to the next check); one drafter at a time; the self-draft's bounds are named.
+
+use minfer_models::synth::{synthesize, SynthSpec};
+use minfer_models::Arch;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn minfer() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_minfer"))
+}
+
+/// A synthesized model written once per process under `name`.
+fn model(name: &str, spec: impl FnOnce() -> SynthSpec) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("minfer-draft-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join(name);
+    if !p.exists() {
+        let tmp = d.join(format!("{name}.{:?}.part", std::thread::current().id()));
+        std::fs::write(&tmp, synthesize(&spec()).unwrap().to_bytes()).unwrap();
+        std::fs::rename(&tmp, &p).unwrap();
+    }
+    p
+}
+
+fn target() -> PathBuf {
+    model("target.gguf", || {
+        SynthSpec::new(Arch::Qwen2, 3, 64, 4, 2, 128)
+    })
+}
+
+fn run(m: &PathBuf, args: &[&str]) -> Output {
+    minfer()
+        .args(["run", "-t", "1", "--temp", "0", "-n", "24", "--json", "-m"])
+        .arg(m)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", stderr(out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const PROMPT: &str = "one two three one two three one two";
+
+#[test]
+fn drafted_runs_give_the_plain_tokens() {
+    let t = target();
+    let t_s = t.to_str().unwrap();
+    let other = model("draft.gguf", || {
+        let mut s = SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128);
+        s.seed = 7;
+        s
+    });
+    let o_s = other.to_str().unwrap();
+    let plain = json(&run(&t, &[PROMPT]));
+    for flags in [
+        &["--draft", t_s, "--draft-p-min", "0"][..],
+        &["-md", o_s][..],
+        &["--self-draft", "2", "--draft-p-min", "0"][..],
+        &["--self-draft=1", "--draft-max", "3", "--draft-min", "2"][..],
+    ] {
+        let v = json(&run(&t, &[flags, &[PROMPT]].concat()));
+        assert_eq!(v["generated_ids"], plain["generated_ids"], "{flags:?}");
+        assert!(v["speculative"].is_object(), "{flags:?}: {v}");
+    }
+    // The target drafting for itself: every draft held.
+    let v = json(&run(&t, &["--draft", t_s, "--draft-p-min", "0", PROMPT]));
+    let s = &v["speculative"];
+    assert!(s["drafted"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["drafted"], s["accepted"]);
+}
+
+#[test]
+fn a_draft_of_another_vocabulary_is_refused_by_its_first_difference() {
+    let t = target();
+    let big = model("big-vocab.gguf", || {
+        let mut s = SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128);
+        s.vocab_size = Some(1000);
+        s
+    });
+    let out = run(&t, &["--draft", big.to_str().unwrap(), PROMPT]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("its vocabulary is not the model's") && err.contains("1000 (draft)"),
+        "{err}"
+    );
+    // Control: a llama-architecture draft of the same built-in vocabulary loads.
+    let same = model("llama-draft.gguf", || {
+        SynthSpec::new(Arch::Llama, 1, 64, 4, 2, 128)
+    });
+    json(&run(&t, &["--draft", same.to_str().unwrap(), PROMPT]));
+}
+
+#[test]
+fn flag_combinations_and_bounds_are_refused_by_name() {
+    let t = target();
+    let t_s = t.to_str().unwrap();
+    for (flags, code, name) in [
+        (
+            &["--lookup", "--self-draft", "1"][..],
+            2,
+            "--lookup and --self-draft",
+        ),
+        (
+            &["--draft", t_s, "--self-draft", "1"][..],
+            2,
+            "--draft and --self-draft",
+        ),
+        (&["--draft-backend", "cpu"][..], 2, "--draft-backend"),
+        (
+            &["--self-draft", "1", "--draft-p-min", "2"][..],
+            2,
+            "--draft-p-min",
+        ),
+        (
+            &["--self-draft", "1", "--draft-min", "9"][..],
+            2,
+            "--draft-min",
+        ),
+        (&["--self-draft", "0"][..], 1, "must be 1 to 2"),
+        (&["--self-draft", "3"][..], 1, "must be 1 to 2"),
+    ] {
+        let out = run(&t, &[flags, &[PROMPT]].concat());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{flags:?}: {err}");
+        assert!(err.contains(name), "{flags:?}: {err}");
+    }
+    // Control: the edge is accepted.
+    json(&run(&t, &["--self-draft", "2", PROMPT]));
+}
+
+#[test]
+fn serve_refuses_the_model_drafters_by_name() {
+    let t = target();
+    let t_s = t.to_str().unwrap();
+    for (flags, name) in [
+        (&["--draft", t_s][..], "--draft"),
+        (&["-md", t_s][..], "--draft"),
+        (&["--self-draft", "1"][..], "--self-draft"),
+    ] {
+        let out = minfer()
+            .args([&["serve", "-m", t_s, "--host", "nowhere"][..], flags].concat())
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(
+            err.contains(&format!("does not support {name}")),
+            "{flags:?}: {err}"
+        );
+    }
+    // Control: --lookup passes to the next check (the unresolvable host).
+    let out = minfer()
+        .args(["serve", "-m", t_s, "--host", "nowhere", "--lookup"])
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("--host nowhere"), "{}", stderr(&out));
+}

@@ -1,0 +1,3 @@
+//! What the real-model gates share.
+
+pub mod code_edits;

@@ -1,0 +1,232 @@
+//! Model drafters on synthesized models (issue 31), on the CPU, wherever the tests run: greedy
+//! output token for token plain decoding's on 20 prompts for a model drafting for itself
+//! (every draft accepted), for a synthetic draft of the same vocabulary (almost every draft
+//! rejected) and for self-drafting (the target's first blocks); the vocabulary check refuses
+//! a mismatch by its first difference; a chat with a draft keeps the plain chat's KV across
+//! turns. Controls: drafts really ran (and were accepted or rejected as claimed), and the
+//! refusals' controls pass. The real models' gates are in `draft_real.rs`.
+
+use minfer_engine::{Engine, EngineConfig};
+use minfer_generate::chat::{Chat, ChatConfig, Pieces};
+use minfer_generate::draft::{check_vocab, DraftConfig, DraftHandle, EngineDraft};
+use minfer_generate::sampler::SamplerConfig;
+use minfer_generate::{generate, GenerateRequest};
+use minfer_models::synth::{synthesize, SynthSpec};
+use minfer_models::Arch;
+use minfer_testkit::synth;
+use minfer_tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+const N_CTX: usize = 1024;
+
+fn load(path: &Path) -> Engine {
+    Engine::load(
+        path,
+        EngineConfig {
+            n_ctx: N_CTX,
+            threads: 1,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn draft_cfg() -> DraftConfig {
+    DraftConfig {
+        draft_max: 8,
+        draft_min: 0,
+        p_min: 0.0,
+    }
+}
+
+fn handle(draft: Engine) -> DraftHandle {
+    DraftHandle::new(EngineDraft::new(draft), draft_cfg())
+}
+
+/// A 4-block target (width 64, the built-in tokenizer).
+fn target_file() -> PathBuf {
+    synth::model(Arch::Qwen2, 4, 11)
+}
+
+fn request(prompt: Vec<u32>, eog: Vec<u32>, draft: Option<DraftHandle>) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens: 40,
+        sampler: SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        stop_strings: vec![],
+        eog,
+        logprobs: None,
+        constraint: None,
+        lookup: None,
+        draft,
+    }
+}
+
+/// Greedy replies to 20 prompts with and without the draft: asserts each is the same, and
+/// returns (drafted, accepted, verifying forwards, tokens) over all of them.
+fn compare(target: &mut Engine, draft: &DraftHandle) -> (usize, usize, usize, usize) {
+    let tok = Tokenizer::from_metadata(target.model().metadata()).unwrap();
+    let vocab = target.hparams().vocab_size;
+    let (mut drafted, mut accepted, mut forwards, mut tokens) = (0, 0, 0, 0);
+    for i in 0..20u32 {
+        // Prompts of 5 to 43 tokens that repeat a piece (a reply may copy it).
+        let piece = synth::tokens(3 + (i as usize % 7), 100 + i, vocab);
+        let mut prompt = synth::tokens(2 + i as usize, i + 1, vocab);
+        prompt.extend(&piece);
+        prompt.extend(&piece);
+        let eog = tok.eog_ids().to_vec();
+        target.kv_clear();
+        let plain = generate(
+            target,
+            &Pieces(&tok),
+            &request(prompt.clone(), eog.clone(), None),
+            |_| {},
+        )
+        .unwrap();
+        target.kv_clear();
+        let spec = generate(
+            target,
+            &Pieces(&tok),
+            &request(prompt, eog, Some(draft.clone())),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(plain.tokens, spec.tokens, "prompt {i}");
+        assert_eq!(plain.text, spec.text, "prompt {i}");
+        let s = spec.speculative.expect("the request speculated");
+        drafted += s.drafted;
+        accepted += s.accepted;
+        forwards += s.verify_forwards;
+        tokens += spec.tokens.len();
+    }
+    (drafted, accepted, forwards, tokens)
+}
+
+#[test]
+fn a_model_drafting_for_itself_has_every_draft_accepted() {
+    let f = target_file();
+    let mut target = load(&f);
+    let (d, a, v, n) = compare(&mut target, &handle(load(&f)));
+    eprintln!("self as draft: {a} of {d} drafts accepted, {v} verifying forwards for {n} tokens");
+    // Control: drafts ran; every one held (the draft computes the target's own rows).
+    assert!(d > n / 2, "{d} drafts for {n} tokens");
+    assert_eq!(a, d);
+}
+
+#[test]
+fn a_synthetic_draft_of_the_same_vocabulary_is_rejected_and_changes_nothing() {
+    let f = target_file();
+    let other = synth::model(Arch::Qwen2, 1, 12345);
+    let mut target = load(&f);
+    check_vocab(target.model().metadata(), load(&other).model().metadata()).unwrap();
+    let (d, a, v, n) = compare(&mut target, &handle(load(&other)));
+    eprintln!("synthetic draft: {a} of {d} drafts accepted, {v} verifying forwards for {n} tokens");
+    assert!(d > 0, "control: the draft ran");
+    assert!(a * 2 < d, "{a} of {d}: the draft is not the target");
+    // Adaptive length: after three misses drafting pauses (8, 16, … forwards).
+    assert!(v * 3 < n, "{v} verifying forwards for {n} tokens");
+}
+
+#[test]
+fn self_drafting_gives_plain_tokens_and_refuses_its_bounds() {
+    let f = target_file();
+    let mut target = load(&f);
+    let cfg = EngineConfig {
+        n_ctx: N_CTX,
+        threads: 1,
+        ..EngineConfig::default()
+    };
+    for bad in [0, 4, 9] {
+        let e = target.self_draft(bad, cfg.clone()).err().expect("refused");
+        assert!(e.to_string().contains("--self-draft"), "{e}");
+        assert!(e.to_string().contains("1 to 3"), "{e}");
+    }
+    for layers in [1, 3] {
+        let draft = target.self_draft(layers, cfg.clone()).unwrap();
+        assert_eq!(draft.hparams().block_count, layers);
+        let (d, a, v, n) = compare(&mut target, &handle(draft));
+        eprintln!(
+            "self-draft {layers} of 4 blocks: {a} of {d} drafts accepted, {v} verifying forwards for {n} tokens"
+        );
+        assert!(d > 0, "control: the draft ran");
+    }
+}
+
+#[test]
+fn a_vocabulary_mismatch_is_refused_naming_the_first_difference() {
+    let target = load(&target_file());
+    let md = target.model().metadata();
+    // Control: the same vocabulary (another model) passes.
+    let same = load(&synth::model(Arch::Qwen2, 2, 99));
+    assert_eq!(check_vocab(md, same.model().metadata()), Ok(()));
+    // One token's text changed.
+    let mut edited = md.clone();
+    let mut texts: Vec<String> = md
+        .get_strings("tokenizer.ggml.tokens")
+        .unwrap()
+        .iter()
+        .map(str::to_string)
+        .collect();
+    texts[77] = "not-the-same".into();
+    edited.set(
+        "tokenizer.ggml.tokens",
+        minfer_gguf::Value::Array(minfer_gguf::Array::String(texts.into())),
+    );
+    let e = check_vocab(md, &edited).unwrap_err();
+    assert!(
+        e.starts_with("token 77 is ") && e.contains("\"not-the-same\" in the draft"),
+        "{e}"
+    );
+    // A vocabulary 300 tokens larger (a synthesized file padded past the slack).
+    let n = target.hparams().vocab_size;
+    let mut spec = SynthSpec::new(Arch::Qwen2, 1, 64, 4, 2, 128);
+    spec.vocab_size = Some(n + 300);
+    let p = synth::tmp("vocab-plus-300.gguf");
+    std::fs::write(&p, synthesize(&spec).unwrap().to_bytes()).unwrap();
+    let big = load(&p);
+    let e = check_vocab(md, big.model().metadata()).unwrap_err();
+    assert!(
+        e.contains(&format!("{n} (target) and {} (draft)", n + 300)),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_chat_with_a_draft_keeps_the_plain_chats_kv_across_turns() {
+    let f = target_file();
+    let cfg = |draft| ChatConfig {
+        sampler: SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        max_tokens: 32,
+        reply_reserve: 32,
+        draft,
+        ..ChatConfig::default()
+    };
+    let mut plain = Chat::new(load(&f), cfg(None)).unwrap();
+    let wrong = synth::model(Arch::Qwen2, 1, 4242);
+    for draft in [handle(load(&f)), handle(load(&wrong))] {
+        let mut spec = Chat::new(load(&f), cfg(Some(draft))).unwrap();
+        plain.clear();
+        let no = AtomicBool::new(false);
+        let (mut drafted, mut accepted) = (0, 0);
+        for p in ["abc abc abc", "hello there, hello there", "xyz"] {
+            let a = plain.send(p, &no, |_| {}).unwrap();
+            let b = spec.send(p, &no, |_| {}).unwrap();
+            assert_eq!(a.reply, b.reply);
+            // No rejected row survives: the KV holds exactly the plain chat's tokens.
+            assert_eq!(plain.kv_tokens(), spec.kv_tokens());
+            assert_eq!(plain.engine().n_past(), spec.engine().n_past());
+            let s = b.speculative.unwrap();
+            drafted += s.drafted;
+            accepted += s.accepted;
+        }
+        eprintln!("chat: {accepted} of {drafted} drafts accepted");
+        assert!(drafted > 0, "control: the draft ran");
+    }
+}
