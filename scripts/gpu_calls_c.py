@@ -96,6 +96,20 @@ def main(d):
             n, l, m, z, ratio(m, l), ratio(z, l), 1000.0 * n / m if m == m and m else float("nan"),
             1000.0 * n / z if z == z and z else float("nan")))
 
+    variants = sorted(k[len("minfer-tg-"):] for k in runs if k.startswith("minfer-tg-"))
+    if variants:
+        print()
+        print("| variant (VARIANTS) | 7B tg128 t/s | / llama.cpp | S_TG at N = " +
+              ", ".join(str(n) for n in ns) + " |")
+        print("|---|---:|---:|---|")
+        lt = med([t for doc in runs.get("llama-tg", []) for _, t in bench_rows(doc)])
+        for v in variants:
+            tg = med([t for doc in runs.get("minfer-tg-" + v, []) for _, t in bench_rows(doc)])
+            par = [med([parallel_rows(doc).get(n) for doc in runs.get("minfer-par-" + v, [])
+                        if parallel_rows(doc).get(n)]) for n in ns]
+            print("| %s | %.1f | %.3f | %s |" % (v, tg, ratio(tg, lt),
+                                                 ", ".join("%.1f" % x for x in par)))
+
     print()
     print("| 7B offload (-ngl) | test | llama.cpp t/s | minfer t/s | ratio |")
     print("|---|---|---:|---:|---:|")

@@ -88,15 +88,21 @@ __device__ __forceinline__ void mf_aw_combine(const float *pr, float *orow, int 
     for (int c = 0; c < DPL; ++c) orow[lane + 32 * c] = l > 0.0f ? __fdiv_rn(acc[c], l) : 0.0f;
 }
 
-// Dynamic shared memory: HD * QT * MF_AW_G floats of q, 4 * 32 * QT * MF_AW_G of p, 4 * 32
-// cells; the warps' merge reuses it (3 * (2 + HD) * QT * MF_AW_G floats).
-template <int QT, int DPL>
+// Dynamic shared memory: HD * QT * GB floats of q, 4 * 32 * QT * GB of p, 4 * 32 cells; the
+// warps' merge reuses it (3 * (2 + HD) * QT * GB floats).
+//
+// GB: query heads of the KV group a block holds (MF_AW_G: the whole group; fewer: the group's
+// heads shared out over ceil(G / GB) blocks, blockIdx.x = kv head * that + part, each block
+// reading the same K/V rows). A head's arithmetic involves no other head (its scores, softmax
+// state, sums and merges are its own), so how the heads are shared out changes the grid and
+// the loads, never a bit; fewer heads a block is more blocks for a short decode window.
+template <int QT, int DPL, int GB>
 __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 *v,
                                           const int *win, float *part, float *out, int *count,
                                           u64 row_bytes, int n_head, int n_head_kv, int width,
                                           float scale, int n_split, int ne1) {
     constexpr int HD = 32 * DPL;
-    constexpr int QG = QT * MF_AW_G; // (query, head) slots of the block: qi * MF_AW_G + g
+    constexpr int QG = QT * GB; // (query, head) slots of the block: qi * GB + g
     extern __shared__ float sh[];
     float *qs = sh;           // [HD][QG]
     float *ps = qs + HD * QG; // [warp][row][QG]
@@ -104,7 +110,10 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
     __shared__ int is_last;
     MF_PDL_ENTRY();
     const int G = n_head / n_head_kv;
-    const int hk = blockIdx.x, tq = blockIdx.y, sp = blockIdx.z;
+    const int n_hb = (G + GB - 1) / GB; // blocks a KV group's heads are shared out over
+    const int hk = blockIdx.x / n_hb, hb = blockIdx.x % n_hb, tq = blockIdx.y, sp = blockIdx.z;
+    const int g0 = hb * GB;            // the group's first head this block holds
+    const int gn = min(GB, G - g0);    // and how many
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t0 = tq * QT;
     u32 len[QT];
@@ -118,9 +127,9 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
     if (sp >= n_chunks) {
         // Past every window of the group; with all of them empty, block 0 writes the zeros.
         if (sp == 0) {
-            for (int e = tid; e < QT * G * HD; e += blockDim.x) {
-                int qi = e / (G * HD), r = e % (G * HD);
-                if (t0 + qi < ne1) out[((u64)(t0 + qi) * n_head + hk * G) * HD + r] = 0.0f;
+            for (int e = tid; e < QT * gn * HD; e += blockDim.x) {
+                int qi = e / (gn * HD), r = e % (gn * HD);
+                if (t0 + qi < ne1) out[((u64)(t0 + qi) * n_head + hk * G + g0) * HD + r] = 0.0f;
             }
         }
         MF_PDL_TRIGGER();
@@ -140,9 +149,9 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
             shared_cells = false;
     for (int e = tid; e < QG * HD; e += blockDim.x) {
         int slot = e / HD, d = e % HD;
-        int qi = slot / MF_AW_G, g = slot % MF_AW_G;
+        int qi = slot / GB, g = slot % GB;
         float x = 0.0f;
-        if (t0 + qi < ne1 && g < G) x = q[((u64)(t0 + qi) * n_head + hk * G + g) * HD + d];
+        if (t0 + qi < ne1 && g < gn) x = q[((u64)(t0 + qi) * n_head + hk * G + g0 + g) * HD + d];
         qs[d * QG + slot] = x;
     }
     __syncthreads();
@@ -200,25 +209,33 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
                 const float k0 = mf_h2f((u16)(words[c] & 0xffffu));
                 const float k1 = mf_h2f((u16)(words[c] >> 16));
                 const int d = i * 8 + 2 * c;
-                const float4 *q0 = (const float4 *)(qs + d * QG);
-                const float4 *q1 = (const float4 *)(qs + (d + 1) * QG);
+                if (QG % 4 == 0) {
+                    const float4 *q0 = (const float4 *)(qs + d * QG);
+                    const float4 *q1 = (const float4 *)(qs + (d + 1) * QG);
 #pragma unroll
-                for (int s4 = 0; s4 < QG / 4; ++s4) {
-                    const float4 a = q0[s4], b = q1[s4];
-                    se[4 * s4 + 0] = __fmaf_rn(a.x, k0, se[4 * s4 + 0]);
-                    se[4 * s4 + 1] = __fmaf_rn(a.y, k0, se[4 * s4 + 1]);
-                    se[4 * s4 + 2] = __fmaf_rn(a.z, k0, se[4 * s4 + 2]);
-                    se[4 * s4 + 3] = __fmaf_rn(a.w, k0, se[4 * s4 + 3]);
-                    so[4 * s4 + 0] = __fmaf_rn(b.x, k1, so[4 * s4 + 0]);
-                    so[4 * s4 + 1] = __fmaf_rn(b.y, k1, so[4 * s4 + 1]);
-                    so[4 * s4 + 2] = __fmaf_rn(b.z, k1, so[4 * s4 + 2]);
-                    so[4 * s4 + 3] = __fmaf_rn(b.w, k1, so[4 * s4 + 3]);
+                    for (int s4 = 0; s4 < QG / 4; ++s4) {
+                        const float4 a = q0[s4], b = q1[s4];
+                        se[4 * s4 + 0] = __fmaf_rn(a.x, k0, se[4 * s4 + 0]);
+                        se[4 * s4 + 1] = __fmaf_rn(a.y, k0, se[4 * s4 + 1]);
+                        se[4 * s4 + 2] = __fmaf_rn(a.z, k0, se[4 * s4 + 2]);
+                        se[4 * s4 + 3] = __fmaf_rn(a.w, k0, se[4 * s4 + 3]);
+                        so[4 * s4 + 0] = __fmaf_rn(b.x, k1, so[4 * s4 + 0]);
+                        so[4 * s4 + 1] = __fmaf_rn(b.y, k1, so[4 * s4 + 1]);
+                        so[4 * s4 + 2] = __fmaf_rn(b.z, k1, so[4 * s4 + 2]);
+                        so[4 * s4 + 3] = __fmaf_rn(b.w, k1, so[4 * s4 + 3]);
+                    }
+                } else { // fewer slots than a float4: the same fma chains, a slot at a time
+#pragma unroll
+                    for (int i2 = 0; i2 < QG; ++i2) {
+                        se[i2] = __fmaf_rn(qs[d * QG + i2], k0, se[i2]);
+                        so[i2] = __fmaf_rn(qs[(d + 1) * QG + i2], k1, so[i2]);
+                    }
                 }
             }
         }
 #pragma unroll
         for (int i = 0; i < QG; ++i) {
-            const bool in = j < plen[i / MF_AW_G];
+            const bool in = j < plen[i / GB];
             const float sv = in ? __fmul_rn(__fadd_rn(se[i], so[i]), scale) : MF_MINF;
             const float mt = mf_warp_max(sv);
             const float p = in ? expf(sv - mt) : 0.0f;
@@ -238,17 +255,29 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
                 vf[2 * c] = mf_h2f((u16)(vr[r][c] & 0xffffu));
                 vf[2 * c + 1] = mf_h2f((u16)(vr[r][c] >> 16));
             }
-            const float4 *pp = (const float4 *)(pw + r * QG);
+            if (QG % 4 == 0) {
+                const float4 *pp = (const float4 *)(pw + r * QG);
 #pragma unroll
-            for (int s4 = 0; s4 < QG / 4; ++s4) {
-                const float4 p4 = pp[s4];
-                const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+                for (int s4 = 0; s4 < QG / 4; ++s4) {
+                    const float4 p4 = pp[s4];
+                    const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int i = 4 * s4 + u;
-                    if (j0 + r < plen[i / MF_AW_G]) {
+                    for (int u = 0; u < 4; ++u) {
+                        const int i = 4 * s4 + u;
+                        if (j0 + r < plen[i / GB]) {
 #pragma unroll
-                        for (int c = 0; c < DPL; ++c) o[i][c] = __fmaf_rn(pv[u], vf[c], o[i][c]);
+                            for (int c = 0; c < DPL; ++c)
+                                o[i][c] = __fmaf_rn(pv[u], vf[c], o[i][c]);
+                        }
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < QG; ++i) {
+                    const float pv = pw[r * QG + i];
+                    if (j0 + r < plen[i / GB]) {
+#pragma unroll
+                        for (int c = 0; c < DPL; ++c) o[i][c] = __fmaf_rn(pv, vf[c], o[i][c]);
                     }
                 }
             }
@@ -279,8 +308,8 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
     if (warp == 0) {
 #pragma unroll
         for (int i = 0; i < QG; ++i) {
-            const int qi = i / MF_AW_G, g = i % MF_AW_G;
-            if (t0 + qi >= ne1 || g >= G) continue;
+            const int qi = i / GB, g = i % GB;
+            if (t0 + qi >= ne1 || g >= gn) continue;
             float M = l[i] > 0.0f ? m[i] : MF_MINF;
 #pragma unroll
             for (int w = 0; w < 3; ++w)
@@ -305,7 +334,7 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
                         O[c] = __fmaf_rn(ow[(w * QG + i) * HD + lane * DPL + c], a, O[c]);
                 }
             }
-            const u64 row = (u64)(t0 + qi) * n_head + hk * G + g;
+            const u64 row = (u64)(t0 + qi) * n_head + hk * G + g0 + g;
             if (direct) {
 #pragma unroll
                 for (int c = 0; c < DPL; ++c)
@@ -325,37 +354,42 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
             __threadfence();
             __syncwarp();
             if (lane == 0)
-                is_last = atomicAdd(count + (u64)tq * n_head_kv + hk, 1) == n_chunks - 1;
+                is_last = atomicAdd(count + (u64)tq * gridDim.x + blockIdx.x, 1) == n_chunks - 1;
         }
     }
     if (direct) return;
     __syncthreads();
     if (!is_last) return;
-    if (tid == 0) count[(u64)tq * n_head_kv + hk] = 0; // ready for the next launch
+    if (tid == 0) count[(u64)tq * gridDim.x + blockIdx.x] = 0; // ready for the next launch
     __threadfence();
     // The merge of the chunks: the warps take the slots in turn.
     for (int i = warp; i < QG; i += 4) {
-        const int qi = i / MF_AW_G, g = i % MF_AW_G;
-        if (t0 + qi >= ne1 || g >= G) continue;
+        const int qi = i / GB, g = i % GB;
+        if (t0 + qi >= ne1 || g >= gn) continue;
         u32 lq = 0;
 #pragma unroll
         for (int k2 = 0; k2 < QT; ++k2)
             if (k2 == qi) lq = len[k2];
-        const u64 row = (u64)(t0 + qi) * n_head + hk * G + g;
+        const u64 row = (u64)(t0 + qi) * n_head + hk * G + g0 + g;
         const int n_live = (int)((lq + MF_AW_CHUNK - 1) / MF_AW_CHUNK);
         mf_aw_combine<DPL>(part + row * n_split * (HD + 2), out + row * HD, n_live, lane);
     }
 }
 
-#define MF_ATTN_W_KERNEL(NAME, QT, DPL)                                                          \
+#define MF_ATTN_W_KERNEL(NAME, QT, DPL, GB)                                                      \
     extern "C" __global__ void __launch_bounds__(128)                                           \
         NAME(const float *q, const u8 *k, const u8 *v, const int *win, float *part, float *out, \
              int *count, u64 row_bytes, int n_head, int n_head_kv, int width, float scale,      \
              int n_split, int ne1) {                                                             \
-        mf_attn_w<QT, DPL>(q, k, v, win, part, out, count, row_bytes, n_head, n_head_kv, width, \
-                           scale, n_split, ne1);                                                 \
+        mf_attn_w<QT, DPL, GB>(q, k, v, win, part, out, count, row_bytes, n_head, n_head_kv,    \
+                               width, scale, n_split, ne1);                                      \
     }
 
-MF_ATTN_W_KERNEL(mf_attn_w1_64, 1, 2)
-MF_ATTN_W_KERNEL(mf_attn_w2_64, 2, 2)
-MF_ATTN_W_KERNEL(mf_attn_w1_128, 1, 4)
+MF_ATTN_W_KERNEL(mf_attn_w1_64, 1, 2, MF_AW_G)
+MF_ATTN_W_KERNEL(mf_attn_w2_64, 2, 2, MF_AW_G)
+MF_ATTN_W_KERNEL(mf_attn_w1_128, 1, 4, MF_AW_G)
+// A KV group's heads shared out over blocks of 2 or 4 heads (one query a block: decode).
+MF_ATTN_W_KERNEL(mf_attn_w1_64_h2, 1, 2, 2)
+MF_ATTN_W_KERNEL(mf_attn_w1_64_h4, 1, 2, 4)
+MF_ATTN_W_KERNEL(mf_attn_w1_128_h2, 1, 4, 2)
+MF_ATTN_W_KERNEL(mf_attn_w1_128_h4, 1, 4, 4)

@@ -359,8 +359,12 @@ __device__ __forceinline__ float mf_chain32(float acc, float c) {
 // once and each token's partials chain exactly as the one-token walk chains them, so token
 // t's value is the same bits as mf_row1_any over that token alone. NT = 1 is the one-token
 // kernels' walk (x in shared memory); NT > 1 the multi-row generation kernels' (x in global
-// memory, quantized by mf_quantize_q8: the same bits as mf_q8_shared). Lane 0 ends with
-// res[t].
+// memory, quantized by mf_quantize_q8: the same bits as mf_q8_shared). Only the first nt <= NT
+// tokens exist: slots past them read the last one's rows again (in bounds, results unused),
+// so three kernels (NT = 2, 4, 8) serve every count. Lane 0 ends with res[t].
+
+// The token slot t reads: itself, or the last of the nt that exist.
+__device__ __forceinline__ u64 mf_tok(int t, int nt) { return (u64)min(t, nt - 1); }
 
 // One row's dot product in the canonical order over a warp: lane l computes c_b for the
 // blocks b = 32 j + l (+0 past the row's end, which leaves a partial that is never -0 as
@@ -368,7 +372,7 @@ __device__ __forceinline__ float mf_chain32(float acc, float c) {
 // 32 in increasing b.
 template <int TY, int NT>
 __device__ __forceinline__ void mf_rown(const u8 *row, const signed char *xq, const float2 *xds,
-                                        int nb, float *res) {
+                                        int nb, int nt, float *res) {
     int lane = threadIdx.x & 31;
     const u64 xs = (u64)nb * 32;
     float acc[NT];
@@ -389,13 +393,13 @@ __device__ __forceinline__ void mf_rown(const u8 *row, const signed char *xq, co
             mf_wload<TY>(row, b, wb);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const int *xv = (const int *)(xq + t * xs + (u64)b * 32);
+                const int *xv = (const int *)(xq + mf_tok(t, nt) * xs + (u64)b * 32);
                 int a = 0, e = 0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) a = mf_dp4a(wb.q[i], xv[i], a);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) e = mf_dp4a(wb.q[4 + i], xv[4 + i], e);
-                float2 ds = xds[t * (u64)nb + b];
+                float2 ds = xds[mf_tok(t, nt) * (u64)nb + b];
                 c[t] = mf_contrib<TY>(wb, a, e, ds.x, ds.y);
             }
         }
@@ -415,7 +419,7 @@ __device__ __forceinline__ void mf_rown(const u8 *row, const signed char *xq, co
 // integer halves (exact), after which lane k holds its own sub-block's whole dot product.
 template <int NT>
 __device__ __forceinline__ void mf_rown_q4k16(const u8 *row, const signed char *xq,
-                                              const float2 *xds, int nb, float *res) {
+                                              const float2 *xds, int nb, int nt, float *res) {
     const int lane = threadIdx.x & 31, g = lane >> 3, k = lane & 7, h = k & 1;
     const int nsb = nb >> 3;
     const u64 xs = (u64)nb * 32;
@@ -447,8 +451,8 @@ __device__ __forceinline__ void mf_rown_q4k16(const u8 *row, const signed char *
             const u32 q[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const uint4 xa = *(const uint4 *)(xq + t * xs + b0 * 32 + 16 * h);
-                const uint4 xb = *(const uint4 *)(xq + t * xs + (b0 + 1) * 32 + 16 * h);
+                const uint4 xa = *(const uint4 *)(xq + mf_tok(t, nt) * xs + b0 * 32 + 16 * h);
+                const uint4 xb = *(const uint4 *)(xq + mf_tok(t, nt) * xs + (b0 + 1) * 32 + 16 * h);
                 const int xl[4] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w};
                 const int xh[4] = {(int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
 #pragma unroll
@@ -456,7 +460,7 @@ __device__ __forceinline__ void mf_rown_q4k16(const u8 *row, const signed char *
                     lo[t] = mf_dp4a((int)(q[i] & 0x0F0F0F0Fu), xl[i], lo[t]);
                     hi[t] = mf_dp4a((int)((q[i] >> 4) & 0x0F0F0F0Fu), xh[i], hi[t]);
                 }
-                ds[t] = xds[t * (u64)nb + (u64)sb * 8 + k];
+                ds[t] = xds[mf_tok(t, nt) * (u64)nb + (u64)sb * 8 + k];
             }
             // Scale byte i of the 12 after d|dmin, selected without a lane-indexed array
             // (which would live in local memory).
@@ -511,7 +515,7 @@ __device__ __forceinline__ uint2 mf_ld8_any(const u8 *p) {
 // mf_contrib<MF_Q6_K> multiplies.
 template <int NT>
 __device__ __forceinline__ void mf_rown_q6k8(const u8 *row, const signed char *xq,
-                                             const float2 *xds, int nb, float *res) {
+                                             const float2 *xds, int nb, int nt, float *res) {
     const int lane = threadIdx.x & 31, g = lane >> 3, k = lane & 7, h = k >> 2, q = k & 3;
     const int nsb = nb >> 3;
     const u64 xs = (u64)nb * 32;
@@ -557,12 +561,12 @@ __device__ __forceinline__ void mf_rown_q6k8(const u8 *row, const signed char *x
             for (int t = 0; t < NT; ++t) {
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj) {
-                    const uint2 xv = *(const uint2 *)(xq + t * xs + (b0 + jj) * 32 + 8 * q);
+                    const uint2 xv = *(const uint2 *)(xq + mf_tok(t, nt) * xs + (b0 + jj) * 32 + 8 * q);
                     int dot = mf_dp4a(wq[jj][0], (int)xv.x, 0);
                     dot = mf_dp4a(wq[jj][1], (int)xv.y, dot);
                     tt[t][jj] = dot * sc[jj];
                 }
-                ds[t] = xds[t * (u64)nb + (u64)sb * 8 + k];
+                ds[t] = xds[mf_tok(t, nt) * (u64)nb + (u64)sb * 8 + k];
             }
             d = mf_ld_f16(p + 208);
         }
@@ -598,18 +602,18 @@ __device__ __forceinline__ void mf_rown_q6k8(const u8 *row, const signed char *x
 
 template <int NT>
 __device__ __forceinline__ void mf_rown_any(int ty, const u8 *row, const signed char *xq,
-                                            const float2 *xds, int nb, float *res) {
+                                            const float2 *xds, int nb, int nt, float *res) {
     if (ty == MF_Q4_K && !MF_MV1_NARROW_Q4K && ((u64)row & 15) == 0)
-        return mf_rown_q4k16<NT>(row, xq, xds, nb, res);
+        return mf_rown_q4k16<NT>(row, xq, xds, nb, nt, res);
     if (ty == MF_Q6_K && !MF_MV1_NARROW_Q6K && ((u64)row & 1) == 0)
-        return mf_rown_q6k8<NT>(row, xq, xds, nb, res);
+        return mf_rown_q6k8<NT>(row, xq, xds, nb, nt, res);
     switch (ty) {
-    case MF_Q8_0: return mf_rown<MF_Q8_0, NT>(row, xq, xds, nb, res);
-    case MF_Q4_0: return mf_rown<MF_Q4_0, NT>(row, xq, xds, nb, res);
-    case MF_Q4_1: return mf_rown<MF_Q4_1, NT>(row, xq, xds, nb, res);
-    case MF_Q5_0: return mf_rown<MF_Q5_0, NT>(row, xq, xds, nb, res);
-    case MF_Q4_K: return mf_rown<MF_Q4_K, NT>(row, xq, xds, nb, res);
-    default: return mf_rown<MF_Q6_K, NT>(row, xq, xds, nb, res);
+    case MF_Q8_0: return mf_rown<MF_Q8_0, NT>(row, xq, xds, nb, nt, res);
+    case MF_Q4_0: return mf_rown<MF_Q4_0, NT>(row, xq, xds, nb, nt, res);
+    case MF_Q4_1: return mf_rown<MF_Q4_1, NT>(row, xq, xds, nb, nt, res);
+    case MF_Q5_0: return mf_rown<MF_Q5_0, NT>(row, xq, xds, nb, nt, res);
+    case MF_Q4_K: return mf_rown<MF_Q4_K, NT>(row, xq, xds, nb, nt, res);
+    default: return mf_rown<MF_Q6_K, NT>(row, xq, xds, nb, nt, res);
     }
 }
 
@@ -617,7 +621,7 @@ __device__ __forceinline__ void mf_rown_any(int ty, const u8 *row, const signed 
 __device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed char *xq,
                                              const float2 *xds, int nb) {
     float r[1];
-    mf_rown_any<1>(ty, row, xq, xds, nb, r);
+    mf_rown_any<1>(ty, row, xq, xds, nb, 1, r);
     return r[0];
 }
 

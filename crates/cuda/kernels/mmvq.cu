@@ -53,9 +53,10 @@ extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const fl
     MF_PDL_TRIGGER();
 }
 
-// NT generation rows at once (the multi-row kernels mf_mmvqn2 ... mf_mmvqn8): y[t][o] =
-// w[o] . x[t] (+ bias[o]) over activations mf_quantize_q8 already quantized (xq: NT rows of
-// ne0 int8 values; xds: NT rows of ne0 / 32 (d, d * sum q)). Rows are walked as mf_mmvq1
+// Up to NT generation rows at once (the multi-row kernels mf_mmvqn2, 4 and 8; nt of them
+// exist, NT / 2 < nt <= NT): y[t][o] = w[o] . x[t] (+ bias[o]) over activations
+// mf_quantize_q8 already quantized (xq: nt rows of ne0 int8 values; xds: nt rows of ne0 / 32
+// (d, d * sum q)). Rows are walked as mf_mmvq1
 // walks them (a warp per row, one resident wave of blocks), each row's weights loaded once
 // for all NT tokens, and token t's value is mf_mmvq1's bits for that token alone
 // (mf_rown_any): which kernel a forward's row count picks never changes a row. No shared
@@ -64,15 +65,16 @@ extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const fl
 template <int NT>
 __device__ __forceinline__ void mf_mmvqn(int ty, const u8 *w, u64 row_bytes,
                                          const signed char *xq, const float2 *xds, float *y,
-                                         const float *bias, int ne0, int n_out) {
+                                         const float *bias, int ne0, int n_out, int nt) {
     MF_PDL_ENTRY(); // xq and xds come from the quantizer launched just before
     MF_MV1_ROWS(o, n_out) {
         float s[NT];
-        mf_rown_any<NT>(ty, w + (u64)o * row_bytes, xq, xds, ne0 >> 5, s);
+        mf_rown_any<NT>(ty, w + (u64)o * row_bytes, xq, xds, ne0 >> 5, nt, s);
         if ((threadIdx.x & 31) == 0) {
             const float bo = bias ? bias[o] : 0.0f;
 #pragma unroll
-            for (int t = 0; t < NT; ++t) y[(u64)t * n_out + o] = bias ? __fadd_rn(s[t], bo) : s[t];
+            for (int t = 0; t < NT; ++t)
+                if (t < nt) y[(u64)t * n_out + o] = bias ? __fadd_rn(s[t], bo) : s[t];
         }
     }
     MF_PDL_TRIGGER();
@@ -81,16 +83,12 @@ __device__ __forceinline__ void mf_mmvqn(int ty, const u8 *w, u64 row_bytes,
 #define MF_MMVQN_KERNEL(NT)                                                                       \
     extern "C" __global__ void mf_mmvqn##NT(int ty, const u8 *w, u64 row_bytes,                  \
                                             const signed char *xq, const float2 *xds, float *y,  \
-                                            const float *bias, int ne0, int n_out) {             \
-        mf_mmvqn<NT>(ty, w, row_bytes, xq, xds, y, bias, ne0, n_out);                            \
+                                            const float *bias, int ne0, int n_out, int nt) {     \
+        mf_mmvqn<NT>(ty, w, row_bytes, xq, xds, y, bias, ne0, n_out, nt);                        \
     }
 
 MF_MMVQN_KERNEL(2)
-MF_MMVQN_KERNEL(3)
 MF_MMVQN_KERNEL(4)
-MF_MMVQN_KERNEL(5)
-MF_MMVQN_KERNEL(6)
-MF_MMVQN_KERNEL(7)
 MF_MMVQN_KERNEL(8)
 
 // The decode FFN's gate and up products and SwiGLU in one launch: y[o] = silu(g) * u with

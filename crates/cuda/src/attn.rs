@@ -21,7 +21,7 @@ impl CudaBackend {
         head_dim: usize,
         group: usize,
         ne1: usize,
-    ) -> Option<(&'static str, usize)> {
+    ) -> Option<(&'static str, usize, usize)> {
         if self.attn_single || self.attn_warp_qt == 0 || cache != GgmlType::F16 {
             return None;
         }
@@ -37,21 +37,28 @@ impl CudaBackend {
         } else {
             1
         };
-        match (head_dim, qt) {
-            (64, 1) => Some(("mf_attn_w1_64", 1)),
-            (64, _) => Some(("mf_attn_w2_64", 2)),
+        // One query a block: the KV group's heads shared out over blocks of `attn_heads`
+        // (MINFER_CUDA_ATTN_HEADS; more blocks for a short decode window, the same bits).
+        let heads = if qt == 1 { self.attn_heads } else { MAX_GROUP };
+        match (head_dim, qt, heads) {
+            (64, 1, 2) => Some(("mf_attn_w1_64_h2", 1, 2)),
+            (64, 1, 4) => Some(("mf_attn_w1_64_h4", 1, 4)),
+            (64, 1, _) => Some(("mf_attn_w1_64", 1, MAX_GROUP)),
+            (64, _, _) => Some(("mf_attn_w2_64", 2, MAX_GROUP)),
             // Two queries a block would spill registers at head dim 128.
-            (128, _) => Some(("mf_attn_w1_128", 1)),
+            (128, _, 2) => Some(("mf_attn_w1_128_h2", 1, 2)),
+            (128, _, 4) => Some(("mf_attn_w1_128_h4", 1, 4)),
+            (128, _, _) => Some(("mf_attn_w1_128", 1, MAX_GROUP)),
             _ => None,
         }
     }
 
-    /// Launches `kernel` (queries per block `qt`) over the node's queries.
+    /// Launches `kernel` (queries per block `qt`, query heads per block `gb`) over the
+    /// node's queries.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attn_warp_launch(
         &mut self,
-        kernel: &'static str,
-        qt: usize,
+        (kernel, qt, gb): (&'static str, usize, usize),
         q: u64,
         k: u64,
         v: u64,
@@ -84,14 +91,16 @@ impl CudaBackend {
         } else {
             0
         };
-        let count = self.scratch_zeroed(Scratch::AttnCount, groups * n_head_kv * 4)?;
-        let slots = qt * MAX_GROUP;
+        // Blocks a KV group's heads are shared out over (kernels/attnw.cu `n_hb`).
+        let n_hb = (n_head / n_head_kv).div_ceil(gb);
+        let count = self.scratch_zeroed(Scratch::AttnCount, groups * n_head_kv * n_hb * 4)?;
+        let slots = qt * gb;
         let tile = head_dim * slots + 4 * 32 * slots + 4 * 32;
         let merge = 3 * slots * (2 + head_dim);
         let shared = (tile.max(merge) * 4) as u32;
         self.gpu.launch_shared(
             kernel,
-            (n_head_kv as u32, groups as u32, n_split as u32),
+            ((n_head_kv * n_hb) as u32, groups as u32, n_split as u32),
             128,
             shared,
             &[

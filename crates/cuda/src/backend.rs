@@ -110,6 +110,9 @@ pub struct CudaBackend {
     /// kernels (`MINFER_CUDA_ATTN=split`); `MINFER_CUDA_ATTN=w1|w2` caps it (the bits do
     /// not depend on it).
     pub(crate) attn_warp_qt: usize,
+    /// Query heads of a KV group per block of the one-query warp-tiled kernels: 8 (the
+    /// whole group), 4 or 2 (`MINFER_CUDA_ATTN_HEADS`; the bits do not depend on it).
+    pub(crate) attn_heads: usize,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
     /// `MINFER_CUDA_MV1_WARPS=4` (an ablation switch; the bits do not depend on it).
     pub(crate) mv1_warps: usize,
@@ -211,6 +214,7 @@ impl CudaBackend {
             mvn_max: s.mvn_max,
             attn_single,
             attn_warp_qt,
+            attn_heads: s.attn_heads,
             mv1_warps,
             mv1_grid,
             replayer: graphs.then(Replayer::default),
@@ -228,6 +232,18 @@ impl CudaBackend {
     /// `split`, `w1`, `w2`): the gates compare the choices on one backend.
     pub fn set_attention(&mut self, choice: &str) -> Result<(), crate::CudaError> {
         (self.attn_single, self.attn_warp_qt) = crate::settings::attention(choice)?;
+        Ok(())
+    }
+
+    /// Query heads per block of the one-query warp-tiled attention: 8, 4 or 2 (as
+    /// `MINFER_CUDA_ATTN_HEADS`; a gate compares them on one backend).
+    pub fn set_attention_heads(&mut self, heads: usize) -> Result<(), crate::CudaError> {
+        if ![2, 4, 8].contains(&heads) {
+            return Err(crate::CudaError::from(format!(
+                "{heads} query heads a block: want 8, 4 or 2"
+            )));
+        }
+        self.attn_heads = heads;
         Ok(())
     }
 

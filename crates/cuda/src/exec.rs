@@ -15,17 +15,18 @@ const MV_T: usize = 8;
 /// Fewest output rows per block of the one-token int8 kernels (a warp each; the block has
 /// `mv1_warps` of them).
 const MV1_ROWS: usize = 4;
-/// Rows one pass of the multi-row vector kernels takes, and the kernels by row count (2 ..= 8).
+/// Rows one pass of the multi-row vector kernels takes at most.
 const MVN_MAX_PASS: usize = 8;
-const MVN_KERNELS: [&str; 7] = [
-    "mf_mmvqn2",
-    "mf_mmvqn3",
-    "mf_mmvqn4",
-    "mf_mmvqn5",
-    "mf_mmvqn6",
-    "mf_mmvqn7",
-    "mf_mmvqn8",
-];
+
+/// The multi-row vector kernel for a pass of `k` rows (2 ..= 8): the one with the fewest
+/// slots that hold them (kernels/mmvq.cu: slots past `k` repeat the last row, unused).
+fn mvn_kernel(k: usize) -> &'static str {
+    match k {
+        ..=2 => "mf_mmvqn2",
+        3..=4 => "mf_mmvqn4",
+        _ => "mf_mmvqn8",
+    }
+}
 /// Window rows per attention chunk (kernels/attn.cu `MF_ATTN_CHUNK`, `MF_GQA_CHUNK`).
 const ATTN_CHUNK: usize = 256;
 const GQA_CHUNK: usize = 64;
@@ -478,10 +479,10 @@ impl CudaBackend {
                 .launch("mf_attn_window", (n_head as u32, nq as u32, 1), 128, &a);
         }
         let group = n_head / n_head_kv;
-        if let Some((kernel, qt)) = self.attn_warp(cache_type, head_dim, group, nq) {
+        if let Some(choice) = self.attn_warp(cache_type, head_dim, group, nq) {
             return self.attn_warp_launch(
-                kernel, qt, q, k, v, win, out, row_bytes, n_head, n_head_kv, head_dim, width,
-                scale, nq, n_cells, max_len,
+                choice, q, k, v, win, out, row_bytes, n_head, n_head_kv, head_dim, width, scale,
+                nq, n_cells, max_len,
             );
         }
         // Chunks over the region's cells for small batches (a fixed grid for a
@@ -635,7 +636,7 @@ impl CudaBackend {
         while t0 < n {
             let k = (n - t0).div_ceil(passes);
             passes -= 1;
-            let kernel = MVN_KERNELS[k - 2];
+            let kernel = mvn_kernel(k);
             let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, 0)?;
             self.gpu.launch(
                 kernel,
@@ -651,6 +652,7 @@ impl CudaBackend {
                     Arg::U64(bias),
                     Arg::I32(m.ne0 as i32),
                     Arg::I32(m.ne1 as i32),
+                    Arg::I32(k as i32),
                 ],
             )?;
             t0 += k;

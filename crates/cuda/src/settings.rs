@@ -18,6 +18,10 @@ use crate::prompt::PromptChoice;
 /// (`MINFER_CUDA_MVN`): up to one pass of 8 (kernels/mmvq.cu `mf_mmvqn*`).
 pub(crate) const DEFAULT_MVN_MAX: usize = 8;
 
+/// Query heads per block of the one-query warp-tiled attention by default
+/// (`MINFER_CUDA_ATTN_HEADS`): the whole KV group (kernels/attnw.cu `MF_AW_G`).
+pub(crate) const DEFAULT_ATTN_HEADS: usize = 8;
+
 /// Programmatic dependent launch (`MINFER_CUDA_PDL`; sm_90 on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pdl {
@@ -101,6 +105,9 @@ pub struct CudaSettings {
     /// Generation-row attention (`MINFER_CUDA_ATTN`): one block per query, and the
     /// warp-tiled kernels' most queries a block.
     pub(crate) attention: (bool, usize),
+    /// Query heads per block of the one-query warp-tiled attention (`MINFER_CUDA_ATTN_HEADS`:
+    /// 8, 4 or 2; default [`DEFAULT_ATTN_HEADS`]).
+    pub(crate) attn_heads: usize,
     pub(crate) mmq: MmqChoice,
     /// Most generation rows of one matmul the multi-row vector kernels take
     /// (`MINFER_CUDA_MVN`, 0 ..= 16; 0: off, the dp4a / `mma` kernels as before): a warp per
@@ -172,6 +179,13 @@ impl CudaSettings {
             mv1_grid,
             mv1: mv1_walk(&text)?,
             attention: attention(&text("MINFER_CUDA_ATTN"))?,
+            attn_heads: match text("MINFER_CUDA_ATTN_HEADS").as_str() {
+                "" => DEFAULT_ATTN_HEADS,
+                "8" => 8,
+                "4" => 4,
+                "2" => 2,
+                v => return Err(Refused::new("MINFER_CUDA_ATTN_HEADS", v, "want 8, 4 or 2")),
+            },
             mmq: mmq(&text)?,
             mvn_max: match text("MINFER_CUDA_MVN").as_str() {
                 "" => DEFAULT_MVN_MAX,
@@ -385,6 +399,7 @@ mod tests {
         );
         assert_eq!(d.attention, (false, 2));
         assert_eq!(d.mvn_max, DEFAULT_MVN_MAX);
+        assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
         assert_eq!(d.sync_timeout, Duration::from_secs(120));
         assert_eq!(d.mv1.defines(), "");
         let s = with(&[
@@ -439,6 +454,11 @@ mod tests {
                 "MINFER_CUDA_MMQ_MIN",
                 "0",
                 "MINFER_CUDA_MMQ_MIN=0: want a token count >= 1",
+            ),
+            (
+                "MINFER_CUDA_ATTN_HEADS",
+                "3",
+                "MINFER_CUDA_ATTN_HEADS=3: want 8, 4 or 2",
             ),
             (
                 "MINFER_CUDA_MVN",
