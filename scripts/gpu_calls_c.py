@@ -96,10 +96,11 @@ def main(d):
             n, l, m, z, ratio(m, l), ratio(z, l), 1000.0 * n / m if m == m and m else float("nan"),
             1000.0 * n / z if z == z and z else float("nan")))
 
-    variants = sorted(k[len("minfer-tg-"):] for k in runs if k.startswith("minfer-tg-"))
+    variants = sorted({k.split("-", 2)[2] for k in runs
+                       if k.startswith(("minfer-tg-", "minfer-par-")) and k != "minfer-par-mvn0"})
     if variants:
         print()
-        print("| variant (VARIANTS) | 7B tg128 t/s | / llama.cpp | S_TG at N = " +
+        print("| variant (VARIANTS, LAYOUTS) | 7B tg128 t/s | / llama.cpp | S_TG at N = " +
               ", ".join(str(n) for n in ns) + " |")
         print("|---|---:|---:|---|")
         lt = med([t for doc in runs.get("llama-tg", []) for _, t in bench_rows(doc)])

@@ -6,7 +6,8 @@
 // mf_rope_cs / mf_rope_lo / mf_rope_hi, mf_f2h, mf_kv_q8_block), so the two give the same bits.
 
 // Rows [0, q_dim) from wq, then kv_dim from wk, then kv_dim from wv, walked as mf_mmvq1
-// walks its rows (mmvq.cu; a row's matrix chosen per row). Shared memory as mf_mmvq1.
+// walks its rows (mmvq.cu; a row's matrix chosen per row), x quantized by mf_quantize_q8_1
+// (the node's in_norm folded in there).
 __device__ __forceinline__ void mf_qkv_row(int o, int q_dim, int kv_dim, int tyq, const u8 *wq,
                                            u64 rbq, int tyk, const u8 *wk, u64 rbk, int tyv,
                                            const u8 *wv, u64 rbv, const float *bq,
@@ -24,12 +25,10 @@ __device__ __forceinline__ void mf_qkv_row(int o, int q_dim, int kv_dim, int tyq
 
 extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
                                    u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
-                                   const float *bk, const float *bv, const float *x,
-                                   const float *gain, float eps, float *row, int ne0,
+                                   const float *bk, const float *bv,
+                                   const signed char *__restrict__ xq,
+                                   const float2 *__restrict__ xds, float *row, int ne0,
                                    int q_dim, int kv_dim) {
-    extern __shared__ float2 smem[];
-    float2 *xds = smem;
-    signed char *xq = (signed char *)(smem + (ne0 >> 5));
     const int n_rows = q_dim + 2 * kv_dim;
     int ty, r;
     const u8 *w;
@@ -42,7 +41,6 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
         if (MF_MV1_PREFETCH) mf_prefetch_row(w, rb);
     }
     MF_PDL_ENTRY();
-    mf_q8_shared(x, ne0, xq, xds, gain, eps);
     MF_MV1_ROWS(o, n_rows) {
         int nx = mf_mv1_next(o, n_rows);
         if (MF_MV1_PREFETCH > 1 && nx >= 0) {

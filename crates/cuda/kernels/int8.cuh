@@ -271,8 +271,8 @@ __device__ void mf_mmvq(const u8 *w, u64 row_bytes, const signed char *xq, const
     }
 }
 
-// ---- one token (decode): a warp per output row, the activation row quantized by every
-// block into shared memory (the same bits as mf_quantize_q8 + mf_mmvq), saving a launch.
+// ---- one token (decode): a warp per output row over the activation row quantized once
+// (mf_quantize_q8_1 or mf_quantize_q8: the same bits as mf_quantize_q8 + mf_mmvq).
 
 // Output rows per block: a warp each, blockDim.x / 32 (the host picks 4 or 8).
 
@@ -297,8 +297,8 @@ __device__ __forceinline__ void mf_prefetch_row(const u8 *row, u64 row_bytes) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
 }
 
-// Quantizes x[0..ne0) into shared xq / xds, 8 lanes per 32-element block (4 elements a
-// lane: the max and the sum by shuffles inside the 8). The bits are mf_q8_block's: the max
+// Quantizes x[0..ne0) into xq / xds with one block, 8 lanes per 32-element block (4 elements
+// a lane: the max and the sum by shuffles inside the 8). The bits are mf_q8_block's: the max
 // is order-free once a NaN counts as 0 (as fmaxf's chain from 0 treats it), the sum is an
 // integer, and d, q and d * sum are the same rounded operations. The loop runs the same
 // number of rounds on every lane of a warp (shuffles need the whole warp). With a `gain`,
@@ -625,11 +625,10 @@ __device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed
     return r[0];
 }
 
-// The one-token kernels (mf_mmvq1, mf_gate_up1, mf_qkv1) quantize x into shared memory once
-// per block and then walk rows o = blockIdx.x * W + warp, + gridDim.x * W, ... (W =
-// blockDim.x / 32, a row per warp at a time). The host launches one resident wave of blocks
-// (`MINFER_CUDA_MV1_GRID=rows`: a block per W rows instead, each quantizing x again), so the
-// prologue is paid once per block and the grid never ends in a partial wave. A row's bits do
+// The one-token kernels (mf_mmvq1, mf_gate_up1, mf_qkv1) walk rows o = blockIdx.x * W + warp,
+// + gridDim.x * W, ... (W = blockDim.x / 32, a row per warp at a time) over x quantized once
+// before them. The host launches one resident wave of blocks (`MINFER_CUDA_MV1_GRID=rows`: a
+// block per W rows instead), so the grid never ends in a partial wave. A row's bits do
 // not depend on the grid: each row is one warp's mf_row1_any. While a warp computes row o,
 // L2 is asked for its next one.
 #define MF_MV1_ROWS(o, n_out)                                                                     \

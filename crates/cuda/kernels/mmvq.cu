@@ -11,6 +11,20 @@ extern "C" __global__ void mf_quantize_q8(const float *x, signed char *q, float2
     mf_q8_block(x + i * 32, q + i * 32, ds + i);
 }
 
+// One token's x[0..ne0) quantized once for the one-token kernels (mf_mmvq1, mf_gate_up1,
+// mf_qkv1), laid out as mf_quantize_q8 lays out a row: with a `gain`, x is first the row's
+// RMSNorm exactly as mf_rms_norm writes it (the norm a fused node folds in). One block
+// (mf_q8_shared's walk: 8 lanes per 32-element block), the same bits as mf_quantize_q8.
+// Before, each block of the one-token kernels quantized x into its own shared memory: a
+// prologue of the whole row (18,944 values for the 7B's down projection) per block, before
+// its first weight load, and shared memory that capped the blocks per SM.
+extern "C" __global__ void mf_quantize_q8_1(const float *x, const float *gain, float eps,
+                                            signed char *xq, float2 *xds, int ne0) {
+    MF_PDL_ENTRY();
+    mf_q8_shared(x, ne0, xq, xds, gain, eps);
+    MF_PDL_TRIGGER();
+}
+
 
 #define MF_MMVQ_KERNEL(NAME, TY)                                                                  \
     extern "C" __global__ void NAME(const u8 *w, u64 row_bytes, const signed char *xq,           \
@@ -29,17 +43,15 @@ MF_MMVQ_KERNEL(mf_mmvq_q6_k, MF_Q6_K)
 
 
 // y[o] = w[o] . x (+ bias[o]) (+ res[o]: the residual Add of Op::MatMulAdd, after the bias
-// as the unfused MatMul → Add) for one token; dynamic shared memory ne0 + ne0 / 4 bytes.
-extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const float *x,
-                                    float *y, const float *bias, const float *res, int ne0,
-                                    int n_out) {
-    extern __shared__ float2 smem[];
-    float2 *xds = smem;
-    signed char *xq = (signed char *)(smem + (ne0 >> 5));
+// as the unfused MatMul → Add) for one token, x quantized (xq, xds) by mf_quantize_q8 or
+// mf_quantize_q8_1 just before.
+extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes,
+                                    const signed char *__restrict__ xq,
+                                    const float2 *__restrict__ xds, float *y, const float *bias,
+                                    const float *res, int ne0, int n_out) {
     int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (MF_MV1_PREFETCH && o0 < n_out) mf_prefetch_row(w + (u64)o0 * row_bytes, row_bytes);
     MF_PDL_ENTRY(); // the weights were constant before the kernel before this one ran
-    mf_q8_shared(x, ne0, xq, xds, nullptr, 0.0f);
     MF_MV1_ROWS(o, n_out) {
         int nx = mf_mv1_next(o, n_out);
         if (MF_MV1_PREFETCH > 1 && nx >= 0) mf_prefetch_row(w + (u64)nx * row_bytes, row_bytes);
@@ -93,20 +105,18 @@ MF_MMVQN_KERNEL(8)
 
 // The decode FFN's gate and up products and SwiGLU in one launch: y[o] = silu(g) * u with
 // g = wg[o] . x and u = wu[o] . x, each exactly as mf_mmvq1 computes it and the SwiGLU as
-// mf_swiglu writes it; with a `gain`, x is the row's RMSNorm (Op::FfnGateUp's in_norm).
+// mf_swiglu writes it; x quantized by mf_quantize_q8_1 (with Op::FfnGateUp's in_norm folded
+// in there).
 extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, const u8 *wu,
-                                       u64 rbu, const float *x, const float *gain, float eps,
-                                       float *y, int ne0, int n_out) {
-    extern __shared__ float2 smem[];
-    float2 *xds = smem;
-    signed char *xq = (signed char *)(smem + (ne0 >> 5));
+                                       u64 rbu, const signed char *__restrict__ xq,
+                                       const float2 *__restrict__ xds, float *y, int ne0,
+                                       int n_out) {
     int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (MF_MV1_PREFETCH && o0 < n_out) {
         mf_prefetch_row(wg + (u64)o0 * rbg, rbg);
         mf_prefetch_row(wu + (u64)o0 * rbu, rbu);
     }
     MF_PDL_ENTRY();
-    mf_q8_shared(x, ne0, xq, xds, gain, eps);
     MF_MV1_ROWS(o, n_out) {
         int nx = mf_mv1_next(o, n_out);
         if (MF_MV1_PREFETCH > 1 && nx >= 0) {

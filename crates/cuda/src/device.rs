@@ -71,6 +71,7 @@ pub const KERNELS: &[&str] = &[
     "mf_attn_w1_128_h2",
     "mf_attn_w1_128_h4",
     "mf_quantize_q8",
+    "mf_quantize_q8_1",
     "mf_mmvq_q8_0",
     "mf_mmvq_q4_0",
     "mf_mmvq_q4_1",

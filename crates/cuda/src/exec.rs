@@ -350,7 +350,7 @@ impl CudaBackend {
             Op::MatMulAdd { weight, bias } => {
                 let m = self.matrix(w, *weight)?;
                 let ty = type_code(m.ty).filter(|_| self.mmvq_kernel(m.ty).is_some());
-                let (Some(_), Some(_), 1) = (ty, mv1_shared(m.ne0), ne1) else {
+                let (Some(_), true, 1) = (ty, mv1_fits(m.ne0), ne1) else {
                     return Err(format!(
                         "a one-token int8 projection plus residual, got {} x {} of {} for {ne0} x {ne1}",
                         m.ne1, m.ne0, m.ty
@@ -359,14 +359,18 @@ impl CudaBackend {
                 if m.ne1 != ne0 {
                     return Err(format!("weight of {} outputs for a node of {ne0}", m.ne1));
                 }
-                let x = self.src(args, 0, m.ne0 * 4)?;
+                let (xid, x, xl) = self.src_buf(args, 0)?;
+                if xl < m.ne0 * 4 {
+                    return Err(format!("src 0 holds {xl} bytes, the node reads {}", m.ne0 * 4));
+                }
                 let res = self.src(args, 1, ne0 * 4)?;
                 let out = self.out(node, args)?;
                 let b = match bias {
                     Some(b) => self.vector(w, *b, ne0)?,
                     None => 0,
                 };
-                self.launch_mv1(&m, x, out, b, res)
+                let xq = self.one_token_input((xid, 0, x), m.ne0, None)?;
+                self.launch_mv1(&m, xq, out, b, res)
             }
             Op::FfnGateUp { gate, up, in_norm } => {
                 let (mg, mu) = (self.matrix(w, *gate)?, self.matrix(w, *up)?);
@@ -376,7 +380,9 @@ impl CudaBackend {
                         mg.ne1, mg.ne0, mu.ne1, mu.ne0
                     ));
                 }
-                let shared = mv1_shared(mg.ne0).ok_or("the fused gate/up row is too long")?;
+                if !mv1_fits(mg.ne0) {
+                    return Err(format!("fused gate/up rows of {}, not whole 32-blocks", mg.ne0));
+                }
                 let (tg, tu) = match (self.mmvq_kernel(mg.ty), self.mmvq_kernel(mu.ty)) {
                     (Some(_), Some(_)) => (
                         type_code(mg.ty).ok_or("gate type")?,
@@ -384,18 +390,21 @@ impl CudaBackend {
                     ),
                     _ => return Err(format!("fused gate/up over {} and {}", mg.ty, mu.ty)),
                 };
-                let x = self.src(args, 0, mg.ne0 * 4)?;
-                let (gain, eps) = match in_norm {
-                    Some(n) => (self.vector(w, n.weight, mg.ne0)?, n.eps),
-                    None => (0, 0.0),
+                let (xid, x, xl) = self.src_buf(args, 0)?;
+                if xl < mg.ne0 * 4 {
+                    return Err(format!("src 0 holds {xl} bytes, the node reads {}", mg.ne0 * 4));
+                }
+                let norm = match in_norm {
+                    Some(n) => Some((self.vector(w, n.weight, mg.ne0)?, n.eps)),
+                    None => None,
                 };
                 let out = self.out(node, args)?;
-                let grid = self.mv1_grid("mf_gate_up1", ne0, self.mv1_warps, shared)?;
-                self.gpu.launch_shared(
+                let (xq, xds) = self.one_token_input((xid, 0, x), mg.ne0, norm)?;
+                let grid = self.mv1_grid("mf_gate_up1", ne0, self.mv1_warps, 0)?;
+                self.gpu.launch(
                     "mf_gate_up1",
                     (grid, 1, 1),
                     32 * self.mv1_warps as u32,
-                    shared,
                     &[
                         Arg::I32(tg),
                         Arg::U64(mg.ptr),
@@ -403,9 +412,8 @@ impl CudaBackend {
                         Arg::I32(tu),
                         Arg::U64(mu.ptr),
                         Arg::U64(mu.row_bytes as u64),
-                        Arg::U64(x),
-                        Arg::U64(gain),
-                        Arg::F32(eps),
+                        Arg::U64(xq),
+                        Arg::U64(xds),
                         Arg::U64(out),
                         Arg::I32(mg.ne0 as i32),
                         Arg::I32(ne0 as i32),
@@ -544,8 +552,9 @@ impl CudaBackend {
         b: u64,
     ) -> DResult<()> {
         let n_out = m.ne1;
-        if n == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_shared(m.ne0).is_some() {
-            return self.launch_mv1(m, x, out, b, 0);
+        if n == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_fits(m.ne0) {
+            let xq = self.one_token_input((xid, r0, x), m.ne0, None)?;
+            return self.launch_mv1(m, xq, out, b, 0);
         }
         if let Some(kernel) = self.mmvq_kernel(m.ty) {
             let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
@@ -593,22 +602,62 @@ impl CudaBackend {
         )
     }
 
+    /// One token's x (buffer `xid`, its row `r0` at `x`, `ne0` values) quantized for the
+    /// one-token kernels, once: the int8 scratch of [`Self::quantized_input`] (which the next
+    /// matmul over the same row reuses), or, with a folded RMSNorm (`norm`: gain, eps), the
+    /// normalised row quantized into a scratch of its own by `mf_quantize_q8_1`.
+    fn one_token_input(
+        &mut self,
+        (xid, r0, x): (BufId, usize, u64),
+        ne0: usize,
+        norm: Option<(u64, f32)>,
+    ) -> DResult<(u64, u64)> {
+        let Some((gain, eps)) = norm else {
+            return self.quantized_input((xid, r0), x, ne0, 1);
+        };
+        if !mv1_fits(ne0) {
+            return Err(format!("int8 matmul over rows of {ne0}, not whole 32-blocks"));
+        }
+        let q_bytes = ne0.next_multiple_of(256);
+        let ptr = self.scratch(Scratch::Q8Norm, q_bytes + ne0 / 32 * 8)?;
+        self.gpu.launch(
+            "mf_quantize_q8_1",
+            (1, 1, 1),
+            1024,
+            &[
+                Arg::U64(x),
+                Arg::U64(gain),
+                Arg::F32(eps),
+                Arg::U64(ptr),
+                Arg::U64(ptr + q_bytes as u64),
+                Arg::I32(ne0 as i32),
+            ],
+        )?;
+        Ok((ptr, ptr + q_bytes as u64))
+    }
+
     /// `mf_mmvq1`: one token's `out = m · x (+ bias) (+ res)` (0 for an absent bias or
-    /// residual), a warp per output row.
-    fn launch_mv1(&mut self, m: &Matrix, x: u64, out: u64, bias: u64, res: u64) -> DResult<()> {
+    /// residual) over its quantized row `(xq, xds)`, a warp per output row.
+    fn launch_mv1(
+        &mut self,
+        m: &Matrix,
+        (xq, xds): (u64, u64),
+        out: u64,
+        bias: u64,
+        res: u64,
+    ) -> DResult<()> {
         let ty = type_code(m.ty).ok_or("weight type")?;
-        let shared = mv1_shared(m.ne0).ok_or("the one-token row is too long")?;
-        let grid = self.mv1_grid("mf_mmvq1", m.ne1, self.mv1_warps, shared)?;
-        self.gpu.launch_shared(
+        let grid = self.mv1_grid("mf_mmvq1", m.ne1, self.mv1_warps, 0)?;
+        self.gpu.launch(
             "mf_mmvq1",
             (grid, 1, 1),
             32 * self.mv1_warps as u32,
-            shared,
             &[
                 Arg::I32(ty),
                 Arg::U64(m.ptr),
                 Arg::U64(m.row_bytes as u64),
-                Arg::U64(x),
+                Arg::U64(xq),
+                Arg::U64(xds),
                 Arg::U64(out),
                 Arg::U64(bias),
                 Arg::U64(res),
@@ -709,7 +758,9 @@ impl CudaBackend {
                 "q {q_dim} / kv {kv_dim} rows are not whole {MV1_ROWS}-row blocks"
             ));
         }
-        let shared = mv1_shared(ne0).ok_or("the fused Q/K/V row is too long")?;
+        if !mv1_fits(ne0) {
+            return Err(format!("fused Q/K/V rows of {ne0}, not whole 32-blocks"));
+        }
         let bias = match f.bias {
             Some([bq, bk, bv]) => [
                 self.vector(w, bq, q_dim)?,
@@ -723,7 +774,10 @@ impl CudaBackend {
         let (k, klen) = self.region(args, KvKind::K)?;
         let (v, _) = self.region(args, KvKind::V)?;
         let n_cells = klen / row_bytes;
-        let x = self.src(args, 0, ne0 * 4)?;
+        let (xid, x, xl) = self.src_buf(args, 0)?;
+        if xl < ne0 * 4 {
+            return Err(format!("src 0 holds {xl} bytes, the node reads {}", ne0 * 4));
+        }
         let pos = self.src(args, 1, 4)?;
         let cells = self.checked_ids(args, 2, 1, n_cells, "KV cell")?;
         let out = self.out(node, args)?;
@@ -735,15 +789,15 @@ impl CudaBackend {
             a.push(Arg::U64(mi.ptr));
             a.push(Arg::U64(mi.row_bytes as u64));
         }
-        let (gain, eps) = match f.in_norm {
-            Some(n) => (self.vector(w, n.weight, ne0)?, n.eps),
-            None => (0, 0.0),
+        let norm = match f.in_norm {
+            Some(n) => Some((self.vector(w, n.weight, ne0)?, n.eps)),
+            None => None,
         };
+        let (xq, xds) = self.one_token_input((xid, 0, x), ne0, norm)?;
         a.extend(bias.map(Arg::U64));
         a.extend([
-            Arg::U64(x),
-            Arg::U64(gain),
-            Arg::F32(eps),
+            Arg::U64(xq),
+            Arg::U64(xds),
             Arg::U64(row),
             Arg::I32(ne0 as i32),
             Arg::I32(q_dim as i32),
@@ -756,9 +810,8 @@ impl CudaBackend {
         } else {
             MV1_ROWS
         };
-        let grid = self.mv1_grid("mf_qkv1", rows, warps, shared)?;
-        self.gpu
-            .launch_shared("mf_qkv1", (grid, 1, 1), 32 * warps as u32, shared, &a)?;
+        let grid = self.mv1_grid("mf_qkv1", rows, warps, 0)?;
+        self.gpu.launch("mf_qkv1", (grid, 1, 1), 32 * warps as u32, &a)?;
         let units = if ty == 2 { kv_dim / 32 } else { kv_dim };
         self.gpu.launch(
             "mf_rope_store",
@@ -801,9 +854,9 @@ fn cell_bytes(ty: GgmlType, n_embd_kv: usize) -> DResult<usize> {
 }
 
 /// Shared bytes of the one-token int8 kernels for rows of `ne0` (None: too long for them).
-fn mv1_shared(ne0: usize) -> Option<u32> {
-    let b = (ne0 + ne0 / 4) as u32;
-    (ne0.is_multiple_of(32) && b <= crate::device::MAX_SHARED).then_some(b)
+/// Whether the one-token int8 kernels take rows of `ne0` (whole 32-element blocks).
+fn mv1_fits(ne0: usize) -> bool {
+    ne0.is_multiple_of(32)
 }
 
 /// Every query's window (rows of `width` i32s, the first being query `first`) lies inside

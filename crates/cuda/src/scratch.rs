@@ -14,6 +14,8 @@ use crate::device::{Arg, DResult};
 pub(crate) enum Scratch {
     /// Activations quantized to 8 bits per 32-element block: int8 values, then (d, d·Σq).
     Q8,
+    /// One token's RMSNorm-ed row quantized so (the one-token kernels' folded norm).
+    Q8Norm,
     /// Split-K attention partials.
     AttnPart,
     /// The warp-tiled attention's per-group count of finished chunks (zero between launches:
