@@ -77,6 +77,9 @@ def main(d):
     print("|---|---:|---:|---:|")
     for key, lk, mk in [
         ("7B tg128", "llama-tg", "minfer-tg"),
+        ("7B tg128, the binary before (minfer-base)", "llama-tg", "minfer-tg-base"),
+        ("0.5B tg128", "llama05-tg", "minfer05-tg"),
+        ("0.5B tg128, the binary before (minfer-base)", "llama05-tg", "minfer05-tg-base"),
         ("7B pp512, q8_0 KV, prompt attention on the generation kernels", "llama-q8pp", "minfer-q8pp-rows"),
         ("7B pp512, q8_0 KV, fa-q8 tensor-core attention", "llama-q8pp", "minfer-q8pp-fa"),
     ]:
