@@ -6,8 +6,7 @@
 // mf_rope_cs / mf_rope_lo / mf_rope_hi, mf_f2h, mf_kv_q8_block), so the two give the same bits.
 
 // Rows [0, q_dim) from wq, then kv_dim from wk, then kv_dim from wv, walked as mf_mmvq1
-// walks its rows (mmvq.cu; a row's matrix chosen per row), x quantized by mf_quantize_q8_1
-// (the node's in_norm folded in there).
+// walks its rows (mmvq.cu; a row's matrix chosen per row).
 __device__ __forceinline__ void mf_qkv_row(int o, int q_dim, int kv_dim, int tyq, const u8 *wq,
                                            u64 rbq, int tyk, const u8 *wk, u64 rbk, int tyv,
                                            const u8 *wv, u64 rbv, const float *bq,
@@ -23,12 +22,14 @@ __device__ __forceinline__ void mf_qkv_row(int o, int q_dim, int kv_dim, int tyq
     }
 }
 
-extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
-                                   u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
-                                   const float *bk, const float *bv,
-                                   const signed char *__restrict__ xq,
-                                   const float2 *__restrict__ xds, float *row, int ne0,
-                                   int q_dim, int kv_dim) {
+template <bool GX>
+__device__ __forceinline__ void mf_qkv1_body(int tyq, const u8 *wq, u64 rbq, int tyk,
+                                             const u8 *wk, u64 rbk, int tyv, const u8 *wv,
+                                             u64 rbv, const float *bq, const float *bk,
+                                             const float *bv, const float *x, const float *gain,
+                                             float eps, const signed char *__restrict__ gxq,
+                                             const float2 *__restrict__ gxds, float *row,
+                                             int ne0, int q_dim, int kv_dim) {
     const int n_rows = q_dim + 2 * kv_dim;
     int ty, r;
     const u8 *w;
@@ -41,6 +42,7 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
         if (MF_MV1_PREFETCH) mf_prefetch_row(w, rb);
     }
     MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
     MF_MV1_ROWS(o, n_rows) {
         int nx = mf_mv1_next(o, n_rows);
         if (MF_MV1_PREFETCH > 1 && nx >= 0) {
@@ -61,6 +63,26 @@ extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, cons
         }
     }
     MF_PDL_TRIGGER();
+}
+
+// x as MF_MV1_X says: `mf_qkv1` quantizes it (its RMSNorm with a gain) per block,
+// `mf_qkv1_gx` reads it quantized before.
+extern "C" __global__ void mf_qkv1(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
+                                   u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
+                                   const float *bk, const float *bv, const float *x,
+                                   const float *gain, float eps, float *row, int ne0,
+                                   int q_dim, int kv_dim) {
+    mf_qkv1_body<false>(tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, x, gain, eps,
+                        nullptr, nullptr, row, ne0, q_dim, kv_dim);
+}
+
+extern "C" __global__ void mf_qkv1_gx(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
+                                      u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
+                                      const float *bk, const float *bv, const signed char *xq,
+                                      const float2 *xds, float *row, int ne0, int q_dim,
+                                      int kv_dim) {
+    mf_qkv1_body<true>(tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, nullptr, nullptr,
+                       0.0f, xq, xds, row, ne0, q_dim, kv_dim);
 }
 
 // Element e of head row `h` (hd values at `x`) after RoPE at (c, s) of its pair.

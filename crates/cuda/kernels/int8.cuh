@@ -631,6 +631,28 @@ __device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed
 // block per W rows instead), so the grid never ends in a partial wave. A row's bits do
 // not depend on the grid: each row is one warp's mf_row1_any. While a warp computes row o,
 // L2 is asked for its next one.
+// Where a one-token kernel's quantized x comes from (the template flag GX of each: the host
+// picks by the row's length, `MINFER_CUDA_MV1_X`). GX: quantized once before the kernel
+// (mf_quantize_q8_1 / mf_quantize_q8) and read from global memory; otherwise each block
+// quantizes x (its RMSNorm with a gain) into its own shared memory after the PDL wait. The
+// first costs a launch, the second a prologue of the whole row per block before its first
+// weight load: measured, a long row (the 7B's 18,944-value down projection) wants the first,
+// a short one (the 0.5B's 896) the second. The same bits either way (mf_q8_shared's).
+// Sets xq / xds for the row walk.
+#define MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds)                                      \
+    extern __shared__ float2 smem[];                                                             \
+    const signed char *xq;                                                                       \
+    const float2 *xds;                                                                           \
+    if (GX) {                                                                                    \
+        xq = (gxq);                                                                              \
+        xds = (gxds);                                                                            \
+    } else {                                                                                     \
+        signed char *sq = (signed char *)(smem + ((ne0) >> 5));                                  \
+        mf_q8_shared((x), (ne0), sq, smem, (gain), (eps));                                       \
+        xq = sq;                                                                                 \
+        xds = smem;                                                                              \
+    }
+
 #define MF_MV1_ROWS(o, n_out)                                                                     \
     for (int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); o < (n_out);              \
          o += gridDim.x * (blockDim.x >> 5))

@@ -43,15 +43,20 @@ MF_MMVQ_KERNEL(mf_mmvq_q6_k, MF_Q6_K)
 
 
 // y[o] = w[o] . x (+ bias[o]) (+ res[o]: the residual Add of Op::MatMulAdd, after the bias
-// as the unfused MatMul → Add) for one token, x quantized (xq, xds) by mf_quantize_q8 or
-// mf_quantize_q8_1 just before.
-extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes,
-                                    const signed char *__restrict__ xq,
-                                    const float2 *__restrict__ xds, float *y, const float *bias,
-                                    const float *res, int ne0, int n_out) {
+// as the unfused MatMul → Add) for one token; x as MF_MV1_X says (`mf_mmvq1`: quantized by
+// each block into ne0 + ne0 / 4 bytes of dynamic shared memory, with a `gain` its RMSNorm;
+// `mf_mmvq1_gx`: quantized before, (xq, xds)).
+template <bool GX>
+__device__ __forceinline__ void mf_mmvq1_body(int ty, const u8 *w, u64 row_bytes,
+                                              const float *x, const float *gain, float eps,
+                                              const signed char *__restrict__ gxq,
+                                              const float2 *__restrict__ gxds, float *y,
+                                              const float *bias, const float *res, int ne0,
+                                              int n_out) {
     int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (MF_MV1_PREFETCH && o0 < n_out) mf_prefetch_row(w + (u64)o0 * row_bytes, row_bytes);
     MF_PDL_ENTRY(); // the weights were constant before the kernel before this one ran
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
     MF_MV1_ROWS(o, n_out) {
         int nx = mf_mv1_next(o, n_out);
         if (MF_MV1_PREFETCH > 1 && nx >= 0) mf_prefetch_row(w + (u64)nx * row_bytes, row_bytes);
@@ -63,6 +68,21 @@ extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes,
         }
     }
     MF_PDL_TRIGGER();
+}
+
+extern "C" __global__ void mf_mmvq1(int ty, const u8 *w, u64 row_bytes, const float *x,
+                                    const float *gain, float eps, float *y, const float *bias,
+                                    const float *res, int ne0, int n_out) {
+    mf_mmvq1_body<false>(ty, w, row_bytes, x, gain, eps, nullptr, nullptr, y, bias, res, ne0,
+                         n_out);
+}
+
+extern "C" __global__ void mf_mmvq1_gx(int ty, const u8 *w, u64 row_bytes,
+                                       const signed char *xq, const float2 *xds, float *y,
+                                       const float *bias, const float *res, int ne0,
+                                       int n_out) {
+    mf_mmvq1_body<true>(ty, w, row_bytes, nullptr, nullptr, 0.0f, xq, xds, y, bias, res, ne0,
+                        n_out);
 }
 
 // Up to NT generation rows at once (the multi-row kernels mf_mmvqn2, 4 and 8; nt of them
@@ -105,18 +125,22 @@ MF_MMVQN_KERNEL(8)
 
 // The decode FFN's gate and up products and SwiGLU in one launch: y[o] = silu(g) * u with
 // g = wg[o] . x and u = wu[o] . x, each exactly as mf_mmvq1 computes it and the SwiGLU as
-// mf_swiglu writes it; x quantized by mf_quantize_q8_1 (with Op::FfnGateUp's in_norm folded
-// in there).
-extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, const u8 *wu,
-                                       u64 rbu, const signed char *__restrict__ xq,
-                                       const float2 *__restrict__ xds, float *y, int ne0,
-                                       int n_out) {
+// mf_swiglu writes it; with a `gain`, x is the row's RMSNorm (Op::FfnGateUp's in_norm). x as
+// MF_MV1_X says (`mf_gate_up1` / `mf_gate_up1_gx`).
+template <bool GX>
+__device__ __forceinline__ void mf_gate_up1_body(int tyg, const u8 *wg, u64 rbg, int tyu,
+                                                 const u8 *wu, u64 rbu, const float *x,
+                                                 const float *gain, float eps,
+                                                 const signed char *__restrict__ gxq,
+                                                 const float2 *__restrict__ gxds, float *y,
+                                                 int ne0, int n_out) {
     int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (MF_MV1_PREFETCH && o0 < n_out) {
         mf_prefetch_row(wg + (u64)o0 * rbg, rbg);
         mf_prefetch_row(wu + (u64)o0 * rbu, rbu);
     }
     MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
     MF_MV1_ROWS(o, n_out) {
         int nx = mf_mv1_next(o, n_out);
         if (MF_MV1_PREFETCH > 1 && nx >= 0) {
@@ -128,4 +152,18 @@ extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, 
         if ((threadIdx.x & 31) == 0) y[o] = g / (1.0f + expf(-g)) * u;
     }
     MF_PDL_TRIGGER();
+}
+
+extern "C" __global__ void mf_gate_up1(int tyg, const u8 *wg, u64 rbg, int tyu, const u8 *wu,
+                                       u64 rbu, const float *x, const float *gain, float eps,
+                                       float *y, int ne0, int n_out) {
+    mf_gate_up1_body<false>(tyg, wg, rbg, tyu, wu, rbu, x, gain, eps, nullptr, nullptr, y, ne0,
+                            n_out);
+}
+
+extern "C" __global__ void mf_gate_up1_gx(int tyg, const u8 *wg, u64 rbg, int tyu,
+                                          const u8 *wu, u64 rbu, const signed char *xq,
+                                          const float2 *xds, float *y, int ne0, int n_out) {
+    mf_gate_up1_body<true>(tyg, wg, rbg, tyu, wu, rbu, nullptr, nullptr, 0.0f, xq, xds, y, ne0,
+                           n_out);
 }

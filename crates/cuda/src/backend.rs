@@ -113,6 +113,8 @@ pub struct CudaBackend {
     /// Query heads of a KV group per block of the one-query warp-tiled kernels: 8 (the
     /// whole group), 4 or 2 (`MINFER_CUDA_ATTN_HEADS`; the bits do not depend on it).
     pub(crate) attn_heads: usize,
+    /// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`).
+    pub(crate) mv1_x: crate::settings::Mv1X,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
     /// `MINFER_CUDA_MV1_WARPS=4` (an ablation switch; the bits do not depend on it).
     pub(crate) mv1_warps: usize,
@@ -215,6 +217,7 @@ impl CudaBackend {
             attn_single,
             attn_warp_qt,
             attn_heads: s.attn_heads,
+            mv1_x: s.mv1_x,
             mv1_warps,
             mv1_grid,
             replayer: graphs.then(Replayer::default),

@@ -369,8 +369,7 @@ impl CudaBackend {
                     Some(b) => self.vector(w, *b, ne0)?,
                     None => 0,
                 };
-                let xq = self.one_token_input((xid, 0, x), m.ne0, None)?;
-                self.launch_mv1(&m, xq, out, b, res)
+                self.launch_mv1(&m, (xid, 0, x), out, b, res)
             }
             Op::FfnGateUp { gate, up, in_norm } => {
                 let (mg, mu) = (self.matrix(w, *gate)?, self.matrix(w, *up)?);
@@ -399,26 +398,21 @@ impl CudaBackend {
                     None => None,
                 };
                 let out = self.out(node, args)?;
-                let (xq, xds) = self.one_token_input((xid, 0, x), mg.ne0, norm)?;
-                let grid = self.mv1_grid("mf_gate_up1", ne0, self.mv1_warps, 0)?;
-                self.gpu.launch(
-                    "mf_gate_up1",
-                    (grid, 1, 1),
-                    32 * self.mv1_warps as u32,
-                    &[
-                        Arg::I32(tg),
-                        Arg::U64(mg.ptr),
-                        Arg::U64(mg.row_bytes as u64),
-                        Arg::I32(tu),
-                        Arg::U64(mu.ptr),
-                        Arg::U64(mu.row_bytes as u64),
-                        Arg::U64(xq),
-                        Arg::U64(xds),
-                        Arg::U64(out),
-                        Arg::I32(mg.ne0 as i32),
-                        Arg::I32(ne0 as i32),
-                    ],
-                )
+                let (gx, xa, shared) = self.mv1_input((xid, 0, x), mg.ne0, norm)?;
+                let kernel = if gx { "mf_gate_up1_gx" } else { "mf_gate_up1" };
+                let grid = self.mv1_grid(kernel, ne0, self.mv1_warps, shared)?;
+                let mut a = vec![
+                    Arg::I32(tg),
+                    Arg::U64(mg.ptr),
+                    Arg::U64(mg.row_bytes as u64),
+                    Arg::I32(tu),
+                    Arg::U64(mu.ptr),
+                    Arg::U64(mu.row_bytes as u64),
+                ];
+                a.extend(xa);
+                a.extend([Arg::U64(out), Arg::I32(mg.ne0 as i32), Arg::I32(ne0 as i32)]);
+                self.gpu
+                    .launch_shared(kernel, (grid, 1, 1), 32 * self.mv1_warps as u32, shared, &a)
             }
             Op::QkvRopeStore(f) => self.encode_qkv(node, f, args),
         }
@@ -553,8 +547,7 @@ impl CudaBackend {
     ) -> DResult<()> {
         let n_out = m.ne1;
         if n == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_fits(m.ne0) {
-            let xq = self.one_token_input((xid, r0, x), m.ne0, None)?;
-            return self.launch_mv1(m, xq, out, b, 0);
+            return self.launch_mv1(m, (xid, r0, x), out, b, 0);
         }
         if let Some(kernel) = self.mmvq_kernel(m.ty) {
             let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
@@ -636,35 +629,58 @@ impl CudaBackend {
         Ok((ptr, ptr + q_bytes as u64))
     }
 
-    /// `mf_mmvq1`: one token's `out = m · x (+ bias) (+ res)` (0 for an absent bias or
-    /// residual) over its quantized row `(xq, xds)`, a warp per output row.
+    /// How a one-token kernel reads its x (`xid`'s row `r0` at `x`, `ne0` values; `norm`:
+    /// a folded RMSNorm's gain and eps), as kernels/int8.cuh `MF_MV1_X` says: whether it is
+    /// the `_gx` kernel (x quantized once before it, into the scratch), its x arguments and
+    /// its dynamic shared memory. Which one is [`crate::settings::Mv1X`]'s choice by the row's
+    /// length; a row too long for shared memory always goes the global way.
+    pub(crate) fn mv1_input(
+        &mut self,
+        (xid, r0, x): (BufId, usize, u64),
+        ne0: usize,
+        norm: Option<(u64, f32)>,
+    ) -> DResult<(bool, Vec<Arg>, u32)> {
+        match mv1_shared(ne0) {
+            Some(shared) if !self.mv1_x.global(ne0) => {
+                let (gain, eps) = norm.unwrap_or((0, 0.0));
+                Ok((false, vec![Arg::U64(x), Arg::U64(gain), Arg::F32(eps)], shared))
+            }
+            _ => {
+                let (xq, xds) = self.one_token_input((xid, r0, x), ne0, norm)?;
+                Ok((true, vec![Arg::U64(xq), Arg::U64(xds)], 0))
+            }
+        }
+    }
+
+    /// `mf_mmvq1` / `mf_mmvq1_gx`: one token's `out = m · x (+ bias) (+ res)` (0 for an
+    /// absent bias or residual), a warp per output row.
     fn launch_mv1(
         &mut self,
         m: &Matrix,
-        (xq, xds): (u64, u64),
+        x: (BufId, usize, u64),
         out: u64,
         bias: u64,
         res: u64,
     ) -> DResult<()> {
         let ty = type_code(m.ty).ok_or("weight type")?;
-        let grid = self.mv1_grid("mf_mmvq1", m.ne1, self.mv1_warps, 0)?;
-        self.gpu.launch(
-            "mf_mmvq1",
-            (grid, 1, 1),
-            32 * self.mv1_warps as u32,
-            &[
-                Arg::I32(ty),
-                Arg::U64(m.ptr),
-                Arg::U64(m.row_bytes as u64),
-                Arg::U64(xq),
-                Arg::U64(xds),
-                Arg::U64(out),
-                Arg::U64(bias),
-                Arg::U64(res),
-                Arg::I32(m.ne0 as i32),
-                Arg::I32(m.ne1 as i32),
-            ],
-        )
+        let (gx, xa, shared) = self.mv1_input(x, m.ne0, None)?;
+        let kernel = if gx { "mf_mmvq1_gx" } else { "mf_mmvq1" };
+        let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, shared)?;
+        let mut a = vec![
+            Arg::I32(ty),
+            Arg::U64(m.ptr),
+            Arg::U64(m.row_bytes as u64),
+        ];
+        a.extend(xa);
+        a.extend([
+            Arg::U64(out),
+            Arg::U64(bias),
+            Arg::U64(res),
+            Arg::I32(m.ne0 as i32),
+            Arg::I32(m.ne1 as i32),
+        ]);
+        self.gpu
+            .launch_shared(kernel, (grid, 1, 1), 32 * self.mv1_warps as u32, shared, &a)
     }
 
     /// `mf_mmvqn<k>`: `n` (2 ..= 16) rows' `out = m · x (+ bias)` over their quantized
@@ -793,11 +809,10 @@ impl CudaBackend {
             Some(n) => Some((self.vector(w, n.weight, ne0)?, n.eps)),
             None => None,
         };
-        let (xq, xds) = self.one_token_input((xid, 0, x), ne0, norm)?;
+        let (gx, xa, shared) = self.mv1_input((xid, 0, x), ne0, norm)?;
         a.extend(bias.map(Arg::U64));
+        a.extend(xa);
         a.extend([
-            Arg::U64(xq),
-            Arg::U64(xds),
             Arg::U64(row),
             Arg::I32(ne0 as i32),
             Arg::I32(q_dim as i32),
@@ -810,8 +825,10 @@ impl CudaBackend {
         } else {
             MV1_ROWS
         };
-        let grid = self.mv1_grid("mf_qkv1", rows, warps, 0)?;
-        self.gpu.launch("mf_qkv1", (grid, 1, 1), 32 * warps as u32, &a)?;
+        let kernel = if gx { "mf_qkv1_gx" } else { "mf_qkv1" };
+        let grid = self.mv1_grid(kernel, rows, warps, shared)?;
+        self.gpu
+            .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a)?;
         let units = if ty == 2 { kv_dim / 32 } else { kv_dim };
         self.gpu.launch(
             "mf_rope_store",
@@ -857,6 +874,13 @@ fn cell_bytes(ty: GgmlType, n_embd_kv: usize) -> DResult<usize> {
 /// Whether the one-token int8 kernels take rows of `ne0` (whole 32-element blocks).
 fn mv1_fits(ne0: usize) -> bool {
     ne0.is_multiple_of(32)
+}
+
+/// Dynamic shared memory of a one-token kernel that quantizes its row of `ne0` per block
+/// (None: too long for one block's shared memory, or not whole 32-blocks).
+fn mv1_shared(ne0: usize) -> Option<u32> {
+    let b = (ne0 + ne0 / 4) as u32;
+    (ne0.is_multiple_of(32) && b <= crate::device::MAX_SHARED).then_some(b)
 }
 
 /// Every query's window (rows of `width` i32s, the first being query `first`) lies inside

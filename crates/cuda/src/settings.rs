@@ -18,9 +18,37 @@ use crate::prompt::PromptChoice;
 /// (`MINFER_CUDA_MVN`): up to one pass of 8 (kernels/mmvq.cu `mf_mmvqn*`).
 pub(crate) const DEFAULT_MVN_MAX: usize = 8;
 
+/// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`; kernels/int8.cuh
+/// `MF_MV1_X`): quantized once before the kernel and read from global memory, or by every
+/// block into its shared memory. The bits never depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mv1X {
+    /// Global from rows of [`MV1_GLOBAL_FROM`] values, shared below (the default).
+    Auto,
+    Shared,
+    Global,
+}
+
+/// Row length from which `Mv1X::Auto` quantizes x once before the kernel. Measured on the
+/// H100 (docs/PERFORMANCE.md, session 16): every row global took the 7B's tg128 from 251 to
+/// 271 t/s but the 0.5B's from 910 to 810 (its rows of 896 pay a launch for a prologue that
+/// cost less); the 7B's gain is its 18,944-value down projection's per-block prologue.
+pub(crate) const MV1_GLOBAL_FROM: usize = 8192;
+
+impl Mv1X {
+    pub(crate) fn global(self, ne0: usize) -> bool {
+        match self {
+            Mv1X::Auto => ne0 >= MV1_GLOBAL_FROM,
+            Mv1X::Shared => false,
+            Mv1X::Global => true,
+        }
+    }
+}
+
 /// Query heads per block of the one-query warp-tiled attention by default
-/// (`MINFER_CUDA_ATTN_HEADS`): the whole KV group (kernels/attnw.cu `MF_AW_G`).
-pub(crate) const DEFAULT_ATTN_HEADS: usize = 8;
+/// (`MINFER_CUDA_ATTN_HEADS`): two, so a KV group of 7 runs as 4 blocks. Measured on the H100
+/// (session 16, 7B tg128): 2 heads 304.8 t/s, 4 heads 296.9, the whole group (8) 271.4.
+pub(crate) const DEFAULT_ATTN_HEADS: usize = 2;
 
 /// Programmatic dependent launch (`MINFER_CUDA_PDL`; sm_90 on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +130,8 @@ pub struct CudaSettings {
     pub(crate) mv1_warps: usize,
     pub(crate) mv1_grid: Mv1Grid,
     pub(crate) mv1: Mv1Walk,
+    /// Where the one-token kernels' quantized x comes from (`MINFER_CUDA_MV1_X`).
+    pub(crate) mv1_x: Mv1X,
     /// Generation-row attention (`MINFER_CUDA_ATTN`): one block per query, and the
     /// warp-tiled kernels' most queries a block.
     pub(crate) attention: (bool, usize),
@@ -178,6 +208,18 @@ impl CudaSettings {
             },
             mv1_grid,
             mv1: mv1_walk(&text)?,
+            mv1_x: match text("MINFER_CUDA_MV1_X").as_str() {
+                "" | "auto" => Mv1X::Auto,
+                "shared" => Mv1X::Shared,
+                "global" => Mv1X::Global,
+                v => {
+                    return Err(Refused::new(
+                        "MINFER_CUDA_MV1_X",
+                        v,
+                        "want auto, shared or global",
+                    ))
+                }
+            },
             attention: attention(&text("MINFER_CUDA_ATTN"))?,
             attn_heads: match text("MINFER_CUDA_ATTN_HEADS").as_str() {
                 "" => DEFAULT_ATTN_HEADS,
@@ -400,6 +442,8 @@ mod tests {
         assert_eq!(d.attention, (false, 2));
         assert_eq!(d.mvn_max, DEFAULT_MVN_MAX);
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
+        assert_eq!(d.mv1_x, Mv1X::Auto);
+        assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));
         assert_eq!(d.sync_timeout, Duration::from_secs(120));
         assert_eq!(d.mv1.defines(), "");
         let s = with(&[
@@ -454,6 +498,11 @@ mod tests {
                 "MINFER_CUDA_MMQ_MIN",
                 "0",
                 "MINFER_CUDA_MMQ_MIN=0: want a token count >= 1",
+            ),
+            (
+                "MINFER_CUDA_MV1_X",
+                "smem",
+                "MINFER_CUDA_MV1_X=smem: want auto, shared or global",
             ),
             (
                 "MINFER_CUDA_ATTN_HEADS",

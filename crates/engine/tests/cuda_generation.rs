@@ -188,8 +188,9 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
             multi_b > 0,
             "{ty}: the batched step never ran mf_mmvq_* / mf_mmq_*"
         );
-        let variants: [(&str, &[(&str, &str)]); 5] = [
+        let variants: [(&str, &[(&str, &str)]); 6] = [
             ("wave", &[]),
+            ("x quantized once", &[("MINFER_CUDA_MV1_X", "global")]),
             ("rows", &[("MINFER_CUDA_MV1_GRID", "rows")]),
             ("one block", &[("MINFER_CUDA_MV1_GRID", "1")]),
             ("narrow walks", &[("MINFER_CUDA_MV1", "narrow")]),
@@ -236,6 +237,12 @@ fn multi_row_generation_kernels_keep_each_row_alone_bits() {
     for (arch, ty) in cases {
         let path = wide_model(arch, ty);
         let (want, _) = alone_n(&path, 17, 12);
+        // The one-token kernels both ways (x quantized per block in shared memory, this
+        // model's rows being short, or once before the kernel): the same bits.
+        let (gx, _) = with_env(&[("MINFER_CUDA_MV1_X", "global")], || alone_n(&path, 17, 4));
+        let (sx, _) = with_env(&[("MINFER_CUDA_MV1_X", "shared")], || alone_n(&path, 17, 4));
+        assert!(gx[..] == want[..4], "{arch:?} {ty}: one-token kernels over global x");
+        assert!(sx[..] == want[..4], "{arch:?} {ty}: one-token kernels over shared x");
         for (n, mvn) in [(2, ""), (3, ""), (5, ""), (8, ""), (9, "16"), (12, "16")] {
             for (side, value) in [("multi-row", mvn), ("replaced", "0")] {
                 let vars: &[(&str, &str)] = if value.is_empty() {

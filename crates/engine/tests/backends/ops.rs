@@ -541,13 +541,13 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &
             }
             g.set_attention("w1").unwrap();
             let one_a_block = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
-            // The KV group's heads shared out over blocks of 4 and of 2 (decode's grid).
+            // The KV group's heads in one block, or shared out over blocks of 4 and of 2 (the
+            // default, which `batched` ran): the same bits.
             let mut heads_apart = Vec::new();
-            for heads in [4, 2] {
+            for heads in [8, 4, 2] {
                 g.set_attention_heads(heads).unwrap();
                 heads_apart.push(attention_on(&mut g, shape, &kx, &vx, &q, w, layout));
             }
-            g.set_attention_heads(8).unwrap();
             g.set_attention("split").unwrap();
             let split = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
             g.set_attention("").unwrap();
@@ -578,7 +578,7 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &
             );
             assert_eq!(d_alone, 0, "{shape:?} {what}: batched vs alone");
             assert_eq!(d_w1, 0, "{shape:?} {what}: grouped vs one query a block");
-            for (heads, h) in [4, 2].iter().zip(&heads_apart) {
+            for (heads, h) in [8, 4, 2].iter().zip(&heads_apart) {
                 let d = bits(&batched, h);
                 println!("{shape:?} {what}: {heads} heads a block, differing {d}");
                 assert_eq!(d, 0, "{shape:?} {what}: {heads} heads a block");
