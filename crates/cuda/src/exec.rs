@@ -361,7 +361,10 @@ impl CudaBackend {
                 }
                 let (xid, x, xl) = self.src_buf(args, 0)?;
                 if xl < m.ne0 * 4 {
-                    return Err(format!("src 0 holds {xl} bytes, the node reads {}", m.ne0 * 4));
+                    return Err(format!(
+                        "src 0 holds {xl} bytes, the node reads {}",
+                        m.ne0 * 4
+                    ));
                 }
                 let res = self.src(args, 1, ne0 * 4)?;
                 let out = self.out(node, args)?;
@@ -380,7 +383,10 @@ impl CudaBackend {
                     ));
                 }
                 if !mv1_fits(mg.ne0) {
-                    return Err(format!("fused gate/up rows of {}, not whole 32-blocks", mg.ne0));
+                    return Err(format!(
+                        "fused gate/up rows of {}, not whole 32-blocks",
+                        mg.ne0
+                    ));
                 }
                 let (tg, tu) = match (self.mmvq_kernel(mg.ty), self.mmvq_kernel(mu.ty)) {
                     (Some(_), Some(_)) => (
@@ -391,7 +397,10 @@ impl CudaBackend {
                 };
                 let (xid, x, xl) = self.src_buf(args, 0)?;
                 if xl < mg.ne0 * 4 {
-                    return Err(format!("src 0 holds {xl} bytes, the node reads {}", mg.ne0 * 4));
+                    return Err(format!(
+                        "src 0 holds {xl} bytes, the node reads {}",
+                        mg.ne0 * 4
+                    ));
                 }
                 let norm = match in_norm {
                     Some(n) => Some((self.vector(w, n.weight, mg.ne0)?, n.eps)),
@@ -609,7 +618,9 @@ impl CudaBackend {
             return self.quantized_input((xid, r0), x, ne0, 1);
         };
         if !mv1_fits(ne0) {
-            return Err(format!("int8 matmul over rows of {ne0}, not whole 32-blocks"));
+            return Err(format!(
+                "int8 matmul over rows of {ne0}, not whole 32-blocks"
+            ));
         }
         let q_bytes = ne0.next_multiple_of(256);
         let ptr = self.scratch(Scratch::Q8Norm, q_bytes + ne0 / 32 * 8)?;
@@ -643,7 +654,11 @@ impl CudaBackend {
         match mv1_shared(ne0) {
             Some(shared) if !self.mv1_x.global(ne0) => {
                 let (gain, eps) = norm.unwrap_or((0, 0.0));
-                Ok((false, vec![Arg::U64(x), Arg::U64(gain), Arg::F32(eps)], shared))
+                Ok((
+                    false,
+                    vec![Arg::U64(x), Arg::U64(gain), Arg::F32(eps)],
+                    shared,
+                ))
             }
             _ => {
                 let (xq, xds) = self.one_token_input((xid, r0, x), ne0, norm)?;
@@ -666,11 +681,7 @@ impl CudaBackend {
         let (gx, xa, shared) = self.mv1_input(x, m.ne0, None)?;
         let kernel = if gx { "mf_mmvq1_gx" } else { "mf_mmvq1" };
         let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, shared)?;
-        let mut a = vec![
-            Arg::I32(ty),
-            Arg::U64(m.ptr),
-            Arg::U64(m.row_bytes as u64),
-        ];
+        let mut a = vec![Arg::I32(ty), Arg::U64(m.ptr), Arg::U64(m.row_bytes as u64)];
         a.extend(xa);
         a.extend([
             Arg::U64(out),
@@ -792,7 +803,10 @@ impl CudaBackend {
         let n_cells = klen / row_bytes;
         let (xid, x, xl) = self.src_buf(args, 0)?;
         if xl < ne0 * 4 {
-            return Err(format!("src 0 holds {xl} bytes, the node reads {}", ne0 * 4));
+            return Err(format!(
+                "src 0 holds {xl} bytes, the node reads {}",
+                ne0 * 4
+            ));
         }
         let pos = self.src(args, 1, 4)?;
         let cells = self.checked_ids(args, 2, 1, n_cells, "KV cell")?;

@@ -231,9 +231,13 @@ impl CudaSettings {
             mmq: mmq(&text)?,
             mvn_max: match text("MINFER_CUDA_MVN").as_str() {
                 "" => DEFAULT_MVN_MAX,
-                v => v.parse::<usize>().ok().filter(|&n| n <= 16).ok_or_else(|| {
-                    Refused::new("MINFER_CUDA_MVN", v, "want a row count from 0 to 16")
-                })?,
+                v => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n <= 16)
+                    .ok_or_else(|| {
+                        Refused::new("MINFER_CUDA_MVN", v, "want a row count from 0 to 16")
+                    })?,
             },
             prompt: prompt(&text)?,
             gemm: gemm(&text)?,

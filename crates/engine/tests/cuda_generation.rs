@@ -241,8 +241,14 @@ fn multi_row_generation_kernels_keep_each_row_alone_bits() {
         // model's rows being short, or once before the kernel): the same bits.
         let (gx, _) = with_env(&[("MINFER_CUDA_MV1_X", "global")], || alone_n(&path, 17, 4));
         let (sx, _) = with_env(&[("MINFER_CUDA_MV1_X", "shared")], || alone_n(&path, 17, 4));
-        assert!(gx[..] == want[..4], "{arch:?} {ty}: one-token kernels over global x");
-        assert!(sx[..] == want[..4], "{arch:?} {ty}: one-token kernels over shared x");
+        assert!(
+            gx[..] == want[..4],
+            "{arch:?} {ty}: one-token kernels over global x"
+        );
+        assert!(
+            sx[..] == want[..4],
+            "{arch:?} {ty}: one-token kernels over shared x"
+        );
         for (n, mvn) in [(2, ""), (3, ""), (5, ""), (8, ""), (9, "16"), (12, "16")] {
             for (side, value) in [("multi-row", mvn), ("replaced", "0")] {
                 let vars: &[(&str, &str)] = if value.is_empty() {

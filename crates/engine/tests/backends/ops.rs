@@ -68,7 +68,10 @@ fn kv_region_ops_match_the_cpu(_: &Row, _: &()) {
         let rc = c.alloc(bytes.len()).unwrap();
         g.write(rg, 0, &bytes).unwrap();
         c.write(rc, 0, &bytes).unwrap();
-        let (kg, kc) = ((rg, g.alloc(bytes.len()).unwrap()), (rc, c.alloc(bytes.len()).unwrap()));
+        let (kg, kc) = (
+            (rg, g.alloc(bytes.len()).unwrap()),
+            (rc, c.alloc(bytes.len()).unwrap()),
+        );
         let layout = KvLayout {
             cache_type: ty,
             n_head_kv: heads,
