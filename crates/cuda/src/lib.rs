@@ -18,6 +18,8 @@ mod exec;
 #[cfg(feature = "cuda")]
 pub mod lt;
 #[cfg(feature = "cuda")]
+mod matvec;
+#[cfg(feature = "cuda")]
 mod mmq;
 #[cfg(feature = "cuda")]
 pub mod nccl;

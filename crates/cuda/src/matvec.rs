@@ -1,0 +1,373 @@
+//! The int8 matmuls of generation rows (ADR 0008): one token on the one-token kernels
+//! (`mf_mmvq1`, the fused `mf_qkv1` + `mf_rope_store`; x quantized per block or once before
+//! them, `MF_MV1_X`), 2–16 rows on the multi-row vector kernels (`mf_mmvqn*`), more on the
+//! tensor-core tiles or the 8-token dp4a kernel, and the f32 matmul for the other weights.
+//! Every path keeps the canonical block order, so the choice by row count changes no bits.
+
+use minfer_graph::{BufId, ExecArgs, KvKind, Node, QkvFused, RopeStyle};
+
+use crate::backend::{theta_scale, type_code, CudaBackend, Matrix, Mv1Grid, Scratch};
+use crate::device::{Arg, DResult};
+use crate::exec::{blocks, cell_bytes, kv_code, row_threads};
+
+/// Output rows and tokens per block of the int8 matmuls (kernels/mmvq.cu `MF_MV_*`).
+const MV_ROWS: usize = 16;
+const MV_T: usize = 8;
+/// Fewest output rows per block of the one-token int8 kernels (a warp each; the block has
+/// `mv1_warps` of them).
+const MV1_ROWS: usize = 4;
+/// Rows one pass of the multi-row vector kernels takes at most.
+const MVN_MAX_PASS: usize = 8;
+
+/// The multi-row vector kernel for a pass of `k` rows (2 ..= 8): the one with the fewest
+/// slots that hold them (kernels/mmvq.cu: slots past `k` repeat the last row, unused).
+fn mvn_kernel(k: usize) -> &'static str {
+    match k {
+        ..=2 => "mf_mmvqn2",
+        3..=4 => "mf_mmvqn4",
+        _ => "mf_mmvqn8",
+    }
+}
+
+/// Whether the one-token int8 kernels take rows of `ne0` (whole 32-element blocks).
+pub(crate) fn mv1_fits(ne0: usize) -> bool {
+    ne0.is_multiple_of(32)
+}
+
+/// Dynamic shared memory of a one-token kernel that quantizes its row of `ne0` per block
+/// (None: too long for one block's shared memory, or not whole 32-blocks).
+fn mv1_shared(ne0: usize) -> Option<u32> {
+    let b = (ne0 + ne0 / 4) as u32;
+    (ne0.is_multiple_of(32) && b <= crate::device::MAX_SHARED).then_some(b)
+}
+
+impl CudaBackend {
+    /// `out[0..n]` = the `n` rows at `x` times `m` (+ `bias`) on the int8 kernels (every row
+    /// count the same bits, ADR 0008), or the f32 matmul for weights they do not read.
+    pub(crate) fn encode_matmul_rows(
+        &mut self,
+        m: &Matrix,
+        (xid, r0, x): (BufId, usize, u64),
+        n: usize,
+        out: u64,
+        b: u64,
+    ) -> DResult<()> {
+        let n_out = m.ne1;
+        if n == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_fits(m.ne0) {
+            return self.launch_mv1(m, (xid, r0, x), out, b, 0);
+        }
+        if let Some(kernel) = self.mmvq_kernel(m.ty) {
+            let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
+            // A few rows: the multi-row vector kernels, each row the one-token kernel's bits.
+            if (2..=self.mvn_max).contains(&n) {
+                return self.launch_mvn(m, (xq, xds), n, out, b);
+            }
+            // Many tokens: tensor-core tiles, the same bits (the canonical order).
+            if let Some((k, tile)) = self.mmq_kernel(m.ty, n) {
+                return self.encode_mmq(k, tile, m, (xq, xds), (out, b), (n_out, n));
+            }
+            return self.gpu.launch(
+                kernel,
+                (n_out.div_ceil(MV_ROWS) as u32, n.div_ceil(MV_T) as u32, 1),
+                128,
+                &[
+                    Arg::U64(m.ptr),
+                    Arg::U64(m.row_bytes as u64),
+                    Arg::U64(xq),
+                    Arg::U64(xds),
+                    Arg::U64(out),
+                    Arg::U64(b),
+                    Arg::I32(m.ne0 as i32),
+                    Arg::I32(n_out as i32),
+                    Arg::I32(n as i32),
+                ],
+            );
+        }
+        let ty = type_code(m.ty).ok_or_else(|| format!("{} weights", m.ty))?;
+        self.gpu.launch(
+            "mf_matmul",
+            (n_out as u32, n.div_ceil(16) as u32, 1),
+            row_threads(m.ne0.div_ceil(32)),
+            &[
+                Arg::I32(ty),
+                Arg::U64(m.ptr),
+                Arg::U64(m.row_bytes as u64),
+                Arg::U64(x),
+                Arg::U64(out),
+                Arg::U64(b),
+                Arg::I32(m.ne0 as i32),
+                Arg::I32(n_out as i32),
+                Arg::I32(n as i32),
+            ],
+        )
+    }
+
+    /// One token's x (buffer `xid`, its row `r0` at `x`, `ne0` values) quantized for the
+    /// one-token kernels, once: the int8 scratch of [`Self::quantized_input`] (which the next
+    /// matmul over the same row reuses), or, with a folded RMSNorm (`norm`: gain, eps), the
+    /// normalised row quantized into a scratch of its own by `mf_quantize_q8_1`.
+    fn one_token_input(
+        &mut self,
+        (xid, r0, x): (BufId, usize, u64),
+        ne0: usize,
+        norm: Option<(u64, f32)>,
+    ) -> DResult<(u64, u64)> {
+        let Some((gain, eps)) = norm else {
+            return self.quantized_input((xid, r0), x, ne0, 1);
+        };
+        if !mv1_fits(ne0) {
+            return Err(format!(
+                "int8 matmul over rows of {ne0}, not whole 32-blocks"
+            ));
+        }
+        let q_bytes = ne0.next_multiple_of(256);
+        let ptr = self.scratch(Scratch::Q8Norm, q_bytes + ne0 / 32 * 8)?;
+        self.gpu.launch(
+            "mf_quantize_q8_1",
+            (1, 1, 1),
+            1024,
+            &[
+                Arg::U64(x),
+                Arg::U64(gain),
+                Arg::F32(eps),
+                Arg::U64(ptr),
+                Arg::U64(ptr + q_bytes as u64),
+                Arg::I32(ne0 as i32),
+            ],
+        )?;
+        Ok((ptr, ptr + q_bytes as u64))
+    }
+
+    /// How a one-token kernel reads its x (`xid`'s row `r0` at `x`, `ne0` values; `norm`:
+    /// a folded RMSNorm's gain and eps), as kernels/int8.cuh `MF_MV1_X` says: whether it is
+    /// the `_gx` kernel (x quantized once before it, into the scratch), its x arguments and
+    /// its dynamic shared memory. Which one is [`crate::settings::Mv1X`]'s choice by the row's
+    /// length; a row too long for shared memory always goes the global way.
+    pub(crate) fn mv1_input(
+        &mut self,
+        (xid, r0, x): (BufId, usize, u64),
+        ne0: usize,
+        norm: Option<(u64, f32)>,
+    ) -> DResult<(bool, Vec<Arg>, u32)> {
+        match mv1_shared(ne0) {
+            Some(shared) if !self.mv1_x.global(ne0) => {
+                let (gain, eps) = norm.unwrap_or((0, 0.0));
+                Ok((
+                    false,
+                    vec![Arg::U64(x), Arg::U64(gain), Arg::F32(eps)],
+                    shared,
+                ))
+            }
+            _ => {
+                let (xq, xds) = self.one_token_input((xid, r0, x), ne0, norm)?;
+                Ok((true, vec![Arg::U64(xq), Arg::U64(xds)], 0))
+            }
+        }
+    }
+
+    /// `mf_mmvq1` / `mf_mmvq1_gx`: one token's `out = m · x (+ bias) (+ res)` (0 for an
+    /// absent bias or residual), a warp per output row.
+    pub(crate) fn launch_mv1(
+        &mut self,
+        m: &Matrix,
+        x: (BufId, usize, u64),
+        out: u64,
+        bias: u64,
+        res: u64,
+    ) -> DResult<()> {
+        let ty = type_code(m.ty).ok_or("weight type")?;
+        let (gx, xa, shared) = self.mv1_input(x, m.ne0, None)?;
+        let kernel = if gx { "mf_mmvq1_gx" } else { "mf_mmvq1" };
+        let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, shared)?;
+        let mut a = vec![Arg::I32(ty), Arg::U64(m.ptr), Arg::U64(m.row_bytes as u64)];
+        a.extend(xa);
+        a.extend([
+            Arg::U64(out),
+            Arg::U64(bias),
+            Arg::U64(res),
+            Arg::I32(m.ne0 as i32),
+            Arg::I32(m.ne1 as i32),
+        ]);
+        self.gpu
+            .launch_shared(kernel, (grid, 1, 1), 32 * self.mv1_warps as u32, shared, &a)
+    }
+
+    /// `mf_mmvqn<k>`: `n` (2 ..= 16) rows' `out = m · x (+ bias)` over their quantized
+    /// activations `(xq, xds)`, in the fewest passes of at most 8 rows (each pass reads the
+    /// weights once), the rows shared out evenly so that no pass has fewer than 2.
+    fn launch_mvn(
+        &mut self,
+        m: &Matrix,
+        (xq, xds): (u64, u64),
+        n: usize,
+        out: u64,
+        bias: u64,
+    ) -> DResult<()> {
+        let ty = type_code(m.ty).ok_or("weight type")?;
+        let nb = m.ne0 / 32;
+        let mut t0 = 0;
+        let mut passes = n.div_ceil(MVN_MAX_PASS);
+        while t0 < n {
+            let k = (n - t0).div_ceil(passes);
+            passes -= 1;
+            let kernel = mvn_kernel(k);
+            let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, 0)?;
+            self.gpu.launch(
+                kernel,
+                (grid, 1, 1),
+                32 * self.mv1_warps as u32,
+                &[
+                    Arg::I32(ty),
+                    Arg::U64(m.ptr),
+                    Arg::U64(m.row_bytes as u64),
+                    Arg::U64(xq + (t0 * m.ne0) as u64),
+                    Arg::U64(xds + (t0 * nb * 8) as u64),
+                    Arg::U64(out + (t0 * m.ne1 * 4) as u64),
+                    Arg::U64(bias),
+                    Arg::I32(m.ne0 as i32),
+                    Arg::I32(m.ne1 as i32),
+                    Arg::I32(k as i32),
+                ],
+            )?;
+            t0 += k;
+        }
+        Ok(())
+    }
+
+    /// Blocks of a one-token kernel (`warps` rows at a time each) over `rows` output rows,
+    /// as [`Mv1Grid`] says: never more than a block per `warps` rows.
+    pub(crate) fn mv1_grid(
+        &self,
+        kernel: &str,
+        rows: usize,
+        warps: usize,
+        shared: u32,
+    ) -> DResult<u32> {
+        let per_rows = rows.div_ceil(warps) as u32;
+        Ok(match self.mv1_grid {
+            Mv1Grid::Rows => per_rows,
+            Mv1Grid::Blocks(b) => per_rows.min(b),
+            Mv1Grid::Wave => per_rows.min(self.gpu.resident_blocks(
+                kernel,
+                32 * warps as u32,
+                shared,
+            )?),
+        })
+    }
+
+    /// [`Op::QkvRopeStore`] (no per-head norm): `mf_qkv1` then `mf_rope_store`, the unfused
+    /// chain's bits (kernels/fused.cu).
+    pub(crate) fn encode_qkv(&mut self, node: &Node, f: &QkvFused, args: &ExecArgs) -> DResult<()> {
+        let w = args.weights;
+        let (q_dim, kv_dim, hd) = (f.q_dim(), f.kv_dim(), f.rope.head_dim);
+        if node.shape != [q_dim, 1] {
+            return Err(format!(
+                "a decode-only fused node of {q_dim} x 1, got {:?}",
+                node.shape
+            ));
+        }
+        if f.norm.is_some() {
+            return Err("the per-head Q/K norm is not fused on CUDA".into());
+        }
+        let m = [
+            self.matrix(w, f.wq)?,
+            self.matrix(w, f.wk)?,
+            self.matrix(w, f.wv)?,
+        ];
+        let ne0 = m[0].ne0;
+        let dims = [q_dim, kv_dim, kv_dim];
+        for (mi, d) in m.iter().zip(dims) {
+            if mi.ne0 != ne0 || mi.ne1 != d || self.mmvq_kernel(mi.ty).is_none() {
+                return Err(format!(
+                    "fused Q/K/V over a {} matrix of {} x {} (want int8-path rows of {ne0}, {d} rows)",
+                    mi.ty, mi.ne1, mi.ne0
+                ));
+            }
+        }
+        if !q_dim.is_multiple_of(MV1_ROWS) || !kv_dim.is_multiple_of(MV1_ROWS) {
+            return Err(format!(
+                "q {q_dim} / kv {kv_dim} rows are not whole {MV1_ROWS}-row blocks"
+            ));
+        }
+        if !mv1_fits(ne0) {
+            return Err(format!("fused Q/K/V rows of {ne0}, not whole 32-blocks"));
+        }
+        let bias = match f.bias {
+            Some([bq, bk, bv]) => [
+                self.vector(w, bq, q_dim)?,
+                self.vector(w, bk, kv_dim)?,
+                self.vector(w, bv, kv_dim)?,
+            ],
+            None => [0; 3],
+        };
+        let ty = kv_code(f.cache_type)?;
+        let row_bytes = cell_bytes(f.cache_type, kv_dim)?;
+        let (k, klen) = self.region(args, KvKind::K)?;
+        let (v, _) = self.region(args, KvKind::V)?;
+        let n_cells = klen / row_bytes;
+        let (xid, x, xl) = self.src_buf(args, 0)?;
+        if xl < ne0 * 4 {
+            return Err(format!(
+                "src 0 holds {xl} bytes, the node reads {}",
+                ne0 * 4
+            ));
+        }
+        let pos = self.src(args, 1, 4)?;
+        let cells = self.checked_ids(args, 2, 1, n_cells, "KV cell")?;
+        let out = self.out(node, args)?;
+        let rows = q_dim + 2 * kv_dim;
+        let row = self.scratch(Scratch::QkvRow, rows * 4)?;
+        let mut a = Vec::with_capacity(17);
+        for mi in &m {
+            a.push(Arg::I32(type_code(mi.ty).ok_or("weight type")?));
+            a.push(Arg::U64(mi.ptr));
+            a.push(Arg::U64(mi.row_bytes as u64));
+        }
+        let norm = match f.in_norm {
+            Some(n) => Some((self.vector(w, n.weight, ne0)?, n.eps)),
+            None => None,
+        };
+        let (gx, xa, shared) = self.mv1_input((xid, 0, x), ne0, norm)?;
+        a.extend(bias.map(Arg::U64));
+        a.extend(xa);
+        a.extend([
+            Arg::U64(row),
+            Arg::I32(ne0 as i32),
+            Arg::I32(q_dim as i32),
+            Arg::I32(kv_dim as i32),
+        ]);
+        // A block's rows come from one matrix.
+        let warps = if q_dim.is_multiple_of(self.mv1_warps) && kv_dim.is_multiple_of(self.mv1_warps)
+        {
+            self.mv1_warps
+        } else {
+            MV1_ROWS
+        };
+        let kernel = if gx { "mf_qkv1_gx" } else { "mf_qkv1" };
+        let grid = self.mv1_grid(kernel, rows, warps, shared)?;
+        self.gpu
+            .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a)?;
+        let units = if ty == 2 { kv_dim / 32 } else { kv_dim };
+        self.gpu.launch(
+            "mf_rope_store",
+            blocks(q_dim + 2 * units, 128),
+            128,
+            &[
+                Arg::U64(row),
+                Arg::U64(pos),
+                Arg::U64(cells),
+                Arg::U64(out),
+                Arg::U64(k),
+                Arg::U64(v),
+                Arg::I32(ty),
+                Arg::U64(row_bytes as u64),
+                Arg::I32(q_dim as i32),
+                Arg::I32(kv_dim as i32),
+                Arg::I32(hd as i32),
+                Arg::F32(theta_scale(f.rope.freq_base, hd)),
+                Arg::F32(f.rope.freq_scale),
+                Arg::I32((f.rope.style == RopeStyle::Neox) as i32),
+            ],
+        )
+    }
+}
