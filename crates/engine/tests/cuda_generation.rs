@@ -157,6 +157,15 @@ fn batched_n(path: &Path, token: u32, ty: GgmlType, n: usize) -> (Vec<Vec<u32>>,
     )
 }
 
+/// The weight types every generation kernel walks its own way, each on an arch.
+const CASES: [(Arch, GgmlType); 5] = [
+    (Arch::Qwen2, GgmlType::Q4K),
+    (Arch::Llama, GgmlType::Q6K),
+    (Arch::Qwen2, GgmlType::Q8_0),
+    (Arch::Llama, GgmlType::Q5_0),
+    (Arch::Qwen2, GgmlType::Q4_0),
+];
+
 fn with_env<T>(vars: &[(&str, &str)], f: impl FnOnce() -> T) -> T {
     for (k, v) in vars {
         std::env::set_var(k, v);
@@ -173,14 +182,7 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
     if !gpu() {
         return;
     }
-    let cases = [
-        (Arch::Qwen2, GgmlType::Q4K),
-        (Arch::Llama, GgmlType::Q6K),
-        (Arch::Qwen2, GgmlType::Q8_0),
-        (Arch::Llama, GgmlType::Q5_0),
-        (Arch::Qwen2, GgmlType::Q4_0),
-    ];
-    for (arch, ty) in cases {
+    for (arch, ty) in CASES {
         let path = wide_model(arch, ty);
         let (want, one_b, multi_b) = batched(&path, 17, ty);
         assert_eq!(one_b, 0, "{ty}: the batched step ran one-token kernels");
@@ -227,14 +229,7 @@ fn multi_row_generation_kernels_keep_each_row_alone_bits() {
     if !gpu() {
         return;
     }
-    let cases = [
-        (Arch::Qwen2, GgmlType::Q4K),
-        (Arch::Llama, GgmlType::Q6K),
-        (Arch::Qwen2, GgmlType::Q8_0),
-        (Arch::Llama, GgmlType::Q5_0),
-        (Arch::Qwen2, GgmlType::Q4_0),
-    ];
-    for (arch, ty) in cases {
+    for (arch, ty) in CASES {
         let path = wide_model(arch, ty);
         let (want, _) = alone_n(&path, 17, 12);
         // The one-token kernels both ways (x quantized per block in shared memory, this

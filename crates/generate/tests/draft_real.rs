@@ -12,7 +12,6 @@ use common::code_edits::prompts;
 use minfer_engine::{Engine, EngineConfig};
 use minfer_generate::chat::Pieces;
 use minfer_generate::draft::{check_vocab, DraftConfig, DraftHandle, EngineDraft};
-use minfer_generate::sampler::SamplerConfig;
 use minfer_generate::{generate, GenerateRequest};
 use minfer_models::synth::{synthesize, tokenizer_from, SynthSpec};
 use minfer_models::Arch;
@@ -57,18 +56,8 @@ fn compare(
             .render(&[Message::user(p.as_str())], &opts)
             .unwrap();
         let req = |draft| GenerateRequest {
-            prompt: tok.encode(&text, true),
-            max_tokens,
-            sampler: SamplerConfig {
-                temperature: 0.0,
-                ..SamplerConfig::default()
-            },
-            stop_strings: vec![],
-            eog: tok.eog_ids().to_vec(),
-            logprobs: None,
-            constraint: None,
-            lookup: None,
             draft,
+            ..common::greedy_request(&tok, &text, max_tokens)
         };
         target.kv_clear();
         let plain = generate(target, &Pieces(&tok), &req(None), |_| {}).unwrap();

@@ -34,18 +34,8 @@ fn compare(model: &Path, prompts: &[String], max_tokens: usize) -> (usize, usize
             )
             .unwrap();
         let req = |lookup| GenerateRequest {
-            prompt: tok.encode(&text, true),
-            max_tokens,
-            sampler: SamplerConfig {
-                temperature: 0.0,
-                ..SamplerConfig::default()
-            },
-            stop_strings: vec![],
-            eog: tok.eog_ids().to_vec(),
-            logprobs: None,
-            constraint: None,
             lookup,
-            draft: None,
+            ..common::greedy_request(&tok, &text, max_tokens)
         };
         engine.kv_clear();
         let plain = generate(&mut engine, &Pieces(&tok), &req(None), |_| {}).unwrap();
