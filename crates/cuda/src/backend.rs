@@ -166,7 +166,7 @@ impl CudaBackend {
         let name = name.into();
         let (mmvq, mmq, prompt) = (s.mmvq, s.mmq, s.prompt);
         let (attn_single, attn_warp_qt) = s.attention;
-        let (mv1_warps, mv1_grid) = (s.mv1_warps, s.mv1_grid);
+        let (mv1_warps, mv1_grid, mvn_max) = (s.mv1_warps, s.mv1_grid, s.mvn_max);
         let profile = s.profile.then(Profile::default);
         let graphs = s.graphs && profile.is_none();
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
@@ -178,14 +178,30 @@ impl CudaBackend {
             gib(gpu.total_mem),
             gib(gpu.free_mem()),
             if mmvq {
-                format!("int8 dp4a over 8-bit activations, {}", mmq.describe())
+                // The multi-row kernels take 2..=mvn_max rows before the tiles' threshold.
+                let rows = if mvn_max >= 2 {
+                    format!(
+                        "multi-row vector kernels for 2-{mvn_max} rows (MINFER_CUDA_MVN), then "
+                    )
+                } else {
+                    String::new()
+                };
+                let from = if mvn_max >= 2 { mvn_max + 1 } else { 0 };
+                format!(
+                    "int8 dp4a over 8-bit activations, {rows}{}",
+                    mmq.describe(from)
+                )
             } else {
                 "f32".into()
             },
             if attn_single {
                 "one block per query".to_string()
             } else if attn_warp_qt > 0 {
-                format!("warp-tiled (f16 KV, head dim 64/128; up to {attn_warp_qt} queries a block), else split-K")
+                format!(
+                    "warp-tiled (f16 KV, head dim 64/128; up to {attn_warp_qt} queries and {} \
+                     heads a block), else split-K",
+                    s.attn_heads
+                )
             } else {
                 "split-K".to_string()
             },

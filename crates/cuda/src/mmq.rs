@@ -60,13 +60,15 @@ pub(crate) struct MmqChoice {
 
 impl MmqChoice {
     /// The startup line's words for it.
-    pub(crate) fn describe(&self) -> String {
+    /// The startup line's words; `from`: the row count the tiles really start at (past the
+    /// multi-row vector kernels' range, where that is higher than the threshold).
+    pub(crate) fn describe(&self, from: usize) -> String {
         if self.on {
             let (r, t) = self.tile.shape();
             let split = self.split.map_or("by grid".into(), |s| s.to_string());
             format!(
                 "int8 mma from {} tokens ({r}x{t} tiles, pass groups {split})",
-                self.min_tokens
+                from.max(self.min_tokens)
             )
         } else {
             "no int8 mma (MINFER_CUDA_MMQ=0)".into()
