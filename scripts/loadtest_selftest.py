@@ -277,6 +277,17 @@ def soak_units():
     r = soak.rss_report([(0, 100), (30, 900)] + [(60 + 5 * i, 1000) for i in range(20)], 60)
     f += expect(r["samples_after_warmup"] == 20 and r["slope_kib_per_min"] == 0
                 and r["at_warmup_kib"] == 1000, "warm-up samples are left out of the slope")
+    # A GPU server's RSS: rising while new batch shapes are captured, then flat. The whole
+    # window's slope fails the bound, the second half's passes (--rss-window second-half);
+    # control: a series still rising in its second half fails both.
+    ok_run = {"errors": 0, "ok": 5, "errors_by_kind": {}}
+    settle = soak.rss_report([(t, 1000 + 40 * min(t, 300)) for t in range(60, 660, 5)], 60)
+    rising = soak.rss_report([(t, 1000 + 40 * t) for t in range(60, 660, 5)], 60)
+    f += expect(not soak.verdict(ok_run, settle, None, [], 512)[0]
+                and soak.verdict(ok_run, settle, None, [], 512, "second-half")[0],
+                "a cache that settles passes over the second half only")
+    f += expect(not soak.verdict(ok_run, rising, None, [], 512, "second-half")[0],
+                "control: RSS still rising in the second half fails")
     recs = [{"ok": True, "end_s": 10, "ttft_s": 0.1, "total_s": 1.1, "completion_tokens": 11},
             {"ok": True, "end_s": 50, "ttft_s": 0.3, "total_s": 2.3, "completion_tokens": 11},
             {"ok": None, "end_s": 70}, {"ok": False, "end_s": 130, "kind": "http"}]

@@ -14,6 +14,10 @@ minute, the server's own counts read from /metrics once the load is over, and on
   --rss-interval S          seconds between samples (5)
   --warmup S                samples before this many seconds are left out of the slope (60)
   --max-rss-slope KIB       the verdict's bound on the slope, KiB per minute (512)
+  --rss-window W            which samples that slope is over: after-warmup (every sample past
+                            --warmup; the CPU's bar) or second-half (the second half of those:
+                            a GPU server captures a CUDA graph for each new batch shape well
+                            past 60 s, a bounded cache filling, docs/RELIABILITY.md §6)
   --metrics-wait S          how long the idle counts in /metrics may take to come clean (15)
 
 Standard library only, like loadtest.py.
@@ -46,6 +50,9 @@ def add_soak_args(ap):
                     help="seconds left out of the RSS slope and marked in the per-minute table")
     ap.add_argument("--max-rss-slope", type=float, default=512.0,
                     help="the verdict's bound on the RSS slope after warm-up, KiB/min")
+    ap.add_argument("--rss-window", choices=("after-warmup", "second-half"),
+                    default="after-warmup",
+                    help="the samples the verdict's slope is over (see the module's text)")
     ap.add_argument("--metrics-wait", type=float, default=15.0,
                     help="seconds the idle counts in /metrics may take to come clean")
 
@@ -283,8 +290,9 @@ def settle_metrics(target, exchange_cls, wait=15.0):
         time.sleep(0.5)
 
 
-def verdict(summary, rss, metrics, problems, max_slope):
-    """(passed, reasons): the line a soak ends with."""
+def verdict(summary, rss, metrics, problems, max_slope, window="after-warmup"):
+    """(passed, reasons): the line a soak ends with; `window` names the RSS samples whose
+    slope is bounded (`--rss-window`)."""
     reasons = []
     if summary["errors"]:
         e = summary["errors_by_kind"]
@@ -293,11 +301,13 @@ def verdict(summary, rss, metrics, problems, max_slope):
     if summary["ok"] == 0:
         reasons.append("no request completed")
     if rss is not None:
-        slope = rss["slope_kib_per_min"]
+        second = window == "second-half"
+        slope = rss["slope_second_half_kib_per_min" if second else "slope_kib_per_min"]
+        where = "over the second half after warm-up" if second else "after warm-up"
         if slope is None:
             reasons.append(f"too few RSS samples after warm-up ({rss['samples_after_warmup']})")
         elif slope > max_slope:
-            reasons.append(f"RSS grows {slope:.0f} KiB/min after warm-up (bound {max_slope:g})")
+            reasons.append(f"RSS grows {slope:.0f} KiB/min {where} (bound {max_slope:g})")
     if metrics is not None:
         reasons += problems
     return not reasons, reasons
@@ -358,7 +368,7 @@ def finish(summary, a, target, exchange_cls, sampler, percentile):
     """Adds the soak's parts to a loadtest summary once the load is over."""
     rss = rss_report(sampler.stop(), a.warmup, sampler.counts) if sampler else None
     metrics, problems = settle_metrics(target, exchange_cls, a.metrics_wait)
-    passed, reasons = verdict(summary, rss, metrics, problems, a.max_rss_slope)
+    passed, reasons = verdict(summary, rss, metrics, problems, a.max_rss_slope, a.rss_window)
     summary.update(per_minute=per_minute(summary["records"], percentile), rss=rss,
                    metrics=metrics, metrics_problems=problems, warmup_s=a.warmup,
                    passed=passed, reasons=reasons,
