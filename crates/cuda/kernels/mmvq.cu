@@ -167,3 +167,305 @@ extern "C" __global__ void mf_gate_up1_gx(int tyg, const u8 *wg, u64 rbg, int ty
     mf_gate_up1_body<true>(tyg, wg, rbg, tyu, wu, rbu, nullptr, nullptr, 0.0f, xq, xds, y, ne0,
                            n_out);
 }
+
+// ---- generation rows on tensor cores (`mf_mmvt1/2/4/8`, issues 29 and 31): the canonical
+// order of int8.cuh with the block products on `mma`, so that 5 to 64 generation rows (a
+// batch of sequences, or a drafted run being verified) cost about one weight read.
+//
+// A block of 8 warps owns 16 weight rows and 8 NT tokens (the 64-token kernel: two such
+// groups of warps over the same rows, tokens 0-31 and 32-63). Warp r walks the blocks of
+// residue r (b = r, r + 8, r + 16, ...; for K-quants, sub-block r of every superblock) in
+// increasing order, so each lane's running sum IS the partial P_r of int8.cuh for its four
+// (row, token) outputs of each m16n8 tile; the eight residues are independent sums, so the
+// split over warps reorders nothing. One m16n8k32 `mma` is a block's exact integer dot products
+// for 16 rows x 8 tokens (Q6_K: two m16n8k16 over its halves, which carry separate scales);
+// each goes through mf_contrib as in every other kernel. The warps' partials meet in shared
+// memory and one thread per output adds them in the canonical tree, then the bias. Token slots
+// past the nt that exist read the last token's row (in bounds; results unused), as mf_rown's.
+// Every row's bits are mf_mmvq1's for that token alone, whatever the row count or tile.
+
+// Words i and i + 4 of a weight block's int8 lanes (mf_wload's q[i] and q[i + 4]: elements
+// 4i..4i+3 and 16+4i..16+4i+3, an m16n8k32 A fragment's two words of one row) and the block's
+// scale terms, with mf_wload's arithmetic.
+template <int TY>
+__device__ __forceinline__ void mf_wfrag(const u8 *row, int b, int i, int &lo, int &hi,
+                                         MfWBlk &w);
+
+template <> __device__ __forceinline__ void mf_wfrag<MF_Q8_0>(const u8 *row, int b, int i,
+                                                              int &lo, int &hi, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 34;
+    w.f1 = mf_ld_f16(p);
+    lo = mf_ld2(p + 2 + 4 * i);
+    hi = mf_ld2(p + 18 + 4 * i);
+}
+
+template <> __device__ __forceinline__ void mf_wfrag<MF_Q4_0>(const u8 *row, int b, int i,
+                                                              int &lo, int &hi, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 18;
+    w.f1 = mf_ld_f16(p);
+    const int v = mf_ld2(p + 2 + 4 * i);
+    lo = v & 0x0F0F0F0F;
+    hi = (v >> 4) & 0x0F0F0F0F;
+}
+
+template <> __device__ __forceinline__ void mf_wfrag<MF_Q4_1>(const u8 *row, int b, int i,
+                                                              int &lo, int &hi, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 20;
+    w.f1 = mf_ld_f16(p);
+    w.f2 = mf_ld_f16(p + 2);
+    const int v = mf_ld4(p + 4 + 4 * i);
+    lo = v & 0x0F0F0F0F;
+    hi = (v >> 4) & 0x0F0F0F0F;
+}
+
+template <> __device__ __forceinline__ void mf_wfrag<MF_Q5_0>(const u8 *row, int b, int i,
+                                                              int &lo, int &hi, MfWBlk &w) {
+    const u8 *p = row + (u64)b * 22;
+    w.f1 = mf_ld_f16(p);
+    const u32 qh = (u32)mf_ld2(p + 2);
+    const int v = mf_ld2(p + 6 + 4 * i);
+    lo = (v & 0x0F0F0F0F) | mf_spread4(qh >> (4 * i));
+    hi = ((v >> 4) & 0x0F0F0F0F) | mf_spread4(qh >> (16 + 4 * i));
+}
+
+template <> __device__ __forceinline__ void mf_wfrag<MF_Q4_K>(const u8 *row, int b, int i,
+                                                              int &lo, int &hi, MfWBlk &w) {
+    const u8 *p = row + (u64)(b >> 3) * 144;
+    const int s = b & 7;
+    int sc, mn;
+    float d, dmin;
+    if (((u64)p & 15) == 0) { // the header in one 16-byte load (rows of a 16-byte-aligned base)
+        const uint4 hd = *(const uint4 *)p;
+        const u64 k03 = (u64)hd.y | ((u64)hd.z << 32);
+#define MF_K4(j)                                                                                  \
+    ((int)(((j) < 8 ? (u32)(k03 >> (8 * (j))) : hd.w >> (8 * ((j) - 8))) & 0xffu))
+        if (s < 4) {
+            sc = MF_K4(s) & 63;
+            mn = MF_K4(s + 4) & 63;
+        } else {
+            sc = (MF_K4(s + 4) & 15) | ((MF_K4(s - 4) >> 6) << 4);
+            mn = (MF_K4(s + 4) >> 4) | ((MF_K4(s) >> 6) << 4);
+        }
+#undef MF_K4
+        d = mf_h2f((u16)(hd.x & 0xffffu));
+        dmin = mf_h2f((u16)(hd.x >> 16));
+    } else {
+        const u8 *k = p + 4;
+        if (s < 4) {
+            sc = k[s] & 63;
+            mn = k[s + 4] & 63;
+        } else {
+            sc = (k[s + 4] & 15) | ((k[s - 4] >> 6) << 4);
+            mn = (k[s + 4] >> 4) | ((k[s] >> 6) << 4);
+        }
+        d = mf_ld_f16(p);
+        dmin = mf_ld_f16(p + 2);
+    }
+    w.f1 = __fmul_rn(d, (float)sc);
+    w.f2 = __fmul_rn(dmin, (float)mn);
+    const u8 *qs = p + 16 + 32 * (s >> 1);
+    const int sh = 4 * (s & 1);
+    lo = (mf_ld4(qs + 4 * i) >> sh) & 0x0F0F0F0F;
+    hi = (mf_ld4(qs + 16 + 4 * i) >> sh) & 0x0F0F0F0F;
+}
+
+template <> __device__ __forceinline__ void mf_wfrag<MF_Q6_K>(const u8 *row, int b, int i,
+                                                              int &lo, int &hi, MfWBlk &w) {
+    const u8 *p = row + (u64)(b >> 3) * 210;
+    const int s = b & 7, h = s >> 2, j = s & 3;
+    const u8 *ql = p + 64 * h + 32 * (j & 1);
+    const u8 *qh = p + 128 + 32 * h;
+    const int shl = 4 * (j >> 1), shh = 2 * j;
+    u32 v[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int e = 4 * (i + 4 * k);
+        const u32 x = (((u32)mf_ld2(ql + e) >> shl) & 0x0F0F0F0Fu) |
+                      ((((u32)mf_ld2(qh + e) >> shh) & 0x03030303u) << 4);
+        v[k] = ((x | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+    }
+    lo = (int)v[0];
+    hi = (int)v[1];
+    w.f1 = mf_ld_f16(p + 208);
+    w.i1 = (int)(signed char)p[192 + 2 * s];
+    w.i2 = (int)(signed char)p[193 + 2 * s];
+}
+
+// The tensor-core m16n8 tiles (kernels/mmq.cu defines the mma wrappers after this file; the
+// same instructions here).
+__device__ __forceinline__ void mf_mvt_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0,
+                                           int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mf_mvt_k16(int (&c)[4], int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+#define MF_MVT_ROWS 16 // weight rows per m16 tile
+
+// The tree's last addition (R_0 + R_1), the bias, and the store of output (t, o) if it exists.
+__device__ __forceinline__ void mf_mvt_out(float r0, float r1, int o, int t, float *y,
+                                           const float *bias, int n_out, int nt) {
+    if (o < n_out && t < nt) {
+        float v = __fadd_rn(r0, r1);
+        if (bias) v = __fadd_rn(v, bias[o]);
+        y[(u64)t * n_out + o] = v;
+    }
+}
+// The residue walk's unroll (an ablation switch: the bits never depend on it).
+#ifndef MF_MVT_UNROLL
+#define MF_MVT_UNROLL 2
+#endif
+
+// y[t][o] = w[o] . x[t] (+ bias[o]) for the 16 MT rows from blockIdx.y * 16 MT and the
+// 8 NT TG tokens from blockIdx.x * 8 NT TG (of nt), x quantized by mf_quantize_q8; `red`:
+// TG x 4 x 128 MT NT floats of shared memory. A warp's MT row tiles share each activation
+// fragment it loads (the activations' traffic, not the weights', bounded these kernels with
+// one tile: ncu on the H100 saw L1/L2 at 77 % of their throughput and DRAM at 4 %).
+template <int TY, int NT, int TG, int MT>
+__device__ __forceinline__ void mf_mmvt(const u8 *w, u64 row_bytes, const signed char *xq,
+                                        const float2 *xds, float *y, const float *bias, int ne0,
+                                        int n_out, int nt, float *red) {
+    const int lane = threadIdx.x & 31, r = (threadIdx.x >> 5) & 7, g = lane >> 2, q4 = lane & 3;
+    const int grp = threadIdx.x >> 8; // the warp's token group
+    // Token tiles along x, so the blocks of one row tile run side by side (their weights
+    // from L2 after the first).
+    const int o0 = blockIdx.y * MF_MVT_ROWS * MT, t0 = (blockIdx.x * TG + grp) * 8 * NT;
+    const int nb = ne0 >> 5;
+    const u8 *wr[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            wr[m][h] = w + (u64)min(o0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes;
+    // This lane's token rows: its B fragment's column (g) and its outputs' (2 q4, 2 q4 + 1)
+    // in each 8-token tile, as 32-bit offsets (registers: the wide tiles need them).
+    u32 xrow[NT], drow0[NT], drow1[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        xrow[n] = (u32)mf_tok(t0 + 8 * n + g, nt) * (u32)ne0;
+        drow0[n] = (u32)mf_tok(t0 + 8 * n + 2 * q4, nt) * (u32)nb;
+        drow1[n] = (u32)mf_tok(t0 + 8 * n + 2 * q4 + 1, nt) * (u32)nb;
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+#pragma unroll MF_MVT_UNROLL
+    for (int b = r; b < nb; b += 8) {
+        int a[MT][4];
+        MfWBlk sw[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                sw[m][h].f2 = 0.0f;
+                sw[m][h].i1 = sw[m][h].i2 = 0;
+                mf_wfrag<TY>(wr[m][h], b, q4, a[m][h], a[m][2 + h], sw[m][h]);
+            }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int *xv = (const int *)(xq + (u64)xrow[n] + (u64)b * 32);
+            const int x0 = xv[q4], x1 = xv[q4 + 4];
+            const float2 d0 = xds[(u64)drow0[n] + b], d1 = xds[(u64)drow1[n] + b];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
+                if (TY == MF_Q6_K) {
+                    mf_mvt_k16(ca, a[m][0], a[m][1], x0);
+                    mf_mvt_k16(cb, a[m][2], a[m][3], x1);
+                } else {
+                    mf_mvt_k32(ca, a[m][0], a[m][1], a[m][2], a[m][3], x0, x1);
+                }
+                // ca[i]: row g + 8 (i >> 1), token 2 q4 + (i & 1) of the m16n8 tile.
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float2 d = (i & 1) ? d1 : d0;
+                    acc[m][n][i] = __fadd_rn(
+                        acc[m][n][i], mf_contrib<TY>(sw[m][i >> 1], ca[i], cb[i], d.x, d.y));
+                }
+            }
+        }
+    }
+    MF_PDL_TRIGGER();
+    // The canonical tree over the warps' partials, level by level in shared memory (each lane
+    // keeps its outputs; slot index = the output's place in the lane's registers x 32 + lane,
+    // so the accesses never share a bank): Q_r = P_r + P_{r+4} (warps 0-3), R_r = Q_r +
+    // Q_{r+2} (warps 0-1), then R_0 + R_1 and the bias (warp 0).
+    constexpr int SZ = 128 * MT * NT;
+    float *rg = red + grp * 4 * SZ;
+#define MF_MVT_EACH(EXPR)                                                                         \
+    _Pragma("unroll") for (int m = 0; m < MT; ++m) _Pragma("unroll") for (int n = 0; n < NT;     \
+                                                                          ++n)                   \
+        _Pragma("unroll") for (int i = 0; i < 4; ++i) {                                           \
+            const int k = ((m * NT + n) * 4 + i) * 32 + lane;                                     \
+            EXPR;                                                                                 \
+        }
+    if (r >= 4) MF_MVT_EACH(rg[(r - 4) * SZ + k] = acc[m][n][i])
+    __syncthreads();
+    if (r < 4) MF_MVT_EACH(acc[m][n][i] = __fadd_rn(acc[m][n][i], rg[r * SZ + k]))
+    __syncthreads();
+    if (r == 2 || r == 3) MF_MVT_EACH(rg[(r - 2) * SZ + k] = acc[m][n][i])
+    __syncthreads();
+    if (r < 2) MF_MVT_EACH(acc[m][n][i] = __fadd_rn(acc[m][n][i], rg[r * SZ + k]))
+    __syncthreads();
+    if (r == 1) MF_MVT_EACH(rg[k] = acc[m][n][i])
+    __syncthreads();
+    if (r == 0) {
+        MF_MVT_EACH(mf_mvt_out(acc[m][n][i], rg[k], o0 + 16 * m + g + 8 * (i >> 1),
+                               t0 + 8 * n + 2 * q4 + (i & 1), y, bias, n_out, nt))
+    }
+#undef MF_MVT_EACH
+}
+
+// Grid (ceil(nt / 8 NT TG), ceil(n_out / 16 MT)), 256 TG threads (TG groups of 8 warps,
+// group g taking the 8 NT tokens from 8 NT g of the block's): the arguments of mf_mmvqn*.
+// The 64-token kernel is two groups of 32 (one group of 64 needs more than 128 registers a
+// thread: spills, or one block an SM). `_m2`: 32 weight rows a block (for tall matrices, whose
+// grids stay full), each activation fragment feeding two row tiles; its widest tile is 32
+// tokens (two groups of 16: wider spills), in as many blocks along x as the tokens need.
+#define MF_MMVT_KERNEL(NAME, NT, TG, MT, MINB)                                                    \
+    extern "C" __global__ void __launch_bounds__(256 * TG, MINB)                                 \
+        NAME(int ty, const u8 *w, u64 row_bytes, const signed char *xq, const float2 *xds,       \
+             float *y, const float *bias, int ne0, int n_out, int nt) {                          \
+        __shared__ float red[TG * 4 * 128 * MT * NT];                                             \
+        MF_PDL_ENTRY();                                                                           \
+        switch (ty) {                                                                             \
+        case MF_Q8_0:                                                                             \
+            mf_mmvt<MF_Q8_0, NT, TG, MT>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, red);   \
+            break;                                                                                \
+        case MF_Q4_0:                                                                             \
+            mf_mmvt<MF_Q4_0, NT, TG, MT>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, red);   \
+            break;                                                                                \
+        case MF_Q4_1:                                                                             \
+            mf_mmvt<MF_Q4_1, NT, TG, MT>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, red);   \
+            break;                                                                                \
+        case MF_Q5_0:                                                                             \
+            mf_mmvt<MF_Q5_0, NT, TG, MT>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, red);   \
+            break;                                                                                \
+        case MF_Q4_K:                                                                             \
+            mf_mmvt<MF_Q4_K, NT, TG, MT>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, red);   \
+            break;                                                                                \
+        default:                                                                                  \
+            mf_mmvt<MF_Q6_K, NT, TG, MT>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, red);   \
+            break;                                                                                \
+        }                                                                                         \
+    }
+
+MF_MMVT_KERNEL(mf_mmvt1, 1, 1, 1, 3)
+MF_MMVT_KERNEL(mf_mmvt2, 2, 1, 1, 2)
+MF_MMVT_KERNEL(mf_mmvt4, 4, 1, 1, 2)
+MF_MMVT_KERNEL(mf_mmvt8, 4, 2, 1, 1)
+MF_MMVT_KERNEL(mf_mmvt1_m2, 1, 1, 2, 2)
+MF_MMVT_KERNEL(mf_mmvt2_m2, 2, 1, 2, 2)
+MF_MMVT_KERNEL(mf_mmvt4_m2, 2, 2, 2, 1)

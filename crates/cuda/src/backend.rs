@@ -103,6 +103,11 @@ pub struct CudaBackend {
     pub(crate) mmq: crate::mmq::MmqChoice,
     /// Most generation rows of a matmul on the multi-row vector kernels (`MINFER_CUDA_MVN`).
     pub(crate) mvn_max: usize,
+    /// Fewest generation rows of a matmul on the tensor-core generation kernels
+    /// (`MINFER_CUDA_MVT`; 0: off).
+    pub(crate) mvt_from: usize,
+    /// Output rows from which they take 32-row blocks (`MINFER_CUDA_MVT_TALL`; 0: never).
+    pub(crate) mvt_tall: usize,
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
     /// Most queries per block of the warp-tiled attention (kernels/attnw.cu; f16 KV, head
@@ -186,9 +191,24 @@ impl CudaBackend {
                 } else {
                     String::new()
                 };
-                let from = if mvn_max >= 2 { mvn_max + 1 } else { 0 };
+                let from = if s.mvt_from >= 2 {
+                    crate::matvec::MVT_MAX_ROWS + 1
+                } else if mvn_max >= 2 {
+                    mvn_max + 1
+                } else {
+                    0
+                };
+                let mvt = if s.mvt_from >= 2 {
+                    format!(
+                        "generation rows {}-{} on int8 mma (MINFER_CUDA_MVT), ",
+                        s.mvt_from,
+                        crate::matvec::MVT_MAX_ROWS
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    "int8 dp4a over 8-bit activations, {rows}{}",
+                    "int8 dp4a over 8-bit activations, {mvt}{rows}{}",
                     mmq.describe(from)
                 )
             } else {
@@ -230,6 +250,8 @@ impl CudaBackend {
             mmvq,
             mmq,
             mvn_max: s.mvn_max,
+            mvt_from: s.mvt_from,
+            mvt_tall: s.mvt_tall,
             attn_single,
             attn_warp_qt,
             attn_heads: s.attn_heads,

@@ -1,7 +1,8 @@
 //! The int8 matmuls of generation rows (ADR 0008): one token on the one-token kernels
 //! (`mf_mmvq1`, the fused `mf_qkv1` + `mf_rope_store`; x quantized per block or once before
-//! them, `MF_MV1_X`), 2–16 rows on the multi-row vector kernels (`mf_mmvqn*`), more on the
-//! tensor-core tiles or the 8-token dp4a kernel, and the f32 matmul for the other weights.
+//! them, `MF_MV1_X`), from `MINFER_CUDA_MVT` rows (default 9) on the tensor-core generation
+//! kernels (`mf_mmvt*`), fewer on the multi-row vector kernels (`mf_mmvqn*`), with those
+//! off on the `mma` prefill tiles or the 8-token dp4a kernel, and the f32 matmul for the other weights.
 //! Every path keeps the canonical block order, so the choice by row count changes no bits.
 
 use minfer_graph::{BufId, ExecArgs, KvKind, Node, QkvFused, RopeStyle};
@@ -16,6 +17,14 @@ const MV_T: usize = 8;
 /// Fewest output rows per block of the one-token int8 kernels (a warp each; the block has
 /// `mv1_warps` of them).
 const MV1_ROWS: usize = 4;
+/// Weight rows per block of the tensor-core generation kernels (kernels/mmvq.cu
+/// `MF_MVT_ROWS`).
+const MVT_ROWS: usize = 16;
+/// Most rows of one matmul on those kernels (past that the `mma` prefill tiles, which
+/// reuse each staged weight tile across more tokens). Measured on the H100 (7B, S_TG): 16
+/// and 32 rows 1,007 and 1,524 t/s on these kernels against 610 and 1,095 on the tiles; 64
+/// rows 1,596 against 1,667.
+pub(crate) const MVT_MAX_ROWS: usize = 32;
 /// Rows one pass of the multi-row vector kernels takes at most.
 const MVN_MAX_PASS: usize = 8;
 
@@ -26,6 +35,21 @@ fn mvn_kernel(k: usize) -> &'static str {
         ..=2 => "mf_mmvqn2",
         3..=4 => "mf_mmvqn4",
         _ => "mf_mmvqn8",
+    }
+}
+
+/// The tensor-core generation kernel for `n` rows (`tall`: of a matrix with rows enough for
+/// the 32-row blocks), the tokens a block of it takes (the fewest 8-token tiles that hold
+/// `n`, the widest tile past that) and its threads (groups of 8 warps).
+fn mvt_kernel(n: usize, tall: bool) -> (&'static str, usize, u32) {
+    match (n, tall) {
+        (..=8, false) => ("mf_mmvt1", 8, 256),
+        (9..=16, false) => ("mf_mmvt2", 16, 256),
+        (17..=32, false) => ("mf_mmvt4", 32, 256),
+        (_, false) => ("mf_mmvt8", 64, 512),
+        (..=8, true) => ("mf_mmvt1_m2", 8, 256),
+        (9..=16, true) => ("mf_mmvt2_m2", 16, 256),
+        (_, true) => ("mf_mmvt4_m2", 32, 512),
     }
 }
 
@@ -58,6 +82,10 @@ impl CudaBackend {
         }
         if let Some(kernel) = self.mmvq_kernel(m.ty) {
             let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
+            // Generation rows on the tensor cores: every weight row read once for up to 64.
+            if self.mvt_from >= 2 && (self.mvt_from..=MVT_MAX_ROWS).contains(&n) {
+                return self.launch_mvt(m, (xq, xds), n, out, b);
+            }
             // A few rows: the multi-row vector kernels, each row the one-token kernel's bits.
             if (2..=self.mvn_max).contains(&n) {
                 return self.launch_mvn(m, (xq, xds), n, out, b);
@@ -234,6 +262,40 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `mf_mmvt<k>[_m2]`: `n` generation rows' `out = m · x (+ bias)` over their quantized
+    /// activations on the tensor cores, 16 weight rows (32 for matrices of `mvt_tall` rows
+    /// and up) and 8 to 64 tokens a block ([`mvt_kernel`]).
+    fn launch_mvt(
+        &mut self,
+        m: &Matrix,
+        (xq, xds): (u64, u64),
+        n: usize,
+        out: u64,
+        bias: u64,
+    ) -> DResult<()> {
+        let ty = type_code(m.ty).ok_or("weight type")?;
+        let tall = self.mvt_tall > 0 && m.ne1 >= self.mvt_tall;
+        let (kernel, tokens, threads) = mvt_kernel(n, tall);
+        let rows = if tall { 2 * MVT_ROWS } else { MVT_ROWS };
+        self.gpu.launch(
+            kernel,
+            (n.div_ceil(tokens) as u32, m.ne1.div_ceil(rows) as u32, 1),
+            threads,
+            &[
+                Arg::I32(ty),
+                Arg::U64(m.ptr),
+                Arg::U64(m.row_bytes as u64),
+                Arg::U64(xq),
+                Arg::U64(xds),
+                Arg::U64(out),
+                Arg::U64(bias),
+                Arg::I32(m.ne0 as i32),
+                Arg::I32(m.ne1 as i32),
+                Arg::I32(n as i32),
+            ],
+        )
+    }
+
     /// Blocks of a one-token kernel (`warps` rows at a time each) over `rows` output rows,
     /// as [`Mv1Grid`] says: never more than a block per `warps` rows.
     pub(crate) fn mv1_grid(
@@ -369,5 +431,28 @@ impl CudaBackend {
                 Arg::I32((f.rope.style == RopeStyle::Neox) as i32),
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel the row-count choices can name is one the device loads (a missing name
+    /// is a launch error on the GPU, which no CPU run would see otherwise). Control: a name
+    /// the program lacks is not in the list.
+    #[test]
+    fn every_chosen_kernel_is_loaded() {
+        let loaded = |k: &str| crate::device::KERNELS.contains(&k);
+        for n in 1..=MVT_MAX_ROWS {
+            for tall in [false, true] {
+                let k = mvt_kernel(n, tall).0;
+                assert!(loaded(k), "{n} rows: {k}");
+            }
+        }
+        for k in 2..=MVN_MAX_PASS {
+            assert!(loaded(mvn_kernel(k)), "{k} rows: {}", mvn_kernel(k));
+        }
+        assert!(!loaded("mf_mmvt3"), "control");
     }
 }

@@ -17,6 +17,14 @@ use crate::prompt::PromptChoice;
 /// Generation rows of one matmul on the multi-row vector kernels by default
 /// (`MINFER_CUDA_MVN`): up to one pass of 8 (kernels/mmvq.cu `mf_mmvqn*`).
 pub(crate) const DEFAULT_MVN_MAX: usize = 8;
+/// Generation rows from which a matmul runs on the tensor-core generation kernels
+/// (`mf_mmvt*`, `MINFER_CUDA_MVT`).
+pub(crate) const DEFAULT_MVT_FROM: usize = 9;
+/// Output rows from which a matmul's generation rows take the 32-row tensor-core blocks
+/// (`mf_mmvt*_m2`, `MINFER_CUDA_MVT_TALL`): never by default. Measured on the H100 (7B,
+/// from 8,192 rows): S_TG 930 / 1,251 at N = 16 / 32 against 1,007 / 1,524 with 16-row
+/// blocks only (the halved activation traffic does not pay for 128 registers a thread).
+pub(crate) const DEFAULT_MVT_TALL: usize = 0;
 
 /// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`; kernels/int8.cuh
 /// `MF_MV1_X`): quantized once before the kernel and read from global memory, or by every
@@ -144,6 +152,14 @@ pub struct CudaSettings {
     /// output row reading its weights once for up to 8 rows (more in passes of 8). The bits
     /// never depend on it.
     pub(crate) mvn_max: usize,
+    /// Generation rows of one matmul from which the tensor-core generation kernels
+    /// (`mf_mmvt*`: 16 weight rows x 8 to 64 tokens a block, a warp per residue of the
+    /// canonical order) take them, before the multi-row vector kernels and the `mma` prefill
+    /// tiles (`MINFER_CUDA_MVT`, 2 ..= 4096; 0: off). The bits never depend on it.
+    pub(crate) mvt_from: usize,
+    /// Output rows from which those kernels take 32 weight rows a block instead of 16 (each
+    /// activation fragment then feeds two row tiles; `MINFER_CUDA_MVT_TALL`, 0: never).
+    pub(crate) mvt_tall: usize,
     pub(crate) prompt: PromptChoice,
     pub(crate) gemm: GemmPin,
 }
@@ -238,6 +254,22 @@ impl CudaSettings {
                     .ok_or_else(|| {
                         Refused::new("MINFER_CUDA_MVN", v, "want a row count from 0 to 16")
                     })?,
+            },
+            mvt_from: match text("MINFER_CUDA_MVT").as_str() {
+                "" => DEFAULT_MVT_FROM,
+                v => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n == 0 || (2..=4096).contains(&n))
+                    .ok_or_else(|| {
+                        Refused::new("MINFER_CUDA_MVT", v, "want 0 (off) or a row count from 2")
+                    })?,
+            },
+            mvt_tall: match text("MINFER_CUDA_MVT_TALL").as_str() {
+                "" => DEFAULT_MVT_TALL,
+                v => v.parse::<usize>().map_err(|_| {
+                    Refused::new("MINFER_CUDA_MVT_TALL", v, "want a row count (0: never)")
+                })?,
             },
             prompt: prompt(&text)?,
             gemm: gemm(&text)?,
@@ -445,6 +477,10 @@ mod tests {
         );
         assert_eq!(d.attention, (false, 2));
         assert_eq!(d.mvn_max, DEFAULT_MVN_MAX);
+        assert_eq!(
+            (d.mvt_from, d.mvt_tall),
+            (DEFAULT_MVT_FROM, DEFAULT_MVT_TALL)
+        );
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
         assert_eq!(d.mv1_x, Mv1X::Auto);
         assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));
@@ -460,9 +496,10 @@ mod tests {
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
             ("MINFER_CUDA_PROMPT", "mmq"),
             ("MINFER_CUDA_MVN", "0"),
+            ("MINFER_CUDA_MVT", "0"),
         ])
         .unwrap();
-        assert_eq!(s.mvn_max, 0);
+        assert_eq!((s.mvn_max, s.mvt_from), (0, 0));
         assert!(!s.graphs);
         assert_eq!((s.pdl, s.mv1_grid), (Pdl::Early, Mv1Grid::Blocks(1)));
         assert_eq!(

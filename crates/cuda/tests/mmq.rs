@@ -4,7 +4,9 @@
 //! of 896 / 4864 / 160 (Q8_0, Q4_0, Q4_1, Q5_0) and 4864 / 1024 / 256 (Q4_K, Q6_K), 200
 //! outputs (no tile divides it), 1, 17, 64 and 300 tokens; bit for bit. Controls: the same
 //! block products summed in plain block order differ from the kernels' bits, and one
-//! changed weight byte changes exactly its row's outputs. SKIP (pass) without a CUDA device.
+//! changed weight byte changes exactly its row's outputs. The generation rows' tensor-core
+//! kernels (`mf_mmvt*`, a warp per residue) meet the same host model at every tile and count.
+//! SKIP (pass) without a CUDA device.
 
 #![cfg(feature = "cuda")]
 
@@ -41,6 +43,17 @@ impl Ty {
             Ty::Q5_0 => (32, 22),
             Ty::Q4K => (256, 144),
             Ty::Q6K => (256, 210),
+        }
+    }
+    /// The kernels' type code (kernels/common.cuh `MF_Q*`).
+    fn code(self) -> i32 {
+        match self {
+            Ty::Q8_0 => 2,
+            Ty::Q4_0 => 3,
+            Ty::Q4_1 => 4,
+            Ty::Q5_0 => 5,
+            Ty::Q4K => 6,
+            Ty::Q6K => 7,
         }
     }
     fn row_bytes(self, ne0: usize) -> usize {
@@ -339,6 +352,47 @@ fn matmul(g: &Gpu, kernel: &str, c: &Case, tile: Option<(usize, usize)>, split: 
     f32s(&out).iter().map(|v| v.to_bits()).collect()
 }
 
+/// The tensor-core generation kernels (`mf_mmvt<k>[_m2]`: 16 or 32 weight rows x 8 to 64
+/// tokens a block): name, weight rows and tokens a block, threads.
+const MVT: [(&str, usize, usize, u32); 7] = [
+    ("mf_mmvt1", 16, 8, 256),
+    ("mf_mmvt2", 16, 16, 256),
+    ("mf_mmvt4", 16, 32, 256),
+    ("mf_mmvt8", 16, 64, 512),
+    ("mf_mmvt1_m2", 32, 8, 256),
+    ("mf_mmvt2_m2", 32, 16, 256),
+    ("mf_mmvt4_m2", 32, 32, 512),
+];
+
+/// `kernel` of [`MVT`] over the case, with its weights at `w`.
+fn mvt(
+    g: &Gpu,
+    (kernel, rows, toks, threads): (&str, usize, usize, u32),
+    ty: Ty,
+    c: &Case,
+    w: u64,
+) -> Vec<u32> {
+    let n = c.n_out * c.nt;
+    g.memset0(c.y, n * 4).unwrap();
+    let grid = (c.nt.div_ceil(toks) as u32, c.n_out.div_ceil(rows) as u32, 1);
+    let args = [
+        Arg::I32(ty.code()),
+        Arg::U64(w),
+        Arg::U64(c.rb as u64),
+        Arg::U64(c.xq),
+        Arg::U64(c.xds),
+        Arg::U64(c.y),
+        Arg::U64(c.bias),
+        Arg::I32(c.ne0 as i32),
+        Arg::I32(c.n_out as i32),
+        Arg::I32(c.nt as i32),
+    ];
+    g.launch(kernel, grid, threads, &args).unwrap();
+    let mut out = vec![0u8; n * 4];
+    g.download(c.y, &mut out).unwrap();
+    f32s(&out).iter().map(|v| v.to_bits()).collect()
+}
+
 const TILES: [(&str, (usize, usize)); 4] = [
     ("", (64, 64)),
     ("_r128", (128, 64)),
@@ -357,6 +411,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
     let n_out = 200;
     let mut order_differs = 0usize;
     let mut checked = 0usize;
+    let mut mvt_checked = 0usize;
     for ty in Ty::ALL {
         let rows: &[usize] = match ty {
             Ty::Q4K | Ty::Q6K => &[4864, 1024, 256],
@@ -405,6 +460,9 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
             );
             let wd = g.alloc(w.len()).unwrap();
             g.upload(wd, &w).unwrap();
+            // The same weights 4 bytes past an aligned address.
+            let wd_off = g.alloc(w.len() + 16).unwrap();
+            g.upload(wd_off + 4, &w).unwrap();
             let bd = g.alloc(n_out * 4).unwrap();
             g.upload(bd, &bytes(&bias)).unwrap();
             let yd = g.alloc(n_out * nt_max * 4).unwrap();
@@ -436,6 +494,34 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                 let dp4a = matmul(&g, &format!("mf_mmvq_{}", ty.name()), &case, None, 1);
                 let bad = (0..want.len()).filter(|&i| dp4a[i] != want[i]).count();
                 assert_eq!(bad, 0, "{ty:?} {ne0} nt {nt}: dp4a vs the host model");
+                // The generation-row tensor-core kernels, every tile at every count (slots
+                // past nt repeat its last token); Q4_K also from a base that is not 16-byte
+                // aligned (its header then comes in bytes).
+                for k in MVT {
+                    let mut bases = vec![(wd, "")];
+                    if ty == Ty::Q4K {
+                        bases.push((wd_off + 4, " at +4"));
+                    }
+                    for (base, at) in bases {
+                        let got = mvt(&g, k, ty, &case, base);
+                        let bad: Vec<usize> =
+                            (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+                        if let Some(&i) = bad.first() {
+                            println!(
+                                "{}{at} {ty:?} {ne0} nt {nt}: {} of {} differ; first token {} row {}: {} vs {}",
+                                k.0,
+                                bad.len(),
+                                want.len(),
+                                i / n_out,
+                                i % n_out,
+                                f32::from_bits(got[i]),
+                                f32::from_bits(want[i])
+                            );
+                        }
+                        assert!(bad.is_empty(), "{}{at} {ty:?} {ne0} nt {nt}", k.0);
+                        mvt_checked += want.len();
+                    }
+                }
                 // Every tile whole, and the first tile with its passes split 2, 4 and 8 ways.
                 let runs = TILES
                     .iter()
@@ -506,7 +592,11 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
             );
         }
     }
-    println!("{checked} mma outputs checked; plain block order differs on {order_differs}");
+    println!(
+        "{checked} mma and {mvt_checked} generation-row mma outputs checked; plain block order \
+         differs on {order_differs}"
+    );
+    assert!(mvt_checked > 0, "the generation-row kernels ran");
     assert!(
         order_differs > 0,
         "control: the order of the float sum shows in the bits"

@@ -53,10 +53,18 @@ fn engine(path: &Path) -> Engine {
 }
 
 fn engine_with(path: &Path, fusion: FusionConfig) -> Engine {
+    engine_full(path, fusion, 256)
+}
+
+fn engine_ctx(path: &Path, n_ctx: usize) -> Engine {
+    engine_full(path, FusionConfig::ALL, n_ctx)
+}
+
+fn engine_full(path: &Path, fusion: FusionConfig, n_ctx: usize) -> Engine {
     Engine::load(
         path,
         EngineConfig {
-            n_ctx: 256,
+            n_ctx,
             threads: 2,
             cache_type: GgmlType::F16,
             backends: vec!["cuda".into()],
@@ -101,6 +109,15 @@ fn many_token_launches(ty: GgmlType) -> u64 {
         .sum::<u64>()
         + minfer_cuda::launches(&format!("mf_mmvq_{t}"))
         + multi_row_launches()
+        + tensor_core_row_launches()
+}
+
+/// Launches of the tensor-core generation kernels so far (every weight type).
+fn tensor_core_row_launches() -> u64 {
+    ["1", "2", "4", "8", "1_m2", "2_m2", "4_m2"]
+        .iter()
+        .map(|k| minfer_cuda::launches(&format!("mf_mmvt{k}")))
+        .sum()
 }
 
 /// Each of the first eight sequences prefilled alone, then one generated token: its
@@ -244,13 +261,18 @@ fn multi_row_generation_kernels_keep_each_row_alone_bits() {
             sx[..] == want[..4],
             "{arch:?} {ty}: one-token kernels over shared x"
         );
-        for (n, mvn) in [(2, ""), (3, ""), (5, ""), (8, ""), (9, "16"), (12, "16")] {
+        // The tensor-core generation kernels off (they take 5 rows and up by default;
+        // their own gate is below).
+        for (n, mvn) in [
+            (2, "8"),
+            (3, "8"),
+            (5, "8"),
+            (8, "8"),
+            (9, "16"),
+            (12, "16"),
+        ] {
             for (side, value) in [("multi-row", mvn), ("replaced", "0")] {
-                let vars: &[(&str, &str)] = if value.is_empty() {
-                    &[]
-                } else {
-                    &[("MINFER_CUDA_MVN", value)]
-                };
+                let vars: &[(&str, &str)] = &[("MINFER_CUDA_MVN", value), ("MINFER_CUDA_MVT", "0")];
                 let mvn0 = multi_row_launches();
                 let (got, one, many) = with_env(vars, || batched_n(&path, 17, ty, n));
                 let ran = multi_row_launches() - mvn0;
@@ -271,6 +293,120 @@ fn multi_row_generation_kernels_keep_each_row_alone_bits() {
             }
         }
         let (other, _) = alone_n(&path, 18, 1);
+        assert_ne!(other[0], want[0], "{ty} control: another token differs");
+    }
+}
+
+/// Short prompts of distinct tokens (`i` < 299), so that 70 sequences fit one engine.
+fn short_prompt(i: usize) -> Vec<u32> {
+    vec![(i * 7 % 299) as u32, ((i * 13 + 5) % 299) as u32]
+}
+
+/// The sequences `idx` each alone in an engine of `n_ctx` cells (short prompts): their
+/// generated token's logits bits.
+fn alone_short(path: &Path, token: u32, idx: &[usize], n_ctx: usize) -> Vec<Vec<u32>> {
+    idx.iter()
+        .map(|&i| {
+            let p = short_prompt(i);
+            let mut e = engine_ctx(path, n_ctx);
+            e.decode(&p, 0, 1).unwrap();
+            let l = e.decode_generated(&[token], p.len(), 1).unwrap().to_vec();
+            bits(&l)
+        })
+        .collect()
+}
+
+/// `n` sequences (short prompts) prefilled, then their generated tokens in one forward: the
+/// bits, and the one-token kernels' launches of that step.
+fn batched_short(path: &Path, token: u32, n: usize, n_ctx: usize) -> (Vec<Vec<u32>>, u64) {
+    let mut e = engine_ctx(path, n_ctx);
+    let prompts: Vec<Vec<u32>> = (0..n).map(short_prompt).collect();
+    let seqs: Vec<_> = (0..n).map(|_| e.seq_create()).collect();
+    let entries: Vec<BatchEntry> = seqs
+        .iter()
+        .zip(&prompts)
+        .map(|(&s, p)| BatchEntry::new(s, p, 0))
+        .collect();
+    e.forward_batch(&entries).unwrap();
+    let toks = [token];
+    let step: Vec<BatchEntry> = seqs
+        .iter()
+        .zip(&prompts)
+        .map(|(&s, p)| BatchEntry::generated(s, &toks, p.len()))
+        .collect();
+    let one0 = one_token_launches();
+    let out = e.forward_batch(&step).unwrap();
+    let got = (0..n).map(|i| bits(out.logits(i))).collect();
+    (got, one_token_launches() - one0)
+}
+
+/// Most rows a matmul runs on the tensor-core generation kernels (crates/cuda matvec.rs
+/// `MVT_MAX_ROWS`); more take the `mma` prefill tiles.
+const MVT_MAX_ROWS: usize = 32;
+
+/// The tensor-core generation kernels (`mf_mmvt*`, issues 29 and 31: a block of 16 weight
+/// rows and 8 to 64 tokens, a warp per residue of the canonical order) give every sequence of
+/// 5 to 32 generation rows its bits alone (the one-token kernels), across the 8-, 16- and
+/// 32-token tiles' borders, in 16- and 32-row blocks (`MINFER_CUDA_MVT_TALL=1` puts every
+/// matrix on the latter), as the kernels they replace do (`MINFER_CUDA_MVT=0`: the multi-row
+/// vector kernels to 8 rows, the `mma` prefill tiles from 9); 33 to 70 rows take the tiles on
+/// every side. Controls: the launch counters show which kernels each side ran, and another
+/// token differs.
+#[test]
+fn tensor_core_generation_rows_keep_each_row_alone_bits() {
+    if !gpu() {
+        return;
+    }
+    let n_ctx = 1024;
+    let idx = [0, 1, 4, 7, 8, 15, 16, 31, 32, 47, 63, 64, 69];
+    let cases = CASES.iter().copied().chain([(Arch::Llama, GgmlType::Q4_1)]);
+    for (arch, ty) in cases {
+        let path = wide_model(arch, ty);
+        let want = alone_short(&path, 17, &idx, n_ctx);
+        for n in [5, 8, 9, 16, 17, 32, 33, 64, 70] {
+            let sides: [(&str, &[(&str, &str)]); 3] = [
+                ("tensor-core", &[("MINFER_CUDA_MVT", "5")]),
+                (
+                    "tensor-core, 32-row blocks",
+                    &[("MINFER_CUDA_MVT", "5"), ("MINFER_CUDA_MVT_TALL", "1")],
+                ),
+                ("replaced", &[("MINFER_CUDA_MVT", "0")]),
+            ];
+            for (side, vars) in sides {
+                let t0 = tensor_core_row_launches();
+                let m0 = many_token_launches(ty);
+                let (got, one) = with_env(vars, || batched_short(&path, 17, n, n_ctx));
+                let ran = tensor_core_row_launches() - t0;
+                let many = many_token_launches(ty) - m0;
+                println!(
+                    "{arch:?} {ty} {n} rows, {side}: tensor-core row launches {ran}, \
+                     many-token {many}, one-token {one}"
+                );
+                assert_eq!(one, 0, "{ty} {n} {side}: one-token kernels ran");
+                if side.starts_with("tensor-core") && n <= MVT_MAX_ROWS {
+                    assert!(
+                        ran > 0,
+                        "{ty} {n} {side}: the tensor-core row kernels never ran"
+                    );
+                } else if side.starts_with("tensor-core") {
+                    assert_eq!(
+                        ran, 0,
+                        "{ty} {n} {side}: past {MVT_MAX_ROWS} rows the tiles run"
+                    );
+                    assert!(many > 0, "{ty} {n}: no many-token kernel ran");
+                } else {
+                    assert_eq!(ran, 0, "{ty} {n}: MINFER_CUDA_MVT=0 still ran them");
+                    assert!(many > 0, "{ty} {n}: no many-token kernel ran");
+                }
+                for (k, &i) in idx.iter().enumerate().filter(|(_, &i)| i < n) {
+                    assert!(
+                        got[i] == want[k],
+                        "{arch:?} {ty} {n} rows {side}: sequence {i}"
+                    );
+                }
+            }
+        }
+        let other = alone_short(&path, 18, &idx[..1], n_ctx);
         assert_ne!(other[0], want[0], "{ty} control: another token differs");
     }
 }
