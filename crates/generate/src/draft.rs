@@ -4,12 +4,14 @@
 //! ([`crate::speculative`]): greedy output is plain decoding's token for token, sampled
 //! output is distributed as plain sampling's.
 //!
-//! The draft engine is a [`LogitsModel`] of its own (own graphs, own KV), shared by the
-//! requests that draft with it through a [`DraftHandle`]. It keeps the tokens its KV holds;
-//! before each proposal it keeps the longest common prefix of those and the sequence's
-//! history and truncates the rest (`seq_truncate`: what a rejected draft left behind, or
-//! another sequence's tokens), feeds the history's remaining tokens in one entry, then
-//! decodes one token per forward:
+//! The draft engine is an engine of its own (own graphs, own KV; [`EngineDraft`]), shared by
+//! the requests that draft with it through a [`DraftHandle`]. Each drafting sequence holds
+//! a sequence of the draft's own ([`DraftSeq`], opened at its first proposal, closed when the
+//! sequence is dropped) and the tokens its KV holds; before each proposal it keeps the
+//! longest common prefix of those and the sequence's history and truncates the rest
+//! (`seq_truncate`: what a rejected draft left behind), feeds the history's remaining tokens,
+//! then decodes one token per forward, the forwards batched across every sequence asking the
+//! same engine in one step ([`propose_all`]):
 //! - greedy (the target's temperature ≤ 0): the draft's argmax, its q one-hot;
 //! - sampled: a draw from q, the draft's softmax at the target's temperature cut to its
 //!   [`Q_TOP`] most likely tokens and renormalised (any q is exact under the acceptance
@@ -17,11 +19,12 @@
 //!   from the request's seed, so a seeded run repeats).
 //!
 //! It stops at `draft_max` tokens, or before a token whose draft probability is under
-//! `p_min`; a proposal shorter than `draft_min` is dropped (and counts as a miss). The length adapts as prompt
-//! lookup's does (doubling while every draft holds, the accepted run + 1 otherwise), and
-//! after three forwards with nothing accepted the sequence stops drafting for a pause that
-//! doubles each time it recurs (8, 16, … 256 forwards): a draft that is always rejected
-//! costs a few draft forwards in hundreds, within noise of plain decoding.
+//! `p_min`; a proposal shorter than `draft_min` is dropped (and counts as a miss). The
+//! length adapts as prompt lookup's does ([`crate::adaptive`]: doubling while every draft
+//! holds, the accepted run + 1 otherwise), and after three forwards with nothing accepted
+//! the sequence stops drafting for a pause that doubles each time it recurs (8, 16, … 256
+//! forwards): a draft that is always rejected costs a few draft forwards in hundreds,
+//! within noise of plain decoding.
 //!
 //! The draft sees the sequence's history of this generation (a chat turn's prompt and reply,
 //! not the turns before it), at positions from 0: only its proposals depend on it.
