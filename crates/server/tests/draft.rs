@@ -280,3 +280,28 @@ async fn a_hung_up_stream_frees_its_draft_sequence() {
         s.state.stats.draft_sequences.load(Ordering::SeqCst)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_drafted_replies_are_the_plain_servers() {
+    let m = model();
+    let plain = start(&m, Drafter::None);
+    let s = start(&m, Drafter::Itself);
+    let mut drafted = 0;
+    for p in &PROMPTS[..3] {
+        let mut body = chat(p, MAX_TOKENS);
+        body["response_format"] = json!({"type": "json_object"});
+        let (st, a) = plain.post(CHAT, &body).await;
+        assert_eq!(st, StatusCode::OK, "{a}");
+        let (st, b) = s.post(CHAT, &body).await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+        assert_eq!(text(&b), text(&a), "prompt {p:?}");
+        let (acc, rej) = drafts(&b).expect("the constrained reply drafted");
+        drafted += acc + rej;
+        // Control: the grammar held (the reply opens a JSON object).
+        assert!(text(&a).trim_start().starts_with('{'), "{}", text(&a));
+    }
+    assert!(
+        drafted > 0,
+        "control: the draft model ran under the grammar"
+    );
+}
