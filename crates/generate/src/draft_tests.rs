@@ -26,6 +26,8 @@ struct Affine {
     /// Most entries one forward held.
     widest: Arc<AtomicUsize>,
     created: u32,
+    /// The free cells it reports as a SeqHost.
+    free: usize,
     logits: BatchLogits,
 }
 
@@ -38,6 +40,7 @@ fn affine(mul: u32, add: u32) -> Affine {
         forwards: Arc::default(),
         widest: Arc::default(),
         created: 100,
+        free: 4096,
         logits: BatchLogits::default(),
     }
 }
@@ -99,7 +102,7 @@ impl crate::sched::SeqHost for Affine {
         0
     }
     fn free_cells(&self) -> usize {
-        4096
+        self.free
     }
 }
 
@@ -375,4 +378,33 @@ fn a_one_sequence_draft_engine_refuses_a_second_sequence_by_failing_it() {
     let ok: Vec<_> = out.iter().filter(|(_, g)| g.failure().is_none()).collect();
     assert_eq!(ok.len(), 1);
     assert!(ok[0].1.out.speculative.unwrap().accepted > 0);
+}
+
+#[test]
+fn a_draft_without_free_cells_proposes_nothing_and_the_tokens_stay_plain() {
+    let prompt = vec![3, 9, 4];
+    let mut plain = affine(7, 3);
+    let a = generate(
+        &mut plain,
+        &Ids,
+        &with_draft(prompt.clone(), 30, None),
+        |_| {},
+    )
+    .unwrap();
+    for (free, drafts) in [(3, false), (4096, true)] {
+        let mut draft = affine(7, 3);
+        draft.free = free;
+        let h = DraftHandle::new(EngineDraft::multi(draft), cfg(4));
+        let mut target = affine(7, 3);
+        let b = generate(
+            &mut target,
+            &Ids,
+            &with_draft(prompt.clone(), 30, Some(h)),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(a.tokens, b.tokens, "free {free}");
+        // Control: with cells to spare the same draft drafts.
+        assert_eq!(b.speculative.unwrap().drafted > 0, drafts, "free {free}");
+    }
 }
