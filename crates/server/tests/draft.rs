@@ -5,7 +5,8 @@
 //! without a drafter; `{"speculative": {"draft": false}}` opts a request out, `{"lookup":
 //! N}` wins over the draft model for its request, any other `draft` value is a 400 naming
 //! `speculative.draft`; a request's draft sequence is freed when it finishes and when its
-//! client hangs up.
+//! client hangs up; a constrained (`json_object`) drafted reply is the plain server's; a
+//! sampled drafted reply repeats for its seed (control: another seed differs).
 //!
 //! Controls: the drafters really ran (drafts counted in the replies' usage, the draft
 //! engine's forwards moved, the model drafting for itself had drafts accepted), the plain
@@ -304,4 +305,24 @@ async fn constrained_drafted_replies_are_the_plain_servers() {
         drafted > 0,
         "control: the draft model ran under the grammar"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_drafted_replies_repeat_by_seed() {
+    let s = start(&model(), Drafter::Itself);
+    let reply = |seed: u64| {
+        let mut body = chat(PROMPTS[3], MAX_TOKENS);
+        body["temperature"] = json!(0.9);
+        body["seed"] = json!(seed);
+        let s = &s;
+        async move {
+            let (st, v) = s.post(CHAT, &body).await;
+            assert_eq!(st, StatusCode::OK, "{v}");
+            assert!(drafts(&v).is_some(), "the sampled reply drafted: {v}");
+            text(&v)
+        }
+    };
+    let (a, b, c) = (reply(5).await, reply(5).await, reply(6).await);
+    assert_eq!(a, b, "a seed repeats");
+    assert_ne!(a, c, "control: another seed draws differently");
 }
