@@ -1,8 +1,9 @@
 //! The model drafters through the binary (issue 31): `run --draft MODEL` (and llama.cpp's
 //! `-md`) and `--self-draft LAYERS` give plain decoding's greedy tokens; a draft of another
 //! vocabulary is refused naming the first difference (control: one of the same vocabulary
-//! loads); `serve` refuses `--draft` and `--self-draft` by name (control: `--lookup` passes
-//! to the next check); one drafter at a time; the self-draft's bounds are named.
+//! loads); `serve` starts with `--draft`, `-md` and `--self-draft` and names the drafter
+//! (control: no drafter line without one) and refuses what `run` refuses; one drafter at a
+//! time; the self-draft's bounds are named.
 
 use minfer_models::synth::{synthesize, SynthSpec};
 use minfer_models::Arch;
@@ -140,30 +141,66 @@ fn flag_combinations_and_bounds_are_refused_by_name() {
     json(&run(&t, &["--self-draft", "2", PROMPT]));
 }
 
+/// `serve -m t FLAGS` on a free port: its stderr up to the "listening on" line (the server
+/// is then stopped), or all of it and the exit code when it did not start.
+fn serve_startup(t: &str, flags: &[&str]) -> (String, Option<i32>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = minfer()
+        .args([&["serve", "-t", "1", "-m", t, "--port", "0"][..], flags].concat())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut text = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        text.push_str(&line);
+        text.push('\n');
+        if line.starts_with("listening on") {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return (text, None);
+        }
+    }
+    (text, child.wait().unwrap().code())
+}
+
 #[test]
-fn serve_refuses_the_model_drafters_by_name() {
+fn serve_starts_with_the_model_drafters_and_names_them() {
     let t = target();
     let t_s = t.to_str().unwrap();
     for (flags, name) in [
-        (&["--draft", t_s][..], "--draft"),
-        (&["-md", t_s][..], "--draft"),
-        (&["--self-draft", "1"][..], "--self-draft"),
+        (&["--draft", t_s][..], format!("drafter: draft model {t_s}")),
+        (&["-md", t_s][..], format!("drafter: draft model {t_s}")),
+        (
+            &["--self-draft", "1"][..],
+            "drafter: self-draft, the first 1 blocks".to_string(),
+        ),
     ] {
-        let out = minfer()
-            .args([&["serve", "-m", t_s, "--host", "nowhere"][..], flags].concat())
-            .output()
-            .unwrap();
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
-        assert!(
-            err.contains(&format!("does not support {name}")),
-            "{flags:?}: {err}"
-        );
+        let (err, code) = serve_startup(t_s, flags);
+        assert_eq!(code, None, "{flags:?} did not start: {err}");
+        assert!(err.contains(&name), "{flags:?}: {err}");
     }
-    // Control: --lookup passes to the next check (the unresolvable host).
-    let out = minfer()
-        .args(["serve", "-m", t_s, "--host", "nowhere", "--lookup"])
-        .output()
-        .unwrap();
-    assert!(stderr(&out).contains("--host nowhere"), "{}", stderr(&out));
+    // Control: without a drafter no drafter line.
+    let (err, code) = serve_startup(t_s, &[]);
+    assert_eq!(code, None, "{err}");
+    assert!(!err.contains("drafter:"), "{err}");
+    // Refusals as in run: the self-draft's bounds, one drafter at a time.
+    for (flags, code, name) in [
+        (&["--self-draft", "3"][..], 1, "must be 1 to 2"),
+        (
+            &["--self-draft", "1", "--lookup"][..],
+            2,
+            "one drafter at a time",
+        ),
+        (
+            &["--draft", t_s, "--self-draft", "1"][..],
+            2,
+            "one drafter at a time",
+        ),
+    ] {
+        let (err, got) = serve_startup(t_s, flags);
+        assert_eq!(got, Some(code), "{flags:?}: {err}");
+        assert!(err.contains(name), "{flags:?}: {err}");
+    }
 }

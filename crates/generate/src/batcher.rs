@@ -8,7 +8,8 @@
 //! as they would be alone (batch invariance), so its tokens do not depend on the others or on
 //! where its prompt was cut.
 
-use crate::seq::{Failure, SeqGen, Step, TokenLogprob};
+use crate::draft::{propose_all, DraftJob};
+use crate::seq::{Failure, Planned, SeqGen, Step, TokenLogprob};
 use crate::{GenerateError, LogitsModel, TokenBytes};
 use minfer_engine::BatchEntry;
 use std::collections::VecDeque;
@@ -147,22 +148,68 @@ impl<T> Batcher<T> {
         let mut plan: Vec<(usize, Part)> = Vec::new();
         let mut drafted: Vec<Vec<u32>> = Vec::new();
         let mut room = budget;
-        for (i, (tag, g)) in self.seqs.iter_mut().enumerate() {
+        // Each decoding sequence's drafts: lookup's are made here; a draft model's are asked
+        // of its engine below, every sequence's at once (the draft's forwards batched across
+        // them), with room kept for as many as asked.
+        let mut planned: Vec<(usize, Planned)> = Vec::new();
+        for (i, (_, g)) in self.seqs.iter_mut().enumerate() {
             if !g.done && g.pending.is_some() && room > 0 {
-                // A draft model runs here; its failure fails the sequence (never a silent
-                // fall back to plain decoding).
-                let d = match g.drafts(room - 1, n_ctx) {
+                let p = g.plan_drafts(room - 1, n_ctx);
+                room -= 1 + match &p {
+                    Planned::Ready(d) => d.len(),
+                    Planned::Model(n) => *n,
+                };
+                planned.push((i, p));
+            }
+        }
+        let mut proposed: Vec<Result<Vec<u32>, String>> = Vec::new();
+        {
+            let mut want = planned.iter().filter_map(|(i, p)| match p {
+                Planned::Model(n) => Some((*i, *n)),
+                Planned::Ready(_) => None,
+            });
+            let mut next = want.next();
+            let mut jobs: Vec<DraftJob<'_>> = Vec::new();
+            for (i, (_, g)) in self.seqs.iter_mut().enumerate() {
+                let Some((j, n)) = next.filter(|&(j, _)| j == i) else {
+                    continue;
+                };
+                debug_assert_eq!(j, i);
+                next = want.next();
+                if let Some(draft) = g.model_draft.as_mut() {
+                    jobs.push(DraftJob {
+                        draft,
+                        history: &g.history,
+                        n_prompt: g.prompt.len(),
+                        want: n,
+                        result: Ok(Vec::new()),
+                    });
+                }
+            }
+            propose_all(&mut jobs);
+            proposed.extend(jobs.into_iter().map(|j| j.result));
+        }
+        let mut proposed = proposed.into_iter();
+        room = budget;
+        for (i, p) in planned {
+            let (tag, g) = &mut self.seqs[i];
+            let d = match p {
+                Planned::Ready(d) => d,
+                // A draft model's failure fails the sequence (never a silent fall back to
+                // plain decoding).
+                Planned::Model(_) => match proposed.next().expect("one result per job") {
                     Ok(d) => d,
                     Err(e) => {
                         g.fail(Failure::Forward(e));
                         on_event(tag, g, Event::Done);
                         continue;
                     }
-                };
-                plan.push((i, Part::Decode { drafts: d.len() }));
-                room -= 1 + d.len();
-                drafted.push(d);
-            }
+                },
+            };
+            let d = g.cut_drafts(d);
+            plan.push((i, Part::Decode { drafts: d.len() }));
+            room -= 1 + d.len();
+            drafted.push(d);
         }
         let cap = self.prompt_cap.take().unwrap_or(usize::MAX);
         let prompt_budget = self.chunk.min(room).min(cap);

@@ -4,12 +4,14 @@
 //! ([`crate::speculative`]): greedy output is plain decoding's token for token, sampled
 //! output is distributed as plain sampling's.
 //!
-//! The draft engine is a [`LogitsModel`] of its own (own graphs, own KV), shared by the
-//! requests that draft with it through a [`DraftHandle`]. It keeps the tokens its KV holds;
-//! before each proposal it keeps the longest common prefix of those and the sequence's
-//! history and truncates the rest (`seq_truncate`: what a rejected draft left behind, or
-//! another sequence's tokens), feeds the history's remaining tokens in one entry, then
-//! decodes one token per forward:
+//! The draft engine is an engine of its own (own graphs, own KV; [`EngineDraft`]), shared by
+//! the requests that draft with it through a [`DraftHandle`]. Each drafting sequence holds
+//! a sequence of the draft's own ([`DraftSeq`], opened at its first proposal, closed when the
+//! sequence is dropped) and the tokens its KV holds; before each proposal it keeps the
+//! longest common prefix of those and the sequence's history and truncates the rest
+//! (`seq_truncate`: what a rejected draft left behind), feeds the history's remaining tokens,
+//! then decodes one token per forward, the forwards batched across every sequence asking the
+//! same engine in one step ([`propose_all`]):
 //! - greedy (the target's temperature ≤ 0): the draft's argmax, its q one-hot;
 //! - sampled: a draw from q, the draft's softmax at the target's temperature cut to its
 //!   [`Q_TOP`] most likely tokens and renormalised (any q is exact under the acceptance
@@ -17,18 +19,19 @@
 //!   from the request's seed, so a seeded run repeats).
 //!
 //! It stops at `draft_max` tokens, or before a token whose draft probability is under
-//! `p_min`; a proposal shorter than `draft_min` is dropped (and counts as a miss). The length adapts as prompt
-//! lookup's does (doubling while every draft holds, the accepted run + 1 otherwise), and
-//! after three forwards with nothing accepted the sequence stops drafting for a pause that
-//! doubles each time it recurs (8, 16, … 256 forwards): a draft that is always rejected
-//! costs a few draft forwards in hundreds, within noise of plain decoding.
+//! `p_min`; a proposal shorter than `draft_min` is dropped (and counts as a miss). The
+//! length adapts as prompt lookup's does ([`crate::adaptive`]: doubling while every draft
+//! holds, the accepted run + 1 otherwise), and after three forwards with nothing accepted
+//! the sequence stops drafting for a pause that doubles each time it recurs (8, 16, … 256
+//! forwards): a draft that is always rejected costs a few draft forwards in hundreds,
+//! within noise of plain decoding.
 //!
 //! The draft sees the sequence's history of this generation (a chat turn's prompt and reply,
 //! not the turns before it), at positions from 0: only its proposals depend on it.
 
+use crate::adaptive::{Adaptive, MODEL_PAUSE_MAX};
 use crate::lookup::SpecStats;
 use crate::sampler::Rng;
-use minfer_engine::{BatchEntry, LogitsModel, SeqId};
 use std::sync::{Arc, Mutex};
 
 /// The drafter's settings (`--draft-max`, `--draft-min`, `--draft-p-min`).
@@ -70,22 +73,39 @@ pub struct DraftHow {
     pub p_min: f32,
 }
 
-/// A draft engine behind the handle: proposes up to `max` tokens after `history` (prompt
-/// and tokens so far; its last token is the sequence's pending one).
-pub trait DraftModel: Send {
-    /// `n_prompt`: how many of `history` are the prompt (prompt rows; the rest were sampled).
-    fn propose(
-        &mut self,
-        history: &[u32],
-        n_prompt: usize,
-        max: usize,
-        how: DraftHow,
-        rng: &mut Rng,
-    ) -> Result<Proposal, String>;
+/// A sequence of the draft engine's own, opened for one target sequence (its KV cells) and
+/// closed when that sequence ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DraftSeq(pub usize);
+
+/// One sequence's part of a batched proposal: up to `max` tokens after `history` (prompt
+/// and tokens so far; its last token is the sequence's pending one), the first `n_prompt`
+/// of which are the prompt (prompt rows; the rest were sampled).
+pub struct Ask<'a> {
+    pub seq: DraftSeq,
+    pub history: &'a [u32],
+    pub n_prompt: usize,
+    pub max: usize,
+    pub how: DraftHow,
+    pub rng: &'a mut Rng,
 }
 
-/// A draft engine and the drafter's settings, shared by the requests that draft with it
-/// (run, chat: one sequence at a time).
+/// A draft engine behind the handle.
+pub trait DraftModel: Send {
+    /// A sequence for one target sequence; refused when the engine holds no more.
+    fn open(&mut self) -> Result<DraftSeq, String>;
+    /// Frees a sequence [`DraftModel::open`] gave, and its KV cells.
+    fn close(&mut self, seq: DraftSeq);
+    /// Proposes for every ask at once, the draft's forwards batched across them: one result
+    /// per ask, in order (an error fails that ask's sequence).
+    fn propose(&mut self, asks: &mut [Ask<'_>]) -> Vec<Result<Proposal, String>>;
+    /// Sequences open now (a server's leak check).
+    fn open_seqs(&self) -> usize;
+    /// Draft forwards run so far (the cost side of the figures).
+    fn forwards(&self) -> usize;
+}
+
+/// A draft engine and the drafter's settings, shared by the requests that draft with it.
 #[derive(Clone)]
 pub struct DraftHandle {
     model: Arc<Mutex<dyn DraftModel>>,
@@ -107,149 +127,32 @@ impl DraftHandle {
             cfg,
         }
     }
-}
 
-/// A [`LogitsModel`] (an engine) as a draft: its default sequence holds `fed`.
-pub struct EngineDraft<M: LogitsModel> {
-    model: M,
-    seq: SeqId,
-    /// The tokens the draft's KV holds, by position.
-    fed: Vec<u32>,
-    /// Draft forwards run (the cost side of the figures).
-    pub forwards: usize,
-    /// Ids the draft reads (its vocabulary) and may propose (the target's): a history with
-    /// an id the draft lacks gets no proposal, and a proposal stops before an id the target
-    /// lacks (the vocabulary check allows sizes 128 apart).
-    draft_vocab: usize,
-    target_vocab: usize,
-}
-
-impl<M: LogitsModel> EngineDraft<M> {
-    pub fn new(model: M) -> EngineDraft<M> {
-        let seq = model.default_seq();
-        EngineDraft {
-            model,
-            seq,
-            fed: Vec::new(),
-            forwards: 0,
-            draft_vocab: usize::MAX,
-            target_vocab: usize::MAX,
-        }
+    fn lock(&self) -> std::sync::MutexGuard<'_, dyn DraftModel + 'static> {
+        // A panic inside a proposal leaves nothing half-written that the next one trusts:
+        // a sequence's KV list is only extended after its forward returned.
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Bounds the ids read and proposed (see the fields).
-    pub fn with_vocab(mut self, draft: usize, target: usize) -> EngineDraft<M> {
-        self.draft_vocab = draft;
-        self.target_vocab = target;
-        self
+    /// Draft sequences open now: one per running sequence that drafted (a finished,
+    /// cancelled or disconnected one has closed its own).
+    pub fn open_seqs(&self) -> usize {
+        self.lock().open_seqs()
     }
 
-    /// The tokens the draft's KV holds (the gates read it).
-    pub fn fed(&self) -> &[u32] {
-        &self.fed
+    /// Draft forwards run so far.
+    pub fn forwards(&self) -> usize {
+        self.lock().forwards()
     }
 
-    /// Feeds `tokens` after `fed`, the last row's logits. Rows at positions below
-    /// `n_prompt` are prompt rows, the rest generation rows, as the target computed them
-    /// (ADR 0011's row classes), so a draft that is the target itself proposes exactly the
-    /// target's picks. Chunks of the model's batch.
-    fn feed(&mut self, tokens: &[u32], n_prompt: usize) -> Result<Vec<f32>, String> {
-        let chunk = self.model.max_batch().max(1);
-        let split = n_prompt.saturating_sub(self.fed.len()).min(tokens.len());
-        let (prompt, generated) = tokens.split_at(split);
-        let mut parts: Vec<(&[u32], bool)> = prompt.chunks(chunk).map(|c| (c, true)).collect();
-        parts.extend(generated.chunks(chunk).map(|c| (c, false)));
-        let mut out = Vec::new();
-        let n_parts = parts.len();
-        for (n, (part, is_prompt)) in parts.into_iter().enumerate() {
-            let last = n + 1 == n_parts;
-            let pos0 = self.fed.len();
-            let entry = if is_prompt {
-                BatchEntry::prompt(self.seq, part, pos0, usize::from(last))
-            } else {
-                BatchEntry::generated(self.seq, part, pos0)
-            };
-            self.forwards += 1;
-            let res = match self.model.forward_batch(std::slice::from_ref(&entry)) {
-                Ok(l) => {
-                    if last {
-                        let rows = l.logits(0);
-                        out = rows[rows.len() - l.vocab()..].to_vec();
-                    }
-                    Ok(())
-                }
-                Err(e) => Err(format!("draft model forward failed: {e}")),
-            };
-            if let Err(e) = res {
-                // Whatever the failed forward wrote is not known to be whole: start over.
-                let _ = self.model.seq_truncate(self.seq, 0);
-                self.fed.clear();
-                return Err(e);
-            }
-            self.fed.extend_from_slice(part);
-        }
-        Ok(out)
-    }
-}
-
-impl<M: LogitsModel + Send> DraftModel for EngineDraft<M> {
-    fn propose(
-        &mut self,
-        history: &[u32],
-        n_prompt: usize,
-        max: usize,
-        how: DraftHow,
-        rng: &mut Rng,
-    ) -> Result<Proposal, String> {
-        // The history and every draft but the last are fed: they must fit the draft's context.
-        let max = max.min((self.model.context_len() + 1).saturating_sub(history.len()));
-        let mut p = Proposal::default();
-        if max == 0 || history.is_empty() {
-            return Ok(p);
-        }
-        // Keep what the KV shares with the history (at least the last token is fed again:
-        // its row gives the first draft).
-        let common = self
-            .fed
-            .iter()
-            .zip(history)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(history.len() - 1);
-        if history[common..]
-            .iter()
-            .any(|&t| t as usize >= self.draft_vocab)
-        {
-            return Ok(p);
-        }
-        if common < self.fed.len() {
-            self.model
-                .seq_truncate(self.seq, common)
-                .map_err(|e| format!("draft model KV truncate failed: {e}"))?;
-            self.fed.truncate(common);
-        }
-        let mut logits = self.feed(&history[common..], n_prompt)?;
-        loop {
-            let (tok, top, q) = pick(&logits, how, rng)?;
-            if top < how.p_min || tok as usize >= self.target_vocab {
-                break;
-            }
-            p.tokens.push(tok);
-            if let Some(q) = q {
-                p.q.push(q);
-            }
-            if p.tokens.len() == max {
-                break;
-            }
-            logits = self.feed(&[tok], 0)?;
-        }
-        Ok(p)
+    fn same(&self, other: &DraftHandle) -> bool {
+        Arc::ptr_eq(&self.model, &other.model)
     }
 }
 
 /// The draft's token for a row: (token, the draft's top probability, q when sampled).
 #[allow(clippy::type_complexity)]
-fn pick(
+pub(crate) fn pick(
     logits: &[f32],
     how: DraftHow,
     rng: &mut Rng,
@@ -302,24 +205,18 @@ fn pick(
     Ok((tok, top, Some(q)))
 }
 
-/// Forwards a sequence drafts nothing after three misses in a row, at first; it doubles
-/// each time the misses recur, up to [`PAUSE_MAX`].
-const PAUSE: usize = 8;
-const PAUSE_MAX: usize = 256;
-
-/// A sequence's model drafter: the shared engine, the adaptive length, its RNG and the last
-/// proposal's q (read by verification).
+/// A sequence's model drafter: the shared engine and its own sequence there (opened at its
+/// first proposal, closed when the drafter is dropped: the sequence finished, failed or was
+/// cancelled), the adaptive length (a pause that doubles: each draft costs a draft forward),
+/// its RNG and the last proposal's q (read by verification).
 pub(crate) struct SeqDraft {
     handle: DraftHandle,
+    seq: Option<DraftSeq>,
     rng: Rng,
     how: DraftHow,
-    k: usize,
-    misses: usize,
-    pause: usize,
-    next_pause: usize,
+    adapt: Adaptive,
     /// The q of each draft of the forward being verified (empty: greedy).
     pub(crate) q: Vec<Vec<(u32, f64)>>,
-    pub(crate) stats: SpecStats,
 }
 
 impl SeqDraft {
@@ -329,91 +226,128 @@ impl SeqDraft {
             p_min: handle.cfg.p_min,
         };
         SeqDraft {
-            k: (handle.cfg.draft_max.clamp(1, 4))
-                .max(handle.cfg.draft_min)
-                .min(handle.cfg.draft_max.max(1)),
+            adapt: Adaptive::new(handle.cfg.draft_max, handle.cfg.draft_min, MODEL_PAUSE_MAX),
             handle,
+            seq: None,
             // Its own stream: the target's draws are not moved by the draft's.
             rng: Rng::new(seed ^ 0xD4AF_7000_0000_0031),
             how,
-            misses: 0,
-            pause: 0,
-            next_pause: PAUSE,
             q: Vec::new(),
-            stats: SpecStats::default(),
         }
+    }
+
+    pub(crate) fn stats(&self) -> SpecStats {
+        self.adapt.stats
     }
 
     /// At most how many drafts the next forward verifies (the KV budget's bound; the model
     /// is not run).
     pub(crate) fn bound(&self, limit: usize) -> usize {
-        if self.pause > 0 {
+        self.adapt.want(limit)
+    }
+
+    /// How many tokens to ask the draft engine for this forward (0: none, the engine is not
+    /// run).
+    pub(crate) fn want(&mut self, limit: usize) -> usize {
+        self.q.clear();
+        let want = self.adapt.want(limit);
+        if want < self.handle.cfg.draft_min {
             0
         } else {
-            self.k.min(limit)
+            want
         }
     }
 
-    /// Runs the draft for the row after `history`: at most `limit` tokens, maybe none.
-    pub(crate) fn draft(
-        &mut self,
-        history: &[u32],
-        n_prompt: usize,
-        limit: usize,
-    ) -> Result<Vec<u32>, String> {
-        self.q.clear();
-        let want = self.bound(limit);
-        if want == 0 || want < self.handle.cfg.draft_min {
-            return Ok(Vec::new());
-        }
-        let p = self
-            .handle
-            .model
-            .lock()
-            .map_err(|_| "the draft model's lock is poisoned".to_string())?
-            .propose(history, n_prompt, want, self.how, &mut self.rng)?;
+    /// Takes the engine's proposal: the drafts to verify, maybe none.
+    fn take(&mut self, p: Result<Proposal, String>) -> Result<Vec<u32>, String> {
+        let p = p?;
         if p.tokens.len() < self.handle.cfg.draft_min.max(1) {
             // The draft ran and had nothing sure enough (p-min) or long enough: a miss, so
             // a draft that is never confident pauses as a rejected one does.
-            self.miss();
+            self.adapt.miss();
             return Ok(Vec::new());
         }
         self.q = p.q;
         Ok(p.tokens)
     }
 
-    /// A forward whose draft gained nothing; the third in a row starts a pause.
-    fn miss(&mut self) {
-        self.misses += 1;
-        if self.misses >= 3 {
-            self.misses = 0;
-            self.pause = self.next_pause;
-            self.next_pause = (self.next_pause * 2).min(PAUSE_MAX);
-        }
-    }
-
     /// Counts a forward: `drafted` verified, `accepted` of them held.
     pub(crate) fn update(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            self.pause = self.pause.saturating_sub(1);
-            return;
+        self.adapt.update(drafted, accepted);
+    }
+}
+
+impl Drop for SeqDraft {
+    fn drop(&mut self) {
+        if let Some(s) = self.seq.take() {
+            self.handle.lock().close(s);
         }
-        self.stats.drafted += drafted;
-        self.stats.accepted += accepted;
-        self.stats.verify_forwards += 1;
-        let (max, min) = (self.handle.cfg.draft_max.max(1), self.handle.cfg.draft_min);
-        if accepted == drafted {
-            self.k = (self.k * 2).min(max);
-            self.misses = 0;
-            self.next_pause = PAUSE;
-        } else {
-            self.k = (accepted + 1).max(min).min(max);
-            if accepted == 0 {
-                self.miss();
-            } else {
-                self.misses = 0;
-                self.next_pause = PAUSE;
+    }
+}
+
+/// A sequence that asks its draft model for `want` tokens this forward; `result` is what
+/// [`propose_all`] leaves: the drafts to verify, or the failure that fails the sequence.
+pub(crate) struct DraftJob<'a> {
+    pub(crate) draft: &'a mut SeqDraft,
+    pub(crate) history: &'a [u32],
+    pub(crate) n_prompt: usize,
+    pub(crate) want: usize,
+    pub(crate) result: Result<Vec<u32>, String>,
+}
+
+/// Runs the proposals of every job, one batched proposal per draft engine (the sequences
+/// that share an engine share its forwards: one per drafted position, not one per sequence
+/// and position).
+pub(crate) fn propose_all(jobs: &mut [DraftJob<'_>]) {
+    let mut done = vec![false; jobs.len()];
+    for first in 0..jobs.len() {
+        if done[first] {
+            continue;
+        }
+        let handle = jobs[first].draft.handle.clone();
+        let group: Vec<usize> = (first..jobs.len())
+            .filter(|&j| !done[j] && jobs[j].draft.handle.same(&handle))
+            .collect();
+        let mut model = handle.lock();
+        // Each sequence's own draft sequence, opened at its first proposal.
+        let mut asked = Vec::new();
+        for &j in &group {
+            done[j] = true;
+            let job = &mut jobs[j];
+            if job.draft.seq.is_none() {
+                match model.open() {
+                    Ok(s) => job.draft.seq = Some(s),
+                    Err(e) => {
+                        job.result = Err(e);
+                        continue;
+                    }
+                }
             }
+            asked.push(j);
+        }
+        let mut asks: Vec<Ask<'_>> = Vec::with_capacity(asked.len());
+        let mut idx = asked.iter().peekable();
+        for (j, job) in jobs.iter_mut().enumerate() {
+            if idx.peek() != Some(&&j) {
+                continue;
+            }
+            idx.next();
+            let d = &mut *job.draft;
+            asks.push(Ask {
+                seq: d.seq.expect("opened above"),
+                history: job.history,
+                n_prompt: job.n_prompt,
+                max: job.want,
+                how: d.how,
+                rng: &mut d.rng,
+            });
+        }
+        let results = model.propose(&mut asks);
+        drop(asks);
+        drop(model);
+        for (&j, r) in asked.iter().zip(results) {
+            let job = &mut jobs[j];
+            job.result = job.draft.take(r);
         }
     }
 }
@@ -421,6 +355,10 @@ impl SeqDraft {
 #[path = "draft_vocab.rs"]
 mod vocab;
 pub use vocab::check_vocab;
+
+#[path = "draft_engine.rs"]
+mod engine;
+pub use engine::EngineDraft;
 
 #[cfg(test)]
 #[path = "draft_tests.rs"]

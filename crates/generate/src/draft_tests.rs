@@ -8,8 +8,10 @@ use super::*;
 use crate::test_support::greedy;
 use crate::{generate, GenerateRequest, TokenBytes};
 use minfer_engine::BatchLogits;
+use minfer_engine::{BatchEntry, LogitsModel, SeqId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 const VOCAB: usize = 32;
 
@@ -21,6 +23,11 @@ struct Affine {
     peak: f32,
     len: HashMap<SeqId, usize>,
     forwards: Arc<AtomicUsize>,
+    /// Most entries one forward held.
+    widest: Arc<AtomicUsize>,
+    created: u32,
+    /// The free cells it reports as a SeqHost.
+    free: usize,
     logits: BatchLogits,
 }
 
@@ -31,6 +38,9 @@ fn affine(mul: u32, add: u32) -> Affine {
         peak: 10.0,
         len: HashMap::new(),
         forwards: Arc::default(),
+        widest: Arc::default(),
+        created: 100,
+        free: 4096,
         logits: BatchLogits::default(),
     }
 }
@@ -39,6 +49,7 @@ impl LogitsModel for Affine {
     type Error = std::io::Error;
     fn forward_batch(&mut self, entries: &[BatchEntry]) -> Result<&BatchLogits, Self::Error> {
         self.forwards.fetch_add(1, Ordering::Relaxed);
+        self.widest.fetch_max(entries.len(), Ordering::Relaxed);
         let mut data = Vec::new();
         let mut rows = Vec::new();
         for e in entries {
@@ -69,6 +80,29 @@ impl LogitsModel for Affine {
         assert!(len <= *l, "truncate to {len} past the end {l}");
         *l = len;
         Ok(())
+    }
+}
+
+impl crate::sched::SeqHost for Affine {
+    fn seq_create(&mut self) -> SeqId {
+        self.created += 1;
+        self.len.insert(SeqId(self.created), 0);
+        SeqId(self.created)
+    }
+    fn seq_release(&mut self, seq: SeqId) {
+        assert!(
+            self.len.remove(&seq).is_some(),
+            "release of an unknown {seq:?}"
+        );
+    }
+    fn seq_share_prefix(&mut self, _: SeqId, _: SeqId, _: usize) -> bool {
+        false
+    }
+    fn shareable_prefix(&self, _: SeqId) -> usize {
+        0
+    }
+    fn free_cells(&self) -> usize {
+        self.free
     }
 }
 
@@ -266,4 +300,111 @@ fn pick_is_greedy_or_a_draw_from_a_normalised_top() {
     assert!((q.iter().map(|e| e.1).sum::<f64>() - 1.0).abs() < 1e-12);
     assert!(q.iter().any(|e| e.0 == t));
     assert!(pick(&[f32::NAN, 1.0], greedy, &mut rng).is_err());
+}
+
+/// Three sequences decoding at once in one Batcher, each drafting through one shared engine.
+fn three_at_once(h: &DraftHandle) -> Vec<(usize, crate::SeqGen)> {
+    let mut target = affine(7, 3);
+    let mut b = crate::Batcher::new(512);
+    for (i, p) in [vec![3, 9, 4], vec![1], vec![7, 7, 2, 5]]
+        .into_iter()
+        .enumerate()
+    {
+        let req = with_draft(p, 40, Some(h.clone()));
+        let g = crate::SeqGen::new::<std::io::Error>(SeqId(i as u32 + 1), &req, 4096).unwrap();
+        b.push(i, g);
+    }
+    while b.step(&mut target, &Ids, |_, _, _| {}).unwrap() {
+        if b.iter().all(|(_, g)| g.is_done()) {
+            break;
+        }
+    }
+    b.take_where(|_, _| true)
+}
+
+#[test]
+fn several_sequences_draft_at_once_in_shared_forwards_and_close_their_sequences() {
+    let plain: Vec<Vec<u32>> = [vec![3, 9, 4], vec![1], vec![7, 7, 2, 5]]
+        .into_iter()
+        .map(|p| {
+            let r = with_draft(p, 40, None);
+            generate(&mut affine(7, 3), &Ids, &r, |_| {})
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let draft = affine(7, 3);
+    let (forwards, widest) = (Arc::clone(&draft.forwards), Arc::clone(&draft.widest));
+    let h = DraftHandle::new(EngineDraft::multi(draft), cfg(4));
+    let out = three_at_once(&h);
+    assert_eq!(
+        h.open_seqs(),
+        3,
+        "each live sequence holds its own draft sequence"
+    );
+    let mut drafted = 0;
+    for (i, g) in &out {
+        assert!(g.failure().is_none());
+        assert_eq!(g.out.tokens, plain[*i], "sequence {i}");
+        let s = g.out.speculative.unwrap();
+        assert!(s.accepted > 0 && s.accepted == s.drafted, "{s:?}");
+        drafted += s.drafted;
+    }
+    drop(out);
+    assert_eq!(
+        h.open_seqs(),
+        0,
+        "a dropped sequence closes its draft sequence"
+    );
+    // Batched: a draft forward held a row of every sequence, and the draft ran fewer
+    // forwards than the tokens it drafted (one sequence at a time, it would run at least
+    // one per drafted token).
+    assert_eq!(widest.load(Ordering::Relaxed), 3);
+    let f = forwards.load(Ordering::Relaxed);
+    assert!(f < drafted, "{f} draft forwards for {drafted} drafts");
+}
+
+#[test]
+fn a_one_sequence_draft_engine_refuses_a_second_sequence_by_failing_it() {
+    let h = DraftHandle::new(EngineDraft::new(affine(7, 3)), cfg(4));
+    let out = three_at_once(&h);
+    let failed: Vec<String> = out
+        .iter()
+        .filter_map(|(_, g)| g.failure().map(|f| format!("{f:?}")))
+        .collect();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed[0].contains("one sequence at a time"), "{failed:?}");
+    // Control: the sequence that holds the default sequence drafted and finished.
+    let ok: Vec<_> = out.iter().filter(|(_, g)| g.failure().is_none()).collect();
+    assert_eq!(ok.len(), 1);
+    assert!(ok[0].1.out.speculative.unwrap().accepted > 0);
+}
+
+#[test]
+fn a_draft_without_free_cells_proposes_nothing_and_the_tokens_stay_plain() {
+    let prompt = vec![3, 9, 4];
+    let mut plain = affine(7, 3);
+    let a = generate(
+        &mut plain,
+        &Ids,
+        &with_draft(prompt.clone(), 30, None),
+        |_| {},
+    )
+    .unwrap();
+    for (free, drafts) in [(3, false), (4096, true)] {
+        let mut draft = affine(7, 3);
+        draft.free = free;
+        let h = DraftHandle::new(EngineDraft::multi(draft), cfg(4));
+        let mut target = affine(7, 3);
+        let b = generate(
+            &mut target,
+            &Ids,
+            &with_draft(prompt.clone(), 30, Some(h)),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(a.tokens, b.tokens, "free {free}");
+        // Control: with cells to spare the same draft drafts.
+        assert_eq!(b.speculative.unwrap().drafted > 0, drafts, "free {free}");
+    }
 }

@@ -16,6 +16,7 @@
 //! Beside the loop: the sampler chain ([`sampler`]), constrained decoding ([`constrain`]),
 //! stop strings ([`stop`]) and chat ([`chat`]: templates, turns, session files' app data).
 
+mod adaptive;
 mod batcher;
 pub mod chat;
 pub mod constrain;

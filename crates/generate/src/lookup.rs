@@ -15,7 +15,10 @@
 //!
 //! The draft length adapts to what is accepted (doubling while every draft holds, back to the
 //! accepted run otherwise), and after three drafts in a row with nothing accepted a sequence
-//! drafts nothing for a while, so a reply that never copies decodes at nearly plain speed.
+//! drafts nothing for a while, so a reply that never copies decodes at nearly plain speed
+//! ([`crate::adaptive`], shared with the draft models).
+
+use crate::adaptive::{Adaptive, PAUSE};
 
 /// The drafter's settings (`--lookup N`, `--draft-max`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,34 +63,28 @@ impl SpecStats {
 #[derive(Clone, Debug)]
 pub(crate) struct Lookup {
     cfg: LookupConfig,
-    /// Draft length for the next forward (adapts).
-    k: usize,
-    /// Drafts in a row that had nothing accepted.
-    misses: usize,
-    /// Forwards left without drafting (after a run of misses).
-    pause: usize,
-    pub(crate) stats: SpecStats,
+    /// Draft length, pause and counts ([`Adaptive`]; lookup's pause never grows: its
+    /// drafts cost nothing to make).
+    adapt: Adaptive,
 }
-
-/// How many forwards a sequence drafts nothing after three misses in a row.
-const PAUSE: usize = 8;
 
 impl Lookup {
     pub(crate) fn new(cfg: LookupConfig) -> Lookup {
         Lookup {
-            k: cfg.draft_max.clamp(1, 4),
+            adapt: Adaptive::new(cfg.draft_max, 0, PAUSE),
             cfg,
-            misses: 0,
-            pause: 0,
-            stats: SpecStats::default(),
         }
+    }
+
+    pub(crate) fn stats(&self) -> SpecStats {
+        self.adapt.stats
     }
 
     /// The drafts for the row after `history` (prompt and sampled tokens, the last one not
     /// decoded yet): at most `limit` tokens, maybe none.
     pub(crate) fn draft(&self, history: &[u32], limit: usize) -> Vec<u32> {
-        let want = self.k.min(limit);
-        if want == 0 || self.pause > 0 {
+        let want = self.adapt.want(limit);
+        if want == 0 {
             return Vec::new();
         }
         for n in (1..=self.cfg.ngram.min(history.len().saturating_sub(1))).rev() {
@@ -110,28 +107,7 @@ impl Lookup {
 
     /// Counts a forward: `drafted` verified, `accepted` of them held.
     pub(crate) fn update(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            self.pause = self.pause.saturating_sub(1);
-            return;
-        }
-        self.stats.drafted += drafted;
-        self.stats.accepted += accepted;
-        self.stats.verify_forwards += 1;
-        if accepted == drafted {
-            self.k = (self.k * 2).min(self.cfg.draft_max.max(1));
-            self.misses = 0;
-        } else {
-            self.k = (accepted + 1).max(1);
-            if accepted == 0 {
-                self.misses += 1;
-                if self.misses >= 3 {
-                    self.misses = 0;
-                    self.pause = PAUSE;
-                }
-            } else {
-                self.misses = 0;
-            }
-        }
+        self.adapt.update(drafted, accepted);
     }
 }
 
@@ -183,7 +159,7 @@ mod tests {
         }
         assert_eq!(l.draft(&h, 99).len(), 1);
         assert_eq!(
-            l.stats,
+            l.stats(),
             SpecStats {
                 drafted: 15,
                 accepted: 6,

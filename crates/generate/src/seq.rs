@@ -99,6 +99,14 @@ pub struct SeqGen {
     pub out: GenerateOutput,
 }
 
+/// What a sequence drafts for its next forward ([`SeqGen::plan_drafts`]).
+pub(crate) enum Planned {
+    /// These drafts (maybe none).
+    Ready(Vec<u32>),
+    /// Ask the draft model for at most this many.
+    Model(usize),
+}
+
 /// What one sampled token did.
 pub(crate) enum Step {
     /// Text that became final (maybe empty); the sequence goes on.
@@ -234,16 +242,25 @@ impl SeqGen {
         self.done = true;
     }
 
-    /// The drafts to verify after the pending token in the next forward, at most `room`
-    /// (none without a drafter): bounded so that every row stays inside the context and no
-    /// more tokens are sampled than `max_tokens` allows.
-    pub(crate) fn drafts(&mut self, room: usize, n_ctx: usize) -> Result<Vec<u32>, String> {
+    /// What the next forward drafts after the pending token, at most `room` (none without a
+    /// drafter), bounded so that every row stays inside the context and no more tokens are
+    /// sampled than `max_tokens` allows: lookup's drafts, made here, or how many tokens to
+    /// ask the draft model for (the Batcher asks every sequence's at once,
+    /// [`crate::draft::propose_all`]). Either goes through [`SeqGen::cut_drafts`].
+    pub(crate) fn plan_drafts(&mut self, room: usize, n_ctx: usize) -> Planned {
         let limit = room.min(self.draft_limit(n_ctx));
-        let mut d = match (&self.lookup, &mut self.model_draft) {
-            (Some(l), _) => l.draft(&self.history, limit),
-            (None, Some(m)) => m.draft(&self.history, self.prompt.len(), limit)?,
-            (None, None) => return Ok(Vec::new()),
-        };
+        match (&self.lookup, &mut self.model_draft) {
+            (Some(l), _) => Planned::Ready(l.draft(&self.history, limit)),
+            (None, Some(m)) => match m.want(limit) {
+                0 => Planned::Ready(Vec::new()),
+                n => Planned::Model(n),
+            },
+            (None, None) => Planned::Ready(Vec::new()),
+        }
+    }
+
+    /// The drafts a forward verifies, of those proposed.
+    pub(crate) fn cut_drafts(&self, mut d: Vec<u32>) -> Vec<u32> {
         if let Some(c) = &self.constraint {
             // The grammar constrains the proposals: a draft ends before its first token the
             // matcher (advanced over every committed token) refuses, since verification
@@ -255,7 +272,7 @@ impl SeqGen {
         if let Some(i) = d.iter().position(|t| self.eog.contains(t)) {
             d.truncate(i + 1);
         }
-        Ok(d)
+        d
     }
 
     /// At most how many drafts the next forward verifies, without running a draft model:
@@ -421,10 +438,10 @@ impl SeqGen {
             self.out.constraint = Some(c.stats().clone());
         }
         if let Some(l) = &self.lookup {
-            self.out.speculative = Some(l.stats);
+            self.out.speculative = Some(l.stats());
         }
         if let Some(m) = &self.model_draft {
-            self.out.speculative = Some(m.stats);
+            self.out.speculative = Some(m.stats());
         }
         let pre = self.prefilled_at.unwrap_or(now);
         self.out.timings.prompt_ms = ms(pre - self.started);

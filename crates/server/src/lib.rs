@@ -73,6 +73,11 @@ pub struct ServeConfig {
     /// Prompt lookup for the requests that do not say (`--lookup[=N]`, `--draft-max`): only
     /// those it is exact for, greedy and unconstrained (request::speculative).
     pub lookup: Option<minfer_generate::lookup::LookupConfig>,
+    /// A draft model or self-drafting for the requests that do not say (`--draft MODEL`,
+    /// `--self-draft LAYERS`): every request lookup would support drafts with it, each
+    /// running sequence on a draft sequence of its own, the draft's forwards batched across
+    /// them (request::speculative). Not with `lookup`.
+    pub draft: Option<minfer_generate::draft::DraftHandle>,
 }
 
 impl Default for ServeConfig {
@@ -93,6 +98,7 @@ impl Default for ServeConfig {
             max_tools_bytes: 256 << 10,
             cors_origin: None,
             lookup: None,
+            draft: None,
         }
     }
 }
@@ -125,6 +131,9 @@ pub struct AppState {
 impl AppState {
     /// Starts the engine loop on its own thread with `engine`, which it then owns.
     pub fn start(engine: Engine, cfg: ServeConfig) -> anyhow::Result<Arc<AppState>> {
+        if cfg.lookup.is_some() && cfg.draft.is_some() {
+            anyhow::bail!("one default drafter at a time: prompt lookup or a draft model");
+        }
         let md = engine.model().metadata();
         let tok = Arc::new(Tokenizer::from_metadata(md).context("cannot build the tokenizer")?);
         let (template, template_error) = match ChatTemplate::from_metadata(md) {
@@ -167,6 +176,7 @@ impl AppState {
                 stats: stats.clone(),
                 queued: queued.clone(),
                 abort: abort.clone(),
+                draft: cfg.draft.clone(),
             },
         );
         std::thread::Builder::new()

@@ -35,7 +35,12 @@ pub fn choices(
     gen: &GenParams,
     grammar: Option<&minfer_generate::constrain::Grammar>,
 ) -> Result<Vec<GenerateRequest>, ApiError> {
-    let lookup = speculative::resolve(gen.speculative, state.cfg.lookup, &gen.sampler)?;
+    let server = match (&state.cfg.draft, state.cfg.lookup) {
+        (Some(h), _) => speculative::ServerDrafter::Model(h.clone()),
+        (None, Some(l)) => speculative::ServerDrafter::Lookup(l),
+        (None, None) => speculative::ServerDrafter::None,
+    };
+    let drafter = speculative::resolve(gen.speculative, &server, &gen.sampler)?;
     Ok((0..gen.n)
         .map(|i| {
             let mut sampler = gen.sampler.clone();
@@ -48,8 +53,8 @@ pub fn choices(
                 eog: state.eog.clone(),
                 logprobs: gen.logprobs,
                 constraint: grammar.cloned(),
-                lookup,
-                draft: None,
+                lookup: drafter.lookup(),
+                draft: drafter.model(),
             }
         })
         .collect())

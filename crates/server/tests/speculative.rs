@@ -269,6 +269,11 @@ async fn what_lookup_cannot_do_is_refused_by_name() {
         (
             set(base(), "speculative", json!({"draft": "x.gguf"})),
             "speculative.draft",
+            "takes only `false`",
+        ),
+        (
+            set(base(), "speculative", json!({"drafts": false})),
+            "speculative.drafts",
             "not supported",
         ),
         (

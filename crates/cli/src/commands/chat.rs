@@ -408,7 +408,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     args.constraint.spec()?;
     args.spec.check()?;
     let (engine, _) = args.model.load()?;
-    let draft = args.spec.draft_handle(&engine, &args.model)?;
+    let draft = args.spec.draft_handle(&engine, &args.model, false)?;
     if let Some(note) = args.sampling.seed_note(&sampler) {
         eprintln!("{note}");
     }

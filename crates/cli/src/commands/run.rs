@@ -159,7 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     interrupt::install()?;
     let (mut engine, load_ms) = args.model.load()?;
-    let draft = args.spec.draft_handle(&engine, &args.model)?;
+    let draft = args.spec.draft_handle(&engine, &args.model, false)?;
     if let Some(note) = args.sampling.seed_note(&sampler) {
         eprintln!("{note}");
     }

@@ -14,8 +14,10 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     // The server's default speculation: requests that do not say (`"speculative"` absent
-    // or null) get prompt lookup wherever it is supported (all but mirostat sampling, which
-    // decodes plainly). A request's own `"speculative"` overrides it (`false`: off).
+    // or null) get prompt lookup, the draft model or self-drafting wherever it is supported
+    // (all but mirostat sampling, which decodes plainly). A request's own `"speculative"`
+    // overrides it (`false`: off; `{"draft": false}`: not the draft model; `{"lookup": N}`:
+    // lookup, also on a server that drafts with a model).
     #[command(flatten)]
     pub spec: SpecArgs,
     /// Address to bind: an IP address or a host name such as localhost (loopback unless
@@ -142,7 +144,6 @@ fn api_key(args: &Args) -> anyhow::Result<Option<String>> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.spec.check()?;
-    args.spec.refuse_model_drafters("serve")?;
     if args.parallel == 0 || args.parallel > 256 {
         usage!("--parallel {}: expected 1 to 256", args.parallel);
     }
@@ -202,6 +203,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let (engine, load_ms) = args.model.load()?;
+    // A draft sequence per running sequence, the draft's forwards batched across them.
+    let draft = args.spec.draft_handle(&engine, &args.model, true)?;
     // A known name as given (`qwen2.5-coder-0.5b`), a file as its name without `.gguf`.
     let model_id = args.alias.clone().unwrap_or_else(|| {
         let m = &args.model.model;
@@ -227,6 +230,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_tools_bytes: args.max_tools_bytes,
         cors_origin: args.cors_origin.clone(),
         lookup: args.spec.config(),
+        draft: draft.clone(),
     };
     let state = AppState::start(engine, cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -249,6 +253,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             eprintln!(
                 "lookup: n-gram {}, draft-max {} for requests that do not set \"speculative\" (not mirostat sampling)",
                 l.ngram, l.draft_max
+            );
+        }
+        if let Some(d) = &draft {
+            eprintln!(
+                "drafter: {} (draft-max {}, draft-min {}, draft-p-min {}) for requests that do not set \"speculative\" (not mirostat sampling; {{\"draft\": false}} opts out), a draft sequence per running sequence",
+                args.spec.drafter_label(),
+                d.cfg.draft_max,
+                d.cfg.draft_min,
+                d.cfg.p_min
             );
         }
         eprintln!("listening on http://{addr}");

@@ -28,12 +28,13 @@ pub struct SpecArgs {
     /// A draft model (`-md` as llama.cpp spells it): it proposes up to --draft-max tokens
     /// (greedy, or drawn from its own distribution at --temp > 0) that the model verifies in
     /// one forward; same guarantees as --lookup. Its vocabulary must be the model's (type,
-    /// size within 128, BOS/EOS, token texts). Not in `serve` yet.
+    /// size within 128, BOS/EOS, token texts). In `serve`, the default drafter of every
+    /// request lookup would support (a request opts out with `"speculative": {"draft": false}`).
     #[arg(long = "draft", value_name = "MODEL")]
     pub draft: Option<String>,
     /// Self-drafting: the model's own first LAYERS blocks, final norm and output head are
     /// the draft (no second file, the same mapped weights, own KV); 1 to the block count
-    /// minus 1; CPU backend only. Not in `serve` yet.
+    /// minus 1; CPU backend only. In `serve` as --draft.
     #[arg(long = "self-draft", value_name = "LAYERS")]
     pub self_draft: Option<usize>,
     /// Most tokens drafted for one forward (with --lookup, --draft or --self-draft).
@@ -86,26 +87,23 @@ impl SpecArgs {
         Ok(())
     }
 
-    /// `serve` refuses the model drafters by name (not built there yet).
-    pub fn refuse_model_drafters(&self, command: &str) -> anyhow::Result<()> {
-        for (flag, given) in [
-            ("--draft", self.draft.is_some()),
-            ("--self-draft", self.self_draft.is_some()),
-        ] {
-            if given {
-                usage!("minfer {command} does not support {flag} yet (prompt lookup, --lookup, it does): use it with `minfer run` or `minfer chat`");
-            }
-        }
-        Ok(())
-    }
-
     /// The draft engine `--draft` or `--self-draft` asks for, after the target loaded: its
     /// context and threads are the target's, its backend `--draft-backend` or the target's.
+    /// `many`: it drafts for several sequences at once (`serve`: a draft sequence per
+    /// running sequence, [`EngineDraft::multi`]); else one at a time (`run`, `chat`).
     pub fn draft_handle(
         &self,
         target: &Engine,
         model: &ModelArgs,
+        many: bool,
     ) -> anyhow::Result<Option<DraftHandle>> {
+        let engine_draft = |draft: Engine| {
+            if many {
+                EngineDraft::multi(draft)
+            } else {
+                EngineDraft::new(draft)
+            }
+        };
         let cfg = DraftConfig {
             draft_max: self.draft_max as usize,
             draft_min: self.draft_min as usize,
@@ -130,7 +128,7 @@ impl SpecArgs {
                 "self-draft: the first {layers} of {} blocks, final norm and output head (the same weights)",
                 target.hparams().block_count
             );
-            return Ok(Some(DraftHandle::new(EngineDraft::new(draft), cfg)));
+            return Ok(Some(DraftHandle::new(engine_draft(draft), cfg)));
         }
         let Some(name) = &self.draft else {
             return Ok(None);
@@ -153,9 +151,18 @@ impl SpecArgs {
             cfg.p_min
         );
         Ok(Some(DraftHandle::new(
-            EngineDraft::new(draft).with_vocab(draft_vocab, vocab),
+            engine_draft(draft).with_vocab(draft_vocab, vocab),
             cfg,
         )))
+    }
+
+    /// The drafter as a startup line names it: `draft model PATH` or `self-draft LAYERS`.
+    pub fn drafter_label(&self) -> String {
+        match (&self.draft, self.self_draft) {
+            (Some(m), _) => format!("draft model {m}"),
+            (None, Some(l)) => format!("self-draft, the first {l} blocks"),
+            (None, None) => "lookup".into(),
+        }
     }
 
     /// The name the stats line gives the drafter.

@@ -15,6 +15,7 @@ pub use faults::{Faults, MarkedFault};
 use faults::{Model, PendingFaults};
 use minfer_engine::Engine;
 use minfer_generate::chat::Pieces;
+use minfer_generate::draft::DraftHandle;
 use minfer_generate::lookup::SpecStats;
 use minfer_generate::sched::{SchedConfig, SchedEvent, Scheduler, Stage};
 use minfer_generate::{FinishReason, GenerateRequest, TokenLogprob};
@@ -53,7 +54,7 @@ pub enum JobEvent {
         completion_tokens: usize,
         /// Prompt tokens shared from cached cells instead of computed.
         cached_tokens: usize,
-        /// What prompt lookup did, when the choice speculated.
+        /// What speculation did (prompt lookup or the draft model), when the choice drafted.
         speculative: Option<SpecStats>,
     },
     /// The choice failed (a forward or its sampler); the message says why.
@@ -86,6 +87,11 @@ pub struct LoopStats {
     /// Sequences the engine holds (running, cached prefixes, its default one), as of the
     /// last turn: a sequence nothing answers for any more is a leak.
     pub engine_sequences: AtomicUsize,
+    /// Sequences the server's draft model holds (one per running sequence that drafted),
+    /// as of the last turn: one left after its request ended is a leak of its KV cells.
+    pub draft_sequences: AtomicUsize,
+    /// Forwards the server's draft model ran, as of the last turn.
+    pub draft_forwards: AtomicUsize,
 }
 
 /// Where a sequence's events go.
@@ -122,6 +128,8 @@ pub struct LoopShared {
     /// partial reply with finish_reason `length`), every waiting job fails with
     /// [`SHUTDOWN_MESSAGE`].
     pub abort: Arc<AtomicBool>,
+    /// The server's draft model, when it has one (its counts are published each turn).
+    pub draft: Option<DraftHandle>,
 }
 
 pub struct EngineLoop {
@@ -134,6 +142,7 @@ pub struct EngineLoop {
     abort: Arc<AtomicBool>,
     sched: Scheduler<Tag>,
     pending_faults: PendingFaults,
+    draft: Option<DraftHandle>,
 }
 
 /// The server's side of a scheduler event: the job's channel, the metrics, the faults.
@@ -209,6 +218,7 @@ impl EngineLoop {
             stats,
             queued,
             abort,
+            draft,
         } = shared;
         EngineLoop {
             engine,
@@ -224,6 +234,7 @@ impl EngineLoop {
             queued,
             abort,
             pending_faults: PendingFaults::default(),
+            draft,
         }
     }
 
@@ -363,6 +374,14 @@ impl EngineLoop {
             .engine_sequences
             .store(cells.n_seqs(), Ordering::SeqCst);
         m.set_engine_sequences(cells.n_seqs());
+        if let Some(d) = &self.draft {
+            self.stats
+                .draft_sequences
+                .store(d.open_seqs(), Ordering::SeqCst);
+            self.stats
+                .draft_forwards
+                .store(d.forwards(), Ordering::SeqCst);
+        }
         let free = cells.n_free();
         m.set_kv(cells.n_cells() - free, cells.n_shared(), free);
         m.set_running(self.sched.running());

@@ -1,13 +1,17 @@
-//! minfer's `speculative` request field (issue 31): prompt lookup decoding per request.
+//! minfer's `speculative` request field (issue 31): prompt lookup decoding per request, and
+//! leaving the server's draft model.
 //!
-//! - absent or `null` (how OpenAI's clients send an unset optional): the server's default,
-//!   `serve --lookup[=N]`, which applies to every request lookup supports (greedy or
-//!   sampled, constrained or not); a request it does not support (mirostat sampling)
-//!   decodes plainly, as without it.
+//! - absent or `null` (how OpenAI's clients send an unset optional): the server's default
+//!   drafter, `serve --lookup[=N]`, `--draft MODEL` or `--self-draft LAYERS`, which applies
+//!   to every request it supports (greedy or sampled, constrained or not); a request it
+//!   does not support (mirostat sampling) decodes plainly, as without it.
 //! - `false`: no speculation, whatever the server's default.
+//! - `{"draft": false}`: not the server's draft model (a server whose default is lookup
+//!   keeps it); `draft` takes no other value (the model is the server's to choose).
 //! - `true` or `{"lookup": N, "draft_max": M}` (both optional: N 3, M 8): lookup for this
-//!   request. A setting it cannot honour (mirostat at temperature > 0) is a 400 naming it,
-//!   not a plain reply in disguise.
+//!   request, also on a server that drafts with a model (the request's own choice wins over
+//!   the server's default). A setting it cannot honour (mirostat at temperature > 0) is a
+//!   400 naming it, not a plain reply in disguise.
 //!
 //! Greedy replies with lookup are the plain ones token for token; sampled ones are verified
 //! by speculative sampling's rule, so they are distributed as plain sampling's but a seed
@@ -15,11 +19,12 @@
 //! verification alike.
 //!
 //! Unlike OpenAI's own objects, whose unknown keys pass (newer clients send newer fields),
-//! this object is minfer's: an unknown key inside it (a typo, or a drafter not built yet
-//! such as `draft`) is refused by name rather than ignored.
+//! this object is minfer's: an unknown key inside it (a typo) is refused by name rather than
+//! ignored.
 
 use super::fields::kind;
 use crate::error::ApiError;
+use minfer_generate::draft::DraftHandle;
 use minfer_generate::lookup::LookupConfig;
 use minfer_generate::sampler::{Mirostat, SamplerConfig};
 use serde_json::Value;
@@ -32,6 +37,8 @@ pub enum Speculative {
     ServerDefault,
     /// `false`.
     Off,
+    /// `{"draft": false}`: the server's default unless it is a draft model.
+    NoDraftModel,
     /// Asked for by the request: refused if it cannot be honoured.
     Lookup(LookupConfig),
 }
@@ -41,7 +48,7 @@ pub const NGRAM: std::ops::RangeInclusive<i64> = 1..=16;
 /// The draft lengths a request may ask for (`serve --draft-max`'s range).
 pub const DRAFT_MAX: std::ops::RangeInclusive<i64> = 1..=64;
 
-const KEYS: [&str; 2] = ["lookup", "draft_max"];
+const KEYS: [&str; 3] = ["lookup", "draft_max", "draft"];
 
 /// Reads `speculative` from the body's value (None: absent or null).
 pub fn read(v: Option<&Value>) -> Result<Speculative, ApiError> {
@@ -66,9 +73,28 @@ pub fn read(v: Option<&Value>) -> Result<Speculative, ApiError> {
         return Err(ApiError::bad_field(
             &name,
             format!(
-                "`{name}` is not supported; `speculative` takes `lookup` (the n-gram of prompt lookup decoding) and `draft_max`"
+                "`{name}` is not supported; `speculative` takes `lookup` (the n-gram of prompt lookup decoding), `draft_max` and `draft` (false: not the server's draft model)"
             ),
         ));
+    }
+    match o.get("draft") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(v) => {
+            return Err(ApiError::bad_field(
+                "speculative.draft",
+                format!(
+                    "`speculative.draft` takes only `false` (leave the server's draft model; the model is chosen by `serve --draft` or `--self-draft`), got {}",
+                    match v {
+                        Value::Bool(true) => "true".to_string(),
+                        v => kind(v).to_string(),
+                    }
+                ),
+            ))
+        }
+    }
+    let unset = |k: &str| matches!(o.get(k), None | Some(Value::Null));
+    if o.get("draft") == Some(&Value::Bool(false)) && unset("lookup") && unset("draft_max") {
+        return Ok(Speculative::NoDraftModel);
     }
     let int =
         |key: &str, range: std::ops::RangeInclusive<i64>| -> Result<Option<usize>, ApiError> {
@@ -127,16 +153,61 @@ pub fn check(sampler: &SamplerConfig) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The lookup a request runs with, given the server's default.
+/// The server's default drafter (`serve --lookup`, `--draft`, `--self-draft`: one at most).
+#[derive(Clone, Debug, Default)]
+pub enum ServerDrafter {
+    #[default]
+    None,
+    Lookup(LookupConfig),
+    /// A draft model or self-drafting.
+    Model(DraftHandle),
+}
+
+/// The drafter a request runs with.
+#[derive(Clone, Debug, Default)]
+pub enum Drafter {
+    #[default]
+    None,
+    Lookup(LookupConfig),
+    Model(DraftHandle),
+}
+
+impl Drafter {
+    pub fn lookup(&self) -> Option<LookupConfig> {
+        match self {
+            Drafter::Lookup(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    pub fn model(&self) -> Option<DraftHandle> {
+        match self {
+            Drafter::Model(h) => Some(h.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// The drafter a request runs with, given the server's default.
 pub fn resolve(
     asked: Speculative,
-    server: Option<LookupConfig>,
+    server: &ServerDrafter,
     sampler: &SamplerConfig,
-) -> Result<Option<LookupConfig>, ApiError> {
+) -> Result<Drafter, ApiError> {
+    let default = || match server {
+        _ if check(sampler).is_err() => Drafter::None,
+        ServerDrafter::None => Drafter::None,
+        ServerDrafter::Lookup(c) => Drafter::Lookup(*c),
+        ServerDrafter::Model(h) => Drafter::Model(h.clone()),
+    };
     match asked {
-        Speculative::Off => Ok(None),
-        Speculative::Lookup(c) => check(sampler).map(|()| Some(c)),
-        Speculative::ServerDefault => Ok(server.filter(|_| check(sampler).is_ok())),
+        Speculative::Off => Ok(Drafter::None),
+        Speculative::Lookup(c) => check(sampler).map(|()| Drafter::Lookup(c)),
+        Speculative::NoDraftModel => Ok(match default() {
+            Drafter::Model(_) => Drafter::None,
+            d => d,
+        }),
+        Speculative::ServerDefault => Ok(default()),
     }
 }
 
@@ -179,20 +250,62 @@ mod tests {
             (json!({"draft_max": 0}), "speculative.draft_max"),
             (json!({"draft_max": 65}), "speculative.draft_max"),
             (json!({"draft": "small.gguf"}), "speculative.draft"),
+            (json!({"draft": true}), "speculative.draft"),
+            (json!({"draft": 0}), "speculative.draft"),
+            (json!({"drafts": false}), "speculative.drafts"),
             (json!(3), "speculative"),
         ] {
             let e = msg(read(Some(&v)));
             assert!(e.contains(name), "{v}: {e}");
         }
+        // Control: `false` is the one value `draft` takes.
+        assert_eq!(
+            read(Some(&json!({"draft": false}))).unwrap(),
+            Speculative::NoDraftModel
+        );
         // Control: the edges of the ranges pass.
         assert!(read(Some(&json!({"lookup": 16, "draft_max": 64}))).is_ok());
         assert!(read(Some(&json!({"lookup": 1, "draft_max": 1}))).is_ok());
     }
 
+    /// A draft model that is never run (the resolution only passes its handle on).
+    struct Idle;
+    impl minfer_generate::draft::DraftModel for Idle {
+        fn open(&mut self) -> Result<minfer_generate::draft::DraftSeq, String> {
+            unreachable!()
+        }
+        fn close(&mut self, _: minfer_generate::draft::DraftSeq) {}
+        fn propose(
+            &mut self,
+            _: &mut [minfer_generate::draft::Ask<'_>],
+        ) -> Vec<Result<minfer_generate::draft::Proposal, String>> {
+            unreachable!()
+        }
+        fn open_seqs(&self) -> usize {
+            0
+        }
+        fn forwards(&self) -> usize {
+            0
+        }
+    }
+
+    fn name(d: Result<Drafter, ApiError>) -> String {
+        match d.unwrap() {
+            Drafter::None => "none".into(),
+            Drafter::Lookup(c) => format!("lookup {}", c.ngram),
+            Drafter::Model(_) => "model".into(),
+        }
+    }
+
     #[test]
     fn the_server_default_applies_where_supported() {
-        let s = Some(LookupConfig::default());
-        let on = Speculative::Lookup(LookupConfig::default());
+        let l = ServerDrafter::Lookup(LookupConfig::default());
+        let m = ServerDrafter::Model(DraftHandle::new(Idle, Default::default()));
+        let none = ServerDrafter::None;
+        let on = Speculative::Lookup(LookupConfig {
+            ngram: 2,
+            draft_max: 8,
+        });
         let sampler = |temperature, mirostat| SamplerConfig {
             temperature,
             mirostat,
@@ -201,24 +314,26 @@ mod tests {
         let greedy = sampler(0.0, Mirostat::Off);
         let sampled = sampler(0.7, Mirostat::Off);
         let miro = sampler(0.7, Mirostat::V2);
-        assert_eq!(resolve(Speculative::ServerDefault, s, &greedy).unwrap(), s);
-        assert_eq!(resolve(Speculative::ServerDefault, s, &sampled).unwrap(), s);
-        assert_eq!(resolve(Speculative::ServerDefault, s, &miro).unwrap(), None);
-        // Mirostat's greedy pick is plain greedy decoding: supported.
-        let miro_greedy = sampler(0.0, Mirostat::V2);
-        assert_eq!(
-            resolve(Speculative::ServerDefault, s, &miro_greedy).unwrap(),
-            s
-        );
-        assert_eq!(resolve(Speculative::Off, s, &greedy).unwrap(), None);
-        assert_eq!(
-            resolve(Speculative::ServerDefault, None, &greedy).unwrap(),
-            None
-        );
+        let dflt = Speculative::ServerDefault;
+        for (server, want) in [(&l, "lookup 3"), (&m, "model")] {
+            assert_eq!(name(resolve(dflt, server, &greedy)), want);
+            assert_eq!(name(resolve(dflt, server, &sampled)), want);
+            assert_eq!(name(resolve(dflt, server, &miro)), "none");
+            // Mirostat's greedy pick is plain greedy decoding: supported.
+            let miro_greedy = sampler(0.0, Mirostat::V2);
+            assert_eq!(name(resolve(dflt, server, &miro_greedy)), want);
+            assert_eq!(name(resolve(Speculative::Off, server, &greedy)), "none");
+            // A request's own lookup wins over either default.
+            assert_eq!(name(resolve(on, server, &greedy)), "lookup 2");
+        }
+        // `{"draft": false}` leaves a draft model, not a lookup default.
+        let no_model = Speculative::NoDraftModel;
+        assert_eq!(name(resolve(no_model, &m, &greedy)), "none");
+        assert_eq!(name(resolve(no_model, &l, &greedy)), "lookup 3");
+        assert_eq!(name(resolve(dflt, &none, &greedy)), "none");
         // Asked for, it is refused where the default steps aside.
-        let e = format!("{:?}", resolve(on, None, &miro).unwrap_err());
+        let e = format!("{:?}", resolve(on, &none, &miro).unwrap_err());
         assert!(e.contains("mirostat"), "{e}");
-        assert_eq!(resolve(on, None, &sampled).unwrap(), s);
-        assert_eq!(resolve(on, None, &greedy).unwrap(), s);
+        assert_eq!(name(resolve(on, &none, &sampled)), "lookup 2");
     }
 }
