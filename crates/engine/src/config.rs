@@ -102,8 +102,11 @@ fn size(s: &str) -> Option<usize> {
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Context length (KV cells of the arena, shared by all sequences); 0 means the model's
-    /// `context_length`.
+    /// `context_length`. Under a sized [`crate::KvSize`] it is the fallback the plan names.
     pub n_ctx: usize,
+    /// How the arena is sized: `n_ctx` as given, from `--kv-mem`, or from the device's free
+    /// memory after the weights ([`crate::kvsize`]).
+    pub kv_size: crate::KvSize,
     /// CPU threads; 0 means the number of physical cores.
     pub threads: usize,
     pub cache_type: GgmlType,
@@ -132,6 +135,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             n_ctx: 4096,
+            kv_size: crate::KvSize::Tokens,
             threads: 0,
             cache_type: GgmlType::F32,
             cache_type_auto: false,

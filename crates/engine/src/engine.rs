@@ -117,6 +117,8 @@ impl Engine {
             cfg.n_ctx
         };
         let runner = ModelRunner::new(backends, model, hp, n_ctx, &cfg)?;
+        // The runner may have sized the context from memory (crate::kvsize).
+        let n_ctx = runner.n_ctx();
         Ok(Engine {
             runner,
             kv: KvCache::new(n_ctx),
@@ -131,6 +133,15 @@ impl Engine {
     /// KV cells of the arena (and most positions of one sequence).
     pub fn n_ctx(&self) -> usize {
         self.runner.n_ctx()
+    }
+    /// Most positions one sequence may hold (the server's per-request context): `n_ctx`, or
+    /// under a sized context no more than the model's training context.
+    pub fn seq_ctx(&self) -> usize {
+        self.runner.kv_plan().seq_ctx
+    }
+    /// How the arena was sized, with the figures (the startup line).
+    pub fn kv_plan(&self) -> &crate::KvPlan {
+        self.runner.kv_plan()
     }
     /// Most tokens one forward takes.
     pub fn n_batch(&self) -> usize {

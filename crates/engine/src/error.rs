@@ -66,6 +66,10 @@ pub enum Error {
         weights_mib: f64,
         need_mib: f64,
     },
+    /// The KV budget (`--kv-mem`, or the device's free memory after the weights) holds less
+    /// than the smallest context asked for ([`crate::kvsize`]).
+    #[error("kv: {0}")]
+    KvMemory(String),
 }
 
 impl Error {

@@ -44,6 +44,8 @@ pub(crate) struct ModelRunner {
     alloc: Allocator,
     /// Positions of the context: the scratch cell padding rows use is the one past it.
     n_ctx: usize,
+    /// How the context was sized (the startup line).
+    kv_plan: crate::KvPlan,
     cache_type: GgmlType,
     out: BatchLogits,
     /// Every backend is batch invariant, so forwards may be padded to a bucket.
@@ -119,6 +121,9 @@ impl ModelRunner {
             minfer_graph::prepare_concats(&probe, &mut backends, &weights)?;
             planned
         };
+        // The weights are on their devices now: the KV is sized from what is left.
+        let kv_plan = kv_plan(&backends, &planned, &hp, n_ctx, cfg)?;
+        let n_ctx = kv_plan.n_ctx;
         let mut cache = GraphCache::with_byte_cap(GRAPH_CACHE, GRAPH_CACHE_BYTES);
         cache.set_fusion(cfg.settings.fusion);
         let mut alloc = Allocator::new();
@@ -144,6 +149,7 @@ impl ModelRunner {
             cache,
             alloc,
             n_ctx,
+            kv_plan,
             cache_type: cfg.cache_type,
             out: BatchLogits::default(),
             bucketed,
@@ -156,6 +162,9 @@ impl ModelRunner {
     }
     pub(crate) fn n_ctx(&self) -> usize {
         self.n_ctx
+    }
+    pub(crate) fn kv_plan(&self) -> &crate::KvPlan {
+        &self.kv_plan
     }
     pub(crate) fn cache_type(&self) -> GgmlType {
         self.cache_type
@@ -496,6 +505,56 @@ impl ModelRunner {
 }
 
 /// The shape used to find which weights a forward reads.
+/// The arena's size under `cfg.kv_size` ([`crate::kvsize`]): the free-memory mode asks the
+/// device backend that holds every block (the offload plan says which) how much is free now,
+/// after the weights and concatenations.
+fn kv_plan(
+    backends: &[Box<dyn Backend>],
+    planned: &crate::offload::Planned,
+    hp: &HParams,
+    n_ctx: usize,
+    cfg: &EngineConfig,
+) -> Result<crate::KvPlan> {
+    let n_embd_kv = (hp.head_count_kv * hp.head_dim) as u64;
+    let row = cfg.cache_type.row_bytes(n_embd_kv).unwrap_or(0);
+    let per_cell = 2 * row * hp.block_count as u64;
+    let device = backends.iter().find(|b| crate::backends::is_device(b.id()));
+    let device = match (device, &planned.offload) {
+        (None, _) => Err("no device backend runs the model".to_string()),
+        (Some(b), Some(o)) if o.device == b.name() && o.on_device == o.n_layers => Ok(b.as_ref()),
+        (Some(b), Some(o)) => Err(format!(
+            "{} holds {} of {} blocks (the rest keep their KV on the host)",
+            b.name(),
+            o.on_device,
+            o.n_layers
+        )),
+        (Some(b), None) => Err(format!("{} holds none of the model's blocks", b.name())),
+    };
+    let query = |b: &dyn Backend| b.free_memory().map(|f| f as u64).map_err(|e| e.0);
+    let plan = match device {
+        Ok(b) => {
+            let q = || query(b);
+            crate::kvsize::decide(
+                cfg.kv_size,
+                n_ctx,
+                per_cell,
+                cfg.cache_type,
+                hp.context_length,
+                Ok((b.name(), &q)),
+            )
+        }
+        Err(why) => crate::kvsize::decide(
+            cfg.kv_size,
+            n_ctx,
+            per_cell,
+            cfg.cache_type,
+            hp.context_length,
+            Err(why),
+        ),
+    };
+    plan.map_err(Error::KvMemory)
+}
+
 fn probe_params(n_ctx: usize, cfg: &EngineConfig) -> GraphParams {
     GraphParams {
         n_tokens: 1,

@@ -23,6 +23,13 @@ pub struct ModelArgs {
     /// (llama.cpp's -c 0). A larger value is clamped to the model's, with a note.
     #[arg(short = 'c', long = "n-ctx", visible_alias = "ctx-size")]
     pub n_ctx: Option<usize>,
+    /// Size the context (the KV cells of every sequence together) by memory instead: as
+    /// many tokens as SIZE of KV holds at the cache type, bytes or K/M/G/T (e.g. 8G), capped
+    /// at the model's training context × the sequences run at once. `serve` with neither
+    /// this nor -c sizes it from a CUDA device's free memory after the weights.
+    #[arg(long = "kv-mem", value_name = "SIZE", conflicts_with = "n_ctx",
+          value_parser = kv_mem_value)]
+    pub kv_mem: Option<usize>,
     /// CPU threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
@@ -348,10 +355,38 @@ pub fn warn_threads(threads: Option<usize>) {
     }
 }
 
+fn kv_mem_value(s: &str) -> Result<usize, String> {
+    match minfer_engine::parse_size(s)? {
+        0 => Err("0 bytes of KV hold no token".into()),
+        b => Ok(b),
+    }
+}
+
+/// What `serve` adds to the context's sizing: the sequences it runs at once and the smallest
+/// context it starts with.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeKv {
+    pub parallel: usize,
+    pub min_ctx: usize,
+}
+
 impl ModelArgs {
     /// Resolves the model (pulling a known one on first use) and loads it; the flag values
     /// were checked by their parsers.
     pub fn load(&self) -> anyhow::Result<(Engine, f64)> {
+        self.load_with(None)
+    }
+
+    /// Whether the CUDA backend is among those this run may use (named, or available by
+    /// default).
+    fn uses_cuda(&self) -> bool {
+        backends::resolve(&self.backends)
+            .is_ok_and(|ids| ids.contains(&minfer_engine::backends::CUDA_ID))
+    }
+
+    /// [`ModelArgs::load`] for `serve` (`Some`): with neither -c nor --kv-mem the context is
+    /// sized from the device's free memory after the weights (minfer_engine::kvsize).
+    pub fn load_with(&self, serve: Option<ServeKv>) -> anyhow::Result<(Engine, f64)> {
         check_multi_gpu(
             self.tensor_parallel,
             &self.gpus,
@@ -387,8 +422,24 @@ impl ModelArgs {
             (None, Some(max)) => DEFAULT_N_CTX.min(max),
             (None, None) => DEFAULT_N_CTX,
         };
+        let limits = minfer_engine::CtxLimits {
+            min: serve.map_or(1, |s| s.min_ctx),
+            parallel: serve.map_or(1, |s| s.parallel),
+        };
+        let kv_size = match (self.kv_mem, self.n_ctx, serve) {
+            (Some(b), _, _) => minfer_engine::KvSize::Memory {
+                bytes: b as u64,
+                limits,
+            },
+            // From the device's memory where CUDA takes part (a Metal build keeps -c's default).
+            (None, None, Some(_)) if self.uses_cuda() => {
+                minfer_engine::KvSize::FreeMemory { limits }
+            }
+            _ => minfer_engine::KvSize::Tokens,
+        };
         let mut cfg = EngineConfig {
             n_ctx,
+            kv_size,
             threads: self.threads.unwrap_or(0),
             cache_type,
             cache_type_auto,
@@ -404,6 +455,9 @@ impl ModelArgs {
             eprintln!("note: {line}");
         }
         self.offload.report(&engine);
+        if kv_size != minfer_engine::KvSize::Tokens {
+            eprintln!("{}", engine.kv_plan().line());
+        }
         startup_line(&mut engine)?;
         Ok((engine, t0.elapsed().as_secs_f64() * 1e3))
     }

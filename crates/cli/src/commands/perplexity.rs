@@ -66,6 +66,8 @@ fn load(a: &Args, n_ctx: usize) -> anyhow::Result<minfer_engine::Engine> {
     let margs = ModelArgs {
         model: a.model.clone(),
         n_ctx: Some(n_ctx),
+        // The window is the context: never sized by memory.
+        kv_mem: None,
         threads: a.threads,
         cache_type: a.cache_type.clone(),
         backends: a.backends.clone(),
