@@ -126,6 +126,23 @@ impl ApiError {
     }
 
     /// 500: the engine failed while serving the request.
+    /// The error of a choice whose generation failed (`why`, the loop's message): 503 for
+    /// the shutdown and for a KV cache that ran out of cells under load (retry: the cells
+    /// free as other replies end), 500 otherwise.
+    pub fn generation_failed(why: &str) -> ApiError {
+        if why == crate::engine_loop::SHUTDOWN_MESSAGE {
+            return ApiError::shut_down();
+        }
+        if why.starts_with(crate::engine_loop::KV_FULL) {
+            return ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", why)
+                    .with_code("kv_cache_full")
+            };
+        }
+        ApiError::server(format!("generation failed: {why}"))
+    }
+
     pub fn server(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

@@ -123,3 +123,29 @@ pub fn check_len(state: &AppState, tokens: &[u32]) -> Result<(), ApiError> {
     }
     Ok(())
 }
+
+/// A prompt of `prompt` tokens and an explicit `max_tokens` must fit one sequence's context
+/// together (OpenAI's and vLLM's 400): a request that could never finish as asked is refused
+/// up front, naming the sizes, instead of being cut short with `length` by the full context.
+/// Without `max_tokens` the reply runs until the context is full.
+pub fn check_fit(
+    state: &AppState,
+    prompt: usize,
+    max_tokens: Option<usize>,
+) -> Result<(), ApiError> {
+    let n_ctx = state.limits.n_ctx;
+    match max_tokens {
+        Some(m) if prompt.saturating_add(m) > n_ctx => Err(ApiError::bad_field(
+            "max_tokens",
+            format!(
+                "the prompt has {prompt} tokens and `max_tokens` asks for {m} more, {} in all, \
+                 but a sequence holds at most {n_ctx} tokens (the context); ask for at most {} \
+                 tokens or shorten the prompt",
+                prompt.saturating_add(m),
+                n_ctx.saturating_sub(prompt)
+            ),
+        )
+        .with_code("context_length_exceeded")),
+        _ => Ok(()),
+    }
+}

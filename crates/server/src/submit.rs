@@ -41,13 +41,18 @@ pub fn choices(
         (None, None) => speculative::ServerDrafter::None,
     };
     let drafter = speculative::resolve(gen.speculative, &server, &gen.sampler)?;
+    crate::prompt::check_fit(state, prompt.len(), gen.max_tokens)?;
+    // Without `max_tokens`: until the sequence's context is full.
+    let max_tokens = gen
+        .max_tokens
+        .unwrap_or(state.limits.n_ctx.saturating_sub(prompt.len()));
     Ok((0..gen.n)
         .map(|i| {
             let mut sampler = gen.sampler.clone();
             sampler.seed = sampler.seed.wrapping_add(i as u64);
             GenerateRequest {
                 prompt: prompt.to_vec(),
-                max_tokens: gen.max_tokens.unwrap_or(usize::MAX),
+                max_tokens,
                 sampler,
                 stop_strings: gen.stop.clone(),
                 eog: state.eog.clone(),

@@ -1,7 +1,8 @@
 //! Issue 37 (3): the server's size limits at the exact boundary, one under and one over:
 //! the request body (`body_limit` bytes: the limit itself is accepted, one more byte is a
 //! 413), the prompt (n_ctx − 1 tokens run, n_ctx are refused: a prompt must leave room for
-//! a token), `max_tokens` (n_ctx accepted, n_ctx + 1 refused), `n` (up to --parallel),
+//! a token), `max_tokens` (with the prompt, n_ctx accepted, n_ctx + 1 refused), `n` (up to
+//! --parallel),
 //! `top_logprobs` / `logprobs` (20), `logit_bias` ids (below the vocabulary), `stop` strings
 //! (16) and `repeat_last_n` (n_ctx). Every limit's value is written here, not read from the
 //! server's constants. On a synthetic model, so it runs everywhere.
@@ -136,11 +137,13 @@ async fn every_limit_holds_at_its_exact_value() {
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
 
     let n_ctx = N_CTX as i64;
+    // A prompt and max_tokens together fill at most the context (tests/kv_capacity.rs has
+    // the message).
     edge(
         &app,
         cmpl,
-        one(json!({"max_tokens": n_ctx, "prompt": "H"})),
-        one(json!({"max_tokens": n_ctx + 1})),
+        one(json!({"max_tokens": n_ctx - 10, "prompt": ids(10)})),
+        one(json!({"max_tokens": n_ctx - 9, "prompt": ids(10)})),
         "max_tokens",
     )
     .await;

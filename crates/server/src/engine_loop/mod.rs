@@ -29,6 +29,10 @@ use tokio::sync::mpsc::UnboundedSender;
 /// ended what was left (answered with a 503).
 pub const SHUTDOWN_MESSAGE: &str = "the server shut down before this request was started";
 
+/// How the failure message of a reply the KV cache ran out of cells for begins (answered
+/// with a 503 and Retry-After, or an error event ending the stream).
+pub const KV_FULL: &str = "the KV cache ran out of cells";
+
 /// One request: its choices, each run as its own sequence.
 pub struct Job {
     pub choices: Vec<GenerateRequest>,
@@ -196,6 +200,20 @@ fn on_event(
                     let per = first.elapsed().as_secs_f64() / (n - 1) as f64;
                     metrics.observe_tpot(per);
                 }
+            }
+            // A request's prompt and max_tokens fit one sequence's context (prompt::check_fit)
+            // and a reply without max_tokens stops at it, so a sequence the scheduler ends
+            // for want of cells lost them to the others: an error, not a `length` finish.
+            if gen.out.finish == FinishReason::Context {
+                let message = format!(
+                    "{KV_FULL} while this reply was generated (the sequences running together \
+                     hold every cell): it was stopped after {n} tokens of a {}-token prompt; \
+                     retry, or start the server with more KV (-c, --kv-mem) or a smaller \
+                     --parallel",
+                    gen.prompt().len()
+                );
+                tag.job.send(JobEvent::Failed { choice, message });
+                return;
             }
             tag.job.send(JobEvent::Done {
                 choice,

@@ -87,10 +87,7 @@ pub async fn gather(
         }
     }
     if let Some(why) = accs.iter().find_map(|a| a.failed.clone()) {
-        if why == crate::engine_loop::SHUTDOWN_MESSAGE {
-            return Err(ApiError::shut_down());
-        }
-        return Err(ApiError::server(format!("generation failed: {why}")));
+        return Err(ApiError::generation_failed(&why));
     }
     Ok(accs)
 }

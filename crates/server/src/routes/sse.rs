@@ -62,11 +62,7 @@ pub async fn done(tx: &SseTx) -> Result<(), Gone> {
 /// Ends a stream whose generation failed: an OpenAI error event, then `[DONE]`.
 pub async fn fail(st: &AppState, tx: &SseTx, why: &str) -> Result<(), Gone> {
     st.metrics.request_finished(Finish::Error);
-    let e = if why == crate::engine_loop::SHUTDOWN_MESSAGE {
-        ApiError::shut_down()
-    } else {
-        ApiError::server(format!("generation failed: {why}"))
-    };
+    let e = ApiError::generation_failed(why);
     send(tx, &e.body()).await?;
     done(tx).await
 }
