@@ -134,11 +134,6 @@ impl Engine {
     pub fn n_ctx(&self) -> usize {
         self.runner.n_ctx()
     }
-    /// Most positions one sequence may hold (the server's per-request context): `n_ctx`, or
-    /// under a sized context no more than the model's training context.
-    pub fn seq_ctx(&self) -> usize {
-        self.runner.kv_plan().seq_ctx
-    }
     /// How the arena was sized, with the figures (the startup line).
     pub fn kv_plan(&self) -> &crate::KvPlan {
         self.runner.kv_plan()

@@ -11,10 +11,12 @@
 //!   the engine takes the fallback `n_ctx` and the plan says why, the device's error
 //!   included: a failed query is never read as a zero budget.
 //!
-//! Both sized modes cap the context at the model's training context × the sequences run at
-//! once (no sequence may go past the training context; more cells than they could all fill
-//! would be memory nothing uses) and refuse a budget below the smallest context asked for,
-//! naming the MiB figures.
+//! Both sized modes cap the context at the model's training context (llama.cpp's `-c 0`: one
+//! arena the sequences share, each able to reach the training context) and refuse a budget
+//! below the smallest context asked for, naming the MiB figures. Not the training context ×
+//! the sequences: the arena's size is the generation-row attention's grid on CUDA (its
+//! chunks cover the region's cells, so replayed graphs keep one shape), and cells past what
+//! one sequence may use would cost every decode step while the server is mostly idle.
 
 use crate::offload::size_text;
 
@@ -30,20 +32,11 @@ pub enum KvSize {
     /// `n_ctx` as configured.
     #[default]
     Tokens,
-    /// As many cells as `bytes` of KV hold (`--kv-mem`).
-    Memory { bytes: u64, limits: CtxLimits },
+    /// As many cells as `bytes` of KV hold (`--kv-mem`), at least `min_ctx`.
+    Memory { bytes: u64, min_ctx: usize },
     /// As many as the device's free memory after the weights holds, less [`KV_RESERVE`]
     /// (the CLI asks for it on `serve` when CUDA takes part).
-    FreeMemory { limits: CtxLimits },
-}
-
-/// The bounds a sized context keeps to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtxLimits {
-    /// The smallest context the command runs with (a budget below it is refused).
-    pub min: usize,
-    /// Sequences run at once: the cap is the training context times this.
-    pub parallel: usize,
+    FreeMemory { min_ctx: usize },
 }
 
 /// A context that fits a budget.
@@ -102,9 +95,6 @@ pub fn fit(budget: u64, per_cell: u64, min: usize, max: usize) -> Result<Fit, To
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvPlan {
     pub n_ctx: usize,
-    /// Most positions one sequence may hold: the context, or in a sized mode no more than
-    /// the model's training context (the arena may hold several sequences of it).
-    pub seq_ctx: usize,
     /// KV bytes of the cells (every layer, the scratch cell included).
     pub bytes: u64,
     pub cache_type: minfer_gguf::GgmlType,
@@ -160,38 +150,30 @@ pub fn decide(
 ) -> Result<KvPlan, String> {
     let plan = |n_ctx: usize, source: String| KvPlan {
         n_ctx,
-        seq_ctx: n_ctx,
         bytes: per_cell * (n_ctx as u64 + 1),
         cache_type,
         source,
         fallback: None,
         capped: None,
     };
-    let cap_text = |limits: CtxLimits| {
-        format!(
-            "the model's training context {train_ctx} × {} parallel",
-            limits.parallel
-        )
-    };
-    let sized = |budget: u64, limits: CtxLimits, source: String, what: String| {
-        let max = train_ctx.max(1).saturating_mul(limits.parallel.max(1));
-        let f = fit(budget, per_cell, limits.min, max).map_err(|e| format!("{what}: {e}"))?;
+    let sized = |budget: u64, min_ctx: usize, source: String, what: String| {
+        let f =
+            fit(budget, per_cell, min_ctx, train_ctx.max(1)).map_err(|e| format!("{what}: {e}"))?;
         let mut p = plan(f.n_ctx, source);
-        p.seq_ctx = f.n_ctx.min(train_ctx.max(1));
         if f.capped {
-            p.capped = Some(cap_text(limits));
+            p.capped = Some(format!("the model's training context {train_ctx}"));
         }
         Ok(p)
     };
     match size {
         KvSize::Tokens => Ok(plan(fallback, "-c (the context asked for)".into())),
-        KvSize::Memory { bytes, limits } => sized(
+        KvSize::Memory { bytes, min_ctx } => sized(
             bytes,
-            limits,
+            min_ctx,
             format!("--kv-mem {}", size_text(bytes)),
             format!("--kv-mem {}", size_text(bytes)),
         ),
-        KvSize::FreeMemory { limits } => {
+        KvSize::FreeMemory { min_ctx } => {
             let why = match device {
                 Err(why) => why,
                 Ok((name, query)) => match query() {
@@ -208,7 +190,7 @@ pub fn decide(
                             free as f64 / (1u64 << 20) as f64,
                             KV_RESERVE as f64 / (1u64 << 20) as f64
                         );
-                        return sized(free_budget(free), limits, source, what);
+                        return sized(free_budget(free), min_ctx, source, what);
                     }
                     Err(e) => format!("{name}'s free-memory query failed: {e}"),
                 },
@@ -266,15 +248,11 @@ mod tests {
     }
 
     /// Free memory after the weights less the reserve, at the per-cell bytes, capped at the
-    /// training context × parallel; the controls: a device that is not there, or whose query
+    /// training context; the controls: a device that is not there, or whose query
     /// fails, falls back to the default context with the reason (never a zero budget).
     #[test]
     fn free_memory_sizes_the_context_or_falls_back_with_the_reason() {
-        let limits = CtxLimits {
-            min: 32,
-            parallel: 4,
-        };
-        let size = KvSize::FreeMemory { limits };
+        let size = KvSize::FreeMemory { min_ctx: 32 };
         let per = 1 << 16; // 64 KiB a cell
         let q = free(KV_RESERVE + per * 8193);
         let p = decide(size, 4096, per, GgmlType::F16, 32768, Ok(("cuda", &q))).unwrap();
@@ -289,13 +267,16 @@ mod tests {
             p.line()
         );
         assert!(p.line().contains("reserve"), "{}", p.line());
-        // Capped: more memory than 4 sequences of the training context could fill.
+        // Capped: more memory than the training context needs.
         let q = free(KV_RESERVE + per * 1_000_000);
         let p = decide(size, 4096, per, GgmlType::F16, 2048, Ok(("cuda", &q))).unwrap();
-        assert_eq!(p.n_ctx, 8192);
-        assert!(p
-            .line()
-            .contains("capped at the model's training context 2048 × 4"));
+        assert_eq!(p.n_ctx, 2048);
+        assert!(
+            p.line()
+                .contains("capped at the model's training context 2048"),
+            "{}",
+            p.line()
+        );
         // Too little left after the weights: refused with the figures.
         let q = free(KV_RESERVE + per * 10);
         let e = decide(size, 4096, per, GgmlType::F16, 2048, Ok(("cuda", &q))).unwrap_err();
@@ -325,16 +306,12 @@ mod tests {
     /// figures under Tokens keep the fallback).
     #[test]
     fn kv_mem_sizes_and_tokens_keep_the_context() {
-        let limits = CtxLimits {
-            min: 1,
-            parallel: 1,
-        };
         let per = 4096;
         let none: Device<'_> = Err("cpu".into());
         let p = decide(
             KvSize::Memory {
                 bytes: per * 101,
-                limits,
+                min_ctx: 1,
             },
             4096,
             per,

@@ -30,7 +30,7 @@ pub use engine::{auto_cache_type, parse_cache_type, Engine, EngineConfig, Error,
 pub use faults::InjectedFault;
 pub use kvcache::KvBudget;
 pub use kvcells::{CellError, KvCells, Placement as KvPlacement, Run, SeqId};
-pub use kvsize::{CtxLimits, KvPlan, KvSize};
+pub use kvsize::{KvPlan, KvSize};
 pub use minfer_graph::{FusionConfig, RowClass, KV_MAP_RUNS};
 pub use model::{bucket, BatchEntry, BatchLogits, LogitsModel, TokenBytes};
 pub use settings::Settings;

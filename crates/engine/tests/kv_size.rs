@@ -10,16 +10,14 @@
 
 use minfer_engine::backends::EmuMemory;
 use minfer_engine::kvsize::KV_RESERVE;
-use minfer_engine::{CtxLimits, Engine, EngineConfig, GpuLayers, KvSize};
+use minfer_engine::{Engine, EngineConfig, GpuLayers, KvSize};
 use minfer_gguf::GgmlType;
 use minfer_models::Arch;
 use minfer_testkit::synth;
 
 const N_LAYERS: usize = 4;
-const LIMITS: CtxLimits = CtxLimits {
-    min: 32,
-    parallel: 2,
-};
+/// The smallest context asked for (the server's).
+const MIN_CTX: usize = 32;
 
 fn cfg(backend: &str, kv_size: KvSize, memory: EmuMemory, layers: GpuLayers) -> EngineConfig {
     let mut c = EngineConfig {
@@ -45,7 +43,7 @@ fn per_cell(e: &Engine) -> u64 {
 #[test]
 fn the_context_is_sized_from_the_devices_free_memory_after_the_weights() {
     let path = synth::model(Arch::Qwen2, N_LAYERS, 7);
-    let free = KvSize::FreeMemory { limits: LIMITS };
+    let free = KvSize::FreeMemory { min_ctx: MIN_CTX };
     // The cell size, from an engine of the plain context.
     let plain = Engine::load(
         &path,
@@ -60,7 +58,6 @@ fn the_context_is_sized_from_the_devices_free_memory_after_the_weights() {
     let mem = EmuMemory::Bytes(KV_RESERVE + 101 * per);
     let mut e = Engine::load(&path, cfg("metal-emu", free, mem, GpuLayers::Auto)).unwrap();
     assert_eq!(e.n_ctx(), 100, "{}", e.kv_plan().line());
-    assert_eq!(e.seq_ctx(), 100.min(train));
     let line = e.kv_plan().line();
     assert!(line.starts_with("kv: 100 tokens (101 cells, f32"), "{line}");
     assert!(line.contains("sized from metal-emu's"), "{line}");
@@ -72,10 +69,10 @@ fn the_context_is_sized_from_the_devices_free_memory_after_the_weights() {
         "a position past the sized context ran"
     );
 
-    // Capped at the training context × parallel.
+    // Capped at the training context.
     let mem = EmuMemory::Bytes(KV_RESERVE + per * (4 * train as u64 + 10));
     let e = Engine::load(&path, cfg("metal-emu", free, mem, GpuLayers::Auto)).unwrap();
-    assert_eq!((e.n_ctx(), e.seq_ctx()), (2 * train, train));
+    assert_eq!(e.n_ctx(), train);
     assert!(
         e.kv_plan().line().contains("capped at"),
         "{}",
@@ -122,7 +119,7 @@ fn kv_mem_sizes_the_context_on_any_backend() {
     let per = per_cell(&plain);
     let sized = KvSize::Memory {
         bytes: 81 * per,
-        limits: LIMITS,
+        min_ctx: MIN_CTX,
     };
     let e = Engine::load(&path, cfg("cpu", sized, EmuMemory::Host, GpuLayers::Auto)).unwrap();
     assert_eq!(e.n_ctx(), 80, "{}", e.kv_plan().line());

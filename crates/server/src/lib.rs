@@ -145,9 +145,7 @@ impl AppState {
             }
             Err(e) => (None, Some(e.to_string())),
         };
-        // A request is checked against what one sequence may hold (the whole arena, or under
-        // a context sized from memory no more than the training context).
-        let n_ctx = engine.seq_ctx();
+        let n_ctx = engine.n_ctx();
         let max_n = cfg.max_n.unwrap_or(cfg.parallel).min(cfg.parallel);
         let limits = Limits {
             n_ctx,

@@ -23,10 +23,10 @@ pub struct ModelArgs {
     /// (llama.cpp's -c 0). A larger value is clamped to the model's, with a note.
     #[arg(short = 'c', long = "n-ctx", visible_alias = "ctx-size")]
     pub n_ctx: Option<usize>,
-    /// Size the context (the KV cells of every sequence together) by memory instead: as
-    /// many tokens as SIZE of KV holds at the cache type, bytes or K/M/G/T (e.g. 8G), capped
-    /// at the model's training context × the sequences run at once. `serve` with neither
-    /// this nor -c sizes it from a CUDA device's free memory after the weights.
+    /// Size the context (the KV cells every sequence shares) by memory instead: as many
+    /// tokens as SIZE of KV holds at the cache type, bytes or K/M/G/T (e.g. 8G), capped at the
+    /// model's training context. `serve` with neither this nor -c sizes it from a CUDA
+    /// device's free memory after the weights, less 1.5 GiB.
     #[arg(long = "kv-mem", value_name = "SIZE", conflicts_with = "n_ctx",
           value_parser = kv_mem_value)]
     pub kv_mem: Option<usize>,
@@ -362,14 +362,6 @@ fn kv_mem_value(s: &str) -> Result<usize, String> {
     }
 }
 
-/// What `serve` adds to the context's sizing: the sequences it runs at once and the smallest
-/// context it starts with.
-#[derive(Clone, Copy, Debug)]
-pub struct ServeKv {
-    pub parallel: usize,
-    pub min_ctx: usize,
-}
-
 impl ModelArgs {
     /// Resolves the model (pulling a known one on first use) and loads it; the flag values
     /// were checked by their parsers.
@@ -384,9 +376,10 @@ impl ModelArgs {
             .is_ok_and(|ids| ids.contains(&minfer_engine::backends::CUDA_ID))
     }
 
-    /// [`ModelArgs::load`] for `serve` (`Some`): with neither -c nor --kv-mem the context is
-    /// sized from the device's free memory after the weights (minfer_engine::kvsize).
-    pub fn load_with(&self, serve: Option<ServeKv>) -> anyhow::Result<(Engine, f64)> {
+    /// [`ModelArgs::load`] for `serve` (`Some`: the smallest context it starts with): with
+    /// neither -c nor --kv-mem the context is sized from the CUDA device's free memory after
+    /// the weights (minfer_engine::kvsize).
+    pub fn load_with(&self, serve_min_ctx: Option<usize>) -> anyhow::Result<(Engine, f64)> {
         check_multi_gpu(
             self.tensor_parallel,
             &self.gpus,
@@ -422,18 +415,15 @@ impl ModelArgs {
             (None, Some(max)) => DEFAULT_N_CTX.min(max),
             (None, None) => DEFAULT_N_CTX,
         };
-        let limits = minfer_engine::CtxLimits {
-            min: serve.map_or(1, |s| s.min_ctx),
-            parallel: serve.map_or(1, |s| s.parallel),
-        };
-        let kv_size = match (self.kv_mem, self.n_ctx, serve) {
+        let min_ctx = serve_min_ctx.unwrap_or(1);
+        let kv_size = match (self.kv_mem, self.n_ctx, serve_min_ctx) {
             (Some(b), _, _) => minfer_engine::KvSize::Memory {
                 bytes: b as u64,
-                limits,
+                min_ctx,
             },
             // From the device's memory where CUDA takes part (a Metal build keeps -c's default).
             (None, None, Some(_)) if self.uses_cuda() => {
-                minfer_engine::KvSize::FreeMemory { limits }
+                minfer_engine::KvSize::FreeMemory { min_ctx }
             }
             _ => minfer_engine::KvSize::Tokens,
         };

@@ -202,10 +202,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "warning: serving on {host} without --api-key: anyone who can reach it can use it"
         );
     }
-    let (engine, load_ms) = args.model.load_with(Some(super::args::ServeKv {
-        parallel: args.parallel,
-        min_ctx: MIN_SERVE_CTX,
-    }))?;
+    let (engine, load_ms) = args.model.load_with(Some(MIN_SERVE_CTX))?;
     // A draft sequence per running sequence, the draft's forwards batched across them.
     let draft = args.spec.draft_handle(&engine, &args.model, true)?;
     // A known name as given (`qwen2.5-coder-0.5b`), a file as its name without `.gguf`.
@@ -217,7 +214,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         file.strip_suffix(".gguf").unwrap_or(&file).to_string()
     });
     let n_ctx = engine.n_ctx();
-    let seq_ctx = engine.seq_ctx();
     let cfg = ServeConfig {
         model_id,
         parallel: args.parallel,
@@ -249,13 +245,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         let signals =
             minfer_server::shutdown::signal().context("cannot install signal handlers")?;
-        let per_seq = if seq_ctx < n_ctx {
-            format!(" (at most {seq_ctx} a sequence: the model's training context)")
-        } else {
-            String::new()
-        };
         eprintln!(
-            "load: {load_ms:.1} ms; n_ctx {n_ctx}{per_seq}, {} parallel sequences",
+            "load: {load_ms:.1} ms; n_ctx {n_ctx}, {} parallel sequences",
             args.parallel
         );
         if let Some(l) = args.spec.config() {
