@@ -51,10 +51,13 @@ pub struct Engine {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
-        let backends = backends::instantiate(&ids, cfg.threads, &cfg.settings)?;
+        // The model is read first: a device backend starts compiling its kernels when it is
+        // made, and a bad file should not wait for that compile (a dropped compile waits for
+        // its threads: crates/cuda/src/compile.rs).
         let model = GgufModel::open(path)?;
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;
+        let backends = backends::instantiate(&ids, cfg.threads, &cfg.settings)?;
         Engine::on_model(&ids, backends, Arc::new(model), hp, cfg)
     }
 
