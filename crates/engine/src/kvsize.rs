@@ -11,6 +11,9 @@
 //!   the engine takes the fallback `n_ctx` and the plan says why, the device's error
 //!   included: a failed query is never read as a zero budget.
 //!
+//! The free-memory mode takes no less than the configured context (the command's default,
+//! which the offload planner charges per block with [`KV_RESERVE`] beside the blocks, so a
+//! plan that places every block leaves it room); less is refused with the figures.
 //! Both sized modes cap the context at the model's training context (llama.cpp's `-c 0`: one
 //! arena the sequences share, each able to reach the training context) and refuse a budget
 //! below the smallest context asked for, naming the MiB figures. Not the training context ×
@@ -190,7 +193,10 @@ pub fn decide(
                             free as f64 / (1u64 << 20) as f64,
                             KV_RESERVE as f64 / (1u64 << 20) as f64
                         );
-                        return sized(free_budget(free), min_ctx, source, what);
+                        // No less than the default context (llama.cpp's `--fit` stops
+                        // shrinking at its `-fitc` 4096 too): the offload plan charged its KV.
+                        let min = min_ctx.max(fallback.min(train_ctx.max(1)));
+                        return sized(free_budget(free), min, source, what);
                     }
                     Err(e) => format!("{name}'s free-memory query failed: {e}"),
                 },
@@ -284,6 +290,17 @@ mod tests {
             e.contains("cuda has") && e.contains("MiB free after the weights"),
             "{e}"
         );
+        assert!(e.contains("at least 2048 are needed"), "{e}");
+        // No less than the default context: 1000 tokens' room is refused, 4096's taken.
+        let q = free(KV_RESERVE + per * 1001);
+        let e = decide(size, 4096, per, GgmlType::F16, 32768, Ok(("cuda", &q))).unwrap_err();
+        assert!(
+            e.contains("holds 1000 tokens") && e.contains("at least 4096"),
+            "{e}"
+        );
+        let q = free(KV_RESERVE + per * 4097);
+        let p = decide(size, 4096, per, GgmlType::F16, 32768, Ok(("cuda", &q))).unwrap();
+        assert_eq!(p.n_ctx, 4096);
         // Controls: a failed query and no device fall back to the default, saying why.
         let failing = || Err::<u64, String>("CUDA_ERROR_UNKNOWN".into());
         let p = decide(size, 4096, per, GgmlType::F16, 2048, Ok(("cuda", &failing))).unwrap();

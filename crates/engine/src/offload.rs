@@ -214,6 +214,11 @@ pub(crate) fn block_costs(
         3 * d + 2 * q + 2 * n_embd_kv + 2 * ff + hp.head_count as u64 * (n_ctx as u64 + 1);
     let act = 4 * nb * (per_row + hp.vocab_size as u64);
     costs.reserve = act.min(crate::config::GRAPH_CACHE_BYTES as u64) + POOL_SLACK;
+    // A context sized from the free memory after the weights keeps the KV's reserve free
+    // (crate::kvsize): the blocks fit beside it, so the default context's KV always fits.
+    if let crate::KvSize::FreeMemory { .. } = cfg.kv_size {
+        costs.reserve = costs.reserve.max(crate::kvsize::KV_RESERVE);
+    }
     Ok(costs)
 }
 

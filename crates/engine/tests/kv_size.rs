@@ -40,6 +40,17 @@ fn per_cell(e: &Engine) -> u64 {
     (2 * 4 * hp.head_count_kv * hp.head_dim * hp.block_count) as u64
 }
 
+/// What the offload planner charges under `size` (the blocks placed by count: no query).
+fn e_costs(path: &std::path::Path, size: KvSize) -> minfer_engine::offload::BlockCosts {
+    let mem = EmuMemory::Bytes(1 << 40);
+    let e = Engine::load(
+        path,
+        cfg("metal-emu", size, mem, GpuLayers::Count(N_LAYERS)),
+    )
+    .unwrap();
+    e.offload().unwrap().costs.clone()
+}
+
 #[test]
 fn the_context_is_sized_from_the_devices_free_memory_after_the_weights() {
     let path = synth::model(Arch::Qwen2, N_LAYERS, 7);
@@ -54,9 +65,12 @@ fn the_context_is_sized_from_the_devices_free_memory_after_the_weights() {
     let train = plain.hparams().context_length;
     assert!(train >= 100, "the synthetic model's context {train}");
 
+    // The emulator's figure stands for the free memory after the weights (it does not drop
+    // as they upload), so the blocks are placed by count: the planner does not ask it.
+    let all = GpuLayers::Count(N_LAYERS);
     // Room for exactly 101 cells past the reserve: 100 tokens (one cell is scratch).
     let mem = EmuMemory::Bytes(KV_RESERVE + 101 * per);
-    let mut e = Engine::load(&path, cfg("metal-emu", free, mem, GpuLayers::Auto)).unwrap();
+    let mut e = Engine::load(&path, cfg("metal-emu", free, mem, all)).unwrap();
     assert_eq!(e.n_ctx(), 100, "{}", e.kv_plan().line());
     let line = e.kv_plan().line();
     assert!(line.starts_with("kv: 100 tokens (101 cells, f32"), "{line}");
@@ -71,7 +85,7 @@ fn the_context_is_sized_from_the_devices_free_memory_after_the_weights() {
 
     // Capped at the training context.
     let mem = EmuMemory::Bytes(KV_RESERVE + per * (4 * train as u64 + 10));
-    let e = Engine::load(&path, cfg("metal-emu", free, mem, GpuLayers::Auto)).unwrap();
+    let e = Engine::load(&path, cfg("metal-emu", free, mem, all)).unwrap();
     assert_eq!(e.n_ctx(), train);
     assert!(
         e.kv_plan().line().contains("capped at"),
@@ -81,16 +95,34 @@ fn the_context_is_sized_from_the_devices_free_memory_after_the_weights() {
 
     // Too small: refused with the figures.
     let mem = EmuMemory::Bytes(KV_RESERVE + 10 * per);
-    let err = Engine::load(&path, cfg("metal-emu", free, mem, GpuLayers::Auto))
+    let err = Engine::load(&path, cfg("metal-emu", free, mem, all))
         .err()
-        .expect("10 cells for a minimum of 32 loaded")
+        .expect("10 cells for the default 64 loaded")
         .to_string();
     assert!(err.contains("MiB free after the weights"), "{err}");
-    assert!(err.contains("at least 32 are needed"), "{err}");
+    assert!(err.contains("at least 64 are needed"), "{err}");
+
+    // `auto` keeps the KV's reserve beside the blocks: a budget that just places every
+    // block leaves the default context room (the same figure read as after the weights
+    // holds at least it).
+    let costs = e_costs(&path, free);
+    let mem = EmuMemory::Bytes(costs.budget_for(N_LAYERS, true));
+    let e = Engine::load(&path, cfg("metal-emu", free, mem, GpuLayers::Auto)).unwrap();
+    assert_eq!(e.offload().unwrap().on_device, N_LAYERS);
+    assert!(e.n_ctx() >= 64, "{}", e.kv_plan().line());
+    assert!(
+        e.kv_plan().line().contains("sized from"),
+        "{}",
+        e.kv_plan().line()
+    );
+    assert!(
+        costs.reserve >= KV_RESERVE,
+        "the planner's reserve {}",
+        costs.reserve
+    );
 
     // Controls: a failed query (the blocks placed by count, so the planner does not ask)
     // and a device holding only some blocks fall back to -c's 64, saying why.
-    let all = GpuLayers::Count(N_LAYERS);
     let e = Engine::load(&path, cfg("metal-emu", free, EmuMemory::Fail, all)).unwrap();
     assert_eq!(e.n_ctx(), 64);
     assert!(
