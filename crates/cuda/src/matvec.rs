@@ -53,6 +53,30 @@ fn mvt_kernel(n: usize, tall: bool) -> (&'static str, usize, u32) {
     }
 }
 
+/// The arguments the multi-row vector and tensor-core generation kernels share: the weight
+/// type and matrix, `n` rows of quantized activations `(xq, xds)`, the output, the bias.
+fn rows_args(
+    ty: i32,
+    m: &Matrix,
+    (xq, xds): (u64, u64),
+    out: u64,
+    bias: u64,
+    n: usize,
+) -> [Arg; 10] {
+    [
+        Arg::I32(ty),
+        Arg::U64(m.ptr),
+        Arg::U64(m.row_bytes as u64),
+        Arg::U64(xq),
+        Arg::U64(xds),
+        Arg::U64(out),
+        Arg::U64(bias),
+        Arg::I32(m.ne0 as i32),
+        Arg::I32(m.ne1 as i32),
+        Arg::I32(n as i32),
+    ]
+}
+
 /// Whether the one-token int8 kernels take rows of `ne0` (whole 32-element blocks).
 pub(crate) fn mv1_fits(ne0: usize) -> bool {
     ne0.is_multiple_of(32)
@@ -240,23 +264,10 @@ impl CudaBackend {
             passes -= 1;
             let kernel = mvn_kernel(k);
             let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, 0)?;
-            self.gpu.launch(
-                kernel,
-                (grid, 1, 1),
-                32 * self.mv1_warps as u32,
-                &[
-                    Arg::I32(ty),
-                    Arg::U64(m.ptr),
-                    Arg::U64(m.row_bytes as u64),
-                    Arg::U64(xq + (t0 * m.ne0) as u64),
-                    Arg::U64(xds + (t0 * nb * 8) as u64),
-                    Arg::U64(out + (t0 * m.ne1 * 4) as u64),
-                    Arg::U64(bias),
-                    Arg::I32(m.ne0 as i32),
-                    Arg::I32(m.ne1 as i32),
-                    Arg::I32(k as i32),
-                ],
-            )?;
+            let x = (xq + (t0 * m.ne0) as u64, xds + (t0 * nb * 8) as u64);
+            let a = rows_args(ty, m, x, out + (t0 * m.ne1 * 4) as u64, bias, k);
+            self.gpu
+                .launch(kernel, (grid, 1, 1), 32 * self.mv1_warps as u32, &a)?;
             t0 += k;
         }
         Ok(())
@@ -281,18 +292,7 @@ impl CudaBackend {
             kernel,
             (n.div_ceil(tokens) as u32, m.ne1.div_ceil(rows) as u32, 1),
             threads,
-            &[
-                Arg::I32(ty),
-                Arg::U64(m.ptr),
-                Arg::U64(m.row_bytes as u64),
-                Arg::U64(xq),
-                Arg::U64(xds),
-                Arg::U64(out),
-                Arg::U64(bias),
-                Arg::I32(m.ne0 as i32),
-                Arg::I32(m.ne1 as i32),
-                Arg::I32(n as i32),
-            ],
+            &rows_args(ty, m, (xq, xds), out, bias, n),
         )
     }
 
