@@ -321,7 +321,8 @@ def main():
     ap.add_argument("--api-key", help="type this into the page's API key field")
     ap.add_argument("--short-tokens", type=int, default=None,
                     help="max_tokens for normal replies (default: 48 against a real server, the page default with --fake)")
-    ap.add_argument("--long-tokens", type=int, default=4000, help="max_tokens for the reply that is stopped")
+    ap.add_argument("--long-tokens", type=int, default=3000,
+                    help="max_tokens for the reply that is stopped (prompt and reply within the 4096-token context: past it the server refuses the request)")
     ap.add_argument("--reply-timeout", type=float, default=120, help="seconds a reply may take")
     ap.add_argument("--screenshot", default=os.environ.get("CHAT_PAGE_SCREENSHOT", "/tmp/chat-page-failure.png"),
                     help="where to save a screenshot on failure")
