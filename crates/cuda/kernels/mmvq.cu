@@ -169,8 +169,9 @@ extern "C" __global__ void mf_gate_up1_gx(int tyg, const u8 *wg, u64 rbg, int ty
 }
 
 // ---- generation rows on tensor cores (`mf_mmvt1/2/4/8`, issues 29 and 31): the canonical
-// order of int8.cuh with the block products on `mma`, so that 5 to 64 generation rows (a
-// batch of sequences, or a drafted run being verified) cost about one weight read.
+// order of int8.cuh with the block products on `mma`, so that several generation rows (a
+// batch of sequences, or a drafted run being verified) share each weight read. matvec.rs
+// routes 9 to 32 rows here (measured faster than the neighbours there; ADR 0008).
 //
 // A block of 8 warps owns 16 weight rows and 8 NT tokens (the 64-token kernel: two such
 // groups of warps over the same rows, tokens 0-31 and 32-63). Warp r walks the blocks of

@@ -1,8 +1,9 @@
 //! The int8 matmuls of generation rows (ADR 0008): one token on the one-token kernels
 //! (`mf_mmvq1`, the fused `mf_qkv1` + `mf_rope_store`; x quantized per block or once before
-//! them, `MF_MV1_X`), from `MINFER_CUDA_MVT` rows (default 9) on the tensor-core generation
-//! kernels (`mf_mmvt*`), fewer on the multi-row vector kernels (`mf_mmvqn*`), with those
-//! off on the `mma` prefill tiles or the 8-token dp4a kernel, and the f32 matmul for the other weights.
+//! them, `MF_MV1_X`), from `MINFER_CUDA_MVT` rows (default 9) to 32 on the tensor-core
+//! generation kernels (`mf_mmvt*`), fewer on the multi-row vector kernels (`mf_mmvqn*`), more
+//! (or with those off) on the `mma` prefill tiles or the 8-token dp4a kernel, and the f32
+//! matmul for the other weights.
 //! Every path keeps the canonical block order, so the choice by row count changes no bits.
 
 use minfer_graph::{BufId, ExecArgs, KvKind, Node, QkvFused, RopeStyle};
