@@ -177,7 +177,7 @@ impl CudaBackend {
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         tracing::info!(
             "{name}: {} (compute {}), {:.1} GiB ({:.1} GiB free); kernels: matmul {}, \
-             attention {}, {}, {} (NVRTC {}, {})",
+             attention {}, {}, {} (NVRTC {}: {})",
             gpu.name,
             gpu.arch,
             gib(gpu.total_mem),
@@ -233,7 +233,15 @@ impl CudaBackend {
                 (false, false) => "eager launches",
             },
             gpu.arch,
-            if gpu.cached { "cached PTX" } else { "compiled" }
+            if gpu.cached_modules == gpu.modules {
+                format!("{} modules from the PTX cache", gpu.modules)
+            } else {
+                format!(
+                    "{} of {} modules compiling in parallel while the weights upload",
+                    gpu.modules - gpu.cached_modules,
+                    gpu.modules
+                )
+            }
         );
         Ok(CudaBackend {
             id,
@@ -537,19 +545,9 @@ impl Identity for CudaBackend {
     }
 }
 
-impl Memory for CudaBackend {
-    fn can_hold(&self, w: &WeightRef) -> Support {
-        if w.ne1 == 1 {
-            return if w.ty.is_supported() {
-                Ok(())
-            } else {
-                Err(format!("{} vectors cannot be converted to f32", w.ty).into())
-            };
-        }
-        support(matrix_refusal(w.ty, w.ne0))
-    }
-
-    fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+impl CudaBackend {
+    /// Every weight of `ids` uploaded: vectors as f32, matrices as stored.
+    fn upload_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
         self.weights = vec![None; weights.len()];
         for &id in ids {
             let name = weights.name(id).to_string();
@@ -582,6 +580,43 @@ impl Memory for CudaBackend {
                 })
             };
             self.weights[id.index()] = Some(r);
+        }
+        Ok(())
+    }
+}
+
+impl Memory for CudaBackend {
+    fn can_hold(&self, w: &WeightRef) -> Support {
+        if w.ne1 == 1 {
+            return if w.ty.is_supported() {
+                Ok(())
+            } else {
+                Err(format!("{} vectors cannot be converted to f32", w.ty).into())
+            };
+        }
+        support(matrix_refusal(w.ty, w.ne0))
+    }
+
+    fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+        let started = std::time::Instant::now();
+        let before = self.weights_bytes;
+        self.upload_weights(weights, ids)?;
+        // The copies are queued from pageable memory: the upload is over when the stream is.
+        self.gpu.sync().map_err(|e| self.err(e))?;
+        let upload = started.elapsed();
+        // The kernels compiled meanwhile (crate::compile): joined here, so a compile failure
+        // fails the load and the times go on the startup report.
+        let report = self.gpu.kernels().map_err(|e| self.err(e))?;
+        if let Some(r) = report {
+            tracing::info!(
+                "{}: kernels {}; weights {:.1} MiB uploaded in {:.2} s; then waited {:.2} s \
+                 for the compile",
+                self.name,
+                r.describe(),
+                (self.weights_bytes - before) as f64 / (1u64 << 20) as f64,
+                upload.as_secs_f64(),
+                r.waited.as_secs_f64()
+            );
         }
         Ok(())
     }

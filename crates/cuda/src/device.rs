@@ -1,20 +1,20 @@
 //! The device layer: one context on GPU 0, one non-blocking stream per engine, the kernels
-//! compiled once with NVRTC for the device's compute capability (PTX cached on disk by source
-//! hash and architecture), raw device allocations owned until drop, every launch's error
-//! checked and synchronisation bounded by a deadline.
+//! compiled with NVRTC for the device's compute capability as one module per `.cu` file, in
+//! parallel threads that run while the caller uploads the weights and are joined when the
+//! first kernel is needed (crate::compile: each module's PTX cached on disk by its own hash),
+//! raw device allocations owned until drop, every launch's error checked and synchronisation
+//! bounded by a deadline.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
-use sha2::{Digest, Sha256};
 
+use crate::compile::{self, CompileReport};
 use crate::lt::{GemmCall, GemmType, Lt};
 
 /// Kernel launches asked for so far, per kernel name ([`launches`]).
@@ -32,112 +32,16 @@ pub fn launches(kernel: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The kernel sources in program order (headers first).
-pub const SOURCES: &[(&str, &str)] = &[
-    ("common.cuh", include_str!("../kernels/common.cuh")),
-    ("dequant.cuh", include_str!("../kernels/dequant.cuh")),
-    ("int8.cuh", include_str!("../kernels/int8.cuh")),
-    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
-    ("matmul.cu", include_str!("../kernels/matmul.cu")),
-    ("kv.cu", include_str!("../kernels/kv.cu")),
-    ("attn.cu", include_str!("../kernels/attn.cu")),
-    ("attnw.cu", include_str!("../kernels/attnw.cu")),
-    ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
-    ("fused.cu", include_str!("../kernels/fused.cu")),
-    ("mmq.cu", include_str!("../kernels/mmq.cu")),
-    ("prompt.cu", include_str!("../kernels/prompt.cu")),
-];
-
-/// Every kernel the executor launches.
-pub const KERNELS: &[&str] = &[
-    "mf_add",
-    "mf_mul",
-    "mf_silu",
-    "mf_swiglu",
-    "mf_rms_norm",
-    "mf_rope",
-    "mf_matmul",
-    "mf_get_rows",
-    "mf_kv_store",
-    "mf_kv_rope_shift",
-    "mf_attn_window",
-    "mf_attn_split",
-    "mf_attn_combine",
-    "mf_attn_w1_64",
-    "mf_attn_w2_64",
-    "mf_attn_w1_128",
-    "mf_attn_w1_64_h2",
-    "mf_attn_w1_64_h4",
-    "mf_attn_w1_128_h2",
-    "mf_attn_w1_128_h4",
-    "mf_quantize_q8",
-    "mf_quantize_q8_1",
-    "mf_mmvq_q8_0",
-    "mf_mmvq_q4_0",
-    "mf_mmvq_q4_1",
-    "mf_mmvq_q5_0",
-    "mf_mmvq_q4_k",
-    "mf_mmvq_q6_k",
-    "mf_mmvq1",
-    "mf_mmvq1_gx",
-    "mf_mmvqn2",
-    "mf_mmvqn4",
-    "mf_mmvqn8",
-    "mf_mmvt1",
-    "mf_mmvt2",
-    "mf_mmvt4",
-    "mf_mmvt8",
-    "mf_mmvt1_m2",
-    "mf_mmvt2_m2",
-    "mf_mmvt4_m2",
-    "mf_gate_up1",
-    "mf_gate_up1_gx",
-    "mf_attn_gqa",
-    "mf_qkv1",
-    "mf_qkv1_gx",
-    "mf_rope_store",
-    "mf_mmq_q8_0",
-    "mf_mmq_q4_0",
-    "mf_mmq_q4_1",
-    "mf_mmq_q5_0",
-    "mf_mmq_q4_k",
-    "mf_mmq_q6_k",
-    "mf_mmq_q8_0_r128",
-    "mf_mmq_q4_0_r128",
-    "mf_mmq_q4_1_r128",
-    "mf_mmq_q5_0_r128",
-    "mf_mmq_q4_k_r128",
-    "mf_mmq_q6_k_r128",
-    "mf_mmq_q8_0_t32",
-    "mf_mmq_q4_0_t32",
-    "mf_mmq_q4_1_t32",
-    "mf_mmq_q5_0_t32",
-    "mf_mmq_q4_k_t32",
-    "mf_mmq_q6_k_t32",
-    "mf_mmq_q8_0_k8",
-    "mf_mmq_q4_0_k8",
-    "mf_mmq_q4_1_k8",
-    "mf_mmq_q5_0_k8",
-    "mf_mmq_q4_k_k8",
-    "mf_mmq_q6_k_k8",
-    "mf_mmq_combine",
-    "mf_deq_half",
-    "mf_to_half",
-    "mf_bias_rows",
-    "mf_fa_64",
-    "mf_fa_128",
-    "mf_fa_q8_64",
-    "mf_fa_q8_128",
-];
+pub use crate::compile::{KERNELS, SOURCES};
 
 pub type DResult<T> = std::result::Result<T, String>;
 
-fn drv(what: &str, e: impl std::fmt::Debug) -> String {
+pub(crate) fn drv(what: &str, e: impl std::fmt::Debug) -> String {
     format!("{what}: {e:?}")
 }
 
 /// Runs `f`, turning a panic of cudarc's dynamic loader (no libcuda / libnvrtc) into an error.
-fn guarded<T>(what: &str, f: impl FnOnce() -> DResult<T>) -> DResult<T> {
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> DResult<T>) -> DResult<T> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
@@ -175,101 +79,59 @@ pub fn device_count() -> DResult<usize> {
     })
 }
 
-/// The program from `dir` instead of the built-in sources (`MINFER_CUDA_KERNEL_DIR`, for
-/// kernel work on a GPU machine without a Rust toolchain): every file of [`SOURCES`] must be
-/// there, and a missing one is an error naming it.
-fn program_from(dir: &std::path::Path) -> DResult<String> {
-    let mut s = String::new();
-    for (name, _) in SOURCES {
-        let p = dir.join(name);
-        let src = std::fs::read_to_string(&p)
-            .map_err(|e| format!("MINFER_CUDA_KERNEL_DIR: {}: {e}", p.display()))?;
-        s.push_str(&format!("// ---- {name} ----\n"));
-        s.push_str(&src);
-        s.push('\n');
-    }
-    Ok(s)
-}
-
-/// The whole program: every source concatenated in order.
+/// The whole program: every source concatenated in order (no defines).
 pub fn program() -> String {
-    let mut s = String::new();
-    for (name, src) in SOURCES {
-        s.push_str(&format!("// ---- {name} ----\n"));
-        s.push_str(src);
-        s.push('\n');
-    }
-    s
+    let sources = compile::sources(None).unwrap_or_default();
+    compile::whole("", &sources)
 }
 
-fn compile(src: &str, arch: &str) -> std::result::Result<Ptx, CompileError> {
-    compile_ptx_with_opts(
-        src,
-        CompileOptions {
-            options: vec![format!("--gpu-architecture={arch}"), "-lineinfo".into()],
-            ..Default::default()
-        },
-    )
-}
-
-fn compile_log(e: &CompileError) -> String {
-    match e {
-        CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-        other => format!("{other:?}"),
-    }
-}
-
-/// Compiles every `.cu` file on its own (after the headers) for `arch` and reports every
-/// NVRTC error at once: the self-test run before anything else on a new device.
+/// Compiles every `.cu` file on its own (after the headers) for `arch`, as the device
+/// compiles its modules, and the whole program, reporting every NVRTC error at once: the
+/// self-test run before anything else on a new device.
 pub fn selftest(arch: &str) -> Vec<(String, DResult<()>)> {
-    let headers: String = SOURCES
-        .iter()
-        .filter(|(n, _)| n.ends_with(".cuh"))
-        .map(|(_, s)| *s)
-        .collect::<Vec<_>>()
-        .join("\n");
+    let sources = compile::sources(None).unwrap_or_default();
     let mut out = Vec::new();
-    for (name, src) in SOURCES.iter().filter(|(n, _)| n.ends_with(".cu")) {
+    for m in compile::modules("", &sources) {
         let r = guarded("NVRTC", || {
-            compile(&format!("{headers}\n{src}"), arch)
+            compile::compile(&m.src, arch)
                 .map(|_| ())
-                .map_err(|e| compile_log(&e))
+                .map_err(|e| compile::compile_log(&e))
         });
-        out.push((name.to_string(), r));
+        out.push((m.file, r));
     }
     let whole = guarded("NVRTC", || {
-        compile(&program(), arch)
+        compile::compile(&program(), arch)
             .map(|_| ())
-            .map_err(|e| compile_log(&e))
+            .map_err(|e| compile::compile_log(&e))
     });
     out.push(("(whole program)".into(), whole));
     out
 }
 
-fn cache_path(dir: Option<&std::path::Path>, src: &str, arch: &str) -> Option<PathBuf> {
-    let dir = dir?;
-    let mut h = Sha256::new();
-    h.update(src.as_bytes());
-    h.update(arch.as_bytes());
-    let hex: String = h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Some(dir.join(format!("{hex}-{arch}.ptx")))
+/// The kernels, or how far they are: compiling in other threads until the first kernel is
+/// needed ([`Gpu::kernels`]), then looked up once.
+enum Kernels {
+    Pending(compile::Pending),
+    Ready(HashMap<&'static str, CudaFunction>),
+    Failed(String),
 }
 
 /// One GPU as the executor uses it.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    funcs: HashMap<&'static str, CudaFunction>,
+    /// The kernels, compiling until first needed.
+    kernels: RefCell<Kernels>,
+    /// What the compile did, once joined.
+    compiled: RefCell<Option<CompileReport>>,
     /// While a split is being recorded: its launches, not yet issued (see [`Gpu::begin_record`]).
     record: RefCell<Option<Record>>,
     pub name: String,
     pub arch: String,
     pub total_mem: usize,
-    /// Whether the PTX came from the disk cache.
-    pub cached: bool,
+    /// Modules of the program, and how many of them the disk cache held at start.
+    pub modules: usize,
+    pub cached_modules: usize,
     /// Kernels launched as programmatic dependents of the one before them.
     pub pdl: bool,
     /// Streaming multiprocessors of the device.
@@ -318,64 +180,41 @@ impl Gpu {
         let early = s.pdl == crate::settings::Pdl::Early;
         let pdl = ma >= 9 && s.pdl != crate::settings::Pdl::Off;
         let total_mem = ctx.total_mem().map_err(|e| drv("cuDeviceTotalMem", e))?;
-        let src = match &s.kernel_dir {
-            Some(dir) => {
-                tracing::info!(
-                    "cuda: kernel sources from {} (MINFER_CUDA_KERNEL_DIR), not the built-in ones",
-                    dir.display()
-                );
-                program_from(dir)?
-            }
-            None => program(),
-        };
-        let src = if early {
-            format!("#define MF_PDL_EARLY 1\n{src}")
-        } else {
-            src
-        };
-        let src = format!("{}{src}", s.mv1.defines());
+        if let Some(dir) = &s.kernel_dir {
+            tracing::info!(
+                "cuda: kernel sources from {} (MINFER_CUDA_KERNEL_DIR), not the built-in ones",
+                dir.display()
+            );
+        }
+        let sources = compile::sources(s.kernel_dir.as_deref())?;
+        // The settings' defines go before every module (and so into every cache key).
+        let prelude = compile::prelude(&s.mv1.defines(), early);
         let sm_count = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(|e| drv("multiprocessor count", e))?
             .max(1) as u32;
-        let path = cache_path(s.cache_dir.as_deref(), &src, &arch);
-        let cached_ptx = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
-        let cached = cached_ptx.is_some();
-        let ptx = match cached_ptx {
-            Some(text) => Ptx::from_src(text),
-            None => {
-                let ptx = compile(&src, &arch)
-                    .map_err(|e| format!("NVRTC ({arch}): {}", compile_log(&e)))?;
-                if let Some(p) = &path {
-                    if let Some(dir) = p.parent() {
-                        let _ = std::fs::create_dir_all(dir);
-                    }
-                    let _ = std::fs::write(p, ptx.to_src());
-                }
-                ptx
-            }
-        };
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| drv("cuModuleLoadData", e))?;
-        let mut funcs = HashMap::new();
-        for &k in KERNELS {
-            let f = module
-                .load_function(k)
-                .map_err(|e| drv(&format!("kernel {k}"), e))?;
-            funcs.insert(k, f);
-        }
+        // Modules the cache does not hold compile in their own threads from here on, while
+        // the caller goes on (the weights upload); the first kernel needed joins them.
+        let pending = compile::start(
+            compile::modules(&prelude, &sources),
+            &arch,
+            s.cache_dir.as_deref(),
+        )?;
+        let (modules, cached_modules) =
+            (pending.modules(), pending.modules() - pending.compiling());
         Ok(Gpu {
             ctx,
             stream,
-            funcs,
+            kernels: RefCell::new(Kernels::Pending(pending)),
+            compiled: RefCell::new(None),
             record: RefCell::new(None),
             name,
             arch,
             total_mem,
-            cached,
+            modules,
+            cached_modules,
             pdl,
             sm_count,
             resident: RefCell::new(HashMap::new()),
@@ -388,11 +227,69 @@ impl Gpu {
         })
     }
 
+    /// Joins the compile if it is still under way, loads every module into the context and
+    /// looks each kernel of [`KERNELS`] up in the one module that defines it; the report of
+    /// the compile the first time (None after). A compile failure is an error naming the
+    /// file and NVRTC's log, every time it is asked.
+    pub fn kernels(&self) -> DResult<Option<CompileReport>> {
+        if let Kernels::Ready(_) = &*self.kernels.borrow() {
+            return Ok(None);
+        }
+        let state = std::mem::replace(
+            &mut *self.kernels.borrow_mut(),
+            Kernels::Failed("the kernels are being loaded".into()),
+        );
+        let pending = match state {
+            Kernels::Pending(p) => p,
+            Kernels::Failed(e) => {
+                *self.kernels.borrow_mut() = Kernels::Failed(e.clone());
+                return Err(e);
+            }
+            Kernels::Ready(_) => unreachable!("returned above"),
+        };
+        let r = pending.join().and_then(|(mods, report)| {
+            self.bind()?;
+            Ok((compile::load(&self.ctx, mods)?, report))
+        });
+        match r {
+            Ok((funcs, report)) => {
+                *self.kernels.borrow_mut() = Kernels::Ready(funcs);
+                *self.compiled.borrow_mut() = Some(report.clone());
+                Ok(Some(report))
+            }
+            Err(e) => {
+                *self.kernels.borrow_mut() = Kernels::Failed(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// What the compile did, once the kernels are loaded.
+    pub fn compile_report(&self) -> Option<CompileReport> {
+        self.compiled.borrow().clone()
+    }
+
+    /// The static name of kernel `name` (the kernels loaded first).
+    fn kernel_key(&self, name: &str) -> DResult<&'static str> {
+        self.kernels()?;
+        match &*self.kernels.borrow() {
+            Kernels::Ready(funcs) => funcs
+                .get_key_value(name)
+                .map(|(&k, _)| k)
+                .ok_or_else(|| format!("no kernel {name}")),
+            _ => Err("the kernels are not loaded".into()),
+        }
+    }
+
     /// How many blocks of `kernel` (`threads` each, `shared` dynamic bytes) the whole GPU
     /// holds at once: its multiprocessors times the driver's occupancy (cached per shape).
     pub fn resident_blocks(&self, kernel: &str, threads: u32, shared: u32) -> DResult<u32> {
-        let (&key, f) = self
-            .funcs
+        self.kernels()?;
+        let k = self.kernels.borrow();
+        let Kernels::Ready(funcs) = &*k else {
+            return Err("the kernels are not loaded".into());
+        };
+        let (&key, f) = funcs
             .get_key_value(kernel)
             .ok_or_else(|| format!("no kernel {kernel}"))?;
         if let Some(&n) = self.resident.borrow().get(&(key, threads, shared)) {
@@ -594,10 +491,7 @@ impl Gpu {
                 "{name}: {shared} bytes of shared memory per block, the limit used is {MAX_SHARED}"
             ));
         }
-        let (&key, _) = self
-            .funcs
-            .get_key_value(name)
-            .ok_or_else(|| format!("no kernel {name}"))?;
+        let key = self.kernel_key(name)?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
@@ -637,7 +531,13 @@ impl Gpu {
                 return lt.issue(c, self.stream.cu_stream() as _);
             }
         };
-        let f = &self.funcs[l.kernel];
+        let k = self.kernels.borrow();
+        let f = match &*k {
+            Kernels::Ready(funcs) => funcs
+                .get(l.kernel)
+                .ok_or_else(|| format!("no kernel {}", l.kernel))?,
+            _ => return Err(format!("{}: the kernels are not loaded", l.kernel)),
+        };
         if self.pdl {
             return self.issue_programmatic(l, f);
         }

@@ -11,6 +11,8 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod cells;
 #[cfg(feature = "cuda")]
+pub mod compile;
+#[cfg(feature = "cuda")]
 pub mod device;
 mod error;
 #[cfg(feature = "cuda")]

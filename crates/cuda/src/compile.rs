@@ -1,0 +1,558 @@
+//! The kernel program as NVRTC compiles it: several modules, one per `.cu` file (each after
+//! the `.cuh` headers and the defines the settings ask for), compiled in parallel threads,
+//! each cached on disk by the hash of its own source, architecture and options. A compile
+//! may run while the weights upload ([`start`]); the device layer joins it when the first
+//! kernel is needed ([`Pending::join`]).
+//!
+//! Each `.cu` file is self-contained after the headers (the self-test compiles them one by
+//! one), and no header declares a device variable, so a module compiled alone holds the
+//! same kernels as the whole program did.
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+use sha2::{Digest, Sha256};
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+
+use crate::device::{drv, guarded, DResult};
+
+/// The kernel sources in program order (headers first).
+pub const SOURCES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("dequant.cuh", include_str!("../kernels/dequant.cuh")),
+    ("int8.cuh", include_str!("../kernels/int8.cuh")),
+    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("matmul.cu", include_str!("../kernels/matmul.cu")),
+    ("kv.cu", include_str!("../kernels/kv.cu")),
+    ("attn.cu", include_str!("../kernels/attn.cu")),
+    ("attnw.cu", include_str!("../kernels/attnw.cu")),
+    ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
+    ("fused.cu", include_str!("../kernels/fused.cu")),
+    ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("prompt.cu", include_str!("../kernels/prompt.cu")),
+];
+
+/// Every kernel the executor launches.
+pub const KERNELS: &[&str] = &[
+    "mf_add",
+    "mf_mul",
+    "mf_silu",
+    "mf_swiglu",
+    "mf_rms_norm",
+    "mf_rope",
+    "mf_matmul",
+    "mf_get_rows",
+    "mf_kv_store",
+    "mf_kv_rope_shift",
+    "mf_attn_window",
+    "mf_attn_split",
+    "mf_attn_combine",
+    "mf_attn_w1_64",
+    "mf_attn_w2_64",
+    "mf_attn_w1_128",
+    "mf_attn_w1_64_h2",
+    "mf_attn_w1_64_h4",
+    "mf_attn_w1_128_h2",
+    "mf_attn_w1_128_h4",
+    "mf_quantize_q8",
+    "mf_quantize_q8_1",
+    "mf_mmvq_q8_0",
+    "mf_mmvq_q4_0",
+    "mf_mmvq_q4_1",
+    "mf_mmvq_q5_0",
+    "mf_mmvq_q4_k",
+    "mf_mmvq_q6_k",
+    "mf_mmvq1",
+    "mf_mmvq1_gx",
+    "mf_mmvqn2",
+    "mf_mmvqn4",
+    "mf_mmvqn8",
+    "mf_mmvt1",
+    "mf_mmvt2",
+    "mf_mmvt4",
+    "mf_mmvt8",
+    "mf_mmvt1_m2",
+    "mf_mmvt2_m2",
+    "mf_mmvt4_m2",
+    "mf_gate_up1",
+    "mf_gate_up1_gx",
+    "mf_attn_gqa",
+    "mf_qkv1",
+    "mf_qkv1_gx",
+    "mf_rope_store",
+    "mf_mmq_q8_0",
+    "mf_mmq_q4_0",
+    "mf_mmq_q4_1",
+    "mf_mmq_q5_0",
+    "mf_mmq_q4_k",
+    "mf_mmq_q6_k",
+    "mf_mmq_q8_0_r128",
+    "mf_mmq_q4_0_r128",
+    "mf_mmq_q4_1_r128",
+    "mf_mmq_q5_0_r128",
+    "mf_mmq_q4_k_r128",
+    "mf_mmq_q6_k_r128",
+    "mf_mmq_q8_0_t32",
+    "mf_mmq_q4_0_t32",
+    "mf_mmq_q4_1_t32",
+    "mf_mmq_q5_0_t32",
+    "mf_mmq_q4_k_t32",
+    "mf_mmq_q6_k_t32",
+    "mf_mmq_q8_0_k8",
+    "mf_mmq_q4_0_k8",
+    "mf_mmq_q4_1_k8",
+    "mf_mmq_q5_0_k8",
+    "mf_mmq_q4_k_k8",
+    "mf_mmq_q6_k_k8",
+    "mf_mmq_combine",
+    "mf_deq_half",
+    "mf_to_half",
+    "mf_bias_rows",
+    "mf_fa_64",
+    "mf_fa_128",
+    "mf_fa_q8_64",
+    "mf_fa_q8_128",
+];
+
+/// NVRTC's options beside the architecture (part of every cache key).
+const OPTIONS: &[&str] = &["-lineinfo"];
+
+/// One module of the program: a `.cu` file after the defines and the headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleSource {
+    /// The `.cu` file it is compiled for (error messages and the cache name it).
+    pub file: String,
+    pub src: String,
+}
+
+/// The defines prepended to every module (settings that choose kernel variants).
+pub fn prelude(mv1_defines: &str, pdl_early: bool) -> String {
+    let mut p = String::new();
+    if pdl_early {
+        p.push_str("#define MF_PDL_EARLY 1\n");
+    }
+    p.push_str(mv1_defines);
+    p
+}
+
+/// The sources in program order: the built-in ones, or every file of [`SOURCES`] read from
+/// `dir` (`MINFER_CUDA_KERNEL_DIR`; a missing file is an error naming it).
+pub fn sources(dir: Option<&Path>) -> DResult<Vec<(String, String)>> {
+    match dir {
+        None => Ok(SOURCES
+            .iter()
+            .map(|(n, s)| (n.to_string(), s.to_string()))
+            .collect()),
+        Some(dir) => SOURCES
+            .iter()
+            .map(|(name, _)| {
+                let p = dir.join(name);
+                std::fs::read_to_string(&p)
+                    .map(|s| (name.to_string(), s))
+                    .map_err(|e| format!("MINFER_CUDA_KERNEL_DIR: {}: {e}", p.display()))
+            })
+            .collect(),
+    }
+}
+
+fn section(out: &mut String, name: &str, src: &str) {
+    out.push_str(&format!("// ---- {name} ----\n"));
+    out.push_str(src);
+    out.push('\n');
+}
+
+/// The whole program as one text: `prelude`, then every source in order.
+pub fn whole(prelude: &str, sources: &[(String, String)]) -> String {
+    let mut s = prelude.to_string();
+    for (name, src) in sources {
+        section(&mut s, name, src);
+    }
+    s
+}
+
+/// One module per `.cu` file of `sources`: `prelude`, every header, then the file.
+pub fn modules(prelude: &str, sources: &[(String, String)]) -> Vec<ModuleSource> {
+    let mut headers = prelude.to_string();
+    for (name, src) in sources.iter().filter(|(n, _)| n.ends_with(".cuh")) {
+        section(&mut headers, name, src);
+    }
+    sources
+        .iter()
+        .filter(|(n, _)| n.ends_with(".cu"))
+        .map(|(name, src)| {
+            let mut s = headers.clone();
+            section(&mut s, name, src);
+            ModuleSource {
+                file: name.clone(),
+                src: s,
+            }
+        })
+        .collect()
+}
+
+/// Compiles `src` for `arch` (the caller guards against a missing NVRTC library).
+pub fn compile(src: &str, arch: &str) -> std::result::Result<Ptx, CompileError> {
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(OPTIONS.iter().map(|o| o.to_string()));
+    compile_ptx_with_opts(
+        src,
+        CompileOptions {
+            options,
+            ..Default::default()
+        },
+    )
+}
+
+/// NVRTC's log of a failed compile.
+pub fn compile_log(e: &CompileError) -> String {
+    match e {
+        CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Where module `m`'s PTX for `arch` is cached under `dir`: the hash covers its source (the
+/// defines included), the architecture and NVRTC's options, so a changed file, setting or
+/// option never reads a stale module.
+pub fn cache_path(dir: &Path, m: &ModuleSource, arch: &str) -> PathBuf {
+    let mut h = Sha256::new();
+    h.update(m.src.as_bytes());
+    h.update([0]);
+    h.update(arch.as_bytes());
+    for o in OPTIONS {
+        h.update([0]);
+        h.update(o.as_bytes());
+    }
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let stem = m.file.trim_end_matches(".cu");
+    dir.join(format!("{hex}-{stem}-{arch}.ptx"))
+}
+
+/// One module's PTX and where it came from.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub file: String,
+    pub ptx: String,
+    /// Read from the disk cache (not compiled).
+    pub cached: bool,
+    /// How long NVRTC took (zero for a cached module).
+    pub compile: Duration,
+    /// When NVRTC finished it (None for a cached module).
+    pub ended: Option<Instant>,
+}
+
+/// What a finished compile did, for the startup report.
+#[derive(Clone, Debug, Default)]
+pub struct CompileReport {
+    pub modules: usize,
+    pub cached: usize,
+    /// From the start of the compile to the last module's end (zero when all were cached).
+    pub wall: Duration,
+    /// The slowest module and its time.
+    pub slowest: Option<(String, Duration)>,
+    /// How long the caller waited at the join (the compile not yet done by then).
+    pub waited: Duration,
+}
+
+impl CompileReport {
+    /// `9 modules: 9 compiled in parallel in 12.3 s wall (slowest mmq.cu 12.1 s)`, or `9
+    /// modules from the PTX cache`.
+    pub fn describe(&self) -> String {
+        let compiled = self.modules - self.cached;
+        if compiled == 0 {
+            return format!("{} modules from the PTX cache", self.modules);
+        }
+        let slow = self
+            .slowest
+            .as_ref()
+            .map(|(f, d)| format!(" (slowest {f} {:.1} s)", d.as_secs_f64()))
+            .unwrap_or_default();
+        let cached = if self.cached > 0 {
+            format!(", {} from the PTX cache", self.cached)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} modules: {compiled} compiled by NVRTC in parallel in {:.1} s wall{slow}{cached}",
+            self.modules,
+            self.wall.as_secs_f64()
+        )
+    }
+}
+
+/// A compile under way: the cached modules already read, the others compiling in their own
+/// threads.
+pub struct Pending {
+    done: Vec<Compiled>,
+    running: Vec<(String, JoinHandle<DResult<Compiled>>)>,
+    started: Instant,
+}
+
+/// Reads what the cache holds and starts a thread per module it does not. The NVRTC library
+/// is loaded here first (guarded: a missing library is an error, not a panic), so the
+/// threads only call into a library already loaded.
+pub fn start(mods: Vec<ModuleSource>, arch: &str, cache: Option<&Path>) -> DResult<Pending> {
+    let started = Instant::now();
+    let mut done = Vec::new();
+    let mut todo = Vec::new();
+    for m in mods {
+        let path = cache.map(|d| cache_path(d, &m, arch));
+        match path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+            Some(ptx) => done.push(Compiled {
+                file: m.file,
+                ptx,
+                cached: true,
+                compile: Duration::ZERO,
+                ended: None,
+            }),
+            None => todo.push((m, path)),
+        }
+    }
+    if !todo.is_empty() {
+        guarded("NVRTC", nvrtc_loads)?;
+    }
+    let mut running = Vec::new();
+    for (m, path) in todo {
+        let arch = arch.to_string();
+        let file = m.file.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("nvrtc {file}"))
+            .spawn(move || compile_one(m, &arch, path.as_deref()))
+            .map_err(|e| format!("cannot start the NVRTC thread for {file}: {e}"))?;
+        running.push((file, h));
+    }
+    Ok(Pending {
+        done,
+        running,
+        started,
+    })
+}
+
+/// Whether the NVRTC library loads (cudarc's loader panics when it does not).
+fn nvrtc_loads() -> DResult<()> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-pointers to live integers.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| format!("nvrtcVersion: {e:?}"))
+}
+
+fn compile_one(m: ModuleSource, arch: &str, path: Option<&Path>) -> DResult<Compiled> {
+    let t = Instant::now();
+    let ptx = compile(&m.src, arch)
+        .map_err(|e| format!("NVRTC ({arch}) {}: {}", m.file, compile_log(&e)))?
+        .to_src();
+    if let Some(p) = path {
+        if let Some(dir) = p.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        // Written whole under a temporary name, then renamed: a process starting meanwhile
+        // never reads half a module.
+        let tmp = p.with_extension(format!("ptx.{}", std::process::id()));
+        if std::fs::write(&tmp, &ptx).is_ok() && std::fs::rename(&tmp, p).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(Compiled {
+        file: m.file,
+        ptx,
+        cached: false,
+        compile: t.elapsed(),
+        ended: Some(Instant::now()),
+    })
+}
+
+impl Pending {
+    /// Whether any module is still being compiled (not read from the cache).
+    pub fn compiling(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Modules in all.
+    pub fn modules(&self) -> usize {
+        self.done.len() + self.running.len()
+    }
+
+    /// Waits for every module: their PTX, in no particular order, and the report; the first
+    /// failure is an error naming its file and NVRTC's log (a thread that panicked is one
+    /// naming the file too).
+    pub fn join(self) -> DResult<(Vec<Compiled>, CompileReport)> {
+        let waited_from = Instant::now();
+        let mut out = self.done;
+        let mut first_err = None;
+        for (file, h) in self.running {
+            match h.join() {
+                Ok(Ok(c)) => out.push(c),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(p) => {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panic".into());
+                    first_err.get_or_insert(format!("NVRTC {file}: {msg}"));
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let cached = out.iter().filter(|c| c.cached).count();
+        let slowest = out
+            .iter()
+            .filter(|c| !c.cached)
+            .max_by_key(|c| c.compile)
+            .map(|c| (c.file.clone(), c.compile));
+        // From the start to the last module's end (a join may come long after that).
+        let wall = out
+            .iter()
+            .filter_map(|c| c.ended)
+            .max()
+            .map_or(Duration::ZERO, |e| e.duration_since(self.started));
+        let report = CompileReport {
+            modules: out.len(),
+            cached,
+            wall,
+            slowest,
+            waited: waited_from.elapsed(),
+        };
+        Ok((out, report))
+    }
+}
+
+/// Loads every module into `ctx` (bound to this thread) and looks each kernel of [`KERNELS`]
+/// up in the one module that defines it: a kernel in none, or in two, is an error naming it.
+pub(crate) fn load(
+    ctx: &Arc<CudaContext>,
+    mods: Vec<Compiled>,
+) -> DResult<HashMap<&'static str, CudaFunction>> {
+    let loaded = mods
+        .into_iter()
+        .map(|m| {
+            let what = if m.cached { "cached PTX of" } else { "PTX of" };
+            ctx.load_module(Ptx::from_src(m.ptx))
+                .map(|module| (m.file.clone(), module))
+                .map_err(|e| drv(&format!("cuModuleLoadData ({what} {})", m.file), e))
+        })
+        .collect::<DResult<Vec<_>>>()?;
+    let mut funcs = HashMap::new();
+    for &k in KERNELS {
+        let mut found = loaded
+            .iter()
+            .filter_map(|(file, module)| module.load_function(k).ok().map(|f| (file, f)));
+        let (file, f) = found
+            .next()
+            .ok_or_else(|| format!("kernel {k} is in none of the {} modules", loaded.len()))?;
+        if let Some((other, _)) = found.next() {
+            return Err(format!("kernel {k} is in both {file} and {other}"));
+        }
+        funcs.insert(k, f);
+    }
+    Ok(funcs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn srcs() -> Vec<(String, String)> {
+        sources(None).unwrap()
+    }
+
+    /// Every `.cu` file is one module holding the prelude and every header before it; the
+    /// control: a header is in no module list, and the whole program holds each file once.
+    #[test]
+    fn one_module_per_cu_file_with_the_prelude_and_headers() {
+        let p = prelude("#define MF_MV1_UNROLL 4\n", true);
+        let mods = modules(&p, &srcs());
+        let cu: Vec<_> = SOURCES
+            .iter()
+            .filter(|(n, _)| n.ends_with(".cu"))
+            .map(|(n, _)| n.to_string())
+            .collect();
+        assert_eq!(mods.iter().map(|m| m.file.clone()).collect::<Vec<_>>(), cu);
+        for m in &mods {
+            assert!(m
+                .src
+                .starts_with("#define MF_PDL_EARLY 1\n#define MF_MV1_UNROLL 4\n"));
+            for (h, _) in SOURCES.iter().filter(|(n, _)| n.ends_with(".cuh")) {
+                let at = m.src.find(&format!("// ---- {h} ----")).expect(h);
+                assert!(at < m.src.find(&format!("// ---- {} ----", m.file)).unwrap());
+            }
+            // No other .cu file is in it.
+            for other in cu.iter().filter(|f| **f != m.file) {
+                assert!(!m.src.contains(&format!("// ---- {other} ----")));
+            }
+        }
+        let w = whole(&p, &srcs());
+        for (n, _) in SOURCES {
+            assert_eq!(w.matches(&format!("// ---- {n} ----")).count(), 1, "{n}");
+        }
+    }
+
+    /// The cache key moves with the defines, the architecture and the file; the control:
+    /// the same module and architecture give the same path.
+    #[test]
+    fn the_cache_key_covers_defines_arch_and_source() {
+        let dir = Path::new("/cache");
+        let plain = modules(&prelude("", false), &srcs());
+        let early = modules(&prelude("", true), &srcs());
+        let unroll = modules(&prelude("#define MF_MV1_UNROLL 4\n", false), &srcs());
+        let a = cache_path(dir, &plain[0], "sm_90");
+        assert_eq!(a, cache_path(dir, &plain[0].clone(), "sm_90"));
+        assert_ne!(a, cache_path(dir, &early[0], "sm_90"));
+        assert_ne!(a, cache_path(dir, &unroll[0], "sm_90"));
+        assert_ne!(a, cache_path(dir, &plain[0], "sm_89"));
+        assert_ne!(a, cache_path(dir, &plain[1], "sm_90"));
+        let name = a.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.ends_with("-elementwise-sm_90.ptx"), "{name}");
+    }
+
+    /// Modules the cache holds are read, not compiled (no NVRTC needed); the control: with
+    /// the cache file gone the module is one to compile.
+    #[test]
+    fn cached_modules_are_read_without_nvrtc() {
+        let dir = std::env::temp_dir().join(format!("minfer-ptx-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mods = modules(&prelude("", false), &srcs());
+        for m in &mods {
+            std::fs::write(
+                cache_path(&dir, m, "sm_90"),
+                format!("// ptx of {}", m.file),
+            )
+            .unwrap();
+        }
+        let p = start(mods.clone(), "sm_90", Some(&dir)).unwrap();
+        assert_eq!((p.modules(), p.compiling()), (mods.len(), 0));
+        let (out, report) = p.join().unwrap();
+        assert_eq!(report.cached, mods.len());
+        assert!(out.iter().all(|c| c.ptx == format!("// ptx of {}", c.file)));
+        assert_eq!(
+            report.describe(),
+            format!("{} modules from the PTX cache", mods.len())
+        );
+        // Control: one file gone is one module to compile (which needs NVRTC: where the
+        // library is missing, `start` says so instead).
+        std::fs::remove_file(cache_path(&dir, &mods[0], "sm_90")).unwrap();
+        match start(mods.clone(), "sm_90", Some(&dir)) {
+            Ok(p) => {
+                assert_eq!(p.compiling(), 1);
+                let _ = p.join();
+            }
+            Err(e) => assert!(e.contains("NVRTC"), "{e}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,211 @@
+//! The program as several NVRTC modules (crates/cuda/src/compile.rs), checked without a GPU:
+//! every kernel the executor launches is in exactly one module, each module's kernels are
+//! the whole program's (the PTX of every entry equal once line numbers and per-module label
+//! numbers are set aside), modules are cached one by one under keys that cover the defines,
+//! and a module that does not compile is an error naming its file with NVRTC's log.
+//! Run for `MINFER_CUDA_ARCH` (scripts/nvrtc-check sets it), or the device's architecture;
+//! SKIP (pass) where neither is there.
+
+#![cfg(feature = "cuda")]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use minfer_cuda::compile;
+use minfer_cuda::device::KERNELS;
+
+fn arch() -> Option<String> {
+    match std::env::var("MINFER_CUDA_ARCH") {
+        Ok(a) => Some(a),
+        Err(_) => match minfer_cuda::available() {
+            Ok(()) => Some("sm_90".into()),
+            Err(why) => {
+                println!("SKIP: no CUDA device ({why}) and no MINFER_CUDA_ARCH");
+                None
+            }
+        },
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("minfer-modules-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Each `.entry` of a PTX text, by name, with what differs between a module and the whole
+/// program for the same code set aside: `.loc`/`.file` lines (line numbers move) and the
+/// numbers in labels and local depots (they count functions of the module).
+fn entries(ptx: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut cur: Option<(String, String, i32)> = None;
+    for line in ptx.lines() {
+        let t = line.trim();
+        if cur.is_none() {
+            if let Some(rest) = t.strip_prefix(".visible .entry ") {
+                let name = rest.split('(').next().unwrap_or("").trim().to_string();
+                cur = Some((name, String::new(), 0));
+            } else {
+                continue;
+            }
+        }
+        let (_, body, depth) = cur.as_mut().expect("set above");
+        if t.starts_with(".loc") || t.starts_with(".file") {
+            continue;
+        }
+        body.push_str(&normalise(t));
+        body.push('\n');
+        *depth += t.matches('{').count() as i32 - t.matches('}').count() as i32;
+        if *depth == 0 && t.contains('}') {
+            let (name, body, _) = cur.take().expect("set above");
+            out.insert(name, body);
+        }
+    }
+    out
+}
+
+/// Digits right after `__BB`, `__local_depot`, `func_begin`, `func_end` and `$L__tmp` become
+/// `#`, and a `$N` NVRTC appends to a name two files both declare (each attention file's
+/// `extern __shared__` array `sh`: `sh$1` in the whole program) is dropped.
+fn normalise(line: &str) -> String {
+    let mut s = String::new();
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let after_name = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        if b[i] == b'$' && after_name && b.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
+            i += 1;
+            while b.get(i).is_some_and(|c| c.is_ascii_digit()) {
+                i += 1;
+            }
+            continue;
+        }
+        s.push(b[i] as char);
+        i += 1;
+    }
+    for marker in ["__BB", "__local_depot", "func_begin", "func_end", "$L__tmp"] {
+        let mut out = String::new();
+        let mut rest = s.as_str();
+        while let Some(i) = rest.find(marker) {
+            out.push_str(&rest[..i + marker.len()]);
+            rest = &rest[i + marker.len()..];
+            let n = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
+            if n > 0 {
+                out.push('#');
+            }
+            rest = &rest[n..];
+        }
+        out.push_str(rest);
+        s = out;
+    }
+    s
+}
+
+/// The first line where `a` and `b` differ, both shown (None: equal).
+fn first_difference(a: &str, b: &str) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    let (mut la, mut lb) = (a.lines(), b.lines());
+    let mut n = 0;
+    loop {
+        n += 1;
+        match (la.next(), lb.next()) {
+            (Some(x), Some(y)) if x == y => continue,
+            (x, y) => return Some(format!("line {n}: module {x:?}, whole program {y:?}")),
+        }
+    }
+}
+
+#[test]
+fn modules_hold_the_whole_programs_kernels_and_cache_one_by_one() {
+    let Some(arch) = arch() else { return };
+    let sources = compile::sources(None).unwrap();
+    let prelude = compile::prelude("", false);
+    let mods = compile::modules(&prelude, &sources);
+    let dir = temp_dir("cache");
+    let p = compile::start(mods.clone(), &arch, Some(&dir)).unwrap();
+    assert_eq!(p.compiling(), mods.len(), "a fresh cache holds nothing");
+    let (out, report) = p.join().unwrap();
+    println!("{}", report.describe());
+    assert_eq!(report.cached, 0);
+
+    // Every launched kernel in exactly one module.
+    let per_module: Vec<(String, HashMap<String, String>)> = out
+        .iter()
+        .map(|c| (c.file.clone(), entries(&c.ptx)))
+        .collect();
+    for k in KERNELS {
+        let holders: Vec<&str> = per_module
+            .iter()
+            .filter(|(_, e)| e.contains_key(*k))
+            .map(|(f, _)| f.as_str())
+            .collect();
+        assert_eq!(holders.len(), 1, "{k} is in {holders:?}");
+    }
+
+    // The same code as the whole program's. Control: a different define changes some
+    // entry (so the comparison can see a difference).
+    let whole = |prelude: &str| {
+        let ptx = compile::compile(&compile::whole(prelude, &sources), &arch)
+            .unwrap_or_else(|e| panic!("{}", compile::compile_log(&e)))
+            .to_src();
+        entries(&ptx)
+    };
+    let all = whole(&prelude);
+    let mut differ = Vec::new();
+    for (file, e) in &per_module {
+        for (name, body) in e {
+            if let Some(d) = first_difference(body, all.get(name).map_or("", |s| s.as_str())) {
+                differ.push(format!("{name} of {file}: {d}"));
+            }
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "entries that differ from the whole program's:\n{}",
+        differ.join("\n")
+    );
+    let unrolled = whole(&compile::prelude("#define MF_MV1_UNROLL 4\n", false));
+    assert!(
+        per_module
+            .iter()
+            .any(|(_, e)| e.iter().any(|(n, b)| unrolled.get(n) != Some(b))),
+        "the control define changed no entry: the comparison sees nothing"
+    );
+
+    // Warm: every module from the cache. Control: another define is a new key for every
+    // module.
+    let again = compile::start(mods.clone(), &arch, Some(&dir)).unwrap();
+    assert_eq!(again.compiling(), 0);
+    let other = compile::modules(&compile::prelude("", true), &sources);
+    let cold = compile::start(other, &arch, Some(&dir)).unwrap();
+    assert_eq!(cold.compiling(), mods.len());
+    drop(cold);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_module_that_does_not_compile_is_named_with_the_log() {
+    let Some(arch) = arch() else { return };
+    let mut sources = compile::sources(None).unwrap();
+    let kv = sources.iter_mut().find(|(n, _)| n == "kv.cu").unwrap();
+    kv.1.push_str("\nextern \"C\" __global__ void mf_broken() { undeclared_thing(); }\n");
+    let mods = compile::modules("", &sources);
+    let e = compile::start(mods, &arch, None)
+        .unwrap()
+        .join()
+        .expect_err("a broken module compiled");
+    assert!(e.contains("kv.cu"), "{e}");
+    assert!(e.contains("undeclared_thing"), "{e}");
+    // Control: the same sources unbroken compile (the failure is the added line's).
+    let sources = compile::sources(None).unwrap();
+    let kv_only: Vec<_> = compile::modules("", &sources)
+        .into_iter()
+        .filter(|m| m.file == "kv.cu")
+        .collect();
+    compile::start(kv_only, &arch, None)
+        .unwrap()
+        .join()
+        .unwrap();
+}
