@@ -209,3 +209,41 @@ fn a_module_that_does_not_compile_is_named_with_the_log() {
         .join()
         .unwrap();
 }
+
+/// On a device: a cold start compiles every module in the background and the first kernel
+/// asked for joins them (the report once, with the compile's wall time), every kernel then
+/// resolves; a warm start reads every module from the cache. Control: the cold start's cache
+/// really was empty (it compiled every module). SKIP without a device.
+#[test]
+fn a_device_compiles_cold_joins_at_the_first_kernel_and_starts_warm() {
+    if let Err(why) = minfer_cuda::available() {
+        println!("SKIP: no CUDA device ({why})");
+        return;
+    }
+    let dir = temp_dir("device");
+    // The only test of this binary that opens a device, so the variable is not raced.
+    std::env::set_var("MINFER_CUDA_CACHE", &dir);
+    let g = minfer_cuda::device::Gpu::new().unwrap();
+    let n = KERNELS.len();
+    assert_eq!(g.cached_modules, 0, "a fresh cache held modules");
+    assert!(g.modules >= 2, "{} modules", g.modules);
+    let report = g.kernels().unwrap().expect("the first join reports");
+    println!("cold: {}; waited {:?}", report.describe(), report.waited);
+    assert_eq!((report.modules, report.cached), (g.modules, 0));
+    assert!(report.wall > std::time::Duration::ZERO);
+    assert!(
+        g.kernels().unwrap().is_none(),
+        "a second join reported again"
+    );
+    for k in KERNELS {
+        assert!(g.resident_blocks(k, 32, 0).unwrap() > 0, "{k}");
+    }
+    drop(g);
+    let warm = minfer_cuda::device::Gpu::new().unwrap();
+    assert_eq!(warm.cached_modules, warm.modules, "the warm start compiled");
+    let report = warm.kernels().unwrap().unwrap();
+    println!("warm: {} ({n} kernels)", report.describe());
+    assert_eq!(report.cached, report.modules);
+    std::env::remove_var("MINFER_CUDA_CACHE");
+    let _ = std::fs::remove_dir_all(&dir);
+}
