@@ -296,6 +296,13 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Waits for the kernel compile the backend started and loads every kernel (what the
+    /// end of `prepare_weights` does): the compile's report the first time, None after; a
+    /// module that failed is the error naming its file and NVRTC's log.
+    pub fn kernels_ready(&self) -> Result<Option<crate::compile::CompileReport>, crate::CudaError> {
+        Ok(self.gpu.kernels()?)
+    }
+
     /// Nodes executed since the backend was made.
     pub fn nodes_executed(&self) -> u64 {
         self.executed

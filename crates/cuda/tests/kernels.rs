@@ -39,4 +39,9 @@ fn the_backend_starts_and_every_kernel_loads() {
     let s = minfer_cuda::CudaSettings::from_env().unwrap();
     let b = minfer_cuda::CudaBackend::new(minfer_graph::BackendId(2), "cuda", &s).unwrap();
     assert_eq!(b.nodes_executed(), 0);
+    // The modules compile in the background (crate::compile): joined here, every kernel
+    // looked up.
+    let report = b.kernels_ready().unwrap().expect("the first join reports");
+    println!("{}", report.describe());
+    assert!(b.kernels_ready().unwrap().is_none());
 }
