@@ -385,11 +385,11 @@ impl Pending {
     /// Waits for every module: their PTX, in no particular order, and the report; the first
     /// failure is an error naming its file and NVRTC's log (a thread that panicked is one
     /// naming the file too).
-    pub fn join(self) -> DResult<(Vec<Compiled>, CompileReport)> {
+    pub fn join(mut self) -> DResult<(Vec<Compiled>, CompileReport)> {
         let waited_from = Instant::now();
-        let mut out = self.done;
+        let mut out = std::mem::take(&mut self.done);
         let mut first_err = None;
-        for (file, h) in self.running {
+        for (file, h) in std::mem::take(&mut self.running) {
             match h.join() {
                 Ok(Ok(c)) => out.push(c),
                 Ok(Err(e)) => {
@@ -460,6 +460,18 @@ pub(crate) fn load(
         funcs.insert(k, f);
     }
     Ok(funcs)
+}
+
+/// A compile never outlives its owner: dropped before it was joined (a load that failed
+/// after the backend was made), it waits for its threads. A process must not exit while a
+/// thread is inside NVRTC (its library is torn down under it: a crash at exit, not the error
+/// the load reported); the modules it finishes are cached for the next start.
+impl Drop for Pending {
+    fn drop(&mut self) {
+        for (_, h) in self.running.drain(..) {
+            let _ = h.join();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -552,6 +564,30 @@ mod tests {
                 let _ = p.join();
             }
             Err(e) => assert!(e.contains("NVRTC"), "{e}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A compile dropped unjoined waits for its threads (a process may then exit safely):
+    /// the module's PTX is in the cache once the drop returns. Control: the cache held
+    /// nothing before (the thread wrote it). Needs NVRTC (SKIP without).
+    #[test]
+    fn a_dropped_compile_waits_for_its_threads() {
+        let dir = std::env::temp_dir().join(format!("minfer-ptx-drop-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let m: Vec<_> = modules("", &srcs())
+            .into_iter()
+            .filter(|m| m.file == "elementwise.cu")
+            .collect();
+        let path = cache_path(&dir, &m[0], "sm_90");
+        assert!(!path.exists());
+        match start(m, "sm_90", Some(&dir)) {
+            Ok(p) => {
+                assert_eq!(p.compiling(), 1);
+                drop(p);
+                assert!(path.exists(), "the drop returned before its thread ended");
+            }
+            Err(e) => println!("SKIP: {e}"),
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
