@@ -611,20 +611,15 @@ impl Memory for CudaBackend {
         // The copies are queued from pageable memory: the upload is over when the stream is.
         self.gpu.sync().map_err(|e| self.err(e))?;
         let upload = started.elapsed();
-        // The kernels compiled meanwhile (crate::compile): joined here, so a compile failure
-        // fails the load and the times go on the startup report.
-        let report = self.gpu.kernels().map_err(|e| self.err(e))?;
-        if let Some(r) = report {
-            tracing::info!(
-                "{}: kernels {}; weights {:.1} MiB uploaded in {:.2} s; then waited {:.2} s \
-                 for the compile",
-                self.name,
-                r.describe(),
-                (self.weights_bytes - before) as f64 / (1u64 << 20) as f64,
-                upload.as_secs_f64(),
-                r.waited.as_secs_f64()
-            );
-        }
+        tracing::info!(
+            "{}: weights {:.1} MiB uploaded in {:.2} s",
+            self.name,
+            (self.weights_bytes - before) as f64 / (1u64 << 20) as f64,
+            upload.as_secs_f64()
+        );
+        // The kernels compiled meanwhile (crate::compile): joined here (their line printed by
+        // the join), so a compile failure fails the load.
+        self.gpu.kernels().map_err(|e| self.err(e))?;
         Ok(())
     }
 

@@ -253,6 +253,13 @@ impl Gpu {
         });
         match r {
             Ok((funcs, report)) => {
+                // Wherever the join happens (the end of the weight upload, or the first
+                // kernel of a backend that holds no weights), the start-up report says it.
+                tracing::info!(
+                    "cuda: kernels {}; waited {:.2} s for the compile",
+                    report.describe(),
+                    report.waited.as_secs_f64()
+                );
                 *self.kernels.borrow_mut() = Kernels::Ready(funcs);
                 *self.compiled.borrow_mut() = Some(report.clone());
                 Ok(Some(report))
