@@ -28,6 +28,8 @@ pub mod nccl;
 #[cfg(feature = "cuda")]
 mod prompt;
 #[cfg(feature = "cuda")]
+mod refusal;
+#[cfg(feature = "cuda")]
 mod replay;
 #[cfg(feature = "cuda")]
 mod scratch;
