@@ -51,8 +51,9 @@ pub struct Engine {
 impl Engine {
     pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine> {
         let ids = backends::resolve(&cfg.backends)?;
-        // The model is read first: a device backend compiles its kernels when it is made, and
-        // a bad file should be reported without waiting for that.
+        // The model is read first: a device backend starts compiling its kernels when it is
+        // made, and a bad file should not wait for that compile (a dropped compile waits for
+        // its threads: crates/cuda/src/compile.rs).
         let model = GgufModel::open(path)?;
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;
