@@ -18,20 +18,6 @@
 // load-and-sync rounds on long rows); a staged row is 8 KB + 4 words (the 4 of padding make the
 // fragment loads, 8 rows x 4 words, hit 32 distinct banks).
 
-__device__ __forceinline__ void mf_mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mf_mma_k16(int (&c)[4], int a0, int a1, int b0) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
 // Pass p of 8 walks residue r = p with its three bits reversed: 0, 4, 2, 6, 1, 5, 3, 7.
 __device__ __forceinline__ int mf_mq_residue(int p) {
     return ((p & 1) << 2) | (p & 2) | ((p >> 2) & 1);

@@ -185,141 +185,6 @@ extern "C" __global__ void mf_gate_up1_gx(int tyg, const u8 *wg, u64 rbg, int ty
 // past the nt that exist read the last token's row (in bounds; results unused), as mf_rown's.
 // Every row's bits are mf_mmvq1's for that token alone, whatever the row count or tile.
 
-// Words i and i + 4 of a weight block's int8 lanes (mf_wload's q[i] and q[i + 4]: elements
-// 4i..4i+3 and 16+4i..16+4i+3, an m16n8k32 A fragment's two words of one row) and the block's
-// scale terms, with mf_wload's arithmetic.
-template <int TY>
-__device__ __forceinline__ void mf_wfrag(const u8 *row, int b, int i, int &lo, int &hi,
-                                         MfWBlk &w);
-
-template <> __device__ __forceinline__ void mf_wfrag<MF_Q8_0>(const u8 *row, int b, int i,
-                                                              int &lo, int &hi, MfWBlk &w) {
-    const u8 *p = row + (u64)b * 34;
-    w.f1 = mf_ld_f16(p);
-    lo = mf_ld2(p + 2 + 4 * i);
-    hi = mf_ld2(p + 18 + 4 * i);
-}
-
-template <> __device__ __forceinline__ void mf_wfrag<MF_Q4_0>(const u8 *row, int b, int i,
-                                                              int &lo, int &hi, MfWBlk &w) {
-    const u8 *p = row + (u64)b * 18;
-    w.f1 = mf_ld_f16(p);
-    const int v = mf_ld2(p + 2 + 4 * i);
-    lo = v & 0x0F0F0F0F;
-    hi = (v >> 4) & 0x0F0F0F0F;
-}
-
-template <> __device__ __forceinline__ void mf_wfrag<MF_Q4_1>(const u8 *row, int b, int i,
-                                                              int &lo, int &hi, MfWBlk &w) {
-    const u8 *p = row + (u64)b * 20;
-    w.f1 = mf_ld_f16(p);
-    w.f2 = mf_ld_f16(p + 2);
-    const int v = mf_ld4(p + 4 + 4 * i);
-    lo = v & 0x0F0F0F0F;
-    hi = (v >> 4) & 0x0F0F0F0F;
-}
-
-template <> __device__ __forceinline__ void mf_wfrag<MF_Q5_0>(const u8 *row, int b, int i,
-                                                              int &lo, int &hi, MfWBlk &w) {
-    const u8 *p = row + (u64)b * 22;
-    w.f1 = mf_ld_f16(p);
-    const u32 qh = (u32)mf_ld2(p + 2);
-    const int v = mf_ld2(p + 6 + 4 * i);
-    lo = (v & 0x0F0F0F0F) | mf_spread4(qh >> (4 * i));
-    hi = ((v >> 4) & 0x0F0F0F0F) | mf_spread4(qh >> (16 + 4 * i));
-}
-
-template <> __device__ __forceinline__ void mf_wfrag<MF_Q4_K>(const u8 *row, int b, int i,
-                                                              int &lo, int &hi, MfWBlk &w) {
-    const u8 *p = row + (u64)(b >> 3) * 144;
-    const int s = b & 7;
-    int sc, mn;
-    float d, dmin;
-    if (((u64)p & 15) == 0) { // the header in one 16-byte load (rows of a 16-byte-aligned base)
-        const uint4 hd = *(const uint4 *)p;
-        const u64 k03 = (u64)hd.y | ((u64)hd.z << 32);
-#define MF_K4(j)                                                                                  \
-    ((int)(((j) < 8 ? (u32)(k03 >> (8 * (j))) : hd.w >> (8 * ((j) - 8))) & 0xffu))
-        if (s < 4) {
-            sc = MF_K4(s) & 63;
-            mn = MF_K4(s + 4) & 63;
-        } else {
-            sc = (MF_K4(s + 4) & 15) | ((MF_K4(s - 4) >> 6) << 4);
-            mn = (MF_K4(s + 4) >> 4) | ((MF_K4(s) >> 6) << 4);
-        }
-#undef MF_K4
-        d = mf_h2f((u16)(hd.x & 0xffffu));
-        dmin = mf_h2f((u16)(hd.x >> 16));
-    } else {
-        const u8 *k = p + 4;
-        if (s < 4) {
-            sc = k[s] & 63;
-            mn = k[s + 4] & 63;
-        } else {
-            sc = (k[s + 4] & 15) | ((k[s - 4] >> 6) << 4);
-            mn = (k[s + 4] >> 4) | ((k[s] >> 6) << 4);
-        }
-        d = mf_ld_f16(p);
-        dmin = mf_ld_f16(p + 2);
-    }
-    w.f1 = __fmul_rn(d, (float)sc);
-    w.f2 = __fmul_rn(dmin, (float)mn);
-    const u8 *qs = p + 16 + 32 * (s >> 1);
-    const int sh = 4 * (s & 1);
-    lo = (mf_ld4(qs + 4 * i) >> sh) & 0x0F0F0F0F;
-    hi = (mf_ld4(qs + 16 + 4 * i) >> sh) & 0x0F0F0F0F;
-}
-
-template <> __device__ __forceinline__ void mf_wfrag<MF_Q6_K>(const u8 *row, int b, int i,
-                                                              int &lo, int &hi, MfWBlk &w) {
-    const u8 *p = row + (u64)(b >> 3) * 210;
-    const int s = b & 7, h = s >> 2, j = s & 3;
-    const u8 *ql = p + 64 * h + 32 * (j & 1);
-    const u8 *qh = p + 128 + 32 * h;
-    const int shl = 4 * (j >> 1), shh = 2 * j;
-    u32 v[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int e = 4 * (i + 4 * k);
-        const u32 x = (((u32)mf_ld2(ql + e) >> shl) & 0x0F0F0F0Fu) |
-                      ((((u32)mf_ld2(qh + e) >> shh) & 0x03030303u) << 4);
-        v[k] = ((x | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
-    }
-    lo = (int)v[0];
-    hi = (int)v[1];
-    w.f1 = mf_ld_f16(p + 208);
-    w.i1 = (int)(signed char)p[192 + 2 * s];
-    w.i2 = (int)(signed char)p[193 + 2 * s];
-}
-
-// The tensor-core m16n8 tiles (kernels/mmq.cu defines the mma wrappers after this file; the
-// same instructions here).
-__device__ __forceinline__ void mf_mvt_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0,
-                                           int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mf_mvt_k16(int (&c)[4], int a0, int a1, int b0) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
-#define MF_MVT_ROWS 16 // weight rows per m16 tile
-
-// The tree's last addition (R_0 + R_1), the bias, and the store of output (t, o) if it exists.
-__device__ __forceinline__ void mf_mvt_out(float r0, float r1, int o, int t, float *y,
-                                           const float *bias, int n_out, int nt) {
-    if (o < n_out && t < nt) {
-        float v = __fadd_rn(r0, r1);
-        if (bias) v = __fadd_rn(v, bias[o]);
-        y[(u64)t * n_out + o] = v;
-    }
-}
 // The residue walk's unroll (an ablation switch: the bits never depend on it).
 #ifndef MF_MVT_UNROLL
 #define MF_MVT_UNROLL 2
@@ -355,13 +220,9 @@ __device__ __forceinline__ void mf_mmvt(const u8 *w, u64 row_bytes, const signed
         drow0[n] = (u32)mf_tok(t0 + 8 * n + 2 * q4, nt) * (u32)nb;
         drow1[n] = (u32)mf_tok(t0 + 8 * n + 2 * q4 + 1, nt) * (u32)nb;
     }
-    float acc[MT][NT][4];
+    float acc[MT * NT * 4]; // output (m, n, i) at (m NT + n) 4 + i
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+    for (int j = 0; j < MT * NT * 4; ++j) acc[j] = 0.0f;
 #pragma unroll MF_MVT_UNROLL
     for (int b = r; b < nb; b += 8) {
         int a[MT][4];
@@ -383,50 +244,36 @@ __device__ __forceinline__ void mf_mmvt(const u8 *w, u64 row_bytes, const signed
             for (int m = 0; m < MT; ++m) {
                 int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
                 if (TY == MF_Q6_K) {
-                    mf_mvt_k16(ca, a[m][0], a[m][1], x0);
-                    mf_mvt_k16(cb, a[m][2], a[m][3], x1);
+                    mf_mma_k16(ca, a[m][0], a[m][1], x0);
+                    mf_mma_k16(cb, a[m][2], a[m][3], x1);
                 } else {
-                    mf_mvt_k32(ca, a[m][0], a[m][1], a[m][2], a[m][3], x0, x1);
+                    mf_mma_k32(ca, a[m][0], a[m][1], a[m][2], a[m][3], x0, x1);
                 }
                 // ca[i]: row g + 8 (i >> 1), token 2 q4 + (i & 1) of the m16n8 tile.
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const float2 d = (i & 1) ? d1 : d0;
-                    acc[m][n][i] = __fadd_rn(
-                        acc[m][n][i], mf_contrib<TY>(sw[m][i >> 1], ca[i], cb[i], d.x, d.y));
+                    float &s = acc[(m * NT + n) * 4 + i];
+                    s = __fadd_rn(s, mf_contrib<TY>(sw[m][i >> 1], ca[i], cb[i], d.x, d.y));
                 }
             }
         }
     }
     MF_PDL_TRIGGER();
-    // The canonical tree over the warps' partials, level by level in shared memory (each lane
-    // keeps its outputs; slot index = the output's place in the lane's registers x 32 + lane,
-    // so the accesses never share a bank): Q_r = P_r + P_{r+4} (warps 0-3), R_r = Q_r +
-    // Q_{r+2} (warps 0-1), then R_0 + R_1 and the bias (warp 0).
-    constexpr int SZ = 128 * MT * NT;
-    float *rg = red + grp * 4 * SZ;
-#define MF_MVT_EACH(EXPR)                                                                         \
-    _Pragma("unroll") for (int m = 0; m < MT; ++m) _Pragma("unroll") for (int n = 0; n < NT;     \
-                                                                          ++n)                   \
-        _Pragma("unroll") for (int i = 0; i < 4; ++i) {                                           \
-            const int k = ((m * NT + n) * 4 + i) * 32 + lane;                                     \
-            EXPR;                                                                                 \
-        }
-    if (r >= 4) MF_MVT_EACH(rg[(r - 4) * SZ + k] = acc[m][n][i])
-    __syncthreads();
-    if (r < 4) MF_MVT_EACH(acc[m][n][i] = __fadd_rn(acc[m][n][i], rg[r * SZ + k]))
-    __syncthreads();
-    if (r == 2 || r == 3) MF_MVT_EACH(rg[(r - 2) * SZ + k] = acc[m][n][i])
-    __syncthreads();
-    if (r < 2) MF_MVT_EACH(acc[m][n][i] = __fadd_rn(acc[m][n][i], rg[r * SZ + k]))
-    __syncthreads();
-    if (r == 1) MF_MVT_EACH(rg[k] = acc[m][n][i])
-    __syncthreads();
+    mf_mvt_tree(acc, r, lane, red + grp * 4 * 32 * MT * NT * 4);
     if (r == 0) {
-        MF_MVT_EACH(mf_mvt_out(acc[m][n][i], rg[k], o0 + 16 * m + g + 8 * (i >> 1),
-                               t0 + 8 * n + 2 * q4 + (i & 1), y, bias, n_out, nt))
+        const float *rg = red + grp * 4 * 32 * MT * NT * 4;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int j = (m * NT + n) * 4 + i;
+                    mf_mvt_out(acc[j], rg[j * 32 + lane], o0 + 16 * m + g + 8 * (i >> 1),
+                               t0 + 8 * n + 2 * q4 + (i & 1), y, bias, n_out, nt);
+                }
     }
-#undef MF_MVT_EACH
 }
 
 // Grid (ceil(nt / 8 NT TG), ceil(n_out / 16 MT)), 256 TG threads (TG groups of 8 warps,

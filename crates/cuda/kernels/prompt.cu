@@ -133,21 +133,6 @@ extern "C" __global__ void mf_bias_rows(float *y, const float *bias, int n_out, 
 // Logical keys per split of a long window (a multiple of MF_FA_K; prompt.rs `FA_SPLIT`).
 #define MF_FA_SPLIT 1024
 
-__device__ __forceinline__ u32 mf_smem_addr(const void *p) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-__device__ __forceinline__ void mf_cp16(u32 dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-__device__ __forceinline__ void mf_cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
 __device__ __forceinline__ void mf_mma_f16(float *d, const u32 *a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -172,17 +157,6 @@ __device__ __forceinline__ void mf_fa_load(u16 *dst, const u8 *base, u64 row_byt
             mf_cp16(sa, base, 0);
         }
     }
-}
-
-// cp.async of 4 or 8 bytes (`bytes` of them read, the rest zero-filled).
-template <int CP>
-__device__ __forceinline__ void mf_cp_small(u32 dst, const void *src, int bytes) {
-    if (CP == 8)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-                     : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-                     : "memory");
 }
 
 // One 64-key tile of a q8_0 cache's K or V blocks for one head (HD / 32 blocks, 17 * HD / 16

@@ -109,6 +109,9 @@ pub struct CudaBackend {
     pub(crate) mvt_from: usize,
     /// Output rows from which they take 32-row blocks (`MINFER_CUDA_MVT_TALL`; 0: never).
     pub(crate) mvt_tall: usize,
+    /// Fewest generation rows of a matmul on the staged tensor-core generation kernels
+    /// (`MINFER_CUDA_MVS`; 0: off), and their rows a block (`MINFER_CUDA_MVS_ROWS`).
+    pub(crate) mvs: (usize, crate::settings::MvsRows),
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
     /// Most queries per block of the warp-tiled attention (kernels/attnw.cu; f16 KV, head
@@ -192,22 +195,31 @@ impl CudaBackend {
                 } else {
                     String::new()
                 };
-                let from = if s.mvt_from >= 2 {
+                let from = if s.mvs_from >= 2 {
+                    crate::matvec::MVS_MAX_ROWS + 1
+                } else if s.mvt_from >= 2 {
                     crate::matvec::MVT_MAX_ROWS + 1
                 } else if mvn_max >= 2 {
                     mvn_max + 1
                 } else {
                     0
                 };
-                let mvt = if s.mvt_from >= 2 {
+                let mut mvt = if s.mvs_from >= 2 {
                     format!(
-                        "generation rows {}-{} on int8 mma (MINFER_CUDA_MVT), ",
-                        s.mvt_from,
-                        crate::matvec::MVT_MAX_ROWS
+                        "generation rows {}-{} on staged int8 mma (MINFER_CUDA_MVS), ",
+                        s.mvs_from,
+                        crate::matvec::MVS_MAX_ROWS
                     )
                 } else {
                     String::new()
                 };
+                if s.mvt_from >= 2 {
+                    mvt += &format!(
+                        "generation rows {}-{} on int8 mma (MINFER_CUDA_MVT), ",
+                        s.mvt_from,
+                        crate::matvec::MVT_MAX_ROWS
+                    );
+                }
                 format!(
                     "int8 dp4a over 8-bit activations, {mvt}{rows}{}",
                     mmq.describe(from)
@@ -261,6 +273,7 @@ impl CudaBackend {
             mvn_max: s.mvn_max,
             mvt_from: s.mvt_from,
             mvt_tall: s.mvt_tall,
+            mvs: (s.mvs_from, s.mvs_rows),
             attn_single,
             attn_warp_qt,
             attn_heads: s.attn_heads,

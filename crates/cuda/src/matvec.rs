@@ -3,7 +3,8 @@
 //! them, `MF_MV1_X`), from `MINFER_CUDA_MVT` rows (default 9) to 32 on the tensor-core
 //! generation kernels (`mf_mmvt*`), fewer on the multi-row vector kernels (`mf_mmvqn*`), more
 //! (or with those off) on the `mma` prefill tiles or the 8-token dp4a kernel, and the f32
-//! matmul for the other weights.
+//! matmul for the other weights. From `MINFER_CUDA_MVS` rows (off by default) to 64 the staged
+//! tensor-core generation kernels (`mf_mmvs*`) come before all of those.
 //! Every path keeps the canonical block order, so the choice by row count changes no bits.
 
 use minfer_graph::{BufId, ExecArgs, KvKind, Node, QkvFused, RopeStyle};
@@ -26,6 +27,9 @@ const MVT_ROWS: usize = 16;
 /// and 32 rows 1,007 and 1,524 t/s on these kernels against 610 and 1,095 on the tiles; 64
 /// rows 1,596 against 1,667.
 pub(crate) const MVT_MAX_ROWS: usize = 32;
+/// Most rows of one matmul on the staged tensor-core generation kernels (`mf_mmvs*`; two
+/// blocks of 32 tokens along the grid's x at 64).
+pub(crate) const MVS_MAX_ROWS: usize = 64;
 /// Rows one pass of the multi-row vector kernels takes at most.
 const MVN_MAX_PASS: usize = 8;
 
@@ -52,6 +56,50 @@ fn mvt_kernel(n: usize, tall: bool) -> (&'static str, usize, u32) {
         (9..=16, true) => ("mf_mmvt2_m2", 16, 256),
         (_, true) => ("mf_mmvt4_m2", 32, 512),
     }
+}
+
+/// The staged tensor-core generation kernel for `n` rows of type code `ty` (its name
+/// `mf_mmvs<tiles>_r<groups>_<type>`) with `rows` weight rows a block (32 or 64), and the tokens
+/// a block takes: 16 up to 16 rows, 32 past that.
+fn mvs_kernel(n: usize, ty: i32, rows: usize) -> (String, usize) {
+    let tokens = if n <= 16 { 16 } else { 32 };
+    let name = match ty {
+        2 => "q8_0",
+        3 => "q4_0",
+        4 => "q4_1",
+        5 => "q5_0",
+        6 => "q4_k",
+        _ => "q6_k",
+    };
+    (
+        format!("mf_mmvs{}_r{}_{name}", tokens / 8, rows / 32),
+        tokens,
+    )
+}
+
+/// Bytes of a weight row's chunk of 8 blocks as the staged kernels hold it in shared memory
+/// (kernels/mmvs.cu `mf_mvs_ws`), by the kernels' type code.
+fn mvs_row_stride(ty: i32) -> usize {
+    match ty {
+        2 => 272,     // Q8_0
+        3 | 6 => 144, // Q4_0, Q4_K
+        4 | 5 => 176, // Q4_1, Q5_0
+        _ => 240,     // Q6_K
+    }
+}
+
+/// Whether two stages of `rows` weight rows and `tokens` tokens of type `ty` fit a block's
+/// 48 KiB (kernels/mmvs.cu `mf_mvs_fits`; a staged token is 336 bytes).
+fn mvs_fits(ty: i32, tokens: usize, rows: usize) -> bool {
+    2 * (rows * mvs_row_stride(ty) + tokens * 336) <= 48 * 1024
+}
+
+/// Whether the staged kernels copy a matrix at `ptr` with rows of `row_bytes` (type `ty`):
+/// base and rows aligned to the copy unit (kernels/mmvs.cu `mf_mvs_unit`: 16 bytes, 4 for
+/// Q6_K); otherwise the other generation kernels take it.
+fn mvs_copies(ty: i32, ptr: u64, row_bytes: usize) -> bool {
+    let unit = if ty == 7 { 4 } else { 16 };
+    ptr.is_multiple_of(unit) && (row_bytes as u64).is_multiple_of(unit)
 }
 
 /// The arguments the multi-row vector and tensor-core generation kernels share: the weight
@@ -107,6 +155,15 @@ impl CudaBackend {
         }
         if let Some(kernel) = self.mmvq_kernel(m.ty) {
             let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
+            // Generation rows on the staged tensor-core kernels: weights and activations
+            // through shared memory, every weight row read once for up to 32 tokens.
+            let (from, _) = self.mvs;
+            if from >= 2 && (from..=MVS_MAX_ROWS).contains(&n) {
+                let ty = type_code(m.ty).ok_or("weight type")?;
+                if mvs_copies(ty, m.ptr, m.row_bytes) {
+                    return self.launch_mvs(m, (xq, xds), n, (out, b));
+                }
+            }
             // Generation rows on the tensor cores: every weight row read once for up to 64.
             if self.mvt_from >= 2 && (self.mvt_from..=MVT_MAX_ROWS).contains(&n) {
                 return self.launch_mvt(m, (xq, xds), n, out, b);
@@ -297,6 +354,37 @@ impl CudaBackend {
         )
     }
 
+    /// `mf_mmvs*`: `n` generation rows' `out = m · x (+ bias)` over their quantized
+    /// activations on the staged tensor-core kernels ([`mvs_kernel`]): 64 weight rows a block
+    /// where the type's stages fit and (auto) the grid still has a block for every
+    /// multiprocessor, else 32.
+    fn launch_mvs(
+        &mut self,
+        m: &Matrix,
+        (xq, xds): (u64, u64),
+        n: usize,
+        (out, bias): (u64, u64),
+    ) -> DResult<()> {
+        use crate::settings::MvsRows;
+        let ty = type_code(m.ty).ok_or("weight type")?;
+        let tokens = mvs_kernel(n, ty, 32).1;
+        let tiles = n.div_ceil(tokens);
+        let rows = match self.mvs.1 {
+            MvsRows::Fixed(r) => r,
+            MvsRows::Auto if m.ne1.div_ceil(64) * tiles >= self.gpu.sm_count as usize => 64,
+            MvsRows::Auto => 32,
+        };
+        let rows = if mvs_fits(ty, tokens, rows) { rows } else { 32 };
+        let (kernel, _) = mvs_kernel(n, ty, rows);
+        let a = rows_args(ty, m, (xq, xds), out, bias, n);
+        self.gpu.launch(
+            &kernel,
+            (tiles as u32, m.ne1.div_ceil(rows) as u32, 1),
+            8 * rows as u32,
+            &a[1..],
+        )
+    }
+
     /// Blocks of a one-token kernel (`warps` rows at a time each) over `rows` output rows,
     /// as [`Mv1Grid`] says: never more than a block per `warps` rows.
     pub(crate) fn mv1_grid(
@@ -454,6 +542,39 @@ mod tests {
         for k in 2..=MVN_MAX_PASS {
             assert!(loaded(mvn_kernel(k)), "{k} rows: {}", mvn_kernel(k));
         }
+        for n in 1..=MVS_MAX_ROWS {
+            for ty in 2..=7 {
+                for rows in [32, 64] {
+                    let (k, tokens) = mvs_kernel(n, ty, rows);
+                    assert_eq!(loaded(&k), mvs_fits(ty, tokens, rows), "{n} rows: {k}");
+                }
+            }
+        }
         assert!(!loaded("mf_mmvt3"), "control");
+    }
+
+    /// The staged kernels' shared-memory rule as kernels/mmvs.cu states it: every type fits
+    /// two stages of 32 rows at both token tiles, and of 64 rows at 16 tokens; at 32
+    /// tokens the 64-row blocks take the types of at most 176-byte chunks, not Q8_0 or Q6_K
+    /// (those run on 32-row blocks). Control: a 48 KiB + 1 stage pair does not fit.
+    #[test]
+    fn staged_kernel_stages_fit_as_the_kernels_say() {
+        for ty in 2..=7 {
+            for tokens in [16, 32] {
+                assert!(
+                    mvs_fits(ty, tokens, 32),
+                    "type {ty}, {tokens} tokens, 32 rows"
+                );
+                let wide = tokens < 32 || !matches!(ty, 2 | 7);
+                assert_eq!(mvs_fits(ty, tokens, 64), wide, "type {ty}, {tokens} tokens");
+            }
+        }
+        assert_eq!(2 * (64 * mvs_row_stride(5) + 32 * 336), 44_032);
+        assert!(
+            !mvs_fits(2, 32, 64) && 2 * (64 * 272 + 32 * 336) > 48 * 1024,
+            "control"
+        );
+        assert!(mvs_copies(7, 1024, 2940) && mvs_copies(6, 1024, 2016));
+        assert!(!mvs_copies(6, 1028, 2016) && !mvs_copies(7, 1026, 2940));
     }
 }

@@ -25,6 +25,23 @@ pub(crate) const DEFAULT_MVT_FROM: usize = 9;
 /// from 8,192 rows): S_TG 930 / 1,251 at N = 16 / 32 against 1,007 / 1,524 with 16-row
 /// blocks only (the halved activation traffic does not pay for 128 registers a thread).
 pub(crate) const DEFAULT_MVT_TALL: usize = 0;
+/// Generation rows from which a matmul runs on the staged tensor-core generation kernels
+/// (`mf_mmvs*`, `MINFER_CUDA_MVS`; 0: off). Measured on the H100 (7B, S_TG): from 8 rows
+/// they are ahead of every other generation kernel (8 rows 718 against 667 t/s on the
+/// multi-row vector kernels; 4 rows 362 against 541).
+pub(crate) const DEFAULT_MVS_FROM: usize = 8;
+
+/// Weight rows a block of the staged tensor-core generation kernels takes
+/// (`MINFER_CUDA_MVS_ROWS`). The bits never depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MvsRows {
+    /// 64 where the grid still has a block for every multiprocessor and the type's two
+    /// stages fit, else 32.
+    Auto,
+    /// 32 (the default: measured ahead of 64 and of auto on the 7B, S_TG 1,960 against 1,693
+    /// and 1,903 at N = 32) or 64 (64 falls back to 32 for a type whose stages do not fit).
+    Fixed(usize),
+}
 
 /// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`; kernels/int8.cuh
 /// `MF_MV1_X`): quantized once before the kernel and read from global memory, or by every
@@ -160,6 +177,14 @@ pub struct CudaSettings {
     /// Output rows from which those kernels take 32 weight rows a block instead of 16 (each
     /// activation fragment then feeds two row tiles; `MINFER_CUDA_MVT_TALL`, 0: never).
     pub(crate) mvt_tall: usize,
+    /// Generation rows of one matmul from which the staged tensor-core generation kernels
+    /// (`mf_mmvs*`: 32 or 64 weight rows x 8 to 32 tokens a block, weights and activations
+    /// through shared memory by cp.async, a warp per residue of the canonical order) take
+    /// them, up to 64, before every other generation kernel (`MINFER_CUDA_MVS`, 2 ..= 64;
+    /// 0: off). The bits never depend on it.
+    pub(crate) mvs_from: usize,
+    /// Their rows a block (`MINFER_CUDA_MVS_ROWS`: 32, 64 or auto).
+    pub(crate) mvs_rows: MvsRows,
     pub(crate) prompt: PromptChoice,
     pub(crate) gemm: GemmPin,
 }
@@ -270,6 +295,33 @@ impl CudaSettings {
                 v => v.parse::<usize>().map_err(|_| {
                     Refused::new("MINFER_CUDA_MVT_TALL", v, "want a row count (0: never)")
                 })?,
+            },
+            mvs_from: match text("MINFER_CUDA_MVS").as_str() {
+                "" => DEFAULT_MVS_FROM,
+                v => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n == 0 || (2..=64).contains(&n))
+                    .ok_or_else(|| {
+                        Refused::new(
+                            "MINFER_CUDA_MVS",
+                            v,
+                            "want 0 (off) or a row count from 2 to 64",
+                        )
+                    })?,
+            },
+            mvs_rows: match text("MINFER_CUDA_MVS_ROWS").as_str() {
+                "auto" => MvsRows::Auto,
+                "" => MvsRows::Fixed(32),
+                "32" => MvsRows::Fixed(32),
+                "64" => MvsRows::Fixed(64),
+                v => {
+                    return Err(Refused::new(
+                        "MINFER_CUDA_MVS_ROWS",
+                        v,
+                        "want 32, 64 or auto",
+                    ))
+                }
             },
             prompt: prompt(&text)?,
             gemm: gemm(&text)?,
@@ -481,6 +533,7 @@ mod tests {
             (d.mvt_from, d.mvt_tall),
             (DEFAULT_MVT_FROM, DEFAULT_MVT_TALL)
         );
+        assert_eq!((d.mvs_from, d.mvs_rows), (DEFAULT_MVS_FROM, MvsRows::Fixed(32)));
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
         assert_eq!(d.mv1_x, Mv1X::Auto);
         assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));
@@ -497,9 +550,12 @@ mod tests {
             ("MINFER_CUDA_PROMPT", "mmq"),
             ("MINFER_CUDA_MVN", "0"),
             ("MINFER_CUDA_MVT", "0"),
+            ("MINFER_CUDA_MVS", "5"),
+            ("MINFER_CUDA_MVS_ROWS", "auto"),
         ])
         .unwrap();
         assert_eq!((s.mvn_max, s.mvt_from), (0, 0));
+        assert_eq!((s.mvs_from, s.mvs_rows), (5, MvsRows::Auto));
         assert!(!s.graphs);
         assert_eq!((s.pdl, s.mv1_grid), (Pdl::Early, Mv1Grid::Blocks(1)));
         assert_eq!(
@@ -554,6 +610,16 @@ mod tests {
                 "MINFER_CUDA_MVN",
                 "17",
                 "MINFER_CUDA_MVN=17: want a row count from 0 to 16",
+            ),
+            (
+                "MINFER_CUDA_MVS",
+                "65",
+                "MINFER_CUDA_MVS=65: want 0 (off) or a row count from 2 to 64",
+            ),
+            (
+                "MINFER_CUDA_MVS_ROWS",
+                "16",
+                "MINFER_CUDA_MVS_ROWS=16: want 32, 64 or auto",
             ),
             (
                 "MINFER_CUDA_MMQ_SPLIT",

@@ -393,6 +393,54 @@ fn mvt(
     f32s(&out).iter().map(|v| v.to_bits()).collect()
 }
 
+/// The staged tensor-core generation kernels (`mf_mmvs<k>_r<g>_<type>`: 32 g weight rows x
+/// 8 k tokens a block, 8 warps per 32 rows): name prefix, weight rows and tokens a block.
+const MVS: [(&str, usize, usize); 4] = [
+    ("mf_mmvs2_r1", 32, 16),
+    ("mf_mmvs4_r1", 32, 32),
+    ("mf_mmvs2_r2", 64, 16),
+    ("mf_mmvs4_r2", 64, 32),
+];
+
+/// Whether the staged kernel with `rows` x `toks` exists for `ty` (two stages in 48 KiB; the
+/// host's rule in matvec.rs) and copies weights at `w` with rows of `rb` (base and rows
+/// aligned to its copy unit: 16 bytes, 4 for Q6_K).
+fn mvs_takes(ty: Ty, rows: usize, toks: usize, w: u64, rb: usize) -> bool {
+    let stride: usize = match ty {
+        Ty::Q8_0 => 272,
+        Ty::Q4_0 | Ty::Q4K => 144,
+        Ty::Q4_1 | Ty::Q5_0 => 176,
+        Ty::Q6K => 240,
+    };
+    let unit = if ty == Ty::Q6K { 4 } else { 16 };
+    2 * (rows * stride + toks * 336) <= 48 * 1024
+        && w.is_multiple_of(unit as u64)
+        && rb.is_multiple_of(unit)
+}
+
+/// `kernel` of [`MVS`] for `ty` over the case, with its weights at `w`.
+fn mvs(g: &Gpu, (prefix, rows, toks): (&str, usize, usize), ty: Ty, c: &Case, w: u64) -> Vec<u32> {
+    let n = c.n_out * c.nt;
+    g.memset0(c.y, n * 4).unwrap();
+    let grid = (c.nt.div_ceil(toks) as u32, c.n_out.div_ceil(rows) as u32, 1);
+    let args = [
+        Arg::U64(w),
+        Arg::U64(c.rb as u64),
+        Arg::U64(c.xq),
+        Arg::U64(c.xds),
+        Arg::U64(c.y),
+        Arg::U64(c.bias),
+        Arg::I32(c.ne0 as i32),
+        Arg::I32(c.n_out as i32),
+        Arg::I32(c.nt as i32),
+    ];
+    let kernel = format!("{prefix}_{}", ty.name());
+    g.launch(&kernel, grid, 8 * rows as u32, &args).unwrap();
+    let mut out = vec![0u8; n * 4];
+    g.download(c.y, &mut out).unwrap();
+    f32s(&out).iter().map(|v| v.to_bits()).collect()
+}
+
 const TILES: [(&str, (usize, usize)); 4] = [
     ("", (64, 64)),
     ("_r128", (128, 64)),
@@ -412,6 +460,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
     let mut order_differs = 0usize;
     let mut checked = 0usize;
     let mut mvt_checked = 0usize;
+    let mut mvs_checked = [0usize; 8]; // staged outputs by type code
     for ty in Ty::ALL {
         let rows: &[usize] = match ty {
             Ty::Q4K | Ty::Q6K => &[4864, 1024, 256],
@@ -522,6 +571,31 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                         mvt_checked += want.len();
                     }
                 }
+                // The staged kernels: every tile the type has, at every count, where the
+                // weights' alignment lets them copy (Q6_K's rows of 1,024 in 4-byte units;
+                // rows of 896 values leave a last chunk of 4 blocks).
+                for k in MVS {
+                    if !mvs_takes(ty, k.1, k.2, wd, case.rb) {
+                        continue;
+                    }
+                    let got = mvs(&g, k, ty, &case, wd);
+                    let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+                    if let Some(&i) = bad.first() {
+                        println!(
+                            "{}_{} {ne0} nt {nt}: {} of {} differ; first token {} row {}: {} vs {}",
+                            k.0,
+                            ty.name(),
+                            bad.len(),
+                            want.len(),
+                            i / n_out,
+                            i % n_out,
+                            f32::from_bits(got[i]),
+                            f32::from_bits(want[i])
+                        );
+                    }
+                    assert!(bad.is_empty(), "{}_{} {ne0} nt {nt}", k.0, ty.name());
+                    mvs_checked[ty.code() as usize] += want.len();
+                }
                 // Every tile whole, and the first tile with its passes split 2, 4 and 8 ways.
                 let runs = TILES
                     .iter()
@@ -596,7 +670,12 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
         "{checked} mma and {mvt_checked} generation-row mma outputs checked; plain block order \
          differs on {order_differs}"
     );
+    println!("staged generation-row outputs checked by type code: {mvs_checked:?}");
     assert!(mvt_checked > 0, "the generation-row kernels ran");
+    assert!(
+        mvs_checked[2..].iter().all(|&n| n > 0),
+        "the staged kernels ran for every type"
+    );
     assert!(
         order_differs > 0,
         "control: the order of the float sum shows in the bits"
