@@ -533,7 +533,10 @@ mod tests {
             (d.mvt_from, d.mvt_tall),
             (DEFAULT_MVT_FROM, DEFAULT_MVT_TALL)
         );
-        assert_eq!((d.mvs_from, d.mvs_rows), (DEFAULT_MVS_FROM, MvsRows::Fixed(32)));
+        assert_eq!(
+            (d.mvs_from, d.mvs_rows),
+            (DEFAULT_MVS_FROM, MvsRows::Fixed(32))
+        );
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
         assert_eq!(d.mv1_x, Mv1X::Auto);
         assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));

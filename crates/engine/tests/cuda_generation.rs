@@ -93,9 +93,9 @@ fn one_token_launches() -> u64 {
         "mf_qkv1_gx",
         "mf_gate_up1_gx",
     ]
-        .iter()
-        .map(|k| minfer_cuda::launches(k))
-        .sum()
+    .iter()
+    .map(|k| minfer_cuda::launches(k))
+    .sum()
 }
 
 /// Launches of the multi-row vector kernels so far (every weight type).
