@@ -34,6 +34,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attn.cu", include_str!("../kernels/attn.cu")),
     ("attnw.cu", include_str!("../kernels/attnw.cu")),
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
+    ("mmvt.cu", include_str!("../kernels/mmvt.cu")),
     ("mmvs.cu", include_str!("../kernels/mmvs.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),

@@ -19,7 +19,7 @@ const MV_T: usize = 8;
 /// Fewest output rows per block of the one-token int8 kernels (a warp each; the block has
 /// `mv1_warps` of them).
 const MV1_ROWS: usize = 4;
-/// Weight rows per block of the tensor-core generation kernels (kernels/mmvq.cu
+/// Weight rows per block of the tensor-core generation kernels (kernels/mmvt.cu
 /// `MF_MVT_ROWS`).
 const MVT_ROWS: usize = 16;
 /// Most rows of one matmul on those kernels (past that the `mma` prefill tiles, which
