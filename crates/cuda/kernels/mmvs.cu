@@ -193,22 +193,8 @@ __device__ __forceinline__ void mf_mmvs(const u8 *w, u64 row_bytes, const signed
                 const float2 d0 = sd[(8 * n + 2 * q4) * 8 + r];
                 const float2 d1 = sd[(8 * n + 2 * q4 + 1) * 8 + r];
 #pragma unroll
-                for (int m = 0; m < 2; ++m) {
-                    int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
-                    if (TY == MF_Q6_K) {
-                        mf_mma_k16(ca, fa[m][0], fa[m][1], x0);
-                        mf_mma_k16(cb, fa[m][2], fa[m][3], x1);
-                    } else {
-                        mf_mma_k32(ca, fa[m][0], fa[m][1], fa[m][2], fa[m][3], x0, x1);
-                    }
-                    // ca[i]: row g + 8 (i >> 1), token 2 q4 + (i & 1) of the m16n8 tile.
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float2 d = (i & 1) ? d1 : d0;
-                        float &s = acc[(m * NT + n) * 4 + i];
-                        s = __fadd_rn(s, mf_contrib<TY>(fw[m][i >> 1], ca[i], cb[i], d.x, d.y));
-                    }
-                }
+                for (int m = 0; m < 2; ++m)
+                    mf_mvt_block<TY>(acc + (m * NT + n) * 4, fa[m], fw[m], x0, x1, d0, d1);
             }
         }
         __syncthreads(); // the stage is read before the copy two chunks on refills it

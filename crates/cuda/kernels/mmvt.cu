@@ -74,22 +74,8 @@ __device__ __forceinline__ void mf_mmvt(const u8 *w, u64 row_bytes, const signed
             const int x0 = xv[q4], x1 = xv[q4 + 4];
             const float2 d0 = xds[(u64)drow0[n] + b], d1 = xds[(u64)drow1[n] + b];
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
-                if (TY == MF_Q6_K) {
-                    mf_mma_k16(ca, a[m][0], a[m][1], x0);
-                    mf_mma_k16(cb, a[m][2], a[m][3], x1);
-                } else {
-                    mf_mma_k32(ca, a[m][0], a[m][1], a[m][2], a[m][3], x0, x1);
-                }
-                // ca[i]: row g + 8 (i >> 1), token 2 q4 + (i & 1) of the m16n8 tile.
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float2 d = (i & 1) ? d1 : d0;
-                    float &s = acc[(m * NT + n) * 4 + i];
-                    s = __fadd_rn(s, mf_contrib<TY>(sw[m][i >> 1], ca[i], cb[i], d.x, d.y));
-                }
-            }
+            for (int m = 0; m < MT; ++m)
+                mf_mvt_block<TY>(acc + (m * NT + n) * 4, a[m], sw[m], x0, x1, d0, d1);
         }
     }
     MF_PDL_TRIGGER();

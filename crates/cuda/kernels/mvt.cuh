@@ -160,6 +160,27 @@ template <> __device__ __forceinline__ void mf_wfrag<MF_Q6_K>(const u8 *row, int
 
 #define MF_MVT_ROWS 16 // weight rows per m16 tile
 
+// One block's m16n8 tile: the exact integer products of the weight fragment `a` (rows g and
+// g + 8, two words each) and the token fragment (x0, x1) on `mma`, each through mf_contrib
+// (scale terms `w` of the two rows, (d, d * sum q) `d0` / `d1` of tokens 2 q4 and 2 q4 + 1)
+// into the tile's four running sums: acc[i] is row g + 8 (i >> 1), token 2 q4 + (i & 1).
+template <int TY>
+__device__ __forceinline__ void mf_mvt_block(float *acc, const int (&a)[4], const MfWBlk (&w)[2],
+                                             int x0, int x1, float2 d0, float2 d1) {
+    int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
+    if (TY == MF_Q6_K) {
+        mf_mma_k16(ca, a[0], a[1], x0);
+        mf_mma_k16(cb, a[2], a[3], x1);
+    } else {
+        mf_mma_k32(ca, a[0], a[1], a[2], a[3], x0, x1);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 d = (i & 1) ? d1 : d0;
+        acc[i] = __fadd_rn(acc[i], mf_contrib<TY>(w[i >> 1], ca[i], cb[i], d.x, d.y));
+    }
+}
+
 // The tree's last addition (R_0 + R_1), the bias, and the store of output (t, o) if it exists.
 __device__ __forceinline__ void mf_mvt_out(float r0, float r1, int o, int t, float *y,
                                            const float *bias, int n_out, int nt) {

@@ -364,19 +364,22 @@ const MVT: [(&str, usize, usize, u32); 7] = [
     ("mf_mmvt4_m2", 32, 32, 512),
 ];
 
-/// `kernel` of [`MVT`] over the case, with its weights at `w`.
-fn mvt(
+/// A generation-row kernel over the case, with its weights at `w`: `kernel` with `rows`
+/// weight rows and `toks` tokens a block and `threads`, its first argument the type code
+/// where `ty` is given (the `mf_mmvt*` kernels; the `mf_mmvs*` ones carry it in their name).
+fn rows_kernel(
     g: &Gpu,
-    (kernel, rows, toks, threads): (&str, usize, usize, u32),
-    ty: Ty,
+    kernel: &str,
+    (rows, toks, threads): (usize, usize, u32),
+    ty: Option<Ty>,
     c: &Case,
     w: u64,
 ) -> Vec<u32> {
     let n = c.n_out * c.nt;
     g.memset0(c.y, n * 4).unwrap();
     let grid = (c.nt.div_ceil(toks) as u32, c.n_out.div_ceil(rows) as u32, 1);
-    let args = [
-        Arg::I32(ty.code()),
+    let mut args: Vec<Arg> = ty.map(|t| Arg::I32(t.code())).into_iter().collect();
+    args.extend([
         Arg::U64(w),
         Arg::U64(c.rb as u64),
         Arg::U64(c.xq),
@@ -386,7 +389,7 @@ fn mvt(
         Arg::I32(c.ne0 as i32),
         Arg::I32(c.n_out as i32),
         Arg::I32(c.nt as i32),
-    ];
+    ]);
     g.launch(kernel, grid, threads, &args).unwrap();
     let mut out = vec![0u8; n * 4];
     g.download(c.y, &mut out).unwrap();
@@ -416,29 +419,6 @@ fn mvs_takes(ty: Ty, rows: usize, toks: usize, w: u64, rb: usize) -> bool {
     2 * (rows * stride + toks * 336) <= 48 * 1024
         && w.is_multiple_of(unit as u64)
         && rb.is_multiple_of(unit)
-}
-
-/// `kernel` of [`MVS`] for `ty` over the case, with its weights at `w`.
-fn mvs(g: &Gpu, (prefix, rows, toks): (&str, usize, usize), ty: Ty, c: &Case, w: u64) -> Vec<u32> {
-    let n = c.n_out * c.nt;
-    g.memset0(c.y, n * 4).unwrap();
-    let grid = (c.nt.div_ceil(toks) as u32, c.n_out.div_ceil(rows) as u32, 1);
-    let args = [
-        Arg::U64(w),
-        Arg::U64(c.rb as u64),
-        Arg::U64(c.xq),
-        Arg::U64(c.xds),
-        Arg::U64(c.y),
-        Arg::U64(c.bias),
-        Arg::I32(c.ne0 as i32),
-        Arg::I32(c.n_out as i32),
-        Arg::I32(c.nt as i32),
-    ];
-    let kernel = format!("{prefix}_{}", ty.name());
-    g.launch(&kernel, grid, 8 * rows as u32, &args).unwrap();
-    let mut out = vec![0u8; n * 4];
-    g.download(c.y, &mut out).unwrap();
-    f32s(&out).iter().map(|v| v.to_bits()).collect()
 }
 
 const TILES: [(&str, (usize, usize)); 4] = [
@@ -552,7 +532,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                         bases.push((wd_off + 4, " at +4"));
                     }
                     for (base, at) in bases {
-                        let got = mvt(&g, k, ty, &case, base);
+                        let got = rows_kernel(&g, k.0, (k.1, k.2, k.3), Some(ty), &case, base);
                         let bad: Vec<usize> =
                             (0..want.len()).filter(|&i| got[i] != want[i]).collect();
                         if let Some(&i) = bad.first() {
@@ -578,7 +558,8 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                     if !mvs_takes(ty, k.1, k.2, wd, case.rb) {
                         continue;
                     }
-                    let got = mvs(&g, k, ty, &case, wd);
+                    let name = format!("{}_{}", k.0, ty.name());
+                    let got = rows_kernel(&g, &name, (k.1, k.2, 8 * k.1 as u32), None, &case, wd);
                     let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
                     if let Some(&i) = bad.first() {
                         println!(
