@@ -44,6 +44,11 @@
 //! (`(s + i / 8) ^ 1`), and its sub-block scales of a chunk swapped (ymm form); Q6_K's
 //! second chunk of a pair read 32 bytes off.
 //!
+//! The AVX-512 Q4_K tile on Q8_K activations interleaved by 8 (`simd/x86/avx512_q4k_tile.rs`,
+//! 2026-12-06): each control made both tests fail: every sub-block's partial sums scaled by
+//! the neighbouring sub-block's scale (`sc >> 8 · (s ^ 1)`); the mins of a pair of sub-blocks
+//! swapped against the pair facts of `TileSide::fill` (`hi | lo << 16`).
+//!
 //! The two-tile kernels (`simd/x86/avx512_tile_pairs.rs`: Q5_0, Q8_0) run in the matmul test
 //! (nt = 12: a full tile and a padded one; nt = 19) and are called directly by
 //! `tile_kernels_are_exact_on_every_isa`; control: Q8_0's second tile taking back its bias
