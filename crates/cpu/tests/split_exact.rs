@@ -47,9 +47,12 @@
 //! The AVX-512 Q4_K tile on Q8_K activations interleaved by 8 (`simd/x86/avx512_q4k_tile.rs`,
 //! 2026-12-06): each control made both tests fail: every sub-block's partial sums scaled by
 //! the neighbouring sub-block's scale (`sc >> 8 · (s ^ 1)`); the mins of a pair of sub-blocks
-//! swapped against the pair facts of `TileSide::fill` (`hi | lo << 16`).
+//! swapped against the pair facts of `TileSide::fill` (`hi | lo << 16`); in the `packs` form,
+//! the scale vector of a pair of sub-blocks swapped (`2j + 1 - (i % 8) / 4`); its two-tile
+//! kernel (`tile2_q4_k`) reading the first tile's activations for the second tile too.
 //!
-//! The two-tile kernels (`simd/x86/avx512_tile_pairs.rs`: Q5_0, Q8_0) run in the matmul test
+//! The two-tile kernels (`simd/x86/avx512_tile_pairs.rs`: Q5_0, Q8_0; Q4_K's in
+//! `avx512_q4k_tile.rs`) run in the matmul test
 //! (nt = 12: a full tile and a padded one; nt = 19) and are called directly by
 //! `tile_kernels_are_exact_on_every_isa`; control: Q8_0's second tile taking back its bias
 //! with the first tile's block sums made both tests fail (2026-12-01). The matmul's decode

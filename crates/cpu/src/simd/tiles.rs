@@ -291,7 +291,7 @@ impl super::RowDot {
     }
 
     /// The two-tile kernel ([`TilePairFn`]) for rows as [`RowDot::tile_for`]'s, where this type
-    /// has one on this instruction set (AVX-512 VNNI: Q5_0, Q8_0).
+    /// has one on this instruction set (AVX-512 VNNI: Q5_0, Q8_0, Q4_K).
     pub fn tile_pair_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TilePairFn> {
         self.kernel_for(n, w_len, act_len)?;
         #[cfg(target_arch = "x86_64")]

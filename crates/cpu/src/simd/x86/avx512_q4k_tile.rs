@@ -34,8 +34,8 @@ use std::ops::Range;
 
 use super::super::tiles::{TileAcc, TileSlice, IQ8K_BLOCK, TILE};
 use super::avx2_tiles::{check, ld, ldf, walk, Q8K};
-use super::avx512_dispatch::load64;
 use super::avx512_kquants::scales_mins_k4;
+use super::avx512_tile_pairs::walk2;
 use super::f16_at;
 
 /// Bytes of one Q4_K block: d f16, dmin f16, scales[12], qs[128].
@@ -53,18 +53,38 @@ fn run_of(v: __m512i, q: usize) -> __m512i {
     }
 }
 
-/// isum of super-block `wb` (144 bytes) with scales `sc` (scale s in byte s) against the
-/// tile's interleaved activations `iq` (one [`IQ8K_BLOCK`]): lane t = Σ_s sc_s · Σ_{i in s}
-/// q_i · a_{t,i}, exact (|isum| <= 8 · 63 · 30720 < 2^31).
+/// isums of super-block `wb` (144 bytes) with scales `sc` (scale s in byte s) against the
+/// interleaved activations `iq[n]` (one [`IQ8K_BLOCK`]) of each of `N` tiles: lane t of
+/// result n = Σ_s sc_s · Σ_{i in s} q_i · a_{n,t,i}, exact (|isum| <= 8 · 63 · 30720 < 2^31).
+/// What depends on the weights alone (nibbles, run broadcasts, scale vectors) is made once.
+///
+/// Per pair of sub-blocks (2j, 2j + 1): `part` lane 2t + h holds token t's sum over half h
+/// of each run (an i16, module docs); `packs` puts, per 128-bit lane L, the i16 of lanes
+/// 4L..4L + 4 of sub-block 2j then those of 2j + 1 (no saturation: exact), and one
+/// `vpdpwssd` against [sc_2j × 4, sc_2j+1 × 4] adds, per 128-bit lane, token 2L's and
+/// 2L + 1's scaled sums of sub-block 2j into i32 lanes 0 and 1, of 2j + 1 into lanes 2 and 3.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-fn isum8(wb: &[u8], sc: u64, iq: &[u8]) -> __m256i {
-    let (wb, iq) = (&wb[..Q4K], &iq[..IQ8K_BLOCK]);
+fn isums<const N: usize>(wb: &[u8], sc: u64, iq: [&[u8]; N]) -> [__m256i; N] {
+    let wb = &wb[..Q4K];
+    for q in iq {
+        assert!(
+            q.len() >= IQ8K_BLOCK,
+            "tile kernel: short interleaved block"
+        );
+    }
+    let iq: [*const u8; N] = std::array::from_fn(|n| iq[n].as_ptr());
     let m4 = _mm512_set1_epi8(0x0f);
     let zero = _mm512_setzero_si512();
-    // Two accumulators (even and odd sub-blocks) halve the dependency chain.
-    let mut acc = [zero; 2];
+    // The 8 scales as i16 in the low 128 bits; pair j spread as [sc_2j × 4, sc_2j+1 × 4] over
+    // every 128-bit lane.
+    let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+    let mut acc = [zero; N];
     for j in 0..4 {
+        let idx: [i16; 32] = std::array::from_fn(|i| (2 * j + (i % 8) / 4) as i16);
+        // SAFETY: `idx` is 64 readable bytes.
+        let idx = unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) };
+        let scales = _mm512_permutexvar_epi16(idx, sc16);
         // qs[32j..32j + 32] in both 256-bit halves: sub-block 2j in the low nibbles, 2j + 1
         // in the high ones, each sub-block's 4 runs of 8 in the 4 qwords of a half.
         // SAFETY: `wb` has 144 bytes; qs[32j..32j + 32] at 16 + 32j.
@@ -73,25 +93,33 @@ fn isum8(wb: &[u8], sc: u64, iq: &[u8]) -> __m256i {
             _mm512_and_si512(q, m4),
             _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4),
         ];
+        let mut part = [[zero; 2]; N];
         for (h, quants) in halves.into_iter().enumerate() {
-            let s = 2 * j + h;
-            let mut part = zero;
             for c in 0..4 {
-                let r = 4 * s + c;
-                // Lanes at most 4 runs · 4 · 15 · 128 = 30720: an i16.
-                part = _mm512_dpbusd_epi32(part, run_of(quants, c), load64(&iq[64 * r..]));
+                let r = 8 * j + 4 * h + c;
+                let w = run_of(quants, c);
+                for n in 0..N {
+                    // SAFETY: r < 32: the 64 bytes at 64r lie within the block (asserted).
+                    let a = unsafe { _mm512_loadu_si512(iq[n].add(64 * r).cast()) };
+                    // Lanes at most 4 runs · 4 · 15 · 128 = 30720: an i16.
+                    part[n][h] = _mm512_dpbusd_epi32(part[n][h], w, a);
+                }
             }
-            let scale = _mm512_set1_epi32((sc >> (8 * s)) as u8 as i32);
-            acc[h] = _mm512_dpwssd_epi32(acc[h], part, scale);
+        }
+        for n in 0..N {
+            let packed = _mm512_packs_epi32(part[n][0], part[n][1]);
+            acc[n] = _mm512_dpwssd_epi32(acc[n], packed, scales);
         }
     }
-    let v = _mm512_add_epi32(acc[0], acc[1]);
-    // Token t's two lanes 2t, 2t + 1 added in the low half of 64-bit lane t, then narrowed.
-    _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64::<32>(v)))
+    // Per 128-bit lane L: lanes 0 + 2 are token 2L, 1 + 3 token 2L + 1; then lanes 0, 1 of
+    // every 128-bit lane gathered into the low 256 bits.
+    let gather = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    acc.map(|v| {
+        let v = _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b01_00_11_10>(v));
+        _mm512_castsi512_si256(_mm512_permutexvar_epi32(gather, v))
+    })
 }
 
-/// msum of super-block `u` for the 8 tokens: Σ_s S_s · mn_s from the pair facts `is` of the
-/// super-block (4 facts of 8 tokens; sums at most 32 · 128, mins at most 63: exact).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn msum8(mn: u64, is: &[i32]) -> __m256i {
@@ -115,6 +143,28 @@ fn msum8(mn: u64, is: &[i32]) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
 }
 
+/// The checks of one tile: lengths (`check`) and the interleaved quants.
+fn check_q4k(w: &[u8], acts: &[u8], arb: usize, side: TileSlice, range: &Range<usize>) {
+    check(w, acts, arb, side, [Q4K, Q8K, 1, 4], range);
+    assert!(
+        side.iq.len() >= w.len() / Q4K * IQ8K_BLOCK,
+        "tile kernel: no interleaved Q8_K quants"
+    );
+}
+
+/// Block b's value for one tile from its isum: the reference's float expression, one token
+/// per lane: (d_w · d_a) · isum - (dmin_w · d_a) · msum.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn value(wb: &[u8], mn: u64, isum: __m256i, side: &TileSlice, b: usize) -> __m256 {
+    let isum = _mm256_cvtepi32_ps(isum);
+    let msum = _mm256_cvtepi32_ps(msum8(mn, &side.is[b * 4 * TILE..]));
+    let ad = ldf(side.fs, b * TILE);
+    let d = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 0)), ad);
+    let dmin = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 2)), ad);
+    _mm256_sub_ps(_mm256_mul_ps(d, isum), _mm256_mul_ps(dmin, msum))
+}
+
 /// Q4_K weights against a tile of Q8_K activations (module docs).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 unsafe fn tile_q4_k(
@@ -125,22 +175,52 @@ unsafe fn tile_q4_k(
     range: Range<usize>,
     state: &mut TileAcc,
 ) {
-    check(w, acts, arb, side, [Q4K, Q8K, 1, 4], &range);
-    let blocks = w.len() / Q4K;
-    assert!(
-        side.iq.len() >= blocks * IQ8K_BLOCK,
-        "tile kernel: no interleaved Q8_K quants"
-    );
+    check_q4k(w, acts, arb, side, &range);
     walk(range, state, |b| {
         let wb = &w[b * Q4K..][..Q4K];
         let (sc, mn) = scales_mins_k4(&wb[4..16]);
-        let isum = _mm256_cvtepi32_ps(isum8(wb, sc, &side.iq[b * IQ8K_BLOCK..]));
-        let msum = _mm256_cvtepi32_ps(msum8(mn, &side.is[b * 4 * TILE..]));
-        let ad = ldf(side.fs, b * TILE);
-        let d = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 0)), ad);
-        let dmin = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 2)), ad);
-        _mm256_sub_ps(_mm256_mul_ps(d, isum), _mm256_mul_ps(dmin, msum))
+        let [isum] = isums(wb, sc, [&side.iq[b * IQ8K_BLOCK..]]);
+        value(wb, mn, isum, &side, b)
     });
+}
+
+/// Q4_K weights against two tiles: per tile the arithmetic of [`tile_q4_k`] (the same
+/// integers, the same float expression), the weights' nibbles, run broadcasts and scale
+/// vectors made once for both.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn tile2_q4_k(
+    w: &[u8],
+    acts: [&[u8]; 2],
+    arb: usize,
+    side: [TileSlice; 2],
+    range: Range<usize>,
+    states: &mut [TileAcc; 2],
+) {
+    for (a, s) in acts.iter().zip(&side) {
+        check_q4k(w, a, arb, *s, &range);
+    }
+    let [s0, s1] = side;
+    walk2(range, states, |b| {
+        let wb = &w[b * Q4K..][..Q4K];
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let blk = b * IQ8K_BLOCK;
+        let [i0, i1] = isums(wb, sc, [&s0.iq[blk..], &s1.iq[blk..]]);
+        (value(wb, mn, i0, &s0, b), value(wb, mn, i1, &s1, b))
+    });
+}
+
+/// The safe two-tile entry point ([`crate::simd::TilePairFn`]); handed out only by
+/// `avx512_tile_pair` after `avx512_supported()` returned true.
+pub(super) fn safe2_q4_k(
+    w: &[u8],
+    acts: [&[u8]; 2],
+    arb: usize,
+    side: [TileSlice; 2],
+    range: Range<usize>,
+    states: &mut [TileAcc; 2],
+) {
+    // SAFETY: see the doc: the CPU supports the kernel's instruction set.
+    unsafe { tile2_q4_k(w, acts, arb, side, range, states) }
 }
 
 /// The safe entry point ([`crate::simd::TileFn`]); handed out only by `avx512_tile` after
