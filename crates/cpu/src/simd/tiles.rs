@@ -44,7 +44,8 @@ pub type TilePairFn =
 /// row, reading its per-block facts from the side table ([`TileSide::row`]) instead of
 /// deriving them per weight row, and writes `out[r]` = dot of row r. The facts: for Q8_0
 /// activations `fs` = the scales as f32, `is` = Σ q per block; for Q8_1 `fs` = the blocks' d
-/// then their s (2 x blocks), `is` empty. Several rows per call keep the per-row work (call,
+/// then their s (2 x blocks), `is` empty; for Q8_K `fs` = the blocks' d, `is` empty. Several
+/// rows per call keep the per-row work (call,
 /// slicing, checks) out of the matmul's loop. Each dot is bit-identical to the
 /// [`super::DotFn`] of the same type.
 pub type RowSideFn = fn(&[u8], &[u8], &[f32], &[i32], &mut [f32]);
@@ -218,13 +219,14 @@ impl TileSide {
     }
 
     /// Fills the per-row facts of the `arb`-byte activation rows `act` encoded in `at` for the
-    /// side kernels ([`RowSideFn`] says which); false (nothing to use) when `at` is neither
-    /// Q8_0 nor Q8_1 or `arb` is not whole blocks. The facts hold for any bytes (no sign
+    /// side kernels ([`RowSideFn`] says which); false (nothing to use) when `at` is not Q8_0,
+    /// Q8_1 or Q8_K or `arb` is not whole blocks. The facts hold for any bytes (no sign
     /// moves onto the activation), so there is nothing to check beyond the geometry.
     pub fn fill_rows(&mut self, at: GgmlType, act: &[u8], arb: usize) -> bool {
         let (bb, nf, ni) = match at {
             GgmlType::Q8_0 => (34, 1, 1),
             GgmlType::Q8_1 => (36, 2, 0),
+            GgmlType::Q8K => (292, 1, 0),
             _ => return false,
         };
         if arb == 0 || !arb.is_multiple_of(bb) {
@@ -237,6 +239,11 @@ impl TileSide {
         self.row_is.clear();
         for row in act.chunks_exact(arb) {
             let blocks = || row.chunks_exact(bb);
+            if at == GgmlType::Q8K {
+                let d = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                self.row_fs.extend(blocks().map(d));
+                continue;
+            }
             self.row_fs.extend(blocks().map(|b| f16(b, 0)));
             if at == GgmlType::Q8_0 {
                 let sum = |b: &[u8]| b[2..34].iter().map(|&v| v as i8 as i32).sum::<i32>();
