@@ -19,6 +19,10 @@ fn main() {
         (GgmlType::Q4_1, 576, 576),
         (GgmlType::Q4K, 4864, 896),
         (GgmlType::Q6K, 4864, 896),
+        // Qwen2.5-1.5B's FFN in and out (issue 35's rows).
+        (GgmlType::Q4K, 1536, 8960),
+        (GgmlType::Q4K, 8960, 1536),
+        (GgmlType::Q6K, 8960, 1536),
     ];
     for (ty, k, m) in cases {
         let bs = ty.block_size() as usize;

@@ -24,6 +24,9 @@
 //! - The Q8_0 side kernel (`dot_q8_0_side`, sign trick with a fallback for activations that
 //!   hold -128) without its fallback: the adversarial test failed (its side check); its
 //!   blocks summed in the order 0, 2, 1, 3: `split_exact.rs` failed.
+//! - The AVX-512 Q4_K side kernel (`avx512_q4k_side.rs`, called here with one row and with 5,
+//!   a group of 4 and one more) adding its sub-block pairs of stored block sums in i16
+//!   (wrapping) instead of i32: the adversarial test failed (its side check, 2026-12-06).
 //! - NEON dot-product (`Isa::NeonDotprod`, under `qemu-aarch64-static -cpu max`): `sdot` with
 //!   the activations' lane 0 broadcast (`{a:v}.4b[0]`) instead of the whole vector: the random,
 //!   adversarial and tail-control tests failed (306 and 52 mismatches, all `neon-dotprod`).
@@ -144,7 +147,8 @@ fn dot_mismatch(
 }
 
 /// The activation row's block facts as the side kernels read them (`simd::RowSideFn`),
-/// computed here from the encoded bytes: Q8_0 (d as f32; Σ q), Q8_1 (d then s as f32; none).
+/// computed here from the encoded bytes: Q8_0 (d as f32; Σ q), Q8_1 (d then s as f32; none),
+/// Q8_K (d; none).
 fn side_facts(at: GgmlType, act: &[u8]) -> (Vec<f32>, Vec<i32>) {
     let f16 = |b: &[u8], o: usize| quants::f16_to_f32(u16::from_le_bytes([b[o], b[o + 1]]));
     match at {
@@ -161,12 +165,20 @@ fn side_facts(at: GgmlType, act: &[u8]) -> (Vec<f32>, Vec<i32>) {
                 vec![],
             )
         }
+        GgmlType::Q8K => (
+            act.chunks_exact(292)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            vec![],
+        ),
         _ => (vec![], vec![]),
     }
 }
 
 /// The difference between the side kernel (activation block facts from [`side_facts`]) of
-/// `ty` on `isa`, where one exists, and the reference, if any, in words.
+/// `ty` on `isa`, where one exists, and the reference, if any, in words: the row alone, and
+/// [`SIDE_ROWS`] copies of it in one call (kernels that take rows in groups run a whole group
+/// and the rows past it).
 fn side_mismatch(
     isa: Isa,
     ty: GgmlType,
@@ -181,10 +193,18 @@ fn side_mismatch(
     let want = quants::vec_dot(ty, n, w, act).unwrap();
     let mut out = [f32::NAN];
     f(w, act, &d, &sums, &mut out);
-    let got = out[0];
-    (got.to_bits() != want.to_bits())
-        .then(|| format!("{isa} {ty} n={n} ({what}, side): got {got:e}, reference {want:e}"))
+    let mut outs = [f32::NAN; SIDE_ROWS];
+    f(&w.repeat(SIDE_ROWS), act, &d, &sums, &mut outs);
+    let bad = std::iter::once(&out[0])
+        .chain(&outs)
+        .find(|g| g.to_bits() != want.to_bits())?;
+    Some(format!(
+        "{isa} {ty} n={n} ({what}, side): got {bad:e}, reference {want:e}"
+    ))
 }
+
+/// Rows per call in [`side_mismatch`]'s second call: a group of 4 and one more.
+const SIDE_ROWS: usize = 5;
 
 /// Fails listing every mismatch (the first few), so one run on a borrowed machine names all
 /// failing kernels at once.
@@ -223,11 +243,13 @@ fn avx2_serves_every_listed_type() {
     assert_side_kernels(Isa::Avx2);
 }
 
-/// The side kernels (decode) exist for Q4_1, Q5_0 and Q8_0 on `isa` and for no other type,
-/// so the side half of the bit-identity tests runs for each of them there.
+/// The side kernels (decode) exist for Q4_1, Q5_0 and Q8_0 on `isa` (and Q4_K on AVX-512
+/// VNNI) and for no other type, so the side half of the bit-identity tests runs for each of
+/// them there.
 fn assert_side_kernels(isa: Isa) {
     for ty in GgmlType::SUPPORTED {
-        let want = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0);
+        let want = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+            || (isa == Isa::Avx512Vnni && ty == GgmlType::Q4K);
         let n = 2 * ty.block_size() as usize;
         let side = simd::RowDot::on(isa, ty).ok().and_then(|d| {
             let act = vec_dot_type(ty).row_bytes(n as u64).unwrap() as usize;

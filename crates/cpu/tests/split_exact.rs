@@ -44,7 +44,22 @@
 //! (`(s + i / 8) ^ 1`), and its sub-block scales of a chunk swapped (ymm form); Q6_K's
 //! second chunk of a pair read 32 bytes off.
 //!
-//! The two-tile kernels (`simd/x86/avx512_tile_pairs.rs`: Q5_0, Q8_0) run in the matmul test
+//! The AVX-512 Q4_K tile on Q8_K activations interleaved by 8 (`simd/x86/avx512_q4k_tile.rs`,
+//! 2026-12-06): each control made both tests fail: every sub-block's partial sums scaled by
+//! the neighbouring sub-block's scale (`sc >> 8 · (s ^ 1)`); the mins of a pair of sub-blocks
+//! swapped against the pair facts of `TileSide::fill` (`hi | lo << 16`); in the `packs` form,
+//! the scale vector of a pair of sub-blocks swapped (`2j + 1 - (i % 8) / 4`); its two-tile
+//! kernel (`tile2_q4_k`) reading the first tile's activations for the second tile too.
+//!
+//! Decode's AVX-512 Q4_K side kernel (`simd/x86/avx512_q4k_side.rs`, 4 rows per group, nt = 1
+//! and 3; m = 43 leaves tasks with rows past the last group): each control made the matmul
+//! test fail (2026-12-06): the scales spread as the other pairing of sub-blocks
+//! (`first + (lane >= 2) + 2 · (pos >= 4)`); the activation re-laid out in element order
+//! (`[0, 32, 64, 96]`) instead of the nibble vectors' order; the rows past the last group
+//! left at 0.
+//!
+//! The two-tile kernels (`simd/x86/avx512_tile_pairs.rs`: Q5_0, Q8_0; Q4_K's in
+//! `avx512_q4k_tile.rs`) run in the matmul test
 //! (nt = 12: a full tile and a padded one; nt = 19) and are called directly by
 //! `tile_kernels_are_exact_on_every_isa`; control: Q8_0's second tile taking back its bias
 //! with the first tile's block sums made both tests fail (2026-12-01). The matmul's decode
@@ -92,7 +107,8 @@ fn matmul_is_exact_for_every_thread_count() {
         let chunked = (odd.0, 264, ty);
         [
             (512, 200, ty),
-            (1280, 40, ty),
+            // 43 rows: tasks whose rows are not whole groups of a side kernel's 4.
+            (1280, 43, ty),
             (512, 1000, ty),
             odd,
             chunked,

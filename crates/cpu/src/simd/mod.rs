@@ -29,7 +29,7 @@ mod x86;
 pub mod attn;
 pub use tiles::{
     finish as finish_tile, RowSideFn, TileAcc, TileFn, TileMut, TilePairFn, TileSide, TileSlice,
-    IQ_BLOCK, TILE,
+    IQ8K_BLOCK, IQ_BLOCK, TILE,
 };
 
 /// A dot kernel for whole rows whose lengths [`check_vec_dot`] has accepted:

@@ -44,7 +44,8 @@ pub type TilePairFn =
 /// row, reading its per-block facts from the side table ([`TileSide::row`]) instead of
 /// deriving them per weight row, and writes `out[r]` = dot of row r. The facts: for Q8_0
 /// activations `fs` = the scales as f32, `is` = Σ q per block; for Q8_1 `fs` = the blocks' d
-/// then their s (2 x blocks), `is` empty. Several rows per call keep the per-row work (call,
+/// then their s (2 x blocks), `is` empty; for Q8_K `fs` = the blocks' d, `is` empty. Several
+/// rows per call keep the per-row work (call,
 /// slicing, checks) out of the matmul's loop. Each dot is bit-identical to the
 /// [`super::DotFn`] of the same type.
 pub type RowSideFn = fn(&[u8], &[u8], &[f32], &[i32], &mut [f32]);
@@ -60,7 +61,10 @@ pub fn finish(acc: &TileAcc) -> [f32; TILE] {
 /// The side table of one tile: `fs` f32 facts and `is` i32 facts, `[block][fact][TILE]`;
 /// for Q8_0 activations also `iq`, the tile's quants interleaved by 4
 /// (`[block][group of 4 elements][token][4]`, [`IQ_BLOCK`] bytes per block), so that one
-/// 32-byte load holds the same 4 elements of all TILE tokens (empty for other types).
+/// 32-byte load holds the same 4 elements of all TILE tokens; for Q8_K activations `iq`
+/// interleaved by 8 ([`IQ8K_BLOCK`] bytes per super-block) and `is` the sums of the
+/// 32-element sub-blocks in pairs (fact p of a super-block: sub-block 2p's sum in the low
+/// i16, 2p + 1's in the high one); empty for other types.
 #[derive(Clone, Copy)]
 pub struct TileSlice<'a> {
     pub fs: &'a [f32],
@@ -70,6 +74,11 @@ pub struct TileSlice<'a> {
 
 /// Interleaved quant bytes per 32-element block of a tile: 32 elements of TILE tokens.
 pub const IQ_BLOCK: usize = 32 * TILE;
+
+/// Interleaved quant bytes per 256-element Q8_K super-block of a tile: its 32 runs of 8
+/// elements, each run of all TILE tokens together (`[run][token][8]`), so that one 64-byte
+/// load holds the same 8 elements of every token.
+pub const IQ8K_BLOCK: usize = 256 * TILE;
 
 /// One tile's side table, to fill.
 pub struct TileMut<'a> {
@@ -105,8 +114,8 @@ fn facts(at: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q8_0 => Some((1, 1)),
         // d, s
         GgmlType::Q8_1 => Some((2, 0)),
-        // d
-        GgmlType::Q8K => Some((1, 0)),
+        // d; the sub-block sums, two per i32
+        GgmlType::Q8K => Some((1, 4)),
         _ => None,
     }
 }
@@ -128,10 +137,10 @@ impl TileSide {
         self.fs_per_tile = nb * nf * TILE;
         // At least one (unused) i32 per tile, so that tiles stay chunks of equal length.
         self.is_per_tile = (nb * ni * TILE).max(1);
-        self.iq_per_tile = if at == GgmlType::Q8_0 {
-            nb * IQ_BLOCK
-        } else {
-            1
+        self.iq_per_tile = match at {
+            GgmlType::Q8_0 => nb * IQ_BLOCK,
+            GgmlType::Q8K => nb * IQ8K_BLOCK,
+            _ => 1,
         };
         self.fs.clear();
         self.fs.resize(tiles * self.fs_per_tile, 0.0);
@@ -180,7 +189,8 @@ impl TileSide {
                     GgmlType::Q8K => {
                         fs[b * TILE + t] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]);
                         // Q6_K's tile uses the block sums to remove its offset of 32.
-                        for j in 0..16 {
+                        let mut bsums = [0i32; 16];
+                        for (j, bs) in bsums.iter_mut().enumerate() {
                             let sum: i32 = blk[4 + 16 * j..][..16]
                                 .iter()
                                 .map(|&v| v as i8 as i32)
@@ -189,6 +199,16 @@ impl TileSide {
                             if sum != stored as i32 {
                                 return false;
                             }
+                            *bs = sum;
+                        }
+                        // Sub-block sums (|sum| <= 32 · 128, an i16) in pairs, for Q4_K's mins.
+                        for p in 0..4 {
+                            let s = |i: usize| (bsums[2 * i] + bsums[2 * i + 1]) as i16 as u16;
+                            let pair = s(2 * p) as u32 | (s(2 * p + 1) as u32) << 16;
+                            is[(b * 4 + p) * TILE + t] = pair as i32;
+                        }
+                        for (r, run) in blk[4..260].chunks_exact(8).enumerate() {
+                            iq[b * IQ8K_BLOCK + r * 8 * TILE + 8 * t..][..8].copy_from_slice(run);
                         }
                     }
                     _ => return false,
@@ -199,13 +219,14 @@ impl TileSide {
     }
 
     /// Fills the per-row facts of the `arb`-byte activation rows `act` encoded in `at` for the
-    /// side kernels ([`RowSideFn`] says which); false (nothing to use) when `at` is neither
-    /// Q8_0 nor Q8_1 or `arb` is not whole blocks. The facts hold for any bytes (no sign
+    /// side kernels ([`RowSideFn`] says which); false (nothing to use) when `at` is not Q8_0,
+    /// Q8_1 or Q8_K or `arb` is not whole blocks. The facts hold for any bytes (no sign
     /// moves onto the activation), so there is nothing to check beyond the geometry.
     pub fn fill_rows(&mut self, at: GgmlType, act: &[u8], arb: usize) -> bool {
         let (bb, nf, ni) = match at {
             GgmlType::Q8_0 => (34, 1, 1),
             GgmlType::Q8_1 => (36, 2, 0),
+            GgmlType::Q8K => (292, 1, 0),
             _ => return false,
         };
         if arb == 0 || !arb.is_multiple_of(bb) {
@@ -218,6 +239,11 @@ impl TileSide {
         self.row_is.clear();
         for row in act.chunks_exact(arb) {
             let blocks = || row.chunks_exact(bb);
+            if at == GgmlType::Q8K {
+                let d = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                self.row_fs.extend(blocks().map(d));
+                continue;
+            }
             self.row_fs.extend(blocks().map(|b| f16(b, 0)));
             if at == GgmlType::Q8_0 {
                 let sum = |b: &[u8]| b[2..34].iter().map(|&v| v as i8 as i32).sum::<i32>();
@@ -272,7 +298,7 @@ impl super::RowDot {
     }
 
     /// The two-tile kernel ([`TilePairFn`]) for rows as [`RowDot::tile_for`]'s, where this type
-    /// has one on this instruction set (AVX-512 VNNI: Q5_0, Q8_0).
+    /// has one on this instruction set (AVX-512 VNNI: Q5_0, Q8_0, Q4_K).
     pub fn tile_pair_for(&self, n: usize, w_len: usize, act_len: usize) -> Option<TilePairFn> {
         self.kernel_for(n, w_len, act_len)?;
         #[cfg(target_arch = "x86_64")]

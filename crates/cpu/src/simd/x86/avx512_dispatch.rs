@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use minfer_gguf::GgmlType;
 
 use super::load32;
-use super::{avx512_kquants, avx512_legacy, avx512_quantize, avx512_side_kernels};
+use super::{avx512_kquants, avx512_legacy, avx512_q4k_side, avx512_quantize, avx512_side_kernels};
 use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn};
 
 pub(in crate::simd) fn avx512_supported() -> bool {
@@ -119,6 +119,11 @@ fn side_q8_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     unsafe { avx512_side_kernels::dot_q8_0_side_rows(w, a, d, sums, out) }
 }
 
+fn side_q4_k(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    // SAFETY: only handed out by `avx512_side` after `avx512_supported()` returned true.
+    unsafe { avx512_q4k_side::dot_q4_k_side_rows(w, a, d, sums, out) }
+}
+
 /// The AVX-512 side kernel (activation facts from the side table) for `ty`, where one exists
 /// (the AVX2 ones serve the other types on AVX-512 machines).
 pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
@@ -128,6 +133,7 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
     match ty {
         GgmlType::Q4_1 => Some(side_q4_1),
         GgmlType::Q8_0 => Some(side_q8_0),
+        GgmlType::Q4K => Some(side_q4_k),
         _ => None,
     }
 }

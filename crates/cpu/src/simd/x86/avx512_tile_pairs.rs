@@ -60,7 +60,7 @@ fn dot_interleaved2(u: __m256i, iq0: &[u8], iq1: &[u8]) -> (__m256i, __m256i) {
 /// state, blocks in order.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn walk2(
+pub(super) fn walk2(
     range: Range<usize>,
     states: &mut [TileAcc; 2],
     mut value: impl FnMut(usize) -> (__m256, __m256),
@@ -204,6 +204,7 @@ pub(in crate::simd) fn avx512_tile_pair(ty: GgmlType) -> Option<TilePairFn> {
     Some(match ty {
         GgmlType::Q5_0 => safe_q5_0,
         GgmlType::Q8_0 => safe_q8_0,
+        GgmlType::Q4K => super::avx512_q4k_tile::safe2_q4_k,
         _ => return None,
     })
 }

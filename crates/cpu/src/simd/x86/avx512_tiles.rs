@@ -12,9 +12,10 @@
 //!   bias is taken back with the block sums of the side table:
 //!   Σ w·a = Σ (w + 128)·a - 128·Σ a, exact in i32 (|Σ (w + 128)·a| <= 32·255·128), for
 //!   any weight byte (-128 included) and any activation.
-//! - Q4_K and Q6_K weights (Q8_K activations, 16/32-element sub-block scales) keep the AVX2
-//!   form, `vpmaddubsw` pairs times the scale, with `vpdpwssd` doing the scale multiply and
-//!   the accumulation in one instruction (the same i32 integers as `madd` + `add`).
+//! - Q6_K weights (Q8_K activations, 16-element sub-block scales) keep the AVX2 form,
+//!   `vpmaddubsw` pairs times the scale, with `vpdpwssd` doing the scale multiply and the
+//!   accumulation in one instruction (the same i32 integers as `madd` + `add`).
+//! - Q4_K weights read the Q8_K activations interleaved by 8: `avx512_q4k_tile.rs`.
 //!
 //! Gate: `tests/split_exact.rs` (matmul on this machine's instruction set, and
 //! `tile_kernels_are_exact_on_every_isa`, which calls the tile of each instruction set).
@@ -25,7 +26,6 @@ use std::ops::Range;
 
 use super::super::tiles::{TileAcc, TileFn, TileSlice, IQ_BLOCK, TILE};
 use super::avx2_tiles::{check, ld, ldf, ldi, sum8, walk, Q8K, Q8_0};
-use super::avx512_kquants::scales_mins_k4;
 use super::{f16_at, load16, nibbles32};
 use minfer_gguf::GgmlType;
 
@@ -144,68 +144,6 @@ unsafe fn tile_q8_0(
     });
 }
 
-/// Q4_K weights, as the AVX2 tile: isum = Σ_s sc_s · Σ q·a, msum = Σ_j bsum_j · mn_{j/2};
-/// the value (d_w · d_a) · isum - (dmin_w · d_a) · msum. Each 32 weight bytes give two
-/// sub-blocks (low nibbles, high nibbles) in one 512-bit vector, against the 64 activations
-/// of both in one load.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-unsafe fn tile_q4_k(
-    w: &[u8],
-    acts: &[u8],
-    arb: usize,
-    side: TileSlice,
-    range: Range<usize>,
-    state: &mut TileAcc,
-) {
-    check(w, acts, arb, side, [144, Q8K, 1, 0], &range);
-    let m4 = _mm512_set1_epi8(0x0f);
-    walk(range, state, |b| {
-        let wb = &w[b * 144..][..144];
-        // Scale s in byte s of `sc`, min s in byte s of `mn` (gated against the reference's
-        // unpacking in `avx512_kquants`).
-        let (sc, mn) = scales_mins_k4(&wb[4..16]);
-        let byte = |v: u64, s: usize| (v >> (8 * s)) as u8 as i16;
-        let mut isum = [_mm512_setzero_si512(); TILE];
-        for j in 0..4 {
-            // SAFETY: `wb` has 144 bytes; quants of sub-blocks 2j, 2j + 1 at 16 + 32j.
-            let q = unsafe { ld(wb.as_ptr().add(16 + 32 * j)) };
-            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q), q);
-            // Low nibbles in the low 256 bits (sub-block 2j), high ones in the high 256 bits.
-            let q = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(both, 0xffff_0000, both), m4);
-            let sc = _mm512_inserti64x4::<1>(
-                _mm512_set1_epi16(byte(sc, 2 * j)),
-                _mm256_set1_epi16(byte(sc, 2 * j + 1)),
-            );
-            for (t, isum) in isum.iter_mut().enumerate() {
-                let a = acts.as_ptr().wrapping_add(t * arb + b * Q8K + 4 + 64 * j);
-                // SAFETY: `check`: row t has `blocks` super-blocks of 292 bytes, quants at 4..260.
-                let a = unsafe { _mm512_loadu_si512(a.cast()) };
-                // Quants are at most 15: pairs stay far below i16 saturation.
-                *isum = _mm512_dpwssd_epi32(*isum, _mm512_maddubs_epi16(q, a), sc);
-            }
-        }
-        let isum = isum.map(|v| {
-            _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
-        });
-        // Each min twice (m0 m0 m1 m1 ..): a 32-element sub-block covers two 16-element
-        // block sums.
-        let mn = _mm_cvtsi64_si128(mn as i64);
-        let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
-        let mut mprod = [_mm256_setzero_si256(); TILE];
-        for (t, mprod) in mprod.iter_mut().enumerate() {
-            // SAFETY: `check`: block sums at 260..292 of each super-block.
-            let bs = unsafe { ld(acts.as_ptr().add(t * arb + b * Q8K + 260)) };
-            *mprod = _mm256_madd_epi16(bs, mins);
-        }
-        let isum = _mm256_cvtepi32_ps(sum8(isum));
-        let msum = _mm256_cvtepi32_ps(sum8(mprod));
-        let ad = ldf(side.fs, b * TILE);
-        let d = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 0)), ad);
-        let dmin = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb, 2)), ad);
-        _mm256_sub_ps(_mm256_mul_ps(d, isum), _mm256_mul_ps(dmin, msum))
-    });
-}
-
 /// Q6_K weights, as the AVX2 tile: q = q6 - 32, per 16-element sub-block
 /// Σ q·a = Σ q6·a - 32 · bsum (`TileSide::fill` checks the block sums); the value
 /// (d_w · d_a) · isum.
@@ -284,7 +222,6 @@ unsafe fn tile_q6_k(
 tile_wrappers! {
     safe_q5_0 => tile_q5_0,
     safe_q8_0 => tile_q8_0,
-    safe_q4_k => tile_q4_k,
     safe_q6_k => tile_q6_k,
 }
 
@@ -297,7 +234,7 @@ pub(in crate::simd) fn avx512_tile(ty: GgmlType) -> Option<TileFn> {
     Some(match ty {
         GgmlType::Q5_0 => safe_q5_0,
         GgmlType::Q8_0 => safe_q8_0,
-        GgmlType::Q4K => safe_q4_k,
+        GgmlType::Q4K => super::avx512_q4k_tile::safe_q4_k,
         GgmlType::Q6K => safe_q6_k,
         _ => return None,
     })

@@ -39,6 +39,8 @@ mod avx2_side;
 mod avx512_dispatch;
 mod avx512_kquants;
 mod avx512_legacy;
+mod avx512_q4k_side;
+mod avx512_q4k_tile;
 mod avx512_quantize;
 mod avx512_side_kernels;
 mod avx512_tile_pairs;
