@@ -1,5 +1,5 @@
 // ---- generation rows on tensor cores with staged tiles (`mf_mmvs*`, issues 29 and 31): the
-// order of `mf_mmvt` (mmvq.cu; warp r walks the blocks of residue r in increasing order and
+// order of `mf_mmvt` (mmvt.cu; warp r walks the blocks of residue r in increasing order and
 // the eight partials meet in the canonical tree of int8.cuh), with the weights and the
 // activations brought into shared memory by cp.async, one chunk of 8 consecutive blocks at a
 // time (a K-quant superblock), two chunks in flight. A chunk's weight rows are contiguous bytes,

@@ -1,6 +1,6 @@
 // What the kernels that stage tiles in shared memory and multiply int8 on the tensor cores
 // share: cp.async copies into shared memory, the int8 `mma` tiles, and the weight fragments of
-// the generation-row tiles (mmvq.cu `mf_mmvt*`, mmvs.cu `mf_mmvs*`).
+// the generation-row tiles (mmvt.cu `mf_mmvt*`, mmvs.cu `mf_mmvs*`).
 
 __device__ __forceinline__ u32 mf_smem_addr(const void *p) {
     u32 r;
