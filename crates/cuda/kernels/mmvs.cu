@@ -143,8 +143,10 @@ __device__ __forceinline__ void mf_mmvs(const u8 *w, u64 row_bytes, const signed
     const int nb = ne0 >> 5, nch = (nb + 7) >> 3;
     const u8 *wend = w + (u64)n_out * row_bytes;
     // The copy unit's offset of chunk c's first byte (the same in every row: row_bytes is a
-    // multiple of the unit; 0 but for Q6_K's odd superblocks).
-#define MF_MVS_OFF(c) ((int)(((u64)w + (u64)(c) * mf_mvs_chunk(TY)) & (u64)(A - 1)))
+    // multiple of the unit; 0 but for Q6_K's odd superblocks, and 0 by the host's routing for
+    // the 16-byte types, whose bases are 16-byte aligned).
+#define MF_MVS_OFF(c)                                                                             \
+    (A == 16 ? 0 : (int)(((u64)w + (u64)(c) * mf_mvs_chunk(TY)) & (u64)(A - 1)))
     float acc[NACC]; // output (m, n, i) at (m NT + n) 4 + i
 #pragma unroll
     for (int j = 0; j < NACC; ++j) acc[j] = 0.0f;
@@ -178,11 +180,8 @@ __device__ __forceinline__ void mf_mmvs(const u8 *w, u64 row_bytes, const signed
                     fw[m][h].f2 = 0.0f;
                     fw[m][h].i1 = fw[m][h].i2 = 0;
                     const u8 *row = st + (32 * gr + 16 * m + 8 * h + g) * WS;
-                    if (TY == MF_Q4_K || TY == MF_Q6_K) {
-                        mf_mvs_frag<TY>(row + off, r, q4, fa[m][h], fa[m][2 + h], fw[m][h]);
-                    } else { // the block r of the chunk
-                        mf_mvs_frag<TY>(row, r, q4, fa[m][h], fa[m][2 + h], fw[m][h]);
-                    }
+                    // Sub-block r of a K-quant superblock, block r of a legacy chunk (off 0).
+                    mf_mvs_frag<TY>(row + off, r, q4, fa[m][h], fa[m][2 + h], fw[m][h]);
                 }
             const u8 *sx = st + R * WS;
             const float2 *sd = (const float2 *)(sx + 8 * NT * MF_MVS_XS);
@@ -225,6 +224,7 @@ __device__ __forceinline__ void mf_mmvs(const u8 *w, u64 row_bytes, const signed
     extern "C" __global__ void __launch_bounds__(256 * GR, MINB)                                 \
         NAME(const u8 *w, u64 row_bytes, const signed char *xq, const float2 *xds, float *y,     \
              const float *bias, int ne0, int n_out, int nt) {                                    \
+        static_assert(mf_mvs_fits(TYV, NT, GR), "two stages fit 48 KiB");                        \
         __shared__ __align__(16) u8 sm[mf_mvs_max(2 * mf_mvs_stage(TYV, NT, GR),                 \
                                                   GR * 4 * 32 * 8 * NT * 4)];                    \
         mf_mmvs<TYV, NT, GR>(w, row_bytes, xq, xds, y, bias, ne0, n_out, nt, sm);                \

@@ -3,8 +3,9 @@
 //! them, `MF_MV1_X`), from `MINFER_CUDA_MVT` rows (default 9) to 32 on the tensor-core
 //! generation kernels (`mf_mmvt*`), fewer on the multi-row vector kernels (`mf_mmvqn*`), more
 //! (or with those off) on the `mma` prefill tiles or the 8-token dp4a kernel, and the f32
-//! matmul for the other weights. From `MINFER_CUDA_MVS` rows (off by default) to 64 the staged
-//! tensor-core generation kernels (`mf_mmvs*`) come before all of those.
+//! matmul for the other weights. From `MINFER_CUDA_MVS` rows (default 8) to 64 the staged
+//! tensor-core generation kernels (`mf_mmvs*`) come before all of those, for every matrix
+//! whose base and rows their copies can align.
 //! Every path keeps the canonical block order, so the choice by row count changes no bits.
 
 use minfer_graph::{BufId, ExecArgs, KvKind, Node, QkvFused, RopeStyle};
@@ -58,21 +59,54 @@ fn mvt_kernel(n: usize, tall: bool) -> (&'static str, usize, u32) {
     }
 }
 
-/// The staged tensor-core generation kernel for `n` rows of type code `ty` (its name
-/// `mf_mmvs<tiles>_r<groups>_<type>`) with `rows` weight rows a block (32 or 64), and the tokens
-/// a block takes: 16 up to 16 rows, 32 past that.
-fn mvs_kernel(n: usize, ty: i32, rows: usize) -> (String, usize) {
-    let tokens = if n <= 16 { 16 } else { 32 };
-    let name = match ty {
-        2 => "q8_0",
-        3 => "q4_0",
-        4 => "q4_1",
-        5 => "q5_0",
-        6 => "q4_k",
-        _ => "q6_k",
-    };
+/// The staged tensor-core generation kernels (kernels/mmvs.cu `mf_mmvs<tiles>_r<groups>_<type>`)
+/// by [16 or 32 tokens][32 or 64 rows][type code - 2]; "" where two stages do not fit.
+const MVS_KERNELS: [[[&str; 6]; 2]; 2] = [
+    [
+        [
+            "mf_mmvs2_r1_q8_0",
+            "mf_mmvs2_r1_q4_0",
+            "mf_mmvs2_r1_q4_1",
+            "mf_mmvs2_r1_q5_0",
+            "mf_mmvs2_r1_q4_k",
+            "mf_mmvs2_r1_q6_k",
+        ],
+        [
+            "mf_mmvs2_r2_q8_0",
+            "mf_mmvs2_r2_q4_0",
+            "mf_mmvs2_r2_q4_1",
+            "mf_mmvs2_r2_q5_0",
+            "mf_mmvs2_r2_q4_k",
+            "mf_mmvs2_r2_q6_k",
+        ],
+    ],
+    [
+        [
+            "mf_mmvs4_r1_q8_0",
+            "mf_mmvs4_r1_q4_0",
+            "mf_mmvs4_r1_q4_1",
+            "mf_mmvs4_r1_q5_0",
+            "mf_mmvs4_r1_q4_k",
+            "mf_mmvs4_r1_q6_k",
+        ],
+        [
+            "",
+            "mf_mmvs4_r2_q4_0",
+            "mf_mmvs4_r2_q4_1",
+            "mf_mmvs4_r2_q5_0",
+            "mf_mmvs4_r2_q4_k",
+            "",
+        ],
+    ],
+];
+
+/// The staged tensor-core generation kernel for `n` rows of type code `ty` (2 ..= 7) with
+/// `rows` weight rows a block (32 or 64; "" where that shape does not fit the type), and the
+/// tokens a block takes: 16 up to 16 rows, 32 past that. A table: no string is built per launch.
+fn mvs_kernel(n: usize, ty: i32, rows: usize) -> (&'static str, usize) {
+    let (t, tokens) = if n <= 16 { (0, 16) } else { (1, 32) };
     (
-        format!("mf_mmvs{}_r{}_{name}", tokens / 8, rows / 32),
+        MVS_KERNELS[t][(rows == 64) as usize][(ty - 2) as usize],
         tokens,
     )
 }
@@ -378,7 +412,7 @@ impl CudaBackend {
         let (kernel, _) = mvs_kernel(n, ty, rows);
         let a = rows_args(ty, m, (xq, xds), out, bias, n);
         self.gpu.launch(
-            &kernel,
+            kernel,
             (tiles as u32, m.ne1.div_ceil(rows) as u32, 1),
             8 * rows as u32,
             &a[1..],
@@ -546,7 +580,7 @@ mod tests {
             for ty in 2..=7 {
                 for rows in [32, 64] {
                     let (k, tokens) = mvs_kernel(n, ty, rows);
-                    assert_eq!(loaded(&k), mvs_fits(ty, tokens, rows), "{n} rows: {k}");
+                    assert_eq!(loaded(k), mvs_fits(ty, tokens, rows), "{n} rows: {k}");
                 }
             }
         }
