@@ -26,9 +26,10 @@ pub(crate) const DEFAULT_MVT_FROM: usize = 9;
 /// blocks only (the halved activation traffic does not pay for 128 registers a thread).
 pub(crate) const DEFAULT_MVT_TALL: usize = 0;
 /// Generation rows from which a matmul runs on the staged tensor-core generation kernels
-/// (`mf_mmvs*`, `MINFER_CUDA_MVS`; 0: off). Measured on the H100 (7B, S_TG): from 8 rows
-/// they are ahead of every other generation kernel (8 rows 718 against 667 t/s on the
-/// multi-row vector kernels; 4 rows 362 against 541).
+/// (`mf_mmvs*`, `MINFER_CUDA_MVS`; 0: off). Measured on the H100 (7B, S_TG, session 18 call
+/// 5): 8 rows 668 against 651 t/s with them off (one round: about even), 16 / 32 / 64 rows
+/// 1,249 / 1,835 / 2,197 against 988 / 1,457 / 1,734; below 8 rows the multi-row vector
+/// kernels were ahead in call 4 (4 rows 362 against 541).
 pub(crate) const DEFAULT_MVS_FROM: usize = 8;
 
 /// Weight rows a block of the staged tensor-core generation kernels takes
@@ -38,8 +39,8 @@ pub(crate) enum MvsRows {
     /// 64 where the grid still has a block for every multiprocessor and the type's two
     /// stages fit, else 32.
     Auto,
-    /// 32 (the default: measured ahead of 64 and of auto on the 7B, S_TG 1,960 against 1,693
-    /// and 1,903 at N = 32) or 64 (64 falls back to 32 for a type whose stages do not fit).
+    /// 32 (the default: measured ahead of 64 on the 7B, S_TG 1,835 against 1,705 at N = 32,
+    /// session 18 call 5) or 64 (64 falls back to 32 for a type whose stages do not fit).
     Fixed(usize),
 }
 
