@@ -30,6 +30,11 @@ __device__ __forceinline__ void mf_cp_small(u32 dst, const void *src, int bytes)
 
 __device__ __forceinline__ void mf_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
+// Waits until at most N of this thread's newest commit groups are in flight.
+template <int N> __device__ __forceinline__ void mf_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // The int8 m16n8 tiles: one m16n8k32 `mma` is a 16-row x 8-token tile of one 32-element
 // block's exact integer dot products (Q6_K: two m16n8k16 over its halves).
 __device__ __forceinline__ void mf_mma_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0,

@@ -110,8 +110,9 @@ pub struct CudaBackend {
     /// Output rows from which they take 32-row blocks (`MINFER_CUDA_MVT_TALL`; 0: never).
     pub(crate) mvt_tall: usize,
     /// Fewest generation rows of a matmul on the staged tensor-core generation kernels
-    /// (`MINFER_CUDA_MVS`; 0: off), and their rows a block (`MINFER_CUDA_MVS_ROWS`).
-    pub(crate) mvs: (usize, crate::settings::MvsRows),
+    /// (`MINFER_CUDA_MVS`; 0: off), their rows a block (`MINFER_CUDA_MVS_ROWS`) and the warps
+    /// of a 32-row block (`MINFER_CUDA_MVS_WARPS`).
+    pub(crate) mvs: (usize, crate::settings::MvsRows, crate::settings::MvsWarps),
     /// One block per (head, query) instead of split-K chunks (`MINFER_CUDA_ATTN=single`).
     pub(crate) attn_single: bool,
     /// Most queries per block of the warp-tiled attention (kernels/attnw.cu; f16 KV, head
@@ -273,7 +274,7 @@ impl CudaBackend {
             mvn_max: s.mvn_max,
             mvt_from: s.mvt_from,
             mvt_tall: s.mvt_tall,
-            mvs: (s.mvs_from, s.mvs_rows),
+            mvs: (s.mvs_from, s.mvs_rows, s.mvs_warps),
             attn_single,
             attn_warp_qt,
             attn_heads: s.attn_heads,

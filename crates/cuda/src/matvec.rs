@@ -3,9 +3,10 @@
 //! them, `MF_MV1_X`), from `MINFER_CUDA_MVT` rows (default 9) to 32 on the tensor-core
 //! generation kernels (`mf_mmvt*`), fewer on the multi-row vector kernels (`mf_mmvqn*`), more
 //! (or with those off) on the `mma` prefill tiles or the 8-token dp4a kernel, and the f32
-//! matmul for the other weights. From `MINFER_CUDA_MVS` rows (default 8) to 64 the staged
-//! tensor-core generation kernels (`mf_mmvs*`) come before all of those, for every matrix
-//! whose base and rows their copies can align.
+//! matmul for the other weights. From `MINFER_CUDA_MVS` rows (default 4) to 64 the staged
+//! tensor-core generation kernels (`mf_mmvs*`: 8-, 16- or 32-token tiles, up to 6 stages of
+//! weights and activations in flight) come before all of those, for every matrix whose base
+//! (and rows, but for Q6_K's) their 16-byte copies can align.
 //! Every path keeps the canonical block order, so the choice by row count changes no bits.
 
 use minfer_graph::{BufId, ExecArgs, KvKind, Node, QkvFused, RopeStyle};
@@ -59,9 +60,35 @@ fn mvt_kernel(n: usize, tall: bool) -> (&'static str, usize, u32) {
     }
 }
 
-/// The staged tensor-core generation kernels (kernels/mmvs.cu `mf_mmvs<tiles>_r<groups>_<type>`)
-/// by [16 or 32 tokens][32 or 64 rows][type code - 2]; "" where two stages do not fit.
-const MVS_KERNELS: [[[&str; 6]; 2]; 2] = [
+/// The staged tensor-core generation kernels (kernels/mmvs.cu `mf_mmvs<tiles>_<shape>_<type>`)
+/// by [8, 16 or 32 tokens][shape][type code - 2]; "" where two stages do not fit.
+const MVS_KERNELS: [[[&str; 6]; 3]; 3] = [
+    [
+        [
+            "mf_mmvs1_r1_q8_0",
+            "mf_mmvs1_r1_q4_0",
+            "mf_mmvs1_r1_q4_1",
+            "mf_mmvs1_r1_q5_0",
+            "mf_mmvs1_r1_q4_k",
+            "mf_mmvs1_r1_q6_k",
+        ],
+        [
+            "mf_mmvs1_r2_q8_0",
+            "mf_mmvs1_r2_q4_0",
+            "mf_mmvs1_r2_q4_1",
+            "mf_mmvs1_r2_q5_0",
+            "mf_mmvs1_r2_q4_k",
+            "mf_mmvs1_r2_q6_k",
+        ],
+        [
+            "mf_mmvs1_w16_q8_0",
+            "mf_mmvs1_w16_q4_0",
+            "mf_mmvs1_w16_q4_1",
+            "mf_mmvs1_w16_q5_0",
+            "mf_mmvs1_w16_q4_k",
+            "mf_mmvs1_w16_q6_k",
+        ],
+    ],
     [
         [
             "mf_mmvs2_r1_q8_0",
@@ -78,6 +105,14 @@ const MVS_KERNELS: [[[&str; 6]; 2]; 2] = [
             "mf_mmvs2_r2_q5_0",
             "mf_mmvs2_r2_q4_k",
             "mf_mmvs2_r2_q6_k",
+        ],
+        [
+            "mf_mmvs2_w16_q8_0",
+            "mf_mmvs2_w16_q4_0",
+            "mf_mmvs2_w16_q4_1",
+            "mf_mmvs2_w16_q5_0",
+            "mf_mmvs2_w16_q4_k",
+            "mf_mmvs2_w16_q6_k",
         ],
     ],
     [
@@ -97,18 +132,57 @@ const MVS_KERNELS: [[[&str; 6]; 2]; 2] = [
             "mf_mmvs4_r2_q4_k",
             "",
         ],
+        [
+            "mf_mmvs4_w16_q8_0",
+            "mf_mmvs4_w16_q4_0",
+            "mf_mmvs4_w16_q4_1",
+            "mf_mmvs4_w16_q5_0",
+            "mf_mmvs4_w16_q4_k",
+            "mf_mmvs4_w16_q6_k",
+        ],
     ],
 ];
 
-/// The staged tensor-core generation kernel for `n` rows of type code `ty` (2 ..= 7) with
-/// `rows` weight rows a block (32 or 64; "" where that shape does not fit the type), and the
-/// tokens a block takes: 16 up to 16 rows, 32 past that. A table: no string is built per launch.
-fn mvs_kernel(n: usize, ty: i32, rows: usize) -> (&'static str, usize) {
-    let (t, tokens) = if n <= 16 { (0, 16) } else { (1, 32) };
-    (
-        MVS_KERNELS[t][(rows == 64) as usize][(ty - 2) as usize],
-        tokens,
-    )
+/// The block shapes of the staged kernels: weight rows and threads a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MvsShape {
+    /// 32 rows, 8 warps of two m16 tiles (`_r1`).
+    Rows32,
+    /// 64 rows, 16 warps of two tiles (`_r2`).
+    Rows64,
+    /// 32 rows, 16 warps of one tile (`_w16`).
+    Warps16,
+}
+
+impl MvsShape {
+    fn rows(self) -> usize {
+        if self == MvsShape::Rows64 {
+            64
+        } else {
+            32
+        }
+    }
+
+    fn threads(self) -> u32 {
+        if self == MvsShape::Rows32 {
+            256
+        } else {
+            512
+        }
+    }
+}
+
+/// The staged tensor-core generation kernel for `n` rows of type code `ty` (2 ..= 7) in blocks
+/// of `shape` ("" where that shape does not fit the type), and the tokens a block takes: the
+/// fewest 8-token tiles that hold `n` up to 32, 32 past that. A table: no string is built per
+/// launch.
+fn mvs_kernel(n: usize, ty: i32, shape: MvsShape) -> (&'static str, usize) {
+    let (t, tokens) = match n {
+        ..=8 => (0, 8),
+        9..=16 => (1, 16),
+        _ => (2, 32),
+    };
+    (MVS_KERNELS[t][shape as usize][(ty - 2) as usize], tokens)
 }
 
 /// Bytes of a weight row's chunk of 8 blocks as the staged kernels hold it in shared memory
@@ -128,12 +202,15 @@ fn mvs_fits(ty: i32, tokens: usize, rows: usize) -> bool {
     2 * (rows * mvs_row_stride(ty) + tokens * 336) <= 48 * 1024
 }
 
-/// Whether the staged kernels copy a matrix at `ptr` with rows of `row_bytes` (type `ty`):
-/// base and rows aligned to the copy unit (kernels/mmvs.cu `mf_mvs_unit`: 16 bytes, 4 for
-/// Q6_K); otherwise the other generation kernels take it.
-fn mvs_copies(ty: i32, ptr: u64, row_bytes: usize) -> bool {
-    let unit = if ty == 7 { 4 } else { 16 };
-    ptr.is_multiple_of(unit) && (row_bytes as u64).is_multiple_of(unit)
+/// Whether the staged kernels copy a matrix at `ptr` with rows of `ne0` values in `row_bytes`
+/// (type `ty`) in their 16-byte units: base 16-byte aligned, rows too but for Q6_K's
+/// (kernels/mmvs.cu `mf_mvs_aligned`: its chunks start at any even offset of a unit), and an
+/// even number of blocks a row (the activations' (d, d * sum q) pairs two to a unit);
+/// otherwise the other generation kernels take it.
+fn mvs_copies(ty: i32, ptr: u64, row_bytes: usize, ne0: usize) -> bool {
+    ptr.is_multiple_of(16)
+        && (ty == 7 || (row_bytes as u64).is_multiple_of(16))
+        && ne0.is_multiple_of(64)
 }
 
 /// The arguments the multi-row vector and tensor-core generation kernels share: the weight
@@ -184,17 +261,18 @@ impl CudaBackend {
         b: u64,
     ) -> DResult<()> {
         let n_out = m.ne1;
-        if n == 1 && self.mmvq_kernel(m.ty).is_some() && mv1_fits(m.ne0) {
+        // (`MINFER_CUDA_MVS=1` takes one row to the staged kernels too: a measurement.)
+        if n == 1 && self.mvs.0 != 1 && self.mmvq_kernel(m.ty).is_some() && mv1_fits(m.ne0) {
             return self.launch_mv1(m, (xid, r0, x), out, b, 0);
         }
         if let Some(kernel) = self.mmvq_kernel(m.ty) {
             let (xq, xds) = self.quantized_input((xid, r0), x, m.ne0, n)?;
             // Generation rows on the staged tensor-core kernels: weights and activations
             // through shared memory, every weight row read once for up to 32 tokens.
-            let (from, _) = self.mvs;
-            if from >= 2 && (from..=MVS_MAX_ROWS).contains(&n) {
+            let (from, _, _) = self.mvs;
+            if from >= 1 && (from..=MVS_MAX_ROWS).contains(&n) {
                 let ty = type_code(m.ty).ok_or("weight type")?;
-                if mvs_copies(ty, m.ptr, m.row_bytes) {
+                if mvs_copies(ty, m.ptr, m.row_bytes, m.ne0) {
                     return self.launch_mvs(m, (xq, xds), n, (out, b));
                 }
             }
@@ -399,22 +477,33 @@ impl CudaBackend {
         n: usize,
         (out, bias): (u64, u64),
     ) -> DResult<()> {
-        use crate::settings::MvsRows;
+        use crate::settings::{MvsRows, MvsWarps};
         let ty = type_code(m.ty).ok_or("weight type")?;
-        let tokens = mvs_kernel(n, ty, 32).1;
+        let tokens = mvs_kernel(n, ty, MvsShape::Rows32).1;
         let tiles = n.div_ceil(tokens);
-        let rows = match self.mvs.1 {
+        let sms = self.gpu.sm_count as usize;
+        let (_, rows, warps) = self.mvs;
+        let rows = match rows {
             MvsRows::Fixed(r) => r,
-            MvsRows::Auto if m.ne1.div_ceil(64) * tiles >= self.gpu.sm_count as usize => 64,
+            MvsRows::Auto if m.ne1.div_ceil(64) * tiles >= sms => 64,
             MvsRows::Auto => 32,
         };
-        let rows = if mvs_fits(ty, tokens, rows) { rows } else { 32 };
-        let (kernel, _) = mvs_kernel(n, ty, rows);
+        let shape = if rows == 64 && mvs_fits(ty, tokens, 64) {
+            MvsShape::Rows64
+        } else {
+            match warps {
+                MvsWarps::Sixteen => MvsShape::Warps16,
+                MvsWarps::Eight => MvsShape::Rows32,
+                MvsWarps::Auto if m.ne1.div_ceil(32) * tiles < 2 * sms => MvsShape::Warps16,
+                MvsWarps::Auto => MvsShape::Rows32,
+            }
+        };
+        let (kernel, _) = mvs_kernel(n, ty, shape);
         let a = rows_args(ty, m, (xq, xds), out, bias, n);
         self.gpu.launch(
             kernel,
-            (tiles as u32, m.ne1.div_ceil(rows) as u32, 1),
-            8 * rows as u32,
+            (tiles as u32, m.ne1.div_ceil(shape.rows()) as u32, 1),
+            shape.threads(),
             &a[1..],
         )
     }
@@ -578,13 +667,34 @@ mod tests {
         }
         for n in 1..=MVS_MAX_ROWS {
             for ty in 2..=7 {
-                for rows in [32, 64] {
-                    let (k, tokens) = mvs_kernel(n, ty, rows);
-                    assert_eq!(loaded(k), mvs_fits(ty, tokens, rows), "{n} rows: {k}");
+                for shape in [MvsShape::Rows32, MvsShape::Rows64, MvsShape::Warps16] {
+                    let (k, tokens) = mvs_kernel(n, ty, shape);
+                    assert_eq!(
+                        loaded(k),
+                        mvs_fits(ty, tokens, shape.rows()),
+                        "{n} rows: {k}"
+                    );
                 }
             }
         }
         assert!(!loaded("mf_mmvt3"), "control");
+    }
+
+    /// Every staged kernel the routing can name is one the device loads (compile.rs
+    /// `KERNELS`), checked here without a GPU (session 19's first device call found 12
+    /// missing there). Control: a name the table does not hold is not loaded either.
+    #[test]
+    fn every_staged_kernel_is_loaded() {
+        let loaded = |k: &str| crate::compile::KERNELS.contains(&k);
+        let mut named = 0;
+        for k in MVS_KERNELS.iter().flatten().flatten() {
+            if !k.is_empty() {
+                assert!(loaded(k), "{k} is not in compile::KERNELS");
+                named += 1;
+            }
+        }
+        assert_eq!(named, 3 * 18 - 2);
+        assert!(!loaded("mf_mmvs8_r1_q4_k"), "control");
     }
 
     /// The staged kernels' shared-memory rule as kernels/mmvs.cu states it: every type fits
@@ -594,7 +704,7 @@ mod tests {
     #[test]
     fn staged_kernel_stages_fit_as_the_kernels_say() {
         for ty in 2..=7 {
-            for tokens in [16, 32] {
+            for tokens in [8, 16, 32] {
                 assert!(
                     mvs_fits(ty, tokens, 32),
                     "type {ty}, {tokens} tokens, 32 rows"
@@ -608,7 +718,12 @@ mod tests {
             !mvs_fits(2, 32, 64) && 2 * (64 * 272 + 32 * 336) > 48 * 1024,
             "control"
         );
-        assert!(mvs_copies(7, 1024, 2940) && mvs_copies(6, 1024, 2016));
-        assert!(!mvs_copies(6, 1028, 2016) && !mvs_copies(7, 1026, 2940));
+        assert!(mvs_copies(7, 1024, 2940, 3584) && mvs_copies(6, 1024, 2016, 3584));
+        assert!(
+            mvs_copies(7, 1024, 2942, 3584),
+            "Q6_K rows start anywhere even"
+        );
+        assert!(!mvs_copies(6, 1028, 2016, 3584) && !mvs_copies(7, 1026, 2940, 3584));
+        assert!(!mvs_copies(6, 1024, 2024, 3584) && !mvs_copies(6, 1024, 2016, 3616));
     }
 }

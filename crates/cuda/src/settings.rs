@@ -26,11 +26,12 @@ pub(crate) const DEFAULT_MVT_FROM: usize = 9;
 /// blocks only (the halved activation traffic does not pay for 128 registers a thread).
 pub(crate) const DEFAULT_MVT_TALL: usize = 0;
 /// Generation rows from which a matmul runs on the staged tensor-core generation kernels
-/// (`mf_mmvs*`, `MINFER_CUDA_MVS`; 0: off). Measured on the H100 (7B, S_TG, session 18 call
-/// 5): 8 rows 668 against 651 t/s with them off (one round: about even), 16 / 32 / 64 rows
-/// 1,249 / 1,835 / 2,197 against 988 / 1,457 / 1,734; below 8 rows the multi-row vector
-/// kernels were ahead in call 4 (4 rows 362 against 541).
-pub(crate) const DEFAULT_MVS_FROM: usize = 8;
+/// (`mf_mmvs*`, `MINFER_CUDA_MVS`; 0: off). Measured on the H100 (7B, S_TG, session 19 calls
+/// 1-3, the kernels with 8-token tiles and up to 6 stages): 4 / 8 / 16 / 32 / 64 rows 577 /
+/// 1,154 / 1,758 / 2,561 / 2,747 t/s against 528 / 638 / 953 / 1,352 / 1,623 with them off;
+/// but 2 rows 256 against 367 on the multi-row vector kernels (not understood: the staged
+/// kernel of 2 rows is the one of 4, and neither graphs nor PDL change it), so they start at 4.
+pub(crate) const DEFAULT_MVS_FROM: usize = 4;
 
 /// Weight rows a block of the staged tensor-core generation kernels takes
 /// (`MINFER_CUDA_MVS_ROWS`). The bits never depend on it.
@@ -42,6 +43,23 @@ pub(crate) enum MvsRows {
     /// 32 (the default: measured ahead of 64 on the 7B, S_TG 1,835 against 1,705 at N = 32,
     /// session 18 call 5) or 64 (64 falls back to 32 for a type whose stages do not fit).
     Fixed(usize),
+}
+
+/// Warps of a 32-row block of the staged tensor-core generation kernels
+/// (`MINFER_CUDA_MVS_WARPS`): 8 (each two m16 tiles: a weight fragment's decode and each
+/// activation fragment spread over more rows) or 16 (each one tile: twice the warps for a
+/// matrix of few rows, whose grid leaves multiprocessors a single block). The bits never depend
+/// on it. Measured on the H100 (7B, S_TG, session 19 call 3, two rounds): 8 warps everywhere
+/// (the default) 1,154 / 1,758 / 2,561 / 2,747 t/s at N = 8 / 16 / 32 / 64, 16 warps on the
+/// matrices of few rows (`auto`) 1,133 / 1,702 / 2,299 / 2,443, 16 everywhere 1,052 / 1,534 /
+/// 1,917 / 2,040 (one round): the second tile's shared fragment loads are worth more than
+/// the warps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MvsWarps {
+    /// 16 where the 32-row grid has fewer than two blocks a multiprocessor, else 8.
+    Auto,
+    Eight,
+    Sixteen,
 }
 
 /// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`; kernels/int8.cuh
@@ -181,11 +199,13 @@ pub struct CudaSettings {
     /// Generation rows of one matmul from which the staged tensor-core generation kernels
     /// (`mf_mmvs*`: 32 or 64 weight rows x 8 to 32 tokens a block, weights and activations
     /// through shared memory by cp.async, a warp per residue of the canonical order) take
-    /// them, up to 64, before every other generation kernel (`MINFER_CUDA_MVS`, 2 ..= 64;
-    /// 0: off). The bits never depend on it.
+    /// them, up to 64, before every other generation kernel (`MINFER_CUDA_MVS`, 1 ..= 64;
+    /// 0: off; 1 takes single rows off the one-token kernels too). The bits never depend on it.
     pub(crate) mvs_from: usize,
     /// Their rows a block (`MINFER_CUDA_MVS_ROWS`: 32, 64 or auto).
     pub(crate) mvs_rows: MvsRows,
+    /// Warps of their 32-row blocks (`MINFER_CUDA_MVS_WARPS`: 8, 16 or auto).
+    pub(crate) mvs_warps: MvsWarps,
     pub(crate) prompt: PromptChoice,
     pub(crate) gemm: GemmPin,
 }
@@ -302,12 +322,12 @@ impl CudaSettings {
                 v => v
                     .parse::<usize>()
                     .ok()
-                    .filter(|&n| n == 0 || (2..=64).contains(&n))
+                    .filter(|&n| n <= 64)
                     .ok_or_else(|| {
                         Refused::new(
                             "MINFER_CUDA_MVS",
                             v,
-                            "want 0 (off) or a row count from 2 to 64",
+                            "want 0 (off) or a row count from 1 to 64",
                         )
                     })?,
             },
@@ -321,6 +341,18 @@ impl CudaSettings {
                         "MINFER_CUDA_MVS_ROWS",
                         v,
                         "want 32, 64 or auto",
+                    ))
+                }
+            },
+            mvs_warps: match text("MINFER_CUDA_MVS_WARPS").as_str() {
+                "auto" => MvsWarps::Auto,
+                "" | "8" => MvsWarps::Eight,
+                "16" => MvsWarps::Sixteen,
+                v => {
+                    return Err(Refused::new(
+                        "MINFER_CUDA_MVS_WARPS",
+                        v,
+                        "want 8, 16 or auto",
                     ))
                 }
             },
@@ -535,8 +567,8 @@ mod tests {
             (DEFAULT_MVT_FROM, DEFAULT_MVT_TALL)
         );
         assert_eq!(
-            (d.mvs_from, d.mvs_rows),
-            (DEFAULT_MVS_FROM, MvsRows::Fixed(32))
+            (d.mvs_from, d.mvs_rows, d.mvs_warps),
+            (DEFAULT_MVS_FROM, MvsRows::Fixed(32), MvsWarps::Eight)
         );
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
         assert_eq!(d.mv1_x, Mv1X::Auto);
@@ -618,12 +650,17 @@ mod tests {
             (
                 "MINFER_CUDA_MVS",
                 "65",
-                "MINFER_CUDA_MVS=65: want 0 (off) or a row count from 2 to 64",
+                "MINFER_CUDA_MVS=65: want 0 (off) or a row count from 1 to 64",
             ),
             (
                 "MINFER_CUDA_MVS_ROWS",
                 "16",
                 "MINFER_CUDA_MVS_ROWS=16: want 32, 64 or auto",
+            ),
+            (
+                "MINFER_CUDA_MVS_WARPS",
+                "4",
+                "MINFER_CUDA_MVS_WARPS=4: want 8, 16 or auto",
             ),
             (
                 "MINFER_CUDA_MMQ_SPLIT",

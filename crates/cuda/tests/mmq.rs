@@ -396,29 +396,35 @@ fn rows_kernel(
     f32s(&out).iter().map(|v| v.to_bits()).collect()
 }
 
-/// The staged tensor-core generation kernels (`mf_mmvs<k>_r<g>_<type>`: 32 g weight rows x
-/// 8 k tokens a block, 8 warps per 32 rows): name prefix, weight rows and tokens a block.
-const MVS: [(&str, usize, usize); 4] = [
-    ("mf_mmvs2_r1", 32, 16),
-    ("mf_mmvs4_r1", 32, 32),
-    ("mf_mmvs2_r2", 64, 16),
-    ("mf_mmvs4_r2", 64, 32),
+/// The staged tensor-core generation kernels (`mf_mmvs<k>_<shape>_<type>`: 8 k tokens a
+/// block; r1: 32 weight rows, 8 warps; r2: 64 rows, 16 warps; w16: 32 rows, 16 warps of one
+/// m16 tile): name prefix, weight rows, tokens and threads a block.
+const MVS: [(&str, usize, usize, u32); 9] = [
+    ("mf_mmvs1_r1", 32, 8, 256),
+    ("mf_mmvs1_r2", 64, 8, 512),
+    ("mf_mmvs1_w16", 32, 8, 512),
+    ("mf_mmvs2_r1", 32, 16, 256),
+    ("mf_mmvs2_r2", 64, 16, 512),
+    ("mf_mmvs2_w16", 32, 16, 512),
+    ("mf_mmvs4_r1", 32, 32, 256),
+    ("mf_mmvs4_r2", 64, 32, 512),
+    ("mf_mmvs4_w16", 32, 32, 512),
 ];
 
 /// Whether the staged kernel with `rows` x `toks` exists for `ty` (two stages in 48 KiB; the
-/// host's rule in matvec.rs) and copies weights at `w` with rows of `rb` (base and rows
-/// aligned to its copy unit: 16 bytes, 4 for Q6_K).
-fn mvs_takes(ty: Ty, rows: usize, toks: usize, w: u64, rb: usize) -> bool {
+/// host's rule in matvec.rs) and copies weights at `w` with rows of `rb` bytes and `ne0`
+/// values (16-byte units: base aligned, rows too but for Q6_K's, an even number of blocks).
+fn mvs_takes(ty: Ty, rows: usize, toks: usize, w: u64, rb: usize, ne0: usize) -> bool {
     let stride: usize = match ty {
         Ty::Q8_0 => 272,
         Ty::Q4_0 | Ty::Q4K => 144,
         Ty::Q4_1 | Ty::Q5_0 => 176,
         Ty::Q6K => 240,
     };
-    let unit = if ty == Ty::Q6K { 4 } else { 16 };
     2 * (rows * stride + toks * 336) <= 48 * 1024
-        && w.is_multiple_of(unit as u64)
-        && rb.is_multiple_of(unit)
+        && w.is_multiple_of(16)
+        && (ty == Ty::Q6K || rb.is_multiple_of(16))
+        && ne0.is_multiple_of(64)
 }
 
 const TILES: [(&str, (usize, usize)); 4] = [
@@ -552,14 +558,15 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                     }
                 }
                 // The staged kernels: every tile the type has, at every count, where the
-                // weights' alignment lets them copy (Q6_K's rows of 1,024 in 4-byte units;
-                // rows of 896 values leave a last chunk of 4 blocks).
+                // weights' alignment lets them copy (Q6_K's rows of 4,864 values, 3,990 bytes,
+                // start at every even offset of a unit; rows of 896 values leave a last chunk
+                // of 4 blocks).
                 for k in MVS {
-                    if !mvs_takes(ty, k.1, k.2, wd, case.rb) {
+                    if !mvs_takes(ty, k.1, k.2, wd, case.rb, ne0) {
                         continue;
                     }
                     let name = format!("{}_{}", k.0, ty.name());
-                    let got = rows_kernel(&g, &name, (k.1, k.2, 8 * k.1 as u32), None, &case, wd);
+                    let got = rows_kernel(&g, &name, (k.1, k.2, k.3), None, &case, wd);
                     let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
                     if let Some(&i) = bad.first() {
                         println!(

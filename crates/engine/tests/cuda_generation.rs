@@ -124,7 +124,9 @@ fn many_token_launches(ty: GgmlType) -> u64 {
 /// Launches of the staged tensor-core generation kernels so far (every weight type).
 fn staged_row_launches() -> u64 {
     let mut n = 0;
-    for k in ["2_r1", "4_r1", "2_r2", "4_r2"] {
+    for k in [
+        "1_r1", "1_r2", "1_w16", "2_r1", "2_r2", "2_w16", "4_r1", "4_r2", "4_w16",
+    ] {
         for t in ["q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k"] {
             n += minfer_cuda::launches(&format!("mf_mmvs{k}_{t}"));
         }
@@ -386,10 +388,11 @@ const MVS_MAX_ROWS: usize = 64;
 /// The tensor-core generation kernels (`mf_mmvt*`, issues 29 and 31: a block of 16 weight
 /// rows and 8 to 64 tokens, a warp per residue of the canonical order) and the staged ones
 /// (`mf_mmvs*`: 32 or 64 weight rows and 8 to 32 tokens a block, weights and activations
-/// through shared memory) give every sequence of 5 to 32 (staged: 64) generation rows its
+/// through shared memory) give every sequence of 5 to 32 (staged: 2 to 64) generation rows its
 /// bits alone (the one-token kernels), across the 8-, 16- and 32-token tiles' borders, in 16-
 /// and 32-row blocks (`MINFER_CUDA_MVT_TALL=1` puts every matrix on the latter) and 32- and
-/// 64-row staged blocks, as the kernels they replace do (`MINFER_CUDA_MVT=0`: the multi-row
+/// 64-row staged blocks and 32-row ones of 16 warps (8-token tiles from 2 rows), as the kernels
+/// they replace do (`MINFER_CUDA_MVT=0`: the multi-row
 /// vector kernels to 8 rows, the `mma` prefill tiles from 9); past their counts the tiles run
 /// on every side. Controls: the launch counters show which kernels each side ran, and
 /// another token differs.
@@ -404,8 +407,8 @@ fn tensor_core_generation_rows_keep_each_row_alone_bits() {
     for (arch, ty) in cases {
         let path = wide_model(arch, ty);
         let want = alone_short(&path, 17, &idx, n_ctx);
-        for n in [5, 8, 9, 16, 17, 32, 33, 64, 70] {
-            let sides: [(&str, &[(&str, &str)]); 5] = [
+        for n in [2, 3, 5, 8, 9, 16, 17, 32, 33, 64, 70] {
+            let sides: [(&str, &[(&str, &str)]); 6] = [
                 (
                     "tensor-core",
                     &[("MINFER_CUDA_MVT", "5"), ("MINFER_CUDA_MVS", "0")],
@@ -420,11 +423,23 @@ fn tensor_core_generation_rows_keep_each_row_alone_bits() {
                 ),
                 (
                     "staged, 32-row blocks",
-                    &[("MINFER_CUDA_MVS", "5"), ("MINFER_CUDA_MVS_ROWS", "32")],
+                    &[
+                        ("MINFER_CUDA_MVS", "2"),
+                        ("MINFER_CUDA_MVS_ROWS", "32"),
+                        ("MINFER_CUDA_MVS_WARPS", "8"),
+                    ],
+                ),
+                (
+                    "staged, 32-row blocks of 16 warps",
+                    &[
+                        ("MINFER_CUDA_MVS", "2"),
+                        ("MINFER_CUDA_MVS_ROWS", "32"),
+                        ("MINFER_CUDA_MVS_WARPS", "16"),
+                    ],
                 ),
                 (
                     "staged, 64-row blocks",
-                    &[("MINFER_CUDA_MVS", "5"), ("MINFER_CUDA_MVS_ROWS", "64")],
+                    &[("MINFER_CUDA_MVS", "2"), ("MINFER_CUDA_MVS_ROWS", "64")],
                 ),
                 (
                     "replaced",
@@ -439,10 +454,10 @@ fn tensor_core_generation_rows_keep_each_row_alone_bits() {
                      {mvs}, many-token {many}, one-token {one}"
                 );
                 assert_eq!(one, 0, "{ty} {n} {side}: one-token kernels ran");
-                let (ran, other, max) = if side.starts_with("staged") {
-                    (mvs, mvt, MVS_MAX_ROWS)
+                let (ran, other, from, max) = if side.starts_with("staged") {
+                    (mvs, mvt, 2, MVS_MAX_ROWS)
                 } else {
-                    (mvt, mvs, MVT_MAX_ROWS)
+                    (mvt, mvs, 5, MVT_MAX_ROWS)
                 };
                 // (A staged side leaves matrices whose rows its copies cannot align, the
                 // 1,792-value Q6_K ones here, to the 16-row kernels.)
@@ -452,6 +467,9 @@ fn tensor_core_generation_rows_keep_each_row_alone_bits() {
                 if side == "replaced" {
                     assert_eq!(ran, 0, "{ty} {n}: MINFER_CUDA_MVT=0 still ran them");
                     assert!(many > 0, "{ty} {n}: no many-token kernel ran");
+                } else if n < from {
+                    // Below 5 rows the 16-row kernels leave them to the multi-row vector
+                    // kernels: only the bits are compared.
                 } else if n <= max {
                     assert!(ran > 0, "{ty} {n} {side}: the row kernels never ran");
                 } else {
