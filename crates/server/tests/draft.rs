@@ -3,8 +3,9 @@
 //! sequences at once) on a server whose draft model is the model itself, and on one that
 //! self-drafts with its first 2 of 4 blocks, are byte for byte the replies of a server
 //! without a drafter; `{"speculative": {"draft": false}}` opts a request out, `{"lookup":
-//! N}` wins over the draft model for its request, any other `draft` value is a 400 naming
-//! `speculative.draft`; a request's draft sequence is freed when it finishes and when its
+//! N}` wins over the draft model for its request, `{"draft": true, "draft_max": M}` takes
+//! the model at the request's own length, a `draft` that is not a boolean is a 400 naming
+//! `speculative.draft` (as is `true` on a server without a model); a request's draft sequence is freed when it finishes and when its
 //! client hangs up; a constrained (`json_object`) drafted reply is the plain server's; a
 //! sampled drafted reply repeats for its seed (control: another seed differs).
 //!
@@ -234,16 +235,43 @@ async fn a_request_opts_out_or_asks_for_lookup_and_bad_values_are_refused() {
     assert_eq!(text(&v), text(&reference));
     assert!(s.state.stats.draft_forwards.load(Ordering::SeqCst) > before);
 
-    for bad in [
-        json!({"draft": true}),
-        json!({"draft": "small.gguf"}),
-        json!({"draft": 1}),
+    // {"draft": true, "draft_max": 1}: the server's model at this request's length. Every
+    // draft of the model drafting for itself is accepted, so a forward takes at most one
+    // accepted draft and one token of its own: accepted <= half the reply; at the server's
+    // length (6, control) more than half.
+    let completion = |v: &Value| v["usage"]["completion_tokens"].as_u64().unwrap();
+    body["speculative"] = json!({"draft": true, "draft_max": 1});
+    let (st, v) = s.post(CHAT, &body).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(text(&v), text(&reference));
+    let (a1, _) = drafts(&v).unwrap_or_else(|| panic!("no draft counts: {v}"));
+    assert!(a1 > 0 && 2 * a1 <= completion(&v) + 1, "draft_max 1: {v}");
+    body["speculative"] = json!({"draft": true});
+    let (st, v) = s.post(CHAT, &body).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(text(&v), text(&reference));
+    let (a6, _) = drafts(&v).unwrap_or_else(|| panic!("no draft counts: {v}"));
+    assert!(2 * a6 > completion(&v) + 1, "the server's length 6: {v}");
+
+    for (bad, param) in [
+        (json!({"draft": "small.gguf"}), "speculative.draft"),
+        (json!({"draft": 1}), "speculative.draft"),
+        (json!({"draft": true, "lookup": 2}), "speculative.lookup"),
+        (
+            json!({"draft": true, "draft_max": 65}),
+            "speculative.draft_max",
+        ),
     ] {
         body["speculative"] = bad.clone();
         let (st, v) = s.post(CHAT, &body).await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}: {v}");
-        assert_eq!(v["error"]["param"], "speculative.draft", "{bad}: {v}");
+        assert_eq!(v["error"]["param"], param, "{bad}: {v}");
     }
+    // A server without a draft model refuses {"draft": true} by name.
+    body["speculative"] = json!({"draft": true});
+    let (st, v) = plain.post(CHAT, &body).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "speculative.draft", "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,13 @@
 //!   does not support (mirostat sampling) decodes plainly, as without it.
 //! - `false`: no speculation, whatever the server's default.
 //! - `{"draft": false}`: not the server's draft model (a server whose default is lookup
-//!   keeps it); `draft` takes no other value (the model is the server's to choose).
+//!   keeps it).
+//! - `{"draft": true, "draft_max": M}` (`draft_max` optional): the server's draft model
+//!   (`serve --draft` or `--self-draft`; the model is the server's to choose) with at most M
+//!   tokens drafted a forward for this request (default the server's `--draft-max`); a 400
+//!   naming `speculative.draft` on a server without one, naming `speculative.draft_max` below
+//!   the server's `--draft-min` (it would never draft), and naming `speculative.lookup` with
+//!   `lookup` beside it (two drafters). `draft` takes no value but a boolean.
 //! - `true` or `{"lookup": N, "draft_max": M}` (both optional: N 3, M 8): lookup for this
 //!   request, also on a server that drafts with a model (the request's own choice wins over
 //!   the server's default). A setting it cannot honour (mirostat at temperature > 0) is a
@@ -41,6 +47,9 @@ pub enum Speculative {
     NoDraftModel,
     /// Asked for by the request: refused if it cannot be honoured.
     Lookup(LookupConfig),
+    /// `{"draft": true}`: the server's draft model, with this request's most drafted tokens
+    /// a forward if it gave `draft_max`; refused if it cannot be honoured.
+    DraftModel(Option<usize>),
 }
 
 /// The n-grams a request may ask for (`serve --lookup`'s range).
@@ -78,16 +87,13 @@ pub fn read(v: Option<&Value>) -> Result<Speculative, ApiError> {
         ));
     }
     match o.get("draft") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        None | Some(Value::Null) | Some(Value::Bool(_)) => {}
         Some(v) => {
             return Err(ApiError::bad_field(
                 "speculative.draft",
                 format!(
-                    "`speculative.draft` takes only `false` (leave the server's draft model; the model is chosen by `serve --draft` or `--self-draft`), got {}",
-                    match v {
-                        Value::Bool(true) => "true".to_string(),
-                        v => kind(v).to_string(),
-                    }
+                    "`speculative.draft` takes `true` (the server's draft model) or `false` (not it); the model is chosen by `serve --draft` or `--self-draft`, got {}",
+                    kind(v)
                 ),
             ))
         }
@@ -95,6 +101,13 @@ pub fn read(v: Option<&Value>) -> Result<Speculative, ApiError> {
     let unset = |k: &str| matches!(o.get(k), None | Some(Value::Null));
     if o.get("draft") == Some(&Value::Bool(false)) && unset("lookup") && unset("draft_max") {
         return Ok(Speculative::NoDraftModel);
+    }
+    let model = o.get("draft") == Some(&Value::Bool(true));
+    if model && !unset("lookup") {
+        return Err(ApiError::bad_field(
+            "speculative.lookup",
+            "`speculative.lookup` asks for prompt lookup and `speculative.draft` = true for the server's draft model: one drafter a request".to_string(),
+        ));
     }
     let int =
         |key: &str, range: std::ops::RangeInclusive<i64>| -> Result<Option<usize>, ApiError> {
@@ -129,6 +142,9 @@ pub fn read(v: Option<&Value>) -> Result<Speculative, ApiError> {
             }
             Ok(Some(x as usize))
         };
+    if model {
+        return Ok(Speculative::DraftModel(int("draft_max", DRAFT_MAX)?));
+    }
     Ok(Speculative::Lookup(LookupConfig {
         ngram: int("lookup", NGRAM)?.unwrap_or(d.ngram),
         draft_max: int("draft_max", DRAFT_MAX)?.unwrap_or(d.draft_max),
@@ -203,6 +219,30 @@ pub fn resolve(
     match asked {
         Speculative::Off => Ok(Drafter::None),
         Speculative::Lookup(c) => check(sampler).map(|()| Drafter::Lookup(c)),
+        Speculative::DraftModel(max) => {
+            let ServerDrafter::Model(h) = server else {
+                return Err(ApiError::bad_field(
+                    "speculative.draft",
+                    "`speculative.draft` = true asks for the server's draft model, and this server has none (start it with `serve --draft MODEL` or `--self-draft LAYERS`)".to_string(),
+                ));
+            };
+            check(sampler)?;
+            let mut h = h.clone();
+            if let Some(m) = max {
+                if m < h.cfg.draft_min {
+                    return Err(ApiError::bad_field(
+                        "speculative.draft_max",
+                        format!(
+                            "`speculative.draft_max` = {m} is below the server's `--draft-min` {}: the draft model would never propose",
+                            h.cfg.draft_min
+                        ),
+                    ));
+                }
+                // The request's own length; the engine and its other requests keep theirs.
+                h.cfg.draft_max = m;
+            }
+            Ok(Drafter::Model(h))
+        }
         Speculative::NoDraftModel => Ok(match default() {
             Drafter::Model(_) => Drafter::None,
             d => d,
@@ -250,18 +290,30 @@ mod tests {
             (json!({"draft_max": 0}), "speculative.draft_max"),
             (json!({"draft_max": 65}), "speculative.draft_max"),
             (json!({"draft": "small.gguf"}), "speculative.draft"),
-            (json!({"draft": true}), "speculative.draft"),
             (json!({"draft": 0}), "speculative.draft"),
+            (json!({"draft": true, "lookup": 2}), "speculative.lookup"),
+            (
+                json!({"draft": true, "draft_max": 0}),
+                "speculative.draft_max",
+            ),
             (json!({"drafts": false}), "speculative.drafts"),
             (json!(3), "speculative"),
         ] {
             let e = msg(read(Some(&v)));
             assert!(e.contains(name), "{v}: {e}");
         }
-        // Control: `false` is the one value `draft` takes.
+        // Control: the booleans are the values `draft` takes.
         assert_eq!(
             read(Some(&json!({"draft": false}))).unwrap(),
             Speculative::NoDraftModel
+        );
+        assert_eq!(
+            read(Some(&json!({"draft": true}))).unwrap(),
+            Speculative::DraftModel(None)
+        );
+        assert_eq!(
+            read(Some(&json!({"draft": true, "draft_max": 3}))).unwrap(),
+            Speculative::DraftModel(Some(3))
         );
         // Control: the edges of the ranges pass.
         assert!(read(Some(&json!({"lookup": 16, "draft_max": 64}))).is_ok());
@@ -293,7 +345,7 @@ mod tests {
         match d.unwrap() {
             Drafter::None => "none".into(),
             Drafter::Lookup(c) => format!("lookup {}", c.ngram),
-            Drafter::Model(_) => "model".into(),
+            Drafter::Model(h) => format!("model {}", h.cfg.draft_max),
         }
     }
 
@@ -315,7 +367,7 @@ mod tests {
         let sampled = sampler(0.7, Mirostat::Off);
         let miro = sampler(0.7, Mirostat::V2);
         let dflt = Speculative::ServerDefault;
-        for (server, want) in [(&l, "lookup 3"), (&m, "model")] {
+        for (server, want) in [(&l, "lookup 3"), (&m, "model 8")] {
             assert_eq!(name(resolve(dflt, server, &greedy)), want);
             assert_eq!(name(resolve(dflt, server, &sampled)), want);
             assert_eq!(name(resolve(dflt, server, &miro)), "none");
@@ -335,5 +387,39 @@ mod tests {
         let e = format!("{:?}", resolve(on, &none, &miro).unwrap_err());
         assert!(e.contains("mirostat"), "{e}");
         assert_eq!(name(resolve(on, &none, &sampled)), "lookup 2");
+
+        // `{"draft": true}`: the server's model, at the request's length if it gave one;
+        // the server's handle keeps its own.
+        let ask = |max| Speculative::DraftModel(max);
+        assert_eq!(name(resolve(ask(None), &m, &greedy)), "model 8");
+        assert_eq!(name(resolve(ask(Some(3)), &m, &sampled)), "model 3");
+        let ServerDrafter::Model(h) = &m else {
+            unreachable!()
+        };
+        assert_eq!(h.cfg.draft_max, 8, "the server's own length is untouched");
+        // Refused: no model on the server (a lookup default is not one), mirostat sampling,
+        // a length under the server's --draft-min.
+        for server in [&none, &l] {
+            let e = format!("{:?}", resolve(ask(None), server, &greedy).unwrap_err());
+            assert!(
+                e.contains("speculative.draft") && e.contains("has none"),
+                "{e}"
+            );
+        }
+        let e = format!("{:?}", resolve(ask(None), &m, &miro).unwrap_err());
+        assert!(e.contains("mirostat"), "{e}");
+        let min4 = ServerDrafter::Model(DraftHandle::new(
+            Idle,
+            minfer_generate::draft::DraftConfig {
+                draft_min: 4,
+                ..Default::default()
+            },
+        ));
+        let e = format!("{:?}", resolve(ask(Some(3)), &min4, &greedy).unwrap_err());
+        assert!(
+            e.contains("speculative.draft_max") && e.contains("--draft-min"),
+            "{e}"
+        );
+        assert_eq!(name(resolve(ask(Some(4)), &min4, &greedy)), "model 4");
     }
 }
