@@ -272,10 +272,45 @@ pub fn compile_log(e: &CompileError) -> String {
     }
 }
 
+/// What the device loads of a module: NVRTC's PTX (the driver compiles it again when it
+/// loads it, into its own cache) or NVRTC's CUBIN for the device's architecture, which NVRTC
+/// makes anyway for a real architecture and the driver loads as it is
+/// (`MINFER_CUDA_IMAGE`). PTX stays the default until a device measures the cold start both
+/// ways (`tests/modules.rs` prints them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImageKind {
+    #[default]
+    Ptx,
+    Cubin,
+}
+
+/// A compiled module's image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Image {
+    Ptx(String),
+    Cubin(Vec<u8>),
+}
+
+impl Image {
+    /// The PTX text (None for a CUBIN).
+    pub fn ptx(&self) -> Option<&str> {
+        match self {
+            Image::Ptx(s) => Some(s),
+            Image::Cubin(_) => None,
+        }
+    }
+}
+
 /// Where module `m`'s PTX for `arch` is cached under `dir`: the hash covers its source (the
 /// defines included), the architecture and NVRTC's options, so a changed file, setting or
 /// option never reads a stale module.
 pub fn cache_path(dir: &Path, m: &ModuleSource, arch: &str) -> PathBuf {
+    cache_path_of(dir, m, arch, ImageKind::Ptx)
+}
+
+/// Where module `m`'s image of `kind` for `arch` is cached under `dir` (a CUBIN's key also
+/// covers the kind, and its file ends in `.cubin`).
+pub fn cache_path_of(dir: &Path, m: &ModuleSource, arch: &str, kind: ImageKind) -> PathBuf {
     let mut h = Sha256::new();
     h.update(m.src.as_bytes());
     h.update([0]);
@@ -284,19 +319,95 @@ pub fn cache_path(dir: &Path, m: &ModuleSource, arch: &str) -> PathBuf {
         h.update([0]);
         h.update(o.as_bytes());
     }
+    if kind == ImageKind::Cubin {
+        h.update(b"\0cubin");
+    }
     let hex: String = h.finalize()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
     let stem = m.file.trim_end_matches(".cu");
-    dir.join(format!("{hex}-{stem}-{arch}.ptx"))
+    let ext = match kind {
+        ImageKind::Ptx => "ptx",
+        ImageKind::Cubin => "cubin",
+    };
+    dir.join(format!("{hex}-{stem}-{arch}.{ext}"))
 }
 
-/// One module's PTX and where it came from.
+/// Compiles `src` for the real architecture `arch` (`sm_XY`) and returns NVRTC's CUBIN (the
+/// caller guards against a missing NVRTC library); a failure names NVRTC's log.
+pub fn compile_cubin(src: &str, arch: &str) -> DResult<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    if !arch.starts_with("sm_") {
+        return Err(format!(
+            "a CUBIN needs a real architecture (sm_XY), not {arch}"
+        ));
+    }
+    let csrc = std::ffi::CString::new(src).map_err(|_| "a NUL byte in the kernel source")?;
+    let prog =
+        result::create_program(&csrc, None).map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(OPTIONS.iter().map(|o| o.to_string()));
+    // SAFETY: `prog` was just created and is destroyed once, below, on every path; `csrc`
+    // outlives it; the out-pointers point at live values of the sizes NVRTC reports.
+    let out = unsafe {
+        let r = match result::compile_program(prog, &options) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(format!("{e:?}: {log}"))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))
+                    .and_then(|()| {
+                        let mut buf = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| buf)
+                            .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))
+                    })
+            }
+        };
+        let _ = result::destroy_program(prog);
+        r
+    };
+    match out {
+        Ok(b) if elf_whole(&b) => Ok(b),
+        Ok(_) => Err("NVRTC's CUBIN is not a whole ELF image".into()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `b` is a whole 64-bit ELF image: the magic, and its section header table (which
+/// comes last in NVIDIA's CUBINs) inside the bytes. A cached file cut short fails it.
+pub fn elf_whole(b: &[u8]) -> bool {
+    let le = |at: usize, n: usize| -> Option<u64> {
+        let s = b.get(at..at + n)?;
+        Some(s.iter().rev().fold(0u64, |v, &x| (v << 8) | x as u64))
+    };
+    let (Some(shoff), Some(shentsize), Some(shnum)) = (le(0x28, 8), le(0x3a, 2), le(0x3c, 2))
+    else {
+        return false;
+    };
+    b.starts_with(b"\x7fELF\x02")
+        && shoff
+            .checked_add(shentsize * shnum)
+            .is_some_and(|end| end <= b.len() as u64)
+}
+
+/// One module's image and where it came from.
 #[derive(Clone, Debug)]
 pub struct Compiled {
     pub file: String,
-    pub ptx: String,
+    pub image: Image,
     /// Read from the disk cache (not compiled).
     pub cached: bool,
     /// How long NVRTC took (zero for a cached module).
@@ -354,17 +465,35 @@ pub struct Pending {
 
 /// Reads what the cache holds and starts a thread per module it does not. The NVRTC library
 /// is loaded here first (guarded: a missing library is an error, not a panic), so the
-/// threads only call into a library already loaded.
+/// threads only call into a library already loaded. PTX images ([`start_images`] for CUBIN).
 pub fn start(mods: Vec<ModuleSource>, arch: &str, cache: Option<&Path>) -> DResult<Pending> {
+    start_images(mods, arch, cache, ImageKind::Ptx)
+}
+
+/// [`start`] for images of `kind`. A cached CUBIN that is not an ELF image (a file cut short)
+/// is compiled again.
+pub fn start_images(
+    mods: Vec<ModuleSource>,
+    arch: &str,
+    cache: Option<&Path>,
+    kind: ImageKind,
+) -> DResult<Pending> {
     let started = Instant::now();
     let mut done = Vec::new();
     let mut todo = Vec::new();
     for m in mods {
-        let path = cache.map(|d| cache_path(d, &m, arch));
-        match path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
-            Some(ptx) => done.push(Compiled {
+        let path = cache.map(|d| cache_path_of(d, &m, arch, kind));
+        let cached = path.as_ref().and_then(|p| match kind {
+            ImageKind::Ptx => std::fs::read_to_string(p).ok().map(Image::Ptx),
+            ImageKind::Cubin => std::fs::read(p)
+                .ok()
+                .filter(|b| elf_whole(b))
+                .map(Image::Cubin),
+        });
+        match cached {
+            Some(image) => done.push(Compiled {
                 file: m.file,
-                ptx,
+                image,
                 cached: true,
                 compile: Duration::ZERO,
                 ended: None,
@@ -381,7 +510,7 @@ pub fn start(mods: Vec<ModuleSource>, arch: &str, cache: Option<&Path>) -> DResu
         let file = m.file.clone();
         let h = std::thread::Builder::new()
             .name(format!("nvrtc {file}"))
-            .spawn(move || compile_one(m, &arch, path.as_deref()))
+            .spawn(move || compile_one(m, &arch, path.as_deref(), kind))
             .map_err(|e| format!("cannot start the NVRTC thread for {file}: {e}"))?;
         running.push((file, h));
     }
@@ -401,25 +530,41 @@ fn nvrtc_loads() -> DResult<()> {
         .map_err(|e| format!("nvrtcVersion: {e:?}"))
 }
 
-fn compile_one(m: ModuleSource, arch: &str, path: Option<&Path>) -> DResult<Compiled> {
+fn compile_one(
+    m: ModuleSource,
+    arch: &str,
+    path: Option<&Path>,
+    kind: ImageKind,
+) -> DResult<Compiled> {
     let t = Instant::now();
-    let ptx = compile(&m.src, arch)
-        .map_err(|e| format!("NVRTC ({arch}) {}: {}", m.file, compile_log(&e)))?
-        .to_src();
+    let image = match kind {
+        ImageKind::Ptx => Image::Ptx(
+            compile(&m.src, arch)
+                .map_err(|e| format!("NVRTC ({arch}) {}: {}", m.file, compile_log(&e)))?
+                .to_src(),
+        ),
+        ImageKind::Cubin => Image::Cubin(
+            compile_cubin(&m.src, arch).map_err(|e| format!("NVRTC ({arch}) {}: {e}", m.file))?,
+        ),
+    };
     if let Some(p) = path {
         if let Some(dir) = p.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
         // Written whole under a temporary name, then renamed: a process starting meanwhile
         // never reads half a module.
-        let tmp = p.with_extension(format!("ptx.{}", std::process::id()));
-        if std::fs::write(&tmp, &ptx).is_ok() && std::fs::rename(&tmp, p).is_err() {
+        let tmp = p.with_extension(format!("part.{}", std::process::id()));
+        let bytes: &[u8] = match &image {
+            Image::Ptx(s) => s.as_bytes(),
+            Image::Cubin(b) => b,
+        };
+        if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, p).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
     }
     Ok(Compiled {
         file: m.file,
-        ptx,
+        image,
         cached: false,
         compile: t.elapsed(),
         ended: Some(Instant::now()),
@@ -495,8 +640,20 @@ pub(crate) fn load(
     let loaded = mods
         .into_iter()
         .map(|m| {
-            let what = if m.cached { "cached PTX of" } else { "PTX of" };
-            ctx.load_module(Ptx::from_src(m.ptx))
+            let kind = match m.image {
+                Image::Ptx(_) => "PTX",
+                Image::Cubin(_) => "CUBIN",
+            };
+            let what = if m.cached {
+                format!("cached {kind} of")
+            } else {
+                format!("{kind} of")
+            };
+            let image = match m.image {
+                Image::Ptx(s) => Ptx::from_src(s),
+                Image::Cubin(b) => Ptx::from_binary(b),
+            };
+            ctx.load_module(image)
                 .map(|module| (m.file.clone(), module))
                 .map_err(|e| drv(&format!("cuModuleLoadData ({what} {})", m.file), e))
         })

@@ -74,7 +74,9 @@ fn cached_modules_are_read_without_nvrtc() {
     assert_eq!((p.modules(), p.compiling()), (mods.len(), 0));
     let (out, report) = p.join().unwrap();
     assert_eq!(report.cached, mods.len());
-    assert!(out.iter().all(|c| c.ptx == format!("// ptx of {}", c.file)));
+    assert!(out
+        .iter()
+        .all(|c| c.image == Image::Ptx(format!("// ptx of {}", c.file))));
     assert_eq!(
         report.describe(),
         format!("{} modules from the PTX cache", mods.len())

@@ -197,10 +197,11 @@ impl Gpu {
             .max(1) as u32;
         // Modules the cache does not hold compile in their own threads from here on, while
         // the caller goes on (the weights upload); the first kernel needed joins them.
-        let pending = compile::start(
+        let pending = compile::start_images(
             compile::modules(&prelude, &sources),
             &arch,
             s.cache_dir.as_deref(),
+            s.image,
         )?;
         let (modules, cached_modules) =
             (pending.modules(), pending.modules() - pending.compiling());

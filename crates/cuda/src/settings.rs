@@ -208,6 +208,10 @@ pub struct CudaSettings {
     pub(crate) mvs_warps: MvsWarps,
     pub(crate) prompt: PromptChoice,
     pub(crate) gemm: GemmPin,
+    /// What the device loads of each module (`MINFER_CUDA_IMAGE`: `ptx`, the default, which
+    /// the driver compiles again at load into its own cache, or `cubin`, NVRTC's own machine
+    /// code, nothing left to compile at load; the kernels are the same).
+    pub(crate) image: crate::compile::ImageKind,
 }
 
 impl CudaSettings {
@@ -358,6 +362,11 @@ impl CudaSettings {
             },
             prompt: prompt(&text)?,
             gemm: gemm(&text)?,
+            image: match text("MINFER_CUDA_IMAGE").as_str() {
+                "" | "ptx" => crate::compile::ImageKind::Ptx,
+                "cubin" => crate::compile::ImageKind::Cubin,
+                v => return Err(Refused::new("MINFER_CUDA_IMAGE", v, "want ptx or cubin")),
+            },
         })
     }
 }
@@ -570,6 +579,7 @@ mod tests {
             (d.mvs_from, d.mvs_rows, d.mvs_warps),
             (DEFAULT_MVS_FROM, MvsRows::Fixed(32), MvsWarps::Eight)
         );
+        assert_eq!(d.image, crate::compile::ImageKind::Ptx);
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
         assert_eq!(d.mv1_x, Mv1X::Auto);
         assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));
@@ -588,10 +598,16 @@ mod tests {
             ("MINFER_CUDA_MVT", "0"),
             ("MINFER_CUDA_MVS", "5"),
             ("MINFER_CUDA_MVS_ROWS", "auto"),
+            ("MINFER_CUDA_MVS_WARPS", "16"),
+            ("MINFER_CUDA_IMAGE", "cubin"),
         ])
         .unwrap();
         assert_eq!((s.mvn_max, s.mvt_from), (0, 0));
-        assert_eq!((s.mvs_from, s.mvs_rows), (5, MvsRows::Auto));
+        assert_eq!(
+            (s.mvs_from, s.mvs_rows, s.mvs_warps),
+            (5, MvsRows::Auto, MvsWarps::Sixteen)
+        );
+        assert_eq!(s.image, crate::compile::ImageKind::Cubin);
         assert!(!s.graphs);
         assert_eq!((s.pdl, s.mv1_grid), (Pdl::Early, Mv1Grid::Blocks(1)));
         assert_eq!(
@@ -661,6 +677,11 @@ mod tests {
                 "MINFER_CUDA_MVS_WARPS",
                 "4",
                 "MINFER_CUDA_MVS_WARPS=4: want 8, 16 or auto",
+            ),
+            (
+                "MINFER_CUDA_IMAGE",
+                "sass",
+                "MINFER_CUDA_IMAGE=sass: want ptx or cubin",
             ),
             (
                 "MINFER_CUDA_MMQ_SPLIT",

@@ -2,7 +2,8 @@
 //! every kernel the executor launches is in exactly one module, each module's kernels are
 //! the whole program's (the PTX of every entry equal once line numbers and per-module label
 //! numbers are set aside), modules are cached one by one under keys that cover the defines,
-//! and a module that does not compile is an error naming its file with NVRTC's log.
+//! and a module that does not compile is an error naming its file with NVRTC's log; NVRTC's
+//! CUBIN images (`MINFER_CUDA_IMAGE=cubin`) are ELF and cached apart from the PTX.
 //! Run for `MINFER_CUDA_ARCH` (scripts/nvrtc-check sets it), or the device's architecture;
 //! SKIP (pass) where neither is there.
 
@@ -133,7 +134,7 @@ fn modules_hold_the_whole_programs_kernels_and_cache_one_by_one() {
     // Every launched kernel in exactly one module.
     let per_module: Vec<(String, HashMap<String, String>)> = out
         .iter()
-        .map(|c| (c.file.clone(), entries(&c.ptx)))
+        .map(|c| (c.file.clone(), entries(c.image.ptx().expect("PTX images"))))
         .collect();
     for k in KERNELS {
         let holders: Vec<&str> = per_module
@@ -255,6 +256,78 @@ fn a_device_compiles_cold_joins_at_the_first_kernel_and_starts_warm() {
     let report = warm.kernels().unwrap().unwrap();
     println!("warm: {} ({n} kernels)", report.describe());
     assert_eq!(report.cached, report.modules);
+    drop(warm);
+    // NVRTC's CUBIN instead of PTX (`MINFER_CUDA_IMAGE=cubin`): cold (its own cache keys:
+    // every module compiled again), every kernel resolves from the loaded machine code, then
+    // warm. The times say what a cold start costs each way (the PTX one also waits for the
+    // driver's compile at load, unless the driver's own cache holds it).
+    std::env::set_var("MINFER_CUDA_IMAGE", "cubin");
+    let t = std::time::Instant::now();
+    let g = minfer_cuda::device::Gpu::new().unwrap();
+    assert_eq!(g.cached_modules, 0, "the CUBIN keys are the PTX ones");
+    let report = g.kernels().unwrap().expect("the first join reports");
+    println!(
+        "cold CUBIN: {}; to every kernel loaded {:.2} s",
+        report.describe(),
+        t.elapsed().as_secs_f64()
+    );
+    for k in KERNELS {
+        assert!(g.resident_blocks(k, 32, 0).unwrap() > 0, "{k} (CUBIN)");
+    }
+    drop(g);
+    let warm = minfer_cuda::device::Gpu::new().unwrap();
+    assert_eq!(
+        warm.cached_modules, warm.modules,
+        "the warm CUBIN start compiled"
+    );
+    warm.kernels().unwrap();
+    std::env::remove_var("MINFER_CUDA_IMAGE");
     std::env::remove_var("MINFER_CUDA_CACHE");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// NVRTC's CUBIN of a module (`compile::ImageKind::Cubin`): an ELF image for the real
+/// architecture, cached under a key and a file of its own, read back warm; a cache file cut
+/// short is compiled again, not loaded. Controls: the PTX image of the same module is text
+/// under another file, and a virtual architecture has no CUBIN (refused by name).
+#[test]
+fn cubin_images_are_elf_and_cached_apart_from_ptx() {
+    let Some(arch) = arch() else { return };
+    let sources = compile::sources(None).unwrap();
+    let kv: Vec<_> = compile::modules(&compile::prelude("", false), &sources)
+        .into_iter()
+        .filter(|m| m.file == "kv.cu")
+        .collect();
+    let dir = temp_dir("cubin");
+    let cubin = compile::ImageKind::Cubin;
+    let (out, report) = compile::start_images(kv.clone(), &arch, Some(&dir), cubin)
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(report.cached, 0);
+    let compile::Image::Cubin(bytes) = &out[0].image else {
+        panic!("not a CUBIN: {:?}", out[0].image.ptx().map(|p| &p[..40]))
+    };
+    assert!(bytes.starts_with(b"\x7fELF"), "not an ELF image");
+    let path = compile::cache_path_of(&dir, &kv[0], &arch, cubin);
+    assert!(path.to_string_lossy().ends_with(".cubin"));
+    assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    let (warm, report) = compile::start_images(kv.clone(), &arch, Some(&dir), cubin)
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!((report.cached, &warm[0].image), (1, &out[0].image));
+    // A cut file is compiled again.
+    std::fs::write(&path, &bytes[..16]).unwrap();
+    let p = compile::start_images(kv.clone(), &arch, Some(&dir), cubin).unwrap();
+    assert_eq!(p.compiling(), 1, "a cut CUBIN was read");
+    p.join().unwrap();
+    // Controls.
+    let ptx_path = compile::cache_path(&dir, &kv[0], &arch);
+    assert_ne!(ptx_path, path);
+    let ptx = compile::compile(&kv[0].src, &arch).unwrap().to_src();
+    assert!(ptx.contains(".entry"), "the PTX image is text");
+    let e = compile::compile_cubin(&kv[0].src, "compute_90").unwrap_err();
+    assert!(e.contains("real architecture"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
