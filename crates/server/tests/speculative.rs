@@ -269,7 +269,7 @@ async fn what_lookup_cannot_do_is_refused_by_name() {
         (
             set(base(), "speculative", json!({"draft": "x.gguf"})),
             "speculative.draft",
-            "takes only `false`",
+            "takes `true` (the server's draft model) or `false`",
         ),
         (
             set(base(), "speculative", json!({"drafts": false})),
