@@ -28,8 +28,6 @@ __device__ __forceinline__ void mf_cp_small(u32 dst, const void *src, int bytes)
                      : "memory");
 }
 
-__device__ __forceinline__ void mf_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
 // Waits until at most N of this thread's newest commit groups are in flight.
 template <int N> __device__ __forceinline__ void mf_cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
