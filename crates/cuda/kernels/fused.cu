@@ -22,6 +22,38 @@ __device__ __forceinline__ void mf_qkv_row(int o, int q_dim, int kv_dim, int tyq
     }
 }
 
+// mf_qkv1 on the pipelined walk (walk.cuh) when the three matrices are of one type it takes.
+template <int TY, bool GX>
+__device__ __forceinline__ void mf_qkv1_pipe(const u8 *wq, u64 rbq, const u8 *wk, u64 rbk,
+                                             const u8 *wv, u64 rbv, const float *bq,
+                                             const float *bk, const float *bv, const float *x,
+                                             const float *gain, float eps,
+                                             const signed char *__restrict__ gxq,
+                                             const float2 *__restrict__ gxds, float *row,
+                                             int ne0, int q_dim, int kv_dim) {
+    const int n_rows = q_dim + 2 * kv_dim;
+    const auto row_of = [&](int o, int) {
+        return o < q_dim            ? wq + (u64)o * rbq
+               : o < q_dim + kv_dim ? wk + (u64)(o - q_dim) * rbk
+                                    : wv + (u64)(o - q_dim - kv_dim) * rbv;
+    };
+    MfPipe1<TY, 1, MF_PIPE_D> p;
+    mf_pipe1_prime(p, row_of, n_rows, ne0 >> 5);
+    MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
+    const auto epi = [&](int o, const float *r) {
+        if ((threadIdx.x & 31) == 0) {
+            const float *bias = o < q_dim ? bq : o < q_dim + kv_dim ? bk : bv;
+            const int br = o < q_dim ? o : o < q_dim + kv_dim ? o - q_dim : o - q_dim - kv_dim;
+            float s = r[0];
+            if (bias) s = __fadd_rn(s, bias[br]);
+            row[o] = s;
+        }
+    };
+    mf_pipe1_run(p, row_of, n_rows, xq, xds, epi);
+    MF_PDL_TRIGGER();
+}
+
 template <bool GX>
 __device__ __forceinline__ void mf_qkv1_body(int tyq, const u8 *wq, u64 rbq, int tyk,
                                              const u8 *wk, u64 rbk, int tyv, const u8 *wv,
@@ -83,6 +115,93 @@ extern "C" __global__ void mf_qkv1_gx(int tyq, const u8 *wq, u64 rbq, int tyk, c
                                       int kv_dim) {
     mf_qkv1_body<true>(tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, nullptr, nullptr,
                        0.0f, xq, xds, row, ne0, q_dim, kv_dim);
+}
+
+// mf_qkv1 on the pipelined walks with Q and K of Q4_K and V of Q6_K (llama-quantize's Q4_K_M
+// gives V more bits in some layers): a warp walks its Q and K rows on the Q4_K pipeline, then
+// its V rows on the Q6_K one (primed once the first is done, which keeps one pipeline's
+// registers live at a time).
+template <bool GX>
+__device__ __forceinline__ void mf_qkv1_pipe46(const u8 *wq, u64 rbq, const u8 *wk, u64 rbk,
+                                               const u8 *wv, u64 rbv, const float *bq,
+                                               const float *bk, const float *bv, const float *x,
+                                               const float *gain, float eps,
+                                               const signed char *__restrict__ gxq,
+                                               const float2 *__restrict__ gxds, float *row,
+                                               int ne0, int q_dim, int kv_dim) {
+    const int n_qk = q_dim + kv_dim;
+    const auto qk_of = [&](int o, int) {
+        return o < q_dim ? wq + (u64)o * rbq : wk + (u64)(o - q_dim) * rbk;
+    };
+    const auto v_of = [&](int o, int) { return wv + (u64)o * rbv; };
+    MfPipe1<MF_Q4_K, 1, MF_PIPE_D> pa;
+    mf_pipe1_prime(pa, qk_of, n_qk, ne0 >> 5);
+    MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
+    const auto epi_qk = [&](int o, const float *r) {
+        if ((threadIdx.x & 31) == 0) {
+            const float *bias = o < q_dim ? bq : bk;
+            float s = r[0];
+            if (bias) s = __fadd_rn(s, bias[o < q_dim ? o : o - q_dim]);
+            row[o] = s;
+        }
+    };
+    mf_pipe1_run(pa, qk_of, n_qk, xq, xds, epi_qk);
+    const auto epi_v = [&](int o, const float *r) {
+        if ((threadIdx.x & 31) == 0) {
+            float s = r[0];
+            if (bv) s = __fadd_rn(s, bv[o]);
+            row[n_qk + o] = s;
+        }
+    };
+    MfPipe1<MF_Q6_K, 1, MF_PIPE_D> pb;
+    mf_pipe1_prime(pb, v_of, kv_dim, ne0 >> 5);
+    mf_pipe1_run(pb, v_of, kv_dim, xq, xds, epi_v);
+    MF_PDL_TRIGGER();
+}
+
+// mf_qkv1 / mf_qkv1_gx on the pipelined walk, the three matrices of one type (`_p4`: Q4_K at
+// 16-byte-aligned addresses, `_p6`: Q6_K at even ones; the type codes are not read).
+#define MF_QKV1_PIPE_KERNELS(SUF, TY)                                                             \
+    extern "C" __global__ void mf_qkv1_##SUF(int tyq, const u8 *wq, u64 rbq, int tyk,           \
+                                             const u8 *wk, u64 rbk, int tyv, const u8 *wv,      \
+                                             u64 rbv, const float *bq, const float *bk,         \
+                                             const float *bv, const float *x, const float *gain, \
+                                             float eps, float *row, int ne0, int q_dim,         \
+                                             int kv_dim) {                                       \
+        mf_qkv1_pipe<TY, false>(wq, rbq, wk, rbk, wv, rbv, bq, bk, bv, x, gain, eps, nullptr,    \
+                                nullptr, row, ne0, q_dim, kv_dim);                               \
+    }                                                                                             \
+    extern "C" __global__ void mf_qkv1_##SUF##_gx(int tyq, const u8 *wq, u64 rbq, int tyk,      \
+                                                  const u8 *wk, u64 rbk, int tyv, const u8 *wv, \
+                                                  u64 rbv, const float *bq, const float *bk,    \
+                                                  const float *bv, const signed char *xq,       \
+                                                  const float2 *xds, float *row, int ne0,       \
+                                                  int q_dim, int kv_dim) {                       \
+        mf_qkv1_pipe<TY, true>(wq, rbq, wk, rbk, wv, rbv, bq, bk, bv, nullptr, nullptr, 0.0f,    \
+                               xq, xds, row, ne0, q_dim, kv_dim);                                \
+    }
+
+MF_QKV1_PIPE_KERNELS(p4, MF_Q4_K)
+MF_QKV1_PIPE_KERNELS(p6, MF_Q6_K)
+
+// Q and K of Q4_K, V of Q6_K (mf_qkv1_pipe46; the type codes are not read).
+extern "C" __global__ void mf_qkv1_p46(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
+                                       u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
+                                       const float *bk, const float *bv, const float *x,
+                                       const float *gain, float eps, float *row, int ne0,
+                                       int q_dim, int kv_dim) {
+    mf_qkv1_pipe46<false>(wq, rbq, wk, rbk, wv, rbv, bq, bk, bv, x, gain, eps, nullptr, nullptr,
+                          row, ne0, q_dim, kv_dim);
+}
+
+extern "C" __global__ void mf_qkv1_p46_gx(int tyq, const u8 *wq, u64 rbq, int tyk,
+                                          const u8 *wk, u64 rbk, int tyv, const u8 *wv, u64 rbv,
+                                          const float *bq, const float *bk, const float *bv,
+                                          const signed char *xq, const float2 *xds, float *row,
+                                          int ne0, int q_dim, int kv_dim) {
+    mf_qkv1_pipe46<true>(wq, rbq, wk, rbk, wv, rbv, bq, bk, bv, nullptr, nullptr, 0.0f, xq, xds,
+                         row, ne0, q_dim, kv_dim);
 }
 
 // Element e of head row `h` (hd values at `x`) after RoPE at (c, s) of its pair.

@@ -1,14 +1,16 @@
 // The int8 matmul kernels (device functions and the canonical order in int8.cuh).
 
-// One thread per 32-element block: q[t][e] int8, ds[t][b] = (d, d * sum of the block's q).
-// Rows are 16-byte aligned (ne0 a multiple of 32, buffers 256-byte aligned).
+// x[t][0..ne0) of nt rows quantized: q[t][e] int8, ds[t][b] = (d, d * sum of the block's q),
+// a group of 8 lanes per 32-element block (mf_q8_lanes8; a thread per
+// block made one token's 18,944 values a 4.7 µs kernel of 5 blocks). Rows are 16-byte
+// aligned (ne0 a multiple of 32, buffers 256-byte aligned). Threads: 8 per block.
 extern "C" __global__ void mf_quantize_q8(const float *x, signed char *q, float2 *ds, int ne0,
                                           int nt) {
     MF_PDL_ENTRY();
-    int nb = ne0 >> 5;
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (u64)nt * nb) return;
-    mf_q8_block(x + i * 32, q + i * 32, ds + i);
+    u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 3;
+    const bool ok = i < (u64)nt * (ne0 >> 5);
+    if (!ok) i = 0;
+    mf_q8_lanes8(x + i * 32, nullptr, 1.0f, ok, q + i * 32, ds + i);
 }
 
 // One token's x[0..ne0) quantized once for the one-token kernels (mf_mmvq1, mf_gate_up1,
@@ -46,6 +48,31 @@ MF_MMVQ_KERNEL(mf_mmvq_q6_k, MF_Q6_K)
 // as the unfused MatMul → Add) for one token; x as MF_MV1_X says (`mf_mmvq1`: quantized by
 // each block into ne0 + ne0 / 4 bytes of dynamic shared memory, with a `gain` its RMSNorm;
 // `mf_mmvq1_gx`: quantized before, (xq, xds)).
+// mf_mmvq1's rows on the pipelined walk (walk.cuh, MF_MV1_PIPE): the same bits.
+template <int TY, bool GX>
+__device__ __forceinline__ void mf_mmvq1_pipe(const u8 *w, u64 row_bytes, const float *x,
+                                              const float *gain, float eps,
+                                              const signed char *__restrict__ gxq,
+                                              const float2 *__restrict__ gxds, float *y,
+                                              const float *bias, const float *res, int ne0,
+                                              int n_out) {
+    const auto row_of = [&](int o, int) { return w + (u64)o * row_bytes; };
+    MfPipe1<TY, 1, MF_PIPE_D> p;
+    mf_pipe1_prime(p, row_of, n_out, ne0 >> 5);
+    MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
+    const auto epi = [&](int o, const float *r) {
+        if ((threadIdx.x & 31) == 0) {
+            float s = r[0];
+            if (bias) s = __fadd_rn(s, bias[o]);
+            if (res) s = __fadd_rn(s, res[o]);
+            y[o] = s;
+        }
+    };
+    mf_pipe1_run(p, row_of, n_out, xq, xds, epi);
+    MF_PDL_TRIGGER();
+}
+
 template <bool GX>
 __device__ __forceinline__ void mf_mmvq1_body(int ty, const u8 *w, u64 row_bytes,
                                               const float *x, const float *gain, float eps,
@@ -84,6 +111,28 @@ extern "C" __global__ void mf_mmvq1_gx(int ty, const u8 *w, u64 row_bytes,
     mf_mmvq1_body<true>(ty, w, row_bytes, nullptr, nullptr, 0.0f, xq, xds, y, bias, res, ne0,
                         n_out);
 }
+
+// The pipelined one-token kernels (walk.cuh `MF_MV1_PIPE`): mf_mmvq1's and mf_mmvq1_gx's
+// arguments and bits, for Q4_K rows at 16-byte-aligned addresses (`_p4`) and Q6_K rows at
+// even ones (`_p6`); the host picks them (`ty` is not read).
+#define MF_MMVQ1_PIPE_KERNELS(SUF, TY)                                                            \
+    extern "C" __global__ void mf_mmvq1_##SUF(int ty, const u8 *w, u64 row_bytes,                \
+                                              const float *x, const float *gain, float eps,      \
+                                              float *y, const float *bias, const float *res,     \
+                                              int ne0, int n_out) {                              \
+        mf_mmvq1_pipe<TY, false>(w, row_bytes, x, gain, eps, nullptr, nullptr, y, bias, res,     \
+                                 ne0, n_out);                                                    \
+    }                                                                                             \
+    extern "C" __global__ void mf_mmvq1_##SUF##_gx(int ty, const u8 *w, u64 row_bytes,          \
+                                                   const signed char *xq, const float2 *xds,    \
+                                                   float *y, const float *bias,                 \
+                                                   const float *res, int ne0, int n_out) {      \
+        mf_mmvq1_pipe<TY, true>(w, row_bytes, nullptr, nullptr, 0.0f, xq, xds, y, bias, res,     \
+                                ne0, n_out);                                                     \
+    }
+
+MF_MMVQ1_PIPE_KERNELS(p4, MF_Q4_K)
+MF_MMVQ1_PIPE_KERNELS(p6, MF_Q6_K)
 
 // Up to NT generation rows at once (the multi-row kernels mf_mmvqn2, 4 and 8; nt of them
 // exist, NT / 2 < nt <= NT): y[t][o] = w[o] . x[t] (+ bias[o]) over activations
@@ -127,6 +176,28 @@ MF_MMVQN_KERNEL(8)
 // g = wg[o] . x and u = wu[o] . x, each exactly as mf_mmvq1 computes it and the SwiGLU as
 // mf_swiglu writes it; with a `gain`, x is the row's RMSNorm (Op::FfnGateUp's in_norm). x as
 // MF_MV1_X says (`mf_gate_up1` / `mf_gate_up1_gx`).
+// mf_gate_up1 with both matrices on the pipelined walk (one chunk of each per step).
+template <int TY, bool GX>
+__device__ __forceinline__ void mf_gate_up1_pipe(const u8 *wg, u64 rbg, const u8 *wu, u64 rbu,
+                                                 const float *x, const float *gain, float eps,
+                                                 const signed char *__restrict__ gxq,
+                                                 const float2 *__restrict__ gxds, float *y,
+                                                 int ne0, int n_out) {
+    const auto row_of = [&](int o, int m) {
+        return m ? wu + (u64)o * rbu : wg + (u64)o * rbg;
+    };
+    MfPipe1<TY, 2, MF_PIPE_D> p;
+    mf_pipe1_prime(p, row_of, n_out, ne0 >> 5);
+    MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
+    const auto epi = [&](int o, const float *r) {
+        const float g = r[0], u = r[1];
+        if ((threadIdx.x & 31) == 0) y[o] = g / (1.0f + expf(-g)) * u;
+    };
+    mf_pipe1_run(p, row_of, n_out, xq, xds, epi);
+    MF_PDL_TRIGGER();
+}
+
 template <bool GX>
 __device__ __forceinline__ void mf_gate_up1_body(int tyg, const u8 *wg, u64 rbg, int tyu,
                                                  const u8 *wu, u64 rbu, const float *x,
@@ -167,3 +238,24 @@ extern "C" __global__ void mf_gate_up1_gx(int tyg, const u8 *wg, u64 rbg, int ty
     mf_gate_up1_body<true>(tyg, wg, rbg, tyu, wu, rbu, nullptr, nullptr, 0.0f, xq, xds, y, ne0,
                            n_out);
 }
+
+// mf_gate_up1 / mf_gate_up1_gx on the pipelined walk, both matrices of one type (`_p4`: Q4_K
+// at 16-byte-aligned addresses, `_p6`: Q6_K at even ones; `tyg` and `tyu` are not read).
+#define MF_GATE_UP1_PIPE_KERNELS(SUF, TY)                                                         \
+    extern "C" __global__ void mf_gate_up1_##SUF(int tyg, const u8 *wg, u64 rbg, int tyu,       \
+                                                 const u8 *wu, u64 rbu, const float *x,          \
+                                                 const float *gain, float eps, float *y,         \
+                                                 int ne0, int n_out) {                           \
+        mf_gate_up1_pipe<TY, false>(wg, rbg, wu, rbu, x, gain, eps, nullptr, nullptr, y, ne0,    \
+                                    n_out);                                                      \
+    }                                                                                             \
+    extern "C" __global__ void mf_gate_up1_##SUF##_gx(int tyg, const u8 *wg, u64 rbg, int tyu,  \
+                                                      const u8 *wu, u64 rbu,                    \
+                                                      const signed char *xq, const float2 *xds, \
+                                                      float *y, int ne0, int n_out) {           \
+        mf_gate_up1_pipe<TY, true>(wg, rbg, wu, rbu, nullptr, nullptr, 0.0f, xq, xds, y, ne0,    \
+                                   n_out);                                                       \
+    }
+
+MF_GATE_UP1_PIPE_KERNELS(p4, MF_Q4_K)
+MF_GATE_UP1_PIPE_KERNELS(p6, MF_Q6_K)

@@ -130,6 +130,10 @@ pub struct CudaBackend {
     pub(crate) mv1_warps: usize,
     /// How the one-token int8 kernels' blocks cover their rows (`MINFER_CUDA_MV1_GRID`).
     pub(crate) mv1_grid: Mv1Grid,
+    /// Whether Q4_K and Q6_K rows take the pipelined one-token walks (`MINFER_CUDA_MV1_PIPE`
+    /// not 0, the type in `MINFER_CUDA_MV1_PIPE_TYPES`, and its wide walk not switched off by
+    /// `MINFER_CUDA_MV1`).
+    pub(crate) mv1_pipe: (bool, bool),
     /// Whole splits replayed as CUDA graphs (off: `MINFER_CUDA_GRAPHS=0`, or profiling).
     replayer: Option<Replayer>,
     /// The current forward's row classes (crates/cuda/src/prompt.rs).
@@ -281,6 +285,10 @@ impl CudaBackend {
             mv1_x: s.mv1_x,
             mv1_warps,
             mv1_grid,
+            mv1_pipe: (
+                s.mv1.pipe > 0 && s.mv1.pipe_types.0 && !s.mv1.narrow_q4k,
+                s.mv1.pipe > 0 && s.mv1.pipe_types.1 && !s.mv1.narrow_q6k,
+            ),
             replayer: graphs.then(Replayer::default),
             rows: RowClasses::default(),
             windows: None,

@@ -389,7 +389,9 @@ impl CudaBackend {
                 };
                 let out = self.out(node, args)?;
                 let (gx, xa, shared) = self.mv1_input((xid, 0, x), mg.ne0, norm)?;
-                let kernel = if gx { "mf_gate_up1_gx" } else { "mf_gate_up1" };
+                use crate::matvec::{mv1_walk, Mv1Family, MV1_KERNELS};
+                let walk = mv1_walk(&[&mg, &mu], self.mv1_pipe);
+                let kernel = MV1_KERNELS[Mv1Family::GateUp as usize][walk][gx as usize];
                 let grid = self.mv1_grid(kernel, ne0, self.mv1_warps, shared)?;
                 let mut a = vec![
                     Arg::I32(tg),

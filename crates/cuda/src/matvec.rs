@@ -9,6 +9,7 @@
 //! (and rows, but for Q6_K's) their 16-byte copies can align.
 //! Every path keeps the canonical block order, so the choice by row count changes no bits.
 
+use minfer_gguf::GgmlType;
 use minfer_graph::{BufId, ExecArgs, KvKind, Node, QkvFused, RopeStyle};
 
 use crate::backend::{theta_scale, type_code, CudaBackend, Matrix, Mv1Grid, Scratch};
@@ -237,6 +238,55 @@ fn rows_args(
     ]
 }
 
+/// The one-token kernels (kernels/mmvq.cu, fused.cu) by family, walk (plain; pipelined over
+/// Q4_K rows, `_p4`; over Q6_K rows, `_p6`; Q/K over Q4_K and V over Q6_K, `_p46`, Q/K/V
+/// only: kernels/walk.cuh) and x (in-block, `_gx`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mv1Family {
+    MatVec = 0,
+    GateUp = 1,
+    Qkv = 2,
+}
+
+pub(crate) const MV1_KERNELS: [[[&str; 2]; 4]; 3] = [
+    [
+        ["mf_mmvq1", "mf_mmvq1_gx"],
+        ["mf_mmvq1_p4", "mf_mmvq1_p4_gx"],
+        ["mf_mmvq1_p6", "mf_mmvq1_p6_gx"],
+        ["", ""],
+    ],
+    [
+        ["mf_gate_up1", "mf_gate_up1_gx"],
+        ["mf_gate_up1_p4", "mf_gate_up1_p4_gx"],
+        ["mf_gate_up1_p6", "mf_gate_up1_p6_gx"],
+        ["", ""],
+    ],
+    [
+        ["mf_qkv1", "mf_qkv1_gx"],
+        ["mf_qkv1_p4", "mf_qkv1_p4_gx"],
+        ["mf_qkv1_p6", "mf_qkv1_p6_gx"],
+        ["mf_qkv1_p46", "mf_qkv1_p46_gx"],
+    ],
+];
+
+/// The walk of a one-token kernel over `ms` (one launch's matrices): 1, the pipelined Q4_K
+/// walk, when every one is Q4_K at 16-byte-aligned rows; 2, the pipelined Q6_K walk, when
+/// every one is Q6_K at even addresses; else 0, the plain walks. `pipe`: the backend's
+/// `mv1_pipe`.
+pub(crate) fn mv1_walk(ms: &[&Matrix], (q4k, q6k): (bool, bool)) -> usize {
+    let all = |ty: GgmlType, align: u64| {
+        ms.iter()
+            .all(|m| m.ty == ty && (m.ptr | m.row_bytes as u64).is_multiple_of(align))
+    };
+    if q4k && all(GgmlType::Q4K, 16) {
+        1
+    } else if q6k && all(GgmlType::Q6K, 2) {
+        2
+    } else {
+        0
+    }
+}
+
 /// Whether the one-token int8 kernels take rows of `ne0` (whole 32-element blocks).
 pub(crate) fn mv1_fits(ne0: usize) -> bool {
     ne0.is_multiple_of(32)
@@ -399,7 +449,8 @@ impl CudaBackend {
     ) -> DResult<()> {
         let ty = type_code(m.ty).ok_or("weight type")?;
         let (gx, xa, shared) = self.mv1_input(x, m.ne0, None)?;
-        let kernel = if gx { "mf_mmvq1_gx" } else { "mf_mmvq1" };
+        let kernel =
+            MV1_KERNELS[Mv1Family::MatVec as usize][mv1_walk(&[m], self.mv1_pipe)][gx as usize];
         let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, shared)?;
         let mut a = vec![Arg::I32(ty), Arg::U64(m.ptr), Arg::U64(m.row_bytes as u64)];
         a.extend(xa);
@@ -617,7 +668,15 @@ impl CudaBackend {
         } else {
             MV1_ROWS
         };
-        let kernel = if gx { "mf_qkv1_gx" } else { "mf_qkv1" };
+        let walk = match mv1_walk(&[&m[0], &m[1], &m[2]], self.mv1_pipe) {
+            0 if mv1_walk(&[&m[0], &m[1]], self.mv1_pipe) == 1
+                && mv1_walk(&[&m[2]], self.mv1_pipe) == 2 =>
+            {
+                3
+            }
+            w => w,
+        };
+        let kernel = MV1_KERNELS[Mv1Family::Qkv as usize][walk][gx as usize];
         let grid = self.mv1_grid(kernel, rows, warps, shared)?;
         self.gpu
             .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a)?;
@@ -677,7 +736,35 @@ mod tests {
                 }
             }
         }
+        for k in MV1_KERNELS.iter().flatten().flatten() {
+            assert!(k.is_empty() || loaded(k), "{k}");
+        }
         assert!(!loaded("mf_mmvt3"), "control");
+    }
+
+    /// The pipelined walks take only what their kernels read: Q4_K rows at 16-byte-aligned
+    /// addresses, Q6_K at even ones, every matrix of a launch of the one type, and only
+    /// while switched on. Controls: an odd address, a mixed pair, the switch off.
+    #[test]
+    fn pipelined_walks_take_aligned_rows_of_one_type() {
+        let m = |ty, ptr, row_bytes| Matrix {
+            ty,
+            ne0: 256,
+            ne1: 4,
+            ptr,
+            row_bytes,
+        };
+        let on = (true, true);
+        let q4 = m(GgmlType::Q4K, 4096, 144);
+        let q6 = m(GgmlType::Q6K, 4098, 210);
+        assert_eq!(mv1_walk(&[&q4, &q4], on), 1);
+        assert_eq!(mv1_walk(&[&q6], on), 2);
+        assert_eq!(mv1_walk(&[&m(GgmlType::Q4K, 4104, 144)], on), 0);
+        assert_eq!(mv1_walk(&[&m(GgmlType::Q6K, 4097, 210)], on), 0);
+        assert_eq!(mv1_walk(&[&q4, &q6], on), 0);
+        assert_eq!(mv1_walk(&[&m(GgmlType::Q8_0, 4096, 34)], on), 0);
+        assert_eq!(mv1_walk(&[&q4], (false, true)), 0);
+        assert_eq!(mv1_walk(&[&q6], (true, false)), 0);
     }
 
     /// Every staged kernel the routing can name is one the device loads (compile.rs

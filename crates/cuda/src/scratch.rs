@@ -112,7 +112,7 @@ impl CudaBackend {
             let blocks = nt * (ne0 / 32);
             self.gpu.launch(
                 "mf_quantize_q8",
-                (blocks.div_ceil(128) as u32, 1, 1),
+                ((8 * blocks).div_ceil(128) as u32, 1, 1),
                 128,
                 &[
                     Arg::U64(x),

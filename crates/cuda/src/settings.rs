@@ -118,7 +118,18 @@ pub(crate) struct Mv1Walk {
     /// L2 prefetches: 0 none, 1 each block's first rows, 2 also each next row
     /// (`MINFER_CUDA_MV1_PREFETCH`).
     pub prefetch: u8,
+    /// Chunks of weight loads a warp of the pipelined walks keeps in flight, 1 to 4; 0: Q4_K
+    /// and Q6_K rows on the plain walks too (`MINFER_CUDA_MV1_PIPE`, kernels/walk.cuh
+    /// `MF_MV1_PIPE`).
+    pub pipe: u8,
+    /// Which types take the pipelined walks: Q4_K, Q6_K (`MINFER_CUDA_MV1_PIPE_TYPES`:
+    /// `q4k,q6k`, the default, `q4k` or `q6k`).
+    pub pipe_types: (bool, bool),
 }
+
+/// The pipelined walks' stages unless `MINFER_CUDA_MV1_PIPE` says otherwise (walk.cuh's
+/// `MF_MV1_PIPE` default).
+pub(crate) const DEFAULT_MV1_PIPE: u8 = 1;
 
 impl Mv1Walk {
     /// The defines the program is compiled with.
@@ -135,6 +146,9 @@ impl Mv1Walk {
         }
         if self.prefetch > 0 {
             d.push_str(&format!("#define MF_MV1_PREFETCH {}\n", self.prefetch));
+        }
+        if self.pipe > 0 && self.pipe != DEFAULT_MV1_PIPE {
+            d.push_str(&format!("#define MF_MV1_PIPE {}\n", self.pipe));
         }
         d
     }
@@ -419,11 +433,36 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
             ))
         }
     };
+    let pipe = match var("MINFER_CUDA_MV1_PIPE").as_str() {
+        "" => DEFAULT_MV1_PIPE,
+        v @ ("0" | "1" | "2" | "3" | "4") => v.parse().unwrap_or(DEFAULT_MV1_PIPE),
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MV1_PIPE",
+                other,
+                "want 0 (off) or 1 to 4 stages",
+            ))
+        }
+    };
+    let pipe_types = match var("MINFER_CUDA_MV1_PIPE_TYPES").as_str() {
+        "" | "q4k,q6k" | "q6k,q4k" => (true, true),
+        "q4k" => (true, false),
+        "q6k" => (false, true),
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MV1_PIPE_TYPES",
+                other,
+                "want q4k,q6k, q4k or q6k",
+            ))
+        }
+    };
     Ok(Mv1Walk {
         narrow_q4k,
         narrow_q6k,
         unroll4,
         prefetch,
+        pipe,
+        pipe_types,
     })
 }
 
@@ -591,6 +630,8 @@ mod tests {
             ("MINFER_CUDA_MV1_GRID", "1"),
             ("MINFER_CUDA_MV1", "narrow-q6k"),
             ("MINFER_CUDA_MV1_PREFETCH", "2"),
+            ("MINFER_CUDA_MV1_PIPE", "3"),
+            ("MINFER_CUDA_MV1_PIPE_TYPES", "q4k"),
             ("MINFER_CUDA_ATTN", "split"),
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
             ("MINFER_CUDA_PROMPT", "mmq"),
@@ -612,8 +653,11 @@ mod tests {
         assert_eq!((s.pdl, s.mv1_grid), (Pdl::Early, Mv1Grid::Blocks(1)));
         assert_eq!(
             s.mv1.defines(),
-            "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n"
+            "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n#define MF_MV1_PIPE 3\n"
         );
+        assert_eq!((s.mv1.pipe, s.mv1.pipe_types), (3, (true, false)));
+        assert_eq!(d.mv1.pipe_types, (true, true));
+        assert_eq!(d.mv1.pipe, DEFAULT_MV1_PIPE);
         assert_eq!(s.attention, (false, 0));
         assert_eq!(s.mmq.tile, MmqTile::R64T32);
         assert_eq!(s.prompt.gemm, None);
@@ -637,6 +681,16 @@ mod tests {
                 "MINFER_CUDA_MV1_UNROLL",
                 "3",
                 "MINFER_CUDA_MV1_UNROLL=3: want 2 or 4",
+            ),
+            (
+                "MINFER_CUDA_MV1_PIPE",
+                "5",
+                "MINFER_CUDA_MV1_PIPE=5: want 0 (off) or 1 to 4 stages",
+            ),
+            (
+                "MINFER_CUDA_MV1_PIPE_TYPES",
+                "q5k",
+                "MINFER_CUDA_MV1_PIPE_TYPES=q5k: want q4k,q6k, q4k or q6k",
             ),
             (
                 "MINFER_CUDA_ATTN",

@@ -5,7 +5,8 @@
 //! outputs (no tile divides it), 1, 17, 64 and 300 tokens; bit for bit. Controls: the same
 //! block products summed in plain block order differ from the kernels' bits, and one
 //! changed weight byte changes exactly its row's outputs. The generation rows' tensor-core
-//! kernels (`mf_mmvt*`, a warp per residue) meet the same host model at every tile and count.
+//! kernels (`mf_mmvt*`, a warp per residue) meet the same host model at every tile and count,
+//! and so do the one-token kernels (`mf_mmvq1*`, the plain and the pipelined walks).
 //! SKIP (pass) without a CUDA device.
 
 #![cfg(feature = "cuda")]
@@ -352,6 +353,44 @@ fn matmul(g: &Gpu, kernel: &str, c: &Case, tile: Option<(usize, usize)>, split: 
     f32s(&out).iter().map(|v| v.to_bits()).collect()
 }
 
+/// A one-token kernel (`mf_mmvq1*`, kernels/mmvq.cu: a warp per row, 8 rows a block) over
+/// token 0 of the case with its weights at `w` and `blocks` blocks (fewer than the rows'
+/// blocks: each warp walks several rows, as the host's one resident wave makes it), x as the
+/// `_gx` kernels read it (quantized) or, with `xf`, the f32 row the others quantize per block.
+fn one_token(
+    g: &Gpu,
+    kernel: &str,
+    ty: Ty,
+    c: &Case,
+    w: u64,
+    xf: Option<u64>,
+    blocks: usize,
+) -> Vec<u32> {
+    g.memset0(c.y, c.n_out * 4).unwrap();
+    let mut args = vec![Arg::I32(ty.code()), Arg::U64(w), Arg::U64(c.rb as u64)];
+    match xf {
+        Some(x) => args.extend([Arg::U64(x), Arg::U64(0), Arg::F32(0.0)]),
+        None => args.extend([Arg::U64(c.xq), Arg::U64(c.xds)]),
+    }
+    args.extend([
+        Arg::U64(c.y),
+        Arg::U64(c.bias),
+        Arg::U64(0),
+        Arg::I32(c.ne0 as i32),
+        Arg::I32(c.n_out as i32),
+    ]);
+    let shared = if xf.is_some() {
+        (c.ne0 + c.ne0 / 4) as u32
+    } else {
+        0
+    };
+    g.launch_shared(kernel, (blocks as u32, 1, 1), 256, shared, &args)
+        .unwrap();
+    let mut out = vec![0u8; c.n_out * 4];
+    g.download(c.y, &mut out).unwrap();
+    f32s(&out).iter().map(|v| v.to_bits()).collect()
+}
+
 /// The tensor-core generation kernels (`mf_mmvt<k>[_m2]`: 16 or 32 weight rows x 8 to 64
 /// tokens a block): name, weight rows and tokens a block, threads.
 const MVT: [(&str, usize, usize, u32); 7] = [
@@ -446,6 +485,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
     let mut order_differs = 0usize;
     let mut checked = 0usize;
     let mut mvt_checked = 0usize;
+    let mut one_token_checked = 0usize;
     let mut mvs_checked = [0usize; 8]; // staged outputs by type code
     for ty in Ty::ALL {
         let rows: &[usize] = match ty {
@@ -469,7 +509,7 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
             let xds = xq + q_bytes as u64;
             g.launch(
                 "mf_quantize_q8",
-                ((nt_max * nb).div_ceil(128) as u32, 1, 1),
+                ((8 * nt_max * nb).div_ceil(128) as u32, 1, 1),
                 128,
                 &[
                     Arg::U64(xd),
@@ -555,6 +595,35 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
                         }
                         assert!(bad.is_empty(), "{}{at} {ty:?} {ne0} nt {nt}", k.0);
                         mvt_checked += want.len();
+                    }
+                }
+                // The one-token kernels, plain and pipelined walks (`_p4`: Q4_K, `_p6`: Q6_K,
+                // where the host picks them: matvec.rs `mv1_walk`), x quantized before them or
+                // per block, on one block (every warp walks 25 rows), 3 and a block per 8 rows;
+                // Q4_K and Q6_K also 4 bytes past an aligned base (the plain walks' narrow
+                // loads; Q6_K's pipelined walk too, its rows only need even addresses).
+                if nt == 1 {
+                    let walks: &[(&str, bool)] = match ty {
+                        Ty::Q4K => &[("mf_mmvq1", true), ("mf_mmvq1_p4", false)],
+                        Ty::Q6K => &[("mf_mmvq1", true), ("mf_mmvq1_p6", true)],
+                        _ => &[("mf_mmvq1", true)],
+                    };
+                    for &(walk, off_too) in walks {
+                        let mut bases = vec![(wd, "")];
+                        if off_too && matches!(ty, Ty::Q4K | Ty::Q6K) {
+                            bases.push((wd_off + 4, " at +4"));
+                        }
+                        for (base, at) in bases {
+                            for (gx, xf) in [("_gx", None), ("", Some(xd))] {
+                                let k = format!("{walk}{gx}");
+                                for blocks in [1, 3, n_out.div_ceil(8)] {
+                                    let got = one_token(&g, &k, ty, &case, base, xf, blocks);
+                                    let bad = (0..n_out).filter(|&i| got[i] != want[i]).count();
+                                    assert_eq!(bad, 0, "{k}{at} {ty:?} {ne0}, {blocks} blocks");
+                                    one_token_checked += n_out;
+                                }
+                            }
+                        }
                     }
                 }
                 // The staged kernels: every tile the type has, at every count, where the
@@ -659,6 +728,8 @@ fn mma_matmuls_are_bitwise_the_dp4a_ones_and_the_canonical_order() {
          differs on {order_differs}"
     );
     println!("staged generation-row outputs checked by type code: {mvs_checked:?}");
+    println!("one-token outputs checked: {one_token_checked}");
+    assert!(one_token_checked > 0, "the one-token kernels ran");
     assert!(mvt_checked > 0, "the generation-row kernels ran");
     assert!(
         mvs_checked[2..].iter().all(|&n| n > 0),

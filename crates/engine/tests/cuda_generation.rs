@@ -5,8 +5,9 @@
 //! canonical block order their own way: eight lanes a row or tensor-core tiles, 4-byte
 //! weight loads), whatever grid the one-token
 //! kernels walk their rows with (`MINFER_CUDA_MV1_GRID`: one resident wave, a block per eight
-//! rows, one block walking every row) and whichever Q4_K load path they take
-//! (`MINFER_CUDA_MV1=narrow`). Prints SKIP and passes where no CUDA device exists;
+//! rows, one block walking every row), whichever Q4_K load path they take
+//! (`MINFER_CUDA_MV1=narrow`) and whether Q4_K and Q6_K rows take the pipelined walks (1 or 2
+//! stages, `MINFER_CUDA_MV1_PIPE`) or the plain ones (`=0`). Prints SKIP and passes where no CUDA device exists;
 //! scripts/gpu-gate runs it on the H200, one test per process (the switches are read when
 //! an engine loads).
 //!
@@ -38,7 +39,14 @@ fn gpu() -> bool {
 /// A model wide enough that a Q4_K row spans 7 and 14 superblocks (the 7B's 14 and 74 are
 /// not multiples of the wide walk's four either), with a KV group of 7 query heads.
 fn wide_model(arch: Arch, ty: GgmlType) -> PathBuf {
+    wide_model_mix(arch, ty, None)
+}
+
+/// [`wide_model`] with `attn_v` and `ffn_down` of `mix` (a Q4_K_M-like mixture: Q/K/V over two
+/// types in one fused launch).
+fn wide_model_mix(arch: Arch, ty: GgmlType, mix: Option<GgmlType>) -> PathBuf {
     let mut t = Tiny::new(arch, ty);
+    t.mix = mix;
     t.d = 1792;
     t.ff = 3584;
     t.head_dim = 64;
@@ -82,20 +90,29 @@ fn prompt(i: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Launches of the one-token kernels so far.
+/// Launches of the one-token kernels so far: each with x quantized in shared memory or once
+/// before it (`_gx`, MINFER_CUDA_MV1_X), on the plain walks or the pipelined ones (`_p4`,
+/// `_p6`: MINFER_CUDA_MV1_PIPE).
 fn one_token_launches() -> u64 {
-    // Each with x quantized in shared memory or once before it (`_gx`, MINFER_CUDA_MV1_X).
-    [
-        "mf_mmvq1",
-        "mf_qkv1",
-        "mf_gate_up1",
-        "mf_mmvq1_gx",
-        "mf_qkv1_gx",
-        "mf_gate_up1_gx",
-    ]
-    .iter()
-    .map(|k| minfer_cuda::launches(k))
-    .sum()
+    let plain: u64 = ["", "_gx"]
+        .iter()
+        .flat_map(|x| ["mf_mmvq1", "mf_qkv1", "mf_gate_up1"].map(|k| format!("{k}{x}")))
+        .map(|k| minfer_cuda::launches(&k))
+        .sum();
+    plain + pipelined_launches()
+}
+
+/// Launches of the pipelined one-token kernels so far.
+fn pipelined_launches() -> u64 {
+    let mut n = 0;
+    for k in ["mf_mmvq1", "mf_qkv1", "mf_gate_up1"] {
+        for w in ["_p4", "_p6", "_p46"] {
+            for x in ["", "_gx"] {
+                n += minfer_cuda::launches(&format!("{k}{w}{x}"));
+            }
+        }
+    }
+    n
 }
 
 /// Launches of the multi-row vector kernels so far (every weight type).
@@ -236,8 +253,17 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
     if !gpu() {
         return;
     }
-    for (arch, ty) in CASES {
-        let path = wide_model(arch, ty);
+    // Every case, and Q4_K with V and the FFN down projection of Q6_K (Q4_K_M's mixture).
+    // MINFER_GEN_TYPES (e.g. `q4_k,q6_k`) keeps the cases of those types, for a device call
+    // that re-gates one walk's types in less time.
+    let mixed = (Arch::Qwen2, GgmlType::Q4K, Some(GgmlType::Q6K));
+    let only = std::env::var("MINFER_GEN_TYPES").unwrap_or_default();
+    let kept = |ty: GgmlType| {
+        only.is_empty() || only.split(',').any(|t| t.eq_ignore_ascii_case(ty.name()))
+    };
+    let cases = CASES.map(|(a, t)| (a, t, None)).into_iter().chain([mixed]);
+    for (arch, ty, mix) in cases.filter(|c| kept(c.1)) {
+        let path = wide_model_mix(arch, ty, mix);
         let (want, one_b, multi_b) = batched(&path, 17, ty);
         assert_eq!(one_b, 0, "{ty}: the batched step ran one-token kernels");
         assert!(
@@ -247,23 +273,44 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
         let variants: [(&str, &[(&str, &str)]); 6] = [
             ("wave", &[]),
             ("x quantized once", &[("MINFER_CUDA_MV1_X", "global")]),
-            ("rows", &[("MINFER_CUDA_MV1_GRID", "rows")]),
-            ("one block", &[("MINFER_CUDA_MV1_GRID", "1")]),
+            (
+                "rows, plain walks",
+                &[
+                    ("MINFER_CUDA_MV1_GRID", "rows"),
+                    ("MINFER_CUDA_MV1_PIPE", "0"),
+                ],
+            ),
+            (
+                "one block, 2 stages",
+                &[("MINFER_CUDA_MV1_GRID", "1"), ("MINFER_CUDA_MV1_PIPE", "2")],
+            ),
             ("narrow walks", &[("MINFER_CUDA_MV1", "narrow")]),
             (
-                "unrolled by 4, both prefetches",
+                "plain walks unrolled by 4, both prefetches",
                 &[
+                    ("MINFER_CUDA_MV1_PIPE", "0"),
                     ("MINFER_CUDA_MV1_UNROLL", "4"),
                     ("MINFER_CUDA_MV1_PREFETCH", "2"),
                 ],
             ),
         ];
         for (name, vars) in variants {
+            let p0 = pipelined_launches();
             let (got, launched) = with_env(vars, || alone(&path, 17));
             assert!(launched > 0, "{ty} {name}: the one-token kernels never ran");
+            // Control: the pipelined walks ran where they take the rows (Q4_K, Q6_K, switched
+            // on), and not where they are off.
+            let piped = pipelined_launches() > p0;
+            let off = vars
+                .iter()
+                .any(|&(k, v)| (k, v) == ("MINFER_CUDA_MV1_PIPE", "0") || k == "MINFER_CUDA_MV1");
+            let takes = matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && !off;
+            assert_eq!(piped, takes, "{ty} {name}: pipelined kernels ran: {piped}");
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let same = g == w;
-                println!("{arch:?} {ty} {name}: sequence {i} alone == among eight: {same}");
+                println!(
+                    "{arch:?} {ty} (mix {mix:?}) {name}: sequence {i} alone == among eight: {same}"
+                );
                 assert!(same, "{arch:?} {ty} {name}: sequence {i}");
             }
         }

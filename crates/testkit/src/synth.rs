@@ -88,6 +88,9 @@ pub struct Tiny {
     pub layers: usize,
     /// Type of the 2-D weights (norms and biases stay F32).
     pub ty: GgmlType,
+    /// Type of `attn_v` and `ffn_down` where it differs from `ty` (llama-quantize's Q4_K_M
+    /// gives those two Q6_K in some layers: a launch over matrices of two types).
+    pub mix: Option<GgmlType>,
     pub tied: bool,
     pub seed: u64,
     pub rope_base: f32,
@@ -113,6 +116,7 @@ impl Tiny {
             vocab: 40,
             layers: 2,
             ty,
+            mix: None,
             tied: arch == Arch::Qwen3,
             seed: 7,
             rope_base: 10000.0,
@@ -239,7 +243,11 @@ pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> Pa
     }
     for l in 0..t.layers {
         let mut add = |k: Layer, dims: &[usize], scale: f32, off: f32| {
-            tensor(&mut w, &mut rng, &k.name(l), dims, t.ty, scale, off)
+            let ty = match (k, t.mix) {
+                (Layer::AttnV | Layer::FfnDown, Some(m)) => m,
+                _ => t.ty,
+            };
+            tensor(&mut w, &mut rng, &k.name(l), dims, ty, scale, off)
         };
         add(Layer::AttnNorm, &[d], 0.2, 1.0);
         add(Layer::AttnQ, &[d, q], s(d), 0.0);
@@ -262,8 +270,9 @@ pub fn write_with(t: &Tiny, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> Pa
     }
     edit(&mut w);
     let name = format!(
-        "{a}-{}-{}-{}-{}.gguf",
+        "{a}-{}{}-{}-{}-{}.gguf",
         t.ty.name(),
+        t.mix.map(|m| format!("+{}", m.name())).unwrap_or_default(),
         t.tied,
         t.seed,
         t.rope_base
