@@ -37,7 +37,7 @@ __device__ __forceinline__ void mf_qkv1_pipe(const u8 *wq, u64 rbq, const u8 *wk
                : o < q_dim + kv_dim ? wk + (u64)(o - q_dim) * rbk
                                     : wv + (u64)(o - q_dim - kv_dim) * rbv;
     };
-    MfPipe1<TY, 1, MF_PIPE_D> p;
+    MfPipe1<TY, 1, MF_MV1_PIPE_SHORT> p;
     mf_pipe1_prime(p, row_of, n_rows, ne0 >> 5);
     MF_PDL_ENTRY();
     MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
@@ -134,7 +134,7 @@ __device__ __forceinline__ void mf_qkv1_pipe46(const u8 *wq, u64 rbq, const u8 *
         return o < q_dim ? wq + (u64)o * rbq : wk + (u64)(o - q_dim) * rbk;
     };
     const auto v_of = [&](int o, int) { return wv + (u64)o * rbv; };
-    MfPipe1<MF_Q4_K, 1, MF_PIPE_D> pa;
+    MfPipe1<MF_Q4_K, 1, MF_MV1_PIPE_SHORT> pa;
     mf_pipe1_prime(pa, qk_of, n_qk, ne0 >> 5);
     MF_PDL_ENTRY();
     MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
@@ -154,7 +154,7 @@ __device__ __forceinline__ void mf_qkv1_pipe46(const u8 *wq, u64 rbq, const u8 *
             row[n_qk + o] = s;
         }
     };
-    MfPipe1<MF_Q6_K, 1, MF_PIPE_D> pb;
+    MfPipe1<MF_Q6_K, 1, MF_MV1_PIPE_SHORT> pb;
     mf_pipe1_prime(pb, v_of, kv_dim, ne0 >> 5);
     mf_pipe1_run(pb, v_of, kv_dim, xq, xds, epi_v);
     MF_PDL_TRIGGER();

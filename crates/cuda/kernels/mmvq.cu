@@ -57,7 +57,7 @@ __device__ __forceinline__ void mf_mmvq1_pipe(const u8 *w, u64 row_bytes, const 
                                               const float *bias, const float *res, int ne0,
                                               int n_out) {
     const auto row_of = [&](int o, int) { return w + (u64)o * row_bytes; };
-    MfPipe1<TY, 1, MF_PIPE_D> p;
+    MfPipe1<TY, 1, GX ? MF_PIPE_D : MF_MV1_PIPE_SHORT> p;
     mf_pipe1_prime(p, row_of, n_out, ne0 >> 5);
     MF_PDL_ENTRY();
     MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);

@@ -442,6 +442,12 @@ __device__ __forceinline__ int mf_mv1_next(int o, int n_out) {
 #define MF_MV1_PIPE 1
 #endif
 #define MF_PIPE_D (MF_MV1_PIPE > 0 ? MF_MV1_PIPE : 1) // the stages a kernel is compiled with
+// The stages of the kernels whose rows are short in the models measured (the Q/K/V and the
+// one-token kernels with x quantized per block: a few chunks a row, a row or two a warp, so
+// a row's chunks can all be in flight at once): `MINFER_CUDA_MV1_PIPE_SHORT`, else MF_PIPE_D.
+#ifndef MF_MV1_PIPE_SHORT
+#define MF_MV1_PIPE_SHORT MF_PIPE_D
+#endif
 
 template <int TY> struct MfSb;
 

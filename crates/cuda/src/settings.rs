@@ -125,6 +125,9 @@ pub(crate) struct Mv1Walk {
     /// Which types take the pipelined walks: Q4_K, Q6_K (`MINFER_CUDA_MV1_PIPE_TYPES`:
     /// `q4k,q6k`, the default, `q4k` or `q6k`).
     pub pipe_types: (bool, bool),
+    /// Stages of the pipelined Q/K/V kernels and of the one-token kernels that quantize x
+    /// per block (rows of a few chunks), 1 to 4; 0: as `pipe` (`MINFER_CUDA_MV1_PIPE_SHORT`).
+    pub pipe_short: u8,
 }
 
 /// The pipelined walks' stages unless `MINFER_CUDA_MV1_PIPE` says otherwise (walk.cuh's
@@ -149,6 +152,9 @@ impl Mv1Walk {
         }
         if self.pipe > 0 && self.pipe != DEFAULT_MV1_PIPE {
             d.push_str(&format!("#define MF_MV1_PIPE {}\n", self.pipe));
+        }
+        if self.pipe > 0 && self.pipe_short > 0 {
+            d.push_str(&format!("#define MF_MV1_PIPE_SHORT {}\n", self.pipe_short));
         }
         d
     }
@@ -456,6 +462,17 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
             ))
         }
     };
+    let pipe_short = match var("MINFER_CUDA_MV1_PIPE_SHORT").as_str() {
+        "" => 0,
+        v @ ("1" | "2" | "3" | "4") => v.parse().unwrap_or(0),
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MV1_PIPE_SHORT",
+                other,
+                "want 1 to 4 stages",
+            ))
+        }
+    };
     Ok(Mv1Walk {
         narrow_q4k,
         narrow_q6k,
@@ -463,6 +480,7 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         prefetch,
         pipe,
         pipe_types,
+        pipe_short,
     })
 }
 
@@ -632,6 +650,7 @@ mod tests {
             ("MINFER_CUDA_MV1_PREFETCH", "2"),
             ("MINFER_CUDA_MV1_PIPE", "3"),
             ("MINFER_CUDA_MV1_PIPE_TYPES", "q4k"),
+            ("MINFER_CUDA_MV1_PIPE_SHORT", "4"),
             ("MINFER_CUDA_ATTN", "split"),
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
             ("MINFER_CUDA_PROMPT", "mmq"),
@@ -653,7 +672,8 @@ mod tests {
         assert_eq!((s.pdl, s.mv1_grid), (Pdl::Early, Mv1Grid::Blocks(1)));
         assert_eq!(
             s.mv1.defines(),
-            "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n#define MF_MV1_PIPE 3\n"
+            "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n#define MF_MV1_PIPE 3\n\
+             #define MF_MV1_PIPE_SHORT 4\n"
         );
         assert_eq!((s.mv1.pipe, s.mv1.pipe_types), (3, (true, false)));
         assert_eq!(d.mv1.pipe_types, (true, true));
@@ -686,6 +706,11 @@ mod tests {
                 "MINFER_CUDA_MV1_PIPE",
                 "5",
                 "MINFER_CUDA_MV1_PIPE=5: want 0 (off) or 1 to 4 stages",
+            ),
+            (
+                "MINFER_CUDA_MV1_PIPE_SHORT",
+                "0",
+                "MINFER_CUDA_MV1_PIPE_SHORT=0: want 1 to 4 stages",
             ),
             (
                 "MINFER_CUDA_MV1_PIPE_TYPES",

@@ -6,8 +6,8 @@
 //! weight loads), whatever grid the one-token
 //! kernels walk their rows with (`MINFER_CUDA_MV1_GRID`: one resident wave, a block per eight
 //! rows, one block walking every row), whichever Q4_K load path they take
-//! (`MINFER_CUDA_MV1=narrow`) and whether Q4_K and Q6_K rows take the pipelined walks (1 or 2
-//! stages, `MINFER_CUDA_MV1_PIPE`) or the plain ones (`=0`). Prints SKIP and passes where no CUDA device exists;
+//! (`MINFER_CUDA_MV1=narrow`) and whether Q4_K and Q6_K rows take the pipelined walks (1, 2
+//! or 4 stages, `MINFER_CUDA_MV1_PIPE`, `_PIPE_SHORT`) or the plain ones (`=0`). Prints SKIP and passes where no CUDA device exists;
 //! scripts/gpu-gate runs it on the H200, one test per process (the switches are read when
 //! an engine loads).
 //!
@@ -281,8 +281,12 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
                 ],
             ),
             (
-                "one block, 2 stages",
-                &[("MINFER_CUDA_MV1_GRID", "1"), ("MINFER_CUDA_MV1_PIPE", "2")],
+                "one block, 2 stages, 4 on short rows",
+                &[
+                    ("MINFER_CUDA_MV1_GRID", "1"),
+                    ("MINFER_CUDA_MV1_PIPE", "2"),
+                    ("MINFER_CUDA_MV1_PIPE_SHORT", "4"),
+                ],
             ),
             ("narrow walks", &[("MINFER_CUDA_MV1", "narrow")]),
             (
