@@ -162,8 +162,8 @@ __device__ __forceinline__ void mf_qkv1_pipe46(const u8 *wq, u64 rbq, const u8 *
 
 // mf_qkv1 / mf_qkv1_gx on the pipelined walk, the three matrices of one type (`_p4`: Q4_K at
 // 16-byte-aligned addresses, `_p6`: Q6_K at even ones; the type codes are not read).
-#define MF_QKV1_PIPE_KERNELS(SUF, TY)                                                             \
-    extern "C" __global__ void mf_qkv1_##SUF(int tyq, const u8 *wq, u64 rbq, int tyk,           \
+#define MF_QKV1_PIPE_KERNELS(SUF, TY, BOUNDS)                                                      \
+    extern "C" __global__ void BOUNDS mf_qkv1_##SUF(int tyq, const u8 *wq, u64 rbq, int tyk,       \
                                              const u8 *wk, u64 rbk, int tyv, const u8 *wv,      \
                                              u64 rbv, const float *bq, const float *bk,         \
                                              const float *bv, const float *x, const float *gain, \
@@ -172,7 +172,7 @@ __device__ __forceinline__ void mf_qkv1_pipe46(const u8 *wq, u64 rbq, const u8 *
         mf_qkv1_pipe<TY, false>(wq, rbq, wk, rbk, wv, rbv, bq, bk, bv, x, gain, eps, nullptr,    \
                                 nullptr, row, ne0, q_dim, kv_dim);                               \
     }                                                                                             \
-    extern "C" __global__ void mf_qkv1_##SUF##_gx(int tyq, const u8 *wq, u64 rbq, int tyk,      \
+    extern "C" __global__ void BOUNDS mf_qkv1_##SUF##_gx(int tyq, const u8 *wq, u64 rbq, int tyk,  \
                                                   const u8 *wk, u64 rbk, int tyv, const u8 *wv, \
                                                   u64 rbv, const float *bq, const float *bk,    \
                                                   const float *bv, const signed char *xq,       \
@@ -182,12 +182,13 @@ __device__ __forceinline__ void mf_qkv1_pipe46(const u8 *wq, u64 rbq, const u8 *
                                xq, xds, row, ne0, q_dim, kv_dim);                                \
     }
 
-MF_QKV1_PIPE_KERNELS(p4, MF_Q4_K)
-MF_QKV1_PIPE_KERNELS(p6, MF_Q6_K)
+MF_QKV1_PIPE_KERNELS(p4, MF_Q4_K, MF_P4_BOUNDS)
+MF_QKV1_PIPE_KERNELS(p6, MF_Q6_K, MF_P6_BOUNDS)
 
 // Q and K of Q4_K, V of Q6_K (mf_qkv1_pipe46; the type codes are not read).
-extern "C" __global__ void mf_qkv1_p46(int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk,
-                                       u64 rbk, int tyv, const u8 *wv, u64 rbv, const float *bq,
+extern "C" __global__ void MF_P6_BOUNDS mf_qkv1_p46(int tyq, const u8 *wq, u64 rbq, int tyk,
+                                       const u8 *wk, u64 rbk, int tyv, const u8 *wv, u64 rbv,
+                                       const float *bq,
                                        const float *bk, const float *bv, const float *x,
                                        const float *gain, float eps, float *row, int ne0,
                                        int q_dim, int kv_dim) {
@@ -195,7 +196,7 @@ extern "C" __global__ void mf_qkv1_p46(int tyq, const u8 *wq, u64 rbq, int tyk, 
                           row, ne0, q_dim, kv_dim);
 }
 
-extern "C" __global__ void mf_qkv1_p46_gx(int tyq, const u8 *wq, u64 rbq, int tyk,
+extern "C" __global__ void MF_P6_BOUNDS mf_qkv1_p46_gx(int tyq, const u8 *wq, u64 rbq, int tyk,
                                           const u8 *wk, u64 rbk, int tyv, const u8 *wv, u64 rbv,
                                           const float *bq, const float *bk, const float *bv,
                                           const signed char *xq, const float2 *xds, float *row,

@@ -115,15 +115,15 @@ extern "C" __global__ void mf_mmvq1_gx(int ty, const u8 *w, u64 row_bytes,
 // The pipelined one-token kernels (walk.cuh `MF_MV1_PIPE`): mf_mmvq1's and mf_mmvq1_gx's
 // arguments and bits, for Q4_K rows at 16-byte-aligned addresses (`_p4`) and Q6_K rows at
 // even ones (`_p6`); the host picks them (`ty` is not read).
-#define MF_MMVQ1_PIPE_KERNELS(SUF, TY)                                                            \
-    extern "C" __global__ void mf_mmvq1_##SUF(int ty, const u8 *w, u64 row_bytes,                \
+#define MF_MMVQ1_PIPE_KERNELS(SUF, TY, BOUNDS)                                                     \
+    extern "C" __global__ void BOUNDS mf_mmvq1_##SUF(int ty, const u8 *w, u64 row_bytes,           \
                                               const float *x, const float *gain, float eps,      \
                                               float *y, const float *bias, const float *res,     \
                                               int ne0, int n_out) {                              \
         mf_mmvq1_pipe<TY, false>(w, row_bytes, x, gain, eps, nullptr, nullptr, y, bias, res,     \
                                  ne0, n_out);                                                    \
     }                                                                                             \
-    extern "C" __global__ void mf_mmvq1_##SUF##_gx(int ty, const u8 *w, u64 row_bytes,          \
+    extern "C" __global__ void BOUNDS mf_mmvq1_##SUF##_gx(int ty, const u8 *w, u64 row_bytes,      \
                                                    const signed char *xq, const float2 *xds,    \
                                                    float *y, const float *bias,                 \
                                                    const float *res, int ne0, int n_out) {      \
@@ -131,8 +131,8 @@ extern "C" __global__ void mf_mmvq1_gx(int ty, const u8 *w, u64 row_bytes,
                                 ne0, n_out);                                                     \
     }
 
-MF_MMVQ1_PIPE_KERNELS(p4, MF_Q4_K)
-MF_MMVQ1_PIPE_KERNELS(p6, MF_Q6_K)
+MF_MMVQ1_PIPE_KERNELS(p4, MF_Q4_K, MF_P4_BOUNDS)
+MF_MMVQ1_PIPE_KERNELS(p6, MF_Q6_K, MF_P6_BOUNDS)
 
 // Up to NT generation rows at once (the multi-row kernels mf_mmvqn2, 4 and 8; nt of them
 // exist, NT / 2 < nt <= NT): y[t][o] = w[o] . x[t] (+ bias[o]) over activations
@@ -241,21 +241,21 @@ extern "C" __global__ void mf_gate_up1_gx(int tyg, const u8 *wg, u64 rbg, int ty
 
 // mf_gate_up1 / mf_gate_up1_gx on the pipelined walk, both matrices of one type (`_p4`: Q4_K
 // at 16-byte-aligned addresses, `_p6`: Q6_K at even ones; `tyg` and `tyu` are not read).
-#define MF_GATE_UP1_PIPE_KERNELS(SUF, TY)                                                         \
-    extern "C" __global__ void mf_gate_up1_##SUF(int tyg, const u8 *wg, u64 rbg, int tyu,       \
+#define MF_GATE_UP1_PIPE_KERNELS(SUF, TY, BOUNDS)                                                  \
+    extern "C" __global__ void BOUNDS mf_gate_up1_##SUF(int tyg, const u8 *wg, u64 rbg, int tyu,   \
                                                  const u8 *wu, u64 rbu, const float *x,          \
                                                  const float *gain, float eps, float *y,         \
                                                  int ne0, int n_out) {                           \
         mf_gate_up1_pipe<TY, false>(wg, rbg, wu, rbu, x, gain, eps, nullptr, nullptr, y, ne0,    \
                                     n_out);                                                      \
     }                                                                                             \
-    extern "C" __global__ void mf_gate_up1_##SUF##_gx(int tyg, const u8 *wg, u64 rbg, int tyu,  \
-                                                      const u8 *wu, u64 rbu,                    \
+    extern "C" __global__ void BOUNDS mf_gate_up1_##SUF##_gx(int tyg, const u8 *wg, u64 rbg,   \
+                                                      int tyu, const u8 *wu, u64 rbu,           \
                                                       const signed char *xq, const float2 *xds, \
                                                       float *y, int ne0, int n_out) {           \
         mf_gate_up1_pipe<TY, true>(wg, rbg, wu, rbu, nullptr, nullptr, 0.0f, xq, xds, y, ne0,    \
                                    n_out);                                                       \
     }
 
-MF_GATE_UP1_PIPE_KERNELS(p4, MF_Q4_K)
-MF_GATE_UP1_PIPE_KERNELS(p6, MF_Q6_K)
+MF_GATE_UP1_PIPE_KERNELS(p4, MF_Q4_K, MF_P4_BOUNDS)
+MF_GATE_UP1_PIPE_KERNELS(p6, MF_Q6_K, MF_P6_BOUNDS)

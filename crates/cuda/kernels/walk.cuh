@@ -449,6 +449,19 @@ __device__ __forceinline__ int mf_mv1_next(int o, int n_out) {
 #define MF_MV1_PIPE_SHORT MF_PIPE_D
 #endif
 
+// Blocks of 256 threads a multiprocessor the pipelined Q6_K kernels are compiled to fit
+// (`__launch_bounds__(256, N)`, the host's `MINFER_CUDA_MV1_P6_BLOCKS`: registers capped at
+// 65,536 / (256 N)); 0 leaves the compiler free (95-96 registers at one stage: 2 blocks).
+#ifndef MF_MV1_P6_BLOCKS
+#define MF_MV1_P6_BLOCKS 0
+#endif
+#if MF_MV1_P6_BLOCKS > 0
+#define MF_P6_BOUNDS __launch_bounds__(256, MF_MV1_P6_BLOCKS)
+#else
+#define MF_P6_BOUNDS
+#endif
+#define MF_P4_BOUNDS
+
 template <int TY> struct MfSb;
 
 template <> struct MfSb<MF_Q4_K> {

@@ -128,6 +128,9 @@ pub(crate) struct Mv1Walk {
     /// Stages of the pipelined Q/K/V kernels and of the one-token kernels that quantize x
     /// per block (rows of a few chunks), 1 to 4; 0: as `pipe` (`MINFER_CUDA_MV1_PIPE_SHORT`).
     pub pipe_short: u8,
+    /// Blocks of 256 threads a multiprocessor the pipelined Q6_K kernels are compiled to fit,
+    /// 1 to 4; 0: no bound (`MINFER_CUDA_MV1_P6_BLOCKS`, walk.cuh `MF_MV1_P6_BLOCKS`).
+    pub p6_blocks: u8,
 }
 
 /// The pipelined walks' stages unless `MINFER_CUDA_MV1_PIPE` says otherwise (walk.cuh's
@@ -155,6 +158,9 @@ impl Mv1Walk {
         }
         if self.pipe > 0 && self.pipe_short > 0 {
             d.push_str(&format!("#define MF_MV1_PIPE_SHORT {}\n", self.pipe_short));
+        }
+        if self.p6_blocks > 0 {
+            d.push_str(&format!("#define MF_MV1_P6_BLOCKS {}\n", self.p6_blocks));
         }
         d
     }
@@ -473,6 +479,17 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
             ))
         }
     };
+    let p6_blocks = match var("MINFER_CUDA_MV1_P6_BLOCKS").as_str() {
+        "" | "0" => 0,
+        v @ ("1" | "2" | "3" | "4") => v.parse().unwrap_or(0),
+        other => {
+            return Err(Refused::new(
+                "MINFER_CUDA_MV1_P6_BLOCKS",
+                other,
+                "want 0 (no bound) or 1 to 4 blocks",
+            ))
+        }
+    };
     Ok(Mv1Walk {
         narrow_q4k,
         narrow_q6k,
@@ -481,6 +498,7 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         pipe,
         pipe_types,
         pipe_short,
+        p6_blocks,
     })
 }
 
@@ -651,6 +669,7 @@ mod tests {
             ("MINFER_CUDA_MV1_PIPE", "3"),
             ("MINFER_CUDA_MV1_PIPE_TYPES", "q4k"),
             ("MINFER_CUDA_MV1_PIPE_SHORT", "4"),
+            ("MINFER_CUDA_MV1_P6_BLOCKS", "3"),
             ("MINFER_CUDA_ATTN", "split"),
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
             ("MINFER_CUDA_PROMPT", "mmq"),
@@ -673,7 +692,7 @@ mod tests {
         assert_eq!(
             s.mv1.defines(),
             "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n#define MF_MV1_PIPE 3\n\
-             #define MF_MV1_PIPE_SHORT 4\n"
+             #define MF_MV1_PIPE_SHORT 4\n#define MF_MV1_P6_BLOCKS 3\n"
         );
         assert_eq!((s.mv1.pipe, s.mv1.pipe_types), (3, (true, false)));
         assert_eq!(d.mv1.pipe_types, (true, true));
@@ -706,6 +725,11 @@ mod tests {
                 "MINFER_CUDA_MV1_PIPE",
                 "5",
                 "MINFER_CUDA_MV1_PIPE=5: want 0 (off) or 1 to 4 stages",
+            ),
+            (
+                "MINFER_CUDA_MV1_P6_BLOCKS",
+                "8",
+                "MINFER_CUDA_MV1_P6_BLOCKS=8: want 0 (no bound) or 1 to 4 blocks",
             ),
             (
                 "MINFER_CUDA_MV1_PIPE_SHORT",

@@ -281,11 +281,12 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
                 ],
             ),
             (
-                "one block, 2 stages, 4 on short rows",
+                "one block, 2 stages, 4 on short rows, Q6_K bound to 3 blocks",
                 &[
                     ("MINFER_CUDA_MV1_GRID", "1"),
                     ("MINFER_CUDA_MV1_PIPE", "2"),
                     ("MINFER_CUDA_MV1_PIPE_SHORT", "4"),
+                    ("MINFER_CUDA_MV1_P6_BLOCKS", "3"),
                 ],
             ),
             ("narrow walks", &[("MINFER_CUDA_MV1", "narrow")]),
