@@ -32,10 +32,19 @@ __device__ __forceinline__ void mf_qkv1_pipe(const u8 *wq, u64 rbq, const u8 *wk
                                              const float2 *__restrict__ gxds, float *row,
                                              int ne0, int q_dim, int kv_dim) {
     const int n_rows = q_dim + 2 * kv_dim;
+    // Row o's first byte, its bias vector and its index there (mf_qkv_row; types unread).
+    const auto at = [&](int o, const float **bias, int *r) {
+        int ty;
+        const u8 *w;
+        u64 rb;
+        mf_qkv_row(o, q_dim, kv_dim, 0, wq, rbq, 0, wk, rbk, 0, wv, rbv, bq, bk, bv, &ty, &w, &rb,
+                   bias, r);
+        return w;
+    };
     const auto row_of = [&](int o, int) {
-        return o < q_dim            ? wq + (u64)o * rbq
-               : o < q_dim + kv_dim ? wk + (u64)(o - q_dim) * rbk
-                                    : wv + (u64)(o - q_dim - kv_dim) * rbv;
+        const float *bias;
+        int r;
+        return at(o, &bias, &r);
     };
     MfPipe1<TY, 1, MF_MV1_PIPE_SHORT> p;
     mf_pipe1_prime(p, row_of, n_rows, ne0 >> 5);
@@ -43,8 +52,9 @@ __device__ __forceinline__ void mf_qkv1_pipe(const u8 *wq, u64 rbq, const u8 *wk
     MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
     const auto epi = [&](int o, const float *r) {
         if ((threadIdx.x & 31) == 0) {
-            const float *bias = o < q_dim ? bq : o < q_dim + kv_dim ? bk : bv;
-            const int br = o < q_dim ? o : o < q_dim + kv_dim ? o - q_dim : o - q_dim - kv_dim;
+            const float *bias;
+            int br;
+            at(o, &bias, &br);
             float s = r[0];
             if (bias) s = __fadd_rn(s, bias[br]);
             row[o] = s;

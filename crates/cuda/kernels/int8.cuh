@@ -268,8 +268,8 @@ __device__ __forceinline__ void mf_prefetch_row(const u8 *row, u64 row_bytes) {
 // round-half-even(x[i] / d) with d = max|x| / 127 (0 for an all-zero block), and
 // (d, d * sum q). The only quantizer of int8 activations, so every path gets the same bits
 // (the max is order-free once a NaN counts as 0, as fmaxf's chain from 0 treats it; the sum
-// is an integer). Every lane
-// of the warp calls it (the shuffles); a group whose block does not exist (!ok) writes nothing.
+// is an integer). Every lane of the warp calls it (the shuffles); a group whose block does
+// not exist (!ok) writes nothing.
 __device__ __forceinline__ void mf_q8_lanes8(const float *xb, const float *gb, float scale,
                                              bool ok, signed char *qb, float2 *dsb) {
     const int sub = threadIdx.x & 7;

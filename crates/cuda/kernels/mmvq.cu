@@ -1,9 +1,9 @@
 // The int8 matmul kernels (device functions and the canonical order in int8.cuh).
 
 // x[t][0..ne0) of nt rows quantized: q[t][e] int8, ds[t][b] = (d, d * sum of the block's q),
-// a group of 8 lanes per 32-element block (mf_q8_lanes8; a thread per
-// block made one token's 18,944 values a 4.7 µs kernel of 5 blocks). Rows are 16-byte
-// aligned (ne0 a multiple of 32, buffers 256-byte aligned). Threads: 8 per block.
+// a group of 8 lanes per 32-element block (mf_q8_lanes8; a thread per block made one token's
+// 18,944 values a 4.7 µs kernel of 5 blocks). Rows are 16-byte aligned (ne0 a multiple of
+// 32, buffers 256-byte aligned). Threads: 8 per block.
 extern "C" __global__ void mf_quantize_q8(const float *x, signed char *q, float2 *ds, int ne0,
                                           int nt) {
     MF_PDL_ENTRY();
@@ -44,10 +44,6 @@ MF_MMVQ_KERNEL(mf_mmvq_q4_k, MF_Q4_K)
 MF_MMVQ_KERNEL(mf_mmvq_q6_k, MF_Q6_K)
 
 
-// y[o] = w[o] . x (+ bias[o]) (+ res[o]: the residual Add of Op::MatMulAdd, after the bias
-// as the unfused MatMul → Add) for one token; x as MF_MV1_X says (`mf_mmvq1`: quantized by
-// each block into ne0 + ne0 / 4 bytes of dynamic shared memory, with a `gain` its RMSNorm;
-// `mf_mmvq1_gx`: quantized before, (xq, xds)).
 // mf_mmvq1's rows on the pipelined walk (walk.cuh, MF_MV1_PIPE): the same bits.
 template <int TY, bool GX>
 __device__ __forceinline__ void mf_mmvq1_pipe(const u8 *w, u64 row_bytes, const float *x,
@@ -73,6 +69,10 @@ __device__ __forceinline__ void mf_mmvq1_pipe(const u8 *w, u64 row_bytes, const 
     MF_PDL_TRIGGER();
 }
 
+// y[o] = w[o] . x (+ bias[o]) (+ res[o]: the residual Add of Op::MatMulAdd, after the bias
+// as the unfused MatMul → Add) for one token; x as MF_MV1_X says (`mf_mmvq1`: quantized by
+// each block into ne0 + ne0 / 4 bytes of dynamic shared memory, with a `gain` its RMSNorm;
+// `mf_mmvq1_gx`: quantized before, (xq, xds)).
 template <bool GX>
 __device__ __forceinline__ void mf_mmvq1_body(int ty, const u8 *w, u64 row_bytes,
                                               const float *x, const float *gain, float eps,
@@ -172,10 +172,6 @@ MF_MMVQN_KERNEL(2)
 MF_MMVQN_KERNEL(4)
 MF_MMVQN_KERNEL(8)
 
-// The decode FFN's gate and up products and SwiGLU in one launch: y[o] = silu(g) * u with
-// g = wg[o] . x and u = wu[o] . x, each exactly as mf_mmvq1 computes it and the SwiGLU as
-// mf_swiglu writes it; with a `gain`, x is the row's RMSNorm (Op::FfnGateUp's in_norm). x as
-// MF_MV1_X says (`mf_gate_up1` / `mf_gate_up1_gx`).
 // mf_gate_up1 with both matrices on the pipelined walk (one chunk of each per step).
 template <int TY, bool GX>
 __device__ __forceinline__ void mf_gate_up1_pipe(const u8 *wg, u64 rbg, const u8 *wu, u64 rbu,
@@ -198,6 +194,10 @@ __device__ __forceinline__ void mf_gate_up1_pipe(const u8 *wg, u64 rbg, const u8
     MF_PDL_TRIGGER();
 }
 
+// The decode FFN's gate and up products and SwiGLU in one launch: y[o] = silu(g) * u with
+// g = wg[o] . x and u = wu[o] . x, each exactly as mf_mmvq1 computes it and the SwiGLU as
+// mf_swiglu writes it; with a `gain`, x is the row's RMSNorm (Op::FfnGateUp's in_norm). x as
+// MF_MV1_X says (`mf_gate_up1` / `mf_gate_up1_gx`).
 template <bool GX>
 __device__ __forceinline__ void mf_gate_up1_body(int tyg, const u8 *wg, u64 rbg, int tyu,
                                                  const u8 *wu, u64 rbu, const float *x,

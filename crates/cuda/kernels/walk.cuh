@@ -417,12 +417,16 @@ __device__ __forceinline__ float mf_row1_any(int ty, const u8 *row, const signed
         xds = smem;                                                                              \
     }
 
-#define MF_MV1_ROWS(o, n_out)                                                                     \
-    for (int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); o < (n_out);              \
-         o += gridDim.x * (blockDim.x >> 5))
+// A warp's first row and the step to its next (W = blockDim.x / 32 rows a block at a time).
+__device__ __forceinline__ int mf_mv1_first() {
+    return blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+__device__ __forceinline__ int mf_mv1_step() { return gridDim.x * (blockDim.x >> 5); }
+
+#define MF_MV1_ROWS(o, n_out) for (int o = mf_mv1_first(); o < (n_out); o += mf_mv1_step())
 
 __device__ __forceinline__ int mf_mv1_next(int o, int n_out) {
-    int n = o + gridDim.x * (blockDim.x >> 5);
+    int n = o + mf_mv1_step();
     return n < n_out ? n : -1;
 }
 
@@ -435,9 +439,9 @@ __device__ __forceinline__ int mf_mv1_next(int o, int n_out) {
 // comes from the kernel before). Each chunk's contribution and the chain are the wide walks'
 // (mf_q4k16_c, mf_q6k8_c, mf_chain32, mf_lane8_sum), so a row's bits are the walks' above:
 // only when its loads are issued changes. For Q4_K rows at 16-byte-aligned addresses and
-// Q6_K rows at even ones (the wide walks' rows), every matrix of a launch of one type: the
-// host picks these kernels (`_p4`, `_p6`: matvec.rs `mv1_walk`), other rows take the walks
-// above.
+// Q6_K rows at even ones (the wide walks' rows), every matrix of a launch of one type (`_p4`,
+// `_p6`) or Q/K of Q4_K and V of Q6_K (`_p46`, one pipeline after the other): the host picks
+// these kernels (matvec.rs `mv1_walk`), other rows take the walks above.
 #ifndef MF_MV1_PIPE
 #define MF_MV1_PIPE 1
 #endif
@@ -451,7 +455,8 @@ __device__ __forceinline__ int mf_mv1_next(int o, int n_out) {
 
 // Blocks of 256 threads a multiprocessor the pipelined Q6_K kernels are compiled to fit
 // (`__launch_bounds__(256, N)`, the host's `MINFER_CUDA_MV1_P6_BLOCKS`: registers capped at
-// 65,536 / (256 N)); 0 leaves the compiler free (95-96 registers at one stage: 2 blocks).
+// 65,536 / (256 N)); 0 leaves the compiler free (at one stage the matvec kernels hold 64
+// registers, the Q/K/V ones 66-72, gate/up 106; at two stages 95-96 and 160).
 #ifndef MF_MV1_P6_BLOCKS
 #define MF_MV1_P6_BLOCKS 0
 #endif
@@ -510,10 +515,6 @@ __device__ __forceinline__ void mf_pipe1_load(const RowOf &row_of, int o, int c,
     }
 }
 
-__device__ __forceinline__ int mf_mv1_first() {
-    return blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-}
-
 // The first D chunks' loads (call before the PDL wait).
 template <int TY, int M, int D, class RowOf>
 __device__ __forceinline__ void mf_pipe1_prime(MfPipe1<TY, M, D> &p, const RowOf &row_of,
@@ -527,7 +528,7 @@ __device__ __forceinline__ void mf_pipe1_prime(MfPipe1<TY, M, D> &p, const RowOf
         mf_pipe1_load<TY, M>(row_of, p.lo, p.lc, n_rows, p.nsb, p.st[i]);
         if (++p.lc == p.nch) {
             p.lc = 0;
-            p.lo += gridDim.x * (blockDim.x >> 5);
+            p.lo += mf_mv1_step();
         }
     }
 }
@@ -539,7 +540,7 @@ __device__ __forceinline__ void mf_pipe1_run(MfPipe1<TY, M, D> &p, const RowOf &
                                              int n_rows, const signed char *xq,
                                              const float2 *xds, const Epi &epi) {
     const int lane = threadIdx.x & 31, g = lane >> 3, k = lane & 7;
-    const int step = gridDim.x * (blockDim.x >> 5);
+    const int step = mf_mv1_step();
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = 0.0f;

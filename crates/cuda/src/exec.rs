@@ -6,7 +6,7 @@ use minfer_graph::{BufId, ExecArgs, KvKind, Node, Op, RopeStyle, RowClass, Windo
 
 use crate::backend::{theta_scale, type_code, CudaBackend, Scratch};
 use crate::device::{Arg, DResult};
-use crate::matvec::mv1_fits;
+use crate::matvec::{mv1_fits, mv1_walk, Mv1Family, MV1_KERNELS};
 
 /// Window rows per attention chunk (kernels/attn.cu `MF_ATTN_CHUNK`, `MF_GQA_CHUNK`).
 const ATTN_CHUNK: usize = 256;
@@ -389,7 +389,6 @@ impl CudaBackend {
                 };
                 let out = self.out(node, args)?;
                 let (gx, xa, shared) = self.mv1_input((xid, 0, x), mg.ne0, norm)?;
-                use crate::matvec::{mv1_walk, Mv1Family, MV1_KERNELS};
                 let walk = mv1_walk(&[&mg, &mu], self.mv1_pipe);
                 let kernel = MV1_KERNELS[Mv1Family::GateUp as usize][walk][gx as usize];
                 let grid = self.mv1_grid(kernel, ne0, self.mv1_warps, shared)?;

@@ -269,21 +269,37 @@ pub(crate) const MV1_KERNELS: [[[&str; 2]; 4]; 3] = [
     ],
 ];
 
-/// The walk of a one-token kernel over `ms` (one launch's matrices): 1, the pipelined Q4_K
-/// walk, when every one is Q4_K at 16-byte-aligned rows; 2, the pipelined Q6_K walk, when
-/// every one is Q6_K at even addresses; else 0, the plain walks. `pipe`: the backend's
-/// `mv1_pipe`.
+/// [`MV1_KERNELS`]' walks: the plain ones, pipelined over Q4_K, over Q6_K, over both (Q/K/V).
+pub(crate) const WALK_PLAIN: usize = 0;
+pub(crate) const WALK_Q4K: usize = 1;
+pub(crate) const WALK_Q6K: usize = 2;
+pub(crate) const WALK_Q4K_Q6K: usize = 3;
+
+/// The walk of a one-token kernel over `ms` (one launch's matrices): [`WALK_Q4K`] when every
+/// one is Q4_K at 16-byte-aligned rows, [`WALK_Q6K`] when every one is Q6_K at even
+/// addresses, else [`WALK_PLAIN`]. `pipe`: the backend's `mv1_pipe`.
 pub(crate) fn mv1_walk(ms: &[&Matrix], (q4k, q6k): (bool, bool)) -> usize {
     let all = |ty: GgmlType, align: u64| {
         ms.iter()
             .all(|m| m.ty == ty && (m.ptr | m.row_bytes as u64).is_multiple_of(align))
     };
     if q4k && all(GgmlType::Q4K, 16) {
-        1
+        WALK_Q4K
     } else if q6k && all(GgmlType::Q6K, 2) {
-        2
+        WALK_Q6K
     } else {
-        0
+        WALK_PLAIN
+    }
+}
+
+/// The fused Q/K/V's walk: [`mv1_walk`] over the three, or [`WALK_Q4K_Q6K`] for Q/K on the
+/// Q4_K walk with V on the Q6_K one (the Q4_K_M mixture).
+fn qkv_walk([q, k, v]: [&Matrix; 3], pipe: (bool, bool)) -> usize {
+    match mv1_walk(&[q, k, v], pipe) {
+        WALK_PLAIN if mv1_walk(&[q, k], pipe) == WALK_Q4K && mv1_walk(&[v], pipe) == WALK_Q6K => {
+            WALK_Q4K_Q6K
+        }
+        w => w,
     }
 }
 
@@ -668,14 +684,7 @@ impl CudaBackend {
         } else {
             MV1_ROWS
         };
-        let walk = match mv1_walk(&[&m[0], &m[1], &m[2]], self.mv1_pipe) {
-            0 if mv1_walk(&[&m[0], &m[1]], self.mv1_pipe) == 1
-                && mv1_walk(&[&m[2]], self.mv1_pipe) == 2 =>
-            {
-                3
-            }
-            w => w,
-        };
+        let walk = qkv_walk([&m[0], &m[1], &m[2]], self.mv1_pipe);
         let kernel = MV1_KERNELS[Mv1Family::Qkv as usize][walk][gx as usize];
         let grid = self.mv1_grid(kernel, rows, warps, shared)?;
         self.gpu

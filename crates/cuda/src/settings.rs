@@ -445,17 +445,13 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
             ))
         }
     };
-    let pipe = match var("MINFER_CUDA_MV1_PIPE").as_str() {
-        "" => DEFAULT_MV1_PIPE,
-        v @ ("0" | "1" | "2" | "3" | "4") => v.parse().unwrap_or(DEFAULT_MV1_PIPE),
-        other => {
-            return Err(Refused::new(
-                "MINFER_CUDA_MV1_PIPE",
-                other,
-                "want 0 (off) or 1 to 4 stages",
-            ))
-        }
-    };
+    let pipe = count(
+        var,
+        "MINFER_CUDA_MV1_PIPE",
+        DEFAULT_MV1_PIPE,
+        0..=4,
+        "want 0 (off) or 1 to 4 stages",
+    )?;
     let pipe_types = match var("MINFER_CUDA_MV1_PIPE_TYPES").as_str() {
         "" | "q4k,q6k" | "q6k,q4k" => (true, true),
         "q4k" => (true, false),
@@ -468,28 +464,20 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
             ))
         }
     };
-    let pipe_short = match var("MINFER_CUDA_MV1_PIPE_SHORT").as_str() {
-        "" => 0,
-        v @ ("1" | "2" | "3" | "4") => v.parse().unwrap_or(0),
-        other => {
-            return Err(Refused::new(
-                "MINFER_CUDA_MV1_PIPE_SHORT",
-                other,
-                "want 1 to 4 stages",
-            ))
-        }
-    };
-    let p6_blocks = match var("MINFER_CUDA_MV1_P6_BLOCKS").as_str() {
-        "" | "0" => 0,
-        v @ ("1" | "2" | "3" | "4") => v.parse().unwrap_or(0),
-        other => {
-            return Err(Refused::new(
-                "MINFER_CUDA_MV1_P6_BLOCKS",
-                other,
-                "want 0 (no bound) or 1 to 4 blocks",
-            ))
-        }
-    };
+    let pipe_short = count(
+        var,
+        "MINFER_CUDA_MV1_PIPE_SHORT",
+        0,
+        1..=4,
+        "want 1 to 4 stages",
+    )?;
+    let p6_blocks = count(
+        var,
+        "MINFER_CUDA_MV1_P6_BLOCKS",
+        0,
+        0..=4,
+        "want 0 (no bound) or 1 to 4 blocks",
+    )?;
     Ok(Mv1Walk {
         narrow_q4k,
         narrow_q6k,
@@ -500,6 +488,25 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         pipe_short,
         p6_blocks,
     })
+}
+
+/// A small count knob: `unset` when empty, else a number in `range`, anything else refused
+/// with `want`.
+fn count(
+    var: &impl Fn(&str) -> String,
+    name: &'static str,
+    unset: u8,
+    range: std::ops::RangeInclusive<u8>,
+    want: &str,
+) -> Result<u8, Refused> {
+    match var(name).as_str() {
+        "" => Ok(unset),
+        v => v
+            .parse::<u8>()
+            .ok()
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| Refused::new(name, v, want)),
+    }
 }
 
 fn mmq(var: &impl Fn(&str) -> String) -> Result<MmqChoice, Refused> {

@@ -7,9 +7,9 @@
 //! kernels walk their rows with (`MINFER_CUDA_MV1_GRID`: one resident wave, a block per eight
 //! rows, one block walking every row), whichever Q4_K load path they take
 //! (`MINFER_CUDA_MV1=narrow`) and whether Q4_K and Q6_K rows take the pipelined walks (1, 2
-//! or 4 stages, `MINFER_CUDA_MV1_PIPE`, `_PIPE_SHORT`) or the plain ones (`=0`). Prints SKIP and passes where no CUDA device exists;
-//! scripts/gpu-gate runs it on the H200, one test per process (the switches are read when
-//! an engine loads).
+//! or 4 stages, `MINFER_CUDA_MV1_PIPE`, `_PIPE_SHORT`) or the plain ones (`=0`). Prints SKIP
+//! and passes where no CUDA device exists; scripts/gpu-gate runs it on the H200, one test per
+//! process (the switches are read when an engine loads).
 //!
 //! Tolerance class: none. Every path computes each row's block contributions with the same
 //! rounded operations and chains them in the same order (kernels/int8.cuh), so the bar is
@@ -113,6 +113,11 @@ fn pipelined_launches() -> u64 {
         }
     }
     n
+}
+
+/// Launches of the pipelined Q/K/V kernels over Q4_K Q/K and Q6_K V so far.
+fn mixed_qkv_launches() -> u64 {
+    minfer_cuda::launches("mf_qkv1_p46") + minfer_cuda::launches("mf_qkv1_p46_gx")
 }
 
 /// Launches of the multi-row vector kernels so far (every weight type).
@@ -301,6 +306,7 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
         ];
         for (name, vars) in variants {
             let p0 = pipelined_launches();
+            let m0 = mixed_qkv_launches();
             let (got, launched) = with_env(vars, || alone(&path, 17));
             assert!(launched > 0, "{ty} {name}: the one-token kernels never ran");
             // Control: the pipelined walks ran where they take the rows (Q4_K, Q6_K, switched
@@ -311,6 +317,13 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
                 .any(|&(k, v)| (k, v) == ("MINFER_CUDA_MV1_PIPE", "0") || k == "MINFER_CUDA_MV1");
             let takes = matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && !off;
             assert_eq!(piped, takes, "{ty} {name}: pipelined kernels ran: {piped}");
+            // The mixture's Q/K/V took the two-type kernel (`_p46`), the case's reason to be.
+            if mix.is_some() && takes {
+                assert!(
+                    mixed_qkv_launches() > m0,
+                    "{ty}+{mix:?} {name}: no _p46 launch"
+                );
+            }
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let same = g == w;
                 println!(
