@@ -51,6 +51,7 @@ fn main() {
                     k,
                     m,
                     bytes: &ws[r % copies],
+                    layout: Default::default(),
                 };
                 let t = Instant::now();
                 matmul(&wt, black_box(&x), None, &mut out, threads).unwrap();

@@ -8,6 +8,11 @@
 //! 5 passes). Prints, per type, the median over passes of the ms spent in that type's matmuls
 //! per pass and the GB/s that gives, and the median whole pass (the weight bytes of one token).
 //! Not a test: nothing is asserted.
+//!
+//! `MINFER_HOT_KB=n`: each weight cut to its first rows of about n KiB (whole groups of 16
+//! rows) and each matmul run 8 times in a row, so the weights come from cache: the kernels'
+//! compute speed, to set against the streaming figure (a kernel as fast hot as cold is
+//! compute-bound).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -91,8 +96,39 @@ fn main() {
             k: info.dims[0] as usize,
             m: info.dims[1] as usize,
             bytes,
+            layout: Default::default(),
         });
     }
+    let hot_kb: Option<usize> = std::env::var("MINFER_HOT_KB")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let repeat = if hot_kb.is_some() { 8 } else { 1 };
+    if let Some(kb) = hot_kb {
+        for w in &mut weights {
+            let wrb = w.bytes.len() / w.m;
+            let m = (kb * 1024 / wrb.max(1)).max(16) / 16 * 16;
+            w.m = w.m.min(m);
+            w.bytes = &w.bytes[..w.m * wrb];
+        }
+    }
+    // Q4_K rows packed 16 at a time where the backend would pack them (`MINFER_CPU_PACK`).
+    let pack = std::env::var("MINFER_CPU_PACK").map_or(true, |v| v != "0")
+        && minfer_cpu::simd::q4k_x16_kernel().is_some();
+    let packed: Vec<Option<minfer_cpu::huge::HugeBytes>> = weights
+        .iter()
+        .map(|w| {
+            (pack && w.ty == minfer_gguf::GgmlType::Q4K && w.m >= 16).then(|| {
+                minfer_cpu::ops::matmul::packed::pack_q4k_x16(w.bytes, w.k, w.m).expect("pack")
+            })
+        })
+        .collect();
+    for (w, p) in weights.iter_mut().zip(&packed) {
+        if let Some(p) = p {
+            w.bytes = &p[..];
+            w.layout = minfer_cpu::ops::matmul::Layout::Q4kX16;
+        }
+    }
+    println!("Q4_K rows packed 16 at a time: {pack}");
     let kmax = weights.iter().map(|w| w.k).max().unwrap_or(0);
     let mmax = weights.iter().map(|w| w.m).max().unwrap_or(0);
     let x: Vec<f32> = (0..kmax)
@@ -112,8 +148,10 @@ fn main() {
             let (t, c) = (Instant::now(), thread_cpu());
             let mut b = 0u64;
             for w in weights.iter().filter(|w| w.ty == ty) {
-                matmul(w, &x[..w.k], None, &mut out[..w.m], threads).expect("matmul");
-                b += w.bytes.len() as u64;
+                for _ in 0..repeat {
+                    matmul(w, &x[..w.k], None, &mut out[..w.m], threads).expect("matmul");
+                    b += w.bytes.len() as u64;
+                }
             }
             let (wall, cpu) = (t.elapsed().as_secs_f64(), thread_cpu() - c);
             // Pass 0 is the warm-up (page cache, pool start).

@@ -3,6 +3,10 @@
 //! rounds of the whole `matmul` call (activation quantization included), as GMAC/s and
 //! cycles-free ns per (32-element block × token). `cargo bench -p minfer-cpu --bench matmul`.
 //! Not a test: it asserts nothing about speed.
+//!
+//! Then decode's side: one token against ~256 KiB of weight rows (in L2), the minimum over
+//! rounds, as weight GB/s: the kernels' compute speed without DRAM (compare
+//! `benches/decode_matvec.rs`, which streams a real model's weights).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -36,6 +40,7 @@ fn main() {
             k,
             m,
             bytes: &w,
+            layout: Default::default(),
         };
         let mut best = f64::INFINITY;
         for _ in 0..80 {
@@ -49,6 +54,41 @@ fn main() {
             best * 1e3,
             macs / best / 1e9,
             best * 1e9 / (macs / 32.0)
+        );
+    }
+    for (ty, k) in [
+        (GgmlType::Q4K, 1536),
+        (GgmlType::Q4K, 8960),
+        (GgmlType::Q6K, 1536),
+        (GgmlType::Q6K, 8960),
+        (GgmlType::Q5_0, 896),
+        (GgmlType::Q8_0, 896),
+    ] {
+        let bs = ty.block_size() as usize;
+        let wrb = ty.row_bytes(k as u64).unwrap() as usize;
+        let m = (256 * 1024 / wrb) / 16 * 16;
+        let w = random_blocks(ty, m * k / bs, 5);
+        let x: Vec<f32> = (0..k)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.002)
+            .collect();
+        let mut out = vec![0f32; m];
+        let wt = Weight {
+            ty,
+            k,
+            m,
+            bytes: &w,
+            layout: Default::default(),
+        };
+        let mut best = f64::INFINITY;
+        for _ in 0..2000 {
+            let t = Instant::now();
+            matmul(&wt, black_box(&x), None, &mut out, 1).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "{ty:>5} k={k:>5} m={m:>4} nt=1 (hot): {:>7.1} us  {:>6.2} GB/s of weights",
+            best * 1e6,
+            w.len() as f64 / best / 1e9
         );
     }
 }

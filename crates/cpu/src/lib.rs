@@ -7,6 +7,7 @@ pub mod cpu_features;
 pub mod dot;
 mod dump;
 pub mod fastdot;
+pub mod huge;
 pub mod llamacpp_x86;
 pub mod ops;
 pub mod plant;
@@ -96,6 +97,11 @@ pub struct CpuBackend {
     plant: Option<plant::Plant>,
     /// `MINFER_DUMP_DIR`: every node's output written there ([`dump`]).
     dump_dir: Option<std::path::PathBuf>,
+    /// Per weight id, the matrix in a packed layout made at load (`ops::matmul::packed`):
+    /// Q4_K rows 16 at a time where this instruction set has the packed kernel.
+    packed: Vec<Option<(matmul::Layout, huge::HugeBytes)>>,
+    /// `MINFER_CPU_PACK=0`: every matrix stays in its file's plain rows.
+    plain_rows: bool,
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -124,6 +130,8 @@ impl CpuBackend {
             captures: CaptureLog::default(),
             plant: None,
             dump_dir: None,
+            packed: Vec::new(),
+            plain_rows: false,
         }
     }
 
@@ -141,6 +149,7 @@ impl CpuBackend {
             numerics: s.numerics,
             plant: s.plant.clone(),
             dump_dir: s.dump_dir.clone(),
+            plain_rows: s.plain_rows,
             ..CpuBackend::new(threads)
         }
     }
@@ -222,11 +231,16 @@ impl CpuBackend {
             Op::SelectRows => rows::select_rows(src(0)?, ne0, &src(1)?[..ne1], out)?,
             Op::MatMul { weight: id, bias } => {
                 let w = weight(*id)?;
+                let (layout, bytes) = match self.packed.get(id.index()).and_then(|p| p.as_ref()) {
+                    Some((layout, bytes)) => (*layout, &bytes[..]),
+                    None => (matmul::Layout::Rows, w.bytes),
+                };
                 let mw = matmul::Weight {
                     ty: w.ty,
                     k: w.ne0,
                     m: w.ne1,
-                    bytes: w.bytes,
+                    bytes,
+                    layout,
                 };
                 let b = bias.map(vector).transpose()?;
                 if let Some(simd) = self.numerics.llamacpp() {
@@ -378,10 +392,30 @@ impl Memory for CpuBackend {
 
     fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> Result<()> {
         self.vectors = vec![None; weights.len()];
+        self.packed = (0..weights.len()).map(|_| None).collect();
+        // Packed layouts are minfer's own kernels' (llama.cpp's arithmetic reads plain rows).
+        let pack = !self.plain_rows
+            && self.numerics == Numerics::Native
+            && simd::q4k_x16_kernel().is_some();
         for &id in ids {
             let Some(w) = weights.weight(id) else {
                 continue;
             };
+            if pack && w.ty == GgmlType::Q4K && w.ne1 >= matmul::packed::X16 {
+                let p = matmul::packed::pack_q4k_x16(w.bytes, w.ne0, w.ne1).map_err(|e| {
+                    Error::Backend {
+                        backend: "cpu".into(),
+                        problem: format!("weight {}: {}", weights.name(id), e.0),
+                    }
+                })?;
+                self.packed[id.index()] = Some((matmul::Layout::Q4kX16, p));
+                // The plain rows stay readable (a tied embedding's rows), but their pages of
+                // the file mapping need not stay resident beside the packed copy.
+                if weights.part(id).is_some() {
+                    huge::release_mapped(w.bytes);
+                }
+                continue;
+            }
             // One-row weights are norms and biases: kept as f32, read by every forward.
             if w.ne1 != 1 {
                 continue;

@@ -23,6 +23,9 @@ pub struct CpuSettings {
     pub dump_dir: Option<PathBuf>,
     /// The test-only planted kernel bug (`MINFER_TEST_PLANT_CPU`).
     pub plant: Option<Plant>,
+    /// `MINFER_CPU_PACK=0`: matrices stay in their file's plain rows (no packed layout at
+    /// load; a measurement and bisection switch, the results are the same bits).
+    pub plain_rows: bool,
 }
 
 impl CpuSettings {
@@ -33,7 +36,21 @@ impl CpuSettings {
             isa: isa_from_env()?,
             dump_dir: std::env::var_os("MINFER_DUMP_DIR").map(Into::into),
             plant: plant::parse(&std::env::var("MINFER_TEST_PLANT_CPU").unwrap_or_default())?,
+            plain_rows: !pack_from_env()?,
         })
+    }
+}
+
+/// `MINFER_CPU_PACK`: `1` (the default, also when unset or empty) packs matrices at load
+/// where the instruction set has a kernel for the packed layout; `0` keeps plain rows.
+pub fn pack_from_env() -> Result<bool, Refused> {
+    match std::env::var("MINFER_CPU_PACK")
+        .unwrap_or_default()
+        .as_str()
+    {
+        "" | "1" => Ok(true),
+        "0" => Ok(false),
+        other => Err(Refused::new("MINFER_CPU_PACK", other, "want 0 or 1")),
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::{legacy, q4k_repack, q6k, q6k_tiled, LlamaCppX86};
 use crate::ops::matmul::{
-    add_bias, encode_activations, par_row_tasks, with_scratch, Shape, Split, Weight,
+    add_bias, encode_activations, par_row_tasks, with_scratch, Layout, Shape, Split, Weight,
 };
 use crate::ops::{KResult, KernelError};
 use minfer_gguf::{quants, GgmlType};
@@ -39,6 +39,12 @@ pub fn matmul(
 ) -> KResult<()> {
     let shape = Shape::check(w, x, bias, out)?;
     let Shape { k, m, nt, wrb } = shape;
+    if w.layout != Layout::Rows {
+        return Err(KernelError(format!(
+            "llama.cpp's arithmetic reads plain rows, not the {:?} layout",
+            w.layout
+        )));
+    }
     let (wb, x, out) = (&w.bytes[..wrb * m], &x[..nt * k], &mut out[..nt * m]);
     let dot: DotFn = match w.ty {
         GgmlType::Q4K => {

@@ -15,8 +15,10 @@
 //! task or thread computes an output never changes its bits.
 
 mod native;
+pub mod packed;
 
 pub use native::matmul;
+pub use packed::Layout;
 
 use super::{KResult, KernelError};
 use crate::simd::{TileMut, TileSide, TILE};
@@ -27,6 +29,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+#[derive(Clone, Copy, Debug)]
 pub struct Weight<'a> {
     pub ty: GgmlType,
     /// Input dim (elements per row).
@@ -34,6 +37,8 @@ pub struct Weight<'a> {
     /// Output dim (rows).
     pub m: usize,
     pub bytes: &'a [u8],
+    /// How `bytes` holds the rows ([`Layout::Rows`] unless the backend packed them at load).
+    pub layout: Layout,
 }
 
 /// The checked geometry of one matmul.

@@ -10,17 +10,25 @@
 //! `tests/split_exact.rs`), and no token's result depends on the others (batch invariance:
 //! a padded tile's lanes are independent).
 
+use super::packed::{self, Layout, X16};
 use super::{
     add_bias, encode_activations, par_row_tasks, with_scratch, RowsOut, Shape, Split, Weight,
     ROWS_PER_TASK,
 };
 use crate::dot::RowKernel;
-use crate::ops::KResult;
+use crate::ops::{KResult, KernelError};
 use crate::simd::{
-    finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide, TileSlice, TILE,
+    finish_tile, Dot4Fn, DotFn, Q4kX16Fn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide,
+    TileSlice, TILE,
 };
-use minfer_gguf::quants;
+use minfer_gguf::{quants, GgmlType};
+use std::cell::RefCell;
 use std::ops::Range;
+
+thread_local! {
+    /// A packed group's rows in plain layout, for the tile kernels (prefill).
+    static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Activation bytes of one block range of the tile kernels: with the task's weight rows of
 /// that range (~9 KiB for Q4_K) they fit the 32 KiB L1 data cache.
@@ -61,6 +69,24 @@ pub fn matmul(
 ) -> KResult<()> {
     let shape = Shape::check(w, x, bias, out)?;
     let Shape { k, m, nt, wrb } = shape;
+    let packed = match w.layout {
+        Layout::Rows => None,
+        Layout::Q4kX16 if w.ty == GgmlType::Q4K => {
+            Some(crate::simd::q4k_x16_kernel().ok_or_else(|| {
+                KernelError(
+                    "Q4_K weights packed 16 rows at a time need the AVX-512 VNNI kernel, \
+                     which this instruction set does not have"
+                        .into(),
+                )
+            })?)
+        }
+        Layout::Q4kX16 => {
+            return Err(KernelError(format!(
+                "{} weights cannot be in the packed Q4_K layout",
+                w.ty
+            )))
+        }
+    };
     let at = quants::vec_dot_type(w.ty);
     let arb = shape.act_row_bytes(at)?;
     let kernel = RowKernel::for_type(w.ty);
@@ -104,6 +130,8 @@ pub fn matmul(
             side: side.map(|f| (f, &sc.side)),
             blocks,
             tile_blocks,
+            packed,
+            grouped: if packed.is_some() { m / X16 * X16 } else { 0 },
         };
         par_row_tasks(out, m, nt, Split::batched(m, nt, threads), |o| task.run(o))
     })?;
@@ -135,11 +163,35 @@ struct Task<'a> {
     /// Weight blocks per row, and per block range of the tile kernel.
     blocks: usize,
     tile_blocks: usize,
+    /// The packed decode kernel where the weight is [`Layout::Q4kX16`]; rows `0..grouped`
+    /// are then packed groups, the rest plain rows at their plain offsets.
+    packed: Option<Q4kX16Fn>,
+    grouped: usize,
 }
 
 impl Task<'_> {
+    /// Plain row `o` (never a row of a packed group).
     fn w_row(&self, o: usize) -> &[u8] {
+        debug_assert!(o >= self.grouped, "row {o} is packed");
         &self.w[o * self.wrb..(o + 1) * self.wrb]
+    }
+
+    /// Runs `f` with rows `chunk`'s bytes in plain layout: a slice of the weight, or a
+    /// packed group unpacked into this thread's buffer.
+    fn plain_rows<R>(&self, chunk: Range<usize>, f: impl FnOnce(&[u8]) -> R) -> R {
+        if chunk.start >= self.grouped {
+            return f(&self.w[chunk.start * self.wrb..chunk.end * self.wrb]);
+        }
+        assert!(
+            chunk.start.is_multiple_of(X16) && chunk.len() == X16,
+            "rows {chunk:?} are not one packed group"
+        );
+        UNPACKED.with_borrow_mut(|buf| {
+            buf.resize(X16 * self.wrb, 0);
+            let group = &self.w[chunk.start * self.wrb..chunk.end * self.wrb];
+            packed::unpack_q4k_x16(group, self.blocks, buf);
+            f(buf)
+        })
     }
 
     fn act_row(&self, t: usize) -> &[u8] {
@@ -157,41 +209,51 @@ impl Task<'_> {
             let rows = out.rows();
             for c0 in rows.clone().step_by(ROWS_PER_TASK) {
                 let chunk = c0..(c0 + ROWS_PER_TASK).min(rows.end);
-                // The next chunk of this task, fetched while this one computes.
+                // The next chunk of this task, fetched while this one computes (plain rows
+                // only: a packed group is unpacked in one sequential pass).
                 let mut ahead = chunk.end..(chunk.end + ROWS_PER_TASK).min(rows.end);
-                let mut t0 = 0;
-                while t0 < full {
-                    // Two tiles per call where the type has a two-tile kernel.
-                    match self.pair {
-                        Some(p) if t0 + 2 * TILE <= full => {
-                            self.tiles::<2>(
-                                |w, a, s, r, st| p(w, a, self.arb, s, r, st),
-                                side,
-                                t0,
-                                chunk.clone(),
-                                ahead,
-                                out,
-                            );
-                            t0 += 2 * TILE;
-                        }
-                        _ => {
-                            self.tiles::<1>(
-                                |w, [a], [s], r, [st]| f(w, a, self.arb, s, r, st),
-                                side,
-                                t0,
-                                chunk.clone(),
-                                ahead,
-                                out,
-                            );
-                            t0 += TILE;
-                        }
-                    }
+                if ahead.start < self.grouped {
                     ahead = 0..0;
                 }
+                self.plain_rows(chunk.clone(), |wrows| {
+                    let mut t0 = 0;
+                    while t0 < full {
+                        // Two tiles per call where the type has a two-tile kernel.
+                        match self.pair {
+                            Some(p) if t0 + 2 * TILE <= full => {
+                                self.tiles::<2>(
+                                    |w, a, s, r, st| p(w, a, self.arb, s, r, st),
+                                    side,
+                                    t0,
+                                    (chunk.clone(), wrows),
+                                    ahead.clone(),
+                                    out,
+                                );
+                                t0 += 2 * TILE;
+                            }
+                            _ => {
+                                self.tiles::<1>(
+                                    |w, [a], [s], r, [st]| f(w, a, self.arb, s, r, st),
+                                    side,
+                                    t0,
+                                    (chunk.clone(), wrows),
+                                    ahead.clone(),
+                                    out,
+                                );
+                                t0 += TILE;
+                            }
+                        }
+                        ahead = 0..0;
+                    }
+                });
             }
         }
         let tail = full.min(self.nt)..self.nt;
         if !tail.is_empty() {
+            if let Some(x16) = self.packed {
+                self.packed_rows(x16, tail, out)?;
+                return Ok(());
+            }
             match self.side {
                 Some((f, table)) => self.side_rows(f, table, tail, out),
                 None => self.row_by_row(tail, out)?,
@@ -201,14 +263,15 @@ impl Task<'_> {
     }
 
     /// `N` full tiles of tokens from `t0` through the tile kernel `f` (one or two tiles per
-    /// call) for weight rows `chunk` (at most [`ROWS_PER_TASK`] of the task's rows),
-    /// prefetching rows `ahead`'s bytes of each block range as it goes.
+    /// call) for weight rows `chunk` (at most [`ROWS_PER_TASK`] of the task's rows, whose
+    /// plain bytes are `wrows`), prefetching rows `ahead`'s bytes of each block range as it
+    /// goes.
     fn tiles<const N: usize>(
         &self,
         f: impl Fn(&[u8], [&[u8]; N], [TileSlice; N], Range<usize>, &mut [TileAcc; N]),
         side: &TileSide,
         t0: usize,
-        chunk: Range<usize>,
+        (chunk, wrows): (Range<usize>, &[u8]),
         ahead: Range<usize>,
         out: &mut RowsOut,
     ) {
@@ -229,11 +292,11 @@ impl Task<'_> {
             let range = b0..(b0 + self.tile_blocks).min(self.blocks);
             let bytes = range.start * block_bytes..range.end * block_bytes;
             let mut pre = ahead.clone();
-            for (o, state) in chunk.clone().zip(states.iter_mut()) {
+            for (wr, state) in wrows.chunks_exact(self.wrb).zip(&mut states[..chunk.len()]) {
                 if let Some(p) = pre.next() {
                     prefetch(&self.w_row(p)[bytes.clone()]);
                 }
-                f(self.w_row(o), acts, sides, range.clone(), state);
+                f(wr, acts, sides, range.clone(), state);
             }
         }
         let at = chunk.start - out.rows().start;
@@ -279,6 +342,52 @@ impl Task<'_> {
                 );
             }
         }
+    }
+
+    /// Decode on packed weights: each token against each packed group of the task's rows by
+    /// the packed kernel (in chunks of about [`SIDE_CHUNK_BYTES`] with several tokens, as
+    /// [`Task::side_rows`]); the plain rows past the last group by the side kernel or row by
+    /// row.
+    fn packed_rows(&self, x16: Q4kX16Fn, tokens: Range<usize>, out: &mut RowsOut) -> KResult<()> {
+        let rows = out.rows();
+        let per_chunk = if tokens.len() > 1 {
+            (SIDE_CHUNK_BYTES / self.wrb.max(1)).next_multiple_of(X16)
+        } else {
+            rows.len().max(1)
+        };
+        let mut vals = [0f32; X16];
+        for c0 in rows.clone().step_by(per_chunk) {
+            let chunk = c0..(c0 + per_chunk).min(rows.end);
+            for t in tokens.clone() {
+                let a = self.act_row(t);
+                let mut o = chunk.start;
+                while o < chunk.end.min(self.grouped) {
+                    x16(&self.w[o * self.wrb..(o + X16) * self.wrb], a, &mut vals);
+                    let at = o - rows.start;
+                    out.token(t)[at..at + X16].copy_from_slice(&vals);
+                    o += X16;
+                }
+                let plain = o..chunk.end;
+                if plain.is_empty() {
+                    continue;
+                }
+                let at = plain.start - rows.start;
+                match self.side {
+                    Some((f, table)) => {
+                        let (d, sums) = table.row(t);
+                        let wrs = &self.w[plain.start * self.wrb..plain.end * self.wrb];
+                        f(wrs, a, d, sums, &mut out.token(t)[at..at + plain.len()]);
+                    }
+                    None => {
+                        for r in plain {
+                            let v = self.kernel.dot(self.k, self.w_row(r), a)?;
+                            out.set(t, r, v);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Per weight row and token (4 tokens per call where the type has such a kernel).

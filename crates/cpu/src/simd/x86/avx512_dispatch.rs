@@ -20,8 +20,11 @@ use std::arch::x86_64::*;
 use minfer_gguf::GgmlType;
 
 use super::load32;
-use super::{avx512_kquants, avx512_legacy, avx512_q4k_side, avx512_quantize, avx512_side_kernels};
-use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn};
+use super::{
+    avx512_kquants, avx512_legacy, avx512_q4k_side, avx512_q4k_x16, avx512_quantize,
+    avx512_side_kernels,
+};
+use crate::simd::{Dot4Fn, DotFn, Q4kX16Fn, QuantFn, RowSideFn};
 
 pub(in crate::simd) fn avx512_supported() -> bool {
     // AVX2 + F16C too: on the way to an AVX-512 kernel the AVX2 helpers run.
@@ -136,6 +139,16 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
         GgmlType::Q4K => Some(side_q4_k),
         _ => None,
     }
+}
+
+fn q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+    // SAFETY: only handed out by `avx512_q4k_x16` after `avx512_supported()` returned true.
+    unsafe { avx512_q4k_x16::dot_q4k_x16(g, a, out) }
+}
+
+/// The packed Q4_K decode kernel (None: no AVX-512 VNNI here).
+pub(in crate::simd) fn avx512_packed_q4k() -> Option<Q4kX16Fn> {
+    avx512_supported().then_some(q4k_x16 as Q4kX16Fn)
 }
 
 /// The AVX-512 activation quantizer for `ty` (None: no kernel, or no AVX-512 here).

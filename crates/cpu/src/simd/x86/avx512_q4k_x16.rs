@@ -1,0 +1,186 @@
+//! The AVX-512 VNNI decode kernel for Q4_K rows packed 16 at a time
+//! ([`crate::ops::matmul::packed`], `Layout::Q4kX16`): one Q8_K activation row against the 16
+//! rows of a group, i32 / f32 lane r of every vector being row r.
+//!
+//! Per super-block, exact integers as the reference's (`quants::kquants::dot_scale_min`):
+//! - A 64-byte load holds the same 4 quant bytes of the 16 rows; their low nibbles meet 4
+//!   activations of sub-block 2j (broadcast, 4 bytes) and their high nibbles 4 of sub-block
+//!   2j + 1 in one `vpdpbusd` each: a sub-block's 32 products per row are 8 such steps (i32,
+//!   at most 32 · 15 · 128). Each is multiplied by the row's six-bit scale (`vpmulld`) into
+//!   isum.
+//! - The scales and mins are unpacked for the 16 rows at once from the three packed words
+//!   (the bit moves of `quants::unpack_scale_min_k4`), one byte per lane picked by `vpshufb`.
+//! - msum = Σ_j bsum_j · mn_{j/2} over the activation's 16 stored i16 block sums, by one
+//!   `vpdpwssd` per sub-block: the row's min twice as i16 against the pair of sums.
+//!
+//! The float part is the reference's, one row per lane, never fused: (d_w · d_a) · isum -
+//! (dmin_w · d_a) · msum, super-block b added into block lane b % 4, the lanes combined as
+//! (0 + 2) + (1 + 3).
+//!
+//! Gate: `tests/split_exact.rs` (`packed_q4_k_matmul_is_the_plain_one`).
+
+use std::arch::x86_64::*;
+
+/// Bytes of one Q8_K block: d f32, qs i8[256], bsums i16[16].
+const Q8K: usize = 292;
+/// Bytes of one packed group's super-block (16 rows of 144 bytes).
+const GROUP_BLOCK: usize = 2304;
+
+/// How many bytes ahead the kernel prefetches its stream: the next super-block. Measured on
+/// the Zen 4 development machine (`benches/decode_matvec.rs`, the 1.5B shape's Q4_K rows,
+/// huge pages): no prefetch 9.2-9.8 GB/s, 768 bytes ahead 7.8-14, 1536 14, one super-block
+/// 22.4-25.0, 3072 9.2-9.6, two super-blocks 11.2-11.3, four 10.9-11.5. Why the one
+/// distance is so much better is not understood; measure again before changing it.
+const PREFETCH_BYTES: usize = GROUP_BLOCK;
+
+/// `vpshufb` indices giving each i32 lane byte `k` of itself, zero-extended.
+const fn byte_of_lane(k: u8, twice: bool) -> [u8; 64] {
+    let mut idx = [0x80u8; 64];
+    let mut lane = 0;
+    while lane < 16 {
+        let at = 4 * (lane % 4) as u8 + k;
+        idx[4 * lane] = at;
+        if twice {
+            idx[4 * lane + 2] = at;
+        }
+        lane += 1;
+    }
+    idx
+}
+
+/// Byte k of each lane as an i32 (the scales), and as two i16 (the mins, for `vpdpwssd`).
+const SCALE_IDX: [[u8; 64]; 4] = [
+    byte_of_lane(0, false),
+    byte_of_lane(1, false),
+    byte_of_lane(2, false),
+    byte_of_lane(3, false),
+];
+const MIN_IDX: [[u8; 64]; 4] = [
+    byte_of_lane(0, true),
+    byte_of_lane(1, true),
+    byte_of_lane(2, true),
+    byte_of_lane(3, true),
+];
+
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with the Q8_K row `a`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(crate) unsafe fn dot_q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+    let blocks = a.len() / Q8K;
+    assert!(
+        g.len() == blocks * GROUP_BLOCK && a.len() == blocks * Q8K,
+        "a packed Q4_K group against a Q8_K row"
+    );
+    // No closures below: a closure does not inherit the target features, so intrinsics in
+    // one become calls.
+    let m4 = _mm512_set1_epi8(0x0f);
+    let six = _mm512_set1_epi32(0x3f3f_3f3f);
+    let four = _mm512_set1_epi32(0x0f0f_0f0f);
+    let top = _mm512_set1_epi32(0x3030_3030);
+    let zero = _mm512_setzero_si512();
+    let mut sidx = [zero; 4];
+    let mut midx = [zero; 4];
+    for k in 0..4 {
+        // SAFETY: each table row is 64 readable bytes.
+        sidx[k] = unsafe { _mm512_loadu_si512(SCALE_IDX[k].as_ptr().cast()) };
+        midx[k] = unsafe { _mm512_loadu_si512(MIN_IDX[k].as_ptr().cast()) };
+    }
+    let mut lanes = [_mm512_setzero_ps(); 4];
+    for b in 0..blocks {
+        // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
+        // b · GROUP_BLOCK of `g` and the activation's block Q8K bytes at b · Q8K of `a`.
+        let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8K)) };
+        // The super-block PREFETCH_BYTES ahead: see `PREFETCH_BYTES`.
+        let ahead = p.wrapping_add(PREFETCH_BYTES);
+        for l in 0..GROUP_BLOCK / 64 {
+            // Never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+        }
+        // SAFETY: offsets inside the super-block (see the layout).
+        let (d, dmin, wa, wb, wc) = unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
+                _mm512_loadu_si512(p.add(64).cast()),
+                _mm512_loadu_si512(p.add(128).cast()),
+                _mm512_loadu_si512(p.add(192).cast()),
+            )
+        };
+        // Per lane: scales 0..4, scales 4..8, mins 0..4, mins 4..8 (one byte each).
+        let sl = _mm512_and_si512(wa, six);
+        let sh = _mm512_or_si512(
+            _mm512_and_si512(wc, four),
+            _mm512_and_si512(_mm512_srli_epi32::<2>(wa), top),
+        );
+        let ml = _mm512_and_si512(wb, six);
+        let mh = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32::<4>(wc), four),
+            _mm512_and_si512(_mm512_srli_epi32::<2>(wb), top),
+        );
+        let mut isum = zero;
+        let mut msum = zero;
+        for j in 0..4 {
+            // Two chains per nibble half (even and odd quads), joined after: shorter
+            // dependency chains of `vpdpbusd`.
+            let mut lo = [zero; 2];
+            let mut hi = [zero; 2];
+            for q in 0..8 {
+                // SAFETY: quad 8j + q of the 16 rows, and activation bytes 64j + 4q and
+                // 64j + 32 + 4q (+ 4 for d), all inside their blocks.
+                let (v, alo, ahi) = unsafe {
+                    (
+                        _mm512_loadu_si512(p.add(256 + 64 * (8 * j + q)).cast()),
+                        _mm512_set1_epi32(
+                            ap.add(4 + 64 * j + 4 * q).cast::<i32>().read_unaligned(),
+                        ),
+                        _mm512_set1_epi32(
+                            ap.add(4 + 64 * j + 32 + 4 * q)
+                                .cast::<i32>()
+                                .read_unaligned(),
+                        ),
+                    )
+                };
+                let vl = _mm512_and_si512(v, m4);
+                let vh = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                lo[q % 2] = _mm512_dpbusd_epi32(lo[q % 2], vl, alo);
+                hi[q % 2] = _mm512_dpbusd_epi32(hi[q % 2], vh, ahi);
+            }
+            let (s0, s1) = (2 * j, 2 * j + 1);
+            let src0 = if s0 < 4 { sl } else { sh };
+            let src1 = if s1 < 4 { sl } else { sh };
+            let sc0 = _mm512_shuffle_epi8(src0, sidx[s0 % 4]);
+            let sc1 = _mm512_shuffle_epi8(src1, sidx[s1 % 4]);
+            isum = _mm512_add_epi32(
+                isum,
+                _mm512_mullo_epi32(_mm512_add_epi32(lo[0], lo[1]), sc0),
+            );
+            isum = _mm512_add_epi32(
+                isum,
+                _mm512_mullo_epi32(_mm512_add_epi32(hi[0], hi[1]), sc1),
+            );
+        }
+        for s in 0..8 {
+            let src = if s < 4 { ml } else { mh };
+            let mn = _mm512_shuffle_epi8(src, midx[s % 4]);
+            // SAFETY: bsums 2s and 2s + 1 (4 bytes at 260 + 4s of the block).
+            let bs =
+                unsafe { _mm512_set1_epi32(ap.add(260 + 4 * s).cast::<i32>().read_unaligned()) };
+            msum = _mm512_dpwssd_epi32(msum, mn, bs);
+        }
+        // SAFETY: the block's d is its first 4 bytes.
+        let da = _mm512_set1_ps(unsafe { ap.cast::<f32>().read_unaligned() });
+        let v = _mm512_sub_ps(
+            _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum)),
+            _mm512_mul_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum)),
+        );
+        lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
+    }
+    let total = _mm512_add_ps(
+        _mm512_add_ps(lanes[0], lanes[2]),
+        _mm512_add_ps(lanes[1], lanes[3]),
+    );
+    // SAFETY: `out` holds 16 f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+}
