@@ -9,6 +9,10 @@
 //! per pass and the GB/s that gives, and the median whole pass (the weight bytes of one token).
 //! Not a test: nothing is asserted.
 //!
+//! `MINFER_WITH_EMBD=1`: the token-embedding table too (a tied model's output matrix).
+//! `MINFER_CPU_PACK=0`: the weights in their plain rows (default: packed where the backend
+//! would pack them).
+//!
 //! `MINFER_HOT_KB=n`: each weight cut to its first rows of about n KiB (whole groups of 16
 //! rows) and each matmul run 8 times in a row, so the weights come from cache: the kernels'
 //! compute speed, to set against the streaming figure (a kernel as fast hot as cold is
@@ -85,7 +89,8 @@ fn main() {
     for t in model.tensors() {
         let info = &t.info;
         if info.dims.len() != 2
-            || info.name.starts_with("token_embd")
+            || (info.name.starts_with("token_embd")
+                && std::env::var_os("MINFER_WITH_EMBD").is_none())
             || info.ty == minfer_gguf::GgmlType::F32
         {
             continue;
@@ -111,24 +116,27 @@ fn main() {
             w.bytes = &w.bytes[..w.m * wrb];
         }
     }
-    // Q4_K rows packed 16 at a time where the backend would pack them (`MINFER_CPU_PACK`).
+    // Q4_K and Q6_K rows packed 16 at a time where the backend would pack them (`MINFER_CPU_PACK`).
     let pack = std::env::var("MINFER_CPU_PACK").map_or(true, |v| v != "0")
-        && minfer_cpu::simd::q4k_x16_kernel().is_some();
-    let packed: Vec<Option<minfer_cpu::huge::HugeBytes>> = weights
-        .iter()
-        .map(|w| {
-            (pack && w.ty == minfer_gguf::GgmlType::Q4K && w.m >= 16).then(|| {
-                minfer_cpu::ops::matmul::packed::pack_q4k_x16(w.bytes, w.k, w.m).expect("pack")
+        && minfer_cpu::huge::huge_pages_available();
+    let packed: Vec<Option<(minfer_cpu::ops::matmul::Layout, minfer_cpu::huge::HugeBytes)>> =
+        weights
+            .iter()
+            .map(|w| {
+                let layout = minfer_cpu::ops::matmul::Layout::packed_for(w.ty)?;
+                (pack && w.m >= 16 && minfer_cpu::simd::x16_kernel(w.ty).is_some()).then(|| {
+                    let p = minfer_cpu::ops::matmul::packed::pack_x16(layout, w.bytes, w.k, w.m);
+                    (layout, p.expect("pack"))
+                })
             })
-        })
-        .collect();
+            .collect();
     for (w, p) in weights.iter_mut().zip(&packed) {
-        if let Some(p) = p {
+        if let Some((layout, p)) = p {
             w.bytes = &p[..];
-            w.layout = minfer_cpu::ops::matmul::Layout::Q4kX16;
+            w.layout = *layout;
         }
     }
-    println!("Q4_K rows packed 16 at a time: {pack}");
+    println!("K-quant rows packed 16 at a time: {pack}");
     let kmax = weights.iter().map(|w| w.k).max().unwrap_or(0);
     let mmax = weights.iter().map(|w| w.m).max().unwrap_or(0);
     let x: Vec<f32> = (0..kmax)
@@ -141,6 +149,7 @@ fn main() {
     // type -> (bytes, wall per pass, thread CPU per pass)
     let mut per_type: BTreeMap<String, (u64, Vec<f64>, Vec<f64>)> = BTreeMap::new();
     let mut totals = Vec::new();
+    let mut in_order = Vec::new();
     for pass in 0..=passes {
         let (start, cpu0) = (Instant::now(), thread_cpu());
         // Grouped by type, so that thread CPU time can be read per type.
@@ -164,6 +173,15 @@ fn main() {
         }
         if pass > 0 {
             totals.push((start.elapsed().as_secs_f64(), thread_cpu() - cpu0));
+        }
+        // Then every weight once more in file order (a decode step's order: the types
+        // interleaved), timed as a whole.
+        let (t, c) = (Instant::now(), thread_cpu());
+        for w in &weights {
+            matmul(w, &x[..w.k], None, &mut out[..w.m], threads).expect("matmul");
+        }
+        if pass > 0 {
+            in_order.push((t.elapsed().as_secs_f64(), thread_cpu() - c));
         }
     }
     let bytes: u64 = per_type.values().map(|v| v.0).sum();
@@ -189,5 +207,15 @@ fn main() {
         bytes as f64 / wall / 1e9,
         cpu * 1e3,
         bytes as f64 / cpu / 1e9
+    );
+    let wall = median(in_order.iter().map(|t| t.0).collect());
+    let cpu = median(in_order.iter().map(|t| t.1).collect());
+    println!(
+        " order: {:>7.1} MB {:>7.2} ms {:>6.2} GB/s; cpu {:>7.2} ms {:>6.2} GB/s (file order)",
+        bytes as f64 / 1e6 / repeat as f64,
+        wall * 1e3,
+        bytes as f64 / repeat as f64 / wall / 1e9,
+        cpu * 1e3,
+        bytes as f64 / repeat as f64 / cpu / 1e9
     );
 }

@@ -2,10 +2,9 @@
 //! gives them (`madvise(MADV_HUGEPAGE)` on Linux, which honours it under THP's default
 //! `madvise` mode).
 //!
-//! Why: a decode step streams every weight once, and with 4 KiB pages each page is a TLB
-//! miss, and a software prefetch into a page whose translation is not cached may be dropped
-//! (on the Zen 4 development machine a packed Q4_K stream prefetched 3 KiB ahead ran at 9.5
-//! GB/s, 2.25 KiB ahead at 22-25; docs/PERFORMANCE.md). In 2 MiB pages the distance is free.
+//! Why: a decode step streams every weight once; on the Zen 4 development machine a packed
+//! Q4_K group stream in 4 KiB pages ran at 9-10 GB/s, in 2 MiB pages at 21-25 GB/s (the
+//! hardware prefetchers follow it; docs/PERFORMANCE.md).
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
@@ -48,6 +47,19 @@ impl HugeBytes {
         unsafe { std::ptr::write_bytes(raw, 0, size) };
         HugeBytes { ptr, len, layout }
     }
+}
+
+/// Whether buffers of [`HugeBytes`] get 2 MiB pages here: Linux with transparent huge pages
+/// enabled (`always` or `madvise`). Elsewhere the packed layouts, whose kernels stream in
+/// huge pages, are not made.
+pub fn huge_pages_available() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|s| !s.contains("[never]"))
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
 }
 
 /// Drops this process's resident pages of `bytes` (the whole pages inside it), which must lie

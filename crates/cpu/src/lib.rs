@@ -393,22 +393,25 @@ impl Memory for CpuBackend {
     fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> Result<()> {
         self.vectors = vec![None; weights.len()];
         self.packed = (0..weights.len()).map(|_| None).collect();
-        // Packed layouts are minfer's own kernels' (llama.cpp's arithmetic reads plain rows).
-        let pack = !self.plain_rows
-            && self.numerics == Numerics::Native
-            && simd::q4k_x16_kernel().is_some();
+        // Packed layouts stream in huge pages (`huge`), and are minfer's own kernels' (llama.cpp's
+        // arithmetic reads plain rows).
+        let pack =
+            !self.plain_rows && self.numerics == Numerics::Native && huge::huge_pages_available();
         for &id in ids {
             let Some(w) = weights.weight(id) else {
                 continue;
             };
-            if pack && w.ty == GgmlType::Q4K && w.ne1 >= matmul::packed::X16 {
-                let p = matmul::packed::pack_q4k_x16(w.bytes, w.ne0, w.ne1).map_err(|e| {
+            let layout = matmul::Layout::packed_for(w.ty)
+                .filter(|_| pack && w.ne1 >= matmul::packed::X16)
+                .filter(|_| simd::x16_kernel(w.ty).is_some());
+            if let Some(layout) = layout {
+                let p = matmul::packed::pack_x16(layout, w.bytes, w.ne0, w.ne1).map_err(|e| {
                     Error::Backend {
                         backend: "cpu".into(),
                         problem: format!("weight {}: {}", weights.name(id), e.0),
                     }
                 })?;
-                self.packed[id.index()] = Some((matmul::Layout::Q4kX16, p));
+                self.packed[id.index()] = Some((layout, p));
                 // The plain rows stay readable (a tied embedding's rows), but their pages of
                 // the file mapping need not stay resident beside the packed copy.
                 if weights.part(id).is_some() {

@@ -69,7 +69,7 @@
 
 use minfer_cpu::llamacpp_x86::attn_f16;
 use minfer_cpu::ops::attn::{self, AttnParams};
-use minfer_cpu::ops::matmul::packed::pack_q4k_x16;
+use minfer_cpu::ops::matmul::packed::pack_x16;
 use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
 use minfer_cpu::simd::{self, finish_tile, Isa, TileAcc, TileSide, TILE};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
@@ -158,74 +158,77 @@ fn matmul_is_exact_for_every_thread_count() {
 }
 
 #[test]
-fn packed_q4_k_matmul_is_exact_for_every_thread_count() {
-    // Q4_K rows packed 16 at a time (`Layout::Q4kX16`, what the backend makes at load on
-    // AVX-512 VNNI machines): decode through the packed kernel, prefill through the tile
-    // kernels on groups unpacked per chunk, rows past the last group as plain rows; every
-    // (row, token) against the scalar reference dot of the plain rows.
-    let Some(_) = simd::q4k_x16_kernel() else {
-        // Without the kernel a packed weight is refused, never computed another way.
-        let plain = weights(GgmlType::Q4K, 256, 16, 3);
-        let packed = pack_q4k_x16(&plain, 256, 16).unwrap();
-        let w = Weight {
-            ty: GgmlType::Q4K,
-            k: 256,
-            m: 16,
-            bytes: &packed,
-            layout: Layout::Q4kX16,
-        };
-        let mut out = vec![0f32; 16];
-        assert!(matmul(&w, &floats(256, 1), None, &mut out, 1).is_err());
-        eprintln!("SKIP: no packed Q4_K kernel on this instruction set (refusal checked)");
-        return;
-    };
-    let ty = GgmlType::Q4K;
-    // 43 rows: 2 groups and 11 plain rows; 264 rows of 2304: decode batches walk long tasks
-    // in chunks; 16: one group; k = 1280: 5 super-blocks, every block lane and lane 0 again.
-    for (k, m) in [(1280, 43), (512, 200), (2304, 264), (1280, 16)] {
-        let wrb = ty.row_bytes(k as u64).unwrap() as usize;
-        let plain = weights(ty, k, m, 5);
-        let packed = pack_q4k_x16(&plain, k, m).unwrap();
-        for nt in [1usize, 2, 3, 5, 8, 12, 19] {
-            let x = floats(nt * k, 31 + nt as u64);
-            let arb = GgmlType::Q8K.row_bytes(k as u64).unwrap() as usize;
-            let mut want = vec![0f32; nt * m];
-            for t in 0..nt {
-                let mut a = vec![0u8; arb];
-                quants::quantize_row(GgmlType::Q8K, &x[t * k..(t + 1) * k], &mut a).unwrap();
-                for o in 0..m {
-                    want[t * m + o] =
-                        quants::vec_dot(ty, k, &plain[o * wrb..(o + 1) * wrb], &a).unwrap();
-                }
-            }
+fn packed_matmul_is_exact_for_every_thread_count() {
+    // Q4_K and Q6_K rows packed 16 at a time (`Layout::Q4kX16`, `Q6kX16`: what the backend
+    // makes at load on AVX-512 VNNI machines): decode through the packed kernels, prefill
+    // through the tile kernels on groups unpacked per chunk, rows past the last group as
+    // plain rows; every (row, token) against the scalar reference dot of the plain rows.
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        let layout = Layout::packed_for(ty).unwrap();
+        let Some(_) = simd::x16_kernel(ty) else {
+            // Without the kernel a packed weight is refused, never computed another way.
+            let plain = weights(ty, 256, 16, 3);
+            let packed = pack_x16(layout, &plain, 256, 16).unwrap();
             let w = Weight {
                 ty,
-                k,
-                m,
+                k: 256,
+                m: 16,
                 bytes: &packed,
-                layout: Layout::Q4kX16,
+                layout,
             };
-            for threads in [1, 2, 3, 8] {
+            let mut out = vec![0f32; 16];
+            assert!(matmul(&w, &floats(256, 1), None, &mut out, 1).is_err());
+            eprintln!("SKIP: no packed {ty} kernel on this instruction set (refusal checked)");
+            continue;
+        };
+        // 43 rows: 2 groups and 11 plain rows; 264 rows of 2304: decode batches walk long
+        // tasks in chunks; 16: one group; k = 1280: 5 super-blocks, every block lane and lane
+        // 0 again.
+        for (k, m) in [(1280, 43), (512, 200), (2304, 264), (1280, 16)] {
+            let wrb = ty.row_bytes(k as u64).unwrap() as usize;
+            let plain = weights(ty, k, m, 5);
+            let packed = pack_x16(layout, &plain, k, m).unwrap();
+            for nt in [1usize, 2, 3, 5, 8, 12, 19] {
+                let x = floats(nt * k, 31 + nt as u64);
+                let arb = GgmlType::Q8K.row_bytes(k as u64).unwrap() as usize;
+                let mut want = vec![0f32; nt * m];
+                for t in 0..nt {
+                    let mut a = vec![0u8; arb];
+                    quants::quantize_row(GgmlType::Q8K, &x[t * k..(t + 1) * k], &mut a).unwrap();
+                    for o in 0..m {
+                        want[t * m + o] =
+                            quants::vec_dot(ty, k, &plain[o * wrb..(o + 1) * wrb], &a).unwrap();
+                    }
+                }
+                let w = Weight {
+                    ty,
+                    k,
+                    m,
+                    bytes: &packed,
+                    layout,
+                };
+                for threads in [1, 2, 3, 8] {
+                    let mut got = vec![f32::NAN; nt * m];
+                    matmul(&w, &x, None, &mut got, threads).unwrap();
+                    assert!(
+                        bits(&got) == bits(&want),
+                        "{ty} k={k} m={m} nt={nt} threads={threads}: first difference at {:?}",
+                        bits(&got)
+                            .iter()
+                            .zip(bits(&want))
+                            .position(|(a, b)| *a != b)
+                    );
+                }
+                // Control: the packed bytes read as plain rows give other results, so the
+                // comparison above really ran on the packed layout.
+                let as_rows = Weight {
+                    layout: Layout::Rows,
+                    ..w
+                };
                 let mut got = vec![f32::NAN; nt * m];
-                matmul(&w, &x, None, &mut got, threads).unwrap();
-                assert!(
-                    bits(&got) == bits(&want),
-                    "k={k} m={m} nt={nt} threads={threads}: first difference at {:?}",
-                    bits(&got)
-                        .iter()
-                        .zip(bits(&want))
-                        .position(|(a, b)| *a != b)
-                );
+                matmul(&as_rows, &x, None, &mut got, 1).unwrap();
+                assert!(bits(&got[..16]) != bits(&want[..16]));
             }
-            // Control: the packed bytes read as plain rows give other results, so the
-            // comparison above really ran on the packed layout.
-            let as_rows = Weight {
-                layout: Layout::Rows,
-                ..w
-            };
-            let mut got = vec![f32::NAN; nt * m];
-            matmul(&as_rows, &x, None, &mut got, 1).unwrap();
-            assert!(bits(&got[..16]) != bits(&want[..16]));
         }
     }
 }

@@ -40,18 +40,19 @@ pub type DotFn = fn(&[u8], &[u8]) -> f32;
 pub type Dot4Fn = fn(&[u8], [&[u8]; 4]) -> [f32; 4];
 /// An activation quantizer for whole rows whose lengths [`check_quantize_row`] has accepted.
 type QuantFn = fn(&[f32], &mut [u8]);
-/// The decode kernel of Q4_K rows packed 16 at a time (`ops::matmul::packed`):
-/// `(group bytes, Q8_K activation row, the 16 dots)`, each dot bit-identical to the
-/// reference's for that row. Panics unless the group holds as many super-blocks as the row.
-pub type Q4kX16Fn = fn(&[u8], &[u8], &mut [f32; 16]);
+/// The decode kernel of rows packed 16 at a time (`ops::matmul::packed`): `(group bytes,
+/// activation row, the 16 dots)`, each dot bit-identical to the reference's for that row.
+/// Panics unless the group holds as many super-blocks as the row.
+pub type X16Fn = fn(&[u8], &[u8], &mut [f32; 16]);
 
-/// The packed Q4_K decode kernel for the instruction set in use ([`detected`]); None where
-/// there is none (the weights then stay in plain rows).
-pub fn q4k_x16_kernel() -> Option<Q4kX16Fn> {
+/// The packed decode kernel of `ty` for the instruction set in use ([`detected`]); None
+/// where there is none (the weights then stay in plain rows).
+pub fn x16_kernel(ty: GgmlType) -> Option<X16Fn> {
     #[cfg(target_arch = "x86_64")]
     if detected() == Isa::Avx512Vnni {
-        return x86::avx512_packed_q4k();
+        return x86::avx512_packed(ty);
     }
+    let _ = ty;
     None
 }
 

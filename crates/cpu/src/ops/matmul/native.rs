@@ -18,10 +18,10 @@ use super::{
 use crate::dot::RowKernel;
 use crate::ops::{KResult, KernelError};
 use crate::simd::{
-    finish_tile, Dot4Fn, DotFn, Q4kX16Fn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide,
-    TileSlice, TILE,
+    finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide, TileSlice, X16Fn,
+    TILE,
 };
-use minfer_gguf::{quants, GgmlType};
+use minfer_gguf::quants;
 use std::cell::RefCell;
 use std::ops::Range;
 
@@ -69,20 +69,17 @@ pub fn matmul(
 ) -> KResult<()> {
     let shape = Shape::check(w, x, bias, out)?;
     let Shape { k, m, nt, wrb } = shape;
-    let packed = match w.layout {
-        Layout::Rows => None,
-        Layout::Q4kX16 if w.ty == GgmlType::Q4K => {
-            Some(crate::simd::q4k_x16_kernel().ok_or_else(|| {
-                KernelError(
-                    "Q4_K weights packed 16 rows at a time need the AVX-512 VNNI kernel, \
-                     which this instruction set does not have"
-                        .into(),
-                )
-            })?)
-        }
-        Layout::Q4kX16 => {
+    let packed = match w.layout.weight_type() {
+        None => None,
+        Some(ty) if ty == w.ty => Some(crate::simd::x16_kernel(ty).ok_or_else(|| {
+            KernelError(format!(
+                "{ty} weights packed 16 rows at a time need the AVX-512 VNNI kernel, which \
+                 this instruction set does not have"
+            ))
+        })?),
+        Some(ty) => {
             return Err(KernelError(format!(
-                "{} weights cannot be in the packed Q4_K layout",
+                "{} weights cannot be in the packed {ty} layout",
                 w.ty
             )))
         }
@@ -131,6 +128,7 @@ pub fn matmul(
             blocks,
             tile_blocks,
             packed,
+            layout: w.layout,
             grouped: if packed.is_some() { m / X16 * X16 } else { 0 },
         };
         par_row_tasks(out, m, nt, Split::batched(m, nt, threads), |o| task.run(o))
@@ -165,7 +163,8 @@ struct Task<'a> {
     tile_blocks: usize,
     /// The packed decode kernel where the weight is [`Layout::Q4kX16`]; rows `0..grouped`
     /// are then packed groups, the rest plain rows at their plain offsets.
-    packed: Option<Q4kX16Fn>,
+    packed: Option<X16Fn>,
+    layout: Layout,
     grouped: usize,
 }
 
@@ -189,7 +188,7 @@ impl Task<'_> {
         UNPACKED.with_borrow_mut(|buf| {
             buf.resize(X16 * self.wrb, 0);
             let group = &self.w[chunk.start * self.wrb..chunk.end * self.wrb];
-            packed::unpack_q4k_x16(group, self.blocks, buf);
+            packed::unpack_x16(self.layout, group, self.blocks, buf);
             f(buf)
         })
     }
@@ -348,7 +347,7 @@ impl Task<'_> {
     /// the packed kernel (in chunks of about [`SIDE_CHUNK_BYTES`] with several tokens, as
     /// [`Task::side_rows`]); the plain rows past the last group by the side kernel or row by
     /// row.
-    fn packed_rows(&self, x16: Q4kX16Fn, tokens: Range<usize>, out: &mut RowsOut) -> KResult<()> {
+    fn packed_rows(&self, x16: X16Fn, tokens: Range<usize>, out: &mut RowsOut) -> KResult<()> {
         let rows = out.rows();
         let per_chunk = if tokens.len() > 1 {
             (SIDE_CHUNK_BYTES / self.wrb.max(1)).next_multiple_of(X16)

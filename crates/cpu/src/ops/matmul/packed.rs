@@ -5,7 +5,7 @@
 //! weight row and a decode dot runs 16 rows as the lanes of one vector (the per-row scale
 //! work, the horizontal sums and the float part are done once for 16 rows, and the weights
 //! are one stream for the hardware prefetchers). Group g (rows 16g..16g + 16) and super-block
-//! b occupy [`GROUP_BLOCK`] bytes at `(g · blocks + b) · GROUP_BLOCK`:
+//! b occupy 2304 bytes at `(g · blocks + b) · 2304`:
 //!
 //! | bytes | what (row r = 0..16 of the group) |
 //! |---|---|
@@ -14,14 +14,23 @@
 //! | 64..128, 128..192, 192..256 | the row's 12 scale bytes as three words: bytes 0..4 at 64 + 4r, 4..8 at 128 + 4r, 8..12 at 192 + 4r |
 //! | 256..2304 | `qs[4q..4q + 4]` of row r at 256 + 64q + 4r (q = 0..32) |
 //!
-//! The group takes exactly the bytes its 16 rows took (16 · 144 per super-block), so rows
-//! past the last whole group keep their plain layout at their plain offset (`o · wrb`).
+//! [`Layout::Q6kX16`]: Q6_K the same way, 16 · 210 bytes per group and super-block:
+//!
+//! | bytes | what (row r = 0..16 of the group) |
+//! |---|---|
+//! | 0..32 | d of row r (f16) at 2r |
+//! | 32..288 | the row's 16 i8 scales as four words: `scales[4w..4w + 4]` at 32 + 64w + 4r |
+//! | 288..3360 | 16 triples of 192 bytes, in the order the kernel reads them: for half n = 0, 1 and j = 0..8, at 288 + 192 (8n + j): `ql[64n + 4j..][..4]`, `ql[64n + 32 + 4j..][..4]` and `qh[32n + 4j..][..4]` of every row (row r at 4r of each 64 bytes) |
+//!
+//! A group takes exactly the bytes its 16 rows took, so rows past the last whole group keep
+//! their plain layout at their plain offset (`o · wrb`).
 //! Nothing is rounded or re-encoded: [`unpack_q4k_x16`] gives back the original bytes, and the
 //! kernels compute each row's reference dot bit for bit.
 
 use super::KResult;
 use crate::huge::HugeBytes;
 use crate::ops::KernelError;
+use minfer_gguf::GgmlType;
 
 /// How a weight's bytes are laid out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,73 +40,112 @@ pub enum Layout {
     Rows,
     /// Q4_K in groups of 16 interleaved rows (this module's docs).
     Q4kX16,
+    /// Q6_K in groups of 16 interleaved rows (this module's docs).
+    Q6kX16,
+}
+
+impl Layout {
+    /// The packed layout for weights of `ty`, where there is one.
+    pub fn packed_for(ty: GgmlType) -> Option<Layout> {
+        match ty {
+            GgmlType::Q4K => Some(Layout::Q4kX16),
+            GgmlType::Q6K => Some(Layout::Q6kX16),
+            _ => None,
+        }
+    }
+
+    /// The weight type a packed layout holds (None for plain rows).
+    pub fn weight_type(self) -> Option<GgmlType> {
+        match self {
+            Layout::Rows => None,
+            Layout::Q4kX16 => Some(GgmlType::Q4K),
+            Layout::Q6kX16 => Some(GgmlType::Q6K),
+        }
+    }
+
+    /// Bytes of one plain block, and the moves (plain offset, packed offset for row 0, length;
+    /// row r's packed offset adds `4r` for 4-byte pieces, `2r` for 2-byte ones) of its
+    /// pieces.
+    fn pieces(self) -> (usize, Vec<(usize, usize, usize)>) {
+        let mut v = Vec::new();
+        match self {
+            Layout::Rows => return (0, v),
+            Layout::Q4kX16 => {
+                v.push((0, 0, 2));
+                v.push((2, 32, 2));
+                v.extend((0..3).map(|w| (4 + 4 * w, 64 * (w + 1), 4)));
+                v.extend((0..32).map(|q| (16 + 4 * q, 256 + 64 * q, 4)));
+                (144, v)
+            }
+            Layout::Q6kX16 => {
+                v.push((208, 0, 2));
+                v.extend((0..4).map(|w| (192 + 4 * w, 32 + 64 * w, 4)));
+                // In the kernel's reading order: per 128-element half n and quad j = 0..8,
+                // the ql quads j and j + 8 of the half, then its qh quad j.
+                let triple = |n: usize, j: usize| 288 + 192 * (8 * n + j);
+                v.extend((0..32).map(|q| (4 * q, triple(q / 16, q % 8) + 64 * (q % 16 / 8), 4)));
+                v.extend((0..16).map(|q| (128 + 4 * q, triple(q / 8, q % 8) + 128, 4)));
+                (210, v)
+            }
+        }
+    }
 }
 
 /// Rows per interleaved group.
 pub const X16: usize = 16;
-/// Bytes of one Q4_K super-block.
-const Q4K: usize = 144;
-/// Bytes of one group's super-block (16 rows).
-pub const GROUP_BLOCK: usize = X16 * Q4K;
 
-/// The bytes of `m` Q4_K rows of `k` elements (`src`, plain rows) in [`Layout::Q4kX16`], in
-/// a buffer of huge pages (decode streams it; [`HugeBytes`]).
-pub fn pack_q4k_x16(src: &[u8], k: usize, m: usize) -> KResult<HugeBytes> {
+/// The bytes of `m` rows of `k` elements (`src`, plain rows) in `layout` (a packed one), in a
+/// buffer of huge pages (decode streams it; [`HugeBytes`]).
+pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeBytes> {
+    let (block, pieces) = layout.pieces();
+    let ty = layout
+        .weight_type()
+        .ok_or_else(|| KernelError("plain rows are not a packed layout".into()))?;
     if !k.is_multiple_of(256) {
         return Err(KernelError(format!(
-            "{k} is not a whole number of Q4_K blocks"
+            "{k} is not a whole number of {ty} blocks"
         )));
     }
     let blocks = k / 256;
-    let wrb = blocks * Q4K;
+    let wrb = blocks * block;
     if src.len() != wrb * m {
         return Err(KernelError(format!(
-            "{} bytes are not {m} Q4_K rows of {k}",
+            "{} bytes are not {m} {ty} rows of {k}",
             src.len()
         )));
     }
     let mut dst = HugeBytes::zeroed(src.len());
-    let groups = m / X16;
-    for g in 0..groups {
+    let gb = X16 * block;
+    for g in 0..m / X16 {
         for b in 0..blocks {
-            let out = &mut dst[(g * blocks + b) * GROUP_BLOCK..][..GROUP_BLOCK];
+            let out = &mut dst[(g * blocks + b) * gb..][..gb];
             for r in 0..X16 {
-                let blk = &src[(g * X16 + r) * wrb + b * Q4K..][..Q4K];
-                out[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                out[32 + 2 * r..34 + 2 * r].copy_from_slice(&blk[2..4]);
-                for word in 0..3 {
-                    out[64 * (word + 1) + 4 * r..][..4]
-                        .copy_from_slice(&blk[4 + 4 * word..8 + 4 * word]);
-                }
-                for q in 0..32 {
-                    out[256 + 64 * q + 4 * r..][..4].copy_from_slice(&blk[16 + 4 * q..20 + 4 * q]);
+                let blk = &src[(g * X16 + r) * wrb + b * block..][..block];
+                for &(at, to, len) in &pieces {
+                    out[to + len * r..][..len].copy_from_slice(&blk[at..at + len]);
                 }
             }
         }
     }
-    let done = groups * X16 * wrb;
+    let done = m / X16 * X16 * wrb;
     dst[done..].copy_from_slice(&src[done..]);
     Ok(dst)
 }
 
-/// The 16 plain rows (`16 · blocks · 144` bytes into `out`) of one group's packed bytes.
-pub fn unpack_q4k_x16(group: &[u8], blocks: usize, out: &mut [u8]) {
-    let wrb = blocks * Q4K;
+/// The 16 plain rows (`16 · wrb` bytes into `out`) of one group's packed bytes.
+pub fn unpack_x16(layout: Layout, group: &[u8], blocks: usize, out: &mut [u8]) {
+    let (block, pieces) = layout.pieces();
+    let (wrb, gb) = (blocks * block, X16 * block);
     assert!(
-        group.len() == blocks * GROUP_BLOCK && out.len() == X16 * wrb,
-        "a Q4_K x16 group of {blocks} super-blocks"
+        block > 0 && group.len() == blocks * gb && out.len() == X16 * wrb,
+        "a {layout:?} group of {blocks} super-blocks"
     );
     for b in 0..blocks {
-        let g = &group[b * GROUP_BLOCK..][..GROUP_BLOCK];
+        let g = &group[b * gb..][..gb];
         for r in 0..X16 {
-            let blk = &mut out[r * wrb + b * Q4K..][..Q4K];
-            blk[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
-            blk[2..4].copy_from_slice(&g[32 + 2 * r..34 + 2 * r]);
-            for word in 0..3 {
-                blk[4 + 4 * word..8 + 4 * word].copy_from_slice(&g[64 * (word + 1) + 4 * r..][..4]);
-            }
-            for q in 0..32 {
-                blk[16 + 4 * q..20 + 4 * q].copy_from_slice(&g[256 + 64 * q + 4 * r..][..4]);
+            let blk = &mut out[r * wrb + b * block..][..block];
+            for &(at, to, len) in &pieces {
+                blk[at..at + len].copy_from_slice(&g[to + len * r..][..len]);
             }
         }
     }
@@ -107,13 +155,15 @@ pub fn unpack_q4k_x16(group: &[u8], blocks: usize, out: &mut [u8]) {
 mod tests {
     use super::*;
     use minfer_gguf::quants::random_blocks;
-    use minfer_gguf::GgmlType;
+
+    const Q4K: usize = 144;
+    const GROUP_BLOCK: usize = X16 * Q4K;
 
     #[test]
     fn packing_moves_every_byte_and_unpacking_restores_them() {
         let (k, m) = (512, 37);
         let src = random_blocks(GgmlType::Q4K, m * k / 256, 11);
-        let packed = pack_q4k_x16(&src, k, m).unwrap();
+        let packed = pack_x16(Layout::Q4kX16, &src, k, m).unwrap();
         assert_ne!(packed[..], src[..], "the groups are interleaved");
         let wrb = 2 * Q4K;
         // The rows past the two whole groups keep their bytes and offsets.
@@ -126,15 +176,49 @@ mod tests {
         assert_eq!(&g[256 + 64 * 31 + 20..][..4], &blk[140..144]);
         let mut back = vec![0u8; X16 * wrb];
         for grp in 0..2 {
-            unpack_q4k_x16(&packed[grp * X16 * wrb..][..X16 * wrb], 2, &mut back);
+            unpack_x16(
+                Layout::Q4kX16,
+                &packed[grp * X16 * wrb..][..X16 * wrb],
+                2,
+                &mut back,
+            );
             assert_eq!(back, src[grp * X16 * wrb..][..X16 * wrb]);
         }
     }
 
     #[test]
+    fn q6_k_packing_round_trips() {
+        let (k, m) = (768, 35);
+        let src = random_blocks(GgmlType::Q6K, m * k / 256, 12);
+        let packed = pack_x16(Layout::Q6kX16, &src, k, m).unwrap();
+        let wrb = 3 * 210;
+        // Row 3 of group 0, super-block 2: d, scale word 1, the last ql and qh quads.
+        let blk = &src[3 * wrb + 2 * 210..][..210];
+        let g = &packed[2 * X16 * 210..][..X16 * 210];
+        assert_eq!(&g[6..8], &blk[208..210]);
+        assert_eq!(&g[32 + 64 + 12..][..4], &blk[196..200]);
+        // ql[124..128]: half 1, j = 7, the second quad of the triple; qh[60..64]: half 1,
+        // j = 7, the third.
+        assert_eq!(&g[288 + 192 * 15 + 64 + 12..][..4], &blk[124..128]);
+        assert_eq!(&g[288 + 192 * 15 + 128 + 12..][..4], &blk[188..192]);
+        let mut back = vec![0u8; X16 * wrb];
+        for grp in 0..2 {
+            unpack_x16(
+                Layout::Q6kX16,
+                &packed[grp * X16 * wrb..][..X16 * wrb],
+                3,
+                &mut back,
+            );
+            assert_eq!(back, src[grp * X16 * wrb..][..X16 * wrb]);
+        }
+        assert_eq!(packed[32 * wrb..], src[32 * wrb..]);
+    }
+
+    #[test]
     fn packing_refuses_bytes_that_are_not_whole_rows() {
         let src = vec![0u8; 144 * 3];
-        assert!(pack_q4k_x16(&src, 256, 4).is_err());
-        assert!(pack_q4k_x16(&src, 100, 3).is_err());
+        assert!(pack_x16(Layout::Q4kX16, &src, 256, 4).is_err());
+        assert!(pack_x16(Layout::Q4kX16, &src, 100, 3).is_err());
+        assert!(pack_x16(Layout::Rows, &src, 256, 3).is_err());
     }
 }

@@ -21,10 +21,10 @@ use minfer_gguf::GgmlType;
 
 use super::load32;
 use super::{
-    avx512_kquants, avx512_legacy, avx512_q4k_side, avx512_q4k_x16, avx512_quantize,
-    avx512_side_kernels,
+    avx512_kquants, avx512_legacy, avx512_q4k_side, avx512_q4k_x16, avx512_q6k_x16,
+    avx512_quantize, avx512_side_kernels,
 };
-use crate::simd::{Dot4Fn, DotFn, Q4kX16Fn, QuantFn, RowSideFn};
+use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn, X16Fn};
 
 pub(in crate::simd) fn avx512_supported() -> bool {
     // AVX2 + F16C too: on the way to an AVX-512 kernel the AVX2 helpers run.
@@ -142,13 +142,25 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
 }
 
 fn q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    // SAFETY: only handed out by `avx512_q4k_x16` after `avx512_supported()` returned true.
+    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
     unsafe { avx512_q4k_x16::dot_q4k_x16(g, a, out) }
 }
 
-/// The packed Q4_K decode kernel (None: no AVX-512 VNNI here).
-pub(in crate::simd) fn avx512_packed_q4k() -> Option<Q4kX16Fn> {
-    avx512_supported().then_some(q4k_x16 as Q4kX16Fn)
+fn q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
+    unsafe { avx512_q6k_x16::dot_q6k_x16(g, a, out) }
+}
+
+/// The packed decode kernel of `ty` (None: no kernel, or no AVX-512 VNNI here).
+pub(in crate::simd) fn avx512_packed(ty: GgmlType) -> Option<X16Fn> {
+    if !avx512_supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q4K => Some(q4k_x16),
+        GgmlType::Q6K => Some(q6k_x16),
+        _ => None,
+    }
 }
 
 /// The AVX-512 activation quantizer for `ty` (None: no kernel, or no AVX-512 here).

@@ -17,7 +17,16 @@
 //! (dmin_w · d_a) · msum, super-block b added into block lane b % 4, the lanes combined as
 //! (0 + 2) + (1 + 3).
 //!
-//! Gate: `tests/split_exact.rs` (`packed_q4_k_matmul_is_the_plain_one`).
+//! Memory: the packed group is one sequential stream in 2 MiB pages (`huge::HugeBytes`),
+//! and each super-block's 36 lines are requested by software prefetches at the top of its
+//! iteration, so that they are in flight together while the loads walk them (the compute of
+//! one super-block fills the out-of-order window before its later loads issue). Measured on
+//! the Zen 4 development machine (`benches/decode_matvec.rs`, the 1.5B shape, medians of 3;
+//! docs/PERFORMANCE.md): no prefetch 10.0 GB/s, this super-block 18.8-25.0, from half a
+//! super-block ahead 10.2, the next super-block 11.4; in 4 KiB pages 9-10 GB/s whatever the
+//! distance, so the backend packs only where huge pages are available.
+//!
+//! Gate: `tests/split_exact.rs` (`packed_matmul_is_exact_for_every_thread_count`).
 
 use std::arch::x86_64::*;
 
@@ -25,13 +34,6 @@ use std::arch::x86_64::*;
 const Q8K: usize = 292;
 /// Bytes of one packed group's super-block (16 rows of 144 bytes).
 const GROUP_BLOCK: usize = 2304;
-
-/// How many bytes ahead the kernel prefetches its stream: the next super-block. Measured on
-/// the Zen 4 development machine (`benches/decode_matvec.rs`, the 1.5B shape's Q4_K rows,
-/// huge pages): no prefetch 9.2-9.8 GB/s, 768 bytes ahead 7.8-14, 1536 14, one super-block
-/// 22.4-25.0, 3072 9.2-9.6, two super-blocks 11.2-11.3, four 10.9-11.5. Why the one
-/// distance is so much better is not understood; measure again before changing it.
-const PREFETCH_BYTES: usize = GROUP_BLOCK;
 
 /// `vpshufb` indices giving each i32 lane byte `k` of itself, zero-extended.
 const fn byte_of_lane(k: u8, twice: bool) -> [u8; 64] {
@@ -88,15 +90,17 @@ pub(crate) unsafe fn dot_q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
         midx[k] = unsafe { _mm512_loadu_si512(MIN_IDX[k].as_ptr().cast()) };
     }
     let mut lanes = [_mm512_setzero_ps(); 4];
+    // Opaque to the optimiser: a constant bound let it unroll the prefetches and rotate them
+    // to the end of the previous iteration, which measured as slow as no prefetch.
+    let lines = std::hint::black_box(GROUP_BLOCK / 64);
     for b in 0..blocks {
         // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
         // b · GROUP_BLOCK of `g` and the activation's block Q8K bytes at b · Q8K of `a`.
         let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8K)) };
-        // The super-block PREFETCH_BYTES ahead: see `PREFETCH_BYTES`.
-        let ahead = p.wrapping_add(PREFETCH_BYTES);
-        for l in 0..GROUP_BLOCK / 64 {
-            // Never faults, whatever the address.
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+        // Every line of this super-block requested at once (see the module docs).
+        for l in 0..lines {
+            // SAFETY: `_mm_prefetch` never faults; the address is inside the super-block.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(64 * l).cast()) };
         }
         // SAFETY: offsets inside the super-block (see the layout).
         let (d, dmin, wa, wb, wc) = unsafe {

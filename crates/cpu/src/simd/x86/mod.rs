@@ -42,13 +42,14 @@ mod avx512_legacy;
 mod avx512_q4k_side;
 mod avx512_q4k_tile;
 mod avx512_q4k_x16;
+mod avx512_q6k_x16;
 mod avx512_quantize;
 mod avx512_side_kernels;
 mod avx512_tile_pairs;
 mod avx512_tiles;
 
 pub(super) use avx512_dispatch::{
-    avx512_dot, avx512_dot4, avx512_packed_q4k, avx512_quant, avx512_side, avx512_supported,
+    avx512_dot, avx512_dot4, avx512_packed, avx512_quant, avx512_side, avx512_supported,
 };
 mod avx2_tiles;
 
