@@ -69,7 +69,7 @@ impl Layout {
     fn pieces(self) -> (usize, Vec<(usize, usize, usize)>) {
         let mut v = Vec::new();
         match self {
-            Layout::Rows => return (0, v),
+            Layout::Rows => (0, v),
             Layout::Q4kX16 => {
                 v.push((0, 0, 2));
                 v.push((2, 32, 2));

@@ -130,12 +130,12 @@ pub(crate) unsafe fn dot_q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
                         acc[i] = _mm512_dpbusd_epi32(acc[i], u[i], av);
                     }
                 }
-                for i in 0..4 {
+                for (i, acc) in acc.iter().enumerate() {
                     let s = 8 * n + 2 * i + h;
                     // SAFETY: bsum s is the i16 at 260 + 2s of the block.
                     let bsum = unsafe { ap.add(260 + 2 * s).cast::<i16>().read_unaligned() };
                     let sc = _mm512_srai_epi32::<24>(_mm512_shuffle_epi8(sw[s / 4], sidx[s % 4]));
-                    let dot = _mm512_sub_epi32(acc[i], _mm512_set1_epi32(32 * bsum as i32));
+                    let dot = _mm512_sub_epi32(*acc, _mm512_set1_epi32(32 * bsum as i32));
                     isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, sc));
                 }
             }
