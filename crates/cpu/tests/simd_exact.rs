@@ -243,13 +243,13 @@ fn avx2_serves_every_listed_type() {
     assert_side_kernels(Isa::Avx2);
 }
 
-/// The side kernels (decode) exist for Q4_1, Q5_0 and Q8_0 on `isa` (and Q4_K on AVX-512
-/// VNNI) and for no other type, so the side half of the bit-identity tests runs for each of
-/// them there.
+/// The side kernels (decode) exist for Q4_1, Q5_0 and Q8_0 on `isa` (and Q4_K and Q4_0 on
+/// AVX-512 VNNI) and for no other type, so the side half of the bit-identity tests runs for
+/// each of them there.
 fn assert_side_kernels(isa: Isa) {
     for ty in GgmlType::SUPPORTED {
         let want = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
-            || (isa == Isa::Avx512Vnni && ty == GgmlType::Q4K);
+            || (isa == Isa::Avx512Vnni && matches!(ty, GgmlType::Q4K | GgmlType::Q4_0));
         let n = 2 * ty.block_size() as usize;
         let side = simd::RowDot::on(isa, ty).ok().and_then(|d| {
             let act = vec_dot_type(ty).row_bytes(n as u64).unwrap() as usize;
@@ -287,7 +287,7 @@ fn avx512_serves_every_listed_type() {
         assert_eq!(Isa::Avx512Vnni.quant_served_by(ty), Isa::Avx512Vnni, "{ty}");
     }
     assert_eq!(simd::detected(), Isa::Avx512Vnni);
-    // Side kernels (decode): AVX-512's own for Q4_1 and Q8_0, AVX2's for Q5_0.
+    // Side kernels (decode): AVX-512's own for Q4_1, Q8_0, Q4_K and Q4_0, AVX2's for Q5_0.
     assert_side_kernels(Isa::Avx512Vnni);
 }
 

@@ -93,6 +93,7 @@ fn matmul_is_exact_for_every_thread_count() {
         GgmlType::Q8_0,
         GgmlType::Q5_0,
         GgmlType::Q4_1,
+        GgmlType::Q4_0,
     ];
     for (k, m, ty) in types.into_iter().flat_map(|ty| {
         // Odd shapes: rows whose blocks the tile kernels walk in several ranges, starting at
@@ -153,6 +154,66 @@ fn matmul_is_exact_for_every_thread_count() {
                         .position(|(a, b)| *a != b)
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn legacy_float_orders_hold_on_large_block_sums() {
+    // Random weights and activations give block sums of a few hundred, where s · d_w and
+    // d_w · d_a (f16 scales: 11-bit mantissas) are exact in f32, so the reference's order of
+    // the two float multiplies cannot be told from another. Here every weight is at its
+    // largest quant and the activations between 64 and 127 (|s| up to 32 · 127 · 127), with
+    // random 11-bit scale mantissas: the orders differ, and the tile (nt = 8, 16) and side (nt = 1, 3)
+    // kernels must keep the reference's. Control: Q4_0's tile and side kernels computing
+    // (d_w · d_a) · s (Q5_0's order) instead of (s · d_w) · d_a passed every other gate here
+    // and failed this one.
+    let (k, m) = (1024, 48);
+    // The largest positive quant (7, 15, 127: no power of two, so s keeps many significant
+    // bits) against activations of 64..127 (several bits each).
+    for (ty, block, fill) in [
+        (GgmlType::Q4_0, 18, 0xffu8),
+        (GgmlType::Q5_0, 22, 0xff),
+        (GgmlType::Q8_0, 34, 0x7f),
+    ] {
+        let mut r = minfer_testkit::rng::Rng::splitmix64(17);
+        let mut wbytes = vec![0u8; m * k / 32 * block];
+        for blk in wbytes.chunks_exact_mut(block) {
+            let d = 0.001 + 0.05 * (r.signed().abs());
+            blk[..2].copy_from_slice(&quants::f32_to_f16(d).to_le_bytes());
+            blk[2..].fill(fill);
+        }
+        let wrb = ty.row_bytes(k as u64).unwrap() as usize;
+        for nt in [1usize, 3, 8, 16] {
+            let x: Vec<f32> = (0..nt * k)
+                .map(|i| (0.5 + 0.5 * ((i * 7919 % 997) as f32 / 997.0)) * (1 + i / k) as f32)
+                .collect();
+            let mut want = vec![0f32; nt * m];
+            let mut a = vec![0u8; GgmlType::Q8_0.row_bytes(k as u64).unwrap() as usize];
+            for t in 0..nt {
+                quants::quantize_row(GgmlType::Q8_0, &x[t * k..(t + 1) * k], &mut a).unwrap();
+                for o in 0..m {
+                    want[t * m + o] =
+                        quants::vec_dot(ty, k, &wbytes[o * wrb..(o + 1) * wrb], &a).unwrap();
+                }
+            }
+            let w = Weight {
+                ty,
+                k,
+                m,
+                bytes: &wbytes,
+                layout: Layout::Rows,
+            };
+            let mut got = vec![f32::NAN; nt * m];
+            matmul(&w, &x, None, &mut got, 2).unwrap();
+            assert!(
+                bits(&got) == bits(&want),
+                "{ty} nt={nt}: first difference at {:?}",
+                bits(&got)
+                    .iter()
+                    .zip(bits(&want))
+                    .position(|(a, b)| *a != b)
+            );
         }
     }
 }
@@ -258,6 +319,7 @@ fn tile_kernels_are_exact_on_every_isa() {
         GgmlType::Q8_0,
         GgmlType::Q5_0,
         GgmlType::Q4_1,
+        GgmlType::Q4_0,
     ];
     let (mut checked, mut pairs) = (0, 0);
     for isa in simd::available() {

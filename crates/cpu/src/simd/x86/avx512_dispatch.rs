@@ -117,6 +117,11 @@ fn side_q4_1(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     unsafe { avx512_side_kernels::dot_q4_1_side_rows(w, a, d, sums, out) }
 }
 
+fn side_q4_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    // SAFETY: only handed out by `avx512_side` after `avx512_supported()` returned true.
+    unsafe { avx512_side_kernels::dot_q4_0_side_rows(w, a, d, sums, out) }
+}
+
 fn side_q8_0(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
     // SAFETY: only handed out by `avx512_side` after `avx512_supported()` returned true.
     unsafe { avx512_side_kernels::dot_q8_0_side_rows(w, a, d, sums, out) }
@@ -134,6 +139,7 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
         return None;
     }
     match ty {
+        GgmlType::Q4_0 => Some(side_q4_0),
         GgmlType::Q4_1 => Some(side_q4_1),
         GgmlType::Q8_0 => Some(side_q8_0),
         GgmlType::Q4K => Some(side_q4_k),

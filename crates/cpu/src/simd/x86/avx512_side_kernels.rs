@@ -10,6 +10,8 @@ use std::arch::x86_64::*;
 use super::avx512_legacy::{add_real, hsum8};
 use super::side_row_bytes;
 
+/// Q4_0 weight block: d f16 | qs[16].
+const Q4_0: usize = 18;
 /// Q4_1 weight block: d f16 | m f16 | qs[16].
 const Q4_1: usize = 20;
 /// Q8_0 block (weights and activations): d f16 | qs i8[32].
@@ -124,6 +126,59 @@ fn q4_1_pair(w: &[u8], a: &[u8], b: usize) -> __m512i {
     let u = _mm512_and_si512(shifted, _mm512_set1_epi8(0x0f));
     let a0 = load_part32(a, b * Q8_1 + 4);
     let a1 = load_part32(a, (b + 1) * Q8_1 + 4);
+    let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a0), a1);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x)
+}
+
+/// The dots of the `out.len()` consecutive Q4_0 rows of `w` with the Q8_0 row `a`; `d` and
+/// `sums` are the row's facts from the side table (scales as f32, Σ a per block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub(super) fn dot_q4_0_side_rows(w: &[u8], a: &[u8], d: &[f32], sums: &[i32], out: &mut [f32]) {
+    let Some(wrb) = side_row_bytes(w, out.len(), Q4_0, "Q4_0") else {
+        return;
+    };
+    let blocks = wrb / Q4_0;
+    let (a, d, sums) = (&a[..blocks * Q8_0], &d[..blocks], &sums[..blocks]);
+    for (wr, o) in w.chunks_exact(wrb).zip(out.iter_mut()) {
+        *o = q4_0_row(wr, a, d, sums);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q4_0_row(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> f32 {
+    side_row!(w, a, (Q4_0, Q8_0), q4_0_group, d, sums)
+}
+
+/// The values (Σ q·a · d_w) · d_a (the reference's order) of the first 2 x `PAIRS` Q4_0
+/// blocks of `w` against the Q8_0 blocks of `a`, as [`q4_1_group`]. The quants go into VNNI
+/// as the unsigned nibbles u = q + 8 and Σ q·a = Σ u·a - 8·Σ a exactly (i32).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q4_0_group<const PAIRS: usize>(w: &[u8], a: &[u8], d: &[f32], sums: &[i32]) -> __m256 {
+    let dw = f16x8_words::<PAIRS>(w, Q4_0);
+    let mut pairs = [_mm512_setzero_si512(); 4];
+    for (k, p) in pairs.iter_mut().enumerate().take(PAIRS) {
+        *p = q4_0_pair(w, a, 2 * k);
+    }
+    let isum = _mm256_sub_epi32(hsum8(pairs), _mm256_slli_epi32::<3>(load_i32x8(sums)));
+    _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dw), load_f32x8(d))
+}
+
+/// The exact sums Σ u·a of Q4_0 blocks `b`, `b + 1` of `w` (u the unsigned nibbles) against
+/// Q8_0 blocks `b`, `b + 1` of `a`, 4 elements per i32 lane (block `b` in the low 256 bits).
+/// A missing block reads as zero bytes on both sides: its sum is 0.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+fn q4_0_pair(w: &[u8], a: &[u8], b: usize) -> __m512i {
+    // Per block: low nibbles (elements 0..16) then high nibbles (16..32).
+    let q0 = _mm256_broadcastsi128_si256(load_part16(w, b * Q4_0 + 2));
+    let q1 = _mm256_broadcastsi128_si256(load_part16(w, (b + 1) * Q4_0 + 2));
+    let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1);
+    let shifted = _mm512_mask_srli_epi16::<4>(q, 0xff00_ff00, q);
+    let u = _mm512_and_si512(shifted, _mm512_set1_epi8(0x0f));
+    let a0 = load_part32(a, b * Q8_0 + 2);
+    let a1 = load_part32(a, (b + 1) * Q8_0 + 2);
     let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a0), a1);
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x)
 }

@@ -114,6 +114,33 @@ unsafe fn tile_q5_0(
     }
 }
 
+/// Q4_0 weights: u = q + 8 (the nibbles), Σ q·a = Σ u·a - 8·Σ a; the block value is
+/// (s · d_w) · d_a, the reference's order (not Q5_0's).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn tile_q4_0(
+    w: &[u8],
+    acts: &[u8],
+    arb: usize,
+    side: TileSlice,
+    range: Range<usize>,
+    state: &mut TileAcc,
+) {
+    check(w, acts, arb, side, [18, Q8_0, 1, 1], &range);
+    assert!(
+        side.iq.len() >= w.len() / 18 * IQ_BLOCK,
+        "tile kernel: no interleaved quants"
+    );
+    walk(range, state, |b| {
+        let wb = &w[b * 18..][..18];
+        let s = _mm256_sub_epi32(
+            dot_interleaved(nibbles32(&wb[2..]), &side.iq[b * IQ_BLOCK..]),
+            _mm256_slli_epi32::<3>(ldi(side.is, b * TILE)),
+        );
+        let sd = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(f16_at(wb, 0)));
+        _mm256_mul_ps(sd, ldf(side.fs, b * TILE))
+    });
+}
+
 /// Q8_0 weights (any byte, -128 included): biased to w + 128, Σ w·a = Σ (w + 128)·a -
 /// 128·Σ a; the block value is s · (d_w · d_a), as in the AVX2 tile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
@@ -220,6 +247,7 @@ unsafe fn tile_q6_k(
 }
 
 tile_wrappers! {
+    safe_q4_0 => tile_q4_0,
     safe_q5_0 => tile_q5_0,
     safe_q8_0 => tile_q8_0,
     safe_q6_k => tile_q6_k,
@@ -232,6 +260,7 @@ pub(in crate::simd) fn avx512_tile(ty: GgmlType) -> Option<TileFn> {
         return None;
     }
     Some(match ty {
+        GgmlType::Q4_0 => safe_q4_0,
         GgmlType::Q5_0 => safe_q5_0,
         GgmlType::Q8_0 => safe_q8_0,
         GgmlType::Q4K => super::avx512_q4k_tile::safe_q4_k,
