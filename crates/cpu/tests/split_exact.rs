@@ -197,23 +197,31 @@ fn legacy_float_orders_hold_on_large_block_sums() {
                         quants::vec_dot(ty, k, &wbytes[o * wrb..(o + 1) * wrb], &a).unwrap();
                 }
             }
-            let w = Weight {
-                ty,
-                k,
-                m,
-                bytes: &wbytes,
-                layout: Layout::Rows,
-            };
-            let mut got = vec![f32::NAN; nt * m];
-            matmul(&w, &x, None, &mut got, 2).unwrap();
-            assert!(
-                bits(&got) == bits(&want),
-                "{ty} nt={nt}: first difference at {:?}",
-                bits(&got)
-                    .iter()
-                    .zip(bits(&want))
-                    .position(|(a, b)| *a != b)
-            );
+            // Plain rows, and (Q4_0) rows packed 16 at a time where this machine packs them.
+            let packed = Layout::packed_for(ty)
+                .filter(|_| simd::x16_kernel(ty).is_some())
+                .map(|l| (l, pack_x16(l, &wbytes, k, m).unwrap()));
+            let mut layouts = vec![(Layout::Rows, &wbytes[..])];
+            layouts.extend(packed.as_ref().map(|(l, b)| (*l, &b[..])));
+            for (layout, bytes) in layouts {
+                let w = Weight {
+                    ty,
+                    k,
+                    m,
+                    bytes,
+                    layout,
+                };
+                let mut got = vec![f32::NAN; nt * m];
+                matmul(&w, &x, None, &mut got, 2).unwrap();
+                assert!(
+                    bits(&got) == bits(&want),
+                    "{ty} {layout:?} nt={nt}: first difference at {:?}",
+                    bits(&got)
+                        .iter()
+                        .zip(bits(&want))
+                        .position(|(a, b)| *a != b)
+                );
+            }
         }
     }
 }
@@ -224,7 +232,7 @@ fn packed_matmul_is_exact_for_every_thread_count() {
     // makes at load on AVX-512 VNNI machines): decode through the packed kernels, prefill
     // through the tile kernels on groups unpacked per chunk, rows past the last group as
     // plain rows; every (row, token) against the scalar reference dot of the plain rows.
-    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0] {
         let layout = Layout::packed_for(ty).unwrap();
         let Some(_) = simd::x16_kernel(ty) else {
             // Without the kernel a packed weight is refused, never computed another way.
@@ -251,11 +259,11 @@ fn packed_matmul_is_exact_for_every_thread_count() {
             let packed = pack_x16(layout, &plain, k, m).unwrap();
             for nt in [1usize, 2, 3, 5, 8, 12, 19] {
                 let x = floats(nt * k, 31 + nt as u64);
-                let arb = GgmlType::Q8K.row_bytes(k as u64).unwrap() as usize;
+                let arb = vec_dot_type(ty).row_bytes(k as u64).unwrap() as usize;
                 let mut want = vec![0f32; nt * m];
                 for t in 0..nt {
                     let mut a = vec![0u8; arb];
-                    quants::quantize_row(GgmlType::Q8K, &x[t * k..(t + 1) * k], &mut a).unwrap();
+                    quants::quantize_row(vec_dot_type(ty), &x[t * k..(t + 1) * k], &mut a).unwrap();
                     for o in 0..m {
                         want[t * m + o] =
                             quants::vec_dot(ty, k, &plain[o * wrb..(o + 1) * wrb], &a).unwrap();

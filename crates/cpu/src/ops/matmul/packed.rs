@@ -22,6 +22,9 @@
 //! | 32..288 | the row's 16 i8 scales as four words: `scales[4w..4w + 4]` at 32 + 64w + 4r |
 //! | 288..3360 | 16 triples of 192 bytes, in the order the kernel reads them: for half n = 0, 1 and j = 0..8, at 288 + 192 (8n + j): `ql[64n + 4j..][..4]`, `ql[64n + 32 + 4j..][..4]` and `qh[32n + 4j..][..4]` of every row (row r at 4r of each 64 bytes) |
 //!
+//! [`Layout::Q40X16`]: Q4_0, 16 · 18 bytes per group and 32-element block: d of row r (f16)
+//! at 2r, then `qs[4q..4q + 4]` of row r at 32 + 64q + 4r (q = 0..4).
+//!
 //! A group takes exactly the bytes its 16 rows took, so rows past the last whole group keep
 //! their plain layout at their plain offset (`o · wrb`).
 //! Nothing is rounded or re-encoded: [`unpack_q4k_x16`] gives back the original bytes, and the
@@ -42,6 +45,8 @@ pub enum Layout {
     Q4kX16,
     /// Q6_K in groups of 16 interleaved rows (this module's docs).
     Q6kX16,
+    /// Q4_0 in groups of 16 interleaved rows (this module's docs).
+    Q40X16,
 }
 
 impl Layout {
@@ -50,6 +55,7 @@ impl Layout {
         match ty {
             GgmlType::Q4K => Some(Layout::Q4kX16),
             GgmlType::Q6K => Some(Layout::Q6kX16),
+            GgmlType::Q4_0 => Some(Layout::Q40X16),
             _ => None,
         }
     }
@@ -60,6 +66,7 @@ impl Layout {
             Layout::Rows => None,
             Layout::Q4kX16 => Some(GgmlType::Q4K),
             Layout::Q6kX16 => Some(GgmlType::Q6K),
+            Layout::Q40X16 => Some(GgmlType::Q4_0),
         }
     }
 
@@ -87,6 +94,11 @@ impl Layout {
                 v.extend((0..16).map(|q| (128 + 4 * q, triple(q / 8, q % 8) + 128, 4)));
                 (210, v)
             }
+            Layout::Q40X16 => {
+                v.push((0, 0, 2));
+                v.extend((0..4).map(|q| (2 + 4 * q, 32 + 64 * q, 4)));
+                (18, v)
+            }
         }
     }
 }
@@ -101,12 +113,13 @@ pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeB
     let ty = layout
         .weight_type()
         .ok_or_else(|| KernelError("plain rows are not a packed layout".into()))?;
-    if !k.is_multiple_of(256) {
+    let elems = ty.block_size() as usize;
+    if !k.is_multiple_of(elems) {
         return Err(KernelError(format!(
             "{k} is not a whole number of {ty} blocks"
         )));
     }
-    let blocks = k / 256;
+    let blocks = k / elems;
     let wrb = blocks * block;
     if src.len() != wrb * m {
         return Err(KernelError(format!(
