@@ -197,7 +197,7 @@ fn legacy_float_orders_hold_on_large_block_sums() {
                         quants::vec_dot(ty, k, &wbytes[o * wrb..(o + 1) * wrb], &a).unwrap();
                 }
             }
-            // Plain rows, and (Q4_0) rows packed 16 at a time where this machine packs them.
+            // Plain rows, and rows packed 16 at a time where this machine packs them.
             let packed = Layout::packed_for(ty)
                 .filter(|_| simd::x16_kernel(ty).is_some())
                 .map(|l| (l, pack_x16(l, &wbytes, k, m).unwrap()));
@@ -232,7 +232,7 @@ fn packed_matmul_is_exact_for_every_thread_count() {
     // makes at load on AVX-512 VNNI machines): decode through the packed kernels, prefill
     // through the tile kernels on groups unpacked per chunk, rows past the last group as
     // plain rows; every (row, token) against the scalar reference dot of the plain rows.
-    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q8_0] {
         let layout = Layout::packed_for(ty).unwrap();
         let Some(_) = simd::x16_kernel(ty) else {
             // Without the kernel a packed weight is refused, never computed another way.

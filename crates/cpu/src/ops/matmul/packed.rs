@@ -25,6 +25,9 @@
 //! [`Layout::Q40X16`]: Q4_0, 16 · 18 bytes per group and 32-element block: d of row r (f16)
 //! at 2r, then `qs[4q..4q + 4]` of row r at 32 + 64q + 4r (q = 0..4).
 //!
+//! [`Layout::Q80X16`]: Q8_0 likewise, 16 · 34 bytes per group and block: d of row r at 2r,
+//! then `qs[4q..4q + 4]` of row r at 32 + 64q + 4r (q = 0..8).
+//!
 //! A group takes exactly the bytes its 16 rows took, so rows past the last whole group keep
 //! their plain layout at their plain offset (`o · wrb`).
 //! Nothing is rounded or re-encoded: [`unpack_q4k_x16`] gives back the original bytes, and the
@@ -47,6 +50,8 @@ pub enum Layout {
     Q6kX16,
     /// Q4_0 in groups of 16 interleaved rows (this module's docs).
     Q40X16,
+    /// Q8_0 in groups of 16 interleaved rows (this module's docs).
+    Q80X16,
 }
 
 impl Layout {
@@ -56,6 +61,7 @@ impl Layout {
             GgmlType::Q4K => Some(Layout::Q4kX16),
             GgmlType::Q6K => Some(Layout::Q6kX16),
             GgmlType::Q4_0 => Some(Layout::Q40X16),
+            GgmlType::Q8_0 => Some(Layout::Q80X16),
             _ => None,
         }
     }
@@ -67,6 +73,7 @@ impl Layout {
             Layout::Q4kX16 => Some(GgmlType::Q4K),
             Layout::Q6kX16 => Some(GgmlType::Q6K),
             Layout::Q40X16 => Some(GgmlType::Q4_0),
+            Layout::Q80X16 => Some(GgmlType::Q8_0),
         }
     }
 
@@ -98,6 +105,11 @@ impl Layout {
                 v.push((0, 0, 2));
                 v.extend((0..4).map(|q| (2 + 4 * q, 32 + 64 * q, 4)));
                 (18, v)
+            }
+            Layout::Q80X16 => {
+                v.push((0, 0, 2));
+                v.extend((0..8).map(|q| (2 + 4 * q, 32 + 64 * q, 4)));
+                (34, v)
             }
         }
     }

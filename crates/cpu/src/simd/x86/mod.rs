@@ -44,6 +44,7 @@ mod avx512_q4k_side;
 mod avx512_q4k_tile;
 mod avx512_q4k_x16;
 mod avx512_q6k_x16;
+mod avx512_q80_x16;
 mod avx512_quantize;
 mod avx512_side_kernels;
 mod avx512_tile_pairs;
