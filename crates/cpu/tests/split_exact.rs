@@ -232,7 +232,13 @@ fn packed_matmul_is_exact_for_every_thread_count() {
     // makes at load on AVX-512 VNNI machines): decode through the packed kernels, prefill
     // through the tile kernels on groups unpacked per chunk, rows past the last group as
     // plain rows; every (row, token) against the scalar reference dot of the plain rows.
-    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+    ] {
         let layout = Layout::packed_for(ty).unwrap();
         let Some(_) = simd::x16_kernel(ty) else {
             // Without the kernel a packed weight is refused, never computed another way.

@@ -28,6 +28,9 @@
 //! [`Layout::Q80X16`]: Q8_0 likewise, 16 · 34 bytes per group and block: d of row r at 2r,
 //! then `qs[4q..4q + 4]` of row r at 32 + 64q + 4r (q = 0..8).
 //!
+//! [`Layout::Q50X16`]: Q5_0, 16 · 22 bytes per group and block: d of row r at 2r, its `qh`
+//! word at 32 + 4r, then `qs[4q..4q + 4]` of row r at 96 + 64q + 4r (q = 0..4).
+//!
 //! A group takes exactly the bytes its 16 rows took, so rows past the last whole group keep
 //! their plain layout at their plain offset (`o · wrb`).
 //! Nothing is rounded or re-encoded: [`unpack_q4k_x16`] gives back the original bytes, and the
@@ -52,6 +55,8 @@ pub enum Layout {
     Q40X16,
     /// Q8_0 in groups of 16 interleaved rows (this module's docs).
     Q80X16,
+    /// Q5_0 in groups of 16 interleaved rows (this module's docs).
+    Q50X16,
 }
 
 impl Layout {
@@ -62,6 +67,7 @@ impl Layout {
             GgmlType::Q6K => Some(Layout::Q6kX16),
             GgmlType::Q4_0 => Some(Layout::Q40X16),
             GgmlType::Q8_0 => Some(Layout::Q80X16),
+            GgmlType::Q5_0 => Some(Layout::Q50X16),
             _ => None,
         }
     }
@@ -74,6 +80,7 @@ impl Layout {
             Layout::Q6kX16 => Some(GgmlType::Q6K),
             Layout::Q40X16 => Some(GgmlType::Q4_0),
             Layout::Q80X16 => Some(GgmlType::Q8_0),
+            Layout::Q50X16 => Some(GgmlType::Q5_0),
         }
     }
 
@@ -110,6 +117,12 @@ impl Layout {
                 v.push((0, 0, 2));
                 v.extend((0..8).map(|q| (2 + 4 * q, 32 + 64 * q, 4)));
                 (34, v)
+            }
+            Layout::Q50X16 => {
+                v.push((0, 0, 2));
+                v.push((2, 32, 4));
+                v.extend((0..4).map(|q| (6 + 4 * q, 96 + 64 * q, 4)));
+                (22, v)
             }
         }
     }

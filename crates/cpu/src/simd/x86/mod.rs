@@ -43,6 +43,7 @@ mod avx512_q40_x16;
 mod avx512_q4k_side;
 mod avx512_q4k_tile;
 mod avx512_q4k_x16;
+mod avx512_q50_x16;
 mod avx512_q6k_x16;
 mod avx512_q80_x16;
 mod avx512_quantize;

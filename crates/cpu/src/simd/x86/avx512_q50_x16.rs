@@ -1,0 +1,107 @@
+//! The AVX-512 VNNI decode kernel for Q5_0 rows packed 16 at a time
+//! ([`crate::ops::matmul::packed`], `Layout::Q50X16`): one Q8_0 activation row against the 16
+//! rows of a group, i32 / f32 lane r of every vector being row r.
+//!
+//! Per 32-element block, exact integers as the reference's (`quants::legacy::dot_q5_0_q8_0`):
+//! a 64-byte load holds the same 4 quant bytes of the 16 rows; the fifth bits of those 4
+//! elements of each row (bits 4q..4q + 4 of its `qh` for the low nibbles, 16 + 4q.. for the
+//! high ones) are spread to bit 4 of the 4 bytes of its lane by one multiply (x · 0x00204081
+//! moves bit j of a 4-bit x to bit 8j, with no carries), so the unsigned q5 = q + 16 meet 4
+//! broadcast activations in one `vpdpbusd` per half (at most 32 · 31 · 127 per row). Σ q·a =
+//! Σ q5·a - 16 · Σ a, the activation block's Σ a by one `vpdpbusd` against ones.
+//!
+//! The float part is the reference's, one row per lane, never fused: (d_w · d_a) · s, block b
+//! added into block lane b % 4, the lanes combined as (0 + 2) + (1 + 3).
+//!
+//! Memory: as the Q4_K kernel (`avx512_q4k_x16`), one sequential stream in 2 MiB pages.
+//!
+//! Gate: `tests/split_exact.rs` (`packed_matmul_is_exact_for_every_thread_count`,
+//! `legacy_float_orders_hold_on_large_block_sums`).
+
+use std::arch::x86_64::*;
+
+/// Bytes of one Q8_0 block: d f16, qs i8[32].
+const Q8_0: usize = 34;
+/// Bytes of one packed group's block (16 rows of 22 bytes).
+const GROUP_BLOCK: usize = 352;
+
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with the Q8_0 row `a`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(crate) unsafe fn dot_q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+    let blocks = a.len() / Q8_0;
+    assert!(
+        g.len() == blocks * GROUP_BLOCK && a.len() == blocks * Q8_0,
+        "a packed Q5_0 group against a Q8_0 row"
+    );
+    // No closures below: a closure does not inherit the target features.
+    let m4 = _mm512_set1_epi8(0x0f);
+    let low4 = _mm512_set1_epi32(0x0f);
+    let spread = _mm512_set1_epi32(0x0020_4081);
+    let bit0 = _mm512_set1_epi32(0x0101_0101);
+    let ones = _mm256_set1_epi8(1);
+    let zero = _mm512_setzero_si512();
+    let mut lanes = [_mm512_setzero_ps(); 4];
+    for b in 0..blocks {
+        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
+        // b · GROUP_BLOCK of `g` and the activation's block Q8_0 bytes at b · Q8_0 of `a`.
+        let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8_0)) };
+        // SAFETY: d of the 16 rows (32 bytes at 0), their qh (64 at 32), the activation's 32
+        // quants at 2.
+        let (dw, qh, aq) = unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+                _mm512_loadu_si512(p.add(32).cast()),
+                _mm256_loadu_si256(ap.add(2).cast()),
+            )
+        };
+        // Σ a of the block (8 partial sums, then one), exact.
+        let sa8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, aq);
+        let sa4 = _mm_add_epi32(
+            _mm256_castsi256_si128(sa8),
+            _mm256_extracti128_si256::<1>(sa8),
+        );
+        let sa2 = _mm_add_epi32(sa4, _mm_unpackhi_epi64(sa4, sa4));
+        let sa = _mm_cvtsi128_si32(sa2) + _mm_extract_epi32::<1>(sa2);
+        let mut acc = [zero; 2];
+        for q in 0..4 {
+            // SAFETY: quad q of the 16 rows; activation bytes 4q and 16 + 4q of the block's
+            // quants.
+            let (v, alo, ahi) = unsafe {
+                (
+                    _mm512_loadu_si512(p.add(96 + 64 * q).cast()),
+                    _mm512_set1_epi32(ap.add(2 + 4 * q).cast::<i32>().read_unaligned()),
+                    _mm512_set1_epi32(ap.add(18 + 4 * q).cast::<i32>().read_unaligned()),
+                )
+            };
+            // Bits 4q..4q + 4 and 16 + 4q..16 + 4q + 4 of each row's qh, as 16 on the bytes.
+            let shift = _mm_cvtsi32_si128(4 * q as i32);
+            let shift_hi = _mm_cvtsi32_si128(16 + 4 * q as i32);
+            let b_lo = _mm512_and_si512(_mm512_srl_epi32(qh, shift), low4);
+            let b_hi = _mm512_and_si512(_mm512_srl_epi32(qh, shift_hi), low4);
+            let b_lo =
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_mullo_epi32(b_lo, spread), bit0));
+            let b_hi =
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_mullo_epi32(b_hi, spread), bit0));
+            let lo = _mm512_or_si512(_mm512_and_si512(v, m4), b_lo);
+            let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(v), m4), b_hi);
+            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], lo, alo);
+            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], hi, ahi);
+        }
+        let s = _mm512_sub_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_set1_epi32(16 * sa));
+        // SAFETY: the activation block's d is its first 2 bytes (f16; the conversion is exact).
+        let da = _mm512_cvtph_ps(_mm256_set1_epi16(unsafe {
+            ap.cast::<i16>().read_unaligned()
+        }));
+        let v = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s));
+        lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
+    }
+    let total = _mm512_add_ps(
+        _mm512_add_ps(lanes[0], lanes[2]),
+        _mm512_add_ps(lanes[1], lanes[3]),
+    );
+    // SAFETY: `out` holds 16 f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+}
