@@ -238,6 +238,7 @@ fn packed_matmul_is_exact_for_every_thread_count() {
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::Q5_0,
+        GgmlType::Q4_1,
     ] {
         let layout = Layout::packed_for(ty).unwrap();
         let Some(_) = simd::x16_kernel(ty) else {

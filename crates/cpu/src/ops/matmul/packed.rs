@@ -31,6 +31,9 @@
 //! [`Layout::Q50X16`]: Q5_0, 16 · 22 bytes per group and block: d of row r at 2r, its `qh`
 //! word at 32 + 4r, then `qs[4q..4q + 4]` of row r at 96 + 64q + 4r (q = 0..4).
 //!
+//! [`Layout::Q41X16`]: Q4_1, 16 · 20 bytes per group and block: d of row r at 2r, m at
+//! 32 + 2r, then `qs[4q..4q + 4]` of row r at 64 + 64q + 4r (q = 0..4).
+//!
 //! A group takes exactly the bytes its 16 rows took, so rows past the last whole group keep
 //! their plain layout at their plain offset (`o · wrb`).
 //! Nothing is rounded or re-encoded: [`unpack_q4k_x16`] gives back the original bytes, and the
@@ -57,6 +60,8 @@ pub enum Layout {
     Q80X16,
     /// Q5_0 in groups of 16 interleaved rows (this module's docs).
     Q50X16,
+    /// Q4_1 in groups of 16 interleaved rows (this module's docs).
+    Q41X16,
 }
 
 impl Layout {
@@ -68,6 +73,7 @@ impl Layout {
             GgmlType::Q4_0 => Some(Layout::Q40X16),
             GgmlType::Q8_0 => Some(Layout::Q80X16),
             GgmlType::Q5_0 => Some(Layout::Q50X16),
+            GgmlType::Q4_1 => Some(Layout::Q41X16),
             _ => None,
         }
     }
@@ -81,6 +87,7 @@ impl Layout {
             Layout::Q40X16 => Some(GgmlType::Q4_0),
             Layout::Q80X16 => Some(GgmlType::Q8_0),
             Layout::Q50X16 => Some(GgmlType::Q5_0),
+            Layout::Q41X16 => Some(GgmlType::Q4_1),
         }
     }
 
@@ -123,6 +130,12 @@ impl Layout {
                 v.push((2, 32, 4));
                 v.extend((0..4).map(|q| (6 + 4 * q, 96 + 64 * q, 4)));
                 (22, v)
+            }
+            Layout::Q41X16 => {
+                v.push((0, 0, 2));
+                v.push((2, 32, 2));
+                v.extend((0..4).map(|q| (4 + 4 * q, 64 + 64 * q, 4)));
+                (20, v)
             }
         }
     }

@@ -21,8 +21,8 @@ use minfer_gguf::GgmlType;
 
 use super::load32;
 use super::{
-    avx512_kquants, avx512_legacy, avx512_q40_x16, avx512_q4k_side, avx512_q4k_x16, avx512_q50_x16,
-    avx512_q6k_x16, avx512_q80_x16, avx512_quantize, avx512_side_kernels,
+    avx512_kquants, avx512_legacy, avx512_q40_x16, avx512_q41_x16, avx512_q4k_side, avx512_q4k_x16,
+    avx512_q50_x16, avx512_q6k_x16, avx512_q80_x16, avx512_quantize, avx512_side_kernels,
 };
 use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn, X16Fn};
 
@@ -167,6 +167,11 @@ fn q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
     unsafe { avx512_q50_x16::dot_q50_x16(g, a, out) }
 }
 
+fn q41_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
+    unsafe { avx512_q41_x16::dot_q41_x16(g, a, out) }
+}
+
 fn q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
     // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
     unsafe { avx512_q6k_x16::dot_q6k_x16(g, a, out) }
@@ -183,6 +188,7 @@ pub(in crate::simd) fn avx512_packed(ty: GgmlType) -> Option<X16Fn> {
         GgmlType::Q4_0 => Some(q40_x16),
         GgmlType::Q8_0 => Some(q80_x16),
         GgmlType::Q5_0 => Some(q50_x16),
+        GgmlType::Q4_1 => Some(q41_x16),
         _ => None,
     }
 }

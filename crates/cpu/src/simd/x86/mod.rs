@@ -40,6 +40,7 @@ mod avx512_dispatch;
 mod avx512_kquants;
 mod avx512_legacy;
 mod avx512_q40_x16;
+mod avx512_q41_x16;
 mod avx512_q4k_side;
 mod avx512_q4k_tile;
 mod avx512_q4k_x16;

@@ -1,0 +1,83 @@
+//! The AVX-512 VNNI decode kernel for Q4_1 rows packed 16 at a time
+//! ([`crate::ops::matmul::packed`], `Layout::Q41X16`): one Q8_1 activation row against the 16
+//! rows of a group, i32 / f32 lane r of every vector being row r.
+//!
+//! Per 32-element block, exact integers as the reference's (`quants::legacy::dot_q4_1_q8_1`):
+//! a 64-byte load holds the same 4 quant bytes of the 16 rows; their low nibbles meet 4
+//! broadcast activations of the block's first half and their high nibbles 4 of its second
+//! half in one `vpdpbusd` each (at most 32 · 15 · 127 per row).
+//!
+//! The float part is the reference's, one row per lane, never fused: (d_w · d_a) · s +
+//! m_w · s_a (s_a the activation block's stored sum), block b added into block lane b % 4,
+//! the lanes combined as (0 + 2) + (1 + 3).
+//!
+//! Memory: as the Q4_K kernel (`avx512_q4k_x16`), one sequential stream in 2 MiB pages.
+//!
+//! Gate: `tests/split_exact.rs` (`packed_matmul_is_exact_for_every_thread_count`).
+
+use std::arch::x86_64::*;
+
+/// Bytes of one Q8_1 block: d f16, s f16, qs i8[32].
+const Q8_1: usize = 36;
+/// Bytes of one packed group's block (16 rows of 20 bytes).
+const GROUP_BLOCK: usize = 320;
+
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with the Q8_1 row `a`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(crate) unsafe fn dot_q41_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+    let blocks = a.len() / Q8_1;
+    assert!(
+        g.len() == blocks * GROUP_BLOCK && a.len() == blocks * Q8_1,
+        "a packed Q4_1 group against a Q8_1 row"
+    );
+    // No closures below: a closure does not inherit the target features.
+    let m4 = _mm512_set1_epi8(0x0f);
+    let zero = _mm512_setzero_si512();
+    let mut lanes = [_mm512_setzero_ps(); 4];
+    for b in 0..blocks {
+        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
+        // b · GROUP_BLOCK of `g` and the activation's block Q8_1 bytes at b · Q8_1 of `a`.
+        let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8_1)) };
+        // SAFETY: d and m of the 16 rows (32 bytes at 0 and at 32); the activation's d and s
+        // (f16 at 0 and 2; the conversions are exact).
+        let (dw, mw, da, sa) = unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
+                _mm512_cvtph_ps(_mm256_set1_epi16(ap.cast::<i16>().read_unaligned())),
+                _mm512_cvtph_ps(_mm256_set1_epi16(ap.add(2).cast::<i16>().read_unaligned())),
+            )
+        };
+        let mut acc = [zero; 2];
+        for q in 0..4 {
+            // SAFETY: quad q of the 16 rows; activation bytes 4q and 16 + 4q of the block's
+            // quants (at 4).
+            let (v, alo, ahi) = unsafe {
+                (
+                    _mm512_loadu_si512(p.add(64 + 64 * q).cast()),
+                    _mm512_set1_epi32(ap.add(4 + 4 * q).cast::<i32>().read_unaligned()),
+                    _mm512_set1_epi32(ap.add(20 + 4 * q).cast::<i32>().read_unaligned()),
+                )
+            };
+            let lo = _mm512_and_si512(v, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], lo, alo);
+            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], hi, ahi);
+        }
+        let s = _mm512_add_epi32(acc[0], acc[1]);
+        let v = _mm512_add_ps(
+            _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s)),
+            _mm512_mul_ps(mw, sa),
+        );
+        lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
+    }
+    let total = _mm512_add_ps(
+        _mm512_add_ps(lanes[0], lanes[2]),
+        _mm512_add_ps(lanes[1], lanes[3]),
+    );
+    // SAFETY: `out` holds 16 f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+}
