@@ -219,6 +219,55 @@ fn cpu_isa_override_keeps_the_tokens_on_smollm2() {
     assert_eq!(run(Some("scalar")), best);
 }
 
+/// `MINFER_CPU_PACK=0` keeps the weights in plain rows (ADR 0017): the same tokens as the
+/// packed default (on AVX-512 VNNI machines with huge pages the two run different kernels;
+/// elsewhere both are plain), and a value other than 0 or 1 is a usage error naming it.
+#[test]
+fn cpu_pack_switch_keeps_the_tokens_and_refuses_other_values() {
+    let p = tiny_model("pack.gguf");
+    let out = minfer()
+        .args(["run", "-n", "1", "-p", "hi", "-m"])
+        .arg(&p)
+        .env("MINFER_CPU_PACK", "yes")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("MINFER_CPU_PACK=yes"), "{err}");
+    let Some(model) = minfer_testkit::models::smol() else {
+        println!("SKIP: SmolLM2 not in the model cache");
+        return;
+    };
+    let run = |pack: &str| {
+        let out = minfer()
+            .args([
+                "run",
+                "--temp",
+                "0",
+                "-n",
+                "24",
+                "-t",
+                "2",
+                "--no-template",
+                "-m",
+            ])
+            .arg(&model)
+            .arg("The capital of France is")
+            .env("MINFER_CPU_PACK", pack)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let packed = run("1");
+    assert!(packed.len() > 20, "{packed:?}");
+    assert_eq!(run("0"), packed);
+}
+
 /// Issue 30, defect 2: a depth past the model's context (it ran for minutes, silently) is
 /// refused at once, exit 2, naming the flags and the context; the untimed depth prefill
 /// reports its progress with `--progress`.

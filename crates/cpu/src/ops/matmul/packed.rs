@@ -43,6 +43,7 @@ use super::KResult;
 use crate::huge::HugeBytes;
 use crate::ops::KernelError;
 use minfer_gguf::GgmlType;
+use std::sync::OnceLock;
 
 /// How a weight's bytes are laid out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -93,8 +94,22 @@ impl Layout {
 
     /// Bytes of one plain block, and the moves (plain offset, packed offset for row 0, length;
     /// row r's packed offset adds `4r` for 4-byte pieces, `2r` for 2-byte ones) of its
-    /// pieces.
-    fn pieces(self) -> (usize, Vec<(usize, usize, usize)>) {
+    /// pieces; built once per layout.
+    fn pieces(self) -> &'static Pieces {
+        static TABLES: [OnceLock<Pieces>; 7] = [const { OnceLock::new() }; 7];
+        let i = match self {
+            Layout::Rows => 0,
+            Layout::Q4kX16 => 1,
+            Layout::Q6kX16 => 2,
+            Layout::Q40X16 => 3,
+            Layout::Q80X16 => 4,
+            Layout::Q50X16 => 5,
+            Layout::Q41X16 => 6,
+        };
+        TABLES[i].get_or_init(|| self.build_pieces())
+    }
+
+    fn build_pieces(self) -> Pieces {
         let mut v = Vec::new();
         match self {
             Layout::Rows => (0, v),
@@ -141,6 +156,9 @@ impl Layout {
     }
 }
 
+/// A layout's plain block bytes and its pieces' moves (`Layout::pieces`).
+type Pieces = (usize, Vec<(usize, usize, usize)>);
+
 /// Rows per interleaved group.
 pub const X16: usize = 16;
 
@@ -148,6 +166,7 @@ pub const X16: usize = 16;
 /// buffer of huge pages (decode streams it; [`HugeBytes`]).
 pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeBytes> {
     let (block, pieces) = layout.pieces();
+    let block = *block;
     let ty = layout
         .weight_type()
         .ok_or_else(|| KernelError("plain rows are not a packed layout".into()))?;
@@ -172,7 +191,7 @@ pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeB
             let out = &mut dst[(g * blocks + b) * gb..][..gb];
             for r in 0..X16 {
                 let blk = &src[(g * X16 + r) * wrb + b * block..][..block];
-                for &(at, to, len) in &pieces {
+                for &(at, to, len) in pieces {
                     out[to + len * r..][..len].copy_from_slice(&blk[at..at + len]);
                 }
             }
@@ -183,20 +202,36 @@ pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeB
     Ok(dst)
 }
 
-/// The 16 plain rows (`16 · wrb` bytes into `out`) of one group's packed bytes.
+/// The 16 plain rows (`16 · wrb` bytes into `out`) of one group's packed bytes. Prefill runs
+/// this once per 16-row chunk of every packed matmul, so the moves are plain 2- and 4-byte
+/// loads and stores (a first form of slices and `copy_from_slice` cost the demo model's
+/// pp512 12 %).
 pub fn unpack_x16(layout: Layout, group: &[u8], blocks: usize, out: &mut [u8]) {
     let (block, pieces) = layout.pieces();
+    let block = *block;
     let (wrb, gb) = (blocks * block, X16 * block);
     assert!(
         block > 0 && group.len() == blocks * gb && out.len() == X16 * wrb,
         "a {layout:?} group of {blocks} super-blocks"
     );
     for b in 0..blocks {
-        let g = &group[b * gb..][..gb];
-        for r in 0..X16 {
-            let blk = &mut out[r * wrb + b * block..][..block];
-            for &(at, to, len) in &pieces {
-                blk[at..at + len].copy_from_slice(&g[to + len * r..][..len]);
+        // SAFETY: block b of the group is gb bytes at b · gb; row r's block b is `block`
+        // bytes at r · wrb + b · block of `out` (the assertion). Every piece lies inside
+        // both: to + len · 16 <= gb and at + len <= block (`pieces_tile_the_blocks`).
+        unsafe {
+            let g = group.as_ptr().add(b * gb);
+            let o = out.as_mut_ptr().add(b * block);
+            for &(at, to, len) in pieces {
+                for r in 0..X16 {
+                    let (src, dst) = (g.add(to + len * r), o.add(r * wrb + at));
+                    if len == 4 {
+                        dst.cast::<u32>()
+                            .write_unaligned(src.cast::<u32>().read_unaligned());
+                    } else {
+                        dst.cast::<u16>()
+                            .write_unaligned(src.cast::<u16>().read_unaligned());
+                    }
+                }
             }
         }
     }
@@ -234,6 +269,35 @@ mod tests {
                 &mut back,
             );
             assert_eq!(back, src[grp * X16 * wrb..][..X16 * wrb]);
+        }
+    }
+
+    #[test]
+    fn pieces_tile_the_blocks() {
+        // Every byte of a plain block is moved once, to a packed byte of its own: what
+        // `unpack_x16`'s unchecked moves rely on.
+        for layout in [
+            Layout::Q4kX16,
+            Layout::Q6kX16,
+            Layout::Q40X16,
+            Layout::Q80X16,
+            Layout::Q50X16,
+            Layout::Q41X16,
+        ] {
+            let (block, pieces) = layout.pieces();
+            let mut plain = vec![0u8; *block];
+            let mut packed = vec![0u8; X16 * block];
+            for &(at, to, len) in pieces {
+                assert!(len == 2 || len == 4, "{layout:?}");
+                plain[at..at + len].iter_mut().for_each(|v| *v += 1);
+                for r in 0..X16 {
+                    packed[to + len * r..][..len]
+                        .iter_mut()
+                        .for_each(|v| *v += 1);
+                }
+            }
+            assert!(plain.iter().all(|&v| v == 1), "{layout:?}");
+            assert!(packed.iter().all(|&v| v == 1), "{layout:?}");
         }
     }
 
