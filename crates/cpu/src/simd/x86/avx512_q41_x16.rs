@@ -17,6 +17,8 @@
 
 use std::arch::x86_64::*;
 
+use super::avx512_x16::{f16_lanes, finish};
+
 /// Bytes of one Q8_1 block: d f16, s f16, qs i8[32].
 const Q8_1: usize = 36;
 /// Bytes of one packed group's block (16 rows of 20 bytes).
@@ -47,8 +49,8 @@ pub(crate) unsafe fn dot_q41_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
             (
                 _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
                 _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
-                _mm512_cvtph_ps(_mm256_set1_epi16(ap.cast::<i16>().read_unaligned())),
-                _mm512_cvtph_ps(_mm256_set1_epi16(ap.add(2).cast::<i16>().read_unaligned())),
+                f16_lanes(ap),
+                f16_lanes(ap.add(2)),
             )
         };
         let mut acc = [zero; 2];
@@ -74,10 +76,5 @@ pub(crate) unsafe fn dot_q41_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
         );
         lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
     }
-    let total = _mm512_add_ps(
-        _mm512_add_ps(lanes[0], lanes[2]),
-        _mm512_add_ps(lanes[1], lanes[3]),
-    );
-    // SAFETY: `out` holds 16 f32.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+    finish(lanes, out);
 }

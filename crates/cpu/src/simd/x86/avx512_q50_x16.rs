@@ -20,6 +20,8 @@
 
 use std::arch::x86_64::*;
 
+use super::avx512_x16::{block_sum, f16_lanes, finish};
+
 /// Bytes of one Q8_0 block: d f16, qs i8[32].
 const Q8_0: usize = 34;
 /// Bytes of one packed group's block (16 rows of 22 bytes).
@@ -41,7 +43,6 @@ pub(crate) unsafe fn dot_q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
     let low4 = _mm512_set1_epi32(0x0f);
     let spread = _mm512_set1_epi32(0x0020_4081);
     let bit0 = _mm512_set1_epi32(0x0101_0101);
-    let ones = _mm256_set1_epi8(1);
     let zero = _mm512_setzero_si512();
     let mut lanes = [_mm512_setzero_ps(); 4];
     for b in 0..blocks {
@@ -57,14 +58,7 @@ pub(crate) unsafe fn dot_q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
                 _mm256_loadu_si256(ap.add(2).cast()),
             )
         };
-        // Σ a of the block (8 partial sums, then one), exact.
-        let sa8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, aq);
-        let sa4 = _mm_add_epi32(
-            _mm256_castsi256_si128(sa8),
-            _mm256_extracti128_si256::<1>(sa8),
-        );
-        let sa2 = _mm_add_epi32(sa4, _mm_unpackhi_epi64(sa4, sa4));
-        let sa = _mm_cvtsi128_si32(sa2) + _mm_extract_epi32::<1>(sa2);
+        let sa = block_sum(aq);
         let mut acc = [zero; 2];
         for q in 0..4 {
             // SAFETY: quad q of the 16 rows; activation bytes 4q and 16 + 4q of the block's
@@ -91,17 +85,10 @@ pub(crate) unsafe fn dot_q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
             acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], hi, ahi);
         }
         let s = _mm512_sub_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_set1_epi32(16 * sa));
-        // SAFETY: the activation block's d is its first 2 bytes (f16; the conversion is exact).
-        let da = _mm512_cvtph_ps(_mm256_set1_epi16(unsafe {
-            ap.cast::<i16>().read_unaligned()
-        }));
+        // SAFETY: the activation block's d is its first 2 bytes.
+        let da = unsafe { f16_lanes(ap) };
         let v = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s));
         lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
     }
-    let total = _mm512_add_ps(
-        _mm512_add_ps(lanes[0], lanes[2]),
-        _mm512_add_ps(lanes[1], lanes[3]),
-    );
-    // SAFETY: `out` holds 16 f32.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+    finish(lanes, out);
 }

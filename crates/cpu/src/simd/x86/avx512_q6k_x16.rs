@@ -21,6 +21,8 @@
 
 use std::arch::x86_64::*;
 
+use super::avx512_x16::finish;
+
 /// Bytes of one Q8_K block: d f32, qs i8[256], bsums i16[16].
 const Q8K: usize = 292;
 /// Bytes of one packed group's super-block (16 rows of 210 bytes).
@@ -145,10 +147,5 @@ pub(crate) unsafe fn dot_q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
         let v = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum));
         lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
     }
-    let total = _mm512_add_ps(
-        _mm512_add_ps(lanes[0], lanes[2]),
-        _mm512_add_ps(lanes[1], lanes[3]),
-    );
-    // SAFETY: `out` holds 16 f32.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+    finish(lanes, out);
 }

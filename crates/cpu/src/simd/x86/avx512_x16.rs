@@ -1,0 +1,42 @@
+//! What the AVX-512 kernels of packed rows (`avx512_*_x16.rs`, one row per lane) share.
+
+use std::arch::x86_64::*;
+
+/// Σ of the 32 signed activation bytes `aq` (a Q8_0 / Q8_1 block's quants), exact: one
+/// `vpdpbusd` against ones, then the 8 partial sums.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(super) fn block_sum(aq: __m256i) -> i32 {
+    let s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), aq);
+    let s4 = _mm_add_epi32(
+        _mm256_castsi256_si128(s8),
+        _mm256_extracti128_si256::<1>(s8),
+    );
+    let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    _mm_cvtsi128_si32(s2) + _mm_extract_epi32::<1>(s2)
+}
+
+/// The reference's combination of the 4 block lanes, (0 + 2) + (1 + 3), per row, into `out`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(super) fn finish(lanes: [__m512; 4], out: &mut [f32; 16]) {
+    let total = _mm512_add_ps(
+        _mm512_add_ps(lanes[0], lanes[2]),
+        _mm512_add_ps(lanes[1], lanes[3]),
+    );
+    // SAFETY: `out` holds 16 f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+}
+
+/// The f16 at `p` (an activation block's scale) in every lane; the conversion is exact.
+///
+/// # Safety
+/// `p` must point at 2 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(super) unsafe fn f16_lanes(p: *const u8) -> __m512 {
+    // SAFETY: the caller's.
+    _mm512_cvtph_ps(_mm256_set1_epi16(unsafe {
+        p.cast::<i16>().read_unaligned()
+    }))
+}
