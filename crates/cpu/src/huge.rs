@@ -12,15 +12,26 @@ use std::ptr::NonNull;
 /// A huge page (the alignment of buffers of at least this size).
 const HUGE: usize = 2 << 20;
 
-/// A zero-initialised, heap-owned byte buffer, 2 MiB-aligned (and advised into huge pages)
-/// when at least 2 MiB long, 64-byte aligned otherwise.
+/// A zero-initialised byte buffer owned by this value: on Linux an anonymous mapping whose
+/// start is 2 MiB-aligned and advised into huge pages (zero pages from the kernel, touched
+/// only when written: no zeroing pass of ours, which cost a packed model's load a pass over
+/// its bytes), elsewhere a 64-byte aligned heap allocation.
 pub struct HugeBytes {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    backing: Backing,
 }
 
-// SAFETY: HugeBytes owns its allocation exclusively, like a Vec<u8>.
+enum Backing {
+    #[cfg(target_os = "linux")]
+    Mapped {
+        base: *mut u8,
+        size: usize,
+    },
+    Heap(Layout),
+}
+
+// SAFETY: HugeBytes owns its memory exclusively, like a Vec<u8>.
 unsafe impl Send for HugeBytes {}
 // SAFETY: shared access only reads, like &[u8].
 unsafe impl Sync for HugeBytes {}
@@ -28,24 +39,68 @@ unsafe impl Sync for HugeBytes {}
 impl HugeBytes {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> HugeBytes {
-        let align = if len >= HUGE { HUGE } else { 64 };
-        let size = len.next_multiple_of(align).max(align);
-        let layout = Layout::from_size_align(size, align).expect("a valid buffer layout");
+        #[cfg(target_os = "linux")]
+        if len >= HUGE {
+            if let Some(b) = Self::mapped(len) {
+                return b;
+            }
+        }
+        let layout = Layout::from_size_align(len.max(1), 64).expect("a valid buffer layout");
         // SAFETY: `layout` has a non-zero size.
-        let raw = unsafe { alloc::alloc(layout) };
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        #[cfg(target_os = "linux")]
-        if align == HUGE {
-            // Before the first touch, so the pages fault in huge. A hint: on failure (THP off)
-            // the buffer is still correct, in small pages.
-            // SAFETY: the range is this allocation, page-aligned.
-            unsafe { libc::madvise(raw.cast(), size, libc::MADV_HUGEPAGE) };
+        HugeBytes {
+            ptr,
+            len,
+            backing: Backing::Heap(layout),
         }
-        // SAFETY: `size` bytes at `raw` are this allocation.
-        unsafe { std::ptr::write_bytes(raw, 0, size) };
-        HugeBytes { ptr, len, layout }
+    }
+
+    /// An anonymous mapping of `len` bytes (rounded up to whole 4 KiB pages) starting at a
+    /// 2 MiB boundary, advised into huge pages; None if the kernel refuses the mapping.
+    #[cfg(target_os = "linux")]
+    fn mapped(len: usize) -> Option<HugeBytes> {
+        let size = len.next_multiple_of(4096);
+        let span = size + HUGE;
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        let raw = raw.cast::<u8>();
+        let head = (raw as usize).next_multiple_of(HUGE) - raw as usize;
+        // SAFETY: both trimmed ranges lie inside the mapping just made, page-aligned; the
+        // madvise range is what stays mapped.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw.cast(), head);
+            }
+            let tail = span - head - size;
+            if tail > 0 {
+                libc::munmap(raw.add(head + size).cast(), tail);
+            }
+            // Before the first touch, so the pages fault in huge. A hint: where it fails the
+            // buffer is still correct, in small pages.
+            libc::madvise(raw.add(head).cast(), size, libc::MADV_HUGEPAGE);
+        }
+        // SAFETY: head < span, inside the mapping.
+        let base = unsafe { raw.add(head) };
+        Some(HugeBytes {
+            ptr: NonNull::new(base)?,
+            len,
+            backing: Backing::Mapped { base, size },
+        })
     }
 }
 
@@ -83,8 +138,15 @@ pub fn release_mapped(bytes: &[u8]) {
 
 impl Drop for HugeBytes {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        match self.backing {
+            #[cfg(target_os = "linux")]
+            // SAFETY: the mapping made in `mapped`, unmapped once.
+            Backing::Mapped { base, size } => unsafe {
+                libc::munmap(base.cast(), size);
+            },
+            // SAFETY: allocated in `zeroed` with this layout.
+            Backing::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
+        }
     }
 }
 
