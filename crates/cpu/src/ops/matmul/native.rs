@@ -350,7 +350,9 @@ impl Task<'_> {
     fn packed_rows(&self, x16: X16Fn, tokens: Range<usize>, out: &mut RowsOut) -> KResult<()> {
         let rows = out.rows();
         let per_chunk = if tokens.len() > 1 {
-            (SIDE_CHUNK_BYTES / self.wrb.max(1)).next_multiple_of(X16)
+            (SIDE_CHUNK_BYTES / self.wrb.max(1))
+                .next_multiple_of(X16)
+                .max(X16)
         } else {
             rows.len().max(1)
         };
