@@ -405,12 +405,11 @@ impl Memory for CpuBackend {
                 .filter(|_| pack && w.ne1 >= matmul::packed::X16)
                 .filter(|_| simd::x16_kernel(w.ty).is_some());
             if let Some(layout) = layout {
-                let p = matmul::packed::pack_x16(layout, w.bytes, w.ne0, w.ne1).map_err(|e| {
-                    Error::Backend {
+                let p = matmul::packed::pack_x16_on(layout, w.bytes, w.ne0, w.ne1, self.threads)
+                    .map_err(|e| Error::Backend {
                         backend: "cpu".into(),
                         problem: format!("weight {}: {}", weights.name(id), e.0),
-                    }
-                })?;
+                    })?;
                 self.packed[id.index()] = Some((layout, p));
                 // The plain rows stay readable (a tied embedding's rows), but their pages of
                 // the file mapping need not stay resident beside the packed copy.

@@ -42,8 +42,8 @@
 use super::KResult;
 use crate::huge::HugeBytes;
 use crate::ops::KernelError;
+use crate::threads;
 use minfer_gguf::GgmlType;
-use std::sync::OnceLock;
 
 /// How a weight's bytes are laid out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -92,81 +92,178 @@ impl Layout {
         }
     }
 
-    /// Bytes of one plain block, and the moves (plain offset, packed offset for row 0, length;
-    /// row r's packed offset adds `4r` for 4-byte pieces, `2r` for 2-byte ones) of its
-    /// pieces; built once per layout.
-    fn pieces(self) -> &'static Pieces {
-        static TABLES: [OnceLock<Pieces>; 7] = [const { OnceLock::new() }; 7];
-        let i = match self {
-            Layout::Rows => 0,
-            Layout::Q4kX16 => 1,
-            Layout::Q6kX16 => 2,
-            Layout::Q40X16 => 3,
-            Layout::Q80X16 => 4,
-            Layout::Q50X16 => 5,
-            Layout::Q41X16 => 6,
-        };
-        TABLES[i].get_or_init(|| self.build_pieces())
-    }
-
-    fn build_pieces(self) -> Pieces {
-        let mut v = Vec::new();
+    /// Bytes of one plain block, and the moves (plain offset, packed offset for row 0, length)
+    /// of its pieces: row r's packed offset adds `len · r`.
+    #[cfg(test)]
+    fn pieces(self) -> (usize, Vec<(usize, usize, usize)>) {
+        fn of<M: Moves>() -> (usize, Vec<(usize, usize, usize)>) {
+            let two = M::TWO.iter().map(|&(at, to)| (at, to, 2));
+            let four = M::FOUR.iter().map(|&(at, to)| (at, to, 4));
+            (M::BLOCK, two.chain(four).collect())
+        }
         match self {
-            Layout::Rows => (0, v),
-            Layout::Q4kX16 => {
-                v.push((0, 0, 2));
-                v.push((2, 32, 2));
-                v.extend((0..3).map(|w| (4 + 4 * w, 64 * (w + 1), 4)));
-                v.extend((0..32).map(|q| (16 + 4 * q, 256 + 64 * q, 4)));
-                (144, v)
-            }
-            Layout::Q6kX16 => {
-                v.push((208, 0, 2));
-                v.extend((0..4).map(|w| (192 + 4 * w, 32 + 64 * w, 4)));
-                // In the kernel's reading order: per 128-element half n and quad j = 0..8,
-                // the ql quads j and j + 8 of the half, then its qh quad j.
-                let triple = |n: usize, j: usize| 288 + 192 * (8 * n + j);
-                v.extend((0..32).map(|q| (4 * q, triple(q / 16, q % 8) + 64 * (q % 16 / 8), 4)));
-                v.extend((0..16).map(|q| (128 + 4 * q, triple(q / 8, q % 8) + 128, 4)));
-                (210, v)
-            }
-            Layout::Q40X16 => {
-                v.push((0, 0, 2));
-                v.extend((0..4).map(|q| (2 + 4 * q, 32 + 64 * q, 4)));
-                (18, v)
-            }
-            Layout::Q80X16 => {
-                v.push((0, 0, 2));
-                v.extend((0..8).map(|q| (2 + 4 * q, 32 + 64 * q, 4)));
-                (34, v)
-            }
-            Layout::Q50X16 => {
-                v.push((0, 0, 2));
-                v.push((2, 32, 4));
-                v.extend((0..4).map(|q| (6 + 4 * q, 96 + 64 * q, 4)));
-                (22, v)
-            }
-            Layout::Q41X16 => {
-                v.push((0, 0, 2));
-                v.push((2, 32, 2));
-                v.extend((0..4).map(|q| (4 + 4 * q, 64 + 64 * q, 4)));
-                (20, v)
-            }
+            Layout::Rows => (0, Vec::new()),
+            Layout::Q4kX16 => of::<Q4k>(),
+            Layout::Q6kX16 => of::<Q6k>(),
+            Layout::Q40X16 => of::<Q40>(),
+            Layout::Q80X16 => of::<Q80>(),
+            Layout::Q50X16 => of::<Q50>(),
+            Layout::Q41X16 => of::<Q41>(),
         }
     }
 }
 
-/// A layout's plain block bytes and its pieces' moves (`Layout::pieces`).
-type Pieces = (usize, Vec<(usize, usize, usize)>);
+/// A packed layout's moves as constants, split by width, so that each layout's packing and
+/// unpacking loops are compiled with the offsets in the instructions and no branch (a table
+/// read at run time cost the demo model's load ~0.35 s).
+trait Moves {
+    /// Bytes of one plain block.
+    const BLOCK: usize;
+    /// 2-byte pieces: (plain offset, packed offset of row 0; row r at + 2r).
+    const TWO: &'static [(usize, usize)];
+    /// 4-byte pieces: (plain offset, packed offset of row 0; row r at + 4r).
+    const FOUR: &'static [(usize, usize)];
+}
+
+struct Q4k;
+struct Q6k;
+struct Q40;
+struct Q80;
+struct Q50;
+struct Q41;
+
+/// `N` 4-byte pieces from plain offset `at` on, to `to + step · i`.
+const fn quads<const N: usize>(at: usize, to: usize, step: usize) -> [(usize, usize); N] {
+    let mut a = [(0, 0); N];
+    let mut i = 0;
+    while i < N {
+        a[i] = (at + 4 * i, to + step * i);
+        i += 1;
+    }
+    a
+}
+
+/// Q4_K: the three scale words, then the 32 quant quads.
+const fn q4k_four() -> [(usize, usize); 35] {
+    let mut a = [(0, 0); 35];
+    let mut w = 0;
+    while w < 3 {
+        a[w] = (4 + 4 * w, 64 * (w + 1));
+        w += 1;
+    }
+    let mut q = 0;
+    while q < 32 {
+        a[3 + q] = (16 + 4 * q, 256 + 64 * q);
+        q += 1;
+    }
+    a
+}
+
+/// Q6_K: the four scale words, then `ql` and `qh` in the kernel's reading order (per
+/// 128-element half n and quad j = 0..8: the ql quads j and j + 8 of the half, then its qh
+/// quad j, as one 192-byte triple).
+const fn q6k_four() -> [(usize, usize); 52] {
+    const fn triple(n: usize, j: usize) -> usize {
+        288 + 192 * (8 * n + j)
+    }
+    let mut a = [(0, 0); 52];
+    let mut w = 0;
+    while w < 4 {
+        a[w] = (192 + 4 * w, 32 + 64 * w);
+        w += 1;
+    }
+    let mut q = 0;
+    while q < 32 {
+        a[4 + q] = (4 * q, triple(q / 16, q % 8) + 64 * (q % 16 / 8));
+        q += 1;
+    }
+    let mut q = 0;
+    while q < 16 {
+        a[36 + q] = (128 + 4 * q, triple(q / 8, q % 8) + 128);
+        q += 1;
+    }
+    a
+}
+
+/// Q5_0: the qh word, then the 4 quant quads.
+const fn q50_four() -> [(usize, usize); 5] {
+    let q = quads::<4>(6, 96, 64);
+    [(2, 32), q[0], q[1], q[2], q[3]]
+}
+
+const Q4K_FOUR: [(usize, usize); 35] = q4k_four();
+const Q6K_FOUR: [(usize, usize); 52] = q6k_four();
+const Q40_FOUR: [(usize, usize); 4] = quads(2, 32, 64);
+const Q80_FOUR: [(usize, usize); 8] = quads(2, 32, 64);
+const Q50_FOUR: [(usize, usize); 5] = q50_four();
+const Q41_FOUR: [(usize, usize); 4] = quads(4, 64, 64);
+
+impl Moves for Q4k {
+    const BLOCK: usize = 144;
+    const TWO: &'static [(usize, usize)] = &[(0, 0), (2, 32)];
+    const FOUR: &'static [(usize, usize)] = &Q4K_FOUR;
+}
+impl Moves for Q6k {
+    const BLOCK: usize = 210;
+    const TWO: &'static [(usize, usize)] = &[(208, 0)];
+    const FOUR: &'static [(usize, usize)] = &Q6K_FOUR;
+}
+impl Moves for Q40 {
+    const BLOCK: usize = 18;
+    const TWO: &'static [(usize, usize)] = &[(0, 0)];
+    const FOUR: &'static [(usize, usize)] = &Q40_FOUR;
+}
+impl Moves for Q80 {
+    const BLOCK: usize = 34;
+    const TWO: &'static [(usize, usize)] = &[(0, 0)];
+    const FOUR: &'static [(usize, usize)] = &Q80_FOUR;
+}
+impl Moves for Q50 {
+    const BLOCK: usize = 22;
+    const TWO: &'static [(usize, usize)] = &[(0, 0)];
+    const FOUR: &'static [(usize, usize)] = &Q50_FOUR;
+}
+impl Moves for Q41 {
+    const BLOCK: usize = 20;
+    const TWO: &'static [(usize, usize)] = &[(0, 0), (2, 32)];
+    const FOUR: &'static [(usize, usize)] = &Q41_FOUR;
+}
+
+/// Calls `$f::<M>($args)` with `M` the moves of `$layout` (a packed one; plain rows go to
+/// `$rows`).
+macro_rules! by_layout {
+    ($layout:expr, $rows:expr, $f:ident($($arg:expr),*)) => {
+        match $layout {
+            Layout::Rows => $rows,
+            Layout::Q4kX16 => $f::<Q4k>($($arg),*),
+            Layout::Q6kX16 => $f::<Q6k>($($arg),*),
+            Layout::Q40X16 => $f::<Q40>($($arg),*),
+            Layout::Q80X16 => $f::<Q80>($($arg),*),
+            Layout::Q50X16 => $f::<Q50>($($arg),*),
+            Layout::Q41X16 => $f::<Q41>($($arg),*),
+        }
+    };
+}
 
 /// Rows per interleaved group.
 pub const X16: usize = 16;
 
 /// The bytes of `m` rows of `k` elements (`src`, plain rows) in `layout` (a packed one), in a
-/// buffer of huge pages (decode streams it; [`HugeBytes`]).
+/// buffer of huge pages (decode streams it; [`HugeBytes`]). One thread; [`pack_x16_on`]
+/// shares the groups out.
 pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeBytes> {
-    let (block, pieces) = layout.pieces();
-    let block = *block;
+    pack_x16_on(layout, src, k, m, 1)
+}
+
+/// [`pack_x16`] with the groups shared out over `threads` threads of the pool (the packing
+/// is the load's largest cost; the bytes are the same for any count).
+pub fn pack_x16_on(
+    layout: Layout,
+    src: &[u8],
+    k: usize,
+    m: usize,
+    threads: usize,
+) -> KResult<HugeBytes> {
     let ty = layout
         .weight_type()
         .ok_or_else(|| KernelError("plain rows are not a packed layout".into()))?;
@@ -177,6 +274,7 @@ pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeB
         )));
     }
     let blocks = k / elems;
+    let block = ty.type_size() as usize;
     let wrb = blocks * block;
     if src.len() != wrb * m {
         return Err(KernelError(format!(
@@ -185,68 +283,102 @@ pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeB
         )));
     }
     let mut dst = HugeBytes::zeroed(src.len());
-    let gb = X16 * block;
     let groups = m / X16;
-    for g in 0..groups {
-        // SAFETY: group g's plain rows are 16 · wrb bytes at g · 16 · wrb of `src` and its
-        // packed bytes the same span of `dst` (the length checks above); every piece lies
-        // inside a block on both sides (`pieces_tile_the_blocks`). Plain 2- and 4-byte moves:
-        // a form of slices and `copy_from_slice` took ~1 s to pack the demo model.
-        unsafe {
-            let s = src.as_ptr().add(g * X16 * wrb);
-            let d = dst.as_mut_ptr().add(g * X16 * wrb);
-            for b in 0..blocks {
-                let out = d.add(b * gb);
-                for r in 0..X16 {
-                    let blk = s.add(r * wrb + b * block);
-                    for &(at, to, len) in pieces {
-                        let (from, into) = (blk.add(at), out.add(to + len * r));
-                        if len == 4 {
-                            into.cast::<u32>()
-                                .write_unaligned(from.cast::<u32>().read_unaligned());
-                        } else {
-                            into.cast::<u16>()
-                                .write_unaligned(from.cast::<u16>().read_unaligned());
-                        }
-                    }
-                }
+    let (s, d) = (src.as_ptr() as usize, dst.as_mut_ptr() as usize);
+    // Ranges of whole groups a task, each group 16 · wrb bytes at the same offset of both.
+    let per_task = (1 << 20) / (X16 * wrb).max(1) + 1;
+    threads::par_tasks(groups.div_ceil(per_task), threads, |t| {
+        let (g0, g1) = (t * per_task, ((t + 1) * per_task).min(groups));
+        for g in g0..g1 {
+            let at = g * X16 * wrb;
+            // SAFETY: group g's plain rows are 16 · wrb bytes at `at` of `src` and its packed
+            // bytes the same span of `dst` (the length checks above; `block` is the layout's
+            // `Moves::BLOCK`, checked in `pack_group`); tasks hold disjoint groups.
+            unsafe {
+                by_layout!(
+                    layout,
+                    (),
+                    pack_group((s + at) as *const u8, (d + at) as *mut u8, blocks, block)
+                )
             }
         }
-    }
+    });
     let done = groups * X16 * wrb;
     dst[done..].copy_from_slice(&src[done..]);
     Ok(dst)
 }
 
+/// One group: block b of row r (plain, at r · wrb + b · block of `s`) into the group's block
+/// b (16 · block bytes at b · 16 · block of `d`).
+///
+/// # Safety
+/// `s` and `d` hold 16 · blocks · block bytes each.
+#[inline(always)]
+unsafe fn pack_group<M: Moves>(s: *const u8, d: *mut u8, blocks: usize, block: usize) {
+    assert_eq!(block, M::BLOCK);
+    let (wrb, gb) = (blocks * M::BLOCK, X16 * M::BLOCK);
+    for b in 0..blocks {
+        // SAFETY: every piece lies inside a block on both sides (`pieces_tile_the_blocks`).
+        unsafe {
+            let out = d.add(b * gb);
+            for r in 0..X16 {
+                let blk = s.add(r * wrb + b * M::BLOCK);
+                for &(at, to) in M::TWO {
+                    let v = blk.add(at).cast::<u16>().read_unaligned();
+                    out.add(to + 2 * r).cast::<u16>().write_unaligned(v);
+                }
+                for &(at, to) in M::FOUR {
+                    let v = blk.add(at).cast::<u32>().read_unaligned();
+                    out.add(to + 4 * r).cast::<u32>().write_unaligned(v);
+                }
+            }
+        }
+    }
+}
+
 /// The 16 plain rows (`16 · wrb` bytes into `out`) of one group's packed bytes. Prefill runs
 /// this once per 16-row chunk of every packed matmul, so the moves are plain 2- and 4-byte
-/// loads and stores (a first form of slices and `copy_from_slice` cost the demo model's
-/// pp512 12 %).
+/// loads and stores with the offsets compiled in (a first form of slices and
+/// `copy_from_slice` cost the demo model's pp512 12 %).
 pub fn unpack_x16(layout: Layout, group: &[u8], blocks: usize, out: &mut [u8]) {
-    let (block, pieces) = layout.pieces();
-    let block = *block;
+    let block = layout.weight_type().map_or(0, |t| t.type_size() as usize);
     let (wrb, gb) = (blocks * block, X16 * block);
     assert!(
         block > 0 && group.len() == blocks * gb && out.len() == X16 * wrb,
         "a {layout:?} group of {blocks} super-blocks"
     );
+    // SAFETY: the assertion (sizes) and `unpack_group`'s own check of the block size.
+    unsafe {
+        by_layout!(
+            layout,
+            (),
+            unpack_group(group.as_ptr(), out.as_mut_ptr(), blocks, block)
+        )
+    }
+}
+
+/// # Safety
+/// `g` holds 16 · blocks · block bytes of packed group, `o` 16 plain rows of `blocks` blocks.
+#[inline(always)]
+unsafe fn unpack_group<M: Moves>(g: *const u8, o: *mut u8, blocks: usize, block: usize) {
+    assert_eq!(block, M::BLOCK);
+    let (wrb, gb) = (blocks * M::BLOCK, X16 * M::BLOCK);
     for b in 0..blocks {
         // SAFETY: block b of the group is gb bytes at b · gb; row r's block b is `block`
-        // bytes at r · wrb + b · block of `out` (the assertion). Every piece lies inside
-        // both: to + len · 16 <= gb and at + len <= block (`pieces_tile_the_blocks`).
+        // bytes at r · wrb + b · block of `o`. Every piece lies inside both: to + len · 16 <=
+        // gb and at + len <= block (`pieces_tile_the_blocks`).
         unsafe {
-            let g = group.as_ptr().add(b * gb);
-            let o = out.as_mut_ptr().add(b * block);
-            for &(at, to, len) in pieces {
+            let (g, o) = (g.add(b * gb), o.add(b * M::BLOCK));
+            for &(at, to) in M::TWO {
                 for r in 0..X16 {
-                    let (src, dst) = (g.add(to + len * r), o.add(r * wrb + at));
-                    if len == 4 {
-                        dst.cast::<u32>()
-                            .write_unaligned(src.cast::<u32>().read_unaligned());
-                    } else {
-                        dst.cast::<u16>()
-                            .write_unaligned(src.cast::<u16>().read_unaligned());
-                    }
+                    let v = g.add(to + 2 * r).cast::<u16>().read_unaligned();
+                    o.add(r * wrb + at).cast::<u16>().write_unaligned(v);
+                }
+            }
+            for &(at, to) in M::FOUR {
+                for r in 0..X16 {
+                    let v = g.add(to + 4 * r).cast::<u32>().read_unaligned();
+                    o.add(r * wrb + at).cast::<u32>().write_unaligned(v);
                 }
             }
         }
@@ -289,6 +421,41 @@ mod tests {
     }
 
     #[test]
+    fn packing_writes_the_table_layout_on_any_thread_count() {
+        // 1,045 rows of 4,096: 65 groups of 36,864 bytes, 29 a task (about 1 MiB), so three
+        // tasks, the last one short, and 5 plain rows past the groups.
+        let (k, m) = (4096, 1045);
+        let src = random_blocks(GgmlType::Q4_0, m * k / 32, 21);
+        let one = pack_x16(Layout::Q40X16, &src, k, m).unwrap();
+        // The layout written out move by move from the piece table, apart from the packer.
+        let (block, pieces) = Layout::Q40X16.pieces();
+        let (blocks, wrb) = (k / 32, k / 32 * block);
+        let mut want = src.clone();
+        for g in 0..m / X16 {
+            for b in 0..blocks {
+                for r in 0..X16 {
+                    for &(at, to, len) in &pieces {
+                        let from = (X16 * g + r) * wrb + b * block + at;
+                        let into = X16 * g * wrb + b * X16 * block + to + len * r;
+                        want[into..into + len].copy_from_slice(&src[from..from + len]);
+                    }
+                }
+            }
+        }
+        assert!(one[..] == want[..], "one thread");
+        for threads in [2, 3, 8] {
+            let many = pack_x16_on(Layout::Q40X16, &src, k, m, threads).unwrap();
+            assert!(one[..] == many[..], "{threads} threads");
+        }
+        assert!(one[..] != src[..], "the groups are interleaved");
+        assert_eq!(
+            one[65 * 16 * 2304..],
+            src[65 * 16 * 2304..],
+            "the 5 plain rows"
+        );
+    }
+
+    #[test]
     fn pieces_tile_the_blocks() {
         // Every byte of a plain block is moved once, to a packed byte of its own: what
         // `unpack_x16`'s unchecked moves rely on.
@@ -301,9 +468,9 @@ mod tests {
             Layout::Q41X16,
         ] {
             let (block, pieces) = layout.pieces();
-            let mut plain = vec![0u8; *block];
+            let mut plain = vec![0u8; block];
             let mut packed = vec![0u8; X16 * block];
-            for &(at, to, len) in pieces {
+            for &(at, to, len) in &pieces {
                 assert!(len == 2 || len == 4, "{layout:?}");
                 plain[at..at + len].iter_mut().for_each(|v| *v += 1);
                 for r in 0..X16 {
