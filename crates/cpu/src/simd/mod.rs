@@ -44,10 +44,20 @@ type QuantFn = fn(&[f32], &mut [u8]);
 /// activation row, the 16 dots)`, each dot bit-identical to the reference's for that row.
 /// Panics unless the group holds as many super-blocks as the row.
 pub type X16Fn = fn(&[u8], &[u8], &mut [f32; 16]);
+/// [`X16Fn`] for four activation rows at once (the group's bytes loaded and unpacked once):
+/// each row's 16 dots the same bits as [`X16Fn`]'s for it alone.
+pub type X16x4Fn = fn(&[u8], [&[u8]; 4], &mut [[f32; 16]; 4]);
 
-/// The packed decode kernel of `ty` for the instruction set in use ([`detected`]); None
-/// where there is none (the weights then stay in plain rows).
-pub fn x16_kernel(ty: GgmlType) -> Option<X16Fn> {
+/// A type's packed kernels: one activation row, and four.
+#[derive(Clone, Copy, Debug)]
+pub struct X16Fns {
+    pub one: X16Fn,
+    pub four: X16x4Fn,
+}
+
+/// The packed kernels of `ty` for the instruction set in use ([`detected`]); None where there
+/// are none (the weights then stay in plain rows).
+pub fn x16_kernel(ty: GgmlType) -> Option<X16Fns> {
     #[cfg(target_arch = "x86_64")]
     if detected() == Isa::Avx512Vnni {
         return x86::avx512_packed(ty);

@@ -10,7 +10,7 @@
 //! `tests/split_exact.rs`), and no token's result depends on the others (batch invariance:
 //! a padded tile's lanes are independent).
 
-use super::packed::{self, Layout, X16};
+use super::packed::X16;
 use super::{
     add_bias, encode_activations, par_row_tasks, with_scratch, RowsOut, Shape, Split, Weight,
     ROWS_PER_TASK,
@@ -18,17 +18,11 @@ use super::{
 use crate::dot::RowKernel;
 use crate::ops::{KResult, KernelError};
 use crate::simd::{
-    finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide, TileSlice, X16Fn,
-    TILE,
+    finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide, TileSlice,
+    X16Fns, TILE,
 };
 use minfer_gguf::quants;
-use std::cell::RefCell;
 use std::ops::Range;
-
-thread_local! {
-    /// A packed group's rows in plain layout, for the tile kernels (prefill).
-    static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
 
 /// Activation bytes of one block range of the tile kernels: with the task's weight rows of
 /// that range (~9 KiB for Q4_K) they fit the 32 KiB L1 data cache.
@@ -87,7 +81,11 @@ pub fn matmul(
     let at = quants::vec_dot_type(w.ty);
     let arb = shape.act_row_bytes(at)?;
     let kernel = RowKernel::for_type(w.ty);
-    let tile = kernel.tile(k, wrb, arb);
+    // Packed weights take every token count through the packed kernels, four tokens a call
+    // (the tile kernels read plain rows: a group unpacked for them each forward made the
+    // demo model's pp512 0.65x and its batched decode 0.6x the packed kernels', Session 22 in
+    // docs/PERFORMANCE.md).
+    let tile = kernel.tile(k, wrb, arb).filter(|_| packed.is_none());
     // Tokens the tile kernels take: the full tiles, and a last partial one padded with zero
     // rows when it holds at least PAD_FROM tokens.
     let tiled = match tile {
@@ -128,7 +126,6 @@ pub fn matmul(
             blocks,
             tile_blocks,
             packed,
-            layout: w.layout,
             grouped: if packed.is_some() { m / X16 * X16 } else { 0 },
         };
         par_row_tasks(out, m, nt, Split::batched(m, nt, threads), |o| task.run(o))
@@ -163,8 +160,7 @@ struct Task<'a> {
     tile_blocks: usize,
     /// The packed decode kernel where the weight is [`Layout::Q4kX16`]; rows `0..grouped`
     /// are then packed groups, the rest plain rows at their plain offsets.
-    packed: Option<X16Fn>,
-    layout: Layout,
+    packed: Option<X16Fns>,
     grouped: usize,
 }
 
@@ -175,22 +171,10 @@ impl Task<'_> {
         &self.w[o * self.wrb..(o + 1) * self.wrb]
     }
 
-    /// Runs `f` with rows `chunk`'s bytes in plain layout: a slice of the weight, or a
-    /// packed group unpacked into this thread's buffer.
-    fn plain_rows<R>(&self, chunk: Range<usize>, f: impl FnOnce(&[u8]) -> R) -> R {
-        if chunk.start >= self.grouped {
-            return f(&self.w[chunk.start * self.wrb..chunk.end * self.wrb]);
-        }
-        assert!(
-            chunk.start.is_multiple_of(X16) && chunk.len() == X16,
-            "rows {chunk:?} are not one packed group"
-        );
-        UNPACKED.with_borrow_mut(|buf| {
-            buf.resize(X16 * self.wrb, 0);
-            let group = &self.w[chunk.start * self.wrb..chunk.end * self.wrb];
-            packed::unpack_x16(self.layout, group, self.blocks, buf);
-            f(buf)
-        })
+    /// Rows `chunk`'s bytes (plain rows: the tile kernels never see a packed weight).
+    fn plain_rows(&self, chunk: Range<usize>) -> &[u8] {
+        debug_assert!(chunk.start >= self.grouped, "rows {chunk:?} are packed");
+        &self.w[chunk.start * self.wrb..chunk.end * self.wrb]
     }
 
     fn act_row(&self, t: usize) -> &[u8] {
@@ -208,13 +192,10 @@ impl Task<'_> {
             let rows = out.rows();
             for c0 in rows.clone().step_by(ROWS_PER_TASK) {
                 let chunk = c0..(c0 + ROWS_PER_TASK).min(rows.end);
-                // The next chunk of this task, fetched while this one computes (plain rows
-                // only: a packed group is unpacked in one sequential pass).
+                // The next chunk of this task, fetched while this one computes.
                 let mut ahead = chunk.end..(chunk.end + ROWS_PER_TASK).min(rows.end);
-                if ahead.start < self.grouped {
-                    ahead = 0..0;
-                }
-                self.plain_rows(chunk.clone(), |wrows| {
+                let wrows = self.plain_rows(chunk.clone());
+                {
                     let mut t0 = 0;
                     while t0 < full {
                         // Two tiles per call where the type has a two-tile kernel.
@@ -244,7 +225,7 @@ impl Task<'_> {
                         }
                         ahead = 0..0;
                     }
-                });
+                }
             }
         }
         let tail = full.min(self.nt)..self.nt;
@@ -343,11 +324,11 @@ impl Task<'_> {
         }
     }
 
-    /// Decode on packed weights: each token against each packed group of the task's rows by
-    /// the packed kernel (in chunks of about [`SIDE_CHUNK_BYTES`] with several tokens, as
-    /// [`Task::side_rows`]); the plain rows past the last group by the side kernel or row by
-    /// row.
-    fn packed_rows(&self, x16: X16Fn, tokens: Range<usize>, out: &mut RowsOut) -> KResult<()> {
+    /// Decode on packed weights: the tokens against each packed group of the task's rows by
+    /// the packed kernels, four tokens a call and the rest one at a time (in chunks of about
+    /// [`SIDE_CHUNK_BYTES`] with several tokens, as [`Task::side_rows`]); the plain rows past
+    /// the last group by the side kernel or row by row.
+    fn packed_rows(&self, x16: X16Fns, tokens: Range<usize>, out: &mut RowsOut) -> KResult<()> {
         let rows = out.rows();
         let per_chunk = if tokens.len() > 1 {
             (SIDE_CHUNK_BYTES / self.wrb.max(1))
@@ -356,23 +337,35 @@ impl Task<'_> {
         } else {
             rows.len().max(1)
         };
-        let mut vals = [0f32; X16];
+        let mut vals = [[0f32; X16]; 4];
         for c0 in rows.clone().step_by(per_chunk) {
             let chunk = c0..(c0 + per_chunk).min(rows.end);
+            let grouped = chunk.start..chunk.end.min(self.grouped).max(chunk.start);
+            let mut t = tokens.start;
+            while t < tokens.end {
+                let n = if tokens.end - t >= 4 { 4 } else { 1 };
+                for o in grouped.clone().step_by(X16) {
+                    let g = &self.w[o * self.wrb..(o + X16) * self.wrb];
+                    if n == 4 {
+                        let a = std::array::from_fn(|i| self.act_row(t + i));
+                        (x16.four)(g, a, &mut vals);
+                    } else {
+                        (x16.one)(g, self.act_row(t), &mut vals[0]);
+                    }
+                    let at = o - rows.start;
+                    for (i, v) in vals[..n].iter().enumerate() {
+                        out.token(t + i)[at..at + X16].copy_from_slice(v);
+                    }
+                }
+                t += n;
+            }
+            let plain = grouped.end..chunk.end;
+            if plain.is_empty() {
+                continue;
+            }
+            let at = plain.start - rows.start;
             for t in tokens.clone() {
                 let a = self.act_row(t);
-                let mut o = chunk.start;
-                while o < chunk.end.min(self.grouped) {
-                    x16(&self.w[o * self.wrb..(o + X16) * self.wrb], a, &mut vals);
-                    let at = o - rows.start;
-                    out.token(t)[at..at + X16].copy_from_slice(&vals);
-                    o += X16;
-                }
-                let plain = o..chunk.end;
-                if plain.is_empty() {
-                    continue;
-                }
-                let at = plain.start - rows.start;
                 match self.side {
                     Some((f, table)) => {
                         let (d, sums) = table.row(t);
@@ -380,7 +373,7 @@ impl Task<'_> {
                         f(wrs, a, d, sums, &mut out.token(t)[at..at + plain.len()]);
                     }
                     None => {
-                        for r in plain {
+                        for r in plain.clone() {
                             let v = self.kernel.dot(self.k, self.w_row(r), a)?;
                             out.set(t, r, v);
                         }

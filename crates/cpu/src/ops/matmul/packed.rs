@@ -336,10 +336,10 @@ unsafe fn pack_group<M: Moves>(s: *const u8, d: *mut u8, blocks: usize, block: u
     }
 }
 
-/// The 16 plain rows (`16 · wrb` bytes into `out`) of one group's packed bytes. Prefill runs
-/// this once per 16-row chunk of every packed matmul, so the moves are plain 2- and 4-byte
-/// loads and stores with the offsets compiled in (a first form of slices and
-/// `copy_from_slice` cost the demo model's pp512 12 %).
+/// The 16 plain rows (`16 · wrb` bytes into `out`) of one group's packed bytes: the inverse
+/// of [`pack_x16`], for the tests that show nothing is lost (no kernel reads plain rows of a
+/// packed weight).
+#[cfg(test)]
 pub fn unpack_x16(layout: Layout, group: &[u8], blocks: usize, out: &mut [u8]) {
     let block = layout.weight_type().map_or(0, |t| t.type_size() as usize);
     let (wrb, gb) = (blocks * block, X16 * block);
@@ -357,6 +357,7 @@ pub fn unpack_x16(layout: Layout, group: &[u8], blocks: usize, out: &mut [u8]) {
     }
 }
 
+#[cfg(test)]
 /// # Safety
 /// `g` holds 16 · blocks · block bytes of packed group, `o` 16 plain rows of `blocks` blocks.
 #[inline(always)]

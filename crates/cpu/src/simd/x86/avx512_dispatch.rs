@@ -24,7 +24,7 @@ use super::{
     avx512_kquants, avx512_legacy, avx512_q40_x16, avx512_q41_x16, avx512_q4k_side, avx512_q4k_x16,
     avx512_q50_x16, avx512_q6k_x16, avx512_q80_x16, avx512_quantize, avx512_side_kernels,
 };
-use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn, X16Fn};
+use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn, X16Fn, X16Fns, X16x4Fn};
 
 pub(in crate::simd) fn avx512_supported() -> bool {
     // AVX2 + F16C too: on the way to an AVX-512 kernel the AVX2 helpers run.
@@ -147,50 +147,46 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
     }
 }
 
-fn q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
-    unsafe { avx512_q4k_x16::dot_q4k_x16(g, a, out) }
+/// Safe wrappers of the packed kernels for one row and for four; sound only where
+/// [`avx512_supported`] holds, which [`avx512_packed`] checks before handing them out.
+macro_rules! packed_wrappers {
+    ($($one:ident, $four:ident => $m:ident::$f:ident),* $(,)?) => {
+        $(fn $one(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+            // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` held.
+            unsafe { $m::$f::<1>(g, [a], std::array::from_mut(out)) }
+        }
+        fn $four(g: &[u8], a: [&[u8]; 4], out: &mut [[f32; 16]; 4]) {
+            // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` held.
+            unsafe { $m::$f::<4>(g, a, out) }
+        })*
+    };
 }
 
-fn q40_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
-    unsafe { avx512_q40_x16::dot_q40_x16(g, a, out) }
+packed_wrappers! {
+    q4k_x16, q4k_x16x4 => avx512_q4k_x16::dot_q4k_x16,
+    q6k_x16, q6k_x16x4 => avx512_q6k_x16::dot_q6k_x16,
+    q40_x16, q40_x16x4 => avx512_q40_x16::dot_q40_x16,
+    q80_x16, q80_x16x4 => avx512_q80_x16::dot_q80_x16,
+    q50_x16, q50_x16x4 => avx512_q50_x16::dot_q50_x16,
+    q41_x16, q41_x16x4 => avx512_q41_x16::dot_q41_x16,
 }
 
-fn q80_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
-    unsafe { avx512_q80_x16::dot_q80_x16(g, a, out) }
-}
-
-fn q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
-    unsafe { avx512_q50_x16::dot_q50_x16(g, a, out) }
-}
-
-fn q41_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
-    unsafe { avx512_q41_x16::dot_q41_x16(g, a, out) }
-}
-
-fn q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` returned true.
-    unsafe { avx512_q6k_x16::dot_q6k_x16(g, a, out) }
-}
-
-/// The packed decode kernel of `ty` (None: no kernel, or no AVX-512 VNNI here).
-pub(in crate::simd) fn avx512_packed(ty: GgmlType) -> Option<X16Fn> {
+/// The packed kernels of `ty`, one row and four at a time (None: no kernel, or no AVX-512
+/// here).
+pub(in crate::simd) fn avx512_packed(ty: GgmlType) -> Option<X16Fns> {
     if !avx512_supported() {
         return None;
     }
-    match ty {
-        GgmlType::Q4K => Some(q4k_x16),
-        GgmlType::Q6K => Some(q6k_x16),
-        GgmlType::Q4_0 => Some(q40_x16),
-        GgmlType::Q8_0 => Some(q80_x16),
-        GgmlType::Q5_0 => Some(q50_x16),
-        GgmlType::Q4_1 => Some(q41_x16),
-        _ => None,
-    }
+    let (one, four): (X16Fn, X16x4Fn) = match ty {
+        GgmlType::Q4K => (q4k_x16, q4k_x16x4),
+        GgmlType::Q6K => (q6k_x16, q6k_x16x4),
+        GgmlType::Q4_0 => (q40_x16, q40_x16x4),
+        GgmlType::Q8_0 => (q80_x16, q80_x16x4),
+        GgmlType::Q5_0 => (q50_x16, q50_x16x4),
+        GgmlType::Q4_1 => (q41_x16, q41_x16x4),
+        _ => return None,
+    };
+    Some(X16Fns { one, four })
 }
 
 /// The AVX-512 activation quantizer for `ty` (None: no kernel, or no AVX-512 here).

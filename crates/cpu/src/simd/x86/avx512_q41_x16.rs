@@ -24,57 +24,76 @@ const Q8_1: usize = 36;
 /// Bytes of one packed group's block (16 rows of 20 bytes).
 const GROUP_BLOCK: usize = 320;
 
-/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with the Q8_1 row `a`.
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_1
+/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
+/// are the one-row kernel's bits: its integers are exact and its float steps the same).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn dot_q41_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    let blocks = a.len() / Q8_1;
-    assert!(
-        g.len() == blocks * GROUP_BLOCK && a.len() == blocks * Q8_1,
-        "a packed Q4_1 group against a Q8_1 row"
-    );
+pub(crate) unsafe fn dot_q41_x16<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let blocks = g.len() / GROUP_BLOCK;
+    let mut fits = g.len() == blocks * GROUP_BLOCK;
+    for row in a {
+        fits &= row.len() == blocks * Q8_1;
+    }
+    assert!(fits, "a packed Q4_1 group against Q8_1 rows");
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm512_set1_epi8(0x0f);
     let zero = _mm512_setzero_si512();
-    let mut lanes = [_mm512_setzero_ps(); 4];
+    let mut lanes = [[_mm512_setzero_ps(); 4]; N];
     for b in 0..blocks {
         // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and the activation's block Q8_1 bytes at b · Q8_1 of `a`.
-        let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8_1)) };
-        // SAFETY: d and m of the 16 rows (32 bytes at 0 and at 32); the activation's d and s
-        // (f16 at 0 and 2; the conversions are exact).
-        let (dw, mw, da, sa) = unsafe {
+        // b · GROUP_BLOCK of `g` and each activation's block Q8_1 bytes at b · Q8_1 of it.
+        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+        let mut ap = [p; N];
+        for t in 0..N {
+            // SAFETY: as above.
+            ap[t] = unsafe { a[t].as_ptr().add(b * Q8_1) };
+        }
+        // SAFETY: d and m of the 16 rows (32 bytes at 0 and at 32).
+        let (dw, mw) = unsafe {
             (
                 _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
                 _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
-                f16_lanes(ap),
-                f16_lanes(ap.add(2)),
             )
         };
-        let mut acc = [zero; 2];
+        // Two chains for one row (shorter dependency chains), one a row for several.
+        let mut acc = [[zero; 2]; N];
         for q in 0..4 {
-            // SAFETY: quad q of the 16 rows; activation bytes 4q and 16 + 4q of the block's
-            // quants (at 4).
-            let (v, alo, ahi) = unsafe {
-                (
-                    _mm512_loadu_si512(p.add(64 + 64 * q).cast()),
-                    _mm512_set1_epi32(ap.add(4 + 4 * q).cast::<i32>().read_unaligned()),
-                    _mm512_set1_epi32(ap.add(20 + 4 * q).cast::<i32>().read_unaligned()),
-                )
-            };
+            // SAFETY: quad q of the 16 rows.
+            let v = unsafe { _mm512_loadu_si512(p.add(64 + 64 * q).cast()) };
             let lo = _mm512_and_si512(v, m4);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], lo, alo);
-            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], hi, ahi);
+            let c = if N == 1 { q % 2 } else { 0 };
+            for t in 0..N {
+                // SAFETY: activation bytes 4q and 16 + 4q of the block's quants (at 4).
+                let (alo, ahi) = unsafe {
+                    (
+                        _mm512_set1_epi32(ap[t].add(4 + 4 * q).cast::<i32>().read_unaligned()),
+                        _mm512_set1_epi32(ap[t].add(20 + 4 * q).cast::<i32>().read_unaligned()),
+                    )
+                };
+                acc[t][c] = _mm512_dpbusd_epi32(acc[t][c], lo, alo);
+                acc[t][c] = _mm512_dpbusd_epi32(acc[t][c], hi, ahi);
+            }
         }
-        let s = _mm512_add_epi32(acc[0], acc[1]);
-        let v = _mm512_add_ps(
-            _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s)),
-            _mm512_mul_ps(mw, sa),
-        );
-        lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
+        for t in 0..N {
+            // SAFETY: the activation's d and s (f16 at 0 and 2; the conversions are exact).
+            let (da, sa) = unsafe { (f16_lanes(ap[t]), f16_lanes(ap[t].add(2))) };
+            let s = _mm512_add_epi32(acc[t][0], acc[t][1]);
+            let v = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s)),
+                _mm512_mul_ps(mw, sa),
+            );
+            lanes[t][b % 4] = _mm512_add_ps(lanes[t][b % 4], v);
+        }
     }
-    finish(lanes, out);
+    for t in 0..N {
+        finish(lanes[t], &mut out[t]);
+    }
 }

@@ -66,17 +66,24 @@ const MIN_IDX: [[u8; 64]; 4] = [
     byte_of_lane(3, true),
 ];
 
-/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with the Q8_K row `a`.
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
+/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
+/// are the one-row kernel's bits: its integers are exact and its float steps the same).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn dot_q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    let blocks = a.len() / Q8K;
-    assert!(
-        g.len() == blocks * GROUP_BLOCK && a.len() == blocks * Q8K,
-        "a packed Q4_K group against a Q8_K row"
-    );
+pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let blocks = g.len() / GROUP_BLOCK;
+    let mut fits = g.len() == blocks * GROUP_BLOCK;
+    for row in a {
+        fits &= row.len() == blocks * Q8K;
+    }
+    assert!(fits, "a packed Q4_K group against Q8_K rows");
     // No closures below: a closure does not inherit the target features, so intrinsics in
     // one become calls.
     let m4 = _mm512_set1_epi8(0x0f);
@@ -91,14 +98,19 @@ pub(crate) unsafe fn dot_q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
         sidx[k] = unsafe { _mm512_loadu_si512(SCALE_IDX[k].as_ptr().cast()) };
         midx[k] = unsafe { _mm512_loadu_si512(MIN_IDX[k].as_ptr().cast()) };
     }
-    let mut lanes = [_mm512_setzero_ps(); 4];
+    let mut lanes = [[_mm512_setzero_ps(); 4]; N];
     // Opaque to the optimiser: a constant bound let it unroll the prefetches and rotate them
     // to the end of the previous iteration, which measured as slow as no prefetch.
     let lines = std::hint::black_box(GROUP_BLOCK / 64);
     for b in 0..blocks {
         // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and the activation's block Q8K bytes at b · Q8K of `a`.
-        let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8K)) };
+        // b · GROUP_BLOCK of `g` and each activation's block Q8K bytes at b · Q8K of it.
+        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+        let mut ap = [p; N];
+        for t in 0..N {
+            // SAFETY: as above.
+            ap[t] = unsafe { a[t].as_ptr().add(b * Q8K) };
+        }
         // Every line of this super-block requested at once (see the module docs).
         for l in 0..lines {
             // SAFETY: `_mm_prefetch` never faults; the address is inside the super-block.
@@ -125,63 +137,77 @@ pub(crate) unsafe fn dot_q4k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
             _mm512_and_si512(_mm512_srli_epi32::<4>(wc), four),
             _mm512_and_si512(_mm512_srli_epi32::<2>(wb), top),
         );
-        let mut isum = zero;
-        let mut msum = zero;
+        let mut isum = [zero; N];
+        let mut msum = [zero; N];
         for j in 0..4 {
-            // Two chains per nibble half (even and odd quads), joined after: shorter
-            // dependency chains of `vpdpbusd`.
-            let mut lo = [zero; 2];
-            let mut hi = [zero; 2];
+            // For one row two chains per nibble half (even and odd quads), joined after:
+            // shorter dependency chains of `vpdpbusd`; one a row for several.
+            let mut lo = [[zero; 2]; N];
+            let mut hi = [[zero; 2]; N];
             for q in 0..8 {
-                // SAFETY: quad 8j + q of the 16 rows, and activation bytes 64j + 4q and
-                // 64j + 32 + 4q (+ 4 for d), all inside their blocks.
-                let (v, alo, ahi) = unsafe {
-                    (
-                        _mm512_loadu_si512(p.add(256 + 64 * (8 * j + q)).cast()),
-                        _mm512_set1_epi32(
-                            ap.add(4 + 64 * j + 4 * q).cast::<i32>().read_unaligned(),
-                        ),
-                        _mm512_set1_epi32(
-                            ap.add(4 + 64 * j + 32 + 4 * q)
-                                .cast::<i32>()
-                                .read_unaligned(),
-                        ),
-                    )
-                };
+                // SAFETY: quad 8j + q of the 16 rows.
+                let v = unsafe { _mm512_loadu_si512(p.add(256 + 64 * (8 * j + q)).cast()) };
                 let vl = _mm512_and_si512(v, m4);
                 let vh = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                lo[q % 2] = _mm512_dpbusd_epi32(lo[q % 2], vl, alo);
-                hi[q % 2] = _mm512_dpbusd_epi32(hi[q % 2], vh, ahi);
+                let c = if N == 1 { q % 2 } else { 0 };
+                for t in 0..N {
+                    // SAFETY: activation bytes 64j + 4q and 64j + 32 + 4q (+ 4 for d), inside
+                    // the block.
+                    let (alo, ahi) = unsafe {
+                        (
+                            _mm512_set1_epi32(
+                                ap[t].add(4 + 64 * j + 4 * q).cast::<i32>().read_unaligned(),
+                            ),
+                            _mm512_set1_epi32(
+                                ap[t]
+                                    .add(4 + 64 * j + 32 + 4 * q)
+                                    .cast::<i32>()
+                                    .read_unaligned(),
+                            ),
+                        )
+                    };
+                    lo[t][c] = _mm512_dpbusd_epi32(lo[t][c], vl, alo);
+                    hi[t][c] = _mm512_dpbusd_epi32(hi[t][c], vh, ahi);
+                }
             }
             let (s0, s1) = (2 * j, 2 * j + 1);
             let src0 = if s0 < 4 { sl } else { sh };
             let src1 = if s1 < 4 { sl } else { sh };
             let sc0 = _mm512_shuffle_epi8(src0, sidx[s0 % 4]);
             let sc1 = _mm512_shuffle_epi8(src1, sidx[s1 % 4]);
-            isum = _mm512_add_epi32(
-                isum,
-                _mm512_mullo_epi32(_mm512_add_epi32(lo[0], lo[1]), sc0),
-            );
-            isum = _mm512_add_epi32(
-                isum,
-                _mm512_mullo_epi32(_mm512_add_epi32(hi[0], hi[1]), sc1),
-            );
+            for t in 0..N {
+                isum[t] = _mm512_add_epi32(
+                    isum[t],
+                    _mm512_mullo_epi32(_mm512_add_epi32(lo[t][0], lo[t][1]), sc0),
+                );
+                isum[t] = _mm512_add_epi32(
+                    isum[t],
+                    _mm512_mullo_epi32(_mm512_add_epi32(hi[t][0], hi[t][1]), sc1),
+                );
+            }
         }
         for s in 0..8 {
             let src = if s < 4 { ml } else { mh };
             let mn = _mm512_shuffle_epi8(src, midx[s % 4]);
-            // SAFETY: bsums 2s and 2s + 1 (4 bytes at 260 + 4s of the block).
-            let bs =
-                unsafe { _mm512_set1_epi32(ap.add(260 + 4 * s).cast::<i32>().read_unaligned()) };
-            msum = _mm512_dpwssd_epi32(msum, mn, bs);
+            for t in 0..N {
+                // SAFETY: bsums 2s and 2s + 1 (4 bytes at 260 + 4s of the block).
+                let bs = unsafe {
+                    _mm512_set1_epi32(ap[t].add(260 + 4 * s).cast::<i32>().read_unaligned())
+                };
+                msum[t] = _mm512_dpwssd_epi32(msum[t], mn, bs);
+            }
         }
-        // SAFETY: the block's d is its first 4 bytes.
-        let da = _mm512_set1_ps(unsafe { ap.cast::<f32>().read_unaligned() });
-        let v = _mm512_sub_ps(
-            _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum)),
-            _mm512_mul_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum)),
-        );
-        lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
+        for t in 0..N {
+            // SAFETY: the block's d is its first 4 bytes.
+            let da = _mm512_set1_ps(unsafe { ap[t].cast::<f32>().read_unaligned() });
+            let v = _mm512_sub_ps(
+                _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[t])),
+                _mm512_mul_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum[t])),
+            );
+            lanes[t][b % 4] = _mm512_add_ps(lanes[t][b % 4], v);
+        }
     }
-    finish(lanes, out);
+    for t in 0..N {
+        finish(lanes[t], &mut out[t]);
+    }
 }

@@ -27,49 +27,52 @@ const Q8_0: usize = 34;
 /// Bytes of one packed group's block (16 rows of 22 bytes).
 const GROUP_BLOCK: usize = 352;
 
-/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with the Q8_0 row `a`.
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
+/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
+/// are the one-row kernel's bits: its integers are exact and its float steps the same).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn dot_q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    let blocks = a.len() / Q8_0;
-    assert!(
-        g.len() == blocks * GROUP_BLOCK && a.len() == blocks * Q8_0,
-        "a packed Q5_0 group against a Q8_0 row"
-    );
+pub(crate) unsafe fn dot_q50_x16<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let blocks = g.len() / GROUP_BLOCK;
+    let mut fits = g.len() == blocks * GROUP_BLOCK;
+    for row in a {
+        fits &= row.len() == blocks * Q8_0;
+    }
+    assert!(fits, "a packed Q5_0 group against Q8_0 rows");
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm512_set1_epi8(0x0f);
     let low4 = _mm512_set1_epi32(0x0f);
     let spread = _mm512_set1_epi32(0x0020_4081);
     let bit0 = _mm512_set1_epi32(0x0101_0101);
     let zero = _mm512_setzero_si512();
-    let mut lanes = [_mm512_setzero_ps(); 4];
+    let mut lanes = [[_mm512_setzero_ps(); 4]; N];
     for b in 0..blocks {
         // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and the activation's block Q8_0 bytes at b · Q8_0 of `a`.
-        let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8_0)) };
-        // SAFETY: d of the 16 rows (32 bytes at 0), their qh (64 at 32), the activation's 32
-        // quants at 2.
-        let (dw, qh, aq) = unsafe {
+        // b · GROUP_BLOCK of `g` and each activation's block Q8_0 bytes at b · Q8_0 of it.
+        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+        let mut ap = [p; N];
+        for t in 0..N {
+            // SAFETY: as above.
+            ap[t] = unsafe { a[t].as_ptr().add(b * Q8_0) };
+        }
+        // SAFETY: d of the 16 rows (32 bytes at 0), their qh (64 at 32).
+        let (dw, qh) = unsafe {
             (
                 _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
                 _mm512_loadu_si512(p.add(32).cast()),
-                _mm256_loadu_si256(ap.add(2).cast()),
             )
         };
-        let sa = block_sum(aq);
-        let mut acc = [zero; 2];
+        // Two chains for one row (shorter dependency chains), one a row for several.
+        let mut acc = [[zero; 2]; N];
         for q in 0..4 {
-            // SAFETY: quad q of the 16 rows; activation bytes 4q and 16 + 4q of the block's
-            // quants.
-            let (v, alo, ahi) = unsafe {
-                (
-                    _mm512_loadu_si512(p.add(96 + 64 * q).cast()),
-                    _mm512_set1_epi32(ap.add(2 + 4 * q).cast::<i32>().read_unaligned()),
-                    _mm512_set1_epi32(ap.add(18 + 4 * q).cast::<i32>().read_unaligned()),
-                )
-            };
+            // SAFETY: quad q of the 16 rows.
+            let v = unsafe { _mm512_loadu_si512(p.add(96 + 64 * q).cast()) };
             // Bits 4q..4q + 4 and 16 + 4q..16 + 4q + 4 of each row's qh, as 16 on the bytes.
             let shift = _mm_cvtsi32_si128(4 * q as i32);
             let shift_hi = _mm_cvtsi32_si128(16 + 4 * q as i32);
@@ -81,14 +84,32 @@ pub(crate) unsafe fn dot_q50_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
                 _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_mullo_epi32(b_hi, spread), bit0));
             let lo = _mm512_or_si512(_mm512_and_si512(v, m4), b_lo);
             let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(v), m4), b_hi);
-            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], lo, alo);
-            acc[q % 2] = _mm512_dpbusd_epi32(acc[q % 2], hi, ahi);
+            let c = if N == 1 { q % 2 } else { 0 };
+            for t in 0..N {
+                // SAFETY: activation bytes 4q and 16 + 4q of the block's quants (at 2).
+                let (alo, ahi) = unsafe {
+                    (
+                        _mm512_set1_epi32(ap[t].add(2 + 4 * q).cast::<i32>().read_unaligned()),
+                        _mm512_set1_epi32(ap[t].add(18 + 4 * q).cast::<i32>().read_unaligned()),
+                    )
+                };
+                acc[t][c] = _mm512_dpbusd_epi32(acc[t][c], lo, alo);
+                acc[t][c] = _mm512_dpbusd_epi32(acc[t][c], hi, ahi);
+            }
         }
-        let s = _mm512_sub_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_set1_epi32(16 * sa));
-        // SAFETY: the activation block's d is its first 2 bytes.
-        let da = unsafe { f16_lanes(ap) };
-        let v = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s));
-        lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
+        for t in 0..N {
+            // SAFETY: the activation's 32 quants at 2 and its d at 0.
+            let (aq, da) = unsafe { (_mm256_loadu_si256(ap[t].add(2).cast()), f16_lanes(ap[t])) };
+            let sa = block_sum(aq);
+            let s = _mm512_sub_epi32(
+                _mm512_add_epi32(acc[t][0], acc[t][1]),
+                _mm512_set1_epi32(16 * sa),
+            );
+            let v = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s));
+            lanes[t][b % 4] = _mm512_add_ps(lanes[t][b % 4], v);
+        }
     }
-    finish(lanes, out);
+    for t in 0..N {
+        finish(lanes[t], &mut out[t]);
+    }
 }

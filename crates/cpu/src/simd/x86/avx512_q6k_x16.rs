@@ -50,17 +50,26 @@ const SCALE_IDX: [[u8; 64]; 4] = [
     byte_to_top(3),
 ];
 
-/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with the Q8_K row `a`.
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
+/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
+/// are the one-row kernel's bits: its integers are exact and its float steps the same).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
+// Indices walk several arrays in step (sub-blocks of the scales, the sums and the tokens).
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn dot_q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-    let blocks = a.len() / Q8K;
-    assert!(
-        g.len() == blocks * GROUP_BLOCK && a.len() == blocks * Q8K,
-        "a packed Q6_K group against a Q8_K row"
-    );
+pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let blocks = g.len() / GROUP_BLOCK;
+    let mut fits = g.len() == blocks * GROUP_BLOCK;
+    for row in a {
+        fits &= row.len() == blocks * Q8K;
+    }
+    assert!(fits, "a packed Q6_K group against Q8_K rows");
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm512_set1_epi8(0x0f);
     let m30 = _mm512_set1_epi8(0x30);
@@ -70,11 +79,16 @@ pub(crate) unsafe fn dot_q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
         // SAFETY: each table row is 64 readable bytes.
         sidx[k] = unsafe { _mm512_loadu_si512(SCALE_IDX[k].as_ptr().cast()) };
     }
-    let mut lanes = [_mm512_setzero_ps(); 4];
+    let mut lanes = [[_mm512_setzero_ps(); 4]; N];
     for b in 0..blocks {
         // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and the activation's block Q8K bytes at b · Q8K of `a`.
-        let (p, ap) = unsafe { (g.as_ptr().add(b * GROUP_BLOCK), a.as_ptr().add(b * Q8K)) };
+        // b · GROUP_BLOCK of `g` and each activation's block Q8K bytes at b · Q8K of it.
+        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+        let mut ap = [p; N];
+        for t in 0..N {
+            // SAFETY: as above.
+            ap[t] = unsafe { a[t].as_ptr().add(b * Q8K) };
+        }
         // SAFETY: offsets inside the super-block (see the layout).
         let (d, sw) = unsafe {
             let mut sw = [zero; 4];
@@ -83,17 +97,16 @@ pub(crate) unsafe fn dot_q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
             }
             (_mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), sw)
         };
-        let mut isum = zero;
+        let mut isum = [zero; N];
         for n in 0..2 {
             for h in 0..2 {
                 // Sub-blocks 8n + h, 8n + 2 + h, 8n + 4 + h, 8n + 6 + h: elements
                 // 128n + 16h + 32i + [0, 16).
-                let mut acc = [zero; 4];
+                let mut acc = [[zero; 4]; N];
                 for g4 in 0..4 {
                     let gq = 4 * h + g4;
                     // SAFETY: triple 8n + gq of the 16 rows (ql quads 16n + gq and 16n + 8 + gq,
-                    // qh quad 8n + gq); activation bytes 128n + 4gq + 32i (+ 4 for d), in
-                    // their blocks.
+                    // qh quad 8n + gq), in the super-block.
                     let (la, lb, qh) = unsafe {
                         let t = p.add(TRIPLES + 192 * (8 * n + gq));
                         (
@@ -120,32 +133,42 @@ pub(crate) unsafe fn dot_q6k_x16(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
                             _mm512_and_si512(_mm512_srli_epi16::<2>(qh), m30),
                         ),
                     ];
-                    for i in 0..4 {
-                        // SAFETY: as above.
-                        let av = unsafe {
-                            _mm512_set1_epi32(
-                                ap.add(4 + 128 * n + 32 * i + 4 * gq)
-                                    .cast::<i32>()
-                                    .read_unaligned(),
-                            )
-                        };
-                        acc[i] = _mm512_dpbusd_epi32(acc[i], u[i], av);
+                    for t in 0..N {
+                        for i in 0..4 {
+                            // SAFETY: activation bytes 128n + 4gq + 32i (+ 4 for d), in the
+                            // block.
+                            let av = unsafe {
+                                _mm512_set1_epi32(
+                                    ap[t]
+                                        .add(4 + 128 * n + 32 * i + 4 * gq)
+                                        .cast::<i32>()
+                                        .read_unaligned(),
+                                )
+                            };
+                            acc[t][i] = _mm512_dpbusd_epi32(acc[t][i], u[i], av);
+                        }
                     }
                 }
-                for (i, acc) in acc.iter().enumerate() {
+                for i in 0..4 {
                     let s = 8 * n + 2 * i + h;
-                    // SAFETY: bsum s is the i16 at 260 + 2s of the block.
-                    let bsum = unsafe { ap.add(260 + 2 * s).cast::<i16>().read_unaligned() };
                     let sc = _mm512_srai_epi32::<24>(_mm512_shuffle_epi8(sw[s / 4], sidx[s % 4]));
-                    let dot = _mm512_sub_epi32(*acc, _mm512_set1_epi32(32 * bsum as i32));
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, sc));
+                    for t in 0..N {
+                        // SAFETY: bsum s is the i16 at 260 + 2s of the block.
+                        let bsum = unsafe { ap[t].add(260 + 2 * s).cast::<i16>().read_unaligned() };
+                        let dot = _mm512_sub_epi32(acc[t][i], _mm512_set1_epi32(32 * bsum as i32));
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, sc));
+                    }
                 }
             }
         }
-        // SAFETY: the block's d is its first 4 bytes.
-        let da = _mm512_set1_ps(unsafe { ap.cast::<f32>().read_unaligned() });
-        let v = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum));
-        lanes[b % 4] = _mm512_add_ps(lanes[b % 4], v);
+        for t in 0..N {
+            // SAFETY: the block's d is its first 4 bytes.
+            let da = _mm512_set1_ps(unsafe { ap[t].cast::<f32>().read_unaligned() });
+            let v = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[t]));
+            lanes[t][b % 4] = _mm512_add_ps(lanes[t][b % 4], v);
+        }
     }
-    finish(lanes, out);
+    for t in 0..N {
+        finish(lanes[t], &mut out[t]);
+    }
 }
