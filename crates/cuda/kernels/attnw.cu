@@ -89,14 +89,33 @@ __device__ __forceinline__ void mf_aw_combine(const float *pr, float *orow, int 
 }
 
 // Dynamic shared memory: HD * QT * GB floats of q, 4 * 32 * QT * GB of p, 4 * 32 cells; the
-// warps' merge reuses it (3 * (2 + HD) * QT * GB floats).
+// warps' merge reuses it (3 * (2 + HD) * QT * GB floats). ST (staged K): after the larger of
+// the two (at a 16-byte boundary), each warp's 32 K rows of the tile, MF_AW_KS(HD) bytes a row.
+//
+// ST: how the K rows reach the lanes, never what they hold. Unstaged, lane j loads its own
+// row (HD / 8 16-byte loads, each touching 32 rows' lines: the L1 serves one line a cycle);
+// staged, the warp copies its 32 rows into shared memory by cp.async, two rows an
+// instruction (coalesced), rows past the window zero-filled as the lanes would load them,
+// and lane j reads its row from there (rows MF_AW_KS apart: no bank conflicts). The same
+// values meet the same arithmetic: the same bits.
 //
 // GB: query heads of the KV group a block holds (MF_AW_G: the whole group; fewer: the group's
 // heads shared out over ceil(G / GB) blocks, blockIdx.x = kv head * that + part, each block
 // reading the same K/V rows). A head's arithmetic involves no other head (its scores, softmax
 // state, sums and merges are its own), so how the heads are shared out changes the grid and
 // the loads, never a bit; fewer heads a block is more blocks for a short decode window.
-template <int QT, int DPL, int GB>
+#define MF_AW_KS(HD) (2 * (HD) + 16)
+
+// Where the staged K rows start (bytes into the dynamic shared memory).
+template <int HD, int QG> __host__ __device__ constexpr int mf_aw_stage_at() {
+    return ((HD * QG + 4 * 32 * QG + 4 * 32 > 3 * QG * (2 + HD) ? HD * QG + 4 * 32 * QG + 4 * 32
+                                                                 : 3 * QG * (2 + HD)) *
+                4 +
+            15) /
+           16 * 16;
+}
+
+template <int QT, int DPL, int GB, bool ST>
 __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 *v,
                                           const int *win, float *part, float *out, int *count,
                                           u64 row_bytes, int n_head, int n_head_kv, int width,
@@ -187,10 +206,23 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
         // before any arithmetic (one memory round trip a tile).
         uint4 kr[HD / 8];
         const uint4 *kp = (const uint4 *)(k + (u64)cell * row_bytes + hoff);
+        if (!ST) {
 #pragma unroll
-        for (int i = 0; i < HD / 8; ++i) kr[i] = on ? kp[i] : make_uint4(0, 0, 0, 0);
+            for (int i = 0; i < HD / 8; ++i) kr[i] = on ? kp[i] : make_uint4(0, 0, 0, 0);
+        }
         __syncwarp();
         const int nj = (int)min(32u, pmax - j0);
+        u8 *kst = (u8 *)sh + mf_aw_stage_at<HD, QG>() + warp * 32 * MF_AW_KS(HD);
+        if (ST) {
+            constexpr int PR = HD / 8; // 16-byte pieces a row
+#pragma unroll
+            for (int it = 0; it < PR; ++it) {
+                const int e = it * 32 + lane, r = e / PR, pc = e % PR;
+                const u8 *src = k + (u64)cw[r] * row_bytes + hoff + 16 * pc;
+                mf_cp16(mf_smem_addr(kst + r * MF_AW_KS(HD) + 16 * pc), src, r < nj ? 16 : 0);
+            }
+            mf_cp_commit();
+        }
         u32 vr[32][DPL / 2];
 #pragma unroll
         for (int r = 0; r < 32; ++r) {
@@ -198,12 +230,18 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
 #pragma unroll
             for (int c = 0; c < DPL / 2; ++c) vr[r][c] = r < nj ? vp[c] : 0u;
         }
+        if (ST) {
+            mf_cp_wait<0>();
+            __syncwarp();
+        }
         float se[QG], so[QG];
 #pragma unroll
         for (int i = 0; i < QG; ++i) se[i] = so[i] = 0.0f;
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) {
-            const u32 words[4] = {kr[i].x, kr[i].y, kr[i].z, kr[i].w};
+            const uint4 kq =
+                ST ? *(const uint4 *)(kst + lane * MF_AW_KS(HD) + 16 * i) : kr[i];
+            const u32 words[4] = {kq.x, kq.y, kq.z, kq.w};
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const float k0 = mf_h2f((u16)(words[c] & 0xffffu));
@@ -376,20 +414,28 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
     }
 }
 
-#define MF_ATTN_W_KERNEL(NAME, QT, DPL, GB)                                                      \
+#define MF_ATTN_W_KERNEL(NAME, QT, DPL, GB, ST)                                                  \
     extern "C" __global__ void __launch_bounds__(128)                                           \
         NAME(const float *q, const u8 *k, const u8 *v, const int *win, float *part, float *out, \
              int *count, u64 row_bytes, int n_head, int n_head_kv, int width, float scale,      \
              int n_split, int ne1) {                                                             \
-        mf_attn_w<QT, DPL, GB>(q, k, v, win, part, out, count, row_bytes, n_head, n_head_kv,    \
-                               width, scale, n_split, ne1);                                      \
+        mf_attn_w<QT, DPL, GB, ST>(q, k, v, win, part, out, count, row_bytes, n_head,           \
+                                   n_head_kv, width, scale, n_split, ne1);                       \
     }
 
-MF_ATTN_W_KERNEL(mf_attn_w1_64, 1, 2, MF_AW_G)
-MF_ATTN_W_KERNEL(mf_attn_w2_64, 2, 2, MF_AW_G)
-MF_ATTN_W_KERNEL(mf_attn_w1_128, 1, 4, MF_AW_G)
+MF_ATTN_W_KERNEL(mf_attn_w1_64, 1, 2, MF_AW_G, false)
+MF_ATTN_W_KERNEL(mf_attn_w2_64, 2, 2, MF_AW_G, false)
+MF_ATTN_W_KERNEL(mf_attn_w1_128, 1, 4, MF_AW_G, false)
 // A KV group's heads shared out over blocks of 2 or 4 heads (one query a block: decode).
-MF_ATTN_W_KERNEL(mf_attn_w1_64_h2, 1, 2, 2)
-MF_ATTN_W_KERNEL(mf_attn_w1_64_h4, 1, 2, 4)
-MF_ATTN_W_KERNEL(mf_attn_w1_128_h2, 1, 4, 2)
-MF_ATTN_W_KERNEL(mf_attn_w1_128_h4, 1, 4, 4)
+MF_ATTN_W_KERNEL(mf_attn_w1_64_h2, 1, 2, 2, false)
+MF_ATTN_W_KERNEL(mf_attn_w1_64_h4, 1, 2, 4, false)
+MF_ATTN_W_KERNEL(mf_attn_w1_128_h2, 1, 4, 2, false)
+MF_ATTN_W_KERNEL(mf_attn_w1_128_h4, 1, 4, 4, false)
+// The same with the K rows staged in shared memory (`_s`, MINFER_CUDA_ATTN_STAGE).
+MF_ATTN_W_KERNEL(mf_attn_w1_64_s, 1, 2, MF_AW_G, true)
+MF_ATTN_W_KERNEL(mf_attn_w2_64_s, 2, 2, MF_AW_G, true)
+MF_ATTN_W_KERNEL(mf_attn_w1_128_s, 1, 4, MF_AW_G, true)
+MF_ATTN_W_KERNEL(mf_attn_w1_64_h2_s, 1, 2, 2, true)
+MF_ATTN_W_KERNEL(mf_attn_w1_64_h4_s, 1, 2, 4, true)
+MF_ATTN_W_KERNEL(mf_attn_w1_128_h2_s, 1, 4, 2, true)
+MF_ATTN_W_KERNEL(mf_attn_w1_128_h4_s, 1, 4, 4, true)

@@ -40,17 +40,19 @@ impl CudaBackend {
         // One query a block: the KV group's heads shared out over blocks of `attn_heads`
         // (MINFER_CUDA_ATTN_HEADS; more blocks for a short decode window, the same bits).
         let heads = if qt == 1 { self.attn_heads } else { MAX_GROUP };
-        match (head_dim, qt, heads) {
-            (64, 1, 2) => Some(("mf_attn_w1_64_h2", 1, 2)),
-            (64, 1, 4) => Some(("mf_attn_w1_64_h4", 1, 4)),
-            (64, 1, _) => Some(("mf_attn_w1_64", 1, MAX_GROUP)),
-            (64, _, _) => Some(("mf_attn_w2_64", 2, MAX_GROUP)),
+        // `_s`: the K rows staged in shared memory (MINFER_CUDA_ATTN_STAGE; the same bits).
+        let (plain, staged, qt, gb) = match (head_dim, qt, heads) {
+            (64, 1, 2) => ("mf_attn_w1_64_h2", "mf_attn_w1_64_h2_s", 1, 2),
+            (64, 1, 4) => ("mf_attn_w1_64_h4", "mf_attn_w1_64_h4_s", 1, 4),
+            (64, 1, _) => ("mf_attn_w1_64", "mf_attn_w1_64_s", 1, MAX_GROUP),
+            (64, _, _) => ("mf_attn_w2_64", "mf_attn_w2_64_s", 2, MAX_GROUP),
             // Two queries a block would spill registers at head dim 128.
-            (128, _, 2) => Some(("mf_attn_w1_128_h2", 1, 2)),
-            (128, _, 4) => Some(("mf_attn_w1_128_h4", 1, 4)),
-            (128, _, _) => Some(("mf_attn_w1_128", 1, MAX_GROUP)),
-            _ => None,
-        }
+            (128, _, 2) => ("mf_attn_w1_128_h2", "mf_attn_w1_128_h2_s", 1, 2),
+            (128, _, 4) => ("mf_attn_w1_128_h4", "mf_attn_w1_128_h4_s", 1, 4),
+            (128, _, _) => ("mf_attn_w1_128", "mf_attn_w1_128_s", 1, MAX_GROUP),
+            _ => return None,
+        };
+        Some((if self.attn_stage { staged } else { plain }, qt, gb))
     }
 
     /// Launches `kernel` (queries per block `qt`, query heads per block `gb`) over the
@@ -97,7 +99,14 @@ impl CudaBackend {
         let slots = qt * gb;
         let tile = head_dim * slots + 4 * 32 * slots + 4 * 32;
         let merge = 3 * slots * (2 + head_dim);
-        let shared = (tile.max(merge) * 4) as u32;
+        // Staged kernels (`_s`): each warp's 32 K rows after the larger region, at a 16-byte
+        // boundary (kernels/attnw.cu `mf_aw_stage_at`, `MF_AW_KS`).
+        let stage = if kernel.ends_with("_s") {
+            4 * 32 * (2 * head_dim + 16)
+        } else {
+            0
+        };
+        let shared = ((tile.max(merge) * 4).next_multiple_of(16) + stage) as u32;
         self.gpu.launch_shared(
             kernel,
             ((n_head_kv * n_hb) as u32, groups as u32, n_split as u32),

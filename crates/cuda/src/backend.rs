@@ -123,6 +123,8 @@ pub struct CudaBackend {
     /// Query heads of a KV group per block of the one-query warp-tiled kernels: 8 (the
     /// whole group), 4 or 2 (`MINFER_CUDA_ATTN_HEADS`; the bits do not depend on it).
     pub(crate) attn_heads: usize,
+    /// The warp-tiled attention's K rows staged in shared memory (`_s` kernels).
+    pub(crate) attn_stage: bool,
     /// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`).
     pub(crate) mv1_x: crate::settings::Mv1X,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
@@ -282,6 +284,7 @@ impl CudaBackend {
             attn_single,
             attn_warp_qt,
             attn_heads: s.attn_heads,
+            attn_stage: s.attn_stage,
             mv1_x: s.mv1_x,
             mv1_warps,
             mv1_grid,
@@ -317,6 +320,12 @@ impl CudaBackend {
         }
         self.attn_heads = heads;
         Ok(())
+    }
+
+    /// Whether the warp-tiled attention stages its K rows in shared memory (as
+    /// `MINFER_CUDA_ATTN_STAGE`; a gate compares both on one backend).
+    pub fn set_attention_stage(&mut self, staged: bool) {
+        self.attn_stage = staged;
     }
 
     /// Waits for the kernel compile the backend started and loads every kernel (what the

@@ -208,6 +208,9 @@ pub struct CudaSettings {
     /// Query heads per block of the one-query warp-tiled attention (`MINFER_CUDA_ATTN_HEADS`:
     /// 8, 4 or 2; default [`DEFAULT_ATTN_HEADS`]).
     pub(crate) attn_heads: usize,
+    /// The warp-tiled attention with its K rows staged in shared memory by cp.async
+    /// (`MINFER_CUDA_ATTN_STAGE=1`; default off; the same bits either way).
+    pub(crate) attn_stage: bool,
     pub(crate) mmq: MmqChoice,
     /// Most generation rows of one matmul the multi-row vector kernels take
     /// (`MINFER_CUDA_MVN`, 0 ..= 16; 0: off, the dp4a / `mma` kernels as before): a warp per
@@ -319,6 +322,11 @@ impl CudaSettings {
                 "4" => 4,
                 "2" => 2,
                 v => return Err(Refused::new("MINFER_CUDA_ATTN_HEADS", v, "want 8, 4 or 2")),
+            },
+            attn_stage: match text("MINFER_CUDA_ATTN_STAGE").as_str() {
+                "" | "0" => false,
+                "1" => true,
+                v => return Err(Refused::new("MINFER_CUDA_ATTN_STAGE", v, "want 0 or 1")),
             },
             mmq: mmq(&text)?,
             mvn_max: match text("MINFER_CUDA_MVN").as_str() {
@@ -663,6 +671,7 @@ mod tests {
         );
         assert_eq!(d.image, crate::compile::ImageKind::Ptx);
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
+        assert!(!d.attn_stage);
         assert_eq!(d.mv1_x, Mv1X::Auto);
         assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));
         assert_eq!(d.sync_timeout, Duration::from_secs(120));
@@ -686,8 +695,10 @@ mod tests {
             ("MINFER_CUDA_MVS_ROWS", "auto"),
             ("MINFER_CUDA_MVS_WARPS", "16"),
             ("MINFER_CUDA_IMAGE", "cubin"),
+            ("MINFER_CUDA_ATTN_STAGE", "1"),
         ])
         .unwrap();
+        assert!(s.attn_stage);
         assert_eq!((s.mvn_max, s.mvt_from), (0, 0));
         assert_eq!(
             (s.mvs_from, s.mvs_rows, s.mvs_warps),
@@ -767,6 +778,11 @@ mod tests {
                 "MINFER_CUDA_ATTN_HEADS",
                 "3",
                 "MINFER_CUDA_ATTN_HEADS=3: want 8, 4 or 2",
+            ),
+            (
+                "MINFER_CUDA_ATTN_STAGE",
+                "yes",
+                "MINFER_CUDA_ATTN_STAGE=yes: want 0 or 1",
             ),
             (
                 "MINFER_CUDA_MVN",

@@ -476,7 +476,9 @@ fn attention_f64(
 /// The warp-tiled attention (kernels/attnw.cu: f16 KV, head dims 64 and 128, 7, 2 and 7
 /// query heads per KV head), windows up to 6 chunks of 128 rows: 40 queries in one node give
 /// every query the bits it gets alone (one-query nodes, whose grids and grouping differ) and
-/// the bits of one query a block (`w1`), for spans sharing their cells, spans that do not
+/// the bits of one query a block (`w1`), with the KV group's heads in blocks of 8, 4 and 2,
+/// with the K rows loaded by each lane or staged in shared memory, for spans sharing their
+/// cells, spans that do not
 /// (the kernel's own passes) and KV-map runs. Against an f64 reference over the f16-rounded
 /// K/V: within 1e-5 relative (f32 arithmetic over f16 inputs; the split-K kernels measured
 /// alike), and the CPU within its f16 class (it rounds Q and the V accumulator to f16:
@@ -545,12 +547,20 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &
             g.set_attention("w1").unwrap();
             let one_a_block = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
             // The KV group's heads in one block, or shared out over blocks of 4 and of 2 (the
-            // default, which `batched` ran): the same bits.
+            // default, which `batched` ran), with the K rows loaded by each lane or staged in
+            // shared memory (`_s` kernels): the same bits.
             let mut heads_apart = Vec::new();
-            for heads in [8, 4, 2] {
-                g.set_attention_heads(heads).unwrap();
-                heads_apart.push(attention_on(&mut g, shape, &kx, &vx, &q, w, layout));
+            for stage in [false, true] {
+                g.set_attention_stage(stage);
+                for heads in [8, 4, 2] {
+                    g.set_attention_heads(heads).unwrap();
+                    let out = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
+                    heads_apart.push((stage, heads, out));
+                }
             }
+            g.set_attention("").unwrap();
+            let batched_staged = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
+            g.set_attention_stage(false);
             g.set_attention("split").unwrap();
             let split = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
             g.set_attention("").unwrap();
@@ -581,11 +591,17 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &
             );
             assert_eq!(d_alone, 0, "{shape:?} {what}: batched vs alone");
             assert_eq!(d_w1, 0, "{shape:?} {what}: grouped vs one query a block");
-            for (heads, h) in [8, 4, 2].iter().zip(&heads_apart) {
+            for (stage, heads, h) in &heads_apart {
                 let d = bits(&batched, h);
-                println!("{shape:?} {what}: {heads} heads a block, differing {d}");
-                assert_eq!(d, 0, "{shape:?} {what}: {heads} heads a block");
+                println!("{shape:?} {what}: {heads} heads a block, staged {stage}, differing {d}");
+                assert_eq!(
+                    d, 0,
+                    "{shape:?} {what}: {heads} heads a block, staged {stage}"
+                );
             }
+            let d = bits(&batched, &batched_staged);
+            println!("{shape:?} {what}: batched with K staged, differing {d}");
+            assert_eq!(d, 0, "{shape:?} {what}: batched with K staged");
             assert!(
                 d_split > 0,
                 "{shape:?} {what}: control: split-K gave the same bits"
