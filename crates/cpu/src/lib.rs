@@ -97,9 +97,12 @@ pub struct CpuBackend {
     plant: Option<plant::Plant>,
     /// `MINFER_DUMP_DIR`: every node's output written there ([`dump`]).
     dump_dir: Option<std::path::PathBuf>,
-    /// Per weight id, the matrix in a packed layout made at load (`ops::matmul::packed`):
-    /// Q4_K rows 16 at a time where this instruction set has the packed kernel.
+    /// Per weight id, the matrix in a packed layout (`ops::matmul::packed`), made the first
+    /// time a matmul reads it.
     packed: Vec<Option<(matmul::Layout, huge::HugeBytes)>>,
+    /// Per weight id, the packed layout chosen at load and not yet made (`pack_on_first_use`),
+    /// and whether the weight's plain bytes are a file mapping whose pages can be released.
+    pending: Vec<Option<(matmul::Layout, bool)>>,
     /// `MINFER_CPU_PACK=0`: every matrix stays in its file's plain rows.
     plain_rows: bool,
 }
@@ -131,6 +134,7 @@ impl CpuBackend {
             plant: None,
             dump_dir: None,
             packed: Vec::new(),
+            pending: Vec::new(),
             plain_rows: false,
         }
     }
@@ -381,6 +385,32 @@ impl Identity for CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// Packs weight `id` if load chose a layout for it and no matmul has read it yet: the
+    /// packed copy in huge pages, then the file pages of its plain rows released (they stay
+    /// readable: a tied embedding's rows are looked up there).
+    fn pack_on_first_use(&mut self, id: WeightId, weights: &dyn WeightSource) -> Result<()> {
+        let Some((layout, mapped)) = self.pending.get_mut(id.index()).and_then(|p| p.take()) else {
+            return Ok(());
+        };
+        let fail = |problem: String| Error::Backend {
+            backend: "cpu".into(),
+            problem: format!("weight {}: {problem}", weights.name(id)),
+        };
+        let w = weights
+            .weight(id)
+            .ok_or_else(|| fail("not in the model".into()))?;
+        let p = matmul::packed::pack_x16_on(layout, w.bytes, w.ne0, w.ne1, self.threads, mapped)
+            .map_err(|e| fail(e.0))?;
+        self.packed[id.index()] = Some((layout, p));
+        if mapped {
+            // The pages the tasks shared at their boundaries.
+            huge::release_mapped(w.bytes);
+        }
+        Ok(())
+    }
+}
+
 impl Memory for CpuBackend {
     fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ty.is_supported() {
@@ -393,6 +423,7 @@ impl Memory for CpuBackend {
     fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> Result<()> {
         self.vectors = vec![None; weights.len()];
         self.packed = (0..weights.len()).map(|_| None).collect();
+        self.pending = vec![None; weights.len()];
         // Packed layouts stream in huge pages (`huge`), and are minfer's own kernels' (llama.cpp's
         // arithmetic reads plain rows).
         let pack =
@@ -405,17 +436,10 @@ impl Memory for CpuBackend {
                 .filter(|_| pack && w.ne1 >= matmul::packed::X16)
                 .filter(|_| simd::x16_kernel(w.ty).is_some());
             if let Some(layout) = layout {
-                let p = matmul::packed::pack_x16_on(layout, w.bytes, w.ne0, w.ne1, self.threads)
-                    .map_err(|e| Error::Backend {
-                        backend: "cpu".into(),
-                        problem: format!("weight {}: {}", weights.name(id), e.0),
-                    })?;
-                self.packed[id.index()] = Some((layout, p));
-                // The plain rows stay readable (a tied embedding's rows), but their pages of
-                // the file mapping need not stay resident beside the packed copy.
-                if weights.part(id).is_some() {
-                    huge::release_mapped(w.bytes);
-                }
+                // Made when a matmul first reads the weight (`pack_on_first_use`): a weight
+                // only looked up by rows (an untied token embedding) or held for nodes another
+                // backend runs (the CPU holds every weight of a GPU plan) is never packed.
+                self.pending[id.index()] = Some((layout, weights.part(id).is_some()));
                 continue;
             }
             // One-row weights are norms and biases: kept as f32, read by every forward.
@@ -585,6 +609,9 @@ impl Capabilities for CpuBackend {
 
 impl Executor for CpuBackend {
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()> {
+        if let Op::MatMul { weight, .. } = node.op {
+            self.pack_on_first_use(weight, args.weights)?;
+        }
         // An aliased src0 shares the output buffer: copy it before the output is taken.
         let alias0 = match (args.srcs.first().copied().flatten(), args.out) {
             (Some(s), Some(o)) if s == o => Some(self.buf(s)?[..node.n_elems()].to_vec()),
@@ -655,5 +682,68 @@ impl Executor for CpuBackend {
 
     fn node_time_source(&self) -> Option<&'static str> {
         Some("host wall time of the node's kernel call")
+    }
+}
+
+#[cfg(test)]
+mod packing_tests {
+    use super::*;
+    use minfer_gguf::quants::random_blocks;
+
+    /// Two Q4_0 matrices of 32 rows of 64: weight 0 read by a matmul, weight 1 only looked
+    /// up by rows.
+    struct TwoMatrices(Vec<u8>, Vec<u8>);
+
+    impl WeightSource for TwoMatrices {
+        fn weight(&self, id: WeightId) -> Option<WeightRef<'_>> {
+            let bytes = match id.0 {
+                0 => &self.0,
+                1 => &self.1,
+                _ => return None,
+            };
+            Some(WeightRef {
+                ty: GgmlType::Q4_0,
+                ne0: 64,
+                ne1: 32,
+                bytes,
+            })
+        }
+        fn name(&self, id: WeightId) -> &str {
+            ["matrix", "table"].get(id.index()).copied().unwrap_or("?")
+        }
+        fn id(&self, name: &str) -> Option<WeightId> {
+            ["matrix", "table"]
+                .iter()
+                .position(|&n| n == name)
+                .map(|i| WeightId(i as u32))
+        }
+        fn len(&self) -> usize {
+            2
+        }
+    }
+
+    #[test]
+    fn a_weight_is_packed_when_a_matmul_first_reads_it_and_not_before() {
+        let w = TwoMatrices(
+            random_blocks(GgmlType::Q4_0, 64, 3),
+            random_blocks(GgmlType::Q4_0, 64, 4),
+        );
+        let mut be = CpuBackend::new(2);
+        be.prepare_weights(&w, &[WeightId(0), WeightId(1)]).unwrap();
+        let chosen = be.pending.iter().filter(|p| p.is_some()).count();
+        if chosen == 0 {
+            println!("SKIP: no packed layout here (no AVX-512 VNNI kernel or no huge pages)");
+            return;
+        }
+        assert_eq!(chosen, 2, "both matrices can be packed");
+        assert!(be.packed.iter().all(|p| p.is_none()), "nothing packed at load");
+        be.pack_on_first_use(WeightId(0), &w).unwrap();
+        let (layout, bytes) = be.packed[0].as_ref().expect("packed at its first matmul");
+        let want = matmul::packed::pack_x16(*layout, &w.0, 64, 32).unwrap();
+        assert!(bytes[..] == want[..], "the packed layout");
+        assert!(be.pending[0].is_none() && be.packed[1].is_none() && be.pending[1].is_some());
+        // A second read packs nothing again.
+        be.pack_on_first_use(WeightId(0), &w).unwrap();
+        assert!(be.packed[1].is_none());
     }
 }

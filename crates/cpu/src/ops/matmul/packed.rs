@@ -252,17 +252,20 @@ pub const X16: usize = 16;
 /// buffer of huge pages (decode streams it; [`HugeBytes`]). One thread; [`pack_x16_on`]
 /// shares the groups out.
 pub fn pack_x16(layout: Layout, src: &[u8], k: usize, m: usize) -> KResult<HugeBytes> {
-    pack_x16_on(layout, src, k, m, 1)
+    pack_x16_on(layout, src, k, m, 1, false)
 }
 
-/// [`pack_x16`] with the groups shared out over `threads` threads of the pool (the packing
-/// is the load's largest cost; the bytes are the same for any count).
+/// [`pack_x16`] with the groups shared out over `threads` threads of the pool (the bytes are
+/// the same for any count). `release_src`: `src` lies in a read-only file mapping, whose
+/// pages each task drops from the resident set once it has packed them
+/// ([`crate::huge::release_mapped`]), so a large matrix is not resident twice while it packs.
 pub fn pack_x16_on(
     layout: Layout,
     src: &[u8],
     k: usize,
     m: usize,
     threads: usize,
+    release_src: bool,
 ) -> KResult<HugeBytes> {
     let ty = layout
         .weight_type()
@@ -301,6 +304,9 @@ pub fn pack_x16_on(
                     pack_group((s + at) as *const u8, (d + at) as *mut u8, blocks, block)
                 )
             }
+        }
+        if release_src {
+            crate::huge::release_mapped(&src[g0 * X16 * wrb..g1 * X16 * wrb]);
         }
     });
     let done = groups * X16 * wrb;
@@ -445,7 +451,7 @@ mod tests {
         }
         assert!(one[..] == want[..], "one thread");
         for threads in [2, 3, 8] {
-            let many = pack_x16_on(Layout::Q40X16, &src, k, m, threads).unwrap();
+            let many = pack_x16_on(Layout::Q40X16, &src, k, m, threads, false).unwrap();
             assert!(one[..] == many[..], "{threads} threads");
         }
         assert!(one[..] != src[..], "the groups are interleaved");
