@@ -736,7 +736,10 @@ mod packing_tests {
             return;
         }
         assert_eq!(chosen, 2, "both matrices can be packed");
-        assert!(be.packed.iter().all(|p| p.is_none()), "nothing packed at load");
+        assert!(
+            be.packed.iter().all(|p| p.is_none()),
+            "nothing packed at load"
+        );
         be.pack_on_first_use(WeightId(0), &w).unwrap();
         let (layout, bytes) = be.packed[0].as_ref().expect("packed at its first matmul");
         let want = matmul::packed::pack_x16(*layout, &w.0, 64, 32).unwrap();
