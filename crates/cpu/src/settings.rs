@@ -41,8 +41,8 @@ impl CpuSettings {
     }
 }
 
-/// `MINFER_CPU_PACK`: `1` (the default, also when unset or empty) packs matrices at load
-/// where the instruction set has a kernel for the packed layout; `0` keeps plain rows.
+/// `MINFER_CPU_PACK`: `1` (the default, also when unset or empty) packs matrices (each when a
+/// matmul first reads it) where the instruction set has a kernel for the packed layout; `0` keeps plain rows.
 pub fn pack_from_env() -> Result<bool, Refused> {
     match std::env::var("MINFER_CPU_PACK")
         .unwrap_or_default()

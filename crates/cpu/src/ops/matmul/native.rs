@@ -158,8 +158,9 @@ struct Task<'a> {
     /// Weight blocks per row, and per block range of the tile kernel.
     blocks: usize,
     tile_blocks: usize,
-    /// The packed decode kernel where the weight is [`Layout::Q4kX16`]; rows `0..grouped`
-    /// are then packed groups, the rest plain rows at their plain offsets.
+    /// The packed kernels (one token and four a call) where the weight is in a packed
+    /// layout; rows `0..grouped` are then packed groups, the rest plain rows at their plain
+    /// offsets.
     packed: Option<X16Fns>,
     grouped: usize,
 }
@@ -195,36 +196,34 @@ impl Task<'_> {
                 // The next chunk of this task, fetched while this one computes.
                 let mut ahead = chunk.end..(chunk.end + ROWS_PER_TASK).min(rows.end);
                 let wrows = self.plain_rows(chunk.clone());
-                {
-                    let mut t0 = 0;
-                    while t0 < full {
-                        // Two tiles per call where the type has a two-tile kernel.
-                        match self.pair {
-                            Some(p) if t0 + 2 * TILE <= full => {
-                                self.tiles::<2>(
-                                    |w, a, s, r, st| p(w, a, self.arb, s, r, st),
-                                    side,
-                                    t0,
-                                    (chunk.clone(), wrows),
-                                    ahead.clone(),
-                                    out,
-                                );
-                                t0 += 2 * TILE;
-                            }
-                            _ => {
-                                self.tiles::<1>(
-                                    |w, [a], [s], r, [st]| f(w, a, self.arb, s, r, st),
-                                    side,
-                                    t0,
-                                    (chunk.clone(), wrows),
-                                    ahead.clone(),
-                                    out,
-                                );
-                                t0 += TILE;
-                            }
+                let mut t0 = 0;
+                while t0 < full {
+                    // Two tiles per call where the type has a two-tile kernel.
+                    match self.pair {
+                        Some(p) if t0 + 2 * TILE <= full => {
+                            self.tiles::<2>(
+                                |w, a, s, r, st| p(w, a, self.arb, s, r, st),
+                                side,
+                                t0,
+                                (chunk.clone(), wrows),
+                                ahead.clone(),
+                                out,
+                            );
+                            t0 += 2 * TILE;
                         }
-                        ahead = 0..0;
+                        _ => {
+                            self.tiles::<1>(
+                                |w, [a], [s], r, [st]| f(w, a, self.arb, s, r, st),
+                                side,
+                                t0,
+                                (chunk.clone(), wrows),
+                                ahead.clone(),
+                                out,
+                            );
+                            t0 += TILE;
+                        }
                     }
+                    ahead = 0..0;
                 }
             }
         }

@@ -1,5 +1,6 @@
-//! Weight layouts other than plain rows, made once at load ([`crate::CpuBackend`]'s
-//! `prepare_weights`) for the kernels that read them.
+//! Weight layouts other than plain rows, made once per weight (chosen by
+//! [`crate::CpuBackend`]'s `prepare_weights`, made when a matmul first reads the weight) for
+//! the kernels that read them.
 //!
 //! [`Layout::Q4kX16`]: Q4_K rows interleaved 16 at a time, so that one SIMD lane holds one
 //! weight row and a decode dot runs 16 rows as the lanes of one vector (the per-row scale
