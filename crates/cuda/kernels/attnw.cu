@@ -107,12 +107,10 @@ __device__ __forceinline__ void mf_aw_combine(const float *pr, float *orow, int 
 #define MF_AW_KS(HD) (2 * (HD) + 16)
 
 // Where the staged K rows start (bytes into the dynamic shared memory).
-template <int HD, int QG> __host__ __device__ constexpr int mf_aw_stage_at() {
-    return ((HD * QG + 4 * 32 * QG + 4 * 32 > 3 * QG * (2 + HD) ? HD * QG + 4 * 32 * QG + 4 * 32
-                                                                 : 3 * QG * (2 + HD)) *
-                4 +
-            15) /
-           16 * 16;
+template <int HD, int QG> __device__ constexpr int mf_aw_stage_at() {
+    constexpr int tile = HD * QG + 4 * 32 * QG + 4 * 32; // floats: q, p, cells
+    constexpr int merge = 3 * QG * (2 + HD);            // floats: the warps' merge
+    return ((tile > merge ? tile : merge) * 4 + 15) / 16 * 16;
 }
 
 template <int QT, int DPL, int GB, bool ST>
