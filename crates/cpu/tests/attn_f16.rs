@@ -151,3 +151,76 @@ fn group_kernel_is_bit_identical_to_reference_per_head() {
     }
     assert_eq!(cases, 90);
 }
+
+/// `ops::attn::attention` over an f16 cache (the native numerics: the GQA-group kernel, each
+/// group cut into parts of heads when (token, KV head) pairs are fewer than the threads) gives
+/// every head the reference's bits, whatever the thread count: 1 and 3 tokens, groups of 7
+/// and 1, threads 1 to 8 (with 2 KV heads and one token, 3 to 8 threads cut the groups).
+#[test]
+fn attention_heads_are_the_reference_on_any_thread_count() {
+    use minfer_cpu::ops::attn::{attention, AttnParams};
+    use minfer_gguf::GgmlType;
+    let mut rng = Rng::xorshift64_raw(0x51ab);
+    let (hd, n_cells) = (64usize, 70usize);
+    let mut runs = 0;
+    for (n_head, n_head_kv) in [(14usize, 2usize), (4, 4)] {
+        let row = n_head_kv * hd;
+        let kv = |rng: &mut Rng| -> Vec<u8> {
+            (0..n_cells * row)
+                .flat_map(|_| f32_to_f16(rng.signed() * 2.0).to_le_bytes())
+                .collect()
+        };
+        let (k, v) = (kv(&mut rng), kv(&mut rng));
+        let p = AttnParams {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            scale: 0.125,
+            cache_type: GgmlType::F16,
+            llamacpp: None,
+        };
+        for nt in [1usize, 3] {
+            let q: Vec<f32> = (0..nt * n_head * hd).map(|_| rng.signed() * 2.0).collect();
+            // Token t sees cells [t, 60 + 3 t).
+            let window: Vec<f32> = (0..nt)
+                .flat_map(|t| [f32::from_bits(t as u32), f32::from_bits((60 + 3 * t) as u32)])
+                .collect();
+            let head = |b: &[u8], c: usize, g: usize| -> Vec<u16> {
+                let at = (c * row + g * hd) * 2;
+                b[at..at + 2 * hd]
+                    .chunks_exact(2)
+                    .map(|x| u16::from_le_bytes([x[0], x[1]]))
+                    .collect()
+            };
+            let mut want = vec![0f32; nt * n_head * hd];
+            for t in 0..nt {
+                for h in 0..n_head {
+                    let g = h / (n_head / n_head_kv);
+                    let ks: Vec<Vec<u16>> = (0..n_cells).map(|c| head(&k, c, g)).collect();
+                    let vs: Vec<Vec<u16>> = (0..n_cells).map(|c| head(&v, c, g)).collect();
+                    let at = (t * n_head + h) * hd;
+                    attend_head_ref(
+                        &q[at..at + hd],
+                        0.125,
+                        t..60 + 3 * t,
+                        |c| &ks[c],
+                        |c| &vs[c],
+                        &mut want[at..at + hd],
+                    );
+                }
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for threads in 1..=8 {
+                let mut got = vec![f32::NAN; want.len()];
+                attention(&p, &q, &window, &k, &v, &mut got, threads).expect("attention");
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "heads {n_head}/{n_head_kv} tokens {nt} threads {threads}"
+                );
+                runs += 1;
+            }
+        }
+    }
+    assert_eq!(runs, 32);
+}

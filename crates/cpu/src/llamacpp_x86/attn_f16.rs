@@ -372,16 +372,15 @@ fn as_f16(b: &[u8]) -> KResult<&[u16]> {
     }
 }
 
-/// Runs the attention call `c` (an F16 cache) with this module's arithmetic, one task per
-/// (token, head):
+/// Runs the attention call `c` (an F16 cache) with this module's arithmetic:
 /// - `simd` `Some`: as that llama.cpp build does, [`attend_head_tiled`] when the call has at
-///   least [`GGML_FA_TILE_Q`] query rows, the one-chunk kernel below (the AVX2 build's
+///   least [`GGML_FA_TILE_Q`] query rows, else the one-chunk kernel (the AVX2 build's
 ///   [`attend_head`], the AVX-512 build's 16-lane dot [`dot16_ref`]);
 /// - `None`: [`attend_head`] for every row, whatever the row count.
 ///
-/// The AVX2 build's one-chunk kernel (and the native one) runs the heads of a GQA group in
-/// one task ([`attend_group`]) when there are enough such tasks for the threads; that changes
-/// no bit.
+/// [`attend_head`]'s rows run a task per (token, KV head, part of the GQA group), the part's
+/// heads in one [`attend_group`] call (the same bits as a head alone); the other kernels a
+/// task per (token, head).
 pub(crate) fn run(
     simd: Option<LlamaCppX86>,
     c: &Call,
@@ -396,22 +395,30 @@ pub(crate) fn run(
     let tiled = simd.filter(|_| nt >= GGML_FA_TILE_Q);
     let outp = SharedOut::new(out);
     let one_chunk_avx2 = tiled.is_none() && simd != Some(LlamaCppX86::Avx512);
-    if one_chunk_avx2 && group > 1 && nt * p.n_head_kv >= 2 * threads {
-        // Enough (token, KV head) tasks to keep the threads busy: each runs its GQA group's
-        // heads together (the same bits as one task per head, see `attend_group`); task
-        // `t * n_head_kv + g` owns the group's `group * hd` outputs of token t.
-        let w = group * hd;
-        par_tasks(nt * p.n_head_kv, threads, |task| {
-            // SAFETY: tasks own disjoint `w`-long slices of `out`.
-            let o = unsafe { outp.part(task * w, w) };
-            let (t, g) = (task / p.n_head_kv, task % p.n_head_kv);
+    if one_chunk_avx2 {
+        // A task per (token, KV head, part of its GQA group): the part's heads run together
+        // (the same bits as one task per head, see `attend_group`). Groups are cut into parts
+        // only where (token, KV head) pairs are fewer than the threads (a decode step: one
+        // token); heads are independent, so the cut changes no bit, but each part reads and
+        // widens the group's K and V again.
+        let parts = threads.div_ceil(nt * p.n_head_kv).clamp(1, group);
+        let per = group.div_ceil(parts);
+        let parts = group.div_ceil(per);
+        par_tasks(nt * p.n_head_kv * parts, threads, |task| {
+            let (pair, part) = (task / parts, task % parts);
+            let (t, g) = (pair / p.n_head_kv, pair % p.n_head_kv);
+            let h0 = g * group + part * per;
+            let w = per.min(group - part * per) * hd;
+            let first = (t * p.n_head + h0) * hd;
+            // SAFETY: tasks own disjoint slices of `out`: their heads of their token.
+            let o = unsafe { outp.part(first, w) };
             let head_off = g * c.head_bytes;
             let at = |cell: usize| {
                 let o = (cell * c.cell_bytes + head_off) / 2;
                 o..o + hd
             };
             attend_group(
-                &c.q[task * w..][..w],
+                &c.q[first..][..w],
                 hd,
                 p.scale,
                 c.windows[t].cells(),
@@ -446,18 +453,10 @@ pub(crate) fn run(
                 |i| &v16[at(cells[i])],
                 o,
             );
-        } else if simd == Some(LlamaCppX86::Avx512) {
+        } else {
+            // The AVX-512 build's one-chunk kernel (the others returned above).
             attend_head_with(
                 dot16_ref,
-                q,
-                p.scale,
-                window.cells(),
-                |cell| &k16[at(cell)],
-                |cell| &v16[at(cell)],
-                o,
-            );
-        } else {
-            attend_head(
                 q,
                 p.scale,
                 window.cells(),
