@@ -183,7 +183,12 @@ fn attention_heads_are_the_reference_on_any_thread_count() {
             let q: Vec<f32> = (0..nt * n_head * hd).map(|_| rng.signed() * 2.0).collect();
             // Token t sees cells [t, 60 + 3 t).
             let window: Vec<f32> = (0..nt)
-                .flat_map(|t| [f32::from_bits(t as u32), f32::from_bits((60 + 3 * t) as u32)])
+                .flat_map(|t| {
+                    [
+                        f32::from_bits(t as u32),
+                        f32::from_bits((60 + 3 * t) as u32),
+                    ]
+                })
                 .collect();
             let head = |b: &[u8], c: usize, g: usize| -> Vec<u16> {
                 let at = (c * row + g * hd) * 2;

@@ -9,6 +9,7 @@
 
 use std::arch::x86_64::*;
 
+use super::libm_expf::expf8;
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
 
 const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -125,9 +126,134 @@ pub(super) fn attend_head<'a>(
     }
 }
 
-/// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32.
+/// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32: heads of 64 and
+/// 128 in parts of [`part`] (accumulators in registers), others cell by cell below.
 #[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
 pub(super) fn attend_group<'a>(
+    q: &[f32],
+    hd: usize,
+    scale: f32,
+    cells: impl IntoIterator<Item = usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    match hd {
+        64 => in_parts::<4, 4>(q, scale, &cells.into_iter().collect::<Vec<_>>(), k, v, out),
+        128 => in_parts::<8, 2>(q, scale, &cells.into_iter().collect::<Vec<_>>(), k, v, out),
+        _ => cell_by_cell(q, hd, scale, cells, k, v, out),
+    }
+}
+
+/// The group's heads (of 16 NV) in parts of at most G, each part one walk over the cells
+/// (the K and V rows read again per part: from L2 after the first).
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn in_parts<'a, const NV: usize, const G: usize>(
+    q: &[f32],
+    scale: f32,
+    cells: &[usize],
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    let hd = 16 * NV;
+    let g = q.len() / hd;
+    // Queries rounded to f16, as f32.
+    let qf: Vec<f32> = q.iter().map(|&x| f16_to_f32(f32_to_f16(x))).collect();
+    let mut h0 = 0;
+    while h0 < g {
+        let n = (g - h0).min(G);
+        let (qp, op) = (
+            &qf[h0 * hd..(h0 + n) * hd],
+            &mut out[h0 * hd..(h0 + n) * hd],
+        );
+        match n {
+            1 => part::<NV, 1>(qp, scale, cells, &k, &v, op),
+            2 => part::<NV, 2>(qp, scale, cells, &k, &v, op),
+            3 => part::<NV, 3>(qp, scale, cells, &k, &v, op),
+            _ => part::<NV, G>(qp, scale, cells, &k, &v, op),
+        }
+        h0 += n;
+    }
+}
+
+/// H heads of 16 NV (H <= 8; H NV <= 16 keeps them in registers) over the cells, each head's arithmetic the
+/// reference's: per cell the K row widened once, each head's score ([`dot_f32`]), the
+/// exponentials of the H softmax steps in one [`expf8`] (glibc's `expf`, the reference's
+/// function, bit for bit), the V accumulators' rescale and update in registers, rounded to
+/// f16 as the reference stores them. No call inside the loop, so the accumulators stay in
+/// registers: the cell-by-cell kernel's chain through memory (an update's store, the next
+/// cell's load) was a decode step's attention at depth.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn part<'a, const NV: usize, const H: usize>(
+    qf: &[f32],
+    scale: f32,
+    cells: &[usize],
+    k: &impl Fn(usize) -> &'a [u16],
+    v: &impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    const { assert!(H <= 8 && NV <= 8) };
+    let hd = 16 * NV;
+    let mut acc = [[_mm512_setzero_ps(); NV]; H];
+    let mut m = [f32::NEG_INFINITY; H];
+    let mut sum = [0f32; H];
+    let mut kf = [0f32; 128];
+    for &c in cells {
+        let (kc, vc) = (&k(c)[..hd], &v(c)[..hd]);
+        for i in 0..NV {
+            // SAFETY: 16 i + 16 <= hd <= 128 = kf.len().
+            unsafe { _mm512_storeu_ps(kf.as_mut_ptr().add(16 * i), load_ph(kc, 16 * i)) };
+        }
+        // Per head: the step's argument, and whether the score raised the running max.
+        let mut arg = [0f32; 8];
+        let mut grew = [false; H];
+        for h in 0..H {
+            let s = dot_f32(&kf[..hd], &qf[h * hd..][..hd]) * scale;
+            if s > m[h] {
+                arg[h] = m[h] - s;
+                m[h] = s;
+                grew[h] = true;
+            } else {
+                arg[h] = s - m[h];
+            }
+        }
+        let mut e = [0f32; 8];
+        // SAFETY: 8 f32 each; the features of expf8 are this function's.
+        unsafe { _mm256_storeu_ps(e.as_mut_ptr(), expf8(_mm256_loadu_ps(arg.as_ptr()))) };
+        let mut vx = [_mm512_setzero_ps(); NV];
+        for (i, x) in vx.iter_mut().enumerate() {
+            *x = load_ph(vc, 16 * i);
+        }
+        for h in 0..H {
+            let (ms, vs) = if grew[h] { (e[h], 1.0) } else { (1.0, e[h]) };
+            if grew[h] {
+                let f = _mm512_set1_ps(ms);
+                for a in acc[h].iter_mut() {
+                    *a = round_ph(_mm512_mul_ps(*a, f));
+                }
+            }
+            let f = _mm512_set1_ps(vs);
+            for (a, &x) in acc[h].iter_mut().zip(&vx) {
+                *a = round_ph(_mm512_fmadd_ps(x, f, *a));
+            }
+            sum[h] = sum[h].mul_add(ms, vs);
+        }
+    }
+    for ((o, a), &sm) in out.chunks_exact_mut(hd).zip(&acc).zip(&sum) {
+        let inv = _mm512_set1_ps(if sm == 0.0 { 0.0 } else { 1.0 / sm });
+        for (i, &x) in a.iter().enumerate() {
+            // SAFETY: 16 i + 16 <= hd = o.len().
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * i), _mm512_mul_ps(x, inv)) };
+        }
+    }
+}
+
+/// `attn_f16::attend_group` cell by cell, the accumulators in memory (head sizes other than
+/// 64 and 128).
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn cell_by_cell<'a>(
     q: &[f32],
     hd: usize,
     scale: f32,

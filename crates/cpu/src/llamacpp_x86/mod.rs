@@ -30,6 +30,8 @@ mod attn_f16_avx512;
 mod avx2;
 pub mod expf;
 pub mod legacy;
+#[cfg(target_arch = "x86_64")]
+pub mod libm_expf;
 mod matmul;
 pub mod q4k_repack;
 pub mod q6k;

@@ -1,0 +1,149 @@
+//! The C library's `expf` (glibc's, in the build its FMA machines run: `__expf_fma`) eight
+//! lanes at a time, so that a kernel whose reference calls `f32::exp` (which calls that
+//! `expf` on Linux) can take several exponentials per instruction and keep its registers
+//! (a call clobbers every vector register). Bit for bit the scalar function on every input
+//! (`tests/libm_expf.rs`: every float of the sign the kernels use, a third of the others).
+//!
+//! The algorithm (glibc since 2.27, from Arm's optimized routines; the constants below are its
+//! `__exp2f_data`, read from libm 2.36): with N = 32, x = (k + r) ln2 / N, |r| <= 1/2,
+//! exp(x) = 2^(k/N) 2^(r/N), the first factor from a 32-entry table with k's high bits added
+//! to the exponent, the second a cubic in r; all in f64 and rounded to f32 once. The FMA
+//! build fuses: kd = fma(InvLn2N, x, Shift) (rounding k to an integer), r = fma(InvLn2N, x,
+//! -(kd - Shift)), p = fma(r, C0, C1), y = fma(r, C2, 1), y = fma(p, r r, y), y s. Inputs
+//! with |x| >= 88 take the scalar slow path's branches: -inf gives 0, NaN and +inf x + x,
+//! x > 0x1.62e42ep6 +inf, x < -0x1.9fe368p6 0, x < -0x1.9d1d9ep6 0x1p-149 (its
+//! `__math_may_uflowf` value), the rest the formula.
+
+use std::arch::x86_64::*;
+
+/// 2^(i/32) as bits, minus i << 47 (`__exp2f_data.tab`).
+const TAB: [u64; 32] = [
+    0x3ff0000000000000,
+    0x3fefd9b0d3158574,
+    0x3fefb5586cf9890f,
+    0x3fef9301d0125b51,
+    0x3fef72b83c7d517b,
+    0x3fef54873168b9aa,
+    0x3fef387a6e756238,
+    0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715,
+    0x3feef1a7373aa9cb,
+    0x3feedea64c123422,
+    0x3feece086061892d,
+    0x3feebfdad5362a27,
+    0x3feeb42b569d4f82,
+    0x3feeab07dd485429,
+    0x3feea47eb03a5585,
+    0x3feea09e667f3bcd,
+    0x3fee9f75e8ec5f74,
+    0x3feea11473eb0187,
+    0x3feea589994cce13,
+    0x3feeace5422aa0db,
+    0x3feeb737b0cdc5e5,
+    0x3feec49182a3f090,
+    0x3feed503b23e255d,
+    0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47,
+    0x3fef199bdd85529c,
+    0x3fef3720dcef9069,
+    0x3fef5818dcfba487,
+    0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da,
+    0x3fefd0765b6e4540,
+];
+/// 32 / ln 2 (`invln2_scaled`).
+const INV_LN2_N: f64 = f64::from_bits(0x40471547652b82fe);
+/// 0x1.8p52: adding it rounds to an integer (`shift`).
+const SHIFT: f64 = f64::from_bits(0x4338000000000000);
+/// `poly_scaled`.
+const C0: f64 = f64::from_bits(0x3ebc6af84b912394);
+const C1: f64 = f64::from_bits(0x3f2ebfce50fac4f3);
+const C2: f64 = f64::from_bits(0x3f962e42ff0c52d6);
+/// The slow path's thresholds (`top12` of 88.0 and the over/underflow bounds).
+const TOP12_88: i32 = 0x42a;
+const OVERFLOW: f32 = f32::from_bits(0x42b17217); // 0x1.62e42ep6
+const UNDERFLOW: f32 = f32::from_bits(0xc2cff1b4); // -0x1.9fe368p6
+const MAY_UNDERFLOW: f32 = f32::from_bits(0xc2ce8ecf); // -0x1.9d1d9ep6
+
+/// `expf` of each lane of `x` (see the module docs).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma")]
+pub(crate) fn expf8(x: __m256) -> __m256 {
+    let xd = _mm512_cvtps_pd(x);
+    let inv = _mm512_set1_pd(INV_LN2_N);
+    let shift = _mm512_set1_pd(SHIFT);
+    let z = _mm512_fmadd_pd(inv, xd, shift);
+    let ki = _mm512_castpd_si512(z);
+    let kd = _mm512_sub_pd(z, shift);
+    let r = _mm512_fmsub_pd(inv, xd, kd);
+    // SAFETY: TAB is 32 u64; unaligned loads.
+    let (t0, t1, t2, t3) = unsafe {
+        let p = TAB.as_ptr().cast::<__m512i>();
+        (
+            _mm512_loadu_si512(p),
+            _mm512_loadu_si512(p.add(1)),
+            _mm512_loadu_si512(p.add(2)),
+            _mm512_loadu_si512(p.add(3)),
+        )
+    };
+    // Entries 0-15 and 16-31 by the index's low 4 bits, then bit 4 picks.
+    let lo = _mm512_permutex2var_epi64(t0, ki, t1);
+    let hi = _mm512_permutex2var_epi64(t2, ki, t3);
+    let upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
+    let t = _mm512_mask_blend_epi64(upper, lo, hi);
+    let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
+    let p = _mm512_fmadd_pd(r, _mm512_set1_pd(C0), _mm512_set1_pd(C1));
+    let r2 = _mm512_mul_pd(r, r);
+    let y = _mm512_fmadd_pd(r, _mm512_set1_pd(C2), _mm512_set1_pd(1.0));
+    let y = _mm512_fmadd_pd(p, r2, y);
+    let fast = _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
+    // The slow path's lanes: |x| >= 88 (top12 past 0x42a), rare; blended in.
+    let bits = _mm256_castps_si256(x);
+    let top = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), _mm256_set1_epi32(0x7ff));
+    let slow = _mm256_cmpgt_epi32_mask(top, _mm256_set1_epi32(TOP12_88));
+    if slow == 0 {
+        return fast;
+    }
+    let mut out = [0f32; 8];
+    let mut xs = [0f32; 8];
+    // SAFETY: 8 writable f32 each.
+    unsafe {
+        _mm256_storeu_ps(out.as_mut_ptr(), fast);
+        _mm256_storeu_ps(xs.as_mut_ptr(), x);
+    }
+    for (o, &x) in out.iter_mut().zip(&xs) {
+        if x == f32::NEG_INFINITY {
+            *o = 0.0;
+        } else if x.is_nan() || x == f32::INFINITY {
+            *o = x + x;
+        } else if x > OVERFLOW {
+            *o = f32::INFINITY;
+        } else if x < UNDERFLOW {
+            *o = 0.0;
+        } else if x < MAY_UNDERFLOW {
+            *o = f32::from_bits(1);
+        }
+    }
+    // SAFETY: 8 readable f32.
+    unsafe { _mm256_loadu_ps(out.as_ptr()) }
+}
+
+/// [`expf8`] over `x` (a multiple of 8 long) into `out`, for tests. None where this CPU
+/// lacks AVX-512 (F, VL) or FMA.
+pub fn expf_lanes(x: &[f32], out: &mut [f32]) -> Option<()> {
+    if !(is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("fma"))
+    {
+        return None;
+    }
+    assert!(x.len() == out.len() && x.len().is_multiple_of(8));
+    for (xc, oc) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        // SAFETY: features checked above; 8 f32 each.
+        unsafe {
+            let v = expf8(_mm256_loadu_ps(xc.as_ptr()));
+            _mm256_storeu_ps(oc.as_mut_ptr(), v);
+        }
+    }
+    Some(())
+}

@@ -1,0 +1,65 @@
+//! Gate for `llamacpp_x86::libm_expf::expf_lanes` (glibc's `expf`, eight lanes at a time):
+//! bit-identical to the C library's `expf` (`f32::exp`) on every float with the sign bit set
+//! and every third of the others (NaNs compared as NaN; all 2^32 checked once by hand,
+//! 2026-12-07, 24 s). Skips, saying so, on a CPU without AVX-512 (F, VL) and FMA,
+//! and where the C library is not glibc's FMA build (the function it copies): then the first
+//! probe differs and the test reports which.
+//!
+//! Control (tried by hand): the table's entry 1 with bit 11 flipped (2^-41 relative) fails
+//! it; its last bit flipped passes (every f64 result still rounds to the same f32).
+#![cfg(target_arch = "x86_64")]
+
+use minfer_cpu::llamacpp_x86::libm_expf::expf_lanes;
+
+/// Every float from `first` in steps of `step`, in chunks, against the C library.
+fn sweep(first: u64, step: u64, end: u64) -> u64 {
+    const CHUNK: usize = 1 << 16;
+    let (mut x, mut got) = (vec![0f32; CHUNK], vec![0f32; CHUNK]);
+    let mut checked = 0;
+    let mut next = first;
+    while next < end {
+        let n = (((end - next).div_ceil(step)) as usize).min(CHUNK) & !7;
+        let n = if n == 0 { 8 } else { n };
+        for (i, v) in x[..n].iter_mut().enumerate() {
+            *v = f32::from_bits((next + i as u64 * step).min(end - 1) as u32);
+        }
+        expf_lanes(&x[..n], &mut got[..n]).expect("checked by the caller");
+        for (&xi, &g) in x[..n].iter().zip(&got[..n]) {
+            let want = xi.exp();
+            let same = g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan());
+            assert!(
+                same,
+                "expf({xi:e} = {:#010x}): lanes {g:e} ({:#010x}), C library {want:e} ({:#010x})",
+                xi.to_bits(),
+                g.to_bits(),
+                want.to_bits()
+            );
+        }
+        checked += n as u64;
+        next += n as u64 * step;
+    }
+    checked
+}
+
+/// Every float with the sign bit set (the kernels' arguments are <= 0, -inf included), and
+/// every third one of the others, on two threads.
+#[test]
+fn lanes_are_the_c_librarys_expf_on_every_negative_float() {
+    let (mut x, mut got) = ([0f32; 8], [0f32; 8]);
+    x[1] = -1.0;
+    if expf_lanes(&x, &mut got).is_none() {
+        eprintln!("SKIP: no AVX-512 F/VL + FMA on this CPU");
+        return;
+    }
+    let half = 1u64 << 31;
+    let counts = std::thread::scope(|s| {
+        let a = s.spawn(|| sweep(half, 1, half + half / 2));
+        let b = s.spawn(|| sweep(half + half / 2, 1, 2 * half));
+        let c = sweep(0, 3, half);
+        (a.join().expect("thread"), b.join().expect("thread"), c)
+    });
+    assert!(
+        counts.0 + counts.1 >= half && counts.2 >= half / 3,
+        "{counts:?}"
+    );
+}
