@@ -127,7 +127,8 @@ pub(super) fn attend_head<'a>(
 }
 
 /// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32: heads of 64 and
-/// 128 in parts of [`part`] (accumulators in registers), others cell by cell below.
+/// 128 in parts of [`part`] (accumulators in registers) where [`expf8`] is the C library's
+/// `expf`, others cell by cell below.
 #[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
 pub(super) fn attend_group<'a>(
     q: &[f32],
@@ -139,8 +140,13 @@ pub(super) fn attend_group<'a>(
     out: &mut [f32],
 ) {
     match hd {
-        64 => in_parts::<4, 4>(q, scale, &cells.into_iter().collect::<Vec<_>>(), k, v, out),
-        128 => in_parts::<8, 2>(q, scale, &cells.into_iter().collect::<Vec<_>>(), k, v, out),
+        64 | 128 if super::libm_expf::matches_c_library() => {
+            let cells: Vec<usize> = cells.into_iter().collect();
+            match hd {
+                64 => in_parts::<4, 4>(q, scale, &cells, k, v, out),
+                _ => in_parts::<8, 2>(q, scale, &cells, k, v, out),
+            }
+        }
         _ => cell_by_cell(q, hd, scale, cells, k, v, out),
     }
 }
@@ -250,8 +256,7 @@ fn part<'a, const NV: usize, const H: usize>(
     }
 }
 
-/// `attn_f16::attend_group` cell by cell, the accumulators in memory (head sizes other than
-/// 64 and 128).
+/// `attn_f16::attend_group` cell by cell, the accumulators in memory, `f32::exp` per step.
 #[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
 fn cell_by_cell<'a>(
     q: &[f32],

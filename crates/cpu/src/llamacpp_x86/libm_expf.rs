@@ -128,6 +128,22 @@ pub(crate) fn expf8(x: __m256) -> __m256 {
     unsafe { _mm256_loadu_ps(out.as_ptr()) }
 }
 
+/// Whether [`expf8`] gives this process's C library `expf` bits on a set of probes (checked
+/// once): where the C library is not glibc's FMA build, the kernels keep calling `f32::exp`
+/// rather than give other bits than their reference.
+pub(crate) fn matches_c_library() -> bool {
+    static SAME: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAME.get_or_init(|| {
+        // Steps through the table's entries and exponents, the slow path's thresholds.
+        let mut x: Vec<f32> = (0..4096).map(|i| -(i as f32) * 0.0271).collect();
+        x.extend([f32::NEG_INFINITY, -103.5, -103.3, -104.0, -88.5, -0.0, 0.5, 1e-8, -1e-30]);
+        x.resize(x.len().next_multiple_of(8), -1.0);
+        let mut got = vec![0f32; x.len()];
+        expf_lanes(&x, &mut got).is_some()
+            && x.iter().zip(&got).all(|(a, g)| a.exp().to_bits() == g.to_bits())
+    })
+}
+
 /// [`expf8`] over `x` (a multiple of 8 long) into `out`, for tests. None where this CPU
 /// lacks AVX-512 (F, VL) or FMA.
 pub fn expf_lanes(x: &[f32], out: &mut [f32]) -> Option<()> {
