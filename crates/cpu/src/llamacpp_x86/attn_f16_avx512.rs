@@ -126,9 +126,9 @@ pub(super) fn attend_head<'a>(
     }
 }
 
-/// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32: heads of 64 and
-/// 128 in parts of [`part`] (accumulators in registers) where [`expf8`] is the C library's
-/// `expf`, others cell by cell below.
+/// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32: heads of 64 in
+/// parts of [`part`] (accumulators in registers) where [`expf8`] is the C library's `expf`,
+/// others cell by cell below.
 #[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
 pub(super) fn attend_group<'a>(
     q: &[f32],
@@ -139,15 +139,14 @@ pub(super) fn attend_group<'a>(
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
 ) {
-    match hd {
-        64 | 128 if super::libm_expf::matches_c_library() => {
-            let cells: Vec<usize> = cells.into_iter().collect();
-            match hd {
-                64 => in_parts::<4, 4>(q, scale, &cells, k, v, out),
-                _ => in_parts::<8, 2>(q, scale, &cells, k, v, out),
-            }
-        }
-        _ => cell_by_cell(q, hd, scale, cells, k, v, out),
+    // Heads of 128 stay cell by cell: in parts of two (all the registers hold) each part
+    // reads a KV head's rows again, from memory at depth (2 MiB of K and V at 4,096 cells),
+    // and the 7B shape's step measured 86-89 -> 108-114 ms (benches/decode_attention, -t 2).
+    if hd == 64 && super::libm_expf::matches_c_library() {
+        let cells: Vec<usize> = cells.into_iter().collect();
+        in_parts::<4, 4>(q, scale, &cells, k, v, out)
+    } else {
+        cell_by_cell(q, hd, scale, cells, k, v, out)
     }
 }
 
@@ -256,7 +255,8 @@ fn part<'a, const NV: usize, const H: usize>(
     }
 }
 
-/// `attn_f16::attend_group` cell by cell, the accumulators in memory, `f32::exp` per step.
+/// `attn_f16::attend_group` cell by cell, the accumulators in memory, `f32::exp` per step
+/// (heads of 128: the exponentials eight at a time measured no faster, 83-89 against 88-92 ms).
 #[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
 fn cell_by_cell<'a>(
     q: &[f32],
