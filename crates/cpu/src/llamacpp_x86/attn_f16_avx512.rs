@@ -126,9 +126,9 @@ pub(super) fn attend_head<'a>(
     }
 }
 
-/// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32: heads of 64 in
-/// parts of [`part`] (accumulators in registers) where [`expf8`] is the C library's `expf`,
-/// others cell by cell below.
+/// `attn_f16::attend_group` for a head size `hd` that is a multiple of 32, where [`expf8`] is
+/// the C library's `expf`: heads of 64 in parts of [`part`] (accumulators in registers), of
+/// 128 by blocks of cells ([`in_blocks`]); others cell by cell below.
 #[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
 pub(super) fn attend_group<'a>(
     q: &[f32],
@@ -139,14 +139,185 @@ pub(super) fn attend_group<'a>(
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [f32],
 ) {
-    // Heads of 128 stay cell by cell: in parts of two (all the registers hold) each part
-    // reads a KV head's rows again, from memory at depth (2 MiB of K and V at 4,096 cells),
-    // and the 7B shape's step measured 86-89 -> 108-114 ms (benches/decode_attention, -t 2).
-    if hd == 64 && super::libm_expf::matches_c_library() {
-        let cells: Vec<usize> = cells.into_iter().collect();
-        in_parts::<4, 4>(q, scale, &cells, k, v, out)
-    } else {
-        cell_by_cell(q, hd, scale, cells, k, v, out)
+    // Heads of 128 by blocks: in parts of two heads (what the registers hold) each part read
+    // its KV head's rows again, from memory at depth (2 MiB of K and V at 4,096 cells): the 7B
+    // shape's step went 86-89 -> 108-114 ms; by blocks 44-48 against 70-74 cell by cell
+    // (benches/decode_attention, -t 2). Heads of 64: blocks measured 10-11 ms against the
+    // parts' 11-17 alone, but the demo's decode at depth 35-44 against 41-42 t/s: parts kept.
+    if super::libm_expf::matches_c_library() {
+        match hd {
+            64 => {
+                let cells: Vec<usize> = cells.into_iter().collect();
+                return in_parts::<4, 4>(q, scale, &cells, k, v, out);
+            }
+            128 => return in_blocks::<128>(q, scale, cells, k, v, out),
+            _ => {}
+        }
+    }
+    cell_by_cell(q, hd, scale, cells, k, v, out)
+}
+
+/// Cells a block of [`in_blocks`] widens: 16 rows each of K and V (16 KiB of f32 at heads of
+/// 128: L1).
+const BLOCK: usize = 16;
+
+/// Heads of HD (a multiple of 64) by blocks of [`BLOCK`] cells: the block's K and V rows widened once
+/// for the group; per head its scores over the block, the softmax steps in cell order (the
+/// running max, then the block's exponentials by [`expf8`], eight cells at a time: glibc's
+/// `expf`, the reference's function, bit for bit; then the sum chain); then the V
+/// accumulators walk the block two heads and 64 dims at a time in registers (loaded from and
+/// stored to memory once a block). Each head's operations and their order are the
+/// reference's; what changes is which wait for which: cell by cell, each update's f16
+/// rounding waited for the previous cell's store, and a call to `expf` inside the loop would
+/// clobber every vector register.
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn in_blocks<'a, const HD: usize>(
+    q: &[f32],
+    scale: f32,
+    cells: impl IntoIterator<Item = usize>,
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [f32],
+) {
+    let g = q.len() / HD;
+    let qf: Vec<f32> = q.iter().map(|&x| f16_to_f32(f32_to_f16(x))).collect();
+    let mut vkq = vec![0f32; g * HD];
+    let mut m = vec![f32::NEG_INFINITY; g];
+    let mut sum = vec![0f32; g];
+    let mut kf = vec![0f32; BLOCK * HD];
+    let mut vf = vec![0f32; BLOCK * HD];
+    // Per head and cell of the block: the step's exponential, whether the max grew.
+    let mut e = vec![0f32; g * BLOCK];
+    let mut grew = vec![false; g * BLOCK];
+    let mut cells = cells.into_iter();
+    loop {
+        let mut n = 0;
+        for c in cells.by_ref().take(BLOCK) {
+            let (kc, vc) = (&k(c)[..HD], &v(c)[..HD]);
+            for i in (0..HD).step_by(16) {
+                // SAFETY: n < BLOCK: n * HD + i + 16 <= BLOCK * HD.
+                unsafe {
+                    _mm512_storeu_ps(kf.as_mut_ptr().add(n * HD + i), load_ph(kc, i));
+                    _mm512_storeu_ps(vf.as_mut_ptr().add(n * HD + i), load_ph(vc, i));
+                }
+            }
+            n += 1;
+        }
+        if n == 0 {
+            break;
+        }
+        for h in 0..g {
+            let qh = &qf[h * HD..][..HD];
+            let mut arg = [0f32; BLOCK];
+            let mut mh = m[h];
+            let gh = &mut grew[h * BLOCK..][..BLOCK];
+            for j in 0..n {
+                let s = dot_f32(&kf[j * HD..][..HD], qh) * scale;
+                gh[j] = s > mh;
+                if gh[j] {
+                    arg[j] = mh - s;
+                    mh = s;
+                } else {
+                    arg[j] = s - mh;
+                }
+            }
+            m[h] = mh;
+            let eh = &mut e[h * BLOCK..][..BLOCK];
+            for (a, x) in arg.chunks_exact(8).zip(eh.chunks_exact_mut(8)) {
+                // SAFETY: 8 f32 each; expf8's features are this function's.
+                unsafe { _mm256_storeu_ps(x.as_mut_ptr(), expf8(_mm256_loadu_ps(a.as_ptr()))) };
+            }
+            let mut sh = sum[h];
+            for j in 0..n {
+                let (ms, vs) = if gh[j] { (eh[j], 1f32) } else { (1f32, eh[j]) };
+                sh = sh.mul_add(ms, vs);
+            }
+            sum[h] = sh;
+        }
+        let mut h = 0;
+        while h < g {
+            if h + 1 < g {
+                block_v::<2, HD>(
+                    &mut vkq[h * HD..(h + 2) * HD],
+                    &vf,
+                    n,
+                    &e[h * BLOCK..],
+                    &grew[h * BLOCK..],
+                );
+                h += 2;
+            } else {
+                block_v::<1, HD>(
+                    &mut vkq[h * HD..(h + 1) * HD],
+                    &vf,
+                    n,
+                    &e[h * BLOCK..],
+                    &grew[h * BLOCK..],
+                );
+                h += 1;
+            }
+        }
+    }
+    for ((o, acc), &sm) in out.chunks_exact_mut(HD).zip(vkq.chunks_exact(HD)).zip(&sum) {
+        let inv = if sm == 0.0 { 0.0 } else { 1.0 / sm };
+        for (o, &a) in o.iter_mut().zip(acc) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// H heads' V accumulators (of HD, `acc`) over a block's `n` widened V rows, 64 dims at a
+/// time in registers: per cell and head the reference's rescale (when the max grew: by the
+/// step's exponential) and update (weighed by it otherwise), each rounded to f16. `e`, `grew`:
+/// the heads' steps, [`BLOCK`] apart.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,fma,f16c")]
+fn block_v<const H: usize, const HD: usize>(
+    acc: &mut [f32],
+    vf: &[f32],
+    n: usize,
+    e: &[f32],
+    grew: &[bool],
+) {
+    const { assert!(HD.is_multiple_of(64)) };
+    assert!(acc.len() == H * HD && vf.len() >= n * HD && e.len() >= (H - 1) * BLOCK + n);
+    assert!(grew.len() >= (H - 1) * BLOCK + n);
+    for d in (0..HD).step_by(64) {
+        let mut a = [[_mm512_setzero_ps(); 4]; H];
+        for (h, ah) in a.iter_mut().enumerate() {
+            for (i, x) in ah.iter_mut().enumerate() {
+                // SAFETY: h * HD + d + 16 i + 16 <= H * HD = acc.len().
+                *x = unsafe { _mm512_loadu_ps(acc.as_ptr().add(h * HD + d + 16 * i)) };
+            }
+        }
+        for j in 0..n {
+            let mut x = [_mm512_setzero_ps(); 4];
+            for (i, x) in x.iter_mut().enumerate() {
+                // SAFETY: j * HD + d + 16 i + 16 <= n * HD <= vf.len().
+                *x = unsafe { _mm512_loadu_ps(vf.as_ptr().add(j * HD + d + 16 * i)) };
+            }
+            for (h, ah) in a.iter_mut().enumerate() {
+                let (ex, up) = (e[h * BLOCK + j], grew[h * BLOCK + j]);
+                let vs = if up {
+                    let f = _mm512_set1_ps(ex);
+                    for y in ah.iter_mut() {
+                        *y = round_ph(_mm512_mul_ps(*y, f));
+                    }
+                    1f32
+                } else {
+                    ex
+                };
+                let f = _mm512_set1_ps(vs);
+                for (y, &xv) in ah.iter_mut().zip(&x) {
+                    *y = round_ph(_mm512_fmadd_ps(xv, f, *y));
+                }
+            }
+        }
+        for (h, ah) in a.iter().enumerate() {
+            for (i, &x) in ah.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(h * HD + d + 16 * i), x) };
+            }
+        }
     }
 }
 
