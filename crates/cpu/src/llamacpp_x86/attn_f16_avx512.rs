@@ -236,25 +236,14 @@ fn in_blocks<'a, const HD: usize>(
         }
         let mut h = 0;
         while h < g {
-            if h + 1 < g {
-                block_v::<2, HD>(
-                    &mut vkq[h * HD..(h + 2) * HD],
-                    &vf,
-                    n,
-                    &e[h * BLOCK..],
-                    &grew[h * BLOCK..],
-                );
-                h += 2;
-            } else {
-                block_v::<1, HD>(
-                    &mut vkq[h * HD..(h + 1) * HD],
-                    &vf,
-                    n,
-                    &e[h * BLOCK..],
-                    &grew[h * BLOCK..],
-                );
-                h += 1;
+            let heads = (g - h).min(2);
+            let acc = &mut vkq[h * HD..(h + heads) * HD];
+            let (eh, gh) = (&e[h * BLOCK..], &grew[h * BLOCK..]);
+            match heads {
+                2 => block_v::<2, HD>(acc, &vf, n, eh, gh),
+                _ => block_v::<1, HD>(acc, &vf, n, eh, gh),
             }
+            h += heads;
         }
     }
     for ((o, acc), &sm) in out.chunks_exact_mut(HD).zip(vkq.chunks_exact(HD)).zip(&sum) {
