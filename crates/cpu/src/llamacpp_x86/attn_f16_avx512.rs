@@ -140,10 +140,9 @@ pub(super) fn attend_group<'a>(
     out: &mut [f32],
 ) {
     // Heads of 128 by blocks: in parts of two heads (what the registers hold) each part read
-    // its KV head's rows again, from memory at depth (2 MiB of K and V at 4,096 cells): the 7B
-    // shape's step went 86-89 -> 108-114 ms; by blocks 44-48 against 70-74 cell by cell
-    // (benches/decode_attention, -t 2). Heads of 64: blocks measured 10-11 ms against the
-    // parts' 11-17 alone, but the demo's decode at depth 35-44 against 41-42 t/s: parts kept.
+    // its KV head's rows again, from memory at depth (2 MiB of K and V at 4,096 cells), slower
+    // than cell by cell; blocks are faster than both. Heads of 64: blocks were faster alone
+    // but not in the demo's decode, so parts stay (figures: docs/PERFORMANCE.md, Session 23).
     if super::libm_expf::matches_c_library() {
         match hd {
             64 => {
