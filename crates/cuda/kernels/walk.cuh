@@ -467,10 +467,28 @@ __device__ __forceinline__ int mf_mv1_next(int o, int n_out) {
 #endif
 #define MF_P4_BOUNDS
 
+// Rows ahead of the one being walked that a warp of the pipelined walks asks L2 for
+// (`MINFER_CUDA_MV1_PIPE_AHEAD`; 0: none): one `prefetch.global.L2` a lane per 128 bytes of each
+// matrix's row, issued when the walk enters a row, so the chunk loads of the rows after it
+// find their lines in L2 without holding registers for them. A hint only: no value changes.
+#ifndef MF_MV1_PIPE_AHEAD
+#define MF_MV1_PIPE_AHEAD 0
+#endif
+
+// Asks L2 for the `bytes` bytes at `p` (every 128-byte line they touch, rows at any even
+// address included).
+__device__ __forceinline__ void mf_prefetch_span(const u8 *p, int bytes) {
+    const int lane = threadIdx.x & 31;
+    const int lead = (int)((u64)p & 127);
+    for (int off = lane * 128; off < lead + bytes; off += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p - lead + off));
+}
+
 template <int TY> struct MfSb;
 
 template <> struct MfSb<MF_Q4_K> {
     typedef MfQ4kRaw Raw;
+    static constexpr int BYTES = 144; // a superblock
     static __device__ __forceinline__ void load(const u8 *row, int sb, int k, Raw &r) {
         mf_q4k16_load(row, sb, k, r);
     }
@@ -485,6 +503,7 @@ template <> struct MfSb<MF_Q4_K> {
 
 template <> struct MfSb<MF_Q6_K> {
     typedef MfQ6kRaw Raw;
+    static constexpr int BYTES = 210; // a superblock
     static __device__ __forceinline__ void load(const u8 *row, int sb, int k, Raw &r) {
         mf_q6k8_load(row, sb, k, r);
     }
@@ -515,7 +534,17 @@ __device__ __forceinline__ void mf_pipe1_load(const RowOf &row_of, int o, int c,
     }
 }
 
-// The first D chunks' loads (call before the PDL wait).
+// Row o of each of the M matrices asked of L2 (MF_MV1_PIPE_AHEAD), if it exists.
+template <int TY, int M, class RowOf>
+__device__ __forceinline__ void mf_pipe1_ahead(const RowOf &row_of, int o, int n_rows, int nsb) {
+    if (MF_MV1_PIPE_AHEAD > 0 && o < n_rows) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) mf_prefetch_span(row_of(o, m), nsb * MfSb<TY>::BYTES);
+    }
+}
+
+// The first D chunks' loads (call before the PDL wait), and the MF_MV1_PIPE_AHEAD rows after
+// the warp's first asked of L2.
 template <int TY, int M, int D, class RowOf>
 __device__ __forceinline__ void mf_pipe1_prime(MfPipe1<TY, M, D> &p, const RowOf &row_of,
                                                int n_rows, int nb) {
@@ -531,6 +560,9 @@ __device__ __forceinline__ void mf_pipe1_prime(MfPipe1<TY, M, D> &p, const RowOf
             p.lo += mf_mv1_step();
         }
     }
+#pragma unroll
+    for (int a = 1; a <= MF_MV1_PIPE_AHEAD; ++a)
+        mf_pipe1_ahead<TY, M>(row_of, mf_mv1_first() + a * mf_mv1_step(), n_rows, p.nsb);
 }
 
 // Every chunk of the warp's rows; at each row's end epi(o, r) with r[m] its value for
@@ -571,6 +603,7 @@ __device__ __forceinline__ void mf_pipe1_run(MfPipe1<TY, M, D> &p, const RowOf &
                 epi(o, r);
                 c = 0;
                 o += step;
+                mf_pipe1_ahead<TY, M>(row_of, o + MF_MV1_PIPE_AHEAD * step, n_rows, p.nsb);
             }
         }
     }

@@ -128,6 +128,9 @@ pub(crate) struct Mv1Walk {
     /// Stages of the pipelined Q/K/V kernels and of the one-token kernels that quantize x
     /// per block (rows of a few chunks), 1 to 4; 0: as `pipe` (`MINFER_CUDA_MV1_PIPE_SHORT`).
     pub pipe_short: u8,
+    /// Rows ahead of the one walked that the pipelined walks ask L2 for, 0 to 4
+    /// (`MINFER_CUDA_MV1_PIPE_AHEAD`, walk.cuh `MF_MV1_PIPE_AHEAD`; 0: none).
+    pub pipe_ahead: u8,
     /// Blocks of 256 threads a multiprocessor the pipelined Q6_K kernels are compiled to fit,
     /// 1 to 4; 0: no bound (`MINFER_CUDA_MV1_P6_BLOCKS`, walk.cuh `MF_MV1_P6_BLOCKS`).
     pub p6_blocks: u8,
@@ -158,6 +161,9 @@ impl Mv1Walk {
         }
         if self.pipe > 0 && self.pipe_short > 0 {
             d.push_str(&format!("#define MF_MV1_PIPE_SHORT {}\n", self.pipe_short));
+        }
+        if self.pipe > 0 && self.pipe_ahead > 0 {
+            d.push_str(&format!("#define MF_MV1_PIPE_AHEAD {}\n", self.pipe_ahead));
         }
         if self.p6_blocks > 0 {
             d.push_str(&format!("#define MF_MV1_P6_BLOCKS {}\n", self.p6_blocks));
@@ -479,6 +485,13 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         1..=4,
         "want 1 to 4 stages",
     )?;
+    let pipe_ahead = count(
+        var,
+        "MINFER_CUDA_MV1_PIPE_AHEAD",
+        0,
+        0..=4,
+        "want 0 (none) or 1 to 4 rows",
+    )?;
     let p6_blocks = count(
         var,
         "MINFER_CUDA_MV1_P6_BLOCKS",
@@ -494,6 +507,7 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         pipe,
         pipe_types,
         pipe_short,
+        pipe_ahead,
         p6_blocks,
     })
 }
@@ -685,6 +699,7 @@ mod tests {
             ("MINFER_CUDA_MV1_PIPE", "3"),
             ("MINFER_CUDA_MV1_PIPE_TYPES", "q4k"),
             ("MINFER_CUDA_MV1_PIPE_SHORT", "4"),
+            ("MINFER_CUDA_MV1_PIPE_AHEAD", "2"),
             ("MINFER_CUDA_MV1_P6_BLOCKS", "3"),
             ("MINFER_CUDA_ATTN", "split"),
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
@@ -710,7 +725,7 @@ mod tests {
         assert_eq!(
             s.mv1.defines(),
             "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n#define MF_MV1_PIPE 3\n\
-             #define MF_MV1_PIPE_SHORT 4\n#define MF_MV1_P6_BLOCKS 3\n"
+             #define MF_MV1_PIPE_SHORT 4\n#define MF_MV1_PIPE_AHEAD 2\n#define MF_MV1_P6_BLOCKS 3\n"
         );
         assert_eq!((s.mv1.pipe, s.mv1.pipe_types), (3, (true, false)));
         assert_eq!(d.mv1.pipe_types, (true, true));
@@ -753,6 +768,11 @@ mod tests {
                 "MINFER_CUDA_MV1_PIPE_SHORT",
                 "0",
                 "MINFER_CUDA_MV1_PIPE_SHORT=0: want 1 to 4 stages",
+            ),
+            (
+                "MINFER_CUDA_MV1_PIPE_AHEAD",
+                "5",
+                "MINFER_CUDA_MV1_PIPE_AHEAD=5: want 0 (none) or 1 to 4 rows",
             ),
             (
                 "MINFER_CUDA_MV1_PIPE_TYPES",

@@ -286,11 +286,12 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
                 ],
             ),
             (
-                "one block, 2 stages, 4 on short rows, Q6_K bound to 3 blocks",
+                "one block, 2 stages, 4 on short rows, 2 rows asked of L2 ahead, Q6_K bound to 3 blocks",
                 &[
                     ("MINFER_CUDA_MV1_GRID", "1"),
                     ("MINFER_CUDA_MV1_PIPE", "2"),
                     ("MINFER_CUDA_MV1_PIPE_SHORT", "4"),
+                    ("MINFER_CUDA_MV1_PIPE_AHEAD", "2"),
                     ("MINFER_CUDA_MV1_P6_BLOCKS", "3"),
                 ],
             ),
