@@ -215,6 +215,146 @@ extern "C" __global__ void MF_P6_BOUNDS mf_qkv1_p46_gx(int tyq, const u8 *wq, u6
                          row, ne0, q_dim, kv_dim);
 }
 
+// The fused decode Q/K/V in one launch where the cache holds f16 or f32 and the rows take the
+// pipelined walks (`mf_qkv1r_p4|p6|p46[_gx]`; `MINFER_CUDA_QKV_ROPE=0`: the two launches
+// above). A warp's unit is a pair of rows that RoPE rotates together (of Q or K; V's rows are
+// paired the same way and only stored), walked as two matrices of one pipeline (walk.cuh,
+// M = 2), so both values of a pair end on lane 0, whose epilogue adds the biases, rotates and
+// stores: q into the output, k and v into the token's cell. Each row's sum, bias add, rotation
+// and store are the two launches' (mf_pipe1_run's chain, __fadd_rn, mf_rope_cs / mf_rope_lo /
+// mf_rope_hi, mf_f2h), so the bits are too; only the rope_store launch and the round trip of
+// the rows through memory are gone.
+struct MfRopeOut {
+    const int *pos, *cells;
+    float *q_out;
+    u8 *kreg, *vreg;
+    int kv_ty; // MF_F16 or MF_F32
+    u64 cell_bytes;
+    int hd, neox;
+    float theta_scale, freq_scale;
+};
+
+// Pair j of a region of heads of hd rows: its rows a < b within the region and its RoPE index
+// i (mf_roped's pairing: (i, i + hd / 2) for NeoX, (2 i, 2 i + 1) otherwise).
+__device__ __forceinline__ void mf_rope_pair(int j, int hd, int neox, int *a, int *b, int *i) {
+    const int half = hd >> 1, h = j / half;
+    *i = j - h * half;
+    *a = h * hd + (neox ? *i : 2 * *i);
+    *b = *a + (neox ? half : 1);
+}
+
+// Lane 0's epilogue of pair j of region reg (0 q, 1 k, 2 v) with the rows' sums r[0], r[1].
+__device__ __forceinline__ void mf_rope_pair_out(const MfRopeOut &o, int reg, int j,
+                                                 const float *bias, const float *r) {
+    int a, b, i;
+    mf_rope_pair(j, o.hd, o.neox, &a, &b, &i);
+    float va = r[0], vb = r[1];
+    if (bias) {
+        va = __fadd_rn(va, bias[a]);
+        vb = __fadd_rn(vb, bias[b]);
+    }
+    if (reg < 2) {
+        float c, sn;
+        mf_rope_cs(o.pos[0], i, o.theta_scale, o.freq_scale, &c, &sn);
+        const float ra = mf_rope_lo(va, vb, c, sn), rb = mf_rope_hi(va, vb, c, sn);
+        va = ra;
+        vb = rb;
+    }
+    if (reg == 0) {
+        o.q_out[a] = va;
+        o.q_out[b] = vb;
+        return;
+    }
+    u8 *cell = (reg == 1 ? o.kreg : o.vreg) + (u64)o.cells[0] * o.cell_bytes;
+    if (o.kv_ty == MF_F16) {
+        ((u16 *)cell)[a] = mf_f2h(va);
+        ((u16 *)cell)[b] = mf_f2h(vb);
+    } else {
+        ((float *)cell)[a] = va;
+        ((float *)cell)[b] = vb;
+    }
+}
+
+// The pairs of Q and K on one pipeline of TA, then those of V on one of TB (the same type:
+// one pipeline over every pair; Q/K of Q4_K and V of Q6_K: two, the second primed once the
+// first is done, as mf_qkv1_pipe46).
+template <int TA, int TB, bool GX>
+__device__ __forceinline__ void mf_qkv1r_pipe(const u8 *wq, u64 rbq, const u8 *wk, u64 rbk,
+                                              const u8 *wv, u64 rbv, const float *bq,
+                                              const float *bk, const float *bv, const float *x,
+                                              const float *gain, float eps,
+                                              const signed char *__restrict__ gxq,
+                                              const float2 *__restrict__ gxds, int ne0,
+                                              int q_dim, int kv_dim, const MfRopeOut &ro) {
+    const int qu = q_dim >> 1, ku = kv_dim >> 1;
+    constexpr bool ONE = TA == TB;
+    const int n_a = ONE ? qu + 2 * ku : qu + ku;
+    // Unit u's region, pair index in it, matrix and row bytes.
+    const auto unit = [&](int u, int *reg, int *j, const u8 **w, u64 *rb) {
+        if (u < qu) *reg = 0, *j = u, *w = wq, *rb = rbq;
+        else if (u < qu + ku) *reg = 1, *j = u - qu, *w = wk, *rb = rbk;
+        else *reg = 2, *j = u - qu - ku, *w = wv, *rb = rbv;
+    };
+    const auto row_of = [&](int u, int m) {
+        int reg, j, a, b, i;
+        const u8 *w;
+        u64 rb;
+        unit(u, &reg, &j, &w, &rb);
+        mf_rope_pair(j, ro.hd, ro.neox, &a, &b, &i);
+        return w + (u64)(m ? b : a) * rb;
+    };
+    const auto epi = [&](int u, const float *r) {
+        if ((threadIdx.x & 31) == 0) {
+            int reg, j;
+            const u8 *w;
+            u64 rb;
+            unit(u, &reg, &j, &w, &rb);
+            mf_rope_pair_out(ro, reg, j, reg == 0 ? bq : reg == 1 ? bk : bv, r);
+        }
+    };
+    MfPipe1<TA, 2, MF_MV1_PIPE_SHORT> pa;
+    mf_pipe1_prime(pa, row_of, n_a, ne0 >> 5);
+    MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
+    mf_pipe1_run(pa, row_of, n_a, xq, xds, epi);
+    if (!ONE) {
+        const auto v_of = [&](int u, int m) { return row_of(u + qu + ku, m); };
+        const auto epi_v = [&](int u, const float *r) { epi(u + qu + ku, r); };
+        MfPipe1<TB, 2, MF_MV1_PIPE_SHORT> pb;
+        mf_pipe1_prime(pb, v_of, ku, ne0 >> 5);
+        mf_pipe1_run(pb, v_of, ku, xq, xds, epi_v);
+    }
+    MF_PDL_TRIGGER();
+}
+
+// The rope-fused kernels: mf_qkv1's arguments less its row scratch, then the RoPE and store
+// targets (MfRopeOut's fields).
+#define MF_QKV1R_ARGS                                                                              \
+    int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk, u64 rbk, int tyv, const u8 *wv,      \
+        u64 rbv, const float *bq, const float *bk, const float *bv
+#define MF_QKV1R_TAIL                                                                              \
+    int ne0, int q_dim, int kv_dim, const int *pos, const int *cells, float *q_out, u8 *kreg,   \
+        u8 *vreg, int kv_ty, u64 cell_bytes, int hd, float theta_scale, float freq_scale, int neox
+#define MF_QKV1R_RO {pos, cells, q_out, kreg, vreg, kv_ty, cell_bytes, hd, neox, theta_scale, freq_scale}
+#define MF_QKV1R_KERNELS(SUF, TA, TB, BOUNDS)                                                      \
+    extern "C" __global__ void BOUNDS mf_qkv1r_##SUF(MF_QKV1R_ARGS, const float *x,               \
+                                                     const float *gain, float eps,               \
+                                                     MF_QKV1R_TAIL) {                             \
+        const MfRopeOut ro = MF_QKV1R_RO;                                                         \
+        mf_qkv1r_pipe<TA, TB, false>(wq, rbq, wk, rbk, wv, rbv, bq, bk, bv, x, gain, eps,         \
+                                     nullptr, nullptr, ne0, q_dim, kv_dim, ro);                   \
+    }                                                                                             \
+    extern "C" __global__ void BOUNDS mf_qkv1r_##SUF##_gx(MF_QKV1R_ARGS, const signed char *xq,   \
+                                                          const float2 *xds, MF_QKV1R_TAIL) {     \
+        const MfRopeOut ro = MF_QKV1R_RO;                                                         \
+        mf_qkv1r_pipe<TA, TB, true>(wq, rbq, wk, rbk, wv, rbv, bq, bk, bv, nullptr, nullptr,      \
+                                    0.0f, xq, xds, ne0, q_dim, kv_dim, ro);                       \
+    }
+
+MF_QKV1R_KERNELS(p4, MF_Q4_K, MF_Q4_K, MF_P4_BOUNDS)
+MF_QKV1R_KERNELS(p6, MF_Q6_K, MF_Q6_K, MF_P6_BOUNDS)
+MF_QKV1R_KERNELS(p46, MF_Q4_K, MF_Q6_K, MF_P6_BOUNDS)
+
 // Element e of head row `h` (hd values at `x`) after RoPE at (c, s) of its pair.
 __device__ __forceinline__ float mf_roped(const float *x, int e, int hd, int neox, int pos,
                                           float theta_scale, float freq_scale) {

@@ -125,6 +125,9 @@ pub struct CudaBackend {
     pub(crate) attn_heads: usize,
     /// The warp-tiled attention's K rows staged in shared memory (`_s` kernels).
     pub(crate) attn_stage: bool,
+    /// The decode Q/K/V, RoPE and KV stores in one launch where the walk and the cache
+    /// allow (`mf_qkv1r_*`; off: `MINFER_CUDA_QKV_ROPE=0`).
+    pub(crate) qkv_rope: bool,
     /// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`).
     pub(crate) mv1_x: crate::settings::Mv1X,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
@@ -285,6 +288,7 @@ impl CudaBackend {
             attn_warp_qt,
             attn_heads: s.attn_heads,
             attn_stage: s.attn_stage,
+            qkv_rope: s.qkv_rope,
             mv1_x: s.mv1_x,
             mv1_warps,
             mv1_grid,

@@ -269,6 +269,15 @@ pub(crate) const MV1_KERNELS: [[[&str; 2]; 4]; 3] = [
     ],
 ];
 
+/// The rope-fused Q/K/V kernels by [`MV1_KERNELS`]' walk (none for the plain walks) and x's
+/// source (kernels/fused.cu `mf_qkv1r_*`).
+const QKV_ROPE_KERNELS: [[&str; 2]; 4] = [
+    ["", ""],
+    ["mf_qkv1r_p4", "mf_qkv1r_p4_gx"],
+    ["mf_qkv1r_p6", "mf_qkv1r_p6_gx"],
+    ["mf_qkv1r_p46", "mf_qkv1r_p46_gx"],
+];
+
 /// [`MV1_KERNELS`]' walks: the plain ones, pipelined over Q4_K, over Q6_K, over both (Q/K/V).
 pub(crate) const WALK_PLAIN: usize = 0;
 pub(crate) const WALK_Q4K: usize = 1;
@@ -597,7 +606,8 @@ impl CudaBackend {
     }
 
     /// [`Op::QkvRopeStore`] (no per-head norm): `mf_qkv1` then `mf_rope_store`, the unfused
-    /// chain's bits (kernels/fused.cu).
+    /// chain's bits (kernels/fused.cu); one `mf_qkv1r_*` launch instead where the rows take
+    /// a pipelined walk and the cache holds f16 or f32 (the same bits).
     pub(crate) fn encode_qkv(&mut self, node: &Node, f: &QkvFused, args: &ExecArgs) -> DResult<()> {
         let w = args.weights;
         let (q_dim, kv_dim, hd) = (f.q_dim(), f.kv_dim(), f.rope.head_dim);
@@ -685,6 +695,39 @@ impl CudaBackend {
             MV1_ROWS
         };
         let walk = qkv_walk([&m[0], &m[1], &m[2]], self.mv1_pipe);
+        let neox = (f.rope.style == RopeStyle::Neox) as i32;
+        let theta = theta_scale(f.rope.freq_base, hd);
+        // Pairs of rows RoPE rotates together, whole heads, a block's worth of warps each.
+        let pairs_fit = hd % 2 == 0
+            && q_dim.is_multiple_of(hd)
+            && kv_dim.is_multiple_of(hd)
+            && (q_dim / 2).is_multiple_of(warps)
+            && (kv_dim / 2).is_multiple_of(warps);
+        if self.qkv_rope && walk != WALK_PLAIN && ty != 2 && pairs_fit {
+            let kernel = QKV_ROPE_KERNELS[walk][gx as usize];
+            let grid = self.mv1_grid(kernel, rows / 2, warps, shared)?;
+            // mf_qkv1's arguments up to x's, then the RoPE and store targets.
+            a.truncate(a.len() - 4);
+            a.extend([
+                Arg::I32(ne0 as i32),
+                Arg::I32(q_dim as i32),
+                Arg::I32(kv_dim as i32),
+                Arg::U64(pos),
+                Arg::U64(cells),
+                Arg::U64(out),
+                Arg::U64(k),
+                Arg::U64(v),
+                Arg::I32(ty),
+                Arg::U64(row_bytes as u64),
+                Arg::I32(hd as i32),
+                Arg::F32(theta),
+                Arg::F32(f.rope.freq_scale),
+                Arg::I32(neox),
+            ]);
+            return self
+                .gpu
+                .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a);
+        }
         let kernel = MV1_KERNELS[Mv1Family::Qkv as usize][walk][gx as usize];
         let grid = self.mv1_grid(kernel, rows, warps, shared)?;
         self.gpu
@@ -706,9 +749,9 @@ impl CudaBackend {
                 Arg::I32(q_dim as i32),
                 Arg::I32(kv_dim as i32),
                 Arg::I32(hd as i32),
-                Arg::F32(theta_scale(f.rope.freq_base, hd)),
+                Arg::F32(theta),
                 Arg::F32(f.rope.freq_scale),
-                Arg::I32((f.rope.style == RopeStyle::Neox) as i32),
+                Arg::I32(neox),
             ],
         )
     }
@@ -746,6 +789,9 @@ mod tests {
             }
         }
         for k in MV1_KERNELS.iter().flatten().flatten() {
+            assert!(k.is_empty() || loaded(k), "{k}");
+        }
+        for k in QKV_ROPE_KERNELS.iter().flatten() {
             assert!(k.is_empty() || loaded(k), "{k}");
         }
         assert!(!loaded("mf_mmvt3"), "control");

@@ -217,6 +217,9 @@ pub struct CudaSettings {
     /// The warp-tiled attention with its K rows staged in shared memory by cp.async
     /// (`MINFER_CUDA_ATTN_STAGE=1`; default off; the same bits either way).
     pub(crate) attn_stage: bool,
+    /// The decode Q/K/V with RoPE and the KV stores in one launch where it can
+    /// (`MINFER_CUDA_QKV_ROPE`: `1` default, `0` the two launches; the same bits either way).
+    pub(crate) qkv_rope: bool,
     pub(crate) mmq: MmqChoice,
     /// Most generation rows of one matmul the multi-row vector kernels take
     /// (`MINFER_CUDA_MVN`, 0 ..= 16; 0: off, the dp4a / `mma` kernels as before): a warp per
@@ -333,6 +336,11 @@ impl CudaSettings {
                 "" | "0" => false,
                 "1" => true,
                 v => return Err(Refused::new("MINFER_CUDA_ATTN_STAGE", v, "want 0 or 1")),
+            },
+            qkv_rope: match text("MINFER_CUDA_QKV_ROPE").as_str() {
+                "" | "1" => true,
+                "0" => false,
+                v => return Err(Refused::new("MINFER_CUDA_QKV_ROPE", v, "want 0 or 1")),
             },
             mmq: mmq(&text)?,
             mvn_max: match text("MINFER_CUDA_MVN").as_str() {
@@ -686,6 +694,7 @@ mod tests {
         assert_eq!(d.image, crate::compile::ImageKind::Ptx);
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
         assert!(!d.attn_stage);
+        assert!(d.qkv_rope);
         assert_eq!(d.mv1_x, Mv1X::Auto);
         assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));
         assert_eq!(d.sync_timeout, Duration::from_secs(120));
@@ -711,9 +720,11 @@ mod tests {
             ("MINFER_CUDA_MVS_WARPS", "16"),
             ("MINFER_CUDA_IMAGE", "cubin"),
             ("MINFER_CUDA_ATTN_STAGE", "1"),
+            ("MINFER_CUDA_QKV_ROPE", "0"),
         ])
         .unwrap();
         assert!(s.attn_stage);
+        assert!(!s.qkv_rope);
         assert_eq!((s.mvn_max, s.mvt_from), (0, 0));
         assert_eq!(
             (s.mvs_from, s.mvs_rows, s.mvs_warps),

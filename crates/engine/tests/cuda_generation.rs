@@ -105,7 +105,7 @@ fn one_token_launches() -> u64 {
 /// Launches of the pipelined one-token kernels so far.
 fn pipelined_launches() -> u64 {
     let mut n = 0;
-    for k in ["mf_mmvq1", "mf_qkv1", "mf_gate_up1"] {
+    for k in ["mf_mmvq1", "mf_qkv1", "mf_qkv1r", "mf_gate_up1"] {
         for w in ["_p4", "_p6", "_p46"] {
             for x in ["", "_gx"] {
                 n += minfer_cuda::launches(&format!("{k}{w}{x}"));
@@ -115,9 +115,29 @@ fn pipelined_launches() -> u64 {
     n
 }
 
-/// Launches of the pipelined Q/K/V kernels over Q4_K Q/K and Q6_K V so far.
+/// Launches of the pipelined Q/K/V kernels over Q4_K Q/K and Q6_K V so far (RoPE fused or
+/// not).
 fn mixed_qkv_launches() -> u64 {
-    minfer_cuda::launches("mf_qkv1_p46") + minfer_cuda::launches("mf_qkv1_p46_gx")
+    [
+        "mf_qkv1_p46",
+        "mf_qkv1_p46_gx",
+        "mf_qkv1r_p46",
+        "mf_qkv1r_p46_gx",
+    ]
+    .iter()
+    .map(|k| minfer_cuda::launches(k))
+    .sum()
+}
+
+/// Launches of the rope-fused Q/K/V kernels (`mf_qkv1r_*`) so far.
+fn rope_fused_launches() -> u64 {
+    let mut n = 0;
+    for w in ["_p4", "_p6", "_p46"] {
+        for x in ["", "_gx"] {
+            n += minfer_cuda::launches(&format!("mf_qkv1r{w}{x}"));
+        }
+    }
+    n
 }
 
 /// Launches of the multi-row vector kernels so far (every weight type).
@@ -579,4 +599,80 @@ fn an_ffn_past_the_concatenation_cap_is_fused_on_cuda() {
     };
     let off = count(&mut engine_with(&path, no_ffn));
     assert_eq!(off, 0, "control: with the FFN fusion off nothing is fused");
+}
+
+/// The decode Q/K/V with RoPE and the KV stores in one launch (`mf_qkv1r_*`, kernels/fused.cu)
+/// against the two launches it replaces (`mf_qkv1_*` + `mf_rope_store`,
+/// `MINFER_CUDA_QKV_ROPE=0`): the same logits bit for bit over a prefill and six generated
+/// steps, whose attention reads the K/V cells either path stored. NeoX pairs with biases
+/// (Qwen2) and adjacent pairs (LLaMA), every pipelined walk (Q4_K, Q6_K, Q/K of Q4_K with V
+/// of Q6_K), f16 and f32 caches. Control: the launch counters show the fused kernel ran
+/// every step in one engine and never in the other, where `mf_rope_store` ran instead.
+#[test]
+fn the_rope_fused_qkv_gives_the_two_launches_bits() {
+    if !gpu() {
+        return;
+    }
+    use GgmlType as T;
+    let cases = [
+        (Arch::Qwen2, T::Q4K, None, T::F16),
+        (Arch::Llama, T::Q4K, None, T::F32),
+        (Arch::Qwen2, T::Q4K, Some(T::Q6K), T::F16),
+        (Arch::Llama, T::Q6K, None, T::F16),
+    ];
+    for (arch, ty, mix, cache) in cases {
+        let path = wide_model_mix(arch, ty, mix);
+        let run = |fused: &str| {
+            with_env(&[("MINFER_CUDA_QKV_ROPE", fused)], || {
+                let mut e = Engine::load(
+                    &path,
+                    EngineConfig {
+                        n_ctx: 256,
+                        threads: 2,
+                        cache_type: cache,
+                        backends: vec!["cuda".into()],
+                        ..EngineConfig::default()
+                    },
+                )
+                .unwrap();
+                let (f0, s0) = (
+                    rope_fused_launches(),
+                    minfer_cuda::launches("mf_rope_store"),
+                );
+                let p = prompt(3);
+                let first = e.decode(&p, 0, 1).unwrap().to_vec();
+                let mut next = minfer_testkit::logits::argmax(&first);
+                let mut out = vec![bits(&first)];
+                for step in 0..6 {
+                    let l = e
+                        .decode_generated(&[next], p.len() + step, 1)
+                        .unwrap()
+                        .to_vec();
+                    next = minfer_testkit::logits::argmax(&l);
+                    out.push(bits(&l));
+                }
+                let launched = (
+                    rope_fused_launches() - f0,
+                    minfer_cuda::launches("mf_rope_store") - s0,
+                );
+                (out, launched)
+            })
+        };
+        let what = format!("{arch:?} {ty} (V {mix:?}), {cache} KV");
+        let (fused, (fk, fs)) = run("1");
+        let (plain, (pk, ps)) = run("0");
+        assert!(
+            fk >= 6 && fs == 0,
+            "{what}: fused run launched {fk} / rope_store {fs}"
+        );
+        assert!(
+            pk == 0 && ps >= 6,
+            "{what}: plain run launched {pk} / rope_store {ps}"
+        );
+        for (step, (a, b)) in fused.iter().zip(&plain).enumerate() {
+            let diff = a.iter().zip(b).filter(|(x, y)| x != y).count();
+            assert_eq!(diff, 0, "{what}: step {step} differs in {diff} logits");
+        }
+        println!("{what}: fused == two launches over 7 steps ({fk} fused launches)");
+    }
 }

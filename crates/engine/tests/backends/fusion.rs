@@ -216,6 +216,7 @@ fn cuda_cases() -> Vec<(Arch, GgmlType, GgmlType)> {
     vec![
         (Arch::Qwen2, T::Q8_0, T::F16),
         (Arch::Qwen2, T::Q4K, T::Q8_0),
+        (Arch::Qwen2, T::Q4K, T::F16),
         (Arch::Llama, T::Q4K, T::F16),
         (Arch::Llama, T::Q6K, T::F32),
         (Arch::Qwen3, T::Q5_0, T::F16),
