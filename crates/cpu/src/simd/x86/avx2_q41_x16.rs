@@ -70,6 +70,10 @@ pub(crate) unsafe fn dot_q41_x16<const N: usize>(
             // Two i16 chains for one row, one a row for several; together at most the
             // block's 8 `vpmaddubsw` (see the module docs).
             let mut acc = [[zero; 2]; N];
+            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
+            // both halves by spilling them to the stack, which measured 5-30 % slower with
+            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
+            let ap = std::hint::black_box(ap);
             for q in 0..4 {
                 // SAFETY: quad q of rows 8h..8h + 8.
                 let v = unsafe { load(p.add(64 + 64 * q + 32 * h)) };

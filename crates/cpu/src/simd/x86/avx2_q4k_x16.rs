@@ -119,6 +119,10 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
             );
             let mut isum = [zero; N];
             let mut msum = [zero; N];
+            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
+            // both halves by spilling them to the stack, which measured 5-30 % slower with
+            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
+            let ap = std::hint::black_box(ap);
             for j in 0..4 {
                 // For one row two i16 chains per nibble half (even and odd quads), joined
                 // after; one a row for several. Each sums at most the sub-block's 8.

@@ -112,6 +112,10 @@ pub(crate) unsafe fn dot_q50_x16<const N: usize>(
             // Per row: the sums of the low halves' products and of the high halves'.
             let mut lo = [zero; N];
             let mut hi = [zero; N];
+            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
+            // both halves by spilling them to the stack, which measured 5-30 % slower with
+            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
+            let ap = std::hint::black_box(ap);
             for q in 0..4 {
                 // SAFETY: quad q of rows 8h..8h + 8.
                 let v = unsafe { load(p.add(96 + 64 * q + 32 * h)) };

@@ -76,6 +76,10 @@ pub(crate) unsafe fn dot_q80_x16<const N: usize>(
             // Per row: the low nibbles' sums and the high nibbles' (see the module docs).
             let mut lo = [zero; N];
             let mut hi = [zero; N];
+            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
+            // both halves by spilling them to the stack, which measured 5-30 % slower with
+            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
+            let ap = std::hint::black_box(ap);
             for q in 0..8 {
                 // SAFETY: quad q of rows 8h..8h + 8.
                 let u = _mm256_xor_si256(unsafe { load(p.add(32 + 64 * q + 32 * h)) }, bias);
