@@ -16,9 +16,18 @@
 //!   (and what the parent runs on the best instruction set). `tests/split_exact.rs` runs its
 //!   packed tests on the best instruction set; under `MINFER_CPU_ISA=avx2` on AVX2's.
 //!
-//! Controls (2026-12-07, AMD EPYC with AVX-512 VNNI; each made the direct test fail for the
-//! AVX2 kernels, and the forced-AVX2 matmul test with it): in the notes of
-//! docs/PERFORMANCE.md, Session 24.
+//! Controls (2026-12-07, the Zen 4 VM with AVX-512 VNNI, each tried on the AVX2 kernels and
+//! taken out again):
+//! - Q5_0's float part as d_w · (d_a · s) instead of (d_w · d_a) · s failed the direct test
+//!   (random blocks) and, under `MINFER_CPU_ISA=avx2`, split_exact's
+//!   `legacy_float_orders_hold_on_large_block_sums`;
+//! - Q4_K reading the d of the other half's rows failed the direct test and
+//!   `packed_matmul_on_avx2`;
+//! - Q5_0's 8 `vpmaddubsw` of a block summed in one i16 chain (past its 32767 bound) failed
+//!   only the direct test, on the constant activations (the random rows of the matmul tests
+//!   never saturate);
+//! - the block lanes combined as (0 + 1) + (2 + 3), and Q6_K's offsets taken back as
+//!   16 · Σ sc · bsum instead of 32 ·, each failed both.
 
 use minfer_cpu::ops::matmul::packed::pack_x16;
 use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
