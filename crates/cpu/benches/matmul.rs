@@ -2,7 +2,9 @@
 //! 896-wide attention/FFN-in, 4864-wide FFN-out), 64 tokens, one thread: the minimum over
 //! rounds of the whole `matmul` call (activation quantization included), as GMAC/s and
 //! cycles-free ns per (32-element block × token). `cargo bench -p minfer-cpu --bench matmul`.
-//! Not a test: it asserts nothing about speed.
+//! Each prefill case runs on plain rows, then on rows packed 16 at a time where the
+//! instruction set in use has packed kernels (`MINFER_CPU_ISA=avx2` measures AVX2's on an
+//! AVX-512 machine). Not a test: it asserts nothing about speed.
 //!
 //! Then decode's side: one token against ~256 KiB of weight rows (in L2), the minimum over
 //! rounds, as weight GB/s: the kernels' compute speed without DRAM (compare
@@ -11,7 +13,8 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use minfer_cpu::ops::matmul::{matmul, Weight};
+use minfer_cpu::ops::matmul::packed::pack_x16;
+use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
 use minfer_gguf::quants::random_blocks;
 use minfer_gguf::GgmlType;
 
@@ -35,26 +38,34 @@ fn main() {
             .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.002)
             .collect();
         let mut out = vec![0f32; nt * m];
-        let wt = Weight {
-            ty,
-            k,
-            m,
-            bytes: &w,
-            layout: Default::default(),
-        };
-        let mut best = f64::INFINITY;
-        for _ in 0..80 {
-            let t = Instant::now();
-            matmul(&wt, black_box(&x), None, &mut out, 1).unwrap();
-            best = best.min(t.elapsed().as_secs_f64());
+        let packed = Layout::packed_for(ty)
+            .filter(|_| minfer_cpu::simd::x16_kernel(ty).is_some())
+            .map(|l| (l, pack_x16(l, &w, k, m).unwrap()));
+        let mut layouts = vec![(Layout::Rows, &w[..])];
+        layouts.extend(packed.as_ref().map(|(l, b)| (*l, &b[..])));
+        for (layout, bytes) in layouts {
+            let wt = Weight {
+                ty,
+                k,
+                m,
+                bytes,
+                layout,
+            };
+            let mut best = f64::INFINITY;
+            for _ in 0..80 {
+                let t = Instant::now();
+                matmul(&wt, black_box(&x), None, &mut out, 1).unwrap();
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let macs = (nt * k * m) as f64;
+            println!(
+                "{ty:>5} k={k:>5} m={m:>4} nt={nt} {:>7}: {:>7.2} ms  {:>6.2} GMAC/s  {:>5.2} ns per 32-block x token",
+                format!("{layout:?}"),
+                best * 1e3,
+                macs / best / 1e9,
+                best * 1e9 / (macs / 32.0)
+            );
         }
-        let macs = (nt * k * m) as f64;
-        println!(
-            "{ty:>5} k={k:>5} m={m:>4} nt={nt}: {:>7.2} ms  {:>6.2} GMAC/s  {:>5.2} ns per 32-block x token",
-            best * 1e3,
-            macs / best / 1e9,
-            best * 1e9 / (macs / 32.0)
-        );
     }
     for (ty, k) in [
         (GgmlType::Q4K, 1536),

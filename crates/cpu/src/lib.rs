@@ -732,7 +732,7 @@ mod packing_tests {
         be.prepare_weights(&w, &[WeightId(0), WeightId(1)]).unwrap();
         let chosen = be.pending.iter().filter(|p| p.is_some()).count();
         if chosen == 0 {
-            println!("SKIP: no packed layout here (no AVX-512 VNNI kernel or no huge pages)");
+            println!("SKIP: no packed layout here (no packed kernel or no huge pages)");
             return;
         }
         assert_eq!(chosen, 2, "both matrices can be packed");

@@ -228,10 +228,11 @@ fn legacy_float_orders_hold_on_large_block_sums() {
 
 #[test]
 fn packed_matmul_is_exact_for_every_thread_count() {
-    // Q4_K and Q6_K rows packed 16 at a time (`Layout::Q4kX16`, `Q6kX16`: what the backend
-    // makes at load on AVX-512 VNNI machines): decode through the packed kernels, prefill
-    // through the tile kernels on groups unpacked per chunk, rows past the last group as
-    // plain rows; every (row, token) against the scalar reference dot of the plain rows.
+    // Rows packed 16 at a time (`Layout::Q4kX16` and the others: what the backend makes on
+    // AVX-512 VNNI and AVX2 machines, for the instruction set in use; `MINFER_CPU_ISA=avx2`
+    // runs AVX2's, and `tests/packed_exact.rs` runs both in one `cargo test`): every token
+    // count through the packed kernels, rows past the last group as plain rows; every
+    // (row, token) against the scalar reference dot of the plain rows.
     for ty in [
         GgmlType::Q4K,
         GgmlType::Q6K,

@@ -56,14 +56,26 @@ pub struct X16Fns {
 }
 
 /// The packed kernels of `ty` for the instruction set in use ([`detected`]); None where there
-/// are none (the weights then stay in plain rows).
+/// are none (the weights then stay in plain rows: the backend packs a weight exactly when
+/// this answers Some, and a matmul refuses a packed weight when it answers None).
 pub fn x16_kernel(ty: GgmlType) -> Option<X16Fns> {
-    #[cfg(target_arch = "x86_64")]
-    if detected() == Isa::Avx512Vnni {
-        return x86::avx512_packed(ty);
+    x16_kernel_on(detected(), ty)
+}
+
+/// The packed kernels of `ty` on one instruction set (None where it has none, or where this
+/// machine lacks it): AVX-512 VNNI's and AVX2's read the same layouts and give the same bits.
+/// Each set has its own; none stands in for another's.
+pub fn x16_kernel_on(isa: Isa, ty: GgmlType) -> Option<X16Fns> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86::avx512_packed(ty),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::avx2_packed(ty),
+        _ => {
+            let _ = ty;
+            None
+        }
     }
-    let _ = ty;
-    None
 }
 
 /// An instruction set the kernels are written for.

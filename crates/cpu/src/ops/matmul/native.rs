@@ -67,8 +67,9 @@ pub fn matmul(
         None => None,
         Some(ty) if ty == w.ty => Some(crate::simd::x16_kernel(ty).ok_or_else(|| {
             KernelError(format!(
-                "{ty} weights packed 16 rows at a time need the AVX-512 VNNI kernel, which \
-                 this instruction set does not have"
+                "{ty} weights packed 16 rows at a time need a packed kernel (AVX2 or AVX-512 \
+                 VNNI), which the instruction set in use ({}) does not have",
+                crate::simd::detected()
             ))
         })?),
         Some(ty) => {

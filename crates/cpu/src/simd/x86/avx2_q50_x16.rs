@@ -1,0 +1,147 @@
+//! The AVX2 decode and prefill kernel for Q5_0 rows packed 16 at a time
+//! ([`crate::ops::matmul::packed`], `Layout::Q50X16`), the AVX2 form of `avx512_q50_x16`:
+//! one or four Q8_0 activation rows against the 16 rows of a group, in two halves of 8 rows
+//! (`avx2_x16`).
+//!
+//! Per 32-element block, exact integers as the reference's (`quants::legacy::dot_q5_0_q8_0`):
+//! a 32-byte load holds the same 4 quant bytes of 8 rows. The fifth bits of those 4 elements
+//! of each row (bits 4q..4q + 4 of its `qh` for the low nibbles, 16 + 4q.. for the high
+//! ones) come from the qh byte holding them, copied to the 4 bytes of the row's lane by
+//! `vpshufb`: byte j tested against bit j (+ 4 for odd quads) gives 16 or 0, so the unsigned
+//! q5 = q + 16 (0..31) meet 4 broadcast activations in one `vpmaddubsw` per half-block. A
+//! pair is at most 2 · 31 · 128 = 7936 in magnitude, so 4 `vpmaddubsw` (the block's low
+//! halves, and its high halves) sum in i16 to at most 31744 < 32767, each sum widened by
+//! one `vpmaddwd`. Σ q·a = Σ q5·a - 16 · Σ a, the activation block's Σ a by `vpsadbw`.
+//!
+//! The float part is the AVX-512 kernel's (the reference's), one row per lane, never fused:
+//! (d_w · d_a) · s, block b added into block lane b % 4, the lanes combined as
+//! (0 + 2) + (1 + 3).
+//!
+//! Gate: `tests/split_exact.rs` (`packed_kernels_are_exact_on_every_isa`,
+//! `legacy_float_orders_hold_on_large_block_sums`, and
+//! `packed_matmul_is_exact_for_every_thread_count` under `MINFER_CPU_ISA=avx2`).
+
+use std::arch::x86_64::*;
+
+use super::avx2_x16::{bcast4, block_sum, f16_lanes, f16x8, finish, load, widen};
+
+/// Bytes of one Q8_0 block: d f16, qs i8[32].
+const Q8_0: usize = 34;
+/// Bytes of one packed group's block (16 rows of 22 bytes).
+const GROUP_BLOCK: usize = 352;
+
+/// `vpshufb` indices copying byte `k` of each i32 lane to its 4 bytes.
+const fn byte_everywhere(k: u8) -> [u8; 32] {
+    let mut idx = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        idx[i] = 4 * ((i / 4) % 4) as u8 + k;
+        i += 1;
+    }
+    idx
+}
+
+const SPREAD: [[u8; 32]; 4] = [
+    byte_everywhere(0),
+    byte_everywhere(1),
+    byte_everywhere(2),
+    byte_everywhere(3),
+];
+
+/// 16 in each byte j of the lanes of `byte` (a qh byte in all 4 bytes of its lane) whose bit
+/// `j + shift` is set, else 0 (`bits`: 1 << (j + shift) in byte j).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn fifth_bits(byte: __m256i, bits: __m256i) -> __m256i {
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(byte, bits), bits);
+    _mm256_and_si256(set, _mm256_set1_epi8(16))
+}
+
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
+/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
+/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+// The half, token and lane indices also give byte offsets and walk several arrays in step.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dot_q50_x16<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let blocks = g.len() / GROUP_BLOCK;
+    let mut fits = g.len() == blocks * GROUP_BLOCK;
+    for row in a {
+        fits &= row.len() == blocks * Q8_0;
+    }
+    assert!(fits, "a packed Q5_0 group against Q8_0 rows");
+    // No closures below: a closure does not inherit the target features.
+    let m4 = _mm256_set1_epi8(0x0f);
+    // Bit j of byte j (even quads), bit j + 4 (odd quads).
+    let bits = [
+        _mm256_set1_epi32(0x0804_0201),
+        _mm256_set1_epi32(0x8040_2010u32 as i32),
+    ];
+    let zero = _mm256_setzero_si256();
+    let mut spread = [zero; 4];
+    for k in 0..4 {
+        // SAFETY: each table row is 32 readable bytes.
+        spread[k] = unsafe { load(SPREAD[k].as_ptr()) };
+    }
+    let mut lanes = [[[_mm256_setzero_ps(); 4]; 2]; N];
+    for b in 0..blocks {
+        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
+        // b · GROUP_BLOCK of `g` and each activation's block Q8_0 bytes at b · Q8_0 of it.
+        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+        let mut ap = [p; N];
+        let mut sa = [0i32; N];
+        let mut da = [_mm256_setzero_ps(); N];
+        for t in 0..N {
+            // SAFETY: as above; the block's d at 0, its 32 quants at 2.
+            unsafe {
+                ap[t] = a[t].as_ptr().add(b * Q8_0);
+                sa[t] = block_sum(ap[t].add(2));
+                da[t] = f16_lanes(ap[t]);
+            }
+        }
+        for h in 0..2 {
+            // SAFETY: d of rows 8h..8h + 8 (16 bytes at 16h), their qh words (32 at 32 + 32h).
+            let (dw, qh) = unsafe { (f16x8(p.add(16 * h)), load(p.add(32 + 32 * h))) };
+            // Per row: the sums of the low halves' products and of the high halves'.
+            let mut lo = [zero; N];
+            let mut hi = [zero; N];
+            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
+            // both halves by spilling them to the stack, which measured 5-30 % slower with
+            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
+            let ap = std::hint::black_box(ap);
+            for q in 0..4 {
+                // SAFETY: quad q of rows 8h..8h + 8.
+                let v = unsafe { load(p.add(96 + 64 * q + 32 * h)) };
+                let b_lo = fifth_bits(_mm256_shuffle_epi8(qh, spread[q / 2]), bits[q % 2]);
+                let b_hi = fifth_bits(_mm256_shuffle_epi8(qh, spread[2 + q / 2]), bits[q % 2]);
+                let u_lo = _mm256_or_si256(_mm256_and_si256(v, m4), b_lo);
+                let u_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), b_hi);
+                for t in 0..N {
+                    // SAFETY: activation bytes 4q and 16 + 4q of the block's quants (at 2).
+                    let (alo, ahi) =
+                        unsafe { (bcast4(ap[t].add(2 + 4 * q)), bcast4(ap[t].add(18 + 4 * q))) };
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(u_lo, alo));
+                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(u_hi, ahi));
+                }
+            }
+            for t in 0..N {
+                let s = _mm256_sub_epi32(
+                    _mm256_add_epi32(widen(lo[t]), widen(hi[t])),
+                    _mm256_set1_epi32(16 * sa[t]),
+                );
+                let v = _mm256_mul_ps(_mm256_mul_ps(dw, da[t]), _mm256_cvtepi32_ps(s));
+                lanes[t][h][b % 4] = _mm256_add_ps(lanes[t][h][b % 4], v);
+            }
+        }
+    }
+    for t in 0..N {
+        finish(&lanes[t], &mut out[t]);
+    }
+}

@@ -1,0 +1,106 @@
+//! The AVX2 decode and prefill kernel for Q8_0 rows packed 16 at a time
+//! ([`crate::ops::matmul::packed`], `Layout::Q80X16`), the AVX2 form of `avx512_q80_x16`:
+//! one or four Q8_0 activation rows against the 16 rows of a group, in two halves of 8 rows
+//! (`avx2_x16`).
+//!
+//! Per 32-element block, exact integers as the reference's (`quants::legacy::dot_q8_0_q8_0`)
+//! for every byte of weights and activations (weights from a file may hold -128, which the
+//! sign trick, |w| against a with w's sign, takes exactly only while no activation is -128):
+//! a 32-byte load holds the same 4 weight bytes of 8 rows, biased to unsigned
+//! (u = w ^ 0x80 = w + 128) and split in nibbles, u = 16 · hi + lo with hi and lo in 0..15.
+//! Each nibble vector meets 4 broadcast activations in one `vpmaddubsw`: a pair is at most
+//! 2 · 15 · 128 = 3840 in magnitude, so the block's 8 quads sum in i16 to at most 30720 <
+//! 32767 per nibble, and one `vpmaddwd` against ones (lo) and one against 16 (hi) give
+//! Σ u·a. Σ w·a = Σ u·a - 128 · Σ a, the activation block's Σ a by `vpsadbw`.
+//!
+//! The float part is the AVX-512 kernel's (the reference's), one row per lane, never fused:
+//! s · (d_w · d_a), block b added into block lane b % 4, the lanes combined as
+//! (0 + 2) + (1 + 3).
+//!
+//! Gate: `tests/split_exact.rs` (`packed_kernels_are_exact_on_every_isa`, and
+//! `packed_matmul_is_exact_for_every_thread_count` under `MINFER_CPU_ISA=avx2`).
+
+use std::arch::x86_64::*;
+
+use super::avx2_x16::{bcast4, block_sum, f16_lanes, f16x8, finish, load, widen};
+
+/// Bytes of one Q8_0 block: d f16, qs i8[32].
+const Q8_0: usize = 34;
+/// Bytes of one packed group's block (16 rows of 34 bytes).
+const GROUP_BLOCK: usize = 544;
+
+/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
+/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
+/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+// The half, token and lane indices also give byte offsets and walk several arrays in step.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dot_q80_x16<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    out: &mut [[f32; 16]; N],
+) {
+    let blocks = g.len() / GROUP_BLOCK;
+    let mut fits = g.len() == blocks * GROUP_BLOCK;
+    for row in a {
+        fits &= row.len() == blocks * Q8_0;
+    }
+    assert!(fits, "a packed Q8_0 group against Q8_0 rows");
+    // No closures below: a closure does not inherit the target features.
+    let bias = _mm256_set1_epi8(-128);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let sixteen = _mm256_set1_epi16(16);
+    let zero = _mm256_setzero_si256();
+    let mut lanes = [[[_mm256_setzero_ps(); 4]; 2]; N];
+    for b in 0..blocks {
+        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
+        // b · GROUP_BLOCK of `g` and each activation's block Q8_0 bytes at b · Q8_0 of it.
+        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+        let mut ap = [p; N];
+        let mut sa = [0i32; N];
+        let mut da = [_mm256_setzero_ps(); N];
+        for t in 0..N {
+            // SAFETY: as above; the block's d at 0, its 32 quants at 2.
+            unsafe {
+                ap[t] = a[t].as_ptr().add(b * Q8_0);
+                sa[t] = block_sum(ap[t].add(2));
+                da[t] = f16_lanes(ap[t]);
+            }
+        }
+        for h in 0..2 {
+            // SAFETY: d of rows 8h..8h + 8 (16 bytes at 16h).
+            let dw = unsafe { f16x8(p.add(16 * h)) };
+            // Per row: the low nibbles' sums and the high nibbles' (see the module docs).
+            let mut lo = [zero; N];
+            let mut hi = [zero; N];
+            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
+            // both halves by spilling them to the stack, which measured 5-30 % slower with
+            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
+            let ap = std::hint::black_box(ap);
+            for q in 0..8 {
+                // SAFETY: quad q of rows 8h..8h + 8.
+                let u = _mm256_xor_si256(unsafe { load(p.add(32 + 64 * q + 32 * h)) }, bias);
+                let ul = _mm256_and_si256(u, m4);
+                let uh = _mm256_and_si256(_mm256_srli_epi16::<4>(u), m4);
+                for t in 0..N {
+                    // SAFETY: activation bytes 4q of the block's quants (at 2).
+                    let av = unsafe { bcast4(ap[t].add(2 + 4 * q)) };
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ul, av));
+                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(uh, av));
+                }
+            }
+            for t in 0..N {
+                let su = _mm256_add_epi32(widen(lo[t]), _mm256_madd_epi16(hi[t], sixteen));
+                let s = _mm256_sub_epi32(su, _mm256_set1_epi32(128 * sa[t]));
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, da[t]));
+                lanes[t][h][b % 4] = _mm256_add_ps(lanes[t][h][b % 4], v);
+            }
+        }
+    }
+    for t in 0..N {
+        finish(&lanes[t], &mut out[t]);
+    }
+}
