@@ -327,14 +327,14 @@ __device__ __forceinline__ void mf_qkv1r_pipe(const u8 *wq, u64 rbq, const u8 *w
     MF_PDL_TRIGGER();
 }
 
-// The rope-fused kernels: mf_qkv1's arguments less its row scratch, then the RoPE and store
-// targets (MfRopeOut's fields).
+// The rope-fused kernels: mf_qkv1's arguments up to x's, the row length, then mf_rope_store's
+// after its row scratch.
 #define MF_QKV1R_ARGS                                                                              \
     int tyq, const u8 *wq, u64 rbq, int tyk, const u8 *wk, u64 rbk, int tyv, const u8 *wv,      \
         u64 rbv, const float *bq, const float *bk, const float *bv
 #define MF_QKV1R_TAIL                                                                              \
-    int ne0, int q_dim, int kv_dim, const int *pos, const int *cells, float *q_out, u8 *kreg,   \
-        u8 *vreg, int kv_ty, u64 cell_bytes, int hd, float theta_scale, float freq_scale, int neox
+    int ne0, const int *pos, const int *cells, float *q_out, u8 *kreg, u8 *vreg, int kv_ty,     \
+        u64 cell_bytes, int q_dim, int kv_dim, int hd, float theta_scale, float freq_scale, int neox
 #define MF_QKV1R_RO {pos, cells, q_out, kreg, vreg, kv_ty, cell_bytes, hd, neox, theta_scale, freq_scale}
 #define MF_QKV1R_KERNELS(SUF, TA, TB, BOUNDS)                                                      \
     extern "C" __global__ void BOUNDS mf_qkv1r_##SUF(MF_QKV1R_ARGS, const float *x,               \

@@ -681,12 +681,6 @@ impl CudaBackend {
         let (gx, xa, shared) = self.mv1_input((xid, 0, x), ne0, norm)?;
         a.extend(bias.map(Arg::U64));
         a.extend(xa);
-        a.extend([
-            Arg::U64(row),
-            Arg::I32(ne0 as i32),
-            Arg::I32(q_dim as i32),
-            Arg::I32(kv_dim as i32),
-        ]);
         // A block's rows come from one matrix.
         let warps = if q_dim.is_multiple_of(self.mv1_warps) && kv_dim.is_multiple_of(self.mv1_warps)
         {
@@ -703,57 +697,47 @@ impl CudaBackend {
             && kv_dim.is_multiple_of(hd)
             && (q_dim / 2).is_multiple_of(warps)
             && (kv_dim / 2).is_multiple_of(warps);
+        // mf_rope_store's arguments after its row scratch (the fused kernels' last ones).
+        let rope = [
+            Arg::U64(pos),
+            Arg::U64(cells),
+            Arg::U64(out),
+            Arg::U64(k),
+            Arg::U64(v),
+            Arg::I32(ty),
+            Arg::U64(row_bytes as u64),
+            Arg::I32(q_dim as i32),
+            Arg::I32(kv_dim as i32),
+            Arg::I32(hd as i32),
+            Arg::F32(theta),
+            Arg::F32(f.rope.freq_scale),
+            Arg::I32(neox),
+        ];
         if self.qkv_rope && walk != WALK_PLAIN && ty != 2 && pairs_fit {
             let kernel = QKV_ROPE_KERNELS[walk][gx as usize];
             let grid = self.mv1_grid(kernel, rows / 2, warps, shared)?;
-            // mf_qkv1's arguments up to x's, then the RoPE and store targets.
-            a.truncate(a.len() - 4);
-            a.extend([
-                Arg::I32(ne0 as i32),
-                Arg::I32(q_dim as i32),
-                Arg::I32(kv_dim as i32),
-                Arg::U64(pos),
-                Arg::U64(cells),
-                Arg::U64(out),
-                Arg::U64(k),
-                Arg::U64(v),
-                Arg::I32(ty),
-                Arg::U64(row_bytes as u64),
-                Arg::I32(hd as i32),
-                Arg::F32(theta),
-                Arg::F32(f.rope.freq_scale),
-                Arg::I32(neox),
-            ]);
+            // mf_qkv1's arguments up to x's, the row length, then RoPE's.
+            a.push(Arg::I32(ne0 as i32));
+            a.extend(rope);
             return self
                 .gpu
                 .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a);
         }
+        a.extend([
+            Arg::U64(row),
+            Arg::I32(ne0 as i32),
+            Arg::I32(q_dim as i32),
+            Arg::I32(kv_dim as i32),
+        ]);
         let kernel = MV1_KERNELS[Mv1Family::Qkv as usize][walk][gx as usize];
         let grid = self.mv1_grid(kernel, rows, warps, shared)?;
         self.gpu
             .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a)?;
         let units = if ty == 2 { kv_dim / 32 } else { kv_dim };
-        self.gpu.launch(
-            "mf_rope_store",
-            blocks(q_dim + 2 * units, 128),
-            128,
-            &[
-                Arg::U64(row),
-                Arg::U64(pos),
-                Arg::U64(cells),
-                Arg::U64(out),
-                Arg::U64(k),
-                Arg::U64(v),
-                Arg::I32(ty),
-                Arg::U64(row_bytes as u64),
-                Arg::I32(q_dim as i32),
-                Arg::I32(kv_dim as i32),
-                Arg::I32(hd as i32),
-                Arg::F32(theta),
-                Arg::F32(f.rope.freq_scale),
-                Arg::I32(neox),
-            ],
-        )
+        let mut args = vec![Arg::U64(row)];
+        args.extend(rope);
+        self.gpu
+            .launch("mf_rope_store", blocks(q_dim + 2 * units, 128), 128, &args)
     }
 }
 
