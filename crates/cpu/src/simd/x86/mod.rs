@@ -59,6 +59,7 @@ mod avx512_side_kernels;
 mod avx512_tile_pairs;
 mod avx512_tiles;
 mod avx512_x16;
+mod x16;
 
 pub(super) use avx512_dispatch::{
     avx512_dot, avx512_dot4, avx512_packed, avx512_quant, avx512_side, avx512_supported,
