@@ -74,11 +74,8 @@ use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
 use minfer_cpu::simd::{self, finish_tile, Isa, TileAcc, TileSide, TILE};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
+use minfer_testkit::exact::{assert_bits_eq, bits};
 use minfer_testkit::rng::floats;
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 #[test]
 fn matmul_is_exact_for_every_thread_count() {
@@ -145,13 +142,10 @@ fn matmul_is_exact_for_every_thread_count() {
             for threads in [1, 2, 3, 8] {
                 let mut got = vec![f32::NAN; nt * m];
                 matmul(&w, &x, None, &mut got, threads).unwrap();
-                assert!(
-                    bits(&got) == bits(&want),
-                    "{ty} k={k} nt={nt} threads={threads}: first difference at {:?}",
-                    bits(&got)
-                        .iter()
-                        .zip(bits(&want))
-                        .position(|(a, b)| *a != b)
+                assert_bits_eq(
+                    &got,
+                    &want,
+                    format_args!("{ty} k={k} nt={nt} threads={threads}"),
                 );
             }
         }
@@ -213,14 +207,7 @@ fn legacy_float_orders_hold_on_large_block_sums() {
                 };
                 let mut got = vec![f32::NAN; nt * m];
                 matmul(&w, &x, None, &mut got, 2).unwrap();
-                assert!(
-                    bits(&got) == bits(&want),
-                    "{ty} {layout:?} nt={nt}: first difference at {:?}",
-                    bits(&got)
-                        .iter()
-                        .zip(bits(&want))
-                        .position(|(a, b)| *a != b)
-                );
+                assert_bits_eq(&got, &want, format_args!("{ty} {layout:?} nt={nt}"));
             }
         }
     }
@@ -287,13 +274,10 @@ fn packed_matmul_is_exact_for_every_thread_count() {
                 for threads in [1, 2, 3, 8] {
                     let mut got = vec![f32::NAN; nt * m];
                     matmul(&w, &x, None, &mut got, threads).unwrap();
-                    assert!(
-                        bits(&got) == bits(&want),
-                        "{ty} k={k} m={m} nt={nt} threads={threads}: first difference at {:?}",
-                        bits(&got)
-                            .iter()
-                            .zip(bits(&want))
-                            .position(|(a, b)| *a != b)
+                    assert_bits_eq(
+                        &got,
+                        &want,
+                        format_args!("{ty} k={k} m={m} nt={nt} threads={threads}"),
                     );
                 }
                 // Control: the packed bytes read as plain rows give other results, so the

@@ -1,6 +1,7 @@
 //! Test support shared by the workspace's tests, benches and examples. A dev-dependency only:
 //! no product crate depends on it normally.
 //!
+//! - [`exact`]: bit-for-bit comparisons of f32 outputs, naming the first difference.
 //! - [`models`]: where the real demo models are cached, one function per model (`None`, after
 //!   the test's SKIP line, when it is absent).
 //! - [`rng`]: one seeded generator, [`rng::Rng`], with the algorithms the tests' expected
@@ -9,6 +10,7 @@
 //! - `synth` (feature `synth`): synthetic models on disk and engines on them, for the engine
 //!   tests; `logits` (same feature): the f64 reference's logits, distances, greedy decoding.
 
+pub mod exact;
 #[cfg(feature = "synth")]
 pub mod logits;
 pub mod models;
