@@ -35,6 +35,7 @@ use minfer_cpu::simd::{self, Isa};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
 use minfer_testkit::exact::assert_bits_eq;
+use minfer_testkit::reference;
 use minfer_testkit::rng::floats;
 
 const TYPES: [GgmlType; 6] = [
@@ -170,7 +171,6 @@ fn packed_matmul_on_the_isa_in_use() {
     for ty in TYPES {
         let layout = Layout::packed_for(ty).unwrap();
         let (k, m) = (1280, 43);
-        let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         let plain = weights(ty, k, m, 5, None);
         let packed = pack_x16(layout, &plain, k, m).unwrap();
         let w = Weight {
@@ -187,16 +187,7 @@ fn packed_matmul_on_the_isa_in_use() {
         }
         for nt in [1usize, 3, 4, 5, 9] {
             let x = floats(nt * k, 31 + nt as u64);
-            let arb = vec_dot_type(ty).row_bytes(k as u64).unwrap() as usize;
-            let mut want = vec![0f32; nt * m];
-            for t in 0..nt {
-                let mut a = vec![0u8; arb];
-                quants::quantize_row(vec_dot_type(ty), &x[t * k..(t + 1) * k], &mut a).unwrap();
-                for o in 0..m {
-                    want[t * m + o] =
-                        quants::vec_dot(ty, k, &plain[o * wrb..(o + 1) * wrb], &a).unwrap();
-                }
-            }
+            let want = reference::matmul(ty, k, m, &plain, &x);
             for threads in [1, 2, 3] {
                 let mut got = vec![f32::NAN; nt * m];
                 matmul(&w, &x, None, &mut got, threads).unwrap();
