@@ -34,6 +34,8 @@ use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
 use minfer_cpu::simd::{self, Isa};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
+use minfer_testkit::exact::assert_bits_eq;
+use minfer_testkit::reference;
 use minfer_testkit::rng::floats;
 
 const TYPES: [GgmlType; 6] = [
@@ -44,10 +46,6 @@ const TYPES: [GgmlType; 6] = [
     GgmlType::Q5_0,
     GgmlType::Q4_1,
 ];
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 /// The f16 scale fields of a block of `ty` (kept from the random block; the other bytes are
 /// quants and packed scales, all valid at any value).
@@ -134,29 +132,18 @@ fn packed_kernels_are_exact_on_every_isa() {
                                 .collect()
                         })
                         .collect();
-                    let what = |n: &str, t: usize, got: &[f32]| {
-                        let at = bits(got)
-                            .iter()
-                            .zip(bits(&want[t]))
-                            .position(|(a, b)| *a != b);
-                        format!(
-                            "{isa} {ty} {n} k={k} fill={fill:?} group {g} activation {t}: \
-                             first difference at row {at:?}"
-                        )
+                    let what = |n: &str, t: usize| {
+                        format!("{isa} {ty} {n} k={k} fill={fill:?} group {g} activation {t}")
                     };
                     for (t, a) in acts.iter().enumerate() {
                         let mut got = [f32::NAN; 16];
                         (x16.one)(group, a, &mut got);
-                        assert!(bits(&got) == bits(&want[t]), "{}", what("one", t, &got));
+                        assert_bits_eq(&got, &want[t], what("one", t));
                     }
                     let mut got = [[f32::NAN; 16]; 4];
                     (x16.four)(group, [&acts[0], &acts[1], &acts[2], &acts[3]], &mut got);
                     for t in 0..4 {
-                        assert!(
-                            bits(&got[t]) == bits(&want[t]),
-                            "{}",
-                            what("four", t, &got[t])
-                        );
+                        assert_bits_eq(&got[t], &want[t], what("four", t));
                     }
                     checked += 1;
                 }
@@ -184,7 +171,6 @@ fn packed_matmul_on_the_isa_in_use() {
     for ty in TYPES {
         let layout = Layout::packed_for(ty).unwrap();
         let (k, m) = (1280, 43);
-        let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         let plain = weights(ty, k, m, 5, None);
         let packed = pack_x16(layout, &plain, k, m).unwrap();
         let w = Weight {
@@ -201,26 +187,14 @@ fn packed_matmul_on_the_isa_in_use() {
         }
         for nt in [1usize, 3, 4, 5, 9] {
             let x = floats(nt * k, 31 + nt as u64);
-            let arb = vec_dot_type(ty).row_bytes(k as u64).unwrap() as usize;
-            let mut want = vec![0f32; nt * m];
-            for t in 0..nt {
-                let mut a = vec![0u8; arb];
-                quants::quantize_row(vec_dot_type(ty), &x[t * k..(t + 1) * k], &mut a).unwrap();
-                for o in 0..m {
-                    want[t * m + o] =
-                        quants::vec_dot(ty, k, &plain[o * wrb..(o + 1) * wrb], &a).unwrap();
-                }
-            }
+            let want = reference::matmul(ty, k, m, &plain, &x);
             for threads in [1, 2, 3] {
                 let mut got = vec![f32::NAN; nt * m];
                 matmul(&w, &x, None, &mut got, threads).unwrap();
-                assert!(
-                    bits(&got) == bits(&want),
-                    "{isa} {ty} nt={nt} threads={threads}: first difference at {:?}",
-                    bits(&got)
-                        .iter()
-                        .zip(bits(&want))
-                        .position(|(a, b)| *a != b)
+                assert_bits_eq(
+                    &got,
+                    &want,
+                    format_args!("{isa} {ty} nt={nt} threads={threads}"),
                 );
             }
         }

@@ -74,11 +74,9 @@ use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
 use minfer_cpu::simd::{self, finish_tile, Isa, TileAcc, TileSide, TILE};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
+use minfer_testkit::exact::{assert_bits_eq, bits};
+use minfer_testkit::reference;
 use minfer_testkit::rng::floats;
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 #[test]
 fn matmul_is_exact_for_every_thread_count() {
@@ -124,17 +122,7 @@ fn matmul_is_exact_for_every_thread_count() {
         for nt in [1usize, 3, 5, 8, 12, 19] {
             let x = floats(nt * k, 11 + nt as u64);
             // Reference: quantize each token row, then the scalar dot per (row, token).
-            let at = vec_dot_type(ty);
-            let arb = at.row_bytes(k as u64).unwrap() as usize;
-            let mut want = vec![0f32; nt * m];
-            for t in 0..nt {
-                let mut a = vec![0u8; arb];
-                quants::quantize_row(at, &x[t * k..(t + 1) * k], &mut a).unwrap();
-                for o in 0..m {
-                    want[t * m + o] =
-                        quants::vec_dot(ty, k, &wbytes[o * wrb..(o + 1) * wrb], &a).unwrap();
-                }
-            }
+            let want = reference::matmul(ty, k, m, &wbytes, &x);
             let w = Weight {
                 ty,
                 k,
@@ -145,13 +133,10 @@ fn matmul_is_exact_for_every_thread_count() {
             for threads in [1, 2, 3, 8] {
                 let mut got = vec![f32::NAN; nt * m];
                 matmul(&w, &x, None, &mut got, threads).unwrap();
-                assert!(
-                    bits(&got) == bits(&want),
-                    "{ty} k={k} nt={nt} threads={threads}: first difference at {:?}",
-                    bits(&got)
-                        .iter()
-                        .zip(bits(&want))
-                        .position(|(a, b)| *a != b)
+                assert_bits_eq(
+                    &got,
+                    &want,
+                    format_args!("{ty} k={k} nt={nt} threads={threads}"),
                 );
             }
         }
@@ -183,20 +168,12 @@ fn legacy_float_orders_hold_on_large_block_sums() {
             blk[..2].copy_from_slice(&quants::f32_to_f16(d).to_le_bytes());
             blk[2..].fill(fill);
         }
-        let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         for nt in [1usize, 3, 8, 16] {
             let x: Vec<f32> = (0..nt * k)
                 .map(|i| (0.5 + 0.5 * ((i * 7919 % 997) as f32 / 997.0)) * (1 + i / k) as f32)
                 .collect();
-            let mut want = vec![0f32; nt * m];
-            let mut a = vec![0u8; GgmlType::Q8_0.row_bytes(k as u64).unwrap() as usize];
-            for t in 0..nt {
-                quants::quantize_row(GgmlType::Q8_0, &x[t * k..(t + 1) * k], &mut a).unwrap();
-                for o in 0..m {
-                    want[t * m + o] =
-                        quants::vec_dot(ty, k, &wbytes[o * wrb..(o + 1) * wrb], &a).unwrap();
-                }
-            }
+            // Their activation type is Q8_0.
+            let want = reference::matmul(ty, k, m, &wbytes, &x);
             // Plain rows, and rows packed 16 at a time where this machine packs them.
             let packed = Layout::packed_for(ty)
                 .filter(|_| simd::x16_kernel(ty).is_some())
@@ -213,14 +190,7 @@ fn legacy_float_orders_hold_on_large_block_sums() {
                 };
                 let mut got = vec![f32::NAN; nt * m];
                 matmul(&w, &x, None, &mut got, 2).unwrap();
-                assert!(
-                    bits(&got) == bits(&want),
-                    "{ty} {layout:?} nt={nt}: first difference at {:?}",
-                    bits(&got)
-                        .iter()
-                        .zip(bits(&want))
-                        .position(|(a, b)| *a != b)
-                );
+                assert_bits_eq(&got, &want, format_args!("{ty} {layout:?} nt={nt}"));
             }
         }
     }
@@ -262,21 +232,11 @@ fn packed_matmul_is_exact_for_every_thread_count() {
         // tasks in chunks; 16: one group; k = 1280: 5 super-blocks, every block lane and lane
         // 0 again.
         for (k, m) in [(1280, 43), (512, 200), (2304, 264), (1280, 16)] {
-            let wrb = ty.row_bytes(k as u64).unwrap() as usize;
             let plain = weights(ty, k, m, 5);
             let packed = pack_x16(layout, &plain, k, m).unwrap();
             for nt in [1usize, 2, 3, 5, 8, 12, 19] {
                 let x = floats(nt * k, 31 + nt as u64);
-                let arb = vec_dot_type(ty).row_bytes(k as u64).unwrap() as usize;
-                let mut want = vec![0f32; nt * m];
-                for t in 0..nt {
-                    let mut a = vec![0u8; arb];
-                    quants::quantize_row(vec_dot_type(ty), &x[t * k..(t + 1) * k], &mut a).unwrap();
-                    for o in 0..m {
-                        want[t * m + o] =
-                            quants::vec_dot(ty, k, &plain[o * wrb..(o + 1) * wrb], &a).unwrap();
-                    }
-                }
+                let want = reference::matmul(ty, k, m, &plain, &x);
                 let w = Weight {
                     ty,
                     k,
@@ -287,13 +247,10 @@ fn packed_matmul_is_exact_for_every_thread_count() {
                 for threads in [1, 2, 3, 8] {
                     let mut got = vec![f32::NAN; nt * m];
                     matmul(&w, &x, None, &mut got, threads).unwrap();
-                    assert!(
-                        bits(&got) == bits(&want),
-                        "{ty} k={k} m={m} nt={nt} threads={threads}: first difference at {:?}",
-                        bits(&got)
-                            .iter()
-                            .zip(bits(&want))
-                            .position(|(a, b)| *a != b)
+                    assert_bits_eq(
+                        &got,
+                        &want,
+                        format_args!("{ty} k={k} m={m} nt={nt} threads={threads}"),
                     );
                 }
                 // Control: the packed bytes read as plain rows give other results, so the

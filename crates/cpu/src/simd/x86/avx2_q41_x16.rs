@@ -18,48 +18,31 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_x16::{bcast4, f16_lanes, f16x8, finish, load, widen};
+use super::avx2_x16::{bcast4, f16_lanes, f16x8, finish, load, per_half, widen};
+use super::x16::{Blocks, Dots, Q8_1};
 
-/// Bytes of one Q8_1 block: d f16, s f16, qs i8[32].
-const Q8_1: usize = 36;
 /// Bytes of one packed group's block (16 rows of 20 bytes).
 const GROUP_BLOCK: usize = 320;
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_1
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 // The half, token and lane indices also give byte offsets and walk several arrays in step.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_q41_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8_1;
-    }
-    assert!(fits, "a packed Q4_1 group against Q8_1 rows");
+pub(crate) unsafe fn dot_q41_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm256_set1_epi8(0x0f);
     let zero = _mm256_setzero_si256();
     let mut lanes = [[[_mm256_setzero_ps(); 4]; 2]; N];
-    for b in 0..blocks {
-        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8_1 bytes at b · Q8_1 of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8_1, "Q4_1") {
         let mut da = [_mm256_setzero_ps(); N];
         let mut sa = [_mm256_setzero_ps(); N];
         for t in 0..N {
-            // SAFETY: as above; the block's d and s are f16 at 0 and 2.
+            // SAFETY: the activation's block has its d and s as f16 at 0 and 2.
             unsafe {
-                ap[t] = a[t].as_ptr().add(b * Q8_1);
                 da[t] = f16_lanes(ap[t]);
                 sa[t] = f16_lanes(ap[t].add(2));
             }
@@ -70,10 +53,7 @@ pub(crate) unsafe fn dot_q41_x16<const N: usize>(
             // Two i16 chains for one row, one a row for several; together at most the
             // block's 8 `vpmaddubsw` (see the module docs).
             let mut acc = [[zero; 2]; N];
-            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
-            // both halves by spilling them to the stack, which measured 5-30 % slower with
-            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
-            let ap = std::hint::black_box(ap);
+            let ap = per_half(ap);
             for q in 0..4 {
                 // SAFETY: quad q of rows 8h..8h + 8.
                 let v = unsafe { load(p.add(64 + 64 * q + 32 * h)) };
@@ -98,7 +78,5 @@ pub(crate) unsafe fn dot_q41_x16<const N: usize>(
             }
         }
     }
-    for t in 0..N {
-        finish(&lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

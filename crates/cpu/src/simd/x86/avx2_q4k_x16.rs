@@ -27,10 +27,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_x16::{bcast4, f16x8, finish, lane_bytes, load, table};
+use super::avx2_x16::{bcast4, f16x8, finish, lane_bytes, load, per_half, q8k_d, table};
+use super::x16::{Blocks, Dots, Q8K};
 
-/// Bytes of one Q8_K block: d f32, qs i8[256], bsums i16[16].
-const Q8K: usize = 292;
 /// Bytes of one packed group's super-block (16 rows of 144 bytes).
 const GROUP_BLOCK: usize = 2304;
 
@@ -43,25 +42,14 @@ const BYTE_IDX: [[u8; 32]; 4] = [
 ];
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 // The half, token and lane indices also give byte offsets and walk several arrays in step.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8K;
-    }
-    assert!(fits, "a packed Q4_K group against Q8_K rows");
+pub(crate) unsafe fn dot_q4k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features, so intrinsics in
     // one become calls.
     let m4 = _mm256_set1_epi8(0x0f);
@@ -77,19 +65,9 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
     // Opaque to the optimiser, as in the AVX-512 kernel: a constant bound let it unroll the
     // prefetches and move them to the end of the previous iteration.
     let lines = std::hint::black_box(GROUP_BLOCK / 64);
-    for b in 0..blocks {
-        // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8K bytes at b · Q8K of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
-        let mut da = [_mm256_setzero_ps(); N];
-        for t in 0..N {
-            // SAFETY: as above; the block's d is its first 4 bytes.
-            unsafe {
-                ap[t] = a[t].as_ptr().add(b * Q8K);
-                da[t] = _mm256_set1_ps(ap[t].cast::<f32>().read_unaligned());
-            }
-        }
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8K, "Q4_K") {
+        // SAFETY: each of `ap` starts a whole Q8_K block.
+        let da = unsafe { q8k_d(&ap) };
         // Every line of this super-block requested at once (see the module docs).
         for l in 0..lines {
             // SAFETY: `_mm_prefetch` never faults; the address is inside the super-block.
@@ -119,10 +97,7 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
             );
             let mut isum = [zero; N];
             let mut msum = [zero; N];
-            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
-            // both halves by spilling them to the stack, which measured 5-30 % slower with
-            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
-            let ap = std::hint::black_box(ap);
+            let ap = per_half(ap);
             for j in 0..4 {
                 // For one row two i16 chains per nibble half (even and odd quads), joined
                 // after; one a row for several. Each sums at most the sub-block's 8.
@@ -177,7 +152,5 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
             }
         }
     }
-    for t in 0..N {
-        finish(&lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

@@ -23,10 +23,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_x16::{bcast4, block_sum, f16_lanes, f16x8, finish, load, widen};
+use super::avx2_x16::{bcast4, f16x8, finish, load, per_half, q8_0_sums, widen};
+use super::x16::{Blocks, Dots, Q8_0};
 
-/// Bytes of one Q8_0 block: d f16, qs i8[32].
-const Q8_0: usize = 34;
 /// Bytes of one packed group's block (16 rows of 22 bytes).
 const GROUP_BLOCK: usize = 352;
 
@@ -58,25 +57,14 @@ fn fifth_bits(byte: __m256i, bits: __m256i) -> __m256i {
 }
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 // The half, token and lane indices also give byte offsets and walk several arrays in step.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_q50_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8_0;
-    }
-    assert!(fits, "a packed Q5_0 group against Q8_0 rows");
+pub(crate) unsafe fn dot_q50_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm256_set1_epi8(0x0f);
     // Bit j of byte j (even quads), bit j + 4 (odd quads).
@@ -91,31 +79,16 @@ pub(crate) unsafe fn dot_q50_x16<const N: usize>(
         spread[k] = unsafe { load(SPREAD[k].as_ptr()) };
     }
     let mut lanes = [[[_mm256_setzero_ps(); 4]; 2]; N];
-    for b in 0..blocks {
-        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8_0 bytes at b · Q8_0 of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
-        let mut sa = [0i32; N];
-        let mut da = [_mm256_setzero_ps(); N];
-        for t in 0..N {
-            // SAFETY: as above; the block's d at 0, its 32 quants at 2.
-            unsafe {
-                ap[t] = a[t].as_ptr().add(b * Q8_0);
-                sa[t] = block_sum(ap[t].add(2));
-                da[t] = f16_lanes(ap[t]);
-            }
-        }
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q5_0") {
+        // SAFETY: each of `ap` starts a whole Q8_0 block.
+        let (sa, da) = unsafe { q8_0_sums(&ap) };
         for h in 0..2 {
             // SAFETY: d of rows 8h..8h + 8 (16 bytes at 16h), their qh words (32 at 32 + 32h).
             let (dw, qh) = unsafe { (f16x8(p.add(16 * h)), load(p.add(32 + 32 * h))) };
             // Per row: the sums of the low halves' products and of the high halves'.
             let mut lo = [zero; N];
             let mut hi = [zero; N];
-            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
-            // both halves by spilling them to the stack, which measured 5-30 % slower with
-            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
-            let ap = std::hint::black_box(ap);
+            let ap = per_half(ap);
             for q in 0..4 {
                 // SAFETY: quad q of rows 8h..8h + 8.
                 let v = unsafe { load(p.add(96 + 64 * q + 32 * h)) };
@@ -141,7 +114,5 @@ pub(crate) unsafe fn dot_q50_x16<const N: usize>(
             }
         }
     }
-    for t in 0..N {
-        finish(&lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

@@ -24,10 +24,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_x16::{bcast4, f16x8, finish, lane_bytes, load, table};
+use super::avx2_x16::{bcast4, f16x8, finish, lane_bytes, load, q8k_d, table};
+use super::x16::{Blocks, Dots, Q8K};
 
-/// Bytes of one Q8_K block: d f32, qs i8[256], bsums i16[16].
-const Q8K: usize = 292;
 /// Bytes of one packed group's super-block (16 rows of 210 bytes).
 const GROUP_BLOCK: usize = 3360;
 /// Where the packed pieces start in a group's super-block.
@@ -61,25 +60,14 @@ fn six_bits(i: usize, la: __m256i, lb: __m256i, qh: __m256i) -> __m256i {
 }
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 // The half, token and lane indices also give byte offsets and walk several arrays in step.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8K;
-    }
-    assert!(fits, "a packed Q6_K group against Q8_K rows");
+pub(crate) unsafe fn dot_q6k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features.
     let zero = _mm256_setzero_si256();
     let mut sidx = [zero; 4];
@@ -88,19 +76,9 @@ pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
     }
     let pidx = [table(&PAIR_IDX[0]), table(&PAIR_IDX[1])];
     let mut lanes = [[[_mm256_setzero_ps(); 4]; 2]; N];
-    for b in 0..blocks {
-        // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8K bytes at b · Q8K of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
-        let mut da = [_mm256_setzero_ps(); N];
-        for t in 0..N {
-            // SAFETY: as above; the block's d is its first 4 bytes.
-            unsafe {
-                ap[t] = a[t].as_ptr().add(b * Q8K);
-                da[t] = _mm256_set1_ps(ap[t].cast::<f32>().read_unaligned());
-            }
-        }
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8K, "Q6_K") {
+        // SAFETY: each of `ap` starts a whole Q8_K block.
+        let da = unsafe { q8k_d(&ap) };
         for h in 0..2 {
             // SAFETY: offsets inside the super-block (see the layout), rows 8h..8h + 8.
             let (d, sw) = unsafe {
@@ -166,7 +144,5 @@ pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
             }
         }
     }
-    for t in 0..N {
-        finish(&lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

@@ -22,64 +22,37 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_x16::{bcast4, block_sum, f16_lanes, f16x8, finish, load, widen};
+use super::avx2_x16::{bcast4, f16x8, finish, load, per_half, q8_0_sums, widen};
+use super::x16::{Blocks, Dots, Q8_0};
 
-/// Bytes of one Q8_0 block: d f16, qs i8[32].
-const Q8_0: usize = 34;
 /// Bytes of one packed group's block (16 rows of 34 bytes).
 const GROUP_BLOCK: usize = 544;
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 // The half, token and lane indices also give byte offsets and walk several arrays in step.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_q80_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8_0;
-    }
-    assert!(fits, "a packed Q8_0 group against Q8_0 rows");
+pub(crate) unsafe fn dot_q80_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features.
     let bias = _mm256_set1_epi8(-128);
     let m4 = _mm256_set1_epi8(0x0f);
     let sixteen = _mm256_set1_epi16(16);
     let zero = _mm256_setzero_si256();
     let mut lanes = [[[_mm256_setzero_ps(); 4]; 2]; N];
-    for b in 0..blocks {
-        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8_0 bytes at b · Q8_0 of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
-        let mut sa = [0i32; N];
-        let mut da = [_mm256_setzero_ps(); N];
-        for t in 0..N {
-            // SAFETY: as above; the block's d at 0, its 32 quants at 2.
-            unsafe {
-                ap[t] = a[t].as_ptr().add(b * Q8_0);
-                sa[t] = block_sum(ap[t].add(2));
-                da[t] = f16_lanes(ap[t]);
-            }
-        }
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q8_0") {
+        // SAFETY: each of `ap` starts a whole Q8_0 block.
+        let (sa, da) = unsafe { q8_0_sums(&ap) };
         for h in 0..2 {
             // SAFETY: d of rows 8h..8h + 8 (16 bytes at 16h).
             let dw = unsafe { f16x8(p.add(16 * h)) };
             // Per row: the low nibbles' sums and the high nibbles' (see the module docs).
             let mut lo = [zero; N];
             let mut hi = [zero; N];
-            // Opaque per half: otherwise the optimiser shares the activation broadcasts of
-            // both halves by spilling them to the stack, which measured 5-30 % slower with
-            // four rows (`benches/matmul.rs`, docs/PERFORMANCE.md Session 24).
-            let ap = std::hint::black_box(ap);
+            let ap = per_half(ap);
             for q in 0..8 {
                 // SAFETY: quad q of rows 8h..8h + 8.
                 let u = _mm256_xor_si256(unsafe { load(p.add(32 + 64 * q + 32 * h)) }, bias);
@@ -100,7 +73,5 @@ pub(crate) unsafe fn dot_q80_x16<const N: usize>(
             }
         }
     }
-    for t in 0..N {
-        finish(&lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

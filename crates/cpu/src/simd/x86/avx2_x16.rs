@@ -59,6 +59,50 @@ pub(super) unsafe fn f16_lanes(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(unsafe { p.cast::<i16>().read_unaligned() }))
 }
 
+/// The d (an f32 at 0) of each Q8_K activation block at `ap`, in every lane.
+///
+/// # Safety
+/// Each of `ap` must point at 4 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q8k_d<const N: usize>(ap: &[*const u8; N]) -> [__m256; N] {
+    let mut da = [_mm256_setzero_ps(); N];
+    for (da, p) in da.iter_mut().zip(ap) {
+        // SAFETY: the caller's.
+        *da = _mm256_set1_ps(unsafe { p.cast::<f32>().read_unaligned() });
+    }
+    da
+}
+
+/// Of each Q8_0 activation block at `ap`: Σ of its quants ([`block_sum`]) and its d in every
+/// lane, which the kernels that bias their weights to unsigned need once a block.
+///
+/// # Safety
+/// Each of `ap` must point at a whole Q8_0 block (34 readable bytes).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q8_0_sums<const N: usize>(ap: &[*const u8; N]) -> ([i32; N], [__m256; N]) {
+    let mut sa = [0i32; N];
+    let mut da = [_mm256_setzero_ps(); N];
+    for ((sa, da), p) in sa.iter_mut().zip(&mut da).zip(ap) {
+        // SAFETY: the caller's; the block's d at 0, its 32 quants at 2.
+        unsafe {
+            *sa = block_sum(p.add(2));
+            *da = f16_lanes(*p);
+        }
+    }
+    (sa, da)
+}
+
+/// `ap` made opaque to the optimiser, once per half by the kernels of several activation
+/// rows: otherwise it shares the activation broadcasts of both halves by spilling them to
+/// the stack, which measured 5-30 % slower with four rows (`benches/matmul.rs`,
+/// docs/PERFORMANCE.md Session 24).
+#[inline(always)]
+pub(super) fn per_half<const N: usize>(ap: [*const u8; N]) -> [*const u8; N] {
+    std::hint::black_box(ap)
+}
+
 /// Pairs of i16 lanes summed into 8 i32 lanes (exact).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
@@ -86,14 +130,17 @@ pub(super) unsafe fn block_sum(p: *const u8) -> i32 {
 }
 
 /// The reference's combination of the 4 block lanes, (0 + 2) + (1 + 3), per row of both
-/// halves, into `out` (rows 0..8 from `lanes[0]`, 8..16 from `lanes[1]`).
+/// halves, into `out` for each activation row t (rows 0..8 from `lanes[t][0]`, 8..16 from
+/// `lanes[t][1]`).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn finish(lanes: &[[__m256; 4]; 2], out: &mut [f32; 16]) {
-    for (h, l) in lanes.iter().enumerate() {
-        let total = _mm256_add_ps(_mm256_add_ps(l[0], l[2]), _mm256_add_ps(l[1], l[3]));
-        // SAFETY: `out` holds 16 f32, 8 of them from 8h.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), total) };
+pub(super) fn finish<const N: usize>(lanes: &[[[__m256; 4]; 2]; N], out: &mut [[f32; 16]; N]) {
+    for (lanes, out) in lanes.iter().zip(out) {
+        for (h, l) in lanes.iter().enumerate() {
+            let total = _mm256_add_ps(_mm256_add_ps(l[0], l[2]), _mm256_add_ps(l[1], l[3]));
+            // SAFETY: `out` holds 16 f32, 8 of them from 8h.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), total) };
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use super::{
     avx512_kquants, avx512_legacy, avx512_q40_x16, avx512_q41_x16, avx512_q4k_side, avx512_q4k_x16,
     avx512_q50_x16, avx512_q6k_x16, avx512_q80_x16, avx512_quantize, avx512_side_kernels,
 };
-use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn, X16Fn, X16Fns, X16x4Fn};
+use crate::simd::{Dot4Fn, DotFn, QuantFn, RowSideFn, X16Fns};
 
 pub(in crate::simd) fn avx512_supported() -> bool {
     // AVX2 + F16C too: on the way to an AVX-512 kernel the AVX2 helpers run.
@@ -147,46 +147,17 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
     }
 }
 
-/// Safe wrappers of the packed kernels for one row and for four; sound only where
-/// [`avx512_supported`] holds, which [`avx512_packed`] checks before handing them out.
-macro_rules! packed_wrappers {
-    ($($one:ident, $four:ident => $m:ident::$f:ident),* $(,)?) => {
-        $(fn $one(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-            // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` held.
-            unsafe { $m::$f::<1>(g, [a], std::array::from_mut(out)) }
-        }
-        fn $four(g: &[u8], a: [&[u8]; 4], out: &mut [[f32; 16]; 4]) {
-            // SAFETY: only handed out by `avx512_packed` after `avx512_supported()` held.
-            unsafe { $m::$f::<4>(g, a, out) }
-        })*
-    };
-}
-
-packed_wrappers! {
-    q4k_x16, q4k_x16x4 => avx512_q4k_x16::dot_q4k_x16,
-    q6k_x16, q6k_x16x4 => avx512_q6k_x16::dot_q6k_x16,
-    q40_x16, q40_x16x4 => avx512_q40_x16::dot_q40_x16,
-    q80_x16, q80_x16x4 => avx512_q80_x16::dot_q80_x16,
-    q50_x16, q50_x16x4 => avx512_q50_x16::dot_q50_x16,
-    q41_x16, q41_x16x4 => avx512_q41_x16::dot_q41_x16,
-}
-
-/// The packed kernels of `ty`, one row and four at a time (None: no kernel, or no AVX-512
-/// here).
-pub(in crate::simd) fn avx512_packed(ty: GgmlType) -> Option<X16Fns> {
-    if !avx512_supported() {
-        return None;
+packed_lookup! {
+    /// The packed kernels of `ty`, one row and four at a time (None: no kernel, or no AVX-512
+    /// here).
+    pub(in crate::simd) fn avx512_packed if avx512_supported {
+        Q4K => avx512_q4k_x16::dot_q4k_x16,
+        Q6K => avx512_q6k_x16::dot_q6k_x16,
+        Q4_0 => avx512_q40_x16::dot_q40_x16,
+        Q8_0 => avx512_q80_x16::dot_q80_x16,
+        Q5_0 => avx512_q50_x16::dot_q50_x16,
+        Q4_1 => avx512_q41_x16::dot_q41_x16,
     }
-    let (one, four): (X16Fn, X16x4Fn) = match ty {
-        GgmlType::Q4K => (q4k_x16, q4k_x16x4),
-        GgmlType::Q6K => (q6k_x16, q6k_x16x4),
-        GgmlType::Q4_0 => (q40_x16, q40_x16x4),
-        GgmlType::Q8_0 => (q80_x16, q80_x16x4),
-        GgmlType::Q5_0 => (q50_x16, q50_x16x4),
-        GgmlType::Q4_1 => (q41_x16, q41_x16x4),
-        _ => return None,
-    };
-    Some(X16Fns { one, four })
 }
 
 /// The AVX-512 activation quantizer for `ty` (None: no kernel, or no AVX-512 here).

@@ -17,51 +17,26 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512_x16::{f16_lanes, finish};
+use super::avx512_x16::{bcast4, f16_lanes, f16x16, finish};
+use super::x16::{Blocks, Dots, Q8_1};
 
-/// Bytes of one Q8_1 block: d f16, s f16, qs i8[32].
-const Q8_1: usize = 36;
 /// Bytes of one packed group's block (16 rows of 20 bytes).
 const GROUP_BLOCK: usize = 320;
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_1
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn dot_q41_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8_1;
-    }
-    assert!(fits, "a packed Q4_1 group against Q8_1 rows");
+pub(crate) unsafe fn dot_q41_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm512_set1_epi8(0x0f);
     let zero = _mm512_setzero_si512();
     let mut lanes = [[_mm512_setzero_ps(); 4]; N];
-    for b in 0..blocks {
-        // SAFETY: by the assertion, block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8_1 bytes at b · Q8_1 of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
-        for t in 0..N {
-            // SAFETY: as above.
-            ap[t] = unsafe { a[t].as_ptr().add(b * Q8_1) };
-        }
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8_1, "Q4_1") {
         // SAFETY: d and m of the 16 rows (32 bytes at 0 and at 32).
-        let (dw, mw) = unsafe {
-            (
-                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
-                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
-            )
-        };
+        let (dw, mw) = unsafe { (f16x16(p), f16x16(p.add(32))) };
         // Two chains for one row (shorter dependency chains), one a row for several.
         let mut acc = [[zero; 2]; N];
         for q in 0..4 {
@@ -72,12 +47,8 @@ pub(crate) unsafe fn dot_q41_x16<const N: usize>(
             let c = if N == 1 { q % 2 } else { 0 };
             for t in 0..N {
                 // SAFETY: activation bytes 4q and 16 + 4q of the block's quants (at 4).
-                let (alo, ahi) = unsafe {
-                    (
-                        _mm512_set1_epi32(ap[t].add(4 + 4 * q).cast::<i32>().read_unaligned()),
-                        _mm512_set1_epi32(ap[t].add(20 + 4 * q).cast::<i32>().read_unaligned()),
-                    )
-                };
+                let (alo, ahi) =
+                    unsafe { (bcast4(ap[t].add(4 + 4 * q)), bcast4(ap[t].add(20 + 4 * q))) };
                 acc[t][c] = _mm512_dpbusd_epi32(acc[t][c], lo, alo);
                 acc[t][c] = _mm512_dpbusd_epi32(acc[t][c], hi, ahi);
             }
@@ -93,7 +64,5 @@ pub(crate) unsafe fn dot_q41_x16<const N: usize>(
             lanes[t][b % 4] = _mm512_add_ps(lanes[t][b % 4], v);
         }
     }
-    for t in 0..N {
-        finish(lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

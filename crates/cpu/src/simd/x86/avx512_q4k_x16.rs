@@ -30,10 +30,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512_x16::finish;
+use super::avx512_x16::{bcast4, f16x16, f32_lanes, finish};
+use super::x16::{Blocks, Dots, Q8K};
 
-/// Bytes of one Q8_K block: d f32, qs i8[256], bsums i16[16].
-const Q8K: usize = 292;
 /// Bytes of one packed group's super-block (16 rows of 144 bytes).
 const GROUP_BLOCK: usize = 2304;
 
@@ -67,23 +66,12 @@ const MIN_IDX: [[u8; 64]; 4] = [
 ];
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8K;
-    }
-    assert!(fits, "a packed Q4_K group against Q8_K rows");
+pub(crate) unsafe fn dot_q4k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features, so intrinsics in
     // one become calls.
     let m4 = _mm512_set1_epi8(0x0f);
@@ -102,15 +90,7 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
     // Opaque to the optimiser: a constant bound let it unroll the prefetches and rotate them
     // to the end of the previous iteration, which measured as slow as no prefetch.
     let lines = std::hint::black_box(GROUP_BLOCK / 64);
-    for b in 0..blocks {
-        // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8K bytes at b · Q8K of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
-        for t in 0..N {
-            // SAFETY: as above.
-            ap[t] = unsafe { a[t].as_ptr().add(b * Q8K) };
-        }
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8K, "Q4_K") {
         // Every line of this super-block requested at once (see the module docs).
         for l in 0..lines {
             // SAFETY: `_mm_prefetch` never faults; the address is inside the super-block.
@@ -119,8 +99,8 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
         // SAFETY: offsets inside the super-block (see the layout).
         let (d, dmin, wa, wb, wc) = unsafe {
             (
-                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
-                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
+                f16x16(p),
+                f16x16(p.add(32)),
                 _mm512_loadu_si512(p.add(64).cast()),
                 _mm512_loadu_si512(p.add(128).cast()),
                 _mm512_loadu_si512(p.add(192).cast()),
@@ -155,15 +135,8 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
                     // the block.
                     let (alo, ahi) = unsafe {
                         (
-                            _mm512_set1_epi32(
-                                ap[t].add(4 + 64 * j + 4 * q).cast::<i32>().read_unaligned(),
-                            ),
-                            _mm512_set1_epi32(
-                                ap[t]
-                                    .add(4 + 64 * j + 32 + 4 * q)
-                                    .cast::<i32>()
-                                    .read_unaligned(),
-                            ),
+                            bcast4(ap[t].add(4 + 64 * j + 4 * q)),
+                            bcast4(ap[t].add(4 + 64 * j + 32 + 4 * q)),
                         )
                     };
                     lo[t][c] = _mm512_dpbusd_epi32(lo[t][c], vl, alo);
@@ -191,15 +164,13 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
             let mn = _mm512_shuffle_epi8(src, midx[s % 4]);
             for t in 0..N {
                 // SAFETY: bsums 2s and 2s + 1 (4 bytes at 260 + 4s of the block).
-                let bs = unsafe {
-                    _mm512_set1_epi32(ap[t].add(260 + 4 * s).cast::<i32>().read_unaligned())
-                };
+                let bs = unsafe { bcast4(ap[t].add(260 + 4 * s)) };
                 msum[t] = _mm512_dpwssd_epi32(msum[t], mn, bs);
             }
         }
         for t in 0..N {
             // SAFETY: the block's d is its first 4 bytes.
-            let da = _mm512_set1_ps(unsafe { ap[t].cast::<f32>().read_unaligned() });
+            let da = unsafe { f32_lanes(ap[t]) };
             let v = _mm512_sub_ps(
                 _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[t])),
                 _mm512_mul_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum[t])),
@@ -207,7 +178,5 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(
             lanes[t][b % 4] = _mm512_add_ps(lanes[t][b % 4], v);
         }
     }
-    for t in 0..N {
-        finish(lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

@@ -21,10 +21,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512_x16::finish;
+use super::avx512_x16::{bcast4, f16x16, f32_lanes, finish};
+use super::x16::{Blocks, Dots, Q8K};
 
-/// Bytes of one Q8_K block: d f32, qs i8[256], bsums i16[16].
-const Q8K: usize = 292;
 /// Bytes of one packed group's super-block (16 rows of 210 bytes).
 const GROUP_BLOCK: usize = 3360;
 /// Where the packed pieces start in a group's super-block.
@@ -51,25 +50,14 @@ const SCALE_IDX: [[u8; 64]; 4] = [
 ];
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
-/// rows `a` (the group's bytes loaded and unpacked once for all of them; each row's values
-/// are the one-row kernel's bits: its integers are exact and its float steps the same).
+/// rows `a` (see `x16`).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
 // Indices walk several arrays in step (sub-blocks of the scales, the sums and the tokens).
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    out: &mut [[f32; 16]; N],
-) {
-    let blocks = g.len() / GROUP_BLOCK;
-    let mut fits = g.len() == blocks * GROUP_BLOCK;
-    for row in a {
-        fits &= row.len() == blocks * Q8K;
-    }
-    assert!(fits, "a packed Q6_K group against Q8_K rows");
+pub(crate) unsafe fn dot_q6k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm512_set1_epi8(0x0f);
     let m30 = _mm512_set1_epi8(0x30);
@@ -80,22 +68,14 @@ pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
         sidx[k] = unsafe { _mm512_loadu_si512(SCALE_IDX[k].as_ptr().cast()) };
     }
     let mut lanes = [[_mm512_setzero_ps(); 4]; N];
-    for b in 0..blocks {
-        // SAFETY: by the assertion, super-block b of the group is GROUP_BLOCK bytes at
-        // b · GROUP_BLOCK of `g` and each activation's block Q8K bytes at b · Q8K of it.
-        let p = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-        let mut ap = [p; N];
-        for t in 0..N {
-            // SAFETY: as above.
-            ap[t] = unsafe { a[t].as_ptr().add(b * Q8K) };
-        }
+    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8K, "Q6_K") {
         // SAFETY: offsets inside the super-block (see the layout).
         let (d, sw) = unsafe {
             let mut sw = [zero; 4];
             for (w, v) in sw.iter_mut().enumerate() {
                 *v = _mm512_loadu_si512(p.add(SCALES + 64 * w).cast());
             }
-            (_mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), sw)
+            (f16x16(p), sw)
         };
         let mut isum = [zero; N];
         for n in 0..2 {
@@ -137,14 +117,7 @@ pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
                         for i in 0..4 {
                             // SAFETY: activation bytes 128n + 4gq + 32i (+ 4 for d), in the
                             // block.
-                            let av = unsafe {
-                                _mm512_set1_epi32(
-                                    ap[t]
-                                        .add(4 + 128 * n + 32 * i + 4 * gq)
-                                        .cast::<i32>()
-                                        .read_unaligned(),
-                                )
-                            };
+                            let av = unsafe { bcast4(ap[t].add(4 + 128 * n + 32 * i + 4 * gq)) };
                             acc[t][i] = _mm512_dpbusd_epi32(acc[t][i], u[i], av);
                         }
                     }
@@ -163,12 +136,10 @@ pub(crate) unsafe fn dot_q6k_x16<const N: usize>(
         }
         for t in 0..N {
             // SAFETY: the block's d is its first 4 bytes.
-            let da = _mm512_set1_ps(unsafe { ap[t].cast::<f32>().read_unaligned() });
+            let da = unsafe { f32_lanes(ap[t]) };
             let v = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[t]));
             lanes[t][b % 4] = _mm512_add_ps(lanes[t][b % 4], v);
         }
     }
-    for t in 0..N {
-        finish(lanes[t], &mut out[t]);
-    }
+    finish(&lanes, out);
 }

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use minfer_gguf::GgmlType;
 
-use super::{Dot4Fn, DotFn, QuantFn, X16Fn, X16Fns, X16x4Fn};
+use super::{Dot4Fn, DotFn, QuantFn, X16Fns};
 
 /// Safe entry points (`TileFn`) over unsafe tile kernels: `$name => $kernel` each, for the
 /// tile table of an instruction set. Only handed out by that set's `*_tile` lookup after its
@@ -28,6 +28,42 @@ macro_rules! tile_wrappers {
             // SAFETY: see the macro's docs: the CPU supports the kernel's instruction set.
             unsafe { $kernel(w, acts, arb, side, range, state) }
         })*
+    };
+}
+
+/// The lookup `$lookup` of one instruction set's kernels of rows packed 16 at a time
+/// (`ops::matmul::packed`): for a type `$ty`, safe wrappers of `$module::$kernel` for one
+/// activation row and for four, handed out only after `$supported()` held (None before,
+/// and for the types not listed). That check is what makes the wrappers sound: the kernels
+/// need that set's features.
+macro_rules! packed_lookup {
+    (
+        $(#[$doc:meta])*
+        $vis:vis fn $lookup:ident if $supported:ident {
+            $($ty:ident => $m:ident::$f:ident),* $(,)?
+        }
+    ) => {
+        $(#[$doc])*
+        $vis fn $lookup(ty: GgmlType) -> Option<X16Fns> {
+            if !$supported() {
+                return None;
+            }
+            match ty {
+                $(GgmlType::$ty => {
+                    fn one(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
+                        // SAFETY: only handed out after the features were confirmed (see
+                        // the macro's docs).
+                        unsafe { $m::$f::<1>(g, [a], std::array::from_mut(out)) }
+                    }
+                    fn four(g: &[u8], a: [&[u8]; 4], out: &mut [[f32; 16]; 4]) {
+                        // SAFETY: as above.
+                        unsafe { $m::$f::<4>(g, a, out) }
+                    }
+                    Some(X16Fns { one, four })
+                })*
+                _ => None,
+            }
+        }
     };
 }
 
@@ -59,6 +95,7 @@ mod avx512_side_kernels;
 mod avx512_tile_pairs;
 mod avx512_tiles;
 mod avx512_x16;
+mod x16;
 
 pub(super) use avx512_dispatch::{
     avx512_dot, avx512_dot4, avx512_packed, avx512_quant, avx512_side, avx512_supported,
@@ -183,47 +220,18 @@ pub(super) fn avx2_dot4(ty: GgmlType) -> Option<Dot4Fn> {
     }
 }
 
-/// Safe wrappers of the AVX2 packed kernels for one row and for four; sound only where
-/// [`avx2_supported`] holds, which [`avx2_packed`] checks before handing them out.
-macro_rules! avx2_packed_wrappers {
-    ($($one:ident, $four:ident => $m:ident::$f:ident),* $(,)?) => {
-        $(fn $one(g: &[u8], a: &[u8], out: &mut [f32; 16]) {
-            // SAFETY: only handed out by `avx2_packed` after `avx2_supported()` held.
-            unsafe { $m::$f::<1>(g, [a], std::array::from_mut(out)) }
-        }
-        fn $four(g: &[u8], a: [&[u8]; 4], out: &mut [[f32; 16]; 4]) {
-            // SAFETY: only handed out by `avx2_packed` after `avx2_supported()` held.
-            unsafe { $m::$f::<4>(g, a, out) }
-        })*
-    };
-}
-
-avx2_packed_wrappers! {
-    q4k_x16, q4k_x16x4 => avx2_q4k_x16::dot_q4k_x16,
-    q6k_x16, q6k_x16x4 => avx2_q6k_x16::dot_q6k_x16,
-    q40_x16, q40_x16x4 => avx2_q40_x16::dot_q40_x16,
-    q80_x16, q80_x16x4 => avx2_q80_x16::dot_q80_x16,
-    q50_x16, q50_x16x4 => avx2_q50_x16::dot_q50_x16,
-    q41_x16, q41_x16x4 => avx2_q41_x16::dot_q41_x16,
-}
-
-/// The AVX2 kernels of rows packed 16 at a time (`ops::matmul::packed`) for `ty`, one row
-/// and four at a time: the same layouts and bits as the AVX-512 ones (None: no kernel, or
-/// no AVX2 here).
-pub(super) fn avx2_packed(ty: GgmlType) -> Option<X16Fns> {
-    if !avx2_supported() {
-        return None;
+packed_lookup! {
+    /// The AVX2 kernels of rows packed 16 at a time (`ops::matmul::packed`) for `ty`, one
+    /// row and four at a time: the same layouts and bits as the AVX-512 ones (None: no
+    /// kernel, or no AVX2 here).
+    pub(super) fn avx2_packed if avx2_supported {
+        Q4K => avx2_q4k_x16::dot_q4k_x16,
+        Q6K => avx2_q6k_x16::dot_q6k_x16,
+        Q4_0 => avx2_q40_x16::dot_q40_x16,
+        Q8_0 => avx2_q80_x16::dot_q80_x16,
+        Q5_0 => avx2_q50_x16::dot_q50_x16,
+        Q4_1 => avx2_q41_x16::dot_q41_x16,
     }
-    let (one, four): (X16Fn, X16x4Fn) = match ty {
-        GgmlType::Q4K => (q4k_x16, q4k_x16x4),
-        GgmlType::Q6K => (q6k_x16, q6k_x16x4),
-        GgmlType::Q4_0 => (q40_x16, q40_x16x4),
-        GgmlType::Q8_0 => (q80_x16, q80_x16x4),
-        GgmlType::Q5_0 => (q50_x16, q50_x16x4),
-        GgmlType::Q4_1 => (q41_x16, q41_x16x4),
-        _ => return None,
-    };
-    Some(X16Fns { one, four })
 }
 
 /// The AVX2 activation quantizer for `ty` (None: no kernel, or no AVX2 on this machine).
