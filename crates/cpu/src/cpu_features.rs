@@ -19,6 +19,7 @@ struct Features {
     avx2_f16c: bool,
     avx2_fma_f16c: bool,
     avx512_vnni: bool,
+    avx512_bitalg: bool,
     neon: bool,
     neon_dotprod: bool,
 }
@@ -31,14 +32,16 @@ fn features() -> &'static Features {
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Features {
     let avx2_f16c = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
+    let avx512_vnni = avx2_f16c
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
     Features {
         avx2_f16c,
         avx2_fma_f16c: avx2_f16c && is_x86_feature_detected!("fma"),
-        avx512_vnni: avx2_f16c
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni"),
+        avx512_vnni,
+        avx512_bitalg: avx512_vnni && is_x86_feature_detected!("avx512bitalg"),
         ..Features::default()
     }
 }
@@ -74,6 +77,11 @@ pub fn avx512_vnni() -> bool {
     features().avx512_vnni
 }
 
+/// [`avx512_vnni`] and AVX-512 BITALG (`vpshufbitqmb`: Ice Lake, Zen 4 and later).
+pub fn avx512_bitalg() -> bool {
+    features().avx512_bitalg
+}
+
 /// aarch64 NEON.
 pub fn neon() -> bool {
     features().neon
@@ -94,6 +102,7 @@ mod tests {
     fn feature_sets_nest() {
         assert!(!avx2_fma_f16c() || avx2_f16c());
         assert!(!avx512_vnni() || avx2_f16c());
+        assert!(!avx512_bitalg() || avx512_vnni());
         assert!(!neon_dotprod() || neon());
         assert!(!(avx2_f16c() && neon()));
     }

@@ -703,8 +703,9 @@ pub enum Work {
     Gemm(GemmCall),
 }
 
-/// Most arguments a programmatic launch passes (the widest kernel, mf_qkv1, takes 19).
-const MAX_ARGS: usize = 24;
+/// Most arguments a programmatic launch passes (the widest kernel, the rope-fused Q/K/V
+/// `mf_qkv1r_*`, takes 29).
+const MAX_ARGS: usize = 32;
 
 /// Reads of at least this many bytes go through the page-locked staging block.
 const PINNED_FROM: usize = 64 * 1024;
