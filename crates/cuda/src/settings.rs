@@ -215,7 +215,8 @@ pub struct CudaSettings {
     /// 8, 4 or 2; default [`DEFAULT_ATTN_HEADS`]).
     pub(crate) attn_heads: usize,
     /// The warp-tiled attention with its K rows staged in shared memory by cp.async
-    /// (`MINFER_CUDA_ATTN_STAGE=1`; default off; the same bits either way).
+    /// (`MINFER_CUDA_ATTN_STAGE`: `1` the default, measured 7B tg128 @ d4096 +7 % on the H100
+    /// (docs/PERFORMANCE.md, session 24); `0` the direct loads; the same bits either way).
     pub(crate) attn_stage: bool,
     /// The decode Q/K/V with RoPE and the KV stores in one launch where it can
     /// (`MINFER_CUDA_QKV_ROPE`: `1` default, `0` the two launches; the same bits either way).
@@ -333,8 +334,8 @@ impl CudaSettings {
                 v => return Err(Refused::new("MINFER_CUDA_ATTN_HEADS", v, "want 8, 4 or 2")),
             },
             attn_stage: match text("MINFER_CUDA_ATTN_STAGE").as_str() {
-                "" | "0" => false,
-                "1" => true,
+                "0" => false,
+                "" | "1" => true,
                 v => return Err(Refused::new("MINFER_CUDA_ATTN_STAGE", v, "want 0 or 1")),
             },
             qkv_rope: match text("MINFER_CUDA_QKV_ROPE").as_str() {
@@ -693,7 +694,7 @@ mod tests {
         );
         assert_eq!(d.image, crate::compile::ImageKind::Ptx);
         assert_eq!(d.attn_heads, DEFAULT_ATTN_HEADS);
-        assert!(!d.attn_stage);
+        assert!(d.attn_stage);
         assert!(d.qkv_rope);
         assert_eq!(d.mv1_x, Mv1X::Auto);
         assert!(!d.mv1_x.global(MV1_GLOBAL_FROM - 32) && d.mv1_x.global(MV1_GLOBAL_FROM));
@@ -719,11 +720,11 @@ mod tests {
             ("MINFER_CUDA_MVS_ROWS", "auto"),
             ("MINFER_CUDA_MVS_WARPS", "16"),
             ("MINFER_CUDA_IMAGE", "cubin"),
-            ("MINFER_CUDA_ATTN_STAGE", "1"),
+            ("MINFER_CUDA_ATTN_STAGE", "0"),
             ("MINFER_CUDA_QKV_ROPE", "0"),
         ])
         .unwrap();
-        assert!(s.attn_stage);
+        assert!(!s.attn_stage);
         assert!(!s.qkv_rope);
         assert_eq!((s.mvn_max, s.mvt_from), (0, 0));
         assert_eq!(
