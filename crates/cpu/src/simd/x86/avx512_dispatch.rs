@@ -147,15 +147,31 @@ pub(in crate::simd) fn avx512_side(ty: GgmlType) -> Option<RowSideFn> {
     }
 }
 
+/// The packed kernels of `ty`, one row and four at a time (None: no kernel, or no AVX-512
+/// here): BITALG's where the core has it, chosen once here rather than per call.
+pub(in crate::simd) fn avx512_packed(ty: GgmlType) -> Option<X16Fns> {
+    bitalg_packed(ty).or_else(|| vnni_packed(ty))
+}
+
+fn bitalg_supported() -> bool {
+    crate::cpu_features::avx512_bitalg()
+}
+
 packed_lookup! {
-    /// The packed kernels of `ty`, one row and four at a time (None: no kernel, or no AVX-512
-    /// here).
-    pub(in crate::simd) fn avx512_packed if avx512_supported {
+    /// The kernels that also need AVX-512 BITALG.
+    fn bitalg_packed if bitalg_supported {
+        Q5_0 => avx512_q50_x16::with_bitalg,
+    }
+}
+
+packed_lookup! {
+    /// The kernels of AVX-512 F/BW/VL/VNNI.
+    fn vnni_packed if avx512_supported {
         Q4K => avx512_q4k_x16::dot_q4k_x16,
         Q6K => avx512_q6k_x16::dot_q6k_x16,
         Q4_0 => avx512_q40_x16::dot_q40_x16,
         Q8_0 => avx512_q80_x16::dot_q80_x16,
-        Q5_0 => avx512_q50_x16::dot_q50_x16,
+        Q5_0 => avx512_q50_x16::with_multiply,
         Q4_1 => avx512_q41_x16::dot_q41_x16,
     }
 }

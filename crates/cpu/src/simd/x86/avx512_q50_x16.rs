@@ -57,36 +57,21 @@ const fn picks() -> [[[u8; 64]; 2]; 4] {
 }
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
-/// rows `a` (see `x16`), by [`with_bitalg`] where the core has BITALG, else
-/// [`with_multiply`].
+/// rows `a` (see `x16`), spreading the fifth bits by a multiply (`avx512_dispatch` hands out
+/// [`with_bitalg`] instead where the core has BITALG).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
-#[inline]
-pub(crate) unsafe fn dot_q50_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
-    if crate::cpu_features::avx512_bitalg() {
-        // SAFETY: the caller's features, and BITALG just confirmed.
-        unsafe { with_bitalg(g, a, out) }
-    } else {
-        // SAFETY: the caller's.
-        unsafe { with_multiply(g, a, out) }
-    }
-}
-
-/// [`dot_q50_x16`] spreading the fifth bits by a multiply.
-///
-/// # Safety
-/// As [`dot_q50_x16`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 pub(crate) unsafe fn with_multiply<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // SAFETY: the features `dots` uses are this function's.
     unsafe { dots::<N, false>(g, a, out) }
 }
 
-/// [`dot_q50_x16`] picking the fifth bits by `vpshufbitqmb`.
+/// [`with_multiply`]'s dots, picking the fifth bits by `vpshufbitqmb`.
 ///
 /// # Safety
-/// As [`dot_q50_x16`], and the CPU must support AVX-512 BITALG.
+/// As [`with_multiply`], and the CPU must support AVX-512 BITALG.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,f16c")]
 pub(crate) unsafe fn with_bitalg<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // SAFETY: the features `dots` uses are this function's.
