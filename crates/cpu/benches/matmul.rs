@@ -9,6 +9,9 @@
 //! Then decode's side: one token against ~256 KiB of weight rows (in L2), the minimum over
 //! rounds, as weight GB/s: the kernels' compute speed without DRAM (compare
 //! `benches/decode_matvec.rs`, which streams a real model's weights).
+//!
+//! Arguments (after `--`) keep only the cases whose type name is one of them, e.g.
+//! `cargo bench -p minfer-cpu --bench matmul -- Q5_0 Q4_0` (no arguments: every case).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -19,9 +22,16 @@ use minfer_gguf::quants::random_blocks;
 use minfer_gguf::GgmlType;
 
 fn main() {
+    // `cargo bench` passes `--bench`; the other arguments name the types to run.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |ty: GgmlType| only.is_empty() || only.iter().any(|o| *o == ty.to_string());
     let nt = 64;
     let cases = [
         (GgmlType::Q5_0, 896, 896),
+        (GgmlType::Q4_0, 896, 896),
         (GgmlType::Q8_0, 896, 896),
         (GgmlType::Q4_1, 576, 576),
         (GgmlType::Q4K, 4864, 896),
@@ -31,7 +41,7 @@ fn main() {
         (GgmlType::Q4K, 8960, 1536),
         (GgmlType::Q6K, 8960, 1536),
     ];
-    for (ty, k, m) in cases {
+    for (ty, k, m) in cases.into_iter().filter(|c| wanted(c.0)) {
         let bs = ty.block_size() as usize;
         let w = random_blocks(ty, m * k / bs, 3);
         let x: Vec<f32> = (0..nt * k)
@@ -74,7 +84,10 @@ fn main() {
         (GgmlType::Q6K, 8960),
         (GgmlType::Q5_0, 896),
         (GgmlType::Q8_0, 896),
-    ] {
+    ]
+    .into_iter()
+    .filter(|c| wanted(c.0))
+    {
         let bs = ty.block_size() as usize;
         let wrb = ty.row_bytes(k as u64).unwrap() as usize;
         let m = (256 * 1024 / wrb) / 16 * 16;

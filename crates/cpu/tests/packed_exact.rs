@@ -8,7 +8,16 @@
 //!   all at one extreme (0x00, 0xff, 0x80, 0x7f: the largest nibbles and six-bit quants, Q8_0
 //!   weights of -128, Q6_K scales of -128), against activations quantized from random rows
 //!   and from constant ones (all +1 or -1: Q8_K quants of -128 and Q8_0 ones of ±127, the
-//!   largest `vpmaddubsw` pairs the AVX2 kernels' i16 sums are bounded for).
+//!   largest `vpmaddubsw` pairs the AVX2 kernels' i16 sums are bounded for), and for Q8_0
+//!   activations raw rows quantizing never makes (every quant -128, every quant 127, blocks
+//!   of each in turn: Σ q = ±4096 / 4064 a block). Where a type has the form reading each
+//!   activation block's d and Σ q from the matmul's side table (`X16Fns::facts`: Q4_0, Q5_0,
+//!   Q8_0, whose kernels take back their weights' bias as a multiple of Σ q), that form is
+//!   held to the same reference values, with the facts `TileSide::fill_rows` makes of the
+//!   same rows (what the matmul hands it), one and four rows a call.
+//! - `facts_kernels_see_a_wrong_sum_or_d`: the permanent control of the facts forms: one
+//!   block's Σ q off by one, or its d doubled, changes every row of the group (whose d is not
+//!   zero) away from the reference's bits, and the true facts give them again.
 //! - `packed_matmul_on_avx2` runs the matmul on packed weights with the instruction set
 //!   forced to AVX2 (`MINFER_CPU_ISA=avx2`, in a child process of this test binary: the
 //!   instruction set is chosen once per process), so the AVX2 dispatch of packed weights
@@ -28,10 +37,18 @@
 //!   never saturate);
 //! - the block lanes combined as (0 + 1) + (2 + 3), and Q6_K's offsets taken back as
 //!   16 · Σ sc · bsum instead of 32 ·, each failed both.
+//!
+//! Controls of the facts forms (2026-12-07, the same VM, session 25, each taken out again):
+//! - `x16::fact` handing every kernel Σ q + 1 failed every test here (the direct test first on
+//!   `avx2 Q4_0 one, facts`; both matmul tests, the AVX2 child too, since the matmul reads the
+//!   facts);
+//! - AVX-512 Q5_0's facts form alone reading Σ q - 1 failed the direct test on
+//!   `avx512vnni Q5_0 one, facts` and `packed_matmul_on_the_isa_in_use`, and left the AVX2
+//!   child passing (each instruction set's kernels are checked on their own).
 
 use minfer_cpu::ops::matmul::packed::pack_x16;
 use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
-use minfer_cpu::simd::{self, Isa};
+use minfer_cpu::simd::{self, ActFacts, Isa, TileSide};
 use minfer_gguf::quants::{self, random_blocks, vec_dot_type};
 use minfer_gguf::GgmlType;
 use minfer_testkit::exact::assert_bits_eq;
@@ -88,7 +105,7 @@ fn activation_rows(k: usize, seed: u64) -> Vec<Vec<f32>> {
 
 #[test]
 fn packed_kernels_are_exact_on_every_isa() {
-    let mut checked = 0;
+    let (mut checked, mut checked_facts) = (0, 0);
     for isa in simd::available() {
         for ty in TYPES {
             let Some(x16) = simd::x16_kernel_on(isa, ty) else {
@@ -110,7 +127,7 @@ fn packed_kernels_are_exact_on_every_isa() {
                 let plain = weights(ty, k, m, 41 + k as u64, fill);
                 let packed = pack_x16(layout, &plain, k, m).unwrap();
                 let arb = at.row_bytes(k as u64).unwrap() as usize;
-                let acts: Vec<Vec<u8>> = activation_rows(k, 7 + k as u64)
+                let mut acts: Vec<Vec<u8>> = activation_rows(k, 7 + k as u64)
                     .iter()
                     .map(|x| {
                         let mut a = vec![0u8; arb];
@@ -118,6 +135,19 @@ fn packed_kernels_are_exact_on_every_isa() {
                         a
                     })
                     .collect();
+                if at == GgmlType::Q8_0 {
+                    acts.extend(extreme_q8_0_rows(k));
+                }
+                // The side table's per-row facts of these rows, as the matmul fills it.
+                let mut side = TileSide::default();
+                assert!(
+                    side.fill_rows(at, &acts.concat(), arb),
+                    "{ty}: facts of {at}"
+                );
+                let facts = |t: usize| {
+                    let (d, sums) = side.row(t);
+                    ActFacts { d, sums }
+                };
                 for g in 0..m / 16 {
                     let group = &packed[g * 16 * wrb..(g + 1) * 16 * wrb];
                     let want: Vec<Vec<f32>> = acts
@@ -139,11 +169,33 @@ fn packed_kernels_are_exact_on_every_isa() {
                         let mut got = [f32::NAN; 16];
                         (x16.one)(group, a, &mut got);
                         assert_bits_eq(&got, &want[t], what("one", t));
+                        if let Some(f) = x16.facts {
+                            let mut got = [f32::NAN; 16];
+                            (f.one)(group, a, facts(t), &mut got);
+                            assert_bits_eq(&got, &want[t], what("one, facts", t));
+                        }
                     }
-                    let mut got = [[f32::NAN; 16]; 4];
-                    (x16.four)(group, [&acts[0], &acts[1], &acts[2], &acts[3]], &mut got);
-                    for t in 0..4 {
-                        assert_bits_eq(&got[t], &want[t], what("four", t));
+                    // Four rows a call: the first four, and the last four (the extreme ones).
+                    for t0 in [0, acts.len() - 4] {
+                        let rows: [&[u8]; 4] = std::array::from_fn(|i| &acts[t0 + i][..]);
+                        let mut got = [[f32::NAN; 16]; 4];
+                        (x16.four)(group, rows, &mut got);
+                        for t in 0..4 {
+                            assert_bits_eq(&got[t], &want[t0 + t], what("four", t0 + t));
+                        }
+                        if let Some(f) = x16.facts {
+                            let mut got = [[f32::NAN; 16]; 4];
+                            (f.four)(
+                                group,
+                                rows,
+                                std::array::from_fn(|i| facts(t0 + i)),
+                                &mut got,
+                            );
+                            for t in 0..4 {
+                                assert_bits_eq(&got[t], &want[t0 + t], what("four, facts", t0 + t));
+                            }
+                            checked_facts += 1;
+                        }
                     }
                     checked += 1;
                 }
@@ -156,10 +208,111 @@ fn packed_kernels_are_exact_on_every_isa() {
         "no packed kernel ran on an AVX2 machine"
     );
     if x86 {
+        assert!(checked_facts > 0, "no facts kernel ran on an AVX2 machine");
         for ty in TYPES {
-            assert!(simd::x16_kernel_on(Isa::Avx2, ty).is_some(), "{ty} on AVX2");
+            let x16 = simd::x16_kernel_on(Isa::Avx2, ty);
+            assert!(x16.is_some(), "{ty} on AVX2");
+            // The types whose kernels take an activation sum have the form reading it.
+            let biased = matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0);
+            assert_eq!(
+                x16.unwrap().facts.is_some(),
+                biased,
+                "{ty}'s facts form on AVX2"
+            );
         }
     }
+}
+
+/// Q8_0 activation rows of raw bytes at the extremes quantizing never makes: every quant
+/// -128 (Σ q = -4096 a block: the largest products of the AVX2 kernels' i16 sums, and the
+/// largest sum the offsets multiply), then every quant 127 and, in turn, blocks of -128 and
+/// 127; d a different finite f16 per block.
+fn extreme_q8_0_rows(k: usize) -> Vec<Vec<u8>> {
+    let row = |q: &dyn Fn(usize) -> u8| {
+        let mut a = Vec::with_capacity(k / 32 * 34);
+        for b in 0..k / 32 {
+            let d = quants::f32_to_f16(0.0078125 * (1.0 + b as f32 / 7.0));
+            a.extend(d.to_le_bytes());
+            a.extend(std::iter::repeat_n(q(b), 32));
+        }
+        a
+    };
+    vec![
+        row(&|_| 0x80),
+        row(&|_| 0x7f),
+        row(&|b| if b % 2 == 0 { 0x80 } else { 0x7f }),
+    ]
+}
+
+/// The control of the facts forms: the same kernels, handed facts with one block's Σ q off
+/// by one, or its d doubled, give other values than the scalar reference's for the rows
+/// of that group whose weights' d is not zero (so the gate above would fail on a kernel that
+/// read a sum or a d one off), and the true facts give its values again.
+#[test]
+fn facts_kernels_see_a_wrong_sum_or_d() {
+    let mut checked = 0;
+    for isa in simd::available() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let Some(f) = simd::x16_kernel_on(isa, ty).and_then(|x| x.facts) else {
+                continue;
+            };
+            let layout = Layout::packed_for(ty).unwrap();
+            let (k, m) = (256, 16);
+            let wrb = ty.row_bytes(k as u64).unwrap() as usize;
+            let plain = weights(ty, k, m, 3, None);
+            let packed = pack_x16(layout, &plain, k, m).unwrap();
+            let at = vec_dot_type(ty);
+            let mut a = vec![0u8; at.row_bytes(k as u64).unwrap() as usize];
+            quants::quantize_row(at, &floats(k, 11), &mut a).unwrap();
+            let mut side = TileSide::default();
+            assert!(side.fill_rows(at, &a, a.len()));
+            let (d, sums) = side.row(0);
+            let want: Vec<f32> = (0..16)
+                .map(|r| quants::vec_dot(ty, k, &plain[r * wrb..(r + 1) * wrb], &a).unwrap())
+                .collect();
+            let mut got = [f32::NAN; 16];
+            (f.one)(&packed, &a, ActFacts { d, sums }, &mut got);
+            assert_bits_eq(&got, &want, format_args!("{isa} {ty} true facts"));
+            for b in [0, 3, 7] {
+                let mut wrong_sums = sums.to_vec();
+                wrong_sums[b] += 1;
+                let mut wrong_d = d.to_vec();
+                wrong_d[b] *= 2.0;
+                for (what, facts) in [
+                    (
+                        "Σ q + 1",
+                        ActFacts {
+                            d,
+                            sums: &wrong_sums,
+                        },
+                    ),
+                    ("d · 2", ActFacts { d: &wrong_d, sums }),
+                ] {
+                    let mut got = [f32::NAN; 16];
+                    (f.one)(&packed, &a, facts, &mut got);
+                    let mut four = [[f32::NAN; 16]; 4];
+                    (f.four)(&packed, [&a; 4], [facts; 4], &mut four);
+                    for (r, w) in want.iter().enumerate() {
+                        let dw = &plain[r * wrb + b * (wrb / (k / 32))..][..2];
+                        if dw == [0, 0] || dw == [0, 0x80] {
+                            continue;
+                        }
+                        assert_ne!(
+                            got[r].to_bits(),
+                            w.to_bits(),
+                            "{isa} {ty} block {b} {what}: row {r} unchanged"
+                        );
+                        assert_eq!(four[3][r].to_bits(), got[r].to_bits(), "{isa} {ty} four");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 0 || !simd::available().contains(&Isa::Avx2),
+        "no facts kernel ran on an AVX2 machine"
+    );
 }
 
 #[test]

@@ -48,11 +48,40 @@ pub type X16Fn = fn(&[u8], &[u8], &mut [f32; 16]);
 /// each row's 16 dots the same bits as [`X16Fn`]'s for it alone.
 pub type X16x4Fn = fn(&[u8], [&[u8]; 4], &mut [[f32; 16]; 4]);
 
-/// A type's packed kernels: one activation row, and four.
+/// Per-block facts of one Q8_0 activation row, as the matmul's side table holds them
+/// ([`TileSide::row`] after [`TileSide::fill_rows`]): each block's d as f32 (the exact
+/// conversion of its f16) and the sum of its 32 quants. What the packed kernels of the types
+/// whose weights are biased to unsigned (Q4_0, Q5_0, Q8_0) would otherwise derive again for
+/// every group of 16 rows.
+#[derive(Clone, Copy, Debug)]
+pub struct ActFacts<'a> {
+    pub d: &'a [f32],
+    pub sums: &'a [i32],
+}
+
+/// [`X16Fn`] reading the activation row's per-block d and Σ q from its [`ActFacts`] instead
+/// of deriving them: the same bits as [`X16Fn`] whenever the facts are the row's (a fact of
+/// another value gives another result; the kernels trust them). Panics unless the facts hold
+/// one d and one sum per block.
+pub type X16FactsFn = fn(&[u8], &[u8], ActFacts<'_>, &mut [f32; 16]);
+/// [`X16FactsFn`] for four activation rows at once, each with its facts.
+pub type X16Factsx4Fn = fn(&[u8], [&[u8]; 4], [ActFacts<'_>; 4], &mut [[f32; 16]; 4]);
+
+/// A type's packed kernels that read the activations' facts: one activation row, and four.
+#[derive(Clone, Copy, Debug)]
+pub struct X16FactsFns {
+    pub one: X16FactsFn,
+    pub four: X16Factsx4Fn,
+}
+
+/// A type's packed kernels: one activation row, and four; and where the type's kernels need
+/// per-block activation sums (Q4_0, Q5_0, Q8_0), their forms that read them from the side
+/// table ([`X16FactsFns`]).
 #[derive(Clone, Copy, Debug)]
 pub struct X16Fns {
     pub one: X16Fn,
     pub four: X16x4Fn,
+    pub facts: Option<X16FactsFns>,
 }
 
 /// The packed kernels of `ty` for the instruction set in use ([`detected`]); None where there

@@ -18,8 +18,8 @@ use super::{
 use crate::dot::RowKernel;
 use crate::ops::{KResult, KernelError};
 use crate::simd::{
-    finish_tile, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide, TileSlice,
-    X16Fns, TILE,
+    finish_tile, ActFacts, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide,
+    TileSlice, X16FactsFns, X16Fns, TILE,
 };
 use minfer_gguf::quants;
 use std::ops::Range;
@@ -51,6 +51,12 @@ fn prefetch(bytes: &[u8]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
+}
+
+/// Activation row `t`'s facts in the side table `table` (filled for every row).
+fn facts_of(table: &TileSide, t: usize) -> ActFacts<'_> {
+    let (d, sums) = table.row(t);
+    ActFacts { d, sums }
 }
 
 /// `x`: `[n_tokens][k]`, `out`: `[n_tokens][m]`, optional f32 `bias` of `m`.
@@ -103,10 +109,15 @@ pub fn matmul(
             _ => (None, 0),
         };
         // The tokens past the tiles: the side kernel with per-row activation facts, where one
-        // exists.
-        let side = kernel
-            .side(k, wrb, arb)
-            .filter(|_| tiled < nt && sc.side.fill_rows(at, &sc.act[..nt * arb], arb));
+        // exists, and the packed kernels that read those facts (Q4_0, Q5_0, Q8_0: each
+        // activation block's d and Σ q once per matmul, not once per group of 16 rows).
+        let side = kernel.side(k, wrb, arb);
+        let packed_facts = packed.and_then(|p| p.facts);
+        let rows_filled = (side.is_some() || packed_facts.is_some())
+            && tiled < nt
+            && sc.side.fill_rows(at, &sc.act[..nt * arb], arb);
+        let side = side.filter(|_| rows_filled);
+        let packed_facts = packed_facts.filter(|_| rows_filled);
         // Weight blocks per range of the tile kernels: ~12 KiB of activations (8 tokens).
         let blocks = k / w.ty.block_size() as usize;
         let tile_blocks = (TILE_ACT_BYTES / (TILE * (arb / blocks.max(1)).max(1))).max(1);
@@ -127,6 +138,7 @@ pub fn matmul(
             blocks,
             tile_blocks,
             packed,
+            packed_facts: packed_facts.map(|f| (f, &sc.side)),
             grouped: if packed.is_some() { m / X16 * X16 } else { 0 },
         };
         par_row_tasks(out, m, nt, Split::batched(m, nt, threads), |o| task.run(o))
@@ -163,6 +175,9 @@ struct Task<'a> {
     /// layout; rows `0..grouped` are then packed groups, the rest plain rows at their plain
     /// offsets.
     packed: Option<X16Fns>,
+    /// The packed kernels' forms reading the activation rows' facts, with the side table
+    /// holding them (filled for every row), where the type has them.
+    packed_facts: Option<(X16FactsFns, &'a TileSide)>,
     grouped: usize,
 }
 
@@ -325,7 +340,9 @@ impl Task<'_> {
     }
 
     /// Decode on packed weights: the tokens against each packed group of the task's rows by
-    /// the packed kernels, four tokens a call and the rest one at a time (in chunks of about
+    /// the packed kernels (their forms reading each activation block's d and Σ q from the
+    /// side table where the type has them: the sums once per matmul, not once per group),
+    /// four tokens a call and the rest one at a time (in chunks of about
     /// [`SIDE_CHUNK_BYTES`] with several tokens, as [`Task::side_rows`]); the plain rows past
     /// the last group by the side kernel or row by row.
     fn packed_rows(&self, x16: X16Fns, tokens: Range<usize>, out: &mut RowsOut) -> KResult<()> {
@@ -346,11 +363,15 @@ impl Task<'_> {
                 let n = if tokens.end - t >= 4 { 4 } else { 1 };
                 for o in grouped.clone().step_by(X16) {
                     let g = &self.w[o * self.wrb..(o + X16) * self.wrb];
-                    if n == 4 {
-                        let a = std::array::from_fn(|i| self.act_row(t + i));
-                        (x16.four)(g, a, &mut vals);
-                    } else {
-                        (x16.one)(g, self.act_row(t), &mut vals[0]);
+                    let a = |i: usize| self.act_row(t + i);
+                    match (self.packed_facts, n) {
+                        (Some((f, table)), 4) => {
+                            let facts = std::array::from_fn(|i| facts_of(table, t + i));
+                            (f.four)(g, std::array::from_fn(a), facts, &mut vals);
+                        }
+                        (Some((f, table)), _) => (f.one)(g, a(0), facts_of(table, t), &mut vals[0]),
+                        (None, 4) => (x16.four)(g, std::array::from_fn(a), &mut vals),
+                        (None, _) => (x16.one)(g, a(0), &mut vals[0]),
                     }
                     let at = o - rows.start;
                     for (i, v) in vals[..n].iter().enumerate() {

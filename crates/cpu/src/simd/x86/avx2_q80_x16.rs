@@ -12,6 +12,9 @@
 //! 2 · 15 · 128 = 3840 in magnitude, so the block's 8 quads sum in i16 to at most 30720 <
 //! 32767 per nibble, and one `vpmaddwd` against ones (lo) and one against 16 (hi) give
 //! Σ u·a. Σ w·a = Σ u·a - 128 · Σ a, the activation block's Σ a by `vpsadbw`.
+//! The `_facts` form reads each activation block's Σ a (and its d as f32) from the matmul's
+//! side table instead (`x16`, `ActFacts`: filled once per matmul, where this form would sum
+//! the block again for every group of 16 rows); the same integers and floats.
 //!
 //! The float part is the AVX-512 kernel's (the reference's), one row per lane, never fused:
 //! s · (d_w · d_a), block b added into block lane b % 4, the lanes combined as
@@ -22,8 +25,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_x16::{bcast4, f16x8, finish, load, per_half, q8_0_sums, widen};
-use super::x16::{Blocks, Dots, Q8_0};
+use super::avx2_x16::{bcast4, f16x8, finish, load, per_half, q8_0_facts, q8_0_sums, widen};
+use super::x16::{Blocks, Dots, NO_FACTS, Q8_0};
+use crate::simd::ActFacts;
 
 /// Bytes of one packed group's block (16 rows of 34 bytes).
 const GROUP_BLOCK: usize = 544;
@@ -33,19 +37,60 @@ const GROUP_BLOCK: usize = 544;
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
-// The half, token and lane indices also give byte offsets and walk several arrays in step.
-#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn dot_q80_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
+    // SAFETY: the features `dots` uses are this function's.
+    unsafe { dots::<N, false>(g, a, [NO_FACTS; N], out) }
+}
+
+/// [`dot_q80_x16`]'s dots, each activation block's d and Σ q read from the rows' `facts`.
+///
+/// # Safety
+/// As [`dot_q80_x16`].
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dot_q80_x16_facts<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    facts: [ActFacts<'_>; N],
+    out: &mut Dots<N>,
+) {
+    // SAFETY: the features `dots` uses are this function's.
+    unsafe { dots::<N, true>(g, a, facts, out) }
+}
+
+/// The kernel, inlined into the two wrappers above, whose target features its intrinsics
+/// take; with `FACTS`, each activation block's d and Σ q come from `facts` (`x16`), else from
+/// its bytes.
+///
+/// # Safety
+/// Only called from those wrappers.
+// The half, token and lane indices also give byte offsets and walk several arrays in step.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn dots<const N: usize, const FACTS: bool>(
+    g: &[u8],
+    a: [&[u8]; N],
+    facts: [ActFacts<'_>; N],
+    out: &mut Dots<N>,
+) {
     // No closures below: a closure does not inherit the target features.
     let bias = _mm256_set1_epi8(-128);
     let m4 = _mm256_set1_epi8(0x0f);
     let sixteen = _mm256_set1_epi16(16);
     let zero = _mm256_setzero_si256();
     let mut lanes = [[[_mm256_setzero_ps(); 4]; 2]; N];
-    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q8_0") {
-        // SAFETY: each of `ap` starts a whole Q8_0 block.
-        let (sa, da) = unsafe { q8_0_sums(&ap) };
+    let blocks = Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q8_0");
+    if FACTS {
+        blocks.check_facts(&facts);
+    }
+    for (b, p, ap) in blocks {
+        let (sa, da) = if FACTS {
+            // SAFETY: `check_facts` accepted the facts for these blocks.
+            unsafe { q8_0_facts(&facts, b) }
+        } else {
+            // SAFETY: each of `ap` starts a whole Q8_0 block.
+            unsafe { q8_0_sums(&ap) }
+        };
         for h in 0..2 {
             // SAFETY: d of rows 8h..8h + 8 (16 bytes at 16h).
             let dw = unsafe { f16x8(p.add(16 * h)) };

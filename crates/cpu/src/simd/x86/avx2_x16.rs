@@ -15,6 +15,9 @@
 
 use std::arch::x86_64::*;
 
+use super::x16::fact;
+use crate::simd::ActFacts;
+
 /// The i32 at `p` (4 bytes, unaligned) in every lane: 4 activation bytes for `vpmaddubsw`.
 ///
 /// # Safety
@@ -90,6 +93,28 @@ pub(super) unsafe fn q8_0_sums<const N: usize>(ap: &[*const u8; N]) -> ([i32; N]
             *sa = block_sum(p.add(2));
             *da = f16_lanes(*p);
         }
+    }
+    (sa, da)
+}
+
+/// [`q8_0_sums`] of block `b` of each activation row, read from the rows' `facts` (`x16`):
+/// its Σ q, and its d in every lane.
+///
+/// # Safety
+/// `b` must be a block of the `Blocks` whose `check_facts` accepted `facts`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q8_0_facts<const N: usize>(
+    facts: &[ActFacts<'_>; N],
+    b: usize,
+) -> ([i32; N], [__m256; N]) {
+    let mut sa = [0i32; N];
+    let mut da = [_mm256_setzero_ps(); N];
+    for ((sa, da), f) in sa.iter_mut().zip(&mut da).zip(facts) {
+        // SAFETY: the caller's.
+        let (d, s) = unsafe { fact(f, b) };
+        *sa = s;
+        *da = _mm256_set1_ps(d);
     }
     (sa, da)
 }

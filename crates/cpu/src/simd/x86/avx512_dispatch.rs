@@ -160,7 +160,7 @@ fn bitalg_supported() -> bool {
 packed_lookup! {
     /// The kernels that also need AVX-512 BITALG.
     fn bitalg_packed if bitalg_supported {
-        Q5_0 => avx512_q50_x16::with_bitalg,
+        Q5_0 => avx512_q50_x16::with_bitalg + facts avx512_q50_x16::with_bitalg_facts,
     }
 }
 
@@ -169,9 +169,9 @@ packed_lookup! {
     fn vnni_packed if avx512_supported {
         Q4K => avx512_q4k_x16::dot_q4k_x16,
         Q6K => avx512_q6k_x16::dot_q6k_x16,
-        Q4_0 => avx512_q40_x16::dot_q40_x16,
-        Q8_0 => avx512_q80_x16::dot_q80_x16,
-        Q5_0 => avx512_q50_x16::with_multiply,
+        Q4_0 => avx512_q40_x16::dot_q40_x16 + facts avx512_q40_x16::dot_q40_x16_facts,
+        Q8_0 => avx512_q80_x16::dot_q80_x16 + facts avx512_q80_x16::dot_q80_x16_facts,
+        Q5_0 => avx512_q50_x16::with_multiply + facts avx512_q50_x16::with_multiply_facts,
         Q4_1 => avx512_q41_x16::dot_q41_x16,
     }
 }

@@ -9,6 +9,9 @@
 //! moves bit j of a 4-bit x to bit 8j, with no carries), so the unsigned q5 = q + 16 meet 4
 //! broadcast activations in one `vpdpbusd` per half (at most 32 · 31 · 127 per row). Σ q·a =
 //! Σ q5·a - 16 · Σ a, the activation block's Σ a by one `vpdpbusd` against ones.
+//! The `_facts` form reads each activation block's Σ a (and its d as f32) from the matmul's
+//! side table instead (`x16`, `ActFacts`: filled once per matmul, where this form would sum
+//! the block again for every group of 16 rows); the same integers and floats.
 //!
 //! Where the core has AVX-512 BITALG (Ice Lake, Zen 4 and later), the fifth bits reach their
 //! bytes by one `vpshufbitqmb` a half instead (each byte's bit picked from its row's `qh` into
@@ -27,7 +30,8 @@
 use std::arch::x86_64::*;
 
 use super::avx512_x16::{bcast4, f16x16, finish, q8_0_sum};
-use super::x16::{Blocks, Dots, Q8_0};
+use super::x16::{fact, Blocks, Dots, NO_FACTS, Q8_0};
+use crate::simd::ActFacts;
 
 /// Bytes of one packed group's block (16 rows of 22 bytes).
 const GROUP_BLOCK: usize = 352;
@@ -65,7 +69,7 @@ const fn picks() -> [[[u8; 64]; 2]; 4] {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 pub(crate) unsafe fn with_multiply<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, false>(g, a, out) }
+    unsafe { dots::<N, false, false>(g, a, [NO_FACTS; N], out) }
 }
 
 /// [`with_multiply`]'s dots, picking the fifth bits by `vpshufbitqmb`.
@@ -75,16 +79,52 @@ pub(crate) unsafe fn with_multiply<const N: usize>(g: &[u8], a: [&[u8]; N], out:
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,f16c")]
 pub(crate) unsafe fn with_bitalg<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
     // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, true>(g, a, out) }
+    unsafe { dots::<N, true, false>(g, a, [NO_FACTS; N], out) }
 }
 
-/// The kernel, inlined into the two wrappers above, whose target features its intrinsics
-/// take (BITALG's only where `BITALG`).
+/// [`with_multiply`]'s dots, each activation block's d and Σ q read from the rows' `facts`.
+///
+/// # Safety
+/// As [`with_multiply`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(crate) unsafe fn with_multiply_facts<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    facts: [ActFacts<'_>; N],
+    out: &mut Dots<N>,
+) {
+    // SAFETY: the features `dots` uses are this function's.
+    unsafe { dots::<N, false, true>(g, a, facts, out) }
+}
+
+/// [`with_bitalg`]'s dots, each activation block's d and Σ q read from the rows' `facts`.
+///
+/// # Safety
+/// As [`with_bitalg`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,f16c")]
+pub(crate) unsafe fn with_bitalg_facts<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    facts: [ActFacts<'_>; N],
+    out: &mut Dots<N>,
+) {
+    // SAFETY: the features `dots` uses are this function's.
+    unsafe { dots::<N, true, true>(g, a, facts, out) }
+}
+
+/// The kernel, inlined into the wrappers above, whose target features its intrinsics take
+/// (BITALG's only where `BITALG`); with `FACTS`, each activation block's d and Σ q come from
+/// `facts` (`x16`), else from its bytes.
 ///
 /// # Safety
 /// Only called from those wrappers.
 #[inline(always)]
-unsafe fn dots<const N: usize, const BITALG: bool>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
+unsafe fn dots<const N: usize, const BITALG: bool, const FACTS: bool>(
+    g: &[u8],
+    a: [&[u8]; N],
+    facts: [ActFacts<'_>; N],
+    out: &mut Dots<N>,
+) {
     // No closures below: a closure does not inherit the target features.
     let m4 = _mm512_set1_epi8(0x0f);
     let low4 = _mm512_set1_epi32(0x0f);
@@ -93,7 +133,11 @@ unsafe fn dots<const N: usize, const BITALG: bool>(g: &[u8], a: [&[u8]; N], out:
     let sixteen = _mm512_set1_epi8(16);
     let zero = _mm512_setzero_si512();
     let mut lanes = [[_mm512_setzero_ps(); 4]; N];
-    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q5_0") {
+    let blocks = Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q5_0");
+    if FACTS {
+        blocks.check_facts(&facts);
+    }
+    for (b, p, ap) in blocks {
         // SAFETY: d of the 16 rows (32 bytes at 0), their qh (64 at 32).
         let (dw, qh) = unsafe { (f16x16(p), _mm512_loadu_si512(p.add(32).cast())) };
         // Two chains for one row (shorter dependency chains), one a row for several.
@@ -148,8 +192,14 @@ unsafe fn dots<const N: usize, const BITALG: bool>(g: &[u8], a: [&[u8]; N], out:
             }
         }
         for t in 0..N {
-            // SAFETY: the activation's block is a whole Q8_0 block.
-            let (sa, da) = unsafe { q8_0_sum(ap[t]) };
+            let (sa, da) = if FACTS {
+                // SAFETY: `check_facts` accepted the facts for these blocks.
+                let (d, s) = unsafe { fact(&facts[t], b) };
+                (s, _mm512_set1_ps(d))
+            } else {
+                // SAFETY: the activation's block is a whole Q8_0 block.
+                unsafe { q8_0_sum(ap[t]) }
+            };
             let s = _mm512_sub_epi32(
                 _mm512_add_epi32(acc[t][0], acc[t][1]),
                 _mm512_set1_epi32(16 * sa),
@@ -166,10 +216,12 @@ mod tests {
     use super::*;
 
     /// The two ways to the fifth bits give the same dots on random groups and on groups of
-    /// all-ones / all-zero bytes (every fifth bit set / clear), one and four activation rows.
-    /// `tests/packed_exact.rs` holds the dispatched kernel to the scalar reference; this holds
-    /// the path the machine does not dispatch to the one it does. Control: a wrong quad's
-    /// table (PICKS[q] for q + 1) fails it (tried by hand).
+    /// all-ones / all-zero bytes (every fifth bit set / clear), one and four activation rows,
+    /// and so do both ways' forms reading the activations' facts from the side table.
+    /// `tests/packed_exact.rs` holds the dispatched kernels to the scalar reference; this holds
+    /// the paths the machine does not dispatch to the one it does. Controls: a wrong quad's
+    /// table (PICKS[q] for q + 1) fails it (tried by hand); so does the multiply path's facts
+    /// form reading Σ q + 1 (tried by hand, 2026-12-07).
     #[test]
     fn bitalg_picks_give_the_multiplys_dots() {
         if !crate::cpu_features::avx512_bitalg() {
@@ -203,19 +255,39 @@ mod tests {
                 })
                 .collect();
             let a4 = [&rows[0][..], &rows[1], &rows[2], &rows[3]];
+            let mut side = crate::simd::TileSide::default();
+            assert!(side.fill_rows(minfer_gguf::GgmlType::Q8_0, &rows.concat(), blocks * 34));
+            let f4: [ActFacts; 4] = std::array::from_fn(|t| {
+                let (d, sums) = side.row(t);
+                ActFacts { d, sums }
+            });
             let (mut m4, mut b4) = ([[0f32; 16]; 4], [[0f32; 16]; 4]);
             let (mut m1, mut b1) = ([[0f32; 16]; 1], [[0f32; 16]; 1]);
+            let (mut mf4, mut bf4) = ([[0f32; 16]; 4], [[0f32; 16]; 4]);
+            let (mut mf1, mut bf1) = ([[0f32; 16]; 1], [[0f32; 16]; 1]);
             // SAFETY: BITALG (and so AVX-512 VNNI) confirmed above.
             unsafe {
                 with_multiply::<4>(&g, a4, &mut m4);
                 with_bitalg::<4>(&g, a4, &mut b4);
                 with_multiply::<1>(&g, [&rows[1]], &mut m1);
                 with_bitalg::<1>(&g, [&rows[1]], &mut b1);
+                with_multiply_facts::<4>(&g, a4, f4, &mut mf4);
+                with_bitalg_facts::<4>(&g, a4, f4, &mut bf4);
+                with_multiply_facts::<1>(&g, [&rows[1]], [f4[1]], &mut mf1);
+                with_bitalg_facts::<1>(&g, [&rows[1]], [f4[1]], &mut bf1);
             }
             let bits =
                 |d: &[[f32; 16]]| -> Vec<u32> { d.iter().flatten().map(|x| x.to_bits()).collect() };
             assert_eq!(bits(&m4), bits(&b4), "fill {fill:?}, four rows");
             assert_eq!(bits(&m1), bits(&b1), "fill {fill:?}, one row");
+            for (what, f4, f1) in [("multiply", &mf4, &mf1), ("bitalg", &bf4, &bf1)] {
+                assert_eq!(
+                    bits(&m4),
+                    bits(f4),
+                    "fill {fill:?}, four rows, {what} facts"
+                );
+                assert_eq!(bits(&m1), bits(f1), "fill {fill:?}, one row, {what} facts");
+            }
             assert!(
                 m4.iter().flatten().any(|x| *x != 0.0),
                 "fill {fill:?}: all zero"

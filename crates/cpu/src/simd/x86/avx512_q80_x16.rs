@@ -7,6 +7,9 @@
 //! w + 128, exact for -128 too), and meets 4 broadcast activations in one `vpdpbusd` (at most
 //! 32 · 255 · 127 per row); Σ w·a = Σ (w + 128)·a - 128 · Σ a, the activation block's Σ a by
 //! one `vpdpbusd` against ones.
+//! The `_facts` form reads each activation block's Σ a (and its d as f32) from the matmul's
+//! side table instead (`x16`, `ActFacts`: filled once per matmul, where this form would sum
+//! the block again for every group of 16 rows); the same integers and floats.
 //!
 //! The float part is the reference's, one row per lane, never fused: s · (d_w · d_a), block b
 //! added into block lane b % 4, the lanes combined as (0 + 2) + (1 + 3).
@@ -19,7 +22,8 @@
 use std::arch::x86_64::*;
 
 use super::avx512_x16::{bcast4, f16x16, finish, q8_0_sum};
-use super::x16::{Blocks, Dots, Q8_0};
+use super::x16::{fact, Blocks, Dots, NO_FACTS, Q8_0};
+use crate::simd::ActFacts;
 
 /// Bytes of one packed group's block (16 rows of 34 bytes).
 const GROUP_BLOCK: usize = 544;
@@ -31,11 +35,47 @@ const GROUP_BLOCK: usize = 544;
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 pub(crate) unsafe fn dot_q80_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
+    // SAFETY: the features `dots` uses are this function's.
+    unsafe { dots::<N, false>(g, a, [NO_FACTS; N], out) }
+}
+
+/// [`dot_q80_x16`]'s dots, each activation block's d and Σ q read from the rows' `facts`.
+///
+/// # Safety
+/// As [`dot_q80_x16`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+pub(crate) unsafe fn dot_q80_x16_facts<const N: usize>(
+    g: &[u8],
+    a: [&[u8]; N],
+    facts: [ActFacts<'_>; N],
+    out: &mut Dots<N>,
+) {
+    // SAFETY: the features `dots` uses are this function's.
+    unsafe { dots::<N, true>(g, a, facts, out) }
+}
+
+/// The kernel, inlined into the two wrappers above, whose target features its intrinsics
+/// take; with `FACTS`, each activation block's d and Σ q come from `facts` (`x16`), else from
+/// its bytes.
+///
+/// # Safety
+/// Only called from those wrappers.
+#[inline(always)]
+unsafe fn dots<const N: usize, const FACTS: bool>(
+    g: &[u8],
+    a: [&[u8]; N],
+    facts: [ActFacts<'_>; N],
+    out: &mut Dots<N>,
+) {
     // No closures below: a closure does not inherit the target features.
     let bias = _mm512_set1_epi8(-128);
     let zero = _mm512_setzero_si512();
     let mut lanes = [[_mm512_setzero_ps(); 4]; N];
-    for (b, p, ap) in Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q8_0") {
+    let blocks = Blocks::new(g, a, GROUP_BLOCK, Q8_0, "Q8_0");
+    if FACTS {
+        blocks.check_facts(&facts);
+    }
+    for (b, p, ap) in blocks {
         // SAFETY: d of the 16 rows (32 bytes at 0).
         let dw = unsafe { f16x16(p) };
         // Two chains for one row (shorter dependency chains), one a row for several.
@@ -52,8 +92,14 @@ pub(crate) unsafe fn dot_q80_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &
             }
         }
         for t in 0..N {
-            // SAFETY: the activation's block is a whole Q8_0 block.
-            let (sa, da) = unsafe { q8_0_sum(ap[t]) };
+            let (sa, da) = if FACTS {
+                // SAFETY: `check_facts` accepted the facts for these blocks.
+                let (d, s) = unsafe { fact(&facts[t], b) };
+                (s, _mm512_set1_ps(d))
+            } else {
+                // SAFETY: the activation's block is a whole Q8_0 block.
+                unsafe { q8_0_sum(ap[t]) }
+            };
             let s = _mm512_sub_epi32(
                 _mm512_add_epi32(acc[t][0], acc[t][1]),
                 _mm512_set1_epi32(128 * sa),

@@ -33,14 +33,35 @@ macro_rules! tile_wrappers {
 
 /// The lookup `$lookup` of one instruction set's kernels of rows packed 16 at a time
 /// (`ops::matmul::packed`): for a type `$ty`, safe wrappers of `$module::$kernel` for one
-/// activation row and for four, handed out only after `$supported()` held (None before,
-/// and for the types not listed). That check is what makes the wrappers sound: the kernels
-/// need that set's features.
+/// activation row and for four, and where `+ facts $fmodule::$fkernel` follows, of that
+/// kernel too (the form reading the activations' per-block facts, [`crate::simd::ActFacts`]),
+/// handed out only after `$supported()` held (None before, and for the types not listed).
+/// That check is what makes the wrappers sound: the kernels need that set's features.
 macro_rules! packed_lookup {
+    (@facts) => {
+        None
+    };
+    (@facts $fm:ident::$ff:ident) => {{
+        fn one(g: &[u8], a: &[u8], f: crate::simd::ActFacts<'_>, out: &mut [f32; 16]) {
+            // SAFETY: only handed out after the features were confirmed (see the macro's
+            // docs).
+            unsafe { $fm::$ff::<1>(g, [a], [f], std::array::from_mut(out)) }
+        }
+        fn four(
+            g: &[u8],
+            a: [&[u8]; 4],
+            f: [crate::simd::ActFacts<'_>; 4],
+            out: &mut [[f32; 16]; 4],
+        ) {
+            // SAFETY: as above.
+            unsafe { $fm::$ff::<4>(g, a, f, out) }
+        }
+        Some(crate::simd::X16FactsFns { one, four })
+    }};
     (
         $(#[$doc:meta])*
         $vis:vis fn $lookup:ident if $supported:ident {
-            $($ty:ident => $m:ident::$f:ident),* $(,)?
+            $($ty:ident => $m:ident::$f:ident $(+ facts $fm:ident::$ff:ident)?),* $(,)?
         }
     ) => {
         $(#[$doc])*
@@ -59,7 +80,8 @@ macro_rules! packed_lookup {
                         // SAFETY: as above.
                         unsafe { $m::$f::<4>(g, a, out) }
                     }
-                    Some(X16Fns { one, four })
+                    let facts = packed_lookup!(@facts $($fm::$ff)?);
+                    Some(X16Fns { one, four, facts })
                 })*
                 _ => None,
             }
@@ -227,9 +249,9 @@ packed_lookup! {
     pub(super) fn avx2_packed if avx2_supported {
         Q4K => avx2_q4k_x16::dot_q4k_x16,
         Q6K => avx2_q6k_x16::dot_q6k_x16,
-        Q4_0 => avx2_q40_x16::dot_q40_x16,
-        Q8_0 => avx2_q80_x16::dot_q80_x16,
-        Q5_0 => avx2_q50_x16::dot_q50_x16,
+        Q4_0 => avx2_q40_x16::dot_q40_x16 + facts avx2_q40_x16::dot_q40_x16_facts,
+        Q8_0 => avx2_q80_x16::dot_q80_x16 + facts avx2_q80_x16::dot_q80_x16_facts,
+        Q5_0 => avx2_q50_x16::dot_q50_x16 + facts avx2_q50_x16::dot_q50_x16_facts,
         Q4_1 => avx2_q41_x16::dot_q41_x16,
     }
 }

@@ -7,6 +7,18 @@
 //! Every kernel computes the 16 dots of a group `g` with each of its `N` activation rows `a`
 //! (the group's bytes loaded and unpacked once for all of them; each row's values are the
 //! one-row kernel's bits: its integers are exact and its float steps the same).
+//!
+//! The kernels whose weights are biased to unsigned (Q4_0, Q5_0, Q8_0) take the bias back as
+//! a multiple of each activation block's Σ q, and scale by its d. Their `_facts` forms read
+//! both from the matmul's side table ([`ActFacts`], filled once per matmul for every
+//! activation row) where the plain forms derive them again for every group of 16 rows: the
+//! same integer and the same f32 (the f16's exact conversion), so the same bits.
+
+use crate::simd::ActFacts;
+
+/// No facts: what the plain forms of the kernels pass their shared body, which then never
+/// reads them.
+pub(super) const NO_FACTS: ActFacts<'static> = ActFacts { d: &[], sums: &[] };
 
 /// An activation block type of the kernels: its size, and its name for [`Blocks::new`]'s
 /// panic.
@@ -80,6 +92,34 @@ impl<'a, const N: usize> Blocks<'a, N> {
     }
 }
 
+impl<const N: usize> Blocks<'_, N> {
+    /// Checks that each of `facts` (one per activation row) holds one d and one sum per
+    /// block, as [`fact`] relies on; panics otherwise (a programming error: the matmul
+    /// hands the side table's rows of the same activations).
+    #[inline(always)]
+    #[track_caller]
+    pub(super) fn check_facts(&self, facts: &[ActFacts<'_>; N]) {
+        let mut fits = true;
+        for f in facts {
+            fits &= f.d.len() == self.count && f.sums.len() == self.count;
+        }
+        if !fits {
+            facts_mismatch();
+        }
+    }
+}
+
+/// Block `b`'s (d, Σ q) of `f`.
+///
+/// # Safety
+/// `b` must be below the length of `f.d` and of `f.sums`: a block of the [`Blocks`] whose
+/// [`Blocks::check_facts`] accepted `f`.
+#[inline(always)]
+pub(super) unsafe fn fact(f: &ActFacts<'_>, b: usize) -> (f32, i32) {
+    // SAFETY: the caller's.
+    unsafe { (*f.d.get_unchecked(b), *f.sums.get_unchecked(b)) }
+}
+
 impl<const N: usize> Iterator for Blocks<'_, N> {
     type Item = (usize, *const u8, [*const u8; N]);
 
@@ -109,4 +149,12 @@ impl<const N: usize> Iterator for Blocks<'_, N> {
 #[track_caller]
 fn mismatch(ty: &'static str, act: &'static str) -> ! {
     panic!("a packed {ty} group against {act} rows")
+}
+
+/// The panic of [`Blocks::check_facts`], out of line as [`mismatch`].
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn facts_mismatch() -> ! {
+    panic!("activation facts that do not hold one d and one sum per block")
 }
