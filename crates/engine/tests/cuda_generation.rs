@@ -325,6 +325,12 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
                 ],
             ),
         ];
+        // MINFER_GEN_VARIANTS (names' beginnings, comma-separated, e.g. `wave,narrow`) keeps
+        // those, for a device call that re-gates some walks in less time.
+        let only_v = std::env::var("MINFER_GEN_VARIANTS").unwrap_or_default();
+        let variants = variants.into_iter().filter(|(name, _)| {
+            only_v.is_empty() || only_v.split(',').any(|v| name.starts_with(v))
+        });
         for (name, vars) in variants {
             let p0 = pipelined_launches();
             let m0 = mixed_qkv_launches();
