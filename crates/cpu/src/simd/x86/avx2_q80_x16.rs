@@ -32,30 +32,14 @@ use crate::simd::ActFacts;
 /// Bytes of one packed group's block (16 rows of 34 bytes).
 const GROUP_BLOCK: usize = 544;
 
-/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
-/// rows `a` (see `x16`).
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_q80_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
-    // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, false>(g, a, [NO_FACTS; N], out) }
-}
-
-/// [`dot_q80_x16`]'s dots, each activation block's d and Σ q read from the rows' `facts`.
-///
-/// # Safety
-/// As [`dot_q80_x16`].
-#[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_q80_x16_facts<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    facts: [ActFacts<'_>; N],
-    out: &mut Dots<N>,
-) {
-    // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, true>(g, a, facts, out) }
+x16_entries! {
+    /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
+    /// rows `a` (see `x16`).
+    dot_q80_x16,
+    dot_q80_x16_facts,
+    "avx2,f16c",
+    "The CPU must support AVX2 and F16C.",
+    dots
 }
 
 /// The kernel, inlined into the two wrappers above, whose target features its intrinsics

@@ -60,56 +60,26 @@ const fn picks() -> [[[u8; 64]; 2]; 4] {
     t
 }
 
-/// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
-/// rows `a` (see `x16`), spreading the fifth bits by a multiply (`avx512_dispatch` hands out
-/// [`with_bitalg`] instead where the core has BITALG).
-///
-/// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn with_multiply<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
-    // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, false, false>(g, a, [NO_FACTS; N], out) }
+x16_entries! {
+    /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_0
+    /// rows `a` (see `x16`), spreading the fifth bits by a multiply (`avx512_dispatch` hands
+    /// out [`with_bitalg`] instead where the core has BITALG).
+    with_multiply,
+    with_multiply_facts,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c",
+    "The CPU must support AVX-512 F/BW/VL/VNNI, AVX2 and F16C.",
+    dots,
+    false
 }
 
-/// [`with_multiply`]'s dots, picking the fifth bits by `vpshufbitqmb`.
-///
-/// # Safety
-/// As [`with_multiply`], and the CPU must support AVX-512 BITALG.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,f16c")]
-pub(crate) unsafe fn with_bitalg<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
-    // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, true, false>(g, a, [NO_FACTS; N], out) }
-}
-
-/// [`with_multiply`]'s dots, each activation block's d and Σ q read from the rows' `facts`.
-///
-/// # Safety
-/// As [`with_multiply`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-pub(crate) unsafe fn with_multiply_facts<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    facts: [ActFacts<'_>; N],
-    out: &mut Dots<N>,
-) {
-    // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, false, true>(g, a, facts, out) }
-}
-
-/// [`with_bitalg`]'s dots, each activation block's d and Σ q read from the rows' `facts`.
-///
-/// # Safety
-/// As [`with_bitalg`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,f16c")]
-pub(crate) unsafe fn with_bitalg_facts<const N: usize>(
-    g: &[u8],
-    a: [&[u8]; N],
-    facts: [ActFacts<'_>; N],
-    out: &mut Dots<N>,
-) {
-    // SAFETY: the features `dots` uses are this function's.
-    unsafe { dots::<N, true, true>(g, a, facts, out) }
+x16_entries! {
+    /// [`with_multiply`]'s dots, picking the fifth bits by `vpshufbitqmb`.
+    with_bitalg,
+    with_bitalg_facts,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg,avx2,f16c",
+    "The CPU must support AVX-512 F/BW/VL/VNNI/BITALG, AVX2 and F16C.",
+    dots,
+    true
 }
 
 /// The kernel, inlined into the wrappers above, whose target features its intrinsics take

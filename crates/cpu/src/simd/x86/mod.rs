@@ -89,6 +89,41 @@ macro_rules! packed_lookup {
     };
 }
 
+/// The two entry points of a packed kernel whose weights are biased to unsigned (`x16`): `$plain`
+/// (each activation block's d and Σ q derived from its bytes) and `$facts` (read from the
+/// rows' [`crate::simd::ActFacts`]), both over the file's body `$body::<N, $($pre,)* FACTS>`
+/// with the target features `$feat` (`$cpu`: the features named for the safety contract).
+macro_rules! x16_entries {
+    ($(#[$doc:meta])* $plain:ident, $facts:ident, $feat:literal, $cpu:literal,
+     $body:ident $(, $pre:literal)*) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        #[doc = $cpu]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $plain<const N: usize>(g: &[u8], a: [&[u8]; N], out: &mut Dots<N>) {
+            // SAFETY: the features the body uses are this function's.
+            unsafe { $body::<N, $($pre,)* false>(g, a, [NO_FACTS; N], out) }
+        }
+
+        #[doc = concat!("[`", stringify!($plain), "`]'s dots, each activation block's d and Σ q")]
+        /// read from the rows' `facts`.
+        ///
+        /// # Safety
+        #[doc = concat!("As [`", stringify!($plain), "`].")]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $facts<const N: usize>(
+            g: &[u8],
+            a: [&[u8]; N],
+            facts: [ActFacts<'_>; N],
+            out: &mut Dots<N>,
+        ) {
+            // SAFETY: the features the body uses are this function's.
+            unsafe { $body::<N, $($pre,)* true>(g, a, facts, out) }
+        }
+    };
+}
+
 mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
