@@ -25,7 +25,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_x16::{bcast4, f16x8, finish, load, per_half, q8_0_facts, q8_0_sums, widen};
+use super::avx2_x16::{bcast4, f16x8, finish, load, per_half, q8_0_block, widen};
 use super::x16::{Blocks, Dots, NO_FACTS, Q8_0};
 use crate::simd::ActFacts;
 
@@ -68,13 +68,9 @@ unsafe fn dots<const N: usize, const FACTS: bool>(
         blocks.check_facts(&facts);
     }
     for (b, p, ap) in blocks {
-        let (sa, da) = if FACTS {
-            // SAFETY: `check_facts` accepted the facts for these blocks.
-            unsafe { q8_0_facts(&facts, b) }
-        } else {
-            // SAFETY: each of `ap` starts a whole Q8_0 block.
-            unsafe { q8_0_sums(&ap) }
-        };
+        // SAFETY: `check_facts` accepted the facts for these blocks (with FACTS); each of
+        // `ap` starts a whole Q8_0 block.
+        let (sa, da) = unsafe { q8_0_block::<N, FACTS>(&facts, b, &ap) };
         for h in 0..2 {
             // SAFETY: d of rows 8h..8h + 8 (16 bytes at 16h).
             let dw = unsafe { f16x8(p.add(16 * h)) };

@@ -119,6 +119,29 @@ pub(super) unsafe fn q8_0_facts<const N: usize>(
     (sa, da)
 }
 
+/// Block `b`'s Σ q and d of each activation row: read from the rows' `facts` with `FACTS`
+/// ([`q8_0_facts`]), else derived from its bytes at `ap` ([`q8_0_sums`]).
+///
+/// # Safety
+/// With `FACTS`, `Blocks::check_facts` must have accepted `facts` for the blocks `b` is one
+/// of; else each of `ap` must point at a whole Q8_0 block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q8_0_block<const N: usize, const FACTS: bool>(
+    facts: &[ActFacts<'_>; N],
+    b: usize,
+    ap: &[*const u8; N],
+) -> ([i32; N], [__m256; N]) {
+    // SAFETY: the caller's.
+    unsafe {
+        if FACTS {
+            q8_0_facts(facts, b)
+        } else {
+            q8_0_sums(ap)
+        }
+    }
+}
+
 /// `ap` made opaque to the optimiser, once per half by the kernels of several activation
 /// rows: otherwise it shares the activation broadcasts of both halves by spilling them to
 /// the stack, which measured 5-30 % slower with four rows (`benches/matmul.rs`,
