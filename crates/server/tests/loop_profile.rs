@@ -42,23 +42,30 @@ async fn the_profile_counts_the_rows_the_replies_report() {
         prompt_rows += u["prompt_tokens"].as_f64().unwrap() - cached;
         generation_rows += u["completion_tokens"].as_f64().unwrap() - 1.0;
     }
-    let text = {
-        let (_, b) = s.request("GET", "/metrics", "").await;
-        String::from_utf8(b).unwrap()
-    };
-    let sample = |name: &str| -> f64 {
+    // A turn is added to the profile once it ends, after the replies it finished went out:
+    // the last turn may land a moment after the last reply, so read until the rows are in
+    // (bounded; a count that never arrives fails below).
+    let prompt_name = "minfer_loop_rows_total{class=\"prompt\"}";
+    let generation_name = "minfer_loop_rows_total{class=\"generation\"}";
+    let find = |text: &str, name: &str| -> Option<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} missing"))
     };
-    assert_eq!(
-        sample("minfer_loop_rows_total{class=\"prompt\"}"),
-        prompt_rows
-    );
-    assert_eq!(
-        sample("minfer_loop_rows_total{class=\"generation\"}"),
-        generation_rows
-    );
+    let mut text = String::new();
+    for _ in 0..100 {
+        let (_, b) = s.request("GET", "/metrics", "").await;
+        text = String::from_utf8(b).unwrap();
+        if find(&text, prompt_name) == Some(prompt_rows)
+            && find(&text, generation_name) == Some(generation_rows)
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let sample =
+        |name: &str| -> f64 { find(&text, name).unwrap_or_else(|| panic!("{name} missing")) };
+    assert_eq!(sample(prompt_name), prompt_rows);
+    assert_eq!(sample(generation_name), generation_rows);
     let forwards = sample("minfer_loop_forwards_total");
     let stats = s
         .state
