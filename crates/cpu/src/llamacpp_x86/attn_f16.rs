@@ -173,7 +173,7 @@ pub const TILE_ROWS: usize = 16;
 /// `hd`.
 pub fn has_tile_kernel(isa: Isa, hd: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if let Kernel::Avx512 = kernel(isa, hd) {
+    if let Kernel::Avx512 | Kernel::Avx2 = kernel(isa, hd) {
         return matches!(hd, 64 | 128);
     }
     let _ = (isa, hd);
@@ -224,9 +224,14 @@ pub fn attend_tile_on<'a>(
         );
         // SAFETY: `has_tile_kernel` checked the features on this machine.
         unsafe {
-            match hd {
-                64 => super::attn_f16_avx512::attend_tile::<4, 4>(q, lens, scale, cells, k, v, out),
-                _ => super::attn_f16_avx512::attend_tile::<8, 2>(q, lens, scale, cells, k, v, out),
+            match (kernel(isa, hd), hd) {
+                (Kernel::Avx512, 64) => {
+                    super::attn_f16_avx512::attend_tile::<4, 4>(q, lens, scale, cells, k, v, out)
+                }
+                (Kernel::Avx512, _) => {
+                    super::attn_f16_avx512::attend_tile::<8, 2>(q, lens, scale, cells, k, v, out)
+                }
+                _ => super::attn_f16_avx2::attend_tile(hd, q, lens, scale, cells, k, v, out),
             }
         }
         return;
