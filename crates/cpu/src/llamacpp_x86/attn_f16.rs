@@ -231,7 +231,10 @@ pub fn attend_tile_on<'a>(
                 (Kernel::Avx512, _) => {
                     super::attn_f16_avx512::attend_tile::<8, 2>(q, lens, scale, cells, k, v, out)
                 }
-                _ => super::attn_f16_avx2::attend_tile(hd, q, lens, scale, cells, k, v, out),
+                (_, 64) => {
+                    super::attn_f16_avx2::attend_tile::<64>(q, lens, scale, cells, k, v, out)
+                }
+                _ => super::attn_f16_avx2::attend_tile::<128>(q, lens, scale, cells, k, v, out),
             }
         }
         return;

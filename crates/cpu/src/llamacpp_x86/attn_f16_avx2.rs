@@ -221,15 +221,14 @@ pub(super) fn attend_head<'a>(
 /// Cells a block of [`attend_tile`] widens.
 const TILE_BLOCK: usize = 16;
 
-/// `attn_f16::attend_tile` in AVX2 + FMA + F16C for heads of `hd` (64 or 128): the
+/// `attn_f16::attend_tile` in AVX2 + FMA + F16C for heads of `HD` (64 or 128): the
 /// AVX-512 tile kernel's steps (`attn_f16_avx512::attend_tile`) with chains 8 to a vector,
 /// the exponentials by [`super::libm_expf::expf8_avx2`] (the C library's `expf` in AVX2,
 /// where it matches; else `f32::exp`), and each chain's V accumulator walked 64 dims at a
 /// time (8 registers). Every chain's operations and their order are the reference's.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend_tile<'a>(
-    hd: usize,
+pub(super) fn attend_tile<'a, const HD: usize>(
     q: &[&[f32]],
     lens: &[usize],
     scale: f32,
@@ -238,7 +237,8 @@ pub(super) fn attend_tile<'a>(
     v: impl Fn(usize) -> &'a [u16],
     out: &mut [&mut [f32]],
 ) {
-    assert!(hd.is_multiple_of(64));
+    const { assert!(HD.is_multiple_of(64)) };
+    let hd = HD;
     let rows = q.len();
     assert!(rows > 0 && lens.len() == rows && out.len() == rows);
     let g = q[0].len() / hd;
@@ -288,7 +288,7 @@ pub(super) fn attend_tile<'a>(
             let qg = &qt[gi * hd * 8..][..hd * 8];
             let (mut mv, mut sv) = (m[gi], sum[gi]);
             for j in 0..n {
-                let s = _mm256_mul_ps(scores8(hd, qg, &kf[j * hd..][..hd]), scale_v);
+                let s = _mm256_mul_ps(scores8::<HD>(qg, &kf[j * hd..][..hd]), scale_v);
                 let valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
                     lenv[gi],
                     _mm256_set1_epi32((b0 + j) as i32),
@@ -357,7 +357,8 @@ pub(super) fn attend_tile<'a>(
 /// the K row `kr`, lane for lane [`dot_f32`] (see `attn_f16_avx512::scores`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scores8(hd: usize, qg: &[f32], kr: &[f32]) -> __m256 {
+fn scores8<const HD: usize>(qg: &[f32], kr: &[f32]) -> __m256 {
+    let hd = HD;
     assert!(hd.is_multiple_of(32) && qg.len() >= hd * 8 && kr.len() >= hd);
     let (qp, kp) = (qg.as_ptr(), kr.as_ptr());
     let mut a0 = [_mm256_setzero_ps(); 8];
