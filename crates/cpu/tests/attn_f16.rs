@@ -16,7 +16,7 @@
 //! cases (a search over 450k (v0, v1) pairs found none), so that choice is immaterial.
 
 use minfer_cpu::llamacpp_x86::attn_f16::{
-    attend_group_on, attend_head_on, attend_head_ref, dot_ref,
+    attend_group_on, attend_head_on, attend_head_ref, attend_tile_on, dot_ref,
 };
 use minfer_cpu::simd;
 use minfer_gguf::quants::{f16_to_f32, f32_to_f16};
@@ -228,4 +228,158 @@ fn attention_heads_are_the_reference_on_any_thread_count() {
         }
     }
     assert_eq!(runs, 32);
+}
+
+/// The tiled kernel (`attend_tile_on`: several query rows of a GQA group over prefixes of one
+/// list of cells) gives every head of every row the reference's bits on that head and its
+/// prefix alone: head sizes with a tiled kernel (64, 128) and without (40), groups of 1, 2
+/// and 7, tiles of 1 to 17 rows (the chains fill 16 lanes exactly, partly, and past one
+/// vector), windows of 0 to 300 cells in a scrambled order, cut anywhere in a block, and
+/// amplitudes whose score gaps pass 88 (the exponential's slow path).
+#[test]
+fn tile_kernel_is_bit_identical_to_reference_per_row_and_head() {
+    let mut rng = Rng::xorshift64_raw(0x7117_e5ed);
+    let n = 300usize;
+    let mut cases = 0;
+    for hd in [64usize, 128, 40] {
+        for g in [1usize, 2, 7] {
+            for rows in [1usize, 2, 5, 16, 17] {
+                for amp in [1.0f32, 16.0] {
+                    let q: Vec<Vec<f32>> = (0..rows)
+                        .map(|_| (0..g * hd).map(|_| rng.signed() * amp).collect())
+                        .collect();
+                    let k: Vec<u16> = (0..hd * n)
+                        .map(|_| f32_to_f16(rng.signed() * amp))
+                        .collect();
+                    let v: Vec<u16> = (0..hd * n).map(|_| f32_to_f16(rng.signed())).collect();
+                    let cells: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % n).collect();
+                    // A prompt's rows (each one cell longer), then lengths anywhere, one empty.
+                    let lens: Vec<usize> = (0..rows)
+                        .map(|r| match r % 4 {
+                            _ if r == 3 => 0,
+                            0 | 1 => n - rows + r + 1,
+                            _ => (rng.next_u64() % (n as u64 + 1)) as usize,
+                        })
+                        .collect();
+                    let kc = |c: usize| &k[c * hd..(c + 1) * hd];
+                    let vc = |c: usize| &v[c * hd..(c + 1) * hd];
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    for isa in simd::available() {
+                        let mut got: Vec<Vec<f32>> = vec![vec![f32::NAN; g * hd]; rows];
+                        let qs: Vec<&[f32]> = q.iter().map(|x| &x[..]).collect();
+                        let mut outs: Vec<&mut [f32]> =
+                            got.iter_mut().map(|x| &mut x[..]).collect();
+                        attend_tile_on(isa, hd, 0.125, &qs, &lens, &cells, kc, vc, &mut outs);
+                        for r in 0..rows {
+                            for h in 0..g {
+                                let mut want = vec![0f32; hd];
+                                attend_head_ref(
+                                    &q[r][h * hd..][..hd],
+                                    0.125,
+                                    cells[..lens[r]].iter().copied(),
+                                    kc,
+                                    vc,
+                                    &mut want,
+                                );
+                                assert_eq!(
+                                    bits(&got[r][h * hd..][..hd]),
+                                    bits(&want),
+                                    "{isa} hd {hd} group {g} rows {rows} row {r} head {h} \
+                                     len {} amp {amp}",
+                                    lens[r]
+                                );
+                            }
+                        }
+                    }
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 90);
+}
+
+/// `ops::attn::attention` over an f16 cache for a call of many rows (where the rows run by
+/// tiles): every head of every row is the reference's over its window, whatever the thread
+/// count and whatever else shares the call: two prompts' rows (spans from cells 0 and 100,
+/// each row one cell longer), rows whose windows are no prefix of their neighbours', and
+/// kv-map rows of two runs.
+#[test]
+fn prompt_rows_by_tiles_are_the_reference_on_any_thread_count() {
+    use minfer_cpu::ops::attn::{attention, AttnParams, KV_MAP_RUNS};
+    use minfer_gguf::GgmlType;
+    let mut rng = Rng::xorshift64_raw(0x7a11);
+    let (hd, n_cells, n_head, n_head_kv) = (64usize, 200usize, 14usize, 2usize);
+    let row = n_head_kv * hd;
+    let kv = |rng: &mut Rng| -> Vec<u8> {
+        (0..n_cells * row)
+            .flat_map(|_| f32_to_f16(rng.signed() * 2.0).to_le_bytes())
+            .collect()
+    };
+    let (k, v) = (kv(&mut rng), kv(&mut rng));
+    let p = AttnParams {
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        scale: 0.125,
+        cache_type: GgmlType::F16,
+        llamacpp: None,
+    };
+    // Windows as runs of (cell, len).
+    let mut windows: Vec<Vec<(usize, usize)>> = Vec::new();
+    windows.extend((0..37).map(|t| vec![(0, 20 + t)]));
+    windows.extend((0..21).map(|t| vec![(100, 1 + t)]));
+    windows.extend((0..5).map(|t| vec![(3 * t, 10 + t)]));
+    windows.extend((0..19).map(|t| vec![(150, 10), (60, 1 + t)]));
+    let nt = windows.len();
+    let window: Vec<f32> = windows
+        .iter()
+        .flat_map(|w| {
+            let mut m = vec![0u32; 2 * KV_MAP_RUNS];
+            for (i, &(c, l)) in w.iter().enumerate() {
+                m[2 * i] = c as u32;
+                m[2 * i + 1] = l as u32;
+            }
+            m.into_iter().map(f32::from_bits)
+        })
+        .collect();
+    let q: Vec<f32> = (0..nt * n_head * hd).map(|_| rng.signed() * 2.0).collect();
+    let head = |b: &[u8], c: usize, g: usize| -> Vec<u16> {
+        let at = (c * row + g * hd) * 2;
+        b[at..at + 2 * hd]
+            .chunks_exact(2)
+            .map(|x| u16::from_le_bytes([x[0], x[1]]))
+            .collect()
+    };
+    let mut want = vec![0f32; nt * n_head * hd];
+    for (t, w) in windows.iter().enumerate() {
+        let cells: Vec<usize> = w.iter().flat_map(|&(c, l)| c..c + l).collect();
+        for h in 0..n_head {
+            let g = h / (n_head / n_head_kv);
+            let ks: Vec<Vec<u16>> = (0..n_cells).map(|c| head(&k, c, g)).collect();
+            let vs: Vec<Vec<u16>> = (0..n_cells).map(|c| head(&v, c, g)).collect();
+            let at = (t * n_head + h) * hd;
+            attend_head_ref(
+                &q[at..at + hd],
+                0.125,
+                cells.iter().copied(),
+                |c| &ks[c],
+                |c| &vs[c],
+                &mut want[at..at + hd],
+            );
+        }
+    }
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for threads in 1..=4 {
+        let mut got = vec![f32::NAN; want.len()];
+        attention(&p, &q, &window, &k, &v, &mut got, threads).expect("attention");
+        for t in 0..nt {
+            let at = t * n_head * hd;
+            assert_eq!(
+                bits(&got[at..][..n_head * hd]),
+                bits(&want[at..][..n_head * hd]),
+                "row {t} threads {threads}"
+            );
+        }
+    }
 }

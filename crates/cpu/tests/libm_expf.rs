@@ -9,10 +9,15 @@
 //! it; its last bit flipped passes (every f64 result still rounds to the same f32).
 #![cfg(target_arch = "x86_64")]
 
-use minfer_cpu::llamacpp_x86::libm_expf::expf_lanes;
+use minfer_cpu::llamacpp_x86::libm_expf::{expf_lanes, expf_lanes_avx2};
 
 /// Every float from `first` in steps of `step`, in chunks, against the C library.
 fn sweep(first: u64, step: u64, end: u64) -> u64 {
+    sweep_with(expf_lanes, first, step, end)
+}
+
+/// [`sweep`] of the lanes function `lanes`.
+fn sweep_with(lanes: fn(&[f32], &mut [f32]) -> Option<()>, first: u64, step: u64, end: u64) -> u64 {
     const CHUNK: usize = 1 << 16;
     let (mut x, mut got) = (vec![0f32; CHUNK], vec![0f32; CHUNK]);
     let mut checked = 0;
@@ -23,7 +28,7 @@ fn sweep(first: u64, step: u64, end: u64) -> u64 {
         for (i, v) in x[..n].iter_mut().enumerate() {
             *v = f32::from_bits((next + i as u64 * step).min(end - 1) as u32);
         }
-        expf_lanes(&x[..n], &mut got[..n]).expect("checked by the caller");
+        lanes(&x[..n], &mut got[..n]).expect("checked by the caller");
         for (&xi, &g) in x[..n].iter().zip(&got[..n]) {
             let want = xi.exp();
             let same = g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan());
@@ -60,4 +65,21 @@ fn lanes_are_the_c_librarys_expf_on_negative_floats() {
         (a.join().expect("thread"), b.join().expect("thread"))
     });
     assert!(counts.0 >= half / 4 && counts.1 >= half / 64, "{counts:?}");
+}
+
+/// The AVX2 form (`expf_lanes_avx2`, kernels that must not use AVX-512): every 16th float
+/// with the sign bit set, every one in [-105, -87], every 256th of the others.
+#[test]
+fn avx2_lanes_are_the_c_librarys_expf() {
+    let (x, mut got) = ([-1f32; 8], [0f32; 8]);
+    if expf_lanes_avx2(&x, &mut got).is_none() {
+        eprintln!("SKIP: no AVX2 + FMA on this CPU");
+        return;
+    }
+    let half = 1u64 << 31;
+    let (minus_87, minus_105) = ((-87f32).to_bits() as u64, (-105f32).to_bits() as u64);
+    let n = sweep_with(expf_lanes_avx2, half, 16, 2 * half)
+        + sweep_with(expf_lanes_avx2, minus_87, 1, minus_105 + 1)
+        + sweep_with(expf_lanes_avx2, 0, 256, half);
+    assert!(n >= half / 16, "{n}");
 }

@@ -221,6 +221,49 @@ fn a_sequence_gives_the_same_bits_alone_and_in_any_batch() {
     assert_eq!(cases, 36);
 }
 
+/// The property with the demo model's attention shape (14 heads, 2 KV heads of 64: the f16
+/// prompt rows run by tiles of up to 16 rows, `attn_f16::attend_tile_on`, whose make-up
+/// depends on what shares the forward and on the chunking), f16 KV: a sequence's logits are
+/// the same alone and in any batch, at every chunk size.
+#[test]
+fn a_sequence_gives_the_same_bits_alone_and_in_any_batch_with_heads_of_64() {
+    let path = heads_of_64();
+    let mut rng = Rng::splitmix64(0x64);
+    let mut cases = 0;
+    for &chunk in &[1usize, 7, 16, 64, 512] {
+        for _ in 0..3 {
+            let plen = 1 + rng.below(150);
+            let prompt = tokens(plen, rng.below(10_000) as u32, 128);
+            let probes = tokens(3, rng.below(10_000) as u32, 128);
+            let want = alone(&path, GgmlType::F16, &prompt, &probes);
+            let (got, runs) = in_company(&path, GgmlType::F16, &prompt, &probes, chunk, &mut rng);
+            assert_eq!(got.len(), want.len());
+            for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    bits_eq(g, w),
+                    "chunk {chunk} prompt {plen} step {step}: batch changed the bits \
+                     (runs {runs:?})"
+                );
+            }
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 15);
+}
+
+/// A two-layer Qwen2 of width 896 with 14 heads and 2 KV heads (heads of 64, as the demo).
+fn heads_of_64() -> std::path::PathBuf {
+    let mut spec = minfer_models::synth::SynthSpec::new(Arch::Qwen2, 2, 896, 14, 2, 256);
+    spec.seed = 64;
+    let path = tmp("heads-of-64.gguf");
+    std::fs::write(
+        &path,
+        minfer_models::synth::synthesize(&spec).unwrap().to_bytes(),
+    )
+    .unwrap();
+    path
+}
+
 /// Control for the property's harness: an arithmetic that picks its kernels by the forward's
 /// row count (llama.cpp's, which switches its f16 attention at 64 query rows and its tiled
 /// matmuls at 8) must fail it: some target row differs between alone and in company. The

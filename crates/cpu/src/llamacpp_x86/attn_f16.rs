@@ -165,6 +165,85 @@ pub fn attend_group_on<'a>(
     }
 }
 
+/// Query rows a tile of [`attend_tile_on`] takes at most in `run` (their K and V rows are
+/// widened once for all of them).
+pub const TILE_ROWS: usize = 16;
+
+/// Whether `isa` has a tiled kernel ([`attend_tile_on`] other than row by row) for heads of
+/// `hd`.
+pub fn has_tile_kernel(isa: Isa, hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Kernel::Avx512 | Kernel::Avx2 = kernel(isa, hd) {
+        return matches!(hd, 64 | 128);
+    }
+    let _ = (isa, hd);
+    false
+}
+
+/// [`attend_group_on`] for several query rows of one GQA group whose windows are prefixes of
+/// one list of cells: row `r`'s heads are `q[r]` (heads of `hd` one after another), its
+/// window `cells[..lens[r]]`, its output `out[r]`. Every head of every row gets the bits of
+/// [`attend_head_ref`] on it alone: the rows share the cells' loads and widenings, not
+/// arithmetic. Where `isa` has no tiled kernel for `hd` ([`has_tile_kernel`]), row by row.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_tile_on<'a>(
+    isa: Isa,
+    hd: usize,
+    scale: f32,
+    q: &[&[f32]],
+    lens: &[usize],
+    cells: &[usize],
+    k: impl Fn(usize) -> &'a [u16],
+    v: impl Fn(usize) -> &'a [u16],
+    out: &mut [&mut [f32]],
+) {
+    assert!(
+        q.len() == lens.len() && q.len() == out.len(),
+        "{} rows of queries, {} lengths, {} outputs",
+        q.len(),
+        lens.len(),
+        out.len()
+    );
+    assert!(
+        lens.iter().all(|&n| n <= cells.len()),
+        "a row's window past the tile's {} cells",
+        cells.len()
+    );
+    if q.is_empty() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_tile_kernel(isa, hd) {
+        let g = q[0].len() / hd;
+        assert!(
+            g > 0
+                && q.iter()
+                    .zip(out.iter())
+                    .all(|(q, o)| q.len() == g * hd && o.len() == g * hd),
+            "every row needs {g} heads of {hd} of queries and outputs"
+        );
+        // SAFETY: `has_tile_kernel` checked the features on this machine.
+        unsafe {
+            match (kernel(isa, hd), hd) {
+                (Kernel::Avx512, 64) => {
+                    super::attn_f16_avx512::attend_tile::<4, 4>(q, lens, scale, cells, k, v, out)
+                }
+                (Kernel::Avx512, _) => {
+                    super::attn_f16_avx512::attend_tile::<8, 2>(q, lens, scale, cells, k, v, out)
+                }
+                (_, 64) => {
+                    super::attn_f16_avx2::attend_tile::<64>(q, lens, scale, cells, k, v, out)
+                }
+                _ => super::attn_f16_avx2::attend_tile::<128>(q, lens, scale, cells, k, v, out),
+            }
+        }
+        return;
+    }
+    for ((qr, &n), o) in q.iter().zip(lens).zip(out.iter_mut()) {
+        attend_group_on(isa, qr, hd, scale, cells[..n].iter().copied(), &k, &v, o);
+    }
+}
+
 /// The scalar reference of [`attend_head`].
 pub fn attend_head_ref<'a>(
     q: &[f32],
@@ -396,6 +475,14 @@ pub(crate) fn run(
     let outp = SharedOut::new(out);
     let one_chunk_avx2 = tiled.is_none() && simd != Some(LlamaCppX86::Avx512);
     if one_chunk_avx2 {
+        let isa = crate::simd::detected();
+        if has_tile_kernel(isa, hd) {
+            let tiles = tiles(&c.windows, TILE_ROWS);
+            if tiles.iter().any(|t| t.rows > 1) {
+                run_tiles(isa, c, &tiles, &outp, threads);
+                return Ok(());
+            }
+        }
         // A task per (token, KV head, part of its GQA group): the part's heads run together
         // (the same bits as one task per head, see `attend_group`). Groups are cut into parts
         // only where (token, KV head) pairs are fewer than the threads (a decode step: one
@@ -467,4 +554,101 @@ pub(crate) fn run(
         }
     });
     Ok(())
+}
+
+/// Consecutive query rows of a call whose windows are prefixes of one of them (`base`).
+struct Tile {
+    t0: usize,
+    rows: usize,
+    base: usize,
+}
+
+/// The call's rows cut into [`Tile`]s of at most `max_rows`, in order: a row joins the
+/// current tile when its window is a prefix of the tile's longest or the longest is a
+/// prefix of it (a prompt's rows: each window one cell longer than the last).
+fn tiles(windows: &[crate::ops::attn::Window], max_rows: usize) -> Vec<Tile> {
+    let mut tiles: Vec<Tile> = Vec::new();
+    for (t, w) in windows.iter().enumerate() {
+        if let Some(tile) = tiles.last_mut() {
+            let base = &windows[tile.base];
+            if tile.rows < max_rows {
+                if w.is_prefix_of(base) {
+                    tile.rows += 1;
+                    continue;
+                }
+                if base.is_prefix_of(w) {
+                    tile.rows += 1;
+                    tile.base = t;
+                    continue;
+                }
+            }
+        }
+        tiles.push(Tile {
+            t0: t,
+            rows: 1,
+            base: t,
+        });
+    }
+    tiles
+}
+
+/// The one-chunk kernel's rows by tiles: a task per (tile, KV head), the longest first,
+/// [`attend_tile_on`] over the tile's rows and the group's heads (a tile of one row:
+/// [`attend_group`]). The same bits as row by row.
+fn run_tiles(isa: Isa, c: &Call, tiles: &[Tile], outp: &SharedOut, threads: usize) {
+    let (p, hd) = (c.p, c.p.head_dim);
+    let group = p.n_head / p.n_head_kv;
+    let (k16, v16) = match (as_f16(c.k), as_f16(c.v)) {
+        (Ok(k), Ok(v)) => (k, v),
+        _ => unreachable!("checked by run"),
+    };
+    let cost = |t: &Tile| t.rows * c.windows[t.base].len();
+    let mut tasks: Vec<(usize, usize)> = (0..tiles.len())
+        .flat_map(|ti| (0..p.n_head_kv).map(move |g| (ti, g)))
+        .collect();
+    tasks.sort_by_key(|&(ti, _)| std::cmp::Reverse(cost(&tiles[ti])));
+    par_tasks(tasks.len(), threads, |task| {
+        let (ti, g) = tasks[task];
+        let tile = &tiles[ti];
+        let head_off = g * c.head_bytes;
+        let at = |cell: usize| {
+            let o = (cell * c.cell_bytes + head_off) / 2;
+            o..o + hd
+        };
+        let rows = tile.t0..tile.t0 + tile.rows;
+        let first = |t: usize| (t * p.n_head + g * group) * hd;
+        let w = group * hd;
+        // SAFETY: tasks own disjoint slices of `out`: their group's heads of their rows.
+        let mut outs: Vec<&mut [f32]> = rows
+            .clone()
+            .map(|t| unsafe { outp.part(first(t), w) })
+            .collect();
+        let qs: Vec<&[f32]> = rows.clone().map(|t| &c.q[first(t)..][..w]).collect();
+        if tile.rows == 1 {
+            attend_group_on(
+                isa,
+                qs[0],
+                hd,
+                p.scale,
+                c.windows[tile.t0].cells(),
+                |cell| &k16[at(cell)],
+                |cell| &v16[at(cell)],
+                outs[0],
+            );
+            return;
+        }
+        let lens: Vec<usize> = rows.map(|t| c.windows[t].len()).collect();
+        let cells: Vec<usize> = c.windows[tile.base].cells().collect();
+        attend_tile_on(
+            isa,
+            hd,
+            p.scale,
+            &qs,
+            &lens,
+            &cells,
+            |cell| &k16[at(cell)],
+            |cell| &v16[at(cell)],
+            &mut outs,
+        );
+    });
 }

@@ -112,20 +112,122 @@ pub(crate) fn expf8(x: __m256) -> __m256 {
         _mm256_storeu_ps(xs.as_mut_ptr(), x);
     }
     for (o, &x) in out.iter_mut().zip(&xs) {
-        if x == f32::NEG_INFINITY {
-            *o = 0.0;
-        } else if x.is_nan() || x == f32::INFINITY {
-            *o = x + x;
-        } else if x > OVERFLOW {
-            *o = f32::INFINITY;
-        } else if x < UNDERFLOW {
-            *o = 0.0;
-        } else if x < MAY_UNDERFLOW {
-            *o = f32::from_bits(1);
-        }
+        *o = slow_path(x).unwrap_or(*o);
     }
     // SAFETY: 8 readable f32.
     unsafe { _mm256_loadu_ps(out.as_ptr()) }
+}
+
+/// [`expf8`] in AVX2 and FMA alone (for kernels that must not use AVX-512): the same
+/// operations in two vectors of four f64 lanes, the table read by a gather.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn expf8_avx2(x: __m256) -> __m256 {
+    let lo = expf4d(_mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+    let hi = expf4d(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x)));
+    let fast = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+    let bits = _mm256_castps_si256(x);
+    let top = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), _mm256_set1_epi32(0x7ff));
+    let slow = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        top,
+        _mm256_set1_epi32(TOP12_88),
+    )));
+    if slow == 0 {
+        return fast;
+    }
+    let mut out = [0f32; 8];
+    let mut xs = [0f32; 8];
+    // SAFETY: 8 writable f32 each.
+    unsafe {
+        _mm256_storeu_ps(out.as_mut_ptr(), fast);
+        _mm256_storeu_ps(xs.as_mut_ptr(), x);
+    }
+    for (o, &x) in out.iter_mut().zip(&xs) {
+        *o = slow_path(x).unwrap_or(*o);
+    }
+    // SAFETY: 8 readable f32.
+    unsafe { _mm256_loadu_ps(out.as_ptr()) }
+}
+
+/// The slow path's value for `x` where it differs from the formula (see [`expf8`]).
+#[inline]
+fn slow_path(x: f32) -> Option<f32> {
+    if x == f32::NEG_INFINITY {
+        Some(0.0)
+    } else if x.is_nan() || x == f32::INFINITY {
+        Some(x + x)
+    } else if x > OVERFLOW {
+        Some(f32::INFINITY)
+    } else if x < UNDERFLOW {
+        Some(0.0)
+    } else if x < MAY_UNDERFLOW {
+        Some(f32::from_bits(1))
+    } else {
+        None
+    }
+}
+
+/// The formula of [`expf8`] on four f64 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn expf4d(xd: __m256d) -> __m256d {
+    let inv = _mm256_set1_pd(INV_LN2_N);
+    let shift = _mm256_set1_pd(SHIFT);
+    let z = _mm256_fmadd_pd(inv, xd, shift);
+    let ki = _mm256_castpd_si256(z);
+    let kd = _mm256_sub_pd(z, shift);
+    let r = _mm256_fmsub_pd(inv, xd, kd);
+    let idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    // SAFETY: every index is in 0..32, TAB's length.
+    let t = unsafe { _mm256_i64gather_epi64::<8>(TAB.as_ptr().cast(), idx) };
+    let s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64::<47>(ki)));
+    let p = _mm256_fmadd_pd(r, _mm256_set1_pd(C0), _mm256_set1_pd(C1));
+    let r2 = _mm256_mul_pd(r, r);
+    let y = _mm256_fmadd_pd(r, _mm256_set1_pd(C2), _mm256_set1_pd(1.0));
+    let y = _mm256_fmadd_pd(p, r2, y);
+    _mm256_mul_pd(y, s)
+}
+
+/// Whether [`expf8_avx2`] gives the C library's bits on [`matches_c_library`]'s probes.
+pub(crate) fn avx2_matches_c_library() -> bool {
+    static SAME: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAME.get_or_init(|| {
+        let mut x: Vec<f32> = (0..4096).map(|i| -(i as f32) * 0.0271).collect();
+        x.extend([
+            f32::NEG_INFINITY,
+            -103.5,
+            -103.3,
+            -104.0,
+            -88.5,
+            -0.0,
+            0.5,
+            1e-8,
+            -1e-30,
+        ]);
+        x.resize(x.len().next_multiple_of(8), -1.0);
+        let mut got = vec![0f32; x.len()];
+        expf_lanes_avx2(&x, &mut got).is_some()
+            && x.iter()
+                .zip(&got)
+                .all(|(a, g)| a.exp().to_bits() == g.to_bits())
+    })
+}
+
+/// [`expf8_avx2`] over `x` (a multiple of 8 long) into `out`, for tests. None where this
+/// CPU lacks AVX2 or FMA.
+pub fn expf_lanes_avx2(x: &[f32], out: &mut [f32]) -> Option<()> {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        return None;
+    }
+    assert!(x.len() == out.len() && x.len().is_multiple_of(8));
+    for (xc, oc) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        // SAFETY: features checked above; 8 f32 each.
+        unsafe {
+            let v = expf8_avx2(_mm256_loadu_ps(xc.as_ptr()));
+            _mm256_storeu_ps(oc.as_mut_ptr(), v);
+        }
+    }
+    Some(())
 }
 
 /// Whether [`expf8`] gives this process's C library `expf` bits on a set of probes (checked

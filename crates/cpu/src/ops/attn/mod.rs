@@ -16,7 +16,7 @@
 //! | numerics | cache | query rows in the call | kernel | batch invariant |
 //! |---|---|---|---|---|
 //! | native | F32, Q8_0 | any | [`flash`]: blocks and windows at logical multiples, f64 scores | yes |
-//! | native | F16 | any | `llamacpp_x86::attn_f16::attend_head` (run as `attend_group` per GQA group, a group cut into parts of heads when (token, KV head) pairs are fewer than the threads; AVX-512 kernels for head sizes that are multiples of 32, else AVX2: the same bits): llama.cpp's one-chunk arithmetic (f16 Q, f16 V accumulator), cells in logical order | yes |
+//! | native | F16 | any | `llamacpp_x86::attn_f16::attend_head` (run as `attend_group` per GQA group, a group cut into parts of heads when (token, KV head) pairs are fewer than the threads; AVX-512 kernels for head sizes that are multiples of 32, else AVX2: the same bits; a prompt's rows, whose windows are prefixes of one another, by tiles of up to `attn_f16::TILE_ROWS` rows sharing each cell's K/V loads, `attend_tile_on`: the same bits again): llama.cpp's one-chunk arithmetic (f16 Q, f16 V accumulator), cells in logical order | yes |
 //! | llamacpp-x86-* | F16 | < 64 ([`attn_f16::GGML_FA_TILE_Q`]) | `attend_head` / `attend_group` (AVX2 build), `attend_head_with(dot16_ref)` (AVX-512 build) | no: switches at 64 rows |
 //! | llamacpp-x86-* | F16 | >= 64 | `attend_head_tiled`: llama.cpp's tiled f32 kernel, 64-cell tiles at logical multiples | no: switches at 64 rows |
 //! | llamacpp-x86-* | F32, Q8_0 | any | refused (typed error) | - |
@@ -155,6 +155,19 @@ impl Window {
             .map(|r| r.cell + r.len)
             .max()
             .unwrap_or(0)
+    }
+
+    /// Whether this window's cells are the first `len()` of `other`'s, in order (judged by
+    /// the runs: a window cut into other runs than `other`'s may be answered `false`).
+    pub fn is_prefix_of(&self, other: &Window) -> bool {
+        let (a, b) = (self.runs(), other.runs());
+        let Some((last, init)) = a.split_last() else {
+            return true;
+        };
+        a.len() <= b.len()
+            && init == &b[..init.len()]
+            && b[init.len()].cell == last.cell
+            && b[init.len()].len >= last.len
     }
 
     /// The cells in logical order.
