@@ -225,12 +225,12 @@ pub fn attend_tile_on<'a>(
         // SAFETY: `has_tile_kernel` checked the features on this machine.
         unsafe {
             match (kernel(isa, hd), hd) {
-                (Kernel::Avx512, 64) => {
-                    super::attn_f16_avx512::attend_tile::<4, 4>(q, lens, scale, cells, k, v, out)
-                }
-                (Kernel::Avx512, _) => {
-                    super::attn_f16_avx512::attend_tile::<8, 2>(q, lens, scale, cells, k, v, out)
-                }
+                (Kernel::Avx512, 64) => super::attn_f16_avx512_tile::attend_tile::<4, 4>(
+                    q, lens, scale, cells, k, v, out,
+                ),
+                (Kernel::Avx512, _) => super::attn_f16_avx512_tile::attend_tile::<8, 2>(
+                    q, lens, scale, cells, k, v, out,
+                ),
                 (_, 64) => {
                     super::attn_f16_avx2::attend_tile::<64>(q, lens, scale, cells, k, v, out)
                 }

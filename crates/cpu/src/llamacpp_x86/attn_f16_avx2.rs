@@ -226,7 +226,7 @@ const TILE_BLOCK: usize = 16;
 const SCORE_CELLS: usize = 2;
 
 /// `attn_f16::attend_tile` in AVX2 + FMA + F16C for heads of `HD` (64 or 128): the
-/// AVX-512 tile kernel's steps (`attn_f16_avx512::attend_tile`) with chains 8 to a vector,
+/// AVX-512 tile kernel's steps (`attn_f16_avx512_tile::attend_tile`) with chains 8 to a vector,
 /// the exponentials by [`super::libm_expf::expf8_avx2`] (the C library's `expf` in AVX2,
 /// where it matches; else `f32::exp`), and each chain's V accumulator walked 64 dims at a
 /// time (8 registers). Every chain's operations and their order are the reference's.
@@ -366,7 +366,7 @@ pub(super) fn attend_tile<'a, const HD: usize>(
 
 /// The dots of 8 chains' transposed queries `qg` (element e of lane l at `e 8 + l`) with N K
 /// rows `kr`, each query vector loaded once for the N (the loads, not the FMAs, bound one
-/// row at a time), lane for lane [`dot_f32`] (see `attn_f16_avx512::scores`): accumulator j's
+/// row at a time), lane for lane [`dot_f32`] (see `attn_f16_avx512_tile::scores`): accumulator j's
 /// lane l takes the elements 32 c + 8 j + l by fma from zero, then (acc0 + acc2) + (acc1 +
 /// acc3), lanes l and l + 4 added, then (t0 + t1) + (t2 + t3).
 #[inline]

@@ -27,6 +27,8 @@ mod attn_f16_avx2;
 #[cfg(target_arch = "x86_64")]
 mod attn_f16_avx512;
 #[cfg(target_arch = "x86_64")]
+mod attn_f16_avx512_tile;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod expf;
 pub mod legacy;
