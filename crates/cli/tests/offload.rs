@@ -53,6 +53,9 @@ const HALF: &str = "offload: 2 of 4 blocks on metal-emu, 2 on cpu; weights 290.0
                     438.2 KiB on host; KV f32 on each block's device";
 const ALL: &str = "offload: 4 of 4 blocks on metal-emu, 0 on cpu; weights 728.2 KiB on device, \
                    0 B on host; KV f32 on each block's device";
+const HALF_HEAD: &str = "offload: 2 of 4 blocks on metal-emu, 2 on cpu; output head on metal-emu; \
+                         weights 364.2 KiB on device, 364.0 KiB on host; KV f32 on each block's \
+                         device";
 const NONE: &str = "offload: 0 of 4 blocks on metal-emu, 4 on cpu; weights 0 B on device, \
                     728.2 KiB on host; KV f32 on each block's device";
 
@@ -197,9 +200,30 @@ fn the_flag_on_the_cpu_says_it_has_no_device() {
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(
         lines(&o)[0],
-        "note: --gpu-layers/--gpu-mem: no device backend holds the model's blocks; every \
+        "note: --gpu-layers/--gpu-mem/--offload-head: no device backend holds the model's blocks; every \
          block runs on the cpu"
     );
     let o = run(&["--backend", "cpu"]);
     assert!(!err(&o).contains("offload") && !err(&o).contains("gpu-layers"));
+}
+
+/// `--offload-head` puts the final norm and output head on the device beside some blocks
+/// (llama.cpp's -ngl 3 holds what `-ngl 2 --offload-head` holds here) and the line says so;
+/// control: without it the same count keeps the head on the CPU (the HALF line).
+#[test]
+fn offload_head_line() {
+    let o = run(&["--backend", "metal-emu", "-ngl", "2", "--offload-head"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(lines(&o)[0], HALF_HEAD);
+    let o = run(&["--backend", "metal-emu", "-ngl", "0", "--offload-head"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        lines(&o)[0].starts_with(
+            "offload: 0 of 4 blocks on metal-emu, 4 on cpu; output head on metal-emu;"
+        ),
+        "{}",
+        err(&o)
+    );
+    let o = run(&["--backend", "metal-emu", "-ngl", "2"]);
+    assert_eq!(lines(&o)[0], HALF);
 }

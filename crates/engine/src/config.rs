@@ -126,6 +126,10 @@ pub struct EngineConfig {
     /// `--gpu-mem SIZE`: the device budget `auto` fits blocks into, and the allocator's limit
     /// on that device (None: the device's free memory, as it reports it).
     pub gpu_mem: Option<usize>,
+    /// `--offload-head`: the final norm and output head on the device backend whatever
+    /// the number of blocks there (llama.cpp's placement of its output layer); without it
+    /// they go on the device only with every block ([`crate::offload`]).
+    pub offload_head: bool,
     /// The knobs of the engine and its backends (docs/SETTINGS.md), handed to the backend
     /// table; the default reads this process's environment ([`crate::Settings::from_env`]).
     pub settings: crate::Settings,
@@ -144,6 +148,7 @@ impl Default for EngineConfig {
             n_batch: 512,
             gpu_layers: GpuLayers::Auto,
             gpu_mem: None,
+            offload_head: false,
             // The CLI refuses a bad value at start, so only a library caller can reach this
             // with one: a panic naming it (as the kernels' lookup always did), not a default.
             settings: crate::Settings::from_env().unwrap_or_else(|e| panic!("{e}")),

@@ -4,7 +4,10 @@
 //!
 //! - `--gpu-layers N`: blocks `0..N` on the device (N past the model's blocks is clamped, as
 //!   llama.cpp's `-ngl`); the embedding, final norm and output head go on the device only
-//!   when every block does.
+//!   when every block does, unless `--offload-head` puts the final norm and output head (the
+//!   output position) there with any number of blocks, as llama.cpp's `-ngl` does from 1
+//!   (its N counts the output layer: `-ngl N` there holds what `--gpu-layers N-1
+//!   --offload-head` holds here).
 //! - `--gpu-layers auto` (the default with a device backend): the largest prefix of blocks
 //!   whose device bytes ([`BlockCosts`]: weights, the fused concatenations a device builds,
 //!   and the block's K and V at the context) fit the budget less a fixed reserve for
@@ -40,6 +43,9 @@ pub struct BlockCosts {
     pub kv: u64,
     /// Weights outside the blocks: embedding, final norm, output head.
     pub edges: u64,
+    /// Of `edges`, the output position's (final norm and output head; a head tied to the
+    /// embedding counts here too): what `--offload-head` puts on the device.
+    pub output: u64,
     /// Activations and pool slack, charged once.
     pub reserve: u64,
 }
@@ -70,6 +76,29 @@ impl BlockCosts {
         }
         (k, k == self.weights.len() && self.edges <= left)
     }
+
+    /// `--offload-head`'s fit: the output position first (None when even it does not fit
+    /// beside the reserve), then the largest prefix of blocks beside it, and whether the
+    /// embedding fits too once every block does (the whole model on the device).
+    pub fn fit_head_first(&self, budget: u64) -> Option<(usize, bool)> {
+        let mut left = budget.checked_sub(self.reserve)?.checked_sub(self.output)?;
+        let mut k = 0;
+        while k < self.weights.len() && self.block(k) <= left {
+            left -= self.block(k);
+            k += 1;
+        }
+        Some((
+            k,
+            k == self.weights.len() && self.edges - self.output <= left,
+        ))
+    }
+
+    /// The budget that holds the output position and the first `k` blocks (and, with
+    /// `whole`, the embedding: the whole model).
+    pub fn budget_for_head_first(&self, k: usize, whole: bool) -> u64 {
+        let blocks: u64 = (0..k).map(|l| self.block(l)).sum();
+        self.reserve + blocks + if whole { self.edges } else { self.output }
+    }
 }
 
 /// The plan as the engine took it: what the startup line says.
@@ -80,7 +109,8 @@ pub struct Offload {
     /// Blocks of the model, and how many run on the device (a prefix).
     pub n_layers: usize,
     pub on_device: usize,
-    /// Whether the embedding, final norm and output head run on the device.
+    /// Whether the final norm and output head run on the device (with every block, the
+    /// embedding too; with fewer, only under `--offload-head`).
     pub head_on_device: bool,
     /// Weight bytes (as stored in the file) placed on the device and left on the host.
     pub weights_device: u64,
@@ -113,10 +143,10 @@ impl Offload {
     /// The startup line: `offload: 20 of 28 blocks on cuda, 8 on cpu; weights 3.1 GiB on
     /// device, 1.2 GiB on host; KV f16 on each block's device`.
     pub fn line(&self) -> String {
-        let head = if self.on_device == self.n_layers && !self.head_on_device {
-            "; output head on cpu"
-        } else {
-            ""
+        let head = match (self.on_device == self.n_layers, self.head_on_device) {
+            (true, false) => "; output head on cpu".to_string(),
+            (false, true) => format!("; output head on {}", self.device),
+            _ => String::new(),
         };
         format!(
             "offload: {} of {} blocks on {}, {} on cpu{head}; weights {} on device, {} on host; \
@@ -166,6 +196,7 @@ pub(crate) fn block_costs(
         concat: vec![0; n],
         kv: 0,
         edges: 0,
+        output: 0,
         reserve: 0,
     };
     let mut seen = std::collections::HashSet::new();
@@ -176,6 +207,9 @@ pub(crate) fn block_costs(
             _ => {
                 if seen.insert(id) {
                     costs.edges += bytes_of(weights, id);
+                }
+                if layer == Some(n) {
+                    costs.output += bytes_of(weights, id);
                 }
             }
         }
@@ -275,8 +309,13 @@ pub(crate) fn place(
     let name = dev.name().to_string();
     let costs = block_costs(backends, device, weights, probe, hp, n_ctx, cfg)?;
     let n = hp.block_count;
-    let (k, head, budget, reason) = match cfg.gpu_layers {
-        GpuLayers::Count(c) => (c.min(n), c >= n, None, None),
+    // k: blocks on the device; head: the output position there; whole: the embedding too
+    // (every weight: placed as before offload existed).
+    let (k, head, whole_model, budget, reason) = match cfg.gpu_layers {
+        GpuLayers::Count(c) => {
+            let k = c.min(n);
+            (k, k == n || cfg.offload_head, k == n, None, None)
+        }
         GpuLayers::Auto => {
             let (budget, source) = match cfg.gpu_mem {
                 Some(b) => (b as u64, "--gpu-mem".to_string()),
@@ -294,22 +333,52 @@ pub(crate) fn place(
                     }
                 },
             };
-            let (k, head) = costs.fit(budget);
-            let reason = (!head).then(|| fit_reason(&costs, k, budget, &source));
-            (k, head, Some(budget), reason)
+            match cfg
+                .offload_head
+                .then(|| costs.fit_head_first(budget))
+                .flatten()
+            {
+                Some((k, emb)) => {
+                    let reason = (!emb).then(|| head_first_reason(&costs, k, budget, &source));
+                    (k, true, emb, Some(budget), reason)
+                }
+                None => {
+                    let (k, head) = costs.fit(budget);
+                    let mut reason = (!head).then(|| fit_reason(&costs, k, budget, &source));
+                    if cfg.offload_head {
+                        if let Some(r) = reason.as_mut() {
+                            r.push_str(&format!(
+                                "; the output head ({}) does not fit beside the reserve",
+                                size_text(costs.output)
+                            ));
+                        }
+                    }
+                    (k, head, head, Some(budget), reason)
+                }
+            }
         }
     };
     let blocks_device: u64 = costs.weights[..k].iter().sum();
     let total: u64 = costs.weights.iter().sum::<u64>() + costs.edges;
-    let weights_device = blocks_device + if head { costs.edges } else { 0 };
-    let placement = if k == n && head {
+    let weights_device = blocks_device
+        + match (whole_model, head) {
+            (true, _) => costs.edges,
+            (false, true) => costs.output,
+            (false, false) => 0,
+        };
+    let placement = if k == n && whole_model {
         whole(backends)?
     } else {
+        let mut blocks: Vec<BackendId> = (0..n)
+            .map(|l| if l < k { device } else { CPU_ID })
+            .collect();
+        if head {
+            // The output position (the layer index one past the last block).
+            blocks.push(device);
+        }
         let plan = LayerPlan {
-            blocks: (0..n)
-                .map(|l| if l < k { device } else { CPU_ID })
-                .collect(),
-            edges: if head { device } else { CPU_ID },
+            blocks,
+            edges: CPU_ID,
         };
         minfer_graph::place_by_layer(backends, weights, &used, &plan, CPU_ID)?
     };
@@ -329,6 +398,26 @@ pub(crate) fn place(
         }),
         budget: budget.map(|b| (device, b as usize)),
     })
+}
+
+/// Why `auto` under `--offload-head` stopped at the output head and `k` blocks (or left the
+/// embedding on the host), with the figures.
+fn head_first_reason(costs: &BlockCosts, k: usize, budget: u64, source: &str) -> String {
+    let n = costs.weights.len();
+    let more = if k < n {
+        format!("block {k} needs {} more", size_text(costs.block(k)))
+    } else {
+        format!(
+            "the embedding needs {} more",
+            size_text(costs.edges - costs.output)
+        )
+    };
+    format!(
+        "a budget of {} ({source}) holds the output head and {k} of {n} blocks: they and the \
+         reserve for activations and the pool take {}, {more}",
+        size_text(budget),
+        size_text(costs.budget_for_head_first(k, false))
+    )
 }
 
 /// Why `auto` stopped at `k` blocks (or left the head on the host), with the figures.

@@ -87,23 +87,26 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 }
 
 /// Every node of a CPU block runs on the CPU; every weight-reading node of a device block on
-/// the device (a node the device refuses may fall to the CPU, as without a plan); the
-/// embedding and head on the device only when every block is.
-fn assert_plan_honoured(e: &mut Engine, k: usize) {
+/// the device (a node the device refuses may fall to the CPU, as without a plan); the final
+/// norm and head (the output position, tagged one past the last block) on the device when
+/// `head` is (every block, or `--offload-head`); the embedding when `embd` is (the whole
+/// model on the device).
+fn assert_plan_honoured(e: &mut Engine, k: usize, head: bool, embd: bool) {
     let mut on_device = 0;
     for (layer, be, reads_weights) in e.nodes_by_layer(1).unwrap() {
-        let want = match layer {
-            Some(l) if l < k && reads_weights => device(),
-            Some(l) if l < k => continue,
-            Some(_) => "cpu".into(),
-            None if !reads_weights => continue,
-            None if k == N_LAYERS => device(),
-            None => "cpu".into(),
+        let there = match layer {
+            Some(l) if l < N_LAYERS => l < k,
+            Some(_) => head,
+            None => embd,
         };
+        if there && !reads_weights {
+            continue;
+        }
+        let want = if there { device() } else { "cpu".into() };
         on_device += usize::from(be == device());
-        assert_eq!(be, want, "k={k}: a node of block {layer:?}");
+        assert_eq!(be, want, "k={k} head={head}: a node of block {layer:?}");
     }
-    assert_eq!(on_device > 0, k > 0, "k={k}: nodes on the device");
+    assert_eq!(on_device > 0, k > 0 || head, "k={k}: nodes on the device");
 }
 
 /// Every split point 0..=n_layers: the plan is taken as asked (count and node by node), the
@@ -124,7 +127,7 @@ fn every_split_point_answers_like_the_cpu() {
         let o = e.offload().unwrap().clone();
         assert_eq!((o.on_device, o.n_layers), (k, N_LAYERS));
         assert_eq!(o.head_on_device, k == N_LAYERS);
-        assert_plan_honoured(&mut e, k);
+        assert_plan_honoured(&mut e, k, k == N_LAYERS, k == N_LAYERS);
         assert_eq!(
             greedy(&mut e, &PROMPT, 8),
             want_tokens,
@@ -318,4 +321,128 @@ fn a_failed_memory_query_is_an_error_not_a_zero_budget() {
     let o = e.offload().unwrap();
     assert_eq!(o.on_device, 3);
     assert!(o.reason.clone().unwrap().contains("free memory"), "{o:?}");
+}
+
+fn with_head(path: &Path, layers: GpuLayers, gpu_mem: Option<u64>) -> Engine {
+    let mut c = cfg(&device(), layers, gpu_mem.map(|b| b as usize));
+    c.offload_head = true;
+    Engine::load(path, c).unwrap()
+}
+
+/// `--offload-head` (llama.cpp's placement of its output layer): with any count of blocks
+/// below every one, the final norm and output head run on the device, the embedding and
+/// the other blocks on the CPU; the greedy tokens are the CPU's, the logits in the split
+/// class, the device bytes the blocks' plus the output position's, and the startup line
+/// says where the head is. Control: the same counts without the flag keep the head on the
+/// CPU (the plan check with the head on the device fails on them, and k = 0 is then the
+/// CPU's bits while with the head on the device it is not).
+#[test]
+fn offload_head_puts_the_head_on_the_device_with_any_block_count() {
+    let path = model();
+    let mut c = cpu(&path);
+    let want_tokens = greedy(&mut c, &PROMPT, 8);
+    let mut c = cpu(&path);
+    let want = run_logits(&mut c, &PROMPT);
+    let bar = bar(rms(&want));
+    for k in 0..N_LAYERS {
+        let mut e = with_head(&path, GpuLayers::Count(k), None);
+        let o = e.offload().unwrap().clone();
+        assert_eq!((o.on_device, o.head_on_device), (k, true), "k={k}");
+        let blocks: u64 = o.costs.weights[..k].iter().sum();
+        assert!(o.costs.output > 0 && o.costs.output < o.costs.edges);
+        assert_eq!(
+            o.weights_device,
+            blocks + o.costs.output,
+            "k={k}: device bytes"
+        );
+        assert!(
+            o.line().contains(&format!("; output head on {}", device())),
+            "{}",
+            o.line()
+        );
+        assert_plan_honoured(&mut e, k, true, false);
+        assert_eq!(greedy(&mut e, &PROMPT, 8), want_tokens, "k={k}: greedy");
+        let mut e = with_head(&path, GpuLayers::Count(k), None);
+        let got = run_logits(&mut e, &PROMPT);
+        let d = max_diff(&got, &want);
+        println!("head on the device, k={k}: max |dlogit| vs cpu {d:.3e}");
+        assert!(d <= bar, "k={k}: {d:.3e} > {bar:.3e}");
+        // Control: without the flag the head stays on the CPU.
+        let mut plain = engine(&path, GpuLayers::Count(k));
+        assert!(!plain.offload().unwrap().head_on_device);
+        assert_plan_honoured(&mut plain, k, false, false);
+        if k == 0 {
+            assert!(
+                d > 0.0,
+                "k=0 with the head on the device is not the CPU's bits"
+            );
+        }
+    }
+    // Every block: the whole model, as without the flag.
+    let e = with_head(&path, GpuLayers::Count(N_LAYERS), None);
+    let o = e.offload().unwrap();
+    assert!(o.on_device == N_LAYERS && o.head_on_device && !o.line().contains("output head"));
+}
+
+/// `auto` under `--offload-head` fits the output position first, then the largest prefix
+/// of blocks: the budget for the head and k blocks places k (one byte less k - 1, both with
+/// the head); every block and the head without the embedding's bytes leave the embedding on
+/// the CPU; a budget below the head falls back to the blocks' fit and says why.
+#[test]
+fn auto_with_offload_head_fits_the_head_first() {
+    let path = model();
+    let costs = engine(&path, GpuLayers::Count(0))
+        .offload()
+        .unwrap()
+        .costs
+        .clone();
+    for k in 1..N_LAYERS {
+        let b = costs.budget_for_head_first(k, false);
+        let o = with_head(&path, GpuLayers::Auto, Some(b))
+            .offload()
+            .unwrap()
+            .clone();
+        assert_eq!((o.on_device, o.head_on_device), (k, true), "budget for {k}");
+        assert!(o
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("holds the output head"));
+        let o = with_head(&path, GpuLayers::Auto, Some(b - 1))
+            .offload()
+            .unwrap()
+            .clone();
+        assert_eq!((o.on_device, o.head_on_device), (k - 1, true), "under {k}");
+    }
+    let b = costs.budget_for_head_first(N_LAYERS, true);
+    let o = with_head(&path, GpuLayers::Auto, Some(b))
+        .offload()
+        .unwrap()
+        .clone();
+    assert!(o.on_device == N_LAYERS && o.head_on_device && o.reason.is_none());
+    let mut e = with_head(&path, GpuLayers::Auto, Some(b - 1));
+    let o = e.offload().unwrap().clone();
+    assert!(o.on_device == N_LAYERS && o.head_on_device, "{o:?}");
+    assert!(
+        o.reason.as_deref().unwrap().contains("the embedding needs"),
+        "{o:?}"
+    );
+    assert_plan_honoured(&mut e, N_LAYERS, true, false);
+    let mut c = cpu(&path);
+    assert_eq!(greedy(&mut e, &PROMPT, 4), greedy(&mut c, &PROMPT, 4));
+    // Below the output position: the plain fit, and the reason names the head.
+    let o = with_head(
+        &path,
+        GpuLayers::Auto,
+        Some(costs.reserve + costs.output - 1),
+    )
+    .offload()
+    .unwrap()
+    .clone();
+    assert!(!o.head_on_device && o.on_device == 0, "{o:?}");
+    assert!(o
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("does not fit beside the reserve"));
 }

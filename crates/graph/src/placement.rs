@@ -16,9 +16,13 @@ use crate::error::{Error, Result};
 /// Which backend runs each block, and which the nodes outside the blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerPlan {
-    /// Per block (layer index), its backend.
+    /// Per block (layer index), its backend. One entry more than the model's blocks places
+    /// the output position (the final norm and output head, which the model builder tags
+    /// with the layer one past its last block) apart from `edges`; without it they follow
+    /// `edges`.
     pub blocks: Vec<BackendId>,
-    /// The backend of nodes of no block: inputs, embedding, final norm, output head.
+    /// The backend of nodes of no block: inputs and the embedding, and the final norm and
+    /// output head unless `blocks` names their position.
     pub edges: BackendId,
 }
 

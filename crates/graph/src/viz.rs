@@ -99,6 +99,13 @@ pub fn to_viz(
     weights: &dyn WeightSource,
 ) -> Value {
     let live = || graph.nodes.iter().filter(|n| !n.dead);
+    // The blocks are the layers that hold KV; the final norm and head carry the layer one
+    // past the last block (the output position a layer plan places), drawn as the output.
+    let n_layers = live()
+        .filter(|n| n.op.kv_cache_type().is_some())
+        .filter_map(|n| n.layer)
+        .max()
+        .map_or(0, |l| l + 1);
     let nodes: Vec<Value> = live()
         .map(|n| {
             let w = main_weight(&n.op);
@@ -109,7 +116,7 @@ pub fn to_viz(
                 "shape": n.shape,
                 "dtype": format!("{:?}", n.dtype),
                 "backend": n.backend.map(backend_name),
-                "layer": n.layer,
+                "layer": n.layer.filter(|&l| l < n_layers),
                 "role": role(graph, n),
                 "weight": w.map(|w| weights.name(w).to_string()),
                 "weight_type": w.and_then(|w| weights.weight(w)).map(|r| r.ty.name()),
@@ -130,7 +137,6 @@ pub fn to_viz(
                 .map(move |&s| json!({"src": s.0, "dst": n.id.0, "kv": is_kv(s) || is_kv(n.id)}))
         })
         .collect();
-    let n_layers = live().filter_map(|n| n.layer).max().map_or(0, |l| l + 1);
     json!({"output": graph.output.0, "n_layers": n_layers, "nodes": nodes, "edges": edges})
 }
 

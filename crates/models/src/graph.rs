@@ -187,7 +187,10 @@ pub fn build_graph(
         let down = matmul(&mut g, format!("L{l}.down"), m, w(Layer::FfnDown)?, None, d);
         x = g.op(format!("L{l}.ffn_res"), Op::Add, &[down, x], [d, n]);
     }
-    g.set_layer(None);
+    // The final norm and the output head are the output position, tagged one past the last
+    // block as llama.cpp numbers its output layer (n_layer): a layer-offload plan can place
+    // them apart from the embedding (`--offload-head`, ADR 0014).
+    g.set_layer(Some(hp.block_count));
     let h = rms(
         &mut g,
         "output_norm".into(),

@@ -20,6 +20,12 @@ pub struct OffloadArgs {
     /// [default: the device's free memory].
     #[arg(long = "gpu-mem", value_name = "SIZE", value_parser = size_value)]
     pub gpu_mem: Option<usize>,
+    /// Also put the final norm and output head on the device when only some blocks are
+    /// there (with every block they always are). llama.cpp's -ngl counts its output layer as
+    /// one of the N and offloads it first: its -ngl N holds what --gpu-layers N-1
+    /// --offload-head holds here. With auto, the head is fitted first.
+    #[arg(long = "offload-head")]
+    pub offload_head: bool,
 }
 
 fn gpu_layers_value(s: &str) -> Result<GpuLayers, String> {
@@ -37,6 +43,7 @@ impl OffloadArgs {
             cfg.gpu_layers = n;
         }
         cfg.gpu_mem = self.gpu_mem;
+        cfg.offload_head = self.offload_head;
     }
 
     /// The startup line of the plan the engine took (and why `auto` placed fewer than every
@@ -49,10 +56,12 @@ impl OffloadArgs {
                     eprintln!("note: offload: {why}");
                 }
             }
-            None if self.gpu_layers.is_some() || self.gpu_mem.is_some() => eprintln!(
-                "note: --gpu-layers/--gpu-mem: no device backend holds the model's blocks; \
-                 every block runs on the cpu"
-            ),
+            None if self.gpu_layers.is_some() || self.gpu_mem.is_some() || self.offload_head => {
+                eprintln!(
+                    "note: --gpu-layers/--gpu-mem/--offload-head: no device backend holds the \
+                     model's blocks; every block runs on the cpu"
+                )
+            }
             None => {}
         }
     }
