@@ -649,6 +649,18 @@ impl Capabilities for CudaBackend {
         support(op_refusal(op, weights))
     }
 
+    fn can_stream_matmul(&self, w: &WeightRef<'_>) -> Support {
+        let m = Self::streamed_matrix(w).map_err(minfer_graph::Refusal)?;
+        match self.prompt_gemm(&m) {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "{}'s prompt rows multiply a {} matrix of {} x {} on the int8 or f32 kernels, which read it in place",
+                self.name, w.ty, w.ne1, w.ne0
+            )
+            .into()),
+        }
+    }
+
     fn supports_fused(&self, op: FusedOp) -> Support {
         match op {
             FusedOp::SwiGLU => Ok(()),
@@ -675,6 +687,16 @@ impl Capabilities for CudaBackend {
 impl Executor for CudaBackend {
     fn set_row_classes(&mut self, rows: &RowClasses) {
         self.rows.clone_from(rows);
+    }
+
+    fn stream_matmul(
+        &mut self,
+        w: &WeightRef<'_>,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> GraphResult<()> {
+        self.stream_prompt_rows(w, x, n, y).map_err(|e| self.err(e))
     }
 
     fn set_windows(&mut self, windows: &Windows) {

@@ -44,6 +44,8 @@ pub use backend::CudaBackend;
 pub use device::launches;
 pub use error::CudaError;
 #[cfg(feature = "cuda")]
+pub use prompt::streamed_matmuls;
+#[cfg(feature = "cuda")]
 pub use replay::{graph_captures, graph_replays};
 #[cfg(feature = "cuda")]
 pub use settings::CudaSettings;

@@ -29,6 +29,11 @@ pub(crate) enum Scratch {
     WeightHalf,
     /// Prompt rows' activations rounded to f16/bf16 for the GEMM.
     ActHalf,
+    /// Op offload (ADR 0014): a CPU block's weight as stored, copied in for one matmul.
+    StreamWeight,
+    /// Op offload: that matmul's input rows (f32) and its output rows (f32).
+    StreamRows,
+    StreamOut,
 }
 
 /// What the f16 activation scratch holds: (buffer, first row, rows, row length, bf16, the

@@ -130,6 +130,10 @@ pub struct EngineConfig {
     /// the number of blocks there (llama.cpp's placement of its output layer); without it
     /// they go on the device only with every block ([`crate::offload`]).
     pub offload_head: bool,
+    /// Op offload (on unless `--no-op-offload`, llama.cpp's flag): on a plan that leaves
+    /// blocks on the CPU, their matmuls' prompt rows multiplied on the device, each weight
+    /// copied in for the call ([`crate::offload`], ADR 0014).
+    pub op_offload: bool,
     /// The knobs of the engine and its backends (docs/SETTINGS.md), handed to the backend
     /// table; the default reads this process's environment ([`crate::Settings::from_env`]).
     pub settings: crate::Settings,
@@ -149,6 +153,7 @@ impl Default for EngineConfig {
             gpu_layers: GpuLayers::Auto,
             gpu_mem: None,
             offload_head: false,
+            op_offload: true,
             // The CLI refuses a bad value at start, so only a library caller can reach this
             // with one: a panic naming it (as the kernels' lookup always did), not a default.
             settings: crate::Settings::from_env().unwrap_or_else(|e| panic!("{e}")),

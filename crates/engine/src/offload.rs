@@ -120,6 +120,11 @@ pub struct Offload {
     pub budget: Option<u64>,
     /// Why `auto` placed fewer than every block (and the head), in words.
     pub reason: Option<String>,
+    /// Op offload (`--no-op-offload` turns it off): the device that multiplies the prompt
+    /// rows of the CPU blocks' matmuls, weights copied in for each, and the block count
+    /// (the graph's [`minfer_graph::Graph::op_offload`]). None: every block's rows on its
+    /// own backend (no CPU block, the flag, or a device that streams none of their weights).
+    pub op_offload: Option<(BackendId, usize)>,
     /// What the planner charged (tests derive budgets for a given count from it).
     pub costs: BlockCosts,
 }
@@ -148,9 +153,14 @@ impl Offload {
             (false, true) => format!("; output head on {}", self.device),
             _ => String::new(),
         };
+        let op = if self.op_offload.is_some() {
+            format!("; prompt rows of cpu blocks multiplied on {}", self.device)
+        } else {
+            String::new()
+        };
         format!(
             "offload: {} of {} blocks on {}, {} on cpu{head}; weights {} on device, {} on host; \
-             KV {} on each block's device",
+             KV {} on each block's device{op}",
             self.on_device,
             self.n_layers,
             self.device,
@@ -358,6 +368,17 @@ pub(crate) fn place(
             }
         }
     };
+    // Op offload: a CPU block's prompt rows multiplied on the device when it takes at least
+    // one of those blocks' matrices (the CPU asks it again per weight at run time).
+    let op_offload = (k < n
+        && cfg.op_offload
+        && used.iter().any(|&(id, l)| {
+            l.is_some_and(|l| l >= k && l < n)
+                && weights
+                    .weight(id)
+                    .is_some_and(|w| w.ne1 > 1 && dev.can_stream_matmul(&w).is_ok())
+        }))
+    .then_some((device, n));
     let blocks_device: u64 = costs.weights[..k].iter().sum();
     let total: u64 = costs.weights.iter().sum::<u64>() + costs.edges;
     let weights_device = blocks_device
@@ -394,6 +415,7 @@ pub(crate) fn place(
             cache_type: cfg.cache_type,
             budget,
             reason,
+            op_offload,
             costs,
         }),
         budget: budget.map(|b| (device, b as usize)),

@@ -67,10 +67,13 @@ fn graph_for<'c>(
     placement: &Placement,
     alloc: &mut Allocator,
     params: &GraphParams,
+    op_offload: Option<(minfer_graph::BackendId, usize)>,
 ) -> Result<(&'c Graph, &'c Plan)> {
     let build = |p: &GraphParams| {
-        build_graph(hp, weights, output_weight, p)
-            .map_err(|e| minfer_graph::Error::Graph(e.to_string()))
+        let mut g = build_graph(hp, weights, output_weight, p)
+            .map_err(|e| minfer_graph::Error::Graph(e.to_string()))?;
+        g.op_offload = op_offload;
+        Ok(g)
     };
     // One cell past the context: the scratch cell padding rows write and read.
     let n_cells = params.n_ctx + 1;
@@ -318,6 +321,7 @@ impl ModelRunner {
             model: &self.model,
             ids: &self.ids,
         };
+        let op_offload = self.offload.as_ref().and_then(|o| o.op_offload);
         let (graph, _) = graph_for(
             &mut self.cache,
             &mut self.backends,
@@ -327,6 +331,7 @@ impl ModelRunner {
             &self.placement,
             &mut self.alloc,
             params,
+            op_offload,
         )?;
         Ok(look(graph, &weights, &self.backends))
     }
@@ -428,6 +433,7 @@ impl ModelRunner {
             ids: &self.ids,
         };
         // The plan comes back from the cache that built or found it: no second lookup.
+        let op_offload = self.offload.as_ref().and_then(|o| o.op_offload);
         let (graph, plan) = graph_for(
             &mut self.cache,
             &mut self.backends,
@@ -437,6 +443,7 @@ impl ModelRunner {
             &self.placement,
             &mut self.alloc,
             &params,
+            op_offload,
         )?;
         let be = &mut self.backends;
         sched::fill_input(graph, plan, be, InputKind::TokenIds, &ids)?;

@@ -333,6 +333,12 @@ pub trait Capabilities: Identity {
     /// Whether the graph may rewrite a chain into the fused class `op` for this backend (the
     /// fused node itself is then asked of [`Capabilities::supports_op`] like any other).
     fn supports_fused(&self, op: FusedOp) -> Support;
+    /// Whether [`Executor::stream_matmul`] takes weight `w` (op offload, ADR 0014): asked
+    /// once, at load, of the device backend of a layer plan that leaves blocks on the CPU.
+    /// Default: refused.
+    fn can_stream_matmul(&self, _w: &WeightRef<'_>) -> Support {
+        Err(format!("{} does not multiply weights it does not hold", self.name()).into())
+    }
 }
 
 /// The execution layer: the splits of a compiled plan, identified by [`SplitKey`], run on
@@ -361,6 +367,37 @@ pub trait Executor: Memory {
             self.execute_node(node, a)?;
         }
         Ok(())
+    }
+    /// Op offload (layer offload, ADR 0014): runs split `key` as [`Executor::execute_split`]
+    /// does, with `helper` (the plan's device backend) multiplying the prompt rows of every
+    /// matmul of a block below `blocks` ([`Executor::stream_matmul`]); generation rows stay
+    /// this backend's. The choice is by row class, never by a forward's shape, so a row's
+    /// bits never depend on its company. Default: the helper is not used.
+    fn execute_split_helped(
+        &mut self,
+        key: SplitKey,
+        nodes: &[&Node],
+        args: &[ExecArgs],
+        _helper: &mut dyn Backend,
+        _blocks: usize,
+    ) -> Result<()> {
+        self.execute_split(key, nodes, args)
+    }
+    /// Op offload's multiply: `y` (`n` rows of `w.ne1`) = the `n` rows of `x` (rows of
+    /// `w.ne0`) times `w`, a weight this backend does not hold, its bytes copied in for the
+    /// call, in this backend's prompt-row arithmetic (a row's bits independent of `n`).
+    /// Synchronous: `y` is written when it returns. Default: refused.
+    fn stream_matmul(
+        &mut self,
+        _w: &WeightRef<'_>,
+        _x: &[f32],
+        _n: usize,
+        _y: &mut [f32],
+    ) -> Result<()> {
+        Err(Error::Backend {
+            backend: self.name().into(),
+            problem: "this backend does not multiply weights it does not hold".into(),
+        })
     }
     /// The plan `plan` was released (its buffers freed): whatever the backend keeps under
     /// its id is dropped. Default: nothing kept.

@@ -479,6 +479,10 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub inputs: Vec<(InputKind, NodeId)>,
     pub output: NodeId,
+    /// Op offload (ADR 0014): the device backend that multiplies the prompt rows of the
+    /// matmuls of blocks below the count given, for the backends running those blocks
+    /// ([`crate::backend::Executor::execute_split_helped`]). None: every backend alone.
+    pub op_offload: Option<(crate::backend::BackendId, usize)>,
 }
 
 impl Graph {
@@ -591,6 +595,7 @@ impl GraphBuilder {
             nodes: self.nodes,
             inputs: self.inputs,
             output,
+            op_offload: None,
         }
     }
 }

@@ -26,6 +26,11 @@ pub struct OffloadArgs {
     /// --offload-head holds here. With auto, the head is fitted first.
     #[arg(long = "offload-head")]
     pub offload_head: bool,
+    /// Keep the prompt rows of the CPU's blocks on the CPU (llama.cpp's --no-op-offload). By
+    /// default, when some blocks run on the CPU, the device multiplies their matmuls' prompt
+    /// rows, each weight copied in for the call (generation rows stay on the CPU).
+    #[arg(long = "no-op-offload", visible_alias = "nopo")]
+    pub no_op_offload: bool,
 }
 
 fn gpu_layers_value(s: &str) -> Result<GpuLayers, String> {
@@ -44,6 +49,7 @@ impl OffloadArgs {
         }
         cfg.gpu_mem = self.gpu_mem;
         cfg.offload_head = self.offload_head;
+        cfg.op_offload = !self.no_op_offload;
     }
 
     /// The startup line of the plan the engine took (and why `auto` placed fewer than every
