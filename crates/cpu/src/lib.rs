@@ -424,6 +424,16 @@ impl CpuBackend {
 }
 
 impl Memory for CpuBackend {
+    fn keep_weight_bytes(&mut self, ids: &[WeightId]) {
+        // Packing would release the plain rows' pages (`pack_on_first_use`); the device's
+        // copies would then fault them back in, page by page, every forward.
+        for id in ids {
+            if let Some(Some((_, mapped))) = self.pending.get_mut(id.index()) {
+                *mapped = false;
+            }
+        }
+    }
+
     fn can_hold(&self, w: &WeightRef) -> Support {
         if w.ty.is_supported() {
             Ok(())

@@ -142,6 +142,9 @@ pub struct Gpu {
     allocs: Vec<(u64, usize)>,
     /// Page-locked staging for large reads (grown to a power of two, kept).
     staging: RefCell<Option<Pinned>>,
+    /// Page-locked blocks for large uploads ([`Gpu::upload_staged`]): two halves filled in
+    /// turn, each with the event of the copy that last read it.
+    up_staging: RefCell<Option<(Pinned, [cudarc::driver::CudaEvent; 2])>>,
     /// cuBLASLt, opened by the first prompt-row GEMM plan.
     lt: Option<Lt>,
     /// How cuBLASLt pins its algorithms (`MINFER_CUDA_GEMM_*`), for when it opens.
@@ -221,6 +224,7 @@ impl Gpu {
             resident: RefCell::new(HashMap::new()),
             allocs: Vec::new(),
             staging: RefCell::new(None),
+            up_staging: RefCell::new(None),
             lt: None,
             gemm: s.gemm,
             sync_timeout: s.sync_timeout,
@@ -434,7 +438,69 @@ impl Gpu {
         unsafe { result::memcpy_dtoh_async(dst, ptr, self.stream.cu_stream()) }
             .map_err(|e| drv("cuMemcpyDtoHAsync", e))?;
         self.sync()?;
-        out.copy_from_slice(dst);
+        parallel_copy(out, dst);
+        Ok(())
+    }
+
+    /// A large host-to-device copy (op offload's weights and rows) through two page-locked
+    /// blocks: each piece of `data` is copied into one block by several host threads while
+    /// the device reads the other, so the link runs at its pinned speed instead of through
+    /// the driver's bounce buffers. Returns once the device has read every piece (`data`
+    /// and the blocks are free again). Small copies take [`Gpu::upload`].
+    pub fn upload_staged(&self, ptr: u64, data: &[u8]) -> DResult<()> {
+        if data.len() < STAGED_UPLOAD_FROM {
+            return self.upload(ptr, data);
+        }
+        self.flush_record()?;
+        self.bind()?;
+        let mut ring = self.up_staging.borrow_mut();
+        if ring.is_none() {
+            let len = 2 * UPLOAD_PIECE;
+            let p = unsafe { result::malloc_host(len, 0) }
+                .map_err(|e| drv(&format!("cuMemHostAlloc of {len} bytes"), e))?;
+            let ev = || {
+                self.ctx
+                    .new_event(None)
+                    .map_err(|e| drv("cuEventCreate", e))
+            };
+            *ring = Some((
+                Pinned {
+                    ptr: p as *mut u8,
+                    len,
+                },
+                [ev()?, ev()?],
+            ));
+        }
+        let (block, events) = ring.as_ref().expect("allocated above");
+        for (i, piece) in data.chunks(UPLOAD_PIECE).enumerate() {
+            let half = i % 2;
+            if i >= 2 {
+                // The copy that read this half two pieces ago is done.
+                events[half]
+                    .synchronize()
+                    .map_err(|e| drv("cuEventSynchronize", e))?;
+            }
+            // SAFETY: half `half` of the block holds UPLOAD_PIECE bytes; no copy reads it now
+            // (waited above, or never used in this call), and only this call touches it.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(block.ptr.add(half * UPLOAD_PIECE), piece.len())
+            };
+            parallel_copy(dst, piece);
+            unsafe {
+                result::memcpy_htod_async(
+                    ptr + (i * UPLOAD_PIECE) as u64,
+                    &*dst,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| drv("cuMemcpyHtoDAsync", e))?;
+            events[half]
+                .record(&self.stream)
+                .map_err(|e| drv("cuEventRecord", e))?;
+        }
+        for e in events {
+            e.synchronize().map_err(|e| drv("cuEventSynchronize", e))?;
+        }
         Ok(())
     }
 
@@ -710,6 +776,28 @@ const MAX_ARGS: usize = 32;
 /// Reads of at least this many bytes go through the page-locked staging block.
 const PINNED_FROM: usize = 64 * 1024;
 
+/// [`Gpu::upload_staged`]'s pieces, and the smallest copy it stages (below, the driver's
+/// pageable path is as fast).
+const UPLOAD_PIECE: usize = 16 << 20;
+const STAGED_UPLOAD_FROM: usize = 1 << 20;
+
+/// `dst` = `src` (same length), copied by up to 8 host threads: one thread's memcpy from
+/// pageable memory runs well under the host's memory bandwidth.
+fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    const MIN_PER_THREAD: usize = 1 << 20;
+    let threads = (src.len() / MIN_PER_THREAD).clamp(1, 8);
+    if threads == 1 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let per = src.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
 /// A page-locked host block (cuMemHostAlloc), freed at drop.
 struct Pinned {
     ptr: *mut u8,
@@ -755,6 +843,11 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         let _ = self.sync();
         if let Some(st) = self.staging.get_mut().take() {
+            unsafe {
+                let _ = result::free_host(st.ptr as *mut std::ffi::c_void);
+            }
+        }
+        if let Some((st, _)) = self.up_staging.get_mut().take() {
             unsafe {
                 let _ = result::free_host(st.ptr as *mut std::ffi::c_void);
             }

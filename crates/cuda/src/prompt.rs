@@ -306,9 +306,9 @@ impl CudaBackend {
             ));
         }
         let wp = self.scratch(Scratch::StreamWeight, need)?;
-        self.gpu.upload(wp, &w.bytes[..need])?;
+        self.gpu.upload_staged(wp, &w.bytes[..need])?;
         let xp = self.scratch(Scratch::StreamRows, x.len() * 4)?;
-        self.gpu.upload(xp, f32_bytes(x))?;
+        self.gpu.upload_staged(xp, f32_bytes(x))?;
         let yp = self.scratch(Scratch::StreamOut, y.len() * 4)?;
         // The conversion caches name buffers by pointer: the streamed weight and rows reuse
         // theirs, so nothing cached may survive the call (nor stand for it afterwards).

@@ -401,7 +401,20 @@ pub(crate) fn place(
             blocks,
             edges: CPU_ID,
         };
-        minfer_graph::place_by_layer(backends, weights, &used, &plan, CPU_ID)?
+        let placement = minfer_graph::place_by_layer(backends, weights, &used, &plan, CPU_ID)?;
+        if op_offload.is_some() {
+            // The device copies the CPU blocks' matrices in every prompt forward: their
+            // pages stay resident (the CPU's packing would release them).
+            let streamed: Vec<WeightId> = used
+                .iter()
+                .filter(|&&(_, l)| l.is_some_and(|l| l >= k && l < n))
+                .map(|&(id, _)| id)
+                .collect();
+            if let Some(cpu) = backends.iter_mut().find(|b| b.id() == CPU_ID) {
+                cpu.keep_weight_bytes(&streamed);
+            }
+        }
+        placement
     };
     Ok(Planned {
         placement,

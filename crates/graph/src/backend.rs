@@ -268,6 +268,11 @@ pub trait Memory: Identity {
     ) -> Result<()> {
         Ok(())
     }
+    /// Op offload (ADR 0014): another backend will read these weights' host bytes at run
+    /// time (copying a CPU block's matrices to the device per call), so a backend that would
+    /// release their pages once it derived its own layout keeps them. Given once, after
+    /// [`Memory::prepare_weights`]. Default: nothing released, nothing to keep.
+    fn keep_weight_bytes(&mut self, _ids: &[WeightId]) {}
     /// Bytes of device memory the prepared weights occupy (wrapped or copied); memory budgets
     /// charge them next to KV regions and activations. 0 for a backend reading the host's
     /// mapping in place (the CPU).
