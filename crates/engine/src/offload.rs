@@ -231,7 +231,9 @@ pub(crate) struct Planned {
     pub budget: Option<(BackendId, usize)>,
 }
 
-/// Plans and places the model's weights (see the module docs).
+/// Plans and places the model's weights (see the module docs). `given`: the device's blocks
+/// (a prefix) and whether the head goes there too, decided elsewhere (a self-draft takes its
+/// target's, ADR 0013), in place of `cfg.gpu_layers`.
 pub(crate) fn place(
     backends: &mut [Box<dyn Backend>],
     weights: &ModelWeights<'_>,
@@ -239,6 +241,7 @@ pub(crate) fn place(
     hp: &HParams,
     n_ctx: usize,
     cfg: &EngineConfig,
+    given: Option<(usize, bool)>,
 ) -> Result<Planned> {
     let used = used_by_layer(probe);
     let mut ids: Vec<WeightId> = used.iter().map(|&(id, _)| id).collect();
@@ -275,9 +278,10 @@ pub(crate) fn place(
     let name = dev.name().to_string();
     let costs = block_costs(backends, device, weights, probe, hp, n_ctx, cfg)?;
     let n = hp.block_count;
-    let (k, head, budget, reason) = match cfg.gpu_layers {
-        GpuLayers::Count(c) => (c.min(n), c >= n, None, None),
-        GpuLayers::Auto => {
+    let (k, head, budget, reason) = match (given, cfg.gpu_layers) {
+        (Some((k, head)), _) => (k.min(n), head && k >= n, None, None),
+        (None, GpuLayers::Count(c)) => (c.min(n), c >= n, None, None),
+        (None, GpuLayers::Auto) => {
             let (budget, source) = match cfg.gpu_mem {
                 Some(b) => (b as u64, "--gpu-mem".to_string()),
                 None => match dev.free_memory() {

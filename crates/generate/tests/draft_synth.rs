@@ -1,7 +1,9 @@
 //! Model drafters on synthesized models (issue 31), on the CPU, wherever the tests run: greedy
 //! output token for token plain decoding's on 20 prompts for a model drafting for itself
 //! (every draft accepted), for a synthetic draft of the same vocabulary (almost every draft
-//! rejected) and for self-drafting (the target's first blocks); the vocabulary check refuses
+//! rejected) and for self-drafting (the target's first blocks, on the CPU and on metal-emu,
+//! where the draft runs on a sibling of the target's device backend and places no weight on
+//! the device a second time); the vocabulary check refuses
 //! a mismatch by its first difference; a chat with a draft keeps the plain chat's KV across
 //! turns. Controls: drafts really ran (and were accepted or rejected as claimed), and the
 //! refusals' controls pass. The real models' gates are in `draft_real.rs`.
@@ -69,10 +71,15 @@ fn request(prompt: Vec<u32>, eog: Vec<u32>, draft: Option<DraftHandle>) -> Gener
 /// Greedy replies to 20 prompts with and without the draft: asserts each is the same, and
 /// returns (drafted, accepted, verifying forwards, tokens) over all of them.
 fn compare(target: &mut Engine, draft: &DraftHandle) -> (usize, usize, usize, usize) {
+    compare_n(target, draft, 20)
+}
+
+/// [`compare`] over the first `n` of its prompts.
+fn compare_n(target: &mut Engine, draft: &DraftHandle, n: u32) -> (usize, usize, usize, usize) {
     let tok = Tokenizer::from_metadata(target.model().metadata()).unwrap();
     let vocab = target.hparams().vocab_size;
     let (mut drafted, mut accepted, mut forwards, mut tokens) = (0, 0, 0, 0);
-    for i in 0..20u32 {
+    for i in 0..n {
         // Prompts of 5 to 43 tokens that repeat a piece (a reply may copy it).
         let piece = synth::tokens(3 + (i as usize % 7), 100 + i, vocab);
         let mut prompt = synth::tokens(2 + i as usize, i + 1, vocab);
@@ -154,6 +161,59 @@ fn self_drafting_gives_plain_tokens_and_refuses_its_bounds() {
         );
         assert!(d > 0, "control: the draft ran");
     }
+}
+
+/// Self-drafting on a device backend (metal-emu: the Metal executor on the emulator): the
+/// draft runs on a sibling of the target's backend (`Memory::sibling`), so making it places
+/// no weight on the device (its device weight bytes are 0, the target's unchanged) while its
+/// nodes run there, and greedy replies are plain decoding's for LAYERS 1 to 3. Controls:
+/// drafts ran; a draft made the old way (backends of its own, `self_draft_copying`) places
+/// the drafted weights on the device again.
+#[test]
+fn self_drafting_on_a_device_shares_the_weights_and_gives_plain_tokens() {
+    let f = target_file();
+    let cfg = EngineConfig {
+        n_ctx: 256,
+        threads: 1,
+        backends: vec!["metal-emu".into()],
+        ..EngineConfig::default()
+    };
+    let mut target = Engine::load(&f, cfg.clone()).unwrap();
+    let weights = target.device_weights_bytes();
+    assert!(
+        weights > 0,
+        "control: the target's weights are on the device"
+    );
+    for layers in [1, 2, 3] {
+        let mut draft = target.self_draft(layers, cfg.clone()).unwrap();
+        assert_eq!(draft.hparams().block_count, layers);
+        assert_eq!(draft.device_weights_bytes(), 0, "self-draft {layers}");
+        assert_eq!(target.device_weights_bytes(), weights);
+        let nodes = draft.nodes_per_backend(1).unwrap();
+        let on_device = nodes
+            .iter()
+            .find(|(b, _)| b == "metal-emu")
+            .map_or(0, |n| n.1);
+        assert!(on_device > 0, "the draft runs on the device: {nodes:?}");
+        let (d, a, v, n) = compare_n(&mut target, &handle(draft), 6);
+        eprintln!(
+            "metal-emu self-draft {layers} of 4 blocks: {a} of {d} drafts accepted, {v} verifying forwards for {n} tokens"
+        );
+        assert!(d > 0, "control: the draft ran");
+    }
+    // Control: the old way uploads (wraps, converts) the drafted weights again.
+    let copying = target.self_draft_copying(2, cfg.clone()).unwrap();
+    assert!(
+        copying.device_weights_bytes() > 0,
+        "control: a draft on backends of its own holds its weights again"
+    );
+    // A device the target does not run on is refused by name (it would be a second upload).
+    let cpu_target = load(&f);
+    let e = cpu_target.self_draft(1, cfg).err().expect("refused");
+    assert!(
+        e.to_string().contains("metal-emu") && e.to_string().contains("second time"),
+        "{e}"
+    );
 }
 
 #[test]
