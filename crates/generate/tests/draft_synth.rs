@@ -202,10 +202,29 @@ fn self_drafting_on_a_device_shares_the_weights_and_gives_plain_tokens() {
         assert!(d > 0, "control: the draft ran");
     }
     // Control: the old way uploads (wraps, converts) the drafted weights again.
-    let copying = target.self_draft_copying(2, cfg.clone()).unwrap();
+    let mut copying = target.self_draft_copying(2, cfg.clone()).unwrap();
     assert!(
         copying.device_weights_bytes() > 0,
         "control: a draft on backends of its own holds its weights again"
+    );
+    // The sibling computes what a draft on backends of its own computes, bit for bit (the
+    // shared weights are the right ones), and not the target's (control: another graph).
+    let mut draft = target.self_draft(2, cfg.clone()).unwrap();
+    let prompt = synth::tokens(9, 5, target.hparams().vocab_size);
+    let bits = |e: &mut Engine| -> Vec<u32> {
+        e.kv_clear();
+        e.decode(&prompt, 0, 1)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    let shared = bits(&mut draft);
+    assert_eq!(shared, bits(&mut copying), "the sibling's logits");
+    assert_ne!(
+        shared,
+        bits(&mut target),
+        "control: the full model's differ"
     );
     // A device the target does not run on is refused by name (it would be a second upload).
     let cpu_target = load(&f);
