@@ -83,6 +83,8 @@ impl Engine {
         let ids = backends::resolve(&cfg.backends)?;
         let mut cfg = cfg;
         let mut made: Vec<Box<dyn minfer_graph::Backend>> = Vec::with_capacity(ids.len());
+        // The free memory of the device the draft shares, asked before the draft takes any.
+        let mut device_free = None;
         for &id in &ids {
             if !backends::is_device(id) {
                 made.extend(backends::instantiate(&[id], cfg.threads, &cfg.settings)?);
@@ -102,12 +104,33 @@ impl Engine {
             made.push(origin.sibling().map_err(|e| {
                 Error::SelfDraft(format!("--self-draft on {}: {e}", backends::name_of(id)))
             })?);
+            // Less this engine's KV while no forward has allocated it yet (regions are made
+            // by the first graph planned): the device's memory is promised to it.
+            let pending = match self.runner.kv_region(0) {
+                Some(_) => 0,
+                None => {
+                    let plan = self.runner.kv_plan();
+                    let n_blocks = self.hparams().block_count.max(1) as u64;
+                    let on_device = self
+                        .runner
+                        .offload()
+                        .map_or(n_blocks, |o| o.on_device as u64);
+                    plan.bytes / n_blocks * on_device
+                }
+            };
+            device_free = origin.free_memory().ok().map(|f| {
+                let f = (f as u64).saturating_sub(pending) as usize;
+                (origin.name().to_string(), f)
+            });
             // The sibling holds the concatenations this engine's fusions made: the draft's
             // graphs take the same rewrites.
             cfg.settings.fusion = self.runner.graph_cache().fusion();
         }
         let mut hp = self.hparams().clone();
         hp.block_count = layers;
+        if let Some((device, free)) = device_free {
+            cfg.n_ctx = self_draft_context(&hp, &cfg, self.runner.offload(), &device, free)?;
+        }
         // Each block where this engine runs it, the head where its head runs.
         let plan = self
             .runner
@@ -458,6 +481,61 @@ impl Engine {
             })
         })
     }
+}
+
+/// The context a self-draft on a device takes: `cfg`'s, or, when its KV would not fit the
+/// device's free memory (less the target's KV not yet allocated) less the reserve for
+/// activations ([`crate::kvsize::KV_RESERVE`]), the
+/// cells that do fit (a target whose context was sized from the free memory left little:
+/// `serve` on CUDA; the draft's `n_ctx` says it, and the CLI's startup line). A smaller
+/// draft context only drafts less (a proposal that would not fit is not made); under 64
+/// cells the self-draft is refused by name with the figures. A
+/// context sized from memory (`--kv-mem`) is left to the KV plan.
+fn self_draft_context(
+    hp: &HParams,
+    cfg: &EngineConfig,
+    offload: Option<&crate::offload::Offload>,
+    device: &str,
+    free: usize,
+) -> Result<usize> {
+    const MIN_CELLS: u64 = 64;
+    let n_ctx = if cfg.n_ctx == 0 {
+        hp.context_length
+    } else {
+        cfg.n_ctx
+    };
+    if !matches!(cfg.kv_size, crate::KvSize::Tokens) {
+        return Ok(n_ctx);
+    }
+    let ty = if cfg.cache_type_auto {
+        auto_cache_type(hp)
+    } else {
+        cfg.cache_type
+    };
+    let row = ty
+        .row_bytes((hp.head_count_kv * hp.head_dim) as u64)
+        .unwrap_or(0);
+    // Only the blocks on the device keep their KV there.
+    let on_device = offload.map_or(hp.block_count, |o| o.on_device.min(hp.block_count));
+    let per_cell = 2 * row * on_device as u64;
+    if per_cell == 0 {
+        return Ok(n_ctx);
+    }
+    let budget = (free as u64).saturating_sub(crate::kvsize::KV_RESERVE);
+    let fits = (budget / per_cell).saturating_sub(1);
+    if fits >= n_ctx as u64 {
+        return Ok(n_ctx);
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    if fits < MIN_CELLS {
+        return Err(Error::SelfDraft(format!(
+            "--self-draft on {device}: its KV for {on_device} blocks needs {:.1} MiB for {n_ctx} tokens, and {device} has {:.1} MiB free less the {:.1} MiB reserve for activations ({fits} tokens); give the model a smaller context (-c or --kv-mem)",
+            mib(per_cell * (n_ctx as u64 + 1)),
+            mib(free as u64),
+            mib(crate::kvsize::KV_RESERVE)
+        )));
+    }
+    Ok(fits as usize)
 }
 
 impl LogitsModel for Engine {

@@ -187,6 +187,11 @@ fn self_drafting_on_a_device_shares_the_weights_and_gives_plain_tokens() {
     for layers in [1, 2, 3] {
         let mut draft = target.self_draft(layers, cfg.clone()).unwrap();
         assert_eq!(draft.hparams().block_count, layers);
+        assert_eq!(
+            draft.n_ctx(),
+            256,
+            "the device's free memory holds the asked context"
+        );
         assert_eq!(draft.device_weights_bytes(), 0, "self-draft {layers}");
         assert_eq!(target.device_weights_bytes(), weights);
         let nodes = draft.nodes_per_backend(1).unwrap();
@@ -231,6 +236,58 @@ fn self_drafting_on_a_device_shares_the_weights_and_gives_plain_tokens() {
     let e = cpu_target.self_draft(1, cfg).err().expect("refused");
     assert!(
         e.to_string().contains("metal-emu") && e.to_string().contains("second time"),
+        "{e}"
+    );
+}
+
+/// A self-draft on a device whose free memory (less the KV reserve) does not hold its KV at
+/// the asked context takes the cells that fit, and still gives plain tokens (a longer
+/// sequence would decode without drafts); under 64 cells it is refused by name with the
+/// figures. The emulator's free memory is set (`MINFER_EMU_MEM`'s setting; it does not fall
+/// as buffers are made): the target's KV, not yet allocated when the draft is made (so
+/// promised to it), and 101 cells of the 2-block draft's f32 KV (512 bytes a cell) beside
+/// the reserve. Control: once a forward has allocated the target's KV, the same device
+/// holds the draft's whole context.
+#[test]
+fn a_self_draft_on_a_device_fits_its_context_into_the_free_memory() {
+    use minfer_engine::backends::EmuMemory;
+    use minfer_engine::kvsize::KV_RESERVE;
+    let f = target_file();
+    // The target's KV: 4 blocks of 2 KV heads of 16 f32s, K and V, N_CTX cells and scratch.
+    let target_kv = 2 * 2 * 16 * 4 * 4 * (N_CTX as u64 + 1);
+    let with_free = |cells: u64| {
+        let mut cfg = EngineConfig {
+            n_ctx: N_CTX,
+            threads: 1,
+            backends: vec!["metal-emu".into()],
+            ..EngineConfig::default()
+        };
+        cfg.settings.emu.memory = EmuMemory::Bytes(KV_RESERVE + target_kv + cells * 512);
+        cfg
+    };
+    let mut target = Engine::load(&f, with_free(101)).unwrap();
+    assert_eq!(target.n_ctx(), N_CTX);
+    assert_eq!(target.kv_plan().bytes, target_kv);
+    let draft = target.self_draft(2, with_free(101)).unwrap();
+    assert_eq!(
+        draft.n_ctx(),
+        100,
+        "the cells that fit, less the scratch cell"
+    );
+    let (d, a, v, n) = compare_n(&mut target, &handle(draft), 4);
+    eprintln!(
+        "a 100-token self-draft: {a} of {d} drafts accepted, {v} verifying forwards for {n} tokens"
+    );
+    assert!(d > 0, "control: the draft ran");
+    // Control: the target's KV is allocated now (it ran), so nothing more is promised.
+    let whole = target.self_draft(2, with_free(101)).unwrap();
+    assert_eq!(whole.n_ctx(), N_CTX);
+    // The device is the target's: its free memory decides (the draft's own setting does not).
+    let small = Engine::load(&f, with_free(30)).unwrap();
+    let e = small.self_draft(2, with_free(101)).err().expect("refused");
+    let e = e.to_string();
+    assert!(
+        e.contains("--self-draft on metal-emu") && e.contains("smaller context"),
         "{e}"
     );
 }

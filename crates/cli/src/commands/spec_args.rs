@@ -132,8 +132,19 @@ impl SpecArgs {
                 .map_or_else(String::new, |(b, _)| {
                     format!(", shared with the model on {b}")
                 });
+            // On a device whose free memory would not hold the draft's KV at the model's
+            // context, the draft takes the cells that fit (Engine::self_draft).
+            let ctx = if draft.n_ctx() < target.n_ctx() {
+                format!(
+                    "; its context {} of {} tokens (the device's free memory), longer sequences decode without drafts",
+                    draft.n_ctx(),
+                    target.n_ctx()
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
-                "self-draft: the first {layers} of {} blocks, final norm and output head (the same weights{on})",
+                "self-draft: the first {layers} of {} blocks, final norm and output head (the same weights{on}){ctx}",
                 target.hparams().block_count
             );
             return Ok(Some(DraftHandle::new(engine_draft(draft), cfg)));
