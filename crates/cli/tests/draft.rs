@@ -3,7 +3,9 @@
 //! vocabulary is refused naming the first difference (control: one of the same vocabulary
 //! loads); `serve` starts with `--draft`, `-md` and `--self-draft` and names the drafter
 //! (control: no drafter line without one) and refuses what `run` refuses; one drafter at a
-//! time; the self-draft's bounds are named.
+//! time; the self-draft's bounds are named. On a device backend (`--backend metal-emu`)
+//! `run --self-draft L` gives that backend's plain tokens and `serve --self-draft L` starts,
+//! the draft sharing the model's resident weights.
 
 use minfer_models::synth::{synthesize, SynthSpec};
 use minfer_models::Arch;
@@ -79,6 +81,49 @@ fn drafted_runs_give_the_plain_tokens() {
     let s = &v["speculative"];
     assert!(s["drafted"].as_u64().unwrap() > 0, "{s}");
     assert_eq!(s["drafted"], s["accepted"]);
+}
+
+/// `run --backend metal-emu --self-draft L`: the greedy ids of plain decoding on metal-emu,
+/// for L = 1 and 2 of 3 blocks. Controls: the drafts ran (a `speculative` object counting
+/// them), and the draft's weights were not placed again (the startup line says the draft
+/// shares them; the engine gates count the bytes).
+#[test]
+fn self_drafted_runs_on_a_device_give_the_plain_tokens() {
+    let t = target();
+    let emu = ["--backend", "metal-emu"];
+    let plain = json(&run(&t, &[&emu[..], &[PROMPT]].concat()));
+    assert!(plain["speculative"].is_null(), "control: {plain}");
+    for l in ["1", "2"] {
+        let out = run(
+            &t,
+            &[&emu[..], &["--self-draft", l, "--draft-p-min", "0", PROMPT]].concat(),
+        );
+        let v = json(&out);
+        assert_eq!(
+            v["generated_ids"], plain["generated_ids"],
+            "--self-draft {l}"
+        );
+        let s = &v["speculative"];
+        assert!(
+            s["drafted"].as_u64().unwrap_or(0) > 0,
+            "--self-draft {l}: {v}"
+        );
+        assert!(
+            stderr(&out).contains("shared with the model on metal-emu"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    // serve starts with it and names the drafter.
+    let (err, code) = serve_startup(
+        t.to_str().unwrap(),
+        &["--backend", "metal-emu", "--self-draft", "2"],
+    );
+    assert_eq!(code, None, "did not start: {err}");
+    assert!(
+        err.contains("drafter: self-draft, the first 2 blocks"),
+        "{err}"
+    );
 }
 
 #[test]

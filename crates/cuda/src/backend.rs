@@ -6,6 +6,7 @@
 //! `Err` naming the node, never a silent skip).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
@@ -14,7 +15,7 @@ use minfer_graph::{
     RowClasses, SplitKey, Support, WeightId, WeightRef, WeightSource, Windows,
 };
 
-use crate::device::{DResult, Gpu};
+use crate::device::{DResult, Gpu, SharedAllocs};
 use crate::refusal::op_refusal;
 use crate::replay::Replayer;
 pub(crate) use crate::scratch::{HalfInput, Q8Input, Scratch};
@@ -87,7 +88,14 @@ pub struct CudaBackend {
     pub(crate) gpu: Gpu,
     pub(crate) pool: Pool,
     pub(crate) weights: Vec<Option<Resident>>,
+    /// The device memory behind `weights`, shared with this backend's siblings (declared
+    /// after `gpu`, whose drop synchronises the stream before the last owner frees it).
+    weight_mem: Arc<SharedAllocs>,
+    /// Bytes of the weights this backend uploaded (0 for a sibling: they are its origin's).
     weights_bytes: usize,
+    /// A sibling ([`Memory::sibling`]): its weights are another backend's, so
+    /// `prepare_weights` uploads nothing and checks what it is handed is among them.
+    shared: bool,
     /// Host copies of small host-written buffers (inputs), for the bound checks.
     pub(crate) mirror: HashMap<u32, Vec<u8>>,
     /// Nodes executed (tests check the device path ran).
@@ -266,13 +274,16 @@ impl CudaBackend {
                 )
             }
         );
+        let weight_mem = Arc::new(SharedAllocs::new(&gpu.ctx));
         Ok(CudaBackend {
             id,
             name,
             gpu,
             pool: Pool::default(),
             weights: Vec::new(),
+            weight_mem,
             weights_bytes: 0,
+            shared: false,
             mirror: HashMap::new(),
             executed: 0,
             profile,
@@ -406,6 +417,85 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// A backend on this one's context that reads this one's uploaded weights and runs its
+    /// kernels ([`Memory::sibling`]): its own stream, pool, scratch, replayed graphs and
+    /// captures, the same knobs.
+    fn make_sibling(&self) -> DResult<CudaBackend> {
+        let gpu = self.gpu.sibling()?;
+        tracing::info!(
+            "{}: a sibling on the same context shares {:.1} MiB of weights and the kernels",
+            self.name,
+            self.weights_bytes as f64 / (1u64 << 20) as f64
+        );
+        Ok(CudaBackend {
+            id: self.id,
+            name: self.name.clone(),
+            gpu,
+            pool: Pool::default(),
+            weights: self.weights.clone(),
+            weight_mem: Arc::clone(&self.weight_mem),
+            weights_bytes: 0,
+            shared: true,
+            mirror: HashMap::new(),
+            executed: 0,
+            profile: self.profile.as_ref().map(|_| Profile::default()),
+            scratch: HashMap::new(),
+            q8_input: None,
+            mmvq: self.mmvq,
+            mmq: self.mmq,
+            mvn_max: self.mvn_max,
+            mvt_from: self.mvt_from,
+            mvt_tall: self.mvt_tall,
+            mvs: self.mvs,
+            attn_single: self.attn_single,
+            attn_warp_qt: self.attn_warp_qt,
+            attn_heads: self.attn_heads,
+            attn_stage: self.attn_stage,
+            qkv_rope: self.qkv_rope,
+            mv1_x: self.mv1_x,
+            mv1_warps: self.mv1_warps,
+            mv1_grid: self.mv1_grid,
+            mv1_pipe: self.mv1_pipe,
+            replayer: self.replayer.as_ref().map(|_| Replayer::default()),
+            rows: RowClasses::default(),
+            windows: None,
+            prompt: self.prompt,
+            half_weight: None,
+            half_input: None,
+            captures: CaptureLog::default(),
+            timer: NodeTimer::default(),
+        })
+    }
+
+    /// A sibling's `prepare_weights`: every weight of `ids` must be resident in the shared
+    /// store as the model holds it (a vector of its length, a matrix of its type and shape);
+    /// nothing is uploaded.
+    fn check_shared(&self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+        if !self.gpu.same_context(self.weight_mem.context()) {
+            return Err(self.err("the shared weights are on another context"));
+        }
+        for &id in ids {
+            let name = weights.name(id);
+            let w = weights
+                .weight(id)
+                .ok_or_else(|| self.err(format!("weight {name} is not in the model")))?;
+            let ok = match self.weights.get(id.index()).copied().flatten() {
+                Some(Resident::Vector { len, .. }) => w.ne1 == 1 && len == w.ne0,
+                Some(Resident::Matrix(m)) => m.ty == w.ty && m.ne0 == w.ne0 && m.ne1 == w.ne1,
+                None => false,
+            };
+            if !ok {
+                return Err(self.err(format!(
+                    "weight {name} is not among the weights this sibling shares (nothing is \
+                     uploaded a second time)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         if let Some(p) = &self.profile {
@@ -492,6 +582,25 @@ impl CudaBackend {
     /// Every weight of `ids` uploaded: vectors as f32, matrices as stored.
     fn upload_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
         self.weights = vec![None; weights.len()];
+        self.weights_bytes = 0;
+        // Owned apart from the `Gpu`, so a sibling keeps them alive (freed with the last).
+        let mut mem = SharedAllocs::new(&self.gpu.ctx);
+        let r = self.upload_into(&mut mem, weights, ids);
+        self.weight_mem = Arc::new(mem);
+        r
+    }
+
+    fn upload_into(
+        &mut self,
+        mem: &mut SharedAllocs,
+        weights: &dyn WeightSource,
+        ids: &[WeightId],
+    ) -> GraphResult<()> {
+        let mut alloc = |gpu: &Gpu, bytes: usize| -> DResult<u64> {
+            let (ptr, _) = gpu.alloc_raw(bytes)?;
+            mem.own(ptr);
+            Ok(ptr)
+        };
         for &id in ids {
             let name = weights.name(id).to_string();
             let w = weights
@@ -502,7 +611,7 @@ impl CudaBackend {
                 quants::dequantize_row(w.ty, w.bytes, &mut v)
                     .map_err(|e| self.err(format!("weight {name}: {e}")))?;
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let ptr = self.gpu.alloc(bytes.len()).map_err(|e| self.err(e))?;
+                let ptr = alloc(&self.gpu, bytes.len()).map_err(|e| self.err(e))?;
                 self.gpu.upload(ptr, &bytes).map_err(|e| self.err(e))?;
                 self.weights_bytes += bytes.len();
                 Resident::Vector { ptr, len: w.ne0 }
@@ -511,7 +620,7 @@ impl CudaBackend {
                     return Err(self.err(format!("weight {name}: {why}")));
                 }
                 let row_bytes = w.ty.row_bytes(w.ne0 as u64).unwrap_or(0) as usize;
-                let ptr = self.gpu.alloc(w.bytes.len()).map_err(|e| self.err(e))?;
+                let ptr = alloc(&self.gpu, w.bytes.len()).map_err(|e| self.err(e))?;
                 self.gpu.upload(ptr, w.bytes).map_err(|e| self.err(e))?;
                 self.weights_bytes += w.bytes.len();
                 Resident::Matrix(Matrix {
@@ -541,6 +650,9 @@ impl Memory for CudaBackend {
     }
 
     fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+        if self.shared {
+            return self.check_shared(weights, ids);
+        }
         let started = std::time::Instant::now();
         let before = self.weights_bytes;
         self.upload_weights(weights, ids)?;
@@ -561,6 +673,12 @@ impl Memory for CudaBackend {
 
     fn weights_bytes(&self) -> usize {
         self.weights_bytes
+    }
+
+    fn sibling(&self) -> GraphResult<Box<dyn minfer_graph::Backend>> {
+        self.make_sibling()
+            .map(|b| Box::new(b) as Box<dyn minfer_graph::Backend>)
+            .map_err(|e| self.err(e))
     }
 
     fn free_memory(&self) -> std::result::Result<usize, minfer_graph::Refusal> {

@@ -371,6 +371,14 @@ impl Gpu {
     /// A zeroed allocation of `bytes`; out of memory is an error naming the request and the
     /// free memory.
     pub fn alloc(&mut self, bytes: usize) -> DResult<u64> {
+        let (ptr, bytes) = self.alloc_raw(bytes)?;
+        self.allocs.push((ptr, bytes));
+        Ok(ptr)
+    }
+
+    /// A zeroed allocation the caller owns (not freed with this `Gpu`): the weights, which
+    /// a [`SharedAllocs`] frees when the last backend reading them is dropped.
+    pub(crate) fn alloc_raw(&self, bytes: usize) -> DResult<(u64, usize)> {
         self.bind()?;
         let bytes = bytes.max(16);
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
@@ -379,9 +387,56 @@ impl Gpu {
                 self.free_mem()
             )
         })?;
-        self.allocs.push((ptr, bytes));
-        self.memset0(ptr, bytes)?;
-        Ok(ptr)
+        if let Err(e) = self.memset0(ptr, bytes) {
+            unsafe {
+                let _ = result::free_sync(ptr);
+            }
+            return Err(e);
+        }
+        Ok((ptr, bytes))
+    }
+
+    /// Another `Gpu` on this one's context, for a sibling backend (issue 31's self-draft):
+    /// the kernels this one compiled (joined first if the compile is still running), the same
+    /// loaded modules (each function a handle on them: nothing compiled or loaded again),
+    /// and a stream, allocations, staging and cuBLASLt handle of its own.
+    pub fn sibling(&self) -> DResult<Gpu> {
+        self.kernels()?;
+        let funcs = match &*self.kernels.borrow() {
+            Kernels::Ready(funcs) => funcs.clone(),
+            _ => return Err("the kernels are not loaded".into()),
+        };
+        self.bind()?;
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(|e| drv("cuStreamCreate", e))?;
+        Ok(Gpu {
+            ctx: Arc::clone(&self.ctx),
+            stream,
+            kernels: RefCell::new(Kernels::Ready(funcs)),
+            compiled: RefCell::new(self.compiled.borrow().clone()),
+            record: RefCell::new(None),
+            name: self.name.clone(),
+            arch: self.arch.clone(),
+            total_mem: self.total_mem,
+            modules: self.modules,
+            cached_modules: self.cached_modules,
+            pdl: self.pdl,
+            sm_count: self.sm_count,
+            resident: RefCell::new(self.resident.borrow().clone()),
+            allocs: Vec::new(),
+            staging: RefCell::new(None),
+            lt: None,
+            gemm: self.gemm,
+            sync_timeout: self.sync_timeout,
+            issued: Cell::new(0),
+        })
+    }
+
+    /// Whether `other` runs on the same context (a sibling's check of what it is handed).
+    pub(crate) fn same_context(&self, other: &Arc<CudaContext>) -> bool {
+        Arc::ptr_eq(&self.ctx, other)
     }
 
     pub fn memset0(&self, ptr: u64, bytes: usize) -> DResult<()> {
@@ -835,6 +890,46 @@ impl PartialEq for Arg {
             (Arg::U64(a), Arg::U64(b)) => a == b,
             (Arg::F32(a), Arg::F32(b)) => a.to_bits() == b.to_bits(),
             _ => false,
+        }
+    }
+}
+
+/// Device allocations freed together when the last owner lets go: the weights one backend
+/// uploaded, read by it and by its siblings (`CudaBackend::sibling`) through one `Arc`.
+pub(crate) struct SharedAllocs {
+    ctx: Arc<CudaContext>,
+    ptrs: Vec<u64>,
+}
+
+impl SharedAllocs {
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> SharedAllocs {
+        SharedAllocs {
+            ctx: Arc::clone(ctx),
+            ptrs: Vec::new(),
+        }
+    }
+
+    /// Takes `ptr` (from [`Gpu::alloc_raw`]) to free with the rest.
+    pub(crate) fn own(&mut self, ptr: u64) {
+        self.ptrs.push(ptr);
+    }
+
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl Drop for SharedAllocs {
+    fn drop(&mut self) {
+        // Every owner's `Gpu` synchronised its stream when it was dropped, before its
+        // backend let go of this (field order), so no kernel reads these any more.
+        if self.ptrs.is_empty() || self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        for &p in &self.ptrs {
+            unsafe {
+                let _ = result::free_sync(p);
+            }
         }
     }
 }

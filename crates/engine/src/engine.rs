@@ -58,16 +58,20 @@ impl Engine {
         let hp = HParams::from_metadata(model.metadata())?;
         check_tensors(&model, &hp)?;
         let backends = backends::instantiate(&ids, cfg.threads, &cfg.settings)?;
-        Engine::on_model(&ids, backends, Arc::new(model), hp, cfg)
+        Engine::on_model(&ids, backends, Arc::new(model), hp, cfg, None)
     }
 
     /// A self-drafting engine (issue 31, `--self-draft LAYERS`): this engine's first `layers`
-    /// blocks, then its final norm and output head, over the same mapped weights (the
-    /// `Arc`'d model, so no second copy of a weight is read or held on the CPU), with its
-    /// own graphs and its own KV cells for those blocks (ADR 0013 says why not the target's).
-    /// `cfg` is the draft's (its context, threads, batch); its backends must be the CPU's
-    /// alone: a device backend would upload the blocks a second time. Refused by name:
-    /// `layers` of 0 or not below the model's block count.
+    /// blocks, then its final norm and output head, over the same weights, with its own
+    /// graphs and its own KV cells for those blocks (ADR 0013 says why not the target's).
+    /// `cfg` is the draft's (its context, threads, batch, backends). On the CPU the matrices
+    /// are the same mapping read in place (the `Arc`'d model); on a device backend the draft
+    /// runs on a sibling of this engine's backend ([`minfer_graph::Memory::sibling`]): the
+    /// same device context, compiled kernels and resident weights, nothing uploaded or
+    /// compiled again, with its own queue, buffers and KV regions; its blocks and head go
+    /// where this engine's are (the layer-offload plan's prefix). Refused by name: `layers`
+    /// of 0 or not below the model's block count, and a device this engine does not run on
+    /// (the draft's blocks would be uploaded there a second time).
     pub fn self_draft(&self, layers: usize, cfg: EngineConfig) -> Result<Engine> {
         let n = self.hparams().block_count;
         if layers == 0 || layers >= n {
@@ -77,16 +81,74 @@ impl Engine {
             )));
         }
         let ids = backends::resolve(&cfg.backends)?;
-        if let Some(&d) = ids.iter().find(|&&id| backends::is_device(id)) {
-            return Err(Error::SelfDraft(format!(
-                "--self-draft runs on the cpu backend only: on {} the draft's blocks would be uploaded a second time",
-                backends::name_of(d)
-            )));
+        let mut cfg = cfg;
+        let mut made: Vec<Box<dyn minfer_graph::Backend>> = Vec::with_capacity(ids.len());
+        // The free memory of the device the draft shares, asked before the draft takes any.
+        let mut device_free = None;
+        for &id in &ids {
+            if !backends::is_device(id) {
+                made.extend(backends::instantiate(&[id], cfg.threads, &cfg.settings)?);
+                continue;
+            }
+            let origin = self
+                .runner
+                .backends()
+                .iter()
+                .find(|b| b.id() == id)
+                .ok_or_else(|| {
+                    Error::SelfDraft(format!(
+                        "--self-draft on {}: the model does not run there, so the draft's blocks would be uploaded a second time (give the model's backend)",
+                        backends::name_of(id)
+                    ))
+                })?;
+            made.push(origin.sibling().map_err(|e| {
+                Error::SelfDraft(format!("--self-draft on {}: {e}", backends::name_of(id)))
+            })?);
+            // Less this engine's KV while no forward has allocated it yet (regions are made
+            // by the first graph planned): the device's memory is promised to it.
+            let pending = match self.runner.kv_region(0) {
+                Some(_) => 0,
+                None => {
+                    let plan = self.runner.kv_plan();
+                    let n_blocks = self.hparams().block_count.max(1) as u64;
+                    let on_device = self
+                        .runner
+                        .offload()
+                        .map_or(n_blocks, |o| o.on_device as u64);
+                    plan.bytes / n_blocks * on_device
+                }
+            };
+            device_free = origin.free_memory().ok().map(|f| {
+                let f = (f as u64).saturating_sub(pending) as usize;
+                (origin.name().to_string(), f)
+            });
+            // The sibling holds the concatenations this engine's fusions made: the draft's
+            // graphs take the same rewrites.
+            cfg.settings.fusion = self.runner.graph_cache().fusion();
         }
-        let backends = backends::instantiate(&ids, cfg.threads, &cfg.settings)?;
         let mut hp = self.hparams().clone();
         hp.block_count = layers;
-        Engine::on_model(&ids, backends, self.runner.model_arc(), hp, cfg)
+        if let Some((device, free)) = device_free {
+            cfg.n_ctx = self_draft_context(&hp, &cfg, self.runner.offload(), &device, free)?;
+        }
+        // Each block where this engine runs it, the head where its head runs.
+        let plan = self.runner.offload().map(|o| {
+            let whole = o.on_device == o.n_layers && o.head_on_device;
+            (o.on_device.min(layers), o.head_on_device, whole)
+        });
+        Engine::on_model(&ids, made, self.runner.model_arc(), hp, cfg, plan)
+    }
+
+    /// The control of the self-draft's sharing gates: the draft as it would be made without
+    /// siblings, on backends of its own that place (upload, wrap, convert) the draft's weights
+    /// again. Not for use: it holds a second copy of every drafted weight on a device.
+    #[doc(hidden)]
+    pub fn self_draft_copying(&self, layers: usize, cfg: EngineConfig) -> Result<Engine> {
+        let ids = backends::resolve(&cfg.backends)?;
+        let made = backends::instantiate(&ids, cfg.threads, &cfg.settings)?;
+        let mut hp = self.hparams().clone();
+        hp.block_count = layers.clamp(1, hp.block_count);
+        Engine::on_model(&ids, made, self.runner.model_arc(), hp, cfg, None)
     }
 
     fn on_model(
@@ -95,6 +157,7 @@ impl Engine {
         model: Arc<GgufModel>,
         hp: HParams,
         cfg: EngineConfig,
+        plan: Option<(usize, bool, bool)>,
     ) -> Result<Engine> {
         let mut cfg = cfg;
         if cfg.cache_type_auto && ids.iter().any(|&id| backends::is_device(id)) {
@@ -119,7 +182,7 @@ impl Engine {
         } else {
             cfg.n_ctx
         };
-        let runner = ModelRunner::new(backends, model, hp, n_ctx, &cfg)?;
+        let runner = ModelRunner::new(backends, model, hp, n_ctx, &cfg, plan)?;
         // The runner may have sized the context from memory (crate::kvsize).
         let n_ctx = runner.n_ctx();
         Ok(Engine {
@@ -180,6 +243,25 @@ impl Engine {
             .iter()
             .map(|b| self.runner.alloc().in_use(b.id()))
             .sum()
+    }
+    /// Bytes of weights this engine's device backends placed on their devices (uploaded,
+    /// wrapped or converted; [`minfer_graph::Memory::weights_bytes`]): 0 for a self-draft on
+    /// a device, whose backends read its target's.
+    pub fn device_weights_bytes(&self) -> usize {
+        self.runner
+            .backends()
+            .iter()
+            .filter(|b| backends::is_device(b.id()))
+            .map(|b| b.weights_bytes())
+            .sum()
+    }
+    /// The device backend's free memory as it reports it (None: no device backend).
+    pub fn device_free_memory(&self) -> Option<std::result::Result<usize, String>> {
+        self.runner
+            .backends()
+            .iter()
+            .find(|b| backends::is_device(b.id()))
+            .map(|b| b.free_memory().map_err(|e| e.0))
     }
     /// Bytes allocated on the CPU backend (KV regions and activation buffers).
     pub fn cpu_bytes_in_use(&self) -> usize {
@@ -399,6 +481,61 @@ impl Engine {
             })
         })
     }
+}
+
+/// The context a self-draft on a device takes: `cfg`'s, or, when its KV would not fit the
+/// device's free memory (less the target's KV not yet allocated) less the reserve for
+/// activations ([`crate::kvsize::KV_RESERVE`]), the
+/// cells that do fit (a target whose context was sized from the free memory left little:
+/// `serve` on CUDA; the draft's `n_ctx` says it, and the CLI's startup line). A smaller
+/// draft context only drafts less (a proposal that would not fit is not made); under 64
+/// cells the self-draft is refused by name with the figures. A
+/// context sized from memory (`--kv-mem`) is left to the KV plan.
+fn self_draft_context(
+    hp: &HParams,
+    cfg: &EngineConfig,
+    offload: Option<&crate::offload::Offload>,
+    device: &str,
+    free: usize,
+) -> Result<usize> {
+    const MIN_CELLS: u64 = 64;
+    let n_ctx = if cfg.n_ctx == 0 {
+        hp.context_length
+    } else {
+        cfg.n_ctx
+    };
+    if !matches!(cfg.kv_size, crate::KvSize::Tokens) {
+        return Ok(n_ctx);
+    }
+    let ty = if cfg.cache_type_auto {
+        auto_cache_type(hp)
+    } else {
+        cfg.cache_type
+    };
+    let row = ty
+        .row_bytes((hp.head_count_kv * hp.head_dim) as u64)
+        .unwrap_or(0);
+    // Only the blocks on the device keep their KV there.
+    let on_device = offload.map_or(hp.block_count, |o| o.on_device.min(hp.block_count));
+    let per_cell = 2 * row * on_device as u64;
+    if per_cell == 0 {
+        return Ok(n_ctx);
+    }
+    let budget = (free as u64).saturating_sub(crate::kvsize::KV_RESERVE);
+    let fits = (budget / per_cell).saturating_sub(1);
+    if fits >= n_ctx as u64 {
+        return Ok(n_ctx);
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    if fits < MIN_CELLS {
+        return Err(Error::SelfDraft(format!(
+            "--self-draft on {device}: its KV for {on_device} blocks needs {:.1} MiB for {n_ctx} tokens, and {device} has {:.1} MiB free less the {:.1} MiB reserve for activations ({fits} tokens); give the model a smaller context (-c or --kv-mem)",
+            mib(per_cell * (n_ctx as u64 + 1)),
+            mib(free as u64),
+            mib(crate::kvsize::KV_RESERVE)
+        )));
+    }
+    Ok(fits as usize)
 }
 
 impl LogitsModel for Engine {

@@ -275,7 +275,10 @@ pub(crate) struct Planned {
     pub budget: Option<(BackendId, usize)>,
 }
 
-/// Plans and places the model's weights (see the module docs).
+/// Plans and places the model's weights (see the module docs). `given`: the device's blocks
+/// (a prefix), whether the head goes there too and whether the embedding does (the whole
+/// model), decided elsewhere (a self-draft takes its target's, ADR 0013), in place of
+/// `cfg.gpu_layers`.
 pub(crate) fn place(
     backends: &mut [Box<dyn Backend>],
     weights: &ModelWeights<'_>,
@@ -283,6 +286,7 @@ pub(crate) fn place(
     hp: &HParams,
     n_ctx: usize,
     cfg: &EngineConfig,
+    given: Option<(usize, bool, bool)>,
 ) -> Result<Planned> {
     let used = used_by_layer(probe);
     let mut ids: Vec<WeightId> = used.iter().map(|&(id, _)| id).collect();
@@ -321,12 +325,16 @@ pub(crate) fn place(
     let n = hp.block_count;
     // k: blocks on the device; head: the output position there; whole: the embedding too
     // (every weight: placed as before offload existed).
-    let (k, head, whole_model, budget, reason) = match cfg.gpu_layers {
-        GpuLayers::Count(c) => {
+    let (k, head, whole_model, budget, reason) = match (given, cfg.gpu_layers) {
+        (Some((k, head, whole)), _) => {
+            let k = k.min(n);
+            (k, head, whole && k == n, None, None)
+        }
+        (None, GpuLayers::Count(c)) => {
             let k = c.min(n);
             (k, k == n || cfg.offload_head, k == n, None, None)
         }
-        GpuLayers::Auto => {
+        (None, GpuLayers::Auto) => {
             let (budget, source) = match cfg.gpu_mem {
                 Some(b) => (b as u64, "--gpu-mem".to_string()),
                 None => match dev.free_memory() {

@@ -98,13 +98,16 @@ fn graph_for<'c>(
 impl ModelRunner {
     /// Places the model's weights on the backends (the weights a forward reads: those of the
     /// smallest graph, which every graph reads too) and builds the concatenations the decode
-    /// graph's fused nodes name, once.
+    /// graph's fused nodes name, once. `plan`: the blocks on the device, whether the head is
+    /// and whether the embedding is, taken as given instead of from `cfg` (a self-draft's, as
+    /// its target placed them).
     pub(crate) fn new(
         mut backends: Vec<Box<dyn Backend>>,
         model: Arc<GgufModel>,
         hp: HParams,
         n_ctx: usize,
         cfg: &EngineConfig,
+        plan: Option<(usize, bool, bool)>,
     ) -> Result<ModelRunner> {
         let output_weight = output_weight_name(&model);
         let names = intern(&model);
@@ -116,7 +119,8 @@ impl ModelRunner {
             // The weights a forward reads: those of the smallest graph (every graph reads
             // the same ones), each with its block, which the offload plan places.
             let mut probe = build_graph(&hp, &weights, output_weight, &probe_params(n_ctx, cfg))?;
-            let planned = crate::offload::place(&mut backends, &weights, &probe, &hp, n_ctx, cfg)?;
+            let planned =
+                crate::offload::place(&mut backends, &weights, &probe, &hp, n_ctx, cfg, plan)?;
             // The probe is a decode graph: its fused nodes name the weight concatenations a
             // device builds now, once.
             minfer_graph::assign_backends(&mut probe, &backends, &weights, &planned.placement)?;

@@ -1,7 +1,9 @@
 //! Model drafters on synthesized models (issue 31), on the CPU, wherever the tests run: greedy
 //! output token for token plain decoding's on 20 prompts for a model drafting for itself
 //! (every draft accepted), for a synthetic draft of the same vocabulary (almost every draft
-//! rejected) and for self-drafting (the target's first blocks); the vocabulary check refuses
+//! rejected) and for self-drafting (the target's first blocks, on the CPU and on metal-emu,
+//! where the draft runs on a sibling of the target's device backend and places no weight on
+//! the device a second time); the vocabulary check refuses
 //! a mismatch by its first difference; a chat with a draft keeps the plain chat's KV across
 //! turns. Controls: drafts really ran (and were accepted or rejected as claimed), and the
 //! refusals' controls pass. The real models' gates are in `draft_real.rs`.
@@ -69,10 +71,15 @@ fn request(prompt: Vec<u32>, eog: Vec<u32>, draft: Option<DraftHandle>) -> Gener
 /// Greedy replies to 20 prompts with and without the draft: asserts each is the same, and
 /// returns (drafted, accepted, verifying forwards, tokens) over all of them.
 fn compare(target: &mut Engine, draft: &DraftHandle) -> (usize, usize, usize, usize) {
+    compare_n(target, draft, 20)
+}
+
+/// [`compare`] over the first `n` of its prompts.
+fn compare_n(target: &mut Engine, draft: &DraftHandle, n: u32) -> (usize, usize, usize, usize) {
     let tok = Tokenizer::from_metadata(target.model().metadata()).unwrap();
     let vocab = target.hparams().vocab_size;
     let (mut drafted, mut accepted, mut forwards, mut tokens) = (0, 0, 0, 0);
-    for i in 0..20u32 {
+    for i in 0..n {
         // Prompts of 5 to 43 tokens that repeat a piece (a reply may copy it).
         let piece = synth::tokens(3 + (i as usize % 7), 100 + i, vocab);
         let mut prompt = synth::tokens(2 + i as usize, i + 1, vocab);
@@ -154,6 +161,135 @@ fn self_drafting_gives_plain_tokens_and_refuses_its_bounds() {
         );
         assert!(d > 0, "control: the draft ran");
     }
+}
+
+/// Self-drafting on a device backend (metal-emu: the Metal executor on the emulator): the
+/// draft runs on a sibling of the target's backend (`Memory::sibling`), so making it places
+/// no weight on the device (its device weight bytes are 0, the target's unchanged) while its
+/// nodes run there, and greedy replies are plain decoding's for LAYERS 1 to 3. Controls:
+/// drafts ran; a draft made the old way (backends of its own, `self_draft_copying`) places
+/// the drafted weights on the device again.
+#[test]
+fn self_drafting_on_a_device_shares_the_weights_and_gives_plain_tokens() {
+    let f = target_file();
+    let cfg = EngineConfig {
+        n_ctx: 256,
+        threads: 1,
+        backends: vec!["metal-emu".into()],
+        ..EngineConfig::default()
+    };
+    let mut target = Engine::load(&f, cfg.clone()).unwrap();
+    let weights = target.device_weights_bytes();
+    assert!(
+        weights > 0,
+        "control: the target's weights are on the device"
+    );
+    for layers in [1, 2, 3] {
+        let mut draft = target.self_draft(layers, cfg.clone()).unwrap();
+        assert_eq!(draft.hparams().block_count, layers);
+        assert_eq!(
+            draft.n_ctx(),
+            256,
+            "the device's free memory holds the asked context"
+        );
+        assert_eq!(draft.device_weights_bytes(), 0, "self-draft {layers}");
+        assert_eq!(target.device_weights_bytes(), weights);
+        let nodes = draft.nodes_per_backend(1).unwrap();
+        let on_device = nodes
+            .iter()
+            .find(|(b, _)| b == "metal-emu")
+            .map_or(0, |n| n.1);
+        assert!(on_device > 0, "the draft runs on the device: {nodes:?}");
+        let (d, a, v, n) = compare_n(&mut target, &handle(draft), 6);
+        eprintln!(
+            "metal-emu self-draft {layers} of 4 blocks: {a} of {d} drafts accepted, {v} verifying forwards for {n} tokens"
+        );
+        assert!(d > 0, "control: the draft ran");
+    }
+    // Control: the old way uploads (wraps, converts) the drafted weights again.
+    let mut copying = target.self_draft_copying(2, cfg.clone()).unwrap();
+    assert!(
+        copying.device_weights_bytes() > 0,
+        "control: a draft on backends of its own holds its weights again"
+    );
+    // The sibling computes what a draft on backends of its own computes, bit for bit (the
+    // shared weights are the right ones), and not the target's (control: another graph).
+    let mut draft = target.self_draft(2, cfg.clone()).unwrap();
+    let prompt = synth::tokens(9, 5, target.hparams().vocab_size);
+    let bits = |e: &mut Engine| -> Vec<u32> {
+        e.kv_clear();
+        e.decode(&prompt, 0, 1)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    let shared = bits(&mut draft);
+    assert_eq!(shared, bits(&mut copying), "the sibling's logits");
+    assert_ne!(
+        shared,
+        bits(&mut target),
+        "control: the full model's differ"
+    );
+    // A device the target does not run on is refused by name (it would be a second upload).
+    let cpu_target = load(&f);
+    let e = cpu_target.self_draft(1, cfg).err().expect("refused");
+    assert!(
+        e.to_string().contains("metal-emu") && e.to_string().contains("second time"),
+        "{e}"
+    );
+}
+
+/// A self-draft on a device whose free memory (less the KV reserve) does not hold its KV at
+/// the asked context takes the cells that fit, and still gives plain tokens (a longer
+/// sequence would decode without drafts); under 64 cells it is refused by name with the
+/// figures. The emulator's free memory is set (`MINFER_EMU_MEM`'s setting; it does not fall
+/// as buffers are made): the target's KV, not yet allocated when the draft is made (so
+/// promised to it), and 101 cells of the 2-block draft's f32 KV (512 bytes a cell) beside
+/// the reserve. Control: once a forward has allocated the target's KV, the same device
+/// holds the draft's whole context.
+#[test]
+fn a_self_draft_on_a_device_fits_its_context_into_the_free_memory() {
+    use minfer_engine::backends::EmuMemory;
+    use minfer_engine::kvsize::KV_RESERVE;
+    let f = target_file();
+    // The target's KV: 4 blocks of 2 KV heads of 16 f32s, K and V, N_CTX cells and scratch.
+    let target_kv = 2 * 2 * 16 * 4 * 4 * (N_CTX as u64 + 1);
+    let with_free = |cells: u64| {
+        let mut cfg = EngineConfig {
+            n_ctx: N_CTX,
+            threads: 1,
+            backends: vec!["metal-emu".into()],
+            ..EngineConfig::default()
+        };
+        cfg.settings.emu.memory = EmuMemory::Bytes(KV_RESERVE + target_kv + cells * 512);
+        cfg
+    };
+    let mut target = Engine::load(&f, with_free(101)).unwrap();
+    assert_eq!(target.n_ctx(), N_CTX);
+    assert_eq!(target.kv_plan().bytes, target_kv);
+    let draft = target.self_draft(2, with_free(101)).unwrap();
+    assert_eq!(
+        draft.n_ctx(),
+        100,
+        "the cells that fit, less the scratch cell"
+    );
+    let (d, a, v, n) = compare_n(&mut target, &handle(draft), 4);
+    eprintln!(
+        "a 100-token self-draft: {a} of {d} drafts accepted, {v} verifying forwards for {n} tokens"
+    );
+    assert!(d > 0, "control: the draft ran");
+    // Control: the target's KV is allocated now (it ran), so nothing more is promised.
+    let whole = target.self_draft(2, with_free(101)).unwrap();
+    assert_eq!(whole.n_ctx(), N_CTX);
+    // The device is the target's: its free memory decides (the draft's own setting does not).
+    let small = Engine::load(&f, with_free(30)).unwrap();
+    let e = small.self_draft(2, with_free(101)).err().expect("refused");
+    let e = e.to_string();
+    assert!(
+        e.contains("--self-draft on metal-emu") && e.contains("smaller context"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -288,6 +288,22 @@ pub trait Memory: Identity {
             self.name()
         )))
     }
+    /// A second backend on this one's device that reads this one's prepared weights (and
+    /// concatenations) where they are, never a copy, and runs the kernels this one compiled,
+    /// with its own queue, buffer pool and plan state (its buffers, KV regions and recorded
+    /// splits are its own): what a second engine over the same model runs on (a self-draft,
+    /// issue 31, ADR 0013). Made after [`Memory::prepare_weights`] and
+    /// [`Memory::prepare_concat`]: the sibling's own `prepare_weights` and `prepare_concat`
+    /// make nothing, they check that what they are handed is among the shared weights (a
+    /// refusal naming the first that is not), and its [`Memory::weights_bytes`] is 0 (the
+    /// memory is charged to this backend). The two run one after the other, each forward
+    /// synchronised, as one engine's forwards are. Default: refused, naming the backend.
+    fn sibling(&self) -> Result<Box<dyn Backend>> {
+        Err(Error::Backend {
+            backend: self.name().into(),
+            problem: "this backend cannot share its weights with a second engine".into(),
+        })
+    }
     /// A zeroed buffer of `bytes` bytes.
     fn alloc(&mut self, bytes: usize) -> Result<BufId>;
     fn free(&mut self, buf: BufId);

@@ -42,6 +42,11 @@ impl GraphCache {
     }
 
     /// Which decode rewrites graphs built from now on get (default: [`FusionConfig::from_env`]).
+    /// The rewrites this cache's graphs get.
+    pub fn fusion(&self) -> FusionConfig {
+        self.fusion
+    }
+
     pub fn set_fusion(&mut self, fusion: FusionConfig) {
         self.fusion = fusion;
     }

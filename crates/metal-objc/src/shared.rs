@@ -43,6 +43,12 @@ impl Device for SharedDevice {
     fn free_memory(&self) -> std::result::Result<usize, String> {
         self.0.free_memory()
     }
+    /// The process's one device again: its memory, pipelines and queue are the same, and a
+    /// backend submits its pending work at the end of each split, so two backends on it (a
+    /// self-draft's sibling, as two engines' backends already are) never interleave encoding.
+    fn sibling(&self) -> Option<SharedDevice> {
+        Some(SharedDevice(self.0))
+    }
     fn new_buffer(&self, len: usize) -> Result<SharedBuffer> {
         self.0.new_buffer(len).map(SharedBuffer)
     }

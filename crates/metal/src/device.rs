@@ -57,6 +57,16 @@ pub trait Device {
     fn free_memory(&self) -> std::result::Result<usize, String> {
         Err(format!("{} does not report its free memory", self.name()))
     }
+    /// Another handle on this device for a second backend (a self-draft's, issue 31): the
+    /// same memory (every buffer of either is valid on both) and the same compiled
+    /// pipelines, with command state of its own. None: this device cannot make one (the
+    /// backend then refuses a sibling by name). Default: None.
+    fn sibling(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
     /// A new zero-initialised shared buffer of `len` bytes.
     fn new_buffer(&self, len: usize) -> Result<Self::Buffer>;
     /// Wraps host memory without copying (a page-aligned mmap'd GGUF part).

@@ -22,6 +22,7 @@ mod ffi;
 use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -140,6 +141,9 @@ pub struct EmuDevice {
     labels: Mutex<VecDeque<String>>,
     /// Spans of the completed submits not yet taken: (tag, the emulator's nanoseconds).
     spans: Mutex<Vec<(u32, u64)>>,
+    /// Bytes of every buffer made or wrapped so far by this device and its siblings
+    /// ([`EmuDevice::bytes_made`]).
+    made: Arc<AtomicUsize>,
 }
 
 /// What the emulator's span times are (a trace's `timing`, docs/TRACE.md).
@@ -186,7 +190,15 @@ impl EmuDevice {
             queue: Mutex::new(Vec::new()),
             labels: Mutex::new(VecDeque::new()),
             spans: Mutex::new(Vec::new()),
+            made: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Bytes of every buffer this device and its siblings ([`Device::sibling`]) have made
+    /// ([`Device::new_buffer`]) or wrapped ([`Device::wrap_host`]) so far, never lowered:
+    /// the gates that a sibling backend holds no weight a second time read it.
+    pub fn bytes_made(&self) -> usize {
+        self.made.load(Ordering::Relaxed)
     }
 
     /// The same device with other limits (tests of the launch-time limit checks).
@@ -352,6 +364,22 @@ impl Device for EmuDevice {
         &self.limits
     }
 
+    /// Buffers are host memory and the kernels the process's one compiled library, so a
+    /// second handle is the same settings over a queue of its own.
+    fn sibling(&self) -> Option<EmuDevice> {
+        Some(EmuDevice {
+            schedule: self.schedule,
+            workers: self.workers,
+            submit_timeout: self.submit_timeout,
+            limits: self.limits.clone(),
+            memory: self.memory,
+            queue: Mutex::new(Vec::new()),
+            labels: Mutex::new(VecDeque::new()),
+            spans: Mutex::new(Vec::new()),
+            made: Arc::clone(&self.made),
+        })
+    }
+
     fn free_memory(&self) -> std::result::Result<usize, String> {
         match self.memory {
             EmuMemory::Bytes(n) => Ok(n as usize),
@@ -373,6 +401,7 @@ impl Device for EmuDevice {
         if ptr.is_null() {
             return Err(Error::Unavailable(format!("out of memory for {len} bytes")));
         }
+        self.made.fetch_add(len, Ordering::Relaxed);
         Ok(EmuBuffer(Arc::new(Mem {
             ptr,
             len,
@@ -382,6 +411,7 @@ impl Device for EmuDevice {
 
     unsafe fn wrap_host(&self, ptr: *mut u8, len: usize) -> Result<EmuBuffer> {
         check_page_aligned(ptr, self.limits.page_size)?;
+        self.made.fetch_add(len, Ordering::Relaxed);
         Ok(EmuBuffer(Arc::new(Mem {
             ptr,
             len,

@@ -1,8 +1,9 @@
 //! The Metal graph executor (`minfer_metal::MetalBackend`) on the emulator, at graph level
 //! (seed §7.1): elementwise ops bit for bit against the CPU backend, norms and matmuls
 //! within their named classes, CPU/Metal alternating splits equal to the all-CPU run, the
-//! stale-read rule, zero-copy weights and the memory budget charging them. Each gate checks
-//! that the device path really ran. The guards (refusals) are in executor_guards.rs.
+//! stale-read rule, zero-copy weights and the memory budget charging them, a sibling backend
+//! reading its origin's weights where they are. Each gate checks that the device path really
+//! ran. The guards (refusals) are in executor_guards.rs.
 
 mod executor_support;
 
@@ -241,4 +242,75 @@ fn the_executor_is_batch_invariant_unless_the_tier_control_is_planted() {
         ..MetalSettings::default()
     };
     assert!(!make(&control).batch_invariant());
+}
+
+/// A sibling (`Memory::sibling`, the self-draft's backend, issue 31) reads its origin's
+/// resident weights: making and preparing it makes no buffer on the device (the emulator
+/// counts the bytes of every buffer it makes or wraps, siblings together), it charges no
+/// weight bytes, and its forward is its origin's bit for bit. Controls: a second backend on
+/// the same device preparing the same weights (the old self-draft) makes them again; a
+/// sibling handed a weight it does not share refuses it by name.
+#[test]
+fn a_sibling_reads_its_origins_weights_where_they_are() {
+    let w = proj_weights(GgmlType::Q8_0, 96);
+    let mut origin = metal();
+    origin.prepare_weights(&w, &w.ids()).unwrap();
+    // A handle that reads the device's count (siblings share it).
+    let probe = minfer_metal::Device::sibling(origin.device()).unwrap();
+    let made = probe.bytes_made();
+    assert!(
+        made > 0,
+        "control: the origin's weights were made or wrapped"
+    );
+    let mut sib = origin.sibling().unwrap();
+    sib.prepare_weights(&w, &w.ids()).unwrap();
+    assert_eq!(probe.bytes_made(), made, "the sibling made no buffer");
+    assert_eq!(sib.weights_bytes(), 0);
+    assert!(origin.weights_bytes() > 0);
+    let metal_only = |_: usize| METAL;
+    let mut a: Vec<Box<dyn Backend>> = vec![Box::new(origin)];
+    let mut b: Vec<Box<dyn Backend>> = vec![sib];
+    let (x, g) = run(
+        norm_matmul_graph(&w, 5, 96),
+        &mut a,
+        &w,
+        Some(&metal_only),
+        &IDS,
+    );
+    let (y, _) = run(
+        norm_matmul_graph(&w, 5, 96),
+        &mut b,
+        &w,
+        Some(&metal_only),
+        &IDS,
+    );
+    assert!(on(&g, METAL) > 0);
+    assert_eq!(
+        x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    // Control: a backend of its own on the device prepares the weights again.
+    let before = probe.bytes_made();
+    let mut own = minfer_metal::MetalBackend::new(
+        minfer_metal::Device::sibling(&probe).unwrap(),
+        METAL,
+        "metal-emu",
+    );
+    own.prepare_weights(&w, &w.ids()).unwrap();
+    assert!(
+        probe.bytes_made() >= before + D * 4,
+        "control: a backend of its own made its weights ({} -> {})",
+        before,
+        probe.bytes_made()
+    );
+    // A weight the sibling does not share is refused, naming it.
+    let other = proj_weights(GgmlType::Q8_0, 64);
+    let e = b[0]
+        .prepare_weights(&other, &other.ids())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("proj") && e.contains("not among the weights"),
+        "{e}"
+    );
 }

@@ -7,7 +7,9 @@
 //! the model at the request's own length, a `draft` that is not a boolean is a 400 naming
 //! `speculative.draft` (as is `true` on a server without a model); a request's draft sequence is freed when it finishes and when its
 //! client hangs up; a constrained (`json_object`) drafted reply is the plain server's; a
-//! sampled drafted reply repeats for its seed (control: another seed differs).
+//! sampled drafted reply repeats for its seed (control: another seed differs); on a device
+//! backend (metal-emu) a server self-drafting with 1 and 3 of 4 blocks (the draft on a sibling
+//! of the model's backend, no weight placed twice) gives the plain server's replies there.
 //!
 //! Controls: the drafters really ran (drafts counted in the replies' usage, the draft
 //! engine's forwards moved, the model drafting for itself had drafts accepted), the plain
@@ -67,6 +69,12 @@ fn engine_cfg() -> EngineConfig {
 }
 
 fn start(path: &Path, drafter: Drafter) -> Server {
+    start_with(path, drafter, engine_cfg())
+}
+
+/// [`start`] with the engines' configuration (the backends: `--backend`).
+fn start_with(path: &Path, drafter: Drafter, engine_cfg: EngineConfig) -> Server {
+    let engine_cfg = || engine_cfg.clone();
     let engine = Engine::load(path, engine_cfg()).unwrap();
     // p-min 0: the draft proposes its full length every forward (a random model is unsure).
     let cfg = DraftConfig {
@@ -200,6 +208,54 @@ async fn drafted_replies_are_the_plain_servers_byte_for_byte() {
             "{drafter:?}: {} draft sequences left after every request finished",
             stats.draft_sequences.load(Ordering::SeqCst)
         );
+    }
+}
+
+/// `serve --backend metal-emu --self-draft L`: the draft engine runs on a sibling of the
+/// model's device backend (`Memory::sibling`: the same resident weights, nothing placed on
+/// the device again) and the replies of six concurrent requests are the plain metal-emu
+/// server's byte for byte, for L = 1 and 3. Controls: the plain server drafts nothing, the
+/// self-drafting ones counted drafts and ran draft forwards, and the draft engine placed no
+/// weight bytes on the device while the model's are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_drafting_server_on_a_device_gives_the_plain_replies() {
+    let m = model();
+    let cfg = EngineConfig {
+        backends: vec!["metal-emu".into()],
+        ..engine_cfg()
+    };
+    let target = Engine::load(&m, cfg.clone()).unwrap();
+    assert!(
+        target.device_weights_bytes() > 0,
+        "control: weights on the device"
+    );
+    let draft = target.self_draft(3, cfg.clone()).unwrap();
+    assert_eq!(
+        draft.device_weights_bytes(),
+        0,
+        "the draft placed no weight"
+    );
+    drop((target, draft));
+    let plain_server = Arc::new(start_with(&m, Drafter::None, cfg.clone()));
+    let plain = concurrent(&plain_server, None).await;
+    assert!(
+        plain.iter().all(|v| drafts(v).is_none()),
+        "control: no drafts"
+    );
+    let plain: Vec<String> = plain.iter().map(text).collect();
+    for l in [1, 3] {
+        let s = Arc::new(start_with(&m, Drafter::SelfDraft(l), cfg.clone()));
+        let replies = concurrent(&s, None).await;
+        let mut drafted = 0;
+        for (i, v) in replies.iter().enumerate() {
+            assert_eq!(text(v), plain[i], "self-draft {l}, prompt {:?}", PROMPTS[i]);
+            let (a, r) = drafts(v).unwrap_or_else(|| panic!("self-draft {l}: no counts: {v}"));
+            drafted += a + r;
+        }
+        let forwards = s.state.stats.draft_forwards.load(Ordering::SeqCst);
+        eprintln!("metal-emu self-draft {l}: {drafted} drafts, {forwards} draft forwards");
+        assert!(drafted > 0 && forwards > 0, "self-draft {l}: the draft ran");
+        assert!(draft_sequences_reach(&s, 0).await, "self-draft {l}");
     }
 }
 

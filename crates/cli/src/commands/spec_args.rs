@@ -33,8 +33,9 @@ pub struct SpecArgs {
     #[arg(long = "draft", value_name = "MODEL")]
     pub draft: Option<String>,
     /// Self-drafting: the model's own first LAYERS blocks, final norm and output head are
-    /// the draft (no second file, the same mapped weights, own KV); 1 to the block count
-    /// minus 1; CPU backend only. In `serve` as --draft.
+    /// the draft (no second file, the same weights, own KV); 1 to the block count minus 1.
+    /// On a device backend the draft reads the model's weights on the device and runs its
+    /// compiled kernels (nothing uploaded twice). In `serve` as --draft.
     #[arg(long = "self-draft", value_name = "LAYERS")]
     pub self_draft: Option<usize>,
     /// Most tokens drafted for one forward (with --lookup, --draft or --self-draft).
@@ -121,11 +122,29 @@ impl SpecArgs {
         };
         let vocab = target.hparams().vocab_size;
         if let Some(layers) = self.self_draft {
-            let draft = target
+            let mut draft = target
                 .self_draft(layers, engine_cfg)
                 .context("cannot start the self-draft")?;
+            let on = draft
+                .nodes_per_backend(1)
+                .ok()
+                .and_then(|n| n.into_iter().find(|(b, k)| b != "cpu" && *k > 0))
+                .map_or_else(String::new, |(b, _)| {
+                    format!(", shared with the model on {b}")
+                });
+            // On a device whose free memory would not hold the draft's KV at the model's
+            // context, the draft takes the cells that fit (Engine::self_draft).
+            let ctx = if draft.n_ctx() < target.n_ctx() {
+                format!(
+                    "; its context {} of {} tokens (the device's free memory), longer sequences decode without drafts",
+                    draft.n_ctx(),
+                    target.n_ctx()
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
-                "self-draft: the first {layers} of {} blocks, final norm and output head (the same weights)",
+                "self-draft: the first {layers} of {} blocks, final norm and output head (the same weights{on}){ctx}",
                 target.hparams().block_count
             );
             return Ok(Some(DraftHandle::new(engine_draft(draft), cfg)));

@@ -64,6 +64,9 @@ pub struct MetalBackend<D: Device> {
     rows: RowClasses,
     /// `MINFER_METAL_TIER_CONTROL=by-rows`: the gates' control, tiers by the row count.
     tier_by_rows: bool,
+    /// A sibling ([`Memory::sibling`]): `weights` are handles on another backend's resident
+    /// weights, so `prepare_weights` and `prepare_concat` make nothing and check instead.
+    shared: bool,
 }
 
 impl<D: Device> MetalBackend<D> {
@@ -96,6 +99,7 @@ impl<D: Device> MetalBackend<D> {
             dev,
             rows: RowClasses::default(),
             tier_by_rows: s.tier_by_rows,
+            shared: false,
         }
     }
 
@@ -130,6 +134,28 @@ impl<D: Device> MetalBackend<D> {
     /// Weight concatenations made resident so far: (addressed in place, copied).
     pub fn concats(&self) -> (usize, usize) {
         (self.weights.concat_views, self.weights.concat_copies)
+    }
+
+    /// Whether this backend is a sibling reading another's resident weights.
+    pub fn is_sibling(&self) -> bool {
+        self.shared
+    }
+
+    /// The resident weights' device buffers (the part wraps, per-weight copies, vectors and
+    /// concatenations), by host address: a sibling's are its origin's, the same buffers.
+    pub fn weight_buffer_addresses(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .weights
+            .buffers
+            .iter()
+            .map(|b| self.dev.contents(b) as usize)
+            .collect();
+        for r in self.weights.by_id.iter().flatten() {
+            if let resident::Resident::Vector { buf, .. } = r {
+                v.push(self.dev.contents(buf) as usize);
+            }
+        }
+        v
     }
 
     /// Bytes the pool holds (live and free buffers; never released).
@@ -245,7 +271,7 @@ where
 
 impl<D> Memory for MetalBackend<D>
 where
-    D: Device + Send,
+    D: Device + Send + 'static,
     D::Buffer: Clone + Send,
 {
     fn can_hold(&self, w: &WeightRef) -> Support {
@@ -257,6 +283,9 @@ where
     }
 
     fn prepare_weights(&mut self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+        if self.shared {
+            return self.check_shared(weights, ids);
+        }
         self.weights =
             Residency::load(&self.dev, weights, ids, self.weight_copy).map_err(|e| self.err(e))?;
         Ok(())
@@ -267,6 +296,19 @@ where
         weights: &dyn WeightSource,
         groups: &[Vec<WeightId>],
     ) -> GraphResult<()> {
+        if self.shared {
+            return match groups.iter().find(|g| self.weights.concat_of(g).is_none()) {
+                Some(g) => Err(self.err(format!(
+                    "the concatenation of {} is not among the weights this sibling shares \
+                     (nothing is made a second time)",
+                    g.iter()
+                        .map(|&id| weights.name(id))
+                        .collect::<Vec<_>>()
+                        .join("|")
+                ))),
+                None => Ok(()),
+            };
+        }
         for g in groups {
             self.weights
                 .concat(&self.dev, weights, g)
@@ -276,7 +318,40 @@ where
     }
 
     fn weights_bytes(&self) -> usize {
-        self.weights.bytes
+        // A sibling's weights are its origin's, charged there.
+        if self.shared {
+            0
+        } else {
+            self.weights.bytes
+        }
+    }
+
+    fn sibling(&self) -> GraphResult<Box<dyn minfer_graph::Backend>> {
+        let dev = self.dev.sibling().ok_or_else(|| {
+            self.err(format!(
+                "{} cannot make a second handle for a sibling backend",
+                self.dev.name()
+            ))
+        })?;
+        let spans = dev.span_clock().is_some();
+        Ok(Box::new(MetalBackend {
+            id: self.id,
+            name: self.name.clone(),
+            dev,
+            pool: Pool::default(),
+            weights: self.weights.clone(),
+            scratch: None,
+            pending: false,
+            profile: self.profile.as_ref().map(|_| OpProfile::default()),
+            trace: self.trace.as_ref().map(|_| TraceRing::default()),
+            weight_copy: self.weight_copy,
+            encoded: 0,
+            capture: Staging::default(),
+            spans,
+            rows: RowClasses::default(),
+            tier_by_rows: self.tier_by_rows,
+            shared: true,
+        }))
     }
 
     fn free_memory(&self) -> std::result::Result<usize, Refusal> {
@@ -360,7 +435,7 @@ where
 
 impl<D> Executor for MetalBackend<D>
 where
-    D: Device + Send,
+    D: Device + Send + 'static,
     D::Buffer: Clone + Send,
 {
     fn set_row_classes(&mut self, rows: &RowClasses) {
@@ -437,6 +512,34 @@ where
 
     fn node_time_source(&self) -> Option<&'static str> {
         self.dev.span_clock()
+    }
+}
+
+impl<D: Device> MetalBackend<D> {
+    /// A sibling's `prepare_weights`: every weight of `ids` must be resident in the shared
+    /// weights as the model holds it (a vector of its length, a matrix of its type and
+    /// shape); nothing is wrapped or copied.
+    fn check_shared(&self, weights: &dyn WeightSource, ids: &[WeightId]) -> GraphResult<()> {
+        for &id in ids {
+            let name = weights.name(id);
+            let w = weights
+                .weight(id)
+                .ok_or_else(|| self.err(format!("weight {name} is not in the model")))?;
+            let ok = match self.weights.by_id.get(id.index()).and_then(|r| r.as_ref()) {
+                Some(resident::Resident::Vector { len, .. }) => w.ne1 == 1 && *len == w.ne0,
+                Some(resident::Resident::Matrix(m)) => {
+                    m.ty == w.ty && m.ne0 == w.ne0 && m.ne1 == w.ne1
+                }
+                None => false,
+            };
+            if !ok {
+                return Err(self.err(format!(
+                    "weight {name} is not among the weights this sibling shares (nothing is \
+                     made resident a second time)"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -43,6 +43,40 @@ pub(crate) struct Residency<D: Device> {
     pub concat_copies: usize,
 }
 
+/// A handle copy: the same device buffers (wraps of the mapping, vectors, concatenations),
+/// never their bytes (what a sibling backend reads).
+impl<D: Device> Clone for Resident<D>
+where
+    D::Buffer: Clone,
+{
+    fn clone(&self) -> Self {
+        match self {
+            Resident::Matrix(m) => Resident::Matrix(*m),
+            Resident::Vector { buf, len } => Resident::Vector {
+                buf: buf.clone(),
+                len: *len,
+            },
+        }
+    }
+}
+
+impl<D: Device> Clone for Residency<D>
+where
+    D::Buffer: Clone,
+{
+    fn clone(&self) -> Self {
+        Residency {
+            by_id: self.by_id.clone(),
+            buffers: self.buffers.clone(),
+            bytes: self.bytes,
+            copied: self.copied,
+            concats: self.concats.clone(),
+            concat_views: self.concat_views,
+            concat_copies: self.concat_copies,
+        }
+    }
+}
+
 impl<D: Device> Default for Residency<D> {
     fn default() -> Self {
         Residency {
