@@ -427,6 +427,7 @@ impl Gpu {
             resident: RefCell::new(self.resident.borrow().clone()),
             allocs: Vec::new(),
             staging: RefCell::new(None),
+            up_staging: RefCell::new(None),
             lt: None,
             gemm: self.gemm,
             sync_timeout: self.sync_timeout,
