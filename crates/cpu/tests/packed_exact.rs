@@ -105,7 +105,7 @@ fn activation_rows(k: usize, seed: u64) -> Vec<Vec<f32>> {
 
 #[test]
 fn packed_kernels_are_exact_on_every_isa() {
-    let (mut checked, mut checked_facts) = (0, 0);
+    let (mut checked, mut checked_facts, mut checked_wide) = (0, 0, 0);
     for isa in simd::available() {
         for ty in TYPES {
             let Some(x16) = simd::x16_kernel_on(isa, ty) else {
@@ -196,6 +196,20 @@ fn packed_kernels_are_exact_on_every_isa() {
                             }
                             checked_facts += 1;
                         }
+                        if let Some(w) = x16.wide {
+                            // The prompt form: the group expanded (into a buffer that starts
+                            // off a cache line, as nothing promises more), then four rows.
+                            let mut buf =
+                                vec![0xa5u8; k / ty.block_size() as usize * w.block_bytes + 1];
+                            let e = &mut buf[1..];
+                            (w.expand)(group, e);
+                            let mut got = [[f32::NAN; 16]; 4];
+                            (w.four)(e, rows, std::array::from_fn(|i| facts(t0 + i)), &mut got);
+                            for t in 0..4 {
+                                assert_bits_eq(&got[t], &want[t0 + t], what("four, wide", t0 + t));
+                            }
+                            checked_wide += 1;
+                        }
                     }
                     checked += 1;
                 }
@@ -209,6 +223,7 @@ fn packed_kernels_are_exact_on_every_isa() {
     );
     if x86 {
         assert!(checked_facts > 0, "no facts kernel ran on an AVX2 machine");
+        assert!(checked_wide > 0, "no prompt form ran on an AVX2 machine");
         for ty in TYPES {
             let x16 = simd::x16_kernel_on(Isa::Avx2, ty);
             assert!(x16.is_some(), "{ty} on AVX2");
@@ -338,7 +353,9 @@ fn packed_matmul_on_the_isa_in_use() {
             assert!(matmul(&w, &floats(k, 1), None, &mut out, 1).is_err());
             continue;
         }
-        for nt in [1usize, 3, 4, 5, 9] {
+        // 8 and more tokens: the prompt forms (`X16Fns::wide`) where a type has one, with
+        // 1-3 tokens past the last four.
+        for nt in [1usize, 3, 4, 5, 8, 9, 19] {
             let x = floats(nt * k, 31 + nt as u64);
             let want = reference::matmul(ty, k, m, &plain, &x);
             for threads in [1, 2, 3] {

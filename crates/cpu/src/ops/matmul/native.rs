@@ -19,7 +19,7 @@ use crate::dot::RowKernel;
 use crate::ops::{KResult, KernelError};
 use crate::simd::{
     finish_tile, ActFacts, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide,
-    TileSlice, X16FactsFns, X16Fns, TILE,
+    TileSlice, X16FactsFns, X16Fns, X16Wide, TILE,
 };
 use minfer_gguf::quants;
 use std::ops::Range;
@@ -36,6 +36,16 @@ const PAD_FROM: usize = 4;
 /// Weight bytes per chunk of the side kernels when a task dots several tokens: the chunk
 /// stays in L2 while every token passes over it.
 const SIDE_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Tokens from which a packed matmul takes the prompt form of its type's kernels where it
+/// has one (`X16Fns::wide`): expanding a group costs about one pass of the packed kernel's
+/// unpacking, which the expansion saves on every further four tokens.
+const WIDE_FROM: usize = 8;
+
+thread_local! {
+    /// Each thread's buffer for the prompt form's expanded groups (grows to the largest).
+    static WIDE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Prefetches the cache lines of `bytes` into the data caches (a hint; no effect off x86).
 #[inline]
@@ -354,11 +364,23 @@ impl Task<'_> {
         } else {
             rows.len().max(1)
         };
+        // The prompt form: each group expanded once for all the tokens, four at a time.
+        let wide = match (x16.wide, self.packed_facts) {
+            (Some(w), Some((f, table))) if tokens.len() >= WIDE_FROM => Some((w, f, table)),
+            _ => None,
+        };
         let mut vals = [[0f32; X16]; 4];
         for c0 in rows.clone().step_by(per_chunk) {
             let chunk = c0..(c0 + per_chunk).min(rows.end);
             let grouped = chunk.start..chunk.end.min(self.grouped).max(chunk.start);
-            let mut t = tokens.start;
+            if let Some(wide) = wide {
+                self.wide_groups(wide, grouped.clone(), tokens.clone(), out);
+            }
+            let mut t = if wide.is_some() {
+                tokens.end
+            } else {
+                tokens.start
+            };
             while t < tokens.end {
                 let n = if tokens.end - t >= 4 { 4 } else { 1 };
                 for o in grouped.clone().step_by(X16) {
@@ -403,6 +425,48 @@ impl Task<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The packed groups `groups` (whole groups of the task's rows) against `tokens` by the
+    /// prompt form `wide`: each group expanded once into this thread's buffer, then dotted
+    /// with four tokens a call; the last 1-3 tokens by the one-row facts kernel `facts` on
+    /// the packed group (every path gives each dot the reference's bits).
+    fn wide_groups(
+        &self,
+        (wide, facts, table): (X16Wide, X16FactsFns, &TileSide),
+        groups: Range<usize>,
+        tokens: Range<usize>,
+        out: &mut RowsOut,
+    ) {
+        let rows = out.rows();
+        let bytes = self.blocks * wide.block_bytes;
+        WIDE_BUF.with_borrow_mut(|buf| {
+            // 64 bytes of slack so that the expansion can start on a cache line.
+            buf.resize(bytes + 64, 0);
+            let skip = buf.as_ptr().align_offset(64).min(64);
+            let e = &mut buf[skip..skip + bytes];
+            let mut vals = [[0f32; X16]; 4];
+            for o in groups.step_by(X16) {
+                let g = &self.w[o * self.wrb..(o + X16) * self.wrb];
+                (wide.expand)(g, e);
+                let at = o - rows.start;
+                let mut t = tokens.start;
+                while t < tokens.end {
+                    let n = if tokens.end - t >= 4 { 4 } else { 1 };
+                    if n == 4 {
+                        let a = std::array::from_fn(|i| self.act_row(t + i));
+                        let f = std::array::from_fn(|i| facts_of(table, t + i));
+                        (wide.four)(e, a, f, &mut vals);
+                    } else {
+                        (facts.one)(g, self.act_row(t), facts_of(table, t), &mut vals[0]);
+                    }
+                    for (i, v) in vals[..n].iter().enumerate() {
+                        out.token(t + i)[at..at + X16].copy_from_slice(v);
+                    }
+                    t += n;
+                }
+            }
+        });
     }
 
     /// Per weight row and token (4 tokens per call where the type has such a kernel).
