@@ -14,7 +14,9 @@
 //!   activation block's d and Σ q from the matmul's side table (`X16Fns::facts`: Q4_0, Q5_0,
 //!   Q8_0, whose kernels take back their weights' bias as a multiple of Σ q), that form is
 //!   held to the same reference values, with the facts `TileSide::fill_rows` makes of the
-//!   same rows (what the matmul hands it), one and four rows a call.
+//!   same rows (what the matmul hands it), one and four rows a call. Where a type has the
+//!   prompt form (`X16Fns::wide`: AVX2 Q5_0), each group is expanded by it and its four-row
+//!   kernel held to the same values.
 //! - `facts_kernels_see_a_wrong_sum_or_d`: the permanent control of the facts forms: one
 //!   block's Σ q off by one, or its d doubled, changes every row of the group (whose d is not
 //!   zero) away from the reference's bits, and the true facts give them again.
@@ -45,6 +47,15 @@
 //! - AVX-512 Q5_0's facts form alone reading Σ q - 1 failed the direct test on
 //!   `avx512vnni Q5_0 one, facts` and `packed_matmul_on_the_isa_in_use`, and left the AVX2
 //!   child passing (each instruction set's kernels are checked on their own).
+//!
+//! Controls of the prompt form (2026-12-07, the same VM, session 26, each taken out again):
+//! - AVX2 Q5_0's wide kernel computing d_w · (d_a · s) failed the direct test (`avx2 Q5_0
+//!   four, wide`), `packed_matmul_on_avx2`, and under `MINFER_CPU_ISA=avx2` split_exact's
+//!   `legacy_float_orders_hold_on_large_block_sums` and
+//!   `packed_matmul_is_exact_for_every_thread_count`;
+//! - its bias taken back as 16 · Σ q + 1 failed the direct test and `packed_matmul_on_avx2`;
+//! - the expansion's two 4-element runs of each row swapped (the i32 unpacks' operands
+//!   exchanged) failed the direct test (`four, wide`, first row) and `packed_matmul_on_avx2`.
 
 use minfer_cpu::ops::matmul::packed::pack_x16;
 use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
