@@ -1,8 +1,9 @@
 //! The packed kernels alone (`simd::x16_kernel_on`), without the matmul around them: one
 //! group of 16 rows against 64 tokens, four a call, hot in L1 and L2, on each instruction
-//! set here; the facts form on the packed group beside the prompt form on its expansion
-//! (`X16Wide`), and the expansion itself. ns per call, the minimum over rounds.
-//! `cargo bench -p minfer-cpu --bench x16_kernels [-- K]` (K: the row length, default 896).
+//! set here; the packed kernel and its facts form on the packed group beside the prompt form
+//! on its expansion (`X16Wide`), and the expansion itself; ns for the 64 tokens, the minimum
+//! over rounds. `cargo bench -p minfer-cpu --bench x16_kernels [-- K]` (K: the row length;
+//! by default the demo model's, 896 for Q5_0 and 4864 for the K-quants).
 //! Not a test: it asserts nothing about speed.
 
 use std::hint::black_box;
@@ -28,14 +29,18 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let k: usize = std::env::args()
+    let k_arg: Option<usize> = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
-        .map(|a| a.parse().expect("K"))
-        .unwrap_or(896);
+        .map(|a| a.parse().expect("K"));
     let nt = 64;
     for isa in simd::available() {
-        for ty in [GgmlType::Q5_0] {
+        for (ty, k) in [
+            (GgmlType::Q5_0, 896),
+            (GgmlType::Q6K, 4864),
+            (GgmlType::Q4K, 4864),
+        ] {
+            let k = k_arg.unwrap_or(k);
             let Some(x16) = simd::x16_kernel_on(isa, ty) else {
                 continue;
             };
@@ -68,6 +73,17 @@ fn main() {
                     macs / ns
                 )
             };
+            let ns = time(50, || {
+                for t in (0..nt).step_by(4) {
+                    (x16.four)(
+                        black_box(&g),
+                        std::array::from_fn(|i| rows[t + i]),
+                        &mut out,
+                    );
+                }
+                black_box(&out);
+            });
+            report("packed", ns);
             if let Some(f) = x16.facts {
                 let ns = time(200, || {
                     for t in (0..nt).step_by(4) {
@@ -83,7 +99,7 @@ fn main() {
                 report("packed, facts", ns);
             }
             if let Some(wd) = x16.wide {
-                let mut e = vec![0u8; k / 32 * wd.block_bytes];
+                let mut e = vec![0u8; k / ty.block_size() as usize * wd.block_bytes];
                 let ns = time(200, || (wd.expand)(black_box(&g), black_box(&mut e)));
                 println!("{isa} {ty} k={k} {:>22}: {ns:>9.0} ns", "expand");
                 let ns = time(200, || {

@@ -15,8 +15,8 @@
 //!   Q8_0, whose kernels take back their weights' bias as a multiple of Σ q), that form is
 //!   held to the same reference values, with the facts `TileSide::fill_rows` makes of the
 //!   same rows (what the matmul hands it), one and four rows a call. Where a type has the
-//!   prompt form (`X16Fns::wide`: AVX2 Q5_0), each group is expanded by it and its four-row
-//!   kernel held to the same values.
+//!   prompt form (`X16Fns::wide`: AVX2 Q5_0 and Q6_K), each group is expanded by it and its
+//!   four-row kernel held to the same values.
 //! - `facts_kernels_see_a_wrong_sum_or_d`: the permanent control of the facts forms: one
 //!   block's Σ q off by one, or its d doubled, changes every row of the group (whose d is not
 //!   zero) away from the reference's bits, and the true facts give them again.
@@ -55,7 +55,10 @@
 //!   `packed_matmul_is_exact_for_every_thread_count`;
 //! - its bias taken back as 16 · Σ q + 1 failed the direct test and `packed_matmul_on_avx2`;
 //! - the expansion's two 4-element runs of each row swapped (the i32 unpacks' operands
-//!   exchanged) failed the direct test (`four, wide`, first row) and `packed_matmul_on_avx2`.
+//!   exchanged) failed the direct test (`four, wide`, first row) and `packed_matmul_on_avx2`;
+//! - AVX2 Q6_K's wide kernel reading sub-block 8n + 2i + m % 2's scale (for m / 2), and its
+//!   expansion storing the offsets' two pair-scale vectors of each word swapped, each failed
+//!   the direct test (`avx2 Q6_K four, wide`) and `packed_matmul_on_avx2`.
 
 use minfer_cpu::ops::matmul::packed::pack_x16;
 use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
@@ -215,7 +218,8 @@ fn packed_kernels_are_exact_on_every_isa() {
                             let e = &mut buf[1..];
                             (w.expand)(group, e);
                             let mut got = [[f32::NAN; 16]; 4];
-                            (w.four)(e, rows, std::array::from_fn(|i| facts(t0 + i)), &mut got);
+                            let f = std::array::from_fn(|i| facts(t0 + i));
+                            (w.four)(e, rows, f, &mut got);
                             for t in 0..4 {
                                 assert_bits_eq(&got[t], &want[t0 + t], what("four, wide", t0 + t));
                             }

@@ -95,12 +95,15 @@ pub type X16ExpandFn = fn(&[u8], &mut [u8]);
 /// e.g. Q5_0's fifth bits put on its nibbles) and [`X16Wide::four`] dots the expansion with
 /// four activation rows at a time, each row's 16 dots the bits of the packed kernels' (and so
 /// of the reference's). [`X16Wide::four`] reads each activation block's d and Σ q from the
-/// rows' [`ActFacts`] (the types that have the form take their weights' bias back by them).
+/// rows' [`ActFacts`] where [`X16Wide::facts`] says so (Q5_0, which takes its weights' bias
+/// back by them), else ignores them.
 #[derive(Clone, Copy, Debug)]
 pub struct X16Wide {
     /// Bytes of the expansion per block of the weight type (32 elements for the legacy
-    /// types) of a group of 16 rows.
+    /// types, 256 for the K-quants) of a group of 16 rows.
     pub block_bytes: usize,
+    /// Whether [`X16Wide::four`] reads the activations' facts.
+    pub facts: bool,
     pub expand: X16ExpandFn,
     /// `(expanded group, four activation rows, their facts, the 16 dots of each)`: panics
     /// unless the expansion holds as many blocks as each row and its facts.

@@ -365,16 +365,15 @@ impl Task<'_> {
             rows.len().max(1)
         };
         // The prompt form: each group expanded once for all the tokens, four at a time.
-        let wide = match (x16.wide, self.packed_facts) {
-            (Some(w), Some((f, table))) if tokens.len() >= WIDE_FROM => Some((w, f, table)),
-            _ => None,
-        };
+        let wide = x16
+            .wide
+            .filter(|w| tokens.len() >= WIDE_FROM && (!w.facts || self.packed_facts.is_some()));
         let mut vals = [[0f32; X16]; 4];
         for c0 in rows.clone().step_by(per_chunk) {
             let chunk = c0..(c0 + per_chunk).min(rows.end);
             let grouped = chunk.start..chunk.end.min(self.grouped).max(chunk.start);
             if let Some(wide) = wide {
-                self.wide_groups(wide, grouped.clone(), tokens.clone(), out);
+                self.wide_groups((wide, x16), grouped.clone(), tokens.clone(), out);
             }
             let mut t = if wide.is_some() {
                 tokens.end
@@ -428,18 +427,21 @@ impl Task<'_> {
     }
 
     /// The packed groups `groups` (whole groups of the task's rows) against `tokens` by the
-    /// prompt form `wide`: each group expanded once into this thread's buffer, then dotted
-    /// with four tokens a call; the last 1-3 tokens by the one-row facts kernel `facts` on
-    /// the packed group (every path gives each dot the reference's bits).
+    /// prompt form `wide` of the packed kernels `x16`: each group expanded once into this
+    /// thread's buffer, then dotted with four tokens a call; the last 1-3 tokens by the
+    /// one-row kernel on the packed group (its facts form where `wide` reads facts: the
+    /// matmul has filled them). Every path gives each dot the reference's bits.
     fn wide_groups(
         &self,
-        (wide, facts, table): (X16Wide, X16FactsFns, &TileSide),
+        (wide, x16): (X16Wide, X16Fns),
         groups: Range<usize>,
         tokens: Range<usize>,
         out: &mut RowsOut,
     ) {
         let rows = out.rows();
         let bytes = self.blocks * wide.block_bytes;
+        let facts = self.packed_facts.filter(|_| wide.facts);
+        let none = ActFacts { d: &[], sums: &[] };
         WIDE_BUF.with_borrow_mut(|buf| {
             // 64 bytes of slack so that the expansion can start on a cache line.
             buf.resize(bytes + 64, 0);
@@ -453,12 +455,15 @@ impl Task<'_> {
                 let mut t = tokens.start;
                 while t < tokens.end {
                     let n = if tokens.end - t >= 4 { 4 } else { 1 };
-                    if n == 4 {
-                        let a = std::array::from_fn(|i| self.act_row(t + i));
-                        let f = std::array::from_fn(|i| facts_of(table, t + i));
-                        (wide.four)(e, a, f, &mut vals);
-                    } else {
-                        (facts.one)(g, self.act_row(t), facts_of(table, t), &mut vals[0]);
+                    let a = |i: usize| self.act_row(t + i);
+                    match (facts, n) {
+                        (Some((_, table)), 4) => {
+                            let f = std::array::from_fn(|i| facts_of(table, t + i));
+                            (wide.four)(e, std::array::from_fn(a), f, &mut vals);
+                        }
+                        (None, 4) => (wide.four)(e, std::array::from_fn(a), [none; 4], &mut vals),
+                        (Some((f, table)), _) => (f.one)(g, a(0), facts_of(table, t), &mut vals[0]),
+                        (None, _) => (x16.one)(g, a(0), &mut vals[0]),
                     }
                     for (i, v) in vals[..n].iter().enumerate() {
                         out.token(t + i)[at..at + X16].copy_from_slice(v);

@@ -42,6 +42,9 @@ use crate::simd::ActFacts;
 /// Bytes of one block's expansion: per half, 8 f32 scales and 8 vectors of 32 bytes.
 pub(super) const WIDE_BLOCK: usize = 2 * HALF;
 
+/// [`dots`] reads each activation block's d and Σ q from the rows' facts.
+pub(super) const FACTS: bool = true;
+
 /// Bytes of one half's expansion.
 const HALF: usize = 32 + 8 * 32;
 
