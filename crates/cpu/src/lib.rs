@@ -317,7 +317,7 @@ impl CpuBackend {
                 Some(simd) => {
                     llamacpp_x86::expf::swiglu(simd, &src(0)?[..n], &src(1)?[..n], ne0, out)
                 }
-                None => ew::swiglu(&src(0)?[..n], &src(1)?[..n], out),
+                None => ew::swiglu_threads(&src(0)?[..n], &src(1)?[..n], out, self.threads),
             },
             Op::KvStore {
                 kind, cache_type, ..

@@ -83,3 +83,62 @@ fn avx2_lanes_are_the_c_librarys_expf() {
         + sweep_with(expf_lanes_avx2, 0, 256, half);
     assert!(n >= half / 16, "{n}");
 }
+
+/// `swiglu_lanes` (the FFN's silu(gate) · up, eight lanes at a time with the exponentials
+/// above) and `ops::elementwise::swiglu_threads` give the scalar loop's bits
+/// (`ops::elementwise::swiglu`), on each instruction set here: gates every 997th float
+/// (infinities, NaNs, subnormals, both signs; past ±88 the exponential's slow path) and
+/// random ones, ups of every kind, lengths not a multiple of 8 (the last lanes scalar).
+/// Controls (2026-12-07, by hand, each taken out again): the lanes computing g · (1 / (1 +
+/// e)) instead of g / (1 + e) failed it (on AVX2, the first checked); their exponential of g
+/// instead of -g too.
+#[test]
+fn swiglu_lanes_are_the_scalar_loop() {
+    use minfer_cpu::llamacpp_x86::libm_expf::swiglu_lanes;
+    use minfer_cpu::ops::elementwise::{swiglu, swiglu_threads};
+    use minfer_cpu::simd::{self, Isa};
+    let mut gate: Vec<f32> = (0..(1u64 << 32))
+        .step_by(997)
+        .map(|b| f32::from_bits(b as u32))
+        .collect();
+    gate.extend((0..40_000).map(|i| ((i * 7919 % 20011) as f32 - 10005.0) * 0.003));
+    let n = gate.len() - 3;
+    let gate = &gate[..n];
+    let kinds = [1.5, -0.0, 0.0, f32::INFINITY, f32::NAN, 3e-39, -7.25];
+    let up: Vec<f32> = (0..n)
+        .map(|i| {
+            if i % 11 == 0 {
+                kinds[i / 11 % kinds.len()]
+            } else {
+                ((i * 104_729 % 4099) as f32 - 2049.0) * 0.01
+            }
+        })
+        .collect();
+    let mut want = vec![0f32; n];
+    swiglu(gate, &up, &mut want);
+    let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+    let mut ran = 0;
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        if !simd::available().contains(&isa) {
+            continue;
+        }
+        for len in [n, 8, 13, 7] {
+            let mut got = vec![f32::NAN; len];
+            if !swiglu_lanes(isa, &gate[..len], &up[..len], &mut got) {
+                eprintln!("SKIP {isa}: no FMA, or not glibc's expf");
+                continue;
+            }
+            assert!(bits(&got) == bits(&want[..len]), "{isa}, {len} elements");
+            ran += 1;
+        }
+    }
+    for threads in [1, 2, 3] {
+        let mut got = vec![f32::NAN; n];
+        swiglu_threads(gate, &up, &mut got, threads);
+        assert!(
+            bits(&got) == bits(&want),
+            "swiglu_threads, {threads} threads"
+        );
+    }
+    eprintln!("{ran} lane runs");
+}

@@ -14,7 +14,9 @@
 //!   activation block's d and Σ q from the matmul's side table (`X16Fns::facts`: Q4_0, Q5_0,
 //!   Q8_0, whose kernels take back their weights' bias as a multiple of Σ q), that form is
 //!   held to the same reference values, with the facts `TileSide::fill_rows` makes of the
-//!   same rows (what the matmul hands it), one and four rows a call.
+//!   same rows (what the matmul hands it), one and four rows a call. Where a type has the
+//!   prompt form (`X16Fns::wide`: AVX2 Q5_0 and Q6_K), each group is expanded by it and its
+//!   four-row kernel held to the same values.
 //! - `facts_kernels_see_a_wrong_sum_or_d`: the permanent control of the facts forms: one
 //!   block's Σ q off by one, or its d doubled, changes every row of the group (whose d is not
 //!   zero) away from the reference's bits, and the true facts give them again.
@@ -45,6 +47,18 @@
 //! - AVX-512 Q5_0's facts form alone reading Σ q - 1 failed the direct test on
 //!   `avx512vnni Q5_0 one, facts` and `packed_matmul_on_the_isa_in_use`, and left the AVX2
 //!   child passing (each instruction set's kernels are checked on their own).
+//!
+//! Controls of the prompt form (2026-12-07, the same VM, session 26, each taken out again):
+//! - AVX2 Q5_0's wide kernel computing d_w · (d_a · s) failed the direct test (`avx2 Q5_0
+//!   four, wide`), `packed_matmul_on_avx2`, and under `MINFER_CPU_ISA=avx2` split_exact's
+//!   `legacy_float_orders_hold_on_large_block_sums` and
+//!   `packed_matmul_is_exact_for_every_thread_count`;
+//! - its bias taken back as 16 · Σ q + 1 failed the direct test and `packed_matmul_on_avx2`;
+//! - the expansion's two 4-element runs of each row swapped (the i32 unpacks' operands
+//!   exchanged) failed the direct test (`four, wide`, first row) and `packed_matmul_on_avx2`;
+//! - AVX2 Q6_K's wide kernel reading sub-block 8n + 2i + m % 2's scale (for m / 2), and its
+//!   expansion storing the offsets' two pair-scale vectors of each word swapped, each failed
+//!   the direct test (`avx2 Q6_K four, wide`) and `packed_matmul_on_avx2`.
 
 use minfer_cpu::ops::matmul::packed::pack_x16;
 use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
@@ -105,7 +119,7 @@ fn activation_rows(k: usize, seed: u64) -> Vec<Vec<f32>> {
 
 #[test]
 fn packed_kernels_are_exact_on_every_isa() {
-    let (mut checked, mut checked_facts) = (0, 0);
+    let (mut checked, mut checked_facts, mut checked_wide) = (0, 0, 0);
     for isa in simd::available() {
         for ty in TYPES {
             let Some(x16) = simd::x16_kernel_on(isa, ty) else {
@@ -196,6 +210,21 @@ fn packed_kernels_are_exact_on_every_isa() {
                             }
                             checked_facts += 1;
                         }
+                        if let Some(w) = x16.wide {
+                            // The prompt form: the group expanded (into a buffer that starts
+                            // off a cache line, as nothing promises more), then four rows.
+                            let mut buf =
+                                vec![0xa5u8; k / ty.block_size() as usize * w.block_bytes + 1];
+                            let e = &mut buf[1..];
+                            (w.expand)(group, e);
+                            let mut got = [[f32::NAN; 16]; 4];
+                            let f = std::array::from_fn(|i| facts(t0 + i));
+                            (w.four)(e, rows, f, &mut got);
+                            for t in 0..4 {
+                                assert_bits_eq(&got[t], &want[t0 + t], what("four, wide", t0 + t));
+                            }
+                            checked_wide += 1;
+                        }
                     }
                     checked += 1;
                 }
@@ -209,6 +238,7 @@ fn packed_kernels_are_exact_on_every_isa() {
     );
     if x86 {
         assert!(checked_facts > 0, "no facts kernel ran on an AVX2 machine");
+        assert!(checked_wide > 0, "no prompt form ran on an AVX2 machine");
         for ty in TYPES {
             let x16 = simd::x16_kernel_on(Isa::Avx2, ty);
             assert!(x16.is_some(), "{ty} on AVX2");
@@ -338,7 +368,9 @@ fn packed_matmul_on_the_isa_in_use() {
             assert!(matmul(&w, &floats(k, 1), None, &mut out, 1).is_err());
             continue;
         }
-        for nt in [1usize, 3, 4, 5, 9] {
+        // 8 and more tokens: the prompt forms (`X16Fns::wide`) where a type has one, with
+        // 1-3 tokens past the last four.
+        for nt in [1usize, 3, 4, 5, 8, 9, 19] {
             let x = floats(nt * k, 31 + nt as u64);
             let want = reference::matmul(ty, k, m, &plain, &x);
             for threads in [1, 2, 3] {

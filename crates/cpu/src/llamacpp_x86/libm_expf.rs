@@ -277,3 +277,60 @@ pub fn expf_lanes(x: &[f32], out: &mut [f32]) -> Option<()> {
     }
     Some(())
 }
+
+/// `out[i] = silu(gate[i]) · up[i]` as `ops::elementwise::swiglu` computes it (g / (1 +
+/// expf(-g)), then · u: each step an f32 operation rounded on its own, the exponential the C
+/// library's), eight lanes at a time with the exponentials by [`expf8`] (`isa` AVX-512) or
+/// [`expf8_avx2`] (`isa` AVX2), the last `len % 8` one at a time by the scalar function: so
+/// the bits of the scalar loop. Returns false, having written nothing, where neither form
+/// runs here or gives the C library's bits on its probes (the caller then runs the scalar
+/// loop). Panics unless the three slices have the same length.
+pub fn swiglu_lanes(isa: crate::simd::Isa, gate: &[f32], up: &[f32], out: &mut [f32]) -> bool {
+    assert!(gate.len() == out.len() && up.len() == out.len());
+    let fma = is_x86_feature_detected!("fma");
+    match isa {
+        crate::simd::Isa::Avx512Vnni if fma && matches_c_library() => {
+            // SAFETY: AVX-512 F/VL (the instruction set in use) and FMA confirmed above.
+            unsafe { swiglu_avx512(gate, up, out) }
+        }
+        crate::simd::Isa::Avx2 if fma && avx2_matches_c_library() => {
+            // SAFETY: AVX2 (the instruction set in use) and FMA confirmed above.
+            unsafe { swiglu_avx2(gate, up, out) }
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The lanes of [`swiglu_lanes`] given their exponential `$exp`, under `$feat`.
+macro_rules! swiglu_body {
+    ($name:ident, $exp:ident, $feat:literal) => {
+        /// [`swiglu_lanes`]' loop.
+        ///
+        /// # Safety
+        /// The CPU must have the features enabled here; the slices have one length.
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(gate: &[f32], up: &[f32], out: &mut [f32]) {
+            let n8 = out.len() / 8 * 8;
+            let one = _mm256_set1_ps(1.0);
+            let sign = _mm256_set1_ps(-0.0);
+            for i in (0..n8).step_by(8) {
+                // SAFETY: i + 8 <= n8, within each slice.
+                unsafe {
+                    let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+                    let u = _mm256_loadu_ps(up.as_ptr().add(i));
+                    // -g flips the sign bit, as the scalar negation does.
+                    let e = $exp(_mm256_xor_ps(g, sign));
+                    let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
+                }
+            }
+            for i in n8..out.len() {
+                out[i] = crate::ops::elementwise::silu(gate[i]) * up[i];
+            }
+        }
+    };
+}
+
+swiglu_body!(swiglu_avx512, expf8, "avx512f,avx512vl,fma");
+swiglu_body!(swiglu_avx2, expf8_avx2, "avx2,fma");

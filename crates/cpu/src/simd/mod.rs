@@ -76,12 +76,38 @@ pub struct X16FactsFns {
 
 /// A type's packed kernels: one activation row, and four; and where the type's kernels need
 /// per-block activation sums (Q4_0, Q5_0, Q8_0), their forms that read them from the side
-/// table ([`X16FactsFns`]).
+/// table ([`X16FactsFns`]); and where the instruction set has one, the prompt form
+/// ([`X16Wide`]).
 #[derive(Clone, Copy, Debug)]
 pub struct X16Fns {
     pub one: X16Fn,
     pub four: X16x4Fn,
     pub facts: Option<X16FactsFns>,
+    pub wide: Option<X16Wide>,
+}
+
+/// Unpacks one packed group (`blocks · group block` bytes) into a kernel's expanded form
+/// (`blocks · X16Wide::block_bytes`).
+pub type X16ExpandFn = fn(&[u8], &mut [u8]);
+
+/// The prompt form of a type's packed kernels, for calls with many tokens: a group is
+/// unpacked once ([`X16Wide::expand`]: what the packed kernels redo for every four tokens,
+/// e.g. Q5_0's fifth bits put on its nibbles) and [`X16Wide::four`] dots the expansion with
+/// four activation rows at a time, each row's 16 dots the bits of the packed kernels' (and so
+/// of the reference's). [`X16Wide::four`] reads each activation block's d and Σ q from the
+/// rows' [`ActFacts`] where [`X16Wide::facts`] says so (Q5_0, which takes its weights' bias
+/// back by them), else ignores them.
+#[derive(Clone, Copy, Debug)]
+pub struct X16Wide {
+    /// Bytes of the expansion per block of the weight type (32 elements for the legacy
+    /// types, 256 for the K-quants) of a group of 16 rows.
+    pub block_bytes: usize,
+    /// Whether [`X16Wide::four`] reads the activations' facts.
+    pub facts: bool,
+    pub expand: X16ExpandFn,
+    /// `(expanded group, four activation rows, their facts, the 16 dots of each)`: panics
+    /// unless the expansion holds as many blocks as each row and its facts.
+    pub four: X16Factsx4Fn,
 }
 
 /// The packed kernels of `ty` for the instruction set in use ([`detected`]); None where there

@@ -19,7 +19,7 @@ use crate::dot::RowKernel;
 use crate::ops::{KResult, KernelError};
 use crate::simd::{
     finish_tile, ActFacts, Dot4Fn, DotFn, RowSideFn, TileAcc, TileFn, TilePairFn, TileSide,
-    TileSlice, X16FactsFns, X16Fns, TILE,
+    TileSlice, X16FactsFns, X16Fns, X16Wide, TILE,
 };
 use minfer_gguf::quants;
 use std::ops::Range;
@@ -36,6 +36,16 @@ const PAD_FROM: usize = 4;
 /// Weight bytes per chunk of the side kernels when a task dots several tokens: the chunk
 /// stays in L2 while every token passes over it.
 const SIDE_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Tokens from which a packed matmul takes the prompt form of its type's kernels where it
+/// has one (`X16Fns::wide`): expanding a group costs about one pass of the packed kernel's
+/// unpacking, which the expansion saves on every further four tokens.
+const WIDE_FROM: usize = 8;
+
+thread_local! {
+    /// Each thread's buffer for the prompt form's expanded groups (grows to the largest).
+    static WIDE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Prefetches the cache lines of `bytes` into the data caches (a hint; no effect off x86).
 #[inline]
@@ -354,11 +364,22 @@ impl Task<'_> {
         } else {
             rows.len().max(1)
         };
+        // The prompt form: each group expanded once for all the tokens, four at a time.
+        let wide = x16
+            .wide
+            .filter(|w| tokens.len() >= WIDE_FROM && (!w.facts || self.packed_facts.is_some()));
         let mut vals = [[0f32; X16]; 4];
         for c0 in rows.clone().step_by(per_chunk) {
             let chunk = c0..(c0 + per_chunk).min(rows.end);
             let grouped = chunk.start..chunk.end.min(self.grouped).max(chunk.start);
-            let mut t = tokens.start;
+            if let Some(wide) = wide {
+                self.wide_groups((wide, x16), grouped.clone(), tokens.clone(), out);
+            }
+            let mut t = if wide.is_some() {
+                tokens.end
+            } else {
+                tokens.start
+            };
             while t < tokens.end {
                 let n = if tokens.end - t >= 4 { 4 } else { 1 };
                 for o in grouped.clone().step_by(X16) {
@@ -403,6 +424,54 @@ impl Task<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The packed groups `groups` (whole groups of the task's rows) against `tokens` by the
+    /// prompt form `wide` of the packed kernels `x16`: each group expanded once into this
+    /// thread's buffer, then dotted with four tokens a call; the last 1-3 tokens by the
+    /// one-row kernel on the packed group (its facts form where `wide` reads facts: the
+    /// matmul has filled them). Every path gives each dot the reference's bits.
+    fn wide_groups(
+        &self,
+        (wide, x16): (X16Wide, X16Fns),
+        groups: Range<usize>,
+        tokens: Range<usize>,
+        out: &mut RowsOut,
+    ) {
+        let rows = out.rows();
+        let bytes = self.blocks * wide.block_bytes;
+        let facts = self.packed_facts.filter(|_| wide.facts);
+        let none = ActFacts { d: &[], sums: &[] };
+        WIDE_BUF.with_borrow_mut(|buf| {
+            // 64 bytes of slack so that the expansion can start on a cache line.
+            buf.resize(bytes + 64, 0);
+            let skip = buf.as_ptr().align_offset(64).min(64);
+            let e = &mut buf[skip..skip + bytes];
+            let mut vals = [[0f32; X16]; 4];
+            for o in groups.step_by(X16) {
+                let g = &self.w[o * self.wrb..(o + X16) * self.wrb];
+                (wide.expand)(g, e);
+                let at = o - rows.start;
+                let mut t = tokens.start;
+                while t < tokens.end {
+                    let n = if tokens.end - t >= 4 { 4 } else { 1 };
+                    let a = |i: usize| self.act_row(t + i);
+                    match (facts, n) {
+                        (Some((_, table)), 4) => {
+                            let f = std::array::from_fn(|i| facts_of(table, t + i));
+                            (wide.four)(e, std::array::from_fn(a), f, &mut vals);
+                        }
+                        (None, 4) => (wide.four)(e, std::array::from_fn(a), [none; 4], &mut vals),
+                        (Some((f, table)), _) => (f.one)(g, a(0), facts_of(table, t), &mut vals[0]),
+                        (None, _) => (x16.one)(g, a(0), &mut vals[0]),
+                    }
+                    for (i, v) in vals[..n].iter().enumerate() {
+                        out.token(t + i)[at..at + X16].copy_from_slice(v);
+                    }
+                    t += n;
+                }
+            }
+        });
     }
 
     /// Per weight row and token (4 tokens per call where the type has such a kernel).

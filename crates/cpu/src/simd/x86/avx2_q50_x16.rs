@@ -31,7 +31,7 @@ use super::x16::{Blocks, Dots, NO_FACTS, Q8_0};
 use crate::simd::ActFacts;
 
 /// Bytes of one packed group's block (16 rows of 22 bytes).
-const GROUP_BLOCK: usize = 352;
+pub(super) const GROUP_BLOCK: usize = 352;
 
 /// `vpshufb` indices copying byte `k` of each i32 lane to its 4 bytes.
 const fn byte_everywhere(k: u8) -> [u8; 32] {
@@ -44,7 +44,7 @@ const fn byte_everywhere(k: u8) -> [u8; 32] {
     idx
 }
 
-const SPREAD: [[u8; 32]; 4] = [
+pub(super) const SPREAD: [[u8; 32]; 4] = [
     byte_everywhere(0),
     byte_everywhere(1),
     byte_everywhere(2),
@@ -55,7 +55,7 @@ const SPREAD: [[u8; 32]; 4] = [
 /// `j + shift` is set, else 0 (`bits`: 1 << (j + shift) in byte j).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn fifth_bits(byte: __m256i, bits: __m256i) -> __m256i {
+pub(super) fn fifth_bits(byte: __m256i, bits: __m256i) -> __m256i {
     let set = _mm256_cmpeq_epi8(_mm256_and_si256(byte, bits), bits);
     _mm256_and_si256(set, _mm256_set1_epi8(16))
 }

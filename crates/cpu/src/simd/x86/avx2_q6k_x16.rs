@@ -28,26 +28,26 @@ use super::avx2_x16::{bcast4, f16x8, finish, lane_bytes, load, q8k_d, table};
 use super::x16::{Blocks, Dots, Q8K};
 
 /// Bytes of one packed group's super-block (16 rows of 210 bytes).
-const GROUP_BLOCK: usize = 3360;
+pub(super) const GROUP_BLOCK: usize = 3360;
 /// Where the packed pieces start in a group's super-block.
-const SCALES: usize = 32;
-const TRIPLES: usize = 288;
+pub(super) const SCALES: usize = 32;
+pub(super) const TRIPLES: usize = 288;
 
 /// Scale byte k of each lane in the high byte of both its i16 (an arithmetic shift by 8
 /// sign-extends it).
-const SCALE_IDX: [[u8; 32]; 4] = [
+pub(super) const SCALE_IDX: [[u8; 32]; 4] = [
     lane_bytes(0, 0, 1),
     lane_bytes(1, 1, 1),
     lane_bytes(2, 2, 1),
     lane_bytes(3, 3, 1),
 ];
 /// Scale bytes k and k + 1 of each lane in the high bytes of its two i16.
-const PAIR_IDX: [[u8; 32]; 2] = [lane_bytes(0, 1, 1), lane_bytes(2, 3, 1)];
+pub(super) const PAIR_IDX: [[u8; 32]; 2] = [lane_bytes(0, 1, 1), lane_bytes(2, 3, 1)];
 
 /// The six-bit quants `i` (0..4: elements + 32i of the triple's 4) of one triple of 8 rows.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn six_bits(i: usize, la: __m256i, lb: __m256i, qh: __m256i) -> __m256i {
+pub(super) fn six_bits(i: usize, la: __m256i, lb: __m256i, qh: __m256i) -> __m256i {
     let m4 = _mm256_set1_epi8(0x0f);
     let m30 = _mm256_set1_epi8(0x30);
     let (low, high) = match i {

@@ -35,7 +35,9 @@ macro_rules! tile_wrappers {
 /// (`ops::matmul::packed`): for a type `$ty`, safe wrappers of `$module::$kernel` for one
 /// activation row and for four, and where `+ facts $fmodule::$fkernel` follows, of that
 /// kernel too (the form reading the activations' per-block facts, [`crate::simd::ActFacts`]),
-/// handed out only after `$supported()` held (None before, and for the types not listed).
+/// and where `+ wide $wmodule` follows, of that module's prompt form (`$wmodule::expand`,
+/// `$wmodule::dots`, its `WIDE_BLOCK` and `FACTS`: [`crate::simd::X16Wide`]), handed out only after
+/// `$supported()` held (None before, and for the types not listed).
 /// That check is what makes the wrappers sound: the kernels need that set's features.
 macro_rules! packed_lookup {
     (@facts) => {
@@ -58,10 +60,36 @@ macro_rules! packed_lookup {
         }
         Some(crate::simd::X16FactsFns { one, four })
     }};
+    (@wide) => {
+        None
+    };
+    (@wide $wm:ident) => {{
+        fn expand(g: &[u8], e: &mut [u8]) {
+            // SAFETY: only handed out after the features were confirmed (see the macro's
+            // docs).
+            unsafe { $wm::expand(g, e) }
+        }
+        fn four(
+            e: &[u8],
+            a: [&[u8]; 4],
+            f: [crate::simd::ActFacts<'_>; 4],
+            out: &mut [[f32; 16]; 4],
+        ) {
+            // SAFETY: as above.
+            unsafe { $wm::dots::<4>(e, a, f, out) }
+        }
+        Some(crate::simd::X16Wide {
+            block_bytes: $wm::WIDE_BLOCK,
+            facts: $wm::FACTS,
+            expand,
+            four,
+        })
+    }};
     (
         $(#[$doc:meta])*
         $vis:vis fn $lookup:ident if $supported:ident {
-            $($ty:ident => $m:ident::$f:ident $(+ facts $fm:ident::$ff:ident)?),* $(,)?
+            $($ty:ident => $m:ident::$f:ident $(+ facts $fm:ident::$ff:ident)?
+                $(+ wide $wm:ident)?),* $(,)?
         }
     ) => {
         $(#[$doc])*
@@ -81,7 +109,8 @@ macro_rules! packed_lookup {
                         unsafe { $m::$f::<4>(g, a, out) }
                     }
                     let facts = packed_lookup!(@facts $($fm::$ff)?);
-                    Some(X16Fns { one, four, facts })
+                    let wide = packed_lookup!(@wide $($wm)?);
+                    Some(X16Fns { one, four, facts, wide })
                 })*
                 _ => None,
             }
@@ -130,7 +159,9 @@ mod avx2_legacy;
 mod avx2_q40_x16;
 mod avx2_q41_x16;
 mod avx2_q4k_x16;
+mod avx2_q50_wide;
 mod avx2_q50_x16;
+mod avx2_q6k_wide;
 mod avx2_q6k_x16;
 mod avx2_q80_x16;
 mod avx2_quantize;
@@ -283,10 +314,11 @@ packed_lookup! {
     /// kernel, or no AVX2 here).
     pub(super) fn avx2_packed if avx2_supported {
         Q4K => avx2_q4k_x16::dot_q4k_x16,
-        Q6K => avx2_q6k_x16::dot_q6k_x16,
+        Q6K => avx2_q6k_x16::dot_q6k_x16 + wide avx2_q6k_wide,
         Q4_0 => avx2_q40_x16::dot_q40_x16 + facts avx2_q40_x16::dot_q40_x16_facts,
         Q8_0 => avx2_q80_x16::dot_q80_x16 + facts avx2_q80_x16::dot_q80_x16_facts,
-        Q5_0 => avx2_q50_x16::dot_q50_x16 + facts avx2_q50_x16::dot_q50_x16_facts,
+        Q5_0 => avx2_q50_x16::dot_q50_x16 + facts avx2_q50_x16::dot_q50_x16_facts
+            + wide avx2_q50_wide,
         Q4_1 => avx2_q41_x16::dot_q41_x16,
     }
 }
