@@ -63,17 +63,22 @@ impl BlockCosts {
         self.reserve + blocks + if head { self.edges } else { 0 }
     }
 
-    /// The largest prefix that fits `budget`: (blocks, whether the head fits too).
-    pub fn fit(&self, budget: u64) -> (usize, bool) {
-        let mut left = match budget.checked_sub(self.reserve) {
-            Some(b) => b,
-            None => return (0, false),
-        };
+    /// The largest prefix of blocks that fits `left` bytes, and the bytes left beside it.
+    fn prefix(&self, mut left: u64) -> (usize, u64) {
         let mut k = 0;
         while k < self.weights.len() && self.block(k) <= left {
             left -= self.block(k);
             k += 1;
         }
+        (k, left)
+    }
+
+    /// The largest prefix that fits `budget`: (blocks, whether the head fits too).
+    pub fn fit(&self, budget: u64) -> (usize, bool) {
+        let Some(left) = budget.checked_sub(self.reserve) else {
+            return (0, false);
+        };
+        let (k, left) = self.prefix(left);
         (k, k == self.weights.len() && self.edges <= left)
     }
 
@@ -81,12 +86,8 @@ impl BlockCosts {
     /// beside the reserve), then the largest prefix of blocks beside it, and whether the
     /// embedding fits too once every block does (the whole model on the device).
     pub fn fit_head_first(&self, budget: u64) -> Option<(usize, bool)> {
-        let mut left = budget.checked_sub(self.reserve)?.checked_sub(self.output)?;
-        let mut k = 0;
-        while k < self.weights.len() && self.block(k) <= left {
-            left -= self.block(k);
-            k += 1;
-        }
+        let left = budget.checked_sub(self.reserve)?.checked_sub(self.output)?;
+        let (k, left) = self.prefix(left);
         Some((
             k,
             k == self.weights.len() && self.edges - self.output <= left,

@@ -15,22 +15,6 @@ fn index_of(backends: &[Box<dyn Backend>], id: BackendId) -> Result<usize> {
         .ok_or_else(|| Error::Graph(format!("backend {id} does not participate")))
 }
 
-/// Two distinct backends of the list, mutably (a split and its op-offload helper).
-fn two_mut(
-    backends: &mut [Box<dyn Backend>],
-    a: usize,
-    b: usize,
-) -> (&mut Box<dyn Backend>, &mut Box<dyn Backend>) {
-    assert_ne!(a, b, "a backend is not its own helper");
-    if a < b {
-        let (lo, hi) = backends.split_at_mut(b);
-        (&mut lo[a], &mut hi[0])
-    } else {
-        let (lo, hi) = backends.split_at_mut(a);
-        (&mut hi[0], &mut lo[b])
-    }
-}
-
 /// The contiguous same-backend runs of live nodes: (backend, node indices).
 pub fn splits(graph: &Graph) -> Vec<(BackendId, Vec<usize>)> {
     let mut out: Vec<(BackendId, Vec<usize>)> = Vec::new();
@@ -126,7 +110,9 @@ pub fn execute(
             match graph.op_offload {
                 Some((dev, blocks)) if dev != *be => {
                     let di = index_of(backends, dev)?;
-                    let (me, helper) = two_mut(backends, bi, di);
+                    let [me, helper] = backends.get_disjoint_mut([bi, di]).map_err(|e| {
+                        Error::Graph(format!("op offload's helper and its split: {e}"))
+                    })?;
                     me.execute_split_helped(key, &run, &args, helper.as_mut(), blocks)?;
                 }
                 _ => backends[bi].execute_split(key, &run, &args)?,
