@@ -159,6 +159,11 @@ pub struct CudaBackend {
     pub(crate) prompt: crate::prompt::PromptChoice,
     /// The weight the f16 weight scratch holds now, and the scratch's pointer.
     pub(crate) half_weight: Option<(u64, u64)>,
+    /// Streamed blocks (crates/cuda/src/stream.rs): the weights this backend does not hold
+    /// that the running split reads, copied into the stream arena, by weight index.
+    pub(crate) streamed: HashMap<usize, Resident>,
+    /// The split whose weights `streamed` holds, copied in ahead ([`Executor::prefetch_split`]).
+    prefetched: Option<SplitKey>,
     /// The activations the f16 activation scratch holds now.
     pub(crate) half_input: Option<HalfInput>,
     /// Node outputs kept for a trace while armed ([`minfer_graph::Executor::capture`]): each
@@ -313,6 +318,8 @@ impl CudaBackend {
             prompt,
             half_weight: None,
             half_input: None,
+            streamed: HashMap::new(),
+            prefetched: None,
             captures: CaptureLog::default(),
             timer: NodeTimer::default(),
         })
@@ -398,8 +405,14 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// A resident weight, or one the running split streamed in.
+    fn weight_at(&self, id: WeightId) -> Option<Resident> {
+        let held = self.weights.get(id.index()).copied().flatten();
+        held.or_else(|| self.streamed.get(&id.index()).copied())
+    }
+
     pub(crate) fn vector(&self, w: &dyn WeightSource, id: WeightId, len: usize) -> DResult<u64> {
-        match self.weights.get(id.index()).copied().flatten() {
+        match self.weight_at(id) {
             Some(Resident::Vector { ptr, len: l }) if l == len => Ok(ptr),
             Some(Resident::Vector { len: l, .. }) => Err(format!(
                 "{} has {l} elements, the node needs {len}",
@@ -410,7 +423,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn matrix(&self, w: &dyn WeightSource, id: WeightId) -> DResult<Matrix> {
-        match self.weights.get(id.index()).copied().flatten() {
+        match self.weight_at(id) {
             Some(Resident::Matrix(m)) => Ok(m),
             _ => Err(format!("{} is not on the device as a matrix", w.name(id))),
         }
@@ -463,6 +476,8 @@ impl CudaBackend {
             prompt: self.prompt,
             half_weight: None,
             half_input: None,
+            streamed: HashMap::new(),
+            prefetched: None,
             captures: CaptureLog::default(),
             timer: NodeTimer::default(),
         })
@@ -779,6 +794,15 @@ impl Capabilities for CudaBackend {
         }
     }
 
+    fn can_stream(&self, w: &WeightRef<'_>) -> Support {
+        if w.ne1 == 1 {
+            // Copied in as f32, as `prepare_weights` holds a vector.
+            return self.can_hold(w);
+        }
+        // A streamed block's rows are prompt rows: its matrices go to the prompt GEMM.
+        self.can_stream_matmul(w)
+    }
+
     fn supports_fused(&self, op: FusedOp) -> Support {
         match op {
             FusedOp::SwiGLU => Ok(()),
@@ -895,6 +919,10 @@ impl Executor for CudaBackend {
         self.q8_input = None;
         self.half_input = None;
         self.half_weight = None;
+        if self.prefetched.take() != Some(key) {
+            self.stream_split_weights(nodes, args)
+                .map_err(|e| self.err(e))?;
+        }
         // While a trace is armed every node's output is read back as it runs, which would
         // make a recorded split eager anyway: run it eagerly from the start. A split of no
         // plan has no identity to replay under.
@@ -931,6 +959,21 @@ impl Executor for CudaBackend {
             self.gpu.issue_all(&launches)
         };
         r.map_err(|e| self.err(e))
+    }
+
+    fn prefetch_split(
+        &mut self,
+        key: SplitKey,
+        nodes: &[&Node],
+        args: &[ExecArgs],
+    ) -> GraphResult<()> {
+        // The copies queue behind the reads of the split before (the stream is in order):
+        // they run while the other backend computes.
+        self.prefetched = None;
+        self.stream_split_weights(nodes, args)
+            .map_err(|e| self.err(e))?;
+        self.prefetched = Some(key);
+        Ok(())
     }
 
     fn forget_plan(&mut self, plan: PlanId) {

@@ -145,6 +145,8 @@ pub struct Gpu {
     /// Page-locked blocks for large uploads ([`Gpu::upload_staged`]): two halves filled in
     /// turn, each with the event of the copy that last read it.
     up_staging: RefCell<Option<(Pinned, [cudarc::driver::CudaEvent; 2])>>,
+    /// The model's parts page-locked for streamed weights ([`Gpu::upload_mapped`]).
+    locked: crate::locked::LockedParts,
     /// cuBLASLt, opened by the first prompt-row GEMM plan.
     lt: Option<Lt>,
     /// How cuBLASLt pins its algorithms (`MINFER_CUDA_GEMM_*`), for when it opens.
@@ -225,6 +227,7 @@ impl Gpu {
             allocs: Vec::new(),
             staging: RefCell::new(None),
             up_staging: RefCell::new(None),
+            locked: Default::default(),
             lt: None,
             gemm: s.gemm,
             sync_timeout: s.sync_timeout,
@@ -428,6 +431,7 @@ impl Gpu {
             allocs: Vec::new(),
             staging: RefCell::new(None),
             up_staging: RefCell::new(None),
+            locked: Default::default(),
             lt: None,
             gemm: self.gemm,
             sync_timeout: self.sync_timeout,
@@ -558,6 +562,20 @@ impl Gpu {
             e.synchronize().map_err(|e| drv("cuEventSynchronize", e))?;
         }
         Ok(())
+    }
+
+    /// A weight's bytes `data` from the model's mapping, `part` the mapped part holding them
+    /// (streamed blocks, ADR 0014): with the part page-locked ([`crate::locked`]) the copy is
+    /// queued on the stream and the host goes on at once; else through the staging blocks.
+    pub fn upload_mapped(&self, ptr: u64, data: &[u8], part: Option<&[u8]>) -> DResult<()> {
+        self.flush_record()?;
+        self.bind()?;
+        if part.is_some_and(|p| self.locked.lock(p)) {
+            // SAFETY: `data` lies in the locked part, which outlives the device's use of it.
+            return unsafe { result::memcpy_htod_async(ptr, data, self.stream.cu_stream()) }
+                .map_err(|e| drv("cuMemcpyHtoDAsync", e));
+        }
+        self.upload_staged(ptr, data)
     }
 
     pub fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> DResult<()> {
@@ -938,6 +956,7 @@ impl Drop for SharedAllocs {
 impl Drop for Gpu {
     fn drop(&mut self) {
         let _ = self.sync();
+        self.locked.release();
         if let Some(st) = self.staging.get_mut().take() {
             unsafe {
                 let _ = result::free_host(st.ptr as *mut std::ffi::c_void);

@@ -20,6 +20,8 @@ mod exec;
 #[cfg(feature = "cuda")]
 pub mod lt;
 #[cfg(feature = "cuda")]
+mod locked;
+#[cfg(feature = "cuda")]
 mod matvec;
 #[cfg(feature = "cuda")]
 mod mmq;
@@ -35,6 +37,8 @@ mod replay;
 mod scratch;
 #[cfg(feature = "cuda")]
 mod settings;
+#[cfg(feature = "cuda")]
+mod stream;
 #[cfg(feature = "cuda")]
 mod timing;
 

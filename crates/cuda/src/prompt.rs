@@ -28,10 +28,10 @@ use crate::lt::{GemmCall, GemmType};
 /// output head: 272 MB on a 0.5B, 1.09 GB on a 7B) the int8 kernels read the matrix in place.
 pub(crate) const GEMM_MAX_BYTES: usize = 256 << 20;
 
-static STREAMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static STREAMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Matmuls this process's CUDA backends ran for another backend's prompt rows over weights
-/// they do not hold (op offload, ADR 0014): the gates' check that the path ran.
+/// Matrices this process's CUDA backends multiplied for prompt rows without holding them
+/// (op offload and streamed blocks, ADR 0014): the gates' check that the path ran.
 pub fn streamed_matmuls() -> u64 {
     STREAMED.load(std::sync::atomic::Ordering::Relaxed)
 }

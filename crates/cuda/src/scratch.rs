@@ -34,6 +34,9 @@ pub(crate) enum Scratch {
     /// Op offload: that matmul's input rows (f32) and its output rows (f32).
     StreamRows,
     StreamOut,
+    /// Streamed blocks (crates/cuda/src/stream.rs): the weights one split reads and this
+    /// backend does not hold.
+    StreamArena,
 }
 
 /// What the f16 activation scratch holds: (buffer, first row, rows, row length, bf16, the

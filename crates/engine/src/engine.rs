@@ -311,7 +311,17 @@ impl Engine {
         &mut self,
         n_tokens: usize,
     ) -> Result<Vec<(Option<usize>, String, bool)>> {
-        let p = self.runner.params(n_tokens, 1, WindowLayout::Span);
+        self.nodes_by_layer_of(n_tokens, minfer_graph::RowClass::Generation)
+    }
+    /// [`Engine::nodes_by_layer`] for the graph of `n_tokens` rows of one class (a graph of
+    /// prompt rows may place nodes otherwise: streamed blocks, ADR 0014).
+    pub fn nodes_by_layer_of(
+        &mut self,
+        n_tokens: usize,
+        class: minfer_graph::RowClass,
+    ) -> Result<Vec<(Option<usize>, String, bool)>> {
+        let mut p = self.runner.params(n_tokens, 1, WindowLayout::Span);
+        p.prompt_rows = class == minfer_graph::RowClass::Prompt;
         let nodes = self.runner.inspect(&p, |g, _, _| {
             g.nodes
                 .iter()

@@ -73,6 +73,9 @@ fn graph_for<'c>(
         let mut g = build_graph(hp, weights, output_weight, p)
             .map_err(|e| minfer_graph::Error::Graph(e.to_string()))?;
         g.op_offload = op_offload;
+        // A forward of prompt rows runs the CPU blocks on the device, streaming their
+        // weights (a mixed forward is run as one forward per class: `ModelRunner::forward`).
+        g.streamed_blocks = op_offload.filter(|_| p.prompt_rows);
         Ok(g)
     };
     // One cell past the context: the scratch cell padding rows write and read.
@@ -353,9 +356,48 @@ impl ModelRunner {
     }
 
     /// Runs one forward of `input`'s rows; the logits are in [`ModelRunner::out`] after.
+    /// Under op offload a forward holding both row classes runs as two, the generation
+    /// rows' and then the prompt rows': a graph of prompt rows runs the CPU blocks on the
+    /// device (streamed blocks, ADR 0014) while a generation row stays on its block's
+    /// backend, so neither class's path depends on the other's presence. The rows of the
+    /// two classes are different sequences', which read and write only their own cells.
+    pub(crate) fn forward(&mut self, input: ForwardInput) -> Result<&BatchLogits> {
+        let streams = self.offload.as_ref().is_some_and(|o| o.op_offload.is_some());
+        let has = |c| input.classes.contains(&c);
+        if !(streams && has(RowClass::Prompt) && has(RowClass::Generation)) {
+            return self.forward_one(input);
+        }
+        let (parts, entry_class) = split_by_class(input);
+        let mut logits: [Vec<Vec<f32>>; 2] = [Vec::new(), Vec::new()];
+        let mut vocab = 0;
+        for (part, out) in parts.into_iter().zip(logits.iter_mut()) {
+            let o = self.forward_one(part)?;
+            vocab = o.vocab();
+            *out = (0..o.n_entries()).map(|i| o.logits(i).to_vec()).collect();
+        }
+        let mut data = self.out.take_buffer();
+        data.clear();
+        let mut rows = Vec::with_capacity(entry_class.len());
+        let mut next = [0usize; 2];
+        for c in entry_class {
+            let at = data.len() / vocab.max(1);
+            let Some(c) = c else {
+                rows.push((at, 0));
+                continue;
+            };
+            let l = &logits[c][next[c]];
+            next[c] += 1;
+            data.extend_from_slice(l);
+            rows.push((at, l.len() / vocab.max(1)));
+        }
+        self.out = BatchLogits::from_rows(data, rows, vocab);
+        Ok(&self.out)
+    }
+
+    /// One forward of `input`'s rows as one graph ([`ModelRunner::forward`]).
     /// Rows are padded to a bucket when every backend is batch invariant; padding rows use
     /// token 0 at position 0, write the scratch cell past the context and attend only to it.
-    pub(crate) fn forward(&mut self, input: ForwardInput) -> Result<&BatchLogits> {
+    fn forward_one(&mut self, input: ForwardInput) -> Result<&BatchLogits> {
         let nt = input.tokens.len();
         if nt == 0 {
             return Err(Error::BadRequest("a forward of no rows".into()));
@@ -515,6 +557,39 @@ impl ModelRunner {
     }
 }
 
+/// `input` as two forwards, its generation rows' and its prompt rows' (each in the order
+/// they had), and per entry which of the two holds its logit rows (None: it has none).
+fn split_by_class(input: ForwardInput) -> ([ForwardInput; 2], Vec<Option<usize>>) {
+    let part = |c: RowClass| usize::from(c == RowClass::Prompt);
+    let mut parts: [ForwardInput; 2] = Default::default();
+    let mut index = Vec::with_capacity(input.tokens.len());
+    for (r, &c) in input.classes.iter().enumerate() {
+        let p = &mut parts[part(c)];
+        index.push(p.tokens.len());
+        p.tokens.push(input.tokens[r]);
+        p.positions.push(input.positions[r]);
+        p.kv_cells.push(input.kv_cells[r]);
+        p.windows.push(input.windows[r].clone());
+        p.classes.push(c);
+    }
+    let mut entry_class = Vec::with_capacity(input.entry_logits.len());
+    let mut at = 0;
+    for &n in &input.entry_logits {
+        let rows = &input.out_rows[at..at + n];
+        at += n;
+        let Some(&first) = rows.first() else {
+            entry_class.push(None);
+            continue;
+        };
+        let c = part(input.classes[first]);
+        let p = &mut parts[c];
+        p.out_rows.extend(rows.iter().map(|&r| index[r]));
+        p.entry_logits.push(n);
+        entry_class.push(Some(c));
+    }
+    (parts, entry_class)
+}
+
 /// The shape used to find which weights a forward reads.
 /// The arena's size under `cfg.kv_size` ([`crate::kvsize`]): the free-memory mode asks the
 /// device backend that holds every block (the offload plan says which) how much is free now,
@@ -574,5 +649,38 @@ fn probe_params(n_ctx: usize, cfg: &EngineConfig) -> GraphParams {
         cache_type: cfg.cache_type,
         window: WindowLayout::Span,
         prompt_rows: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two sequences' prompt rows around a third's generation row, with logits for the
+    /// generation row, the second prompt's last row and none for the first prompt (a chunk
+    /// not at its end): each part keeps its rows in order, its output rows renumbered.
+    #[test]
+    fn a_mixed_forward_splits_by_class() {
+        use RowClass::{Generation as G, Prompt as P};
+        let input = ForwardInput {
+            tokens: vec![10, 11, 20, 30, 31, 32],
+            positions: vec![0, 1, 7, 0, 1, 2],
+            kv_cells: vec![100, 101, 207, 300, 301, 302],
+            windows: (0..6).map(|r| vec![(r, 1)]).collect(),
+            out_rows: vec![2, 5],
+            classes: vec![P, P, G, P, P, P],
+            entry_logits: vec![0, 1, 1],
+        };
+        let ([g, p], entries) = split_by_class(input);
+        assert_eq!(entries, vec![None, Some(0), Some(1)]);
+        assert_eq!(g.tokens, vec![20]);
+        assert_eq!((g.positions[0], g.kv_cells[0]), (7, 207));
+        assert_eq!((g.out_rows.clone(), g.entry_logits.clone()), (vec![0], vec![1]));
+        assert_eq!(g.classes, vec![G]);
+        assert_eq!(p.tokens, vec![10, 11, 30, 31, 32]);
+        assert_eq!(p.kv_cells, vec![100, 101, 300, 301, 302]);
+        assert_eq!(p.windows[2], vec![(3, 1)]);
+        assert_eq!((p.out_rows.clone(), p.entry_logits.clone()), (vec![4], vec![1]));
+        assert_eq!(p.classes, vec![P; 5]);
     }
 }

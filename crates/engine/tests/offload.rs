@@ -507,6 +507,22 @@ fn op_offload_on_cuda(path: &Path, e: &mut Engine, o: &minfer_engine::offload::O
             "{}",
             o.line()
         );
+        // Streamed blocks: in a graph of prompt rows every node of a CPU block that reads
+        // weights runs on the device; in a graph of generation rows, on the CPU (control).
+        use minfer_engine::RowClass;
+        for (class, want) in [(RowClass::Prompt, "cuda"), (RowClass::Generation, "cpu")] {
+            let nodes = e.nodes_by_layer_of(16, class).unwrap();
+            let weighted: Vec<&String> = nodes
+                .iter()
+                .filter(|(l, _, w)| *w && l.is_some_and(|l| (1..N_LAYERS).contains(&l)))
+                .map(|(_, b, _)| b)
+                .collect();
+            assert!(!weighted.is_empty());
+            assert!(
+                weighted.iter().all(|b| *b == want),
+                "{class:?} rows: the CPU blocks' weighted nodes on {weighted:?}"
+            );
+        }
         let vocab = e.hparams().vocab_size as u32;
         let prompt: Vec<u32> = (0..23u32).map(|i| (i * 7919 + 11) % vocab).collect();
         let before = streamed();

@@ -5,7 +5,9 @@
 //! ([`crate::LayerPlan::home`]): a block on the CPU never sends a node to the device, and a
 //! node a device block's backend refuses goes to a lower-priority one, as without a plan.
 //! No backend accepting a node is an error naming each backend's reason, never a mid-run
-//! fallback.
+//! fallback. A graph of prompt rows with streamed blocks ([`Graph::streamed_blocks`]) first
+//! offers a CPU block's node that touches no KV to the device, which takes it when it runs
+//! the op and holds or can stream each of its weights.
 
 use crate::backend::{Backend, WeightSource};
 use crate::error::{Error, Result};
@@ -19,7 +21,25 @@ pub fn assign_backends(
     placement: &Placement,
 ) -> Result<()> {
     let order: Vec<&dyn Backend> = backends.iter().map(|b| b.as_ref()).collect();
+    let streamed = graph
+        .streamed_blocks
+        .and_then(|(dev, blocks)| Some((*order.iter().find(|b| b.id() == dev)?, blocks)));
     for node in graph.nodes.iter_mut().filter(|n| !n.dead) {
+        if let (Some((dev, blocks)), Some(l)) = (streamed, node.layer) {
+            let home = placement.layers().map(|p| p.home(node.layer));
+            let takes = l < blocks
+                && home != Some(dev.id())
+                && node.op.kv_layer().is_none()
+                && dev.supports_op(&node.op, node.dtype, weights).is_ok()
+                && node.op.weights().all(|w| {
+                    placement.holds_weight(dev.id(), w)
+                        || weights.weight(w).is_some_and(|r| dev.can_stream(&r).is_ok())
+                });
+            if takes {
+                node.backend = Some(dev.id());
+                continue;
+            }
+        }
         let reads_weights = node.op.weights().next().is_some();
         let first = match placement.layers() {
             Some(plan) => {

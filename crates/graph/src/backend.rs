@@ -360,6 +360,12 @@ pub trait Capabilities: Identity {
     fn can_stream_matmul(&self, _w: &WeightRef<'_>) -> Support {
         Err(format!("{} does not multiply weights it does not hold", self.name()).into())
     }
+    /// Whether a node reading weight `w`, which this backend does not hold, may run here
+    /// with the weight copied in for the split that reads it (streamed blocks, ADR 0014:
+    /// [`crate::Graph::streamed_blocks`]). Default: refused.
+    fn can_stream(&self, _w: &WeightRef<'_>) -> Support {
+        Err(format!("{} reads only the weights it holds", self.name()).into())
+    }
 }
 
 /// The execution layer: the splits of a compiled plan, identified by [`SplitKey`], run on
@@ -387,6 +393,13 @@ pub trait Executor: Memory {
         for (node, a) in nodes.iter().zip(args) {
             self.execute_node(node, a)?;
         }
+        Ok(())
+    }
+    /// Split `key`, which this backend runs next, is told ahead while another backend runs
+    /// the split before it, so work that needs nothing of that split's inputs (a streamed
+    /// block's weight copies, ADR 0014) starts now and overlaps the other backend's. The
+    /// same nodes and arguments reach [`Executor::execute_split`] after. Default: nothing.
+    fn prefetch_split(&mut self, _key: SplitKey, _nodes: &[&Node], _args: &[ExecArgs]) -> Result<()> {
         Ok(())
     }
     /// Op offload (layer offload, ADR 0014): runs split `key` as [`Executor::execute_split`]

@@ -483,6 +483,12 @@ pub struct Graph {
     /// matmuls of blocks below the count given, for the backends running those blocks
     /// ([`crate::backend::Executor::execute_split_helped`]). None: every backend alone.
     pub op_offload: Option<(crate::backend::BackendId, usize)>,
+    /// Streamed blocks (ADR 0014): a graph whose rows are all prompt rows, on a plan that
+    /// leaves blocks below the count given on the CPU, runs those blocks' nodes on this
+    /// device but their KV stores and attention (the KV stays where the plan put it), the
+    /// device copying their weights in per forward ([`crate::Capabilities::can_stream`]).
+    /// None: every node at its block's home.
+    pub streamed_blocks: Option<(crate::backend::BackendId, usize)>,
 }
 
 impl Graph {
@@ -596,6 +602,7 @@ impl GraphBuilder {
             inputs: self.inputs,
             output,
             op_offload: None,
+            streamed_blocks: None,
         }
     }
 }

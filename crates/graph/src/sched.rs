@@ -87,21 +87,35 @@ pub fn execute(
             backends[from].read_finish(ticket, &mut host)?;
             backends[bi].write(st.to, 0, &host)?;
         }
-        let live: Vec<usize> = nodes
-            .iter()
-            .copied()
-            .filter(|&i| !matches!(graph.nodes[i].op, Op::Input(_))) // host-filled
-            .collect();
-        let run: Vec<&Node> = live.iter().map(|&i| &graph.nodes[i]).collect();
-        let args: Vec<ExecArgs> = live
-            .iter()
-            .map(|&i| ExecArgs {
-                srcs: &plan.src_bufs[i],
-                out: plan.node_buf[i].map(|(_, b)| b),
-                kv: plan.kv[i],
-                weights,
-            })
-            .collect();
+        let live = |nodes: &[usize]| -> (Vec<&Node>, Vec<ExecArgs>) {
+            nodes
+                .iter()
+                .copied()
+                .filter(|&i| !matches!(graph.nodes[i].op, Op::Input(_))) // host-filled
+                .map(|i| {
+                    let a = ExecArgs {
+                        srcs: &plan.src_bufs[i],
+                        out: plan.node_buf[i].map(|(_, b)| b),
+                        kv: plan.kv[i],
+                        weights,
+                    };
+                    (&graph.nodes[i], a)
+                })
+                .unzip()
+        };
+        let (run, args) = live(nodes);
+        // The next split's backend, told ahead, overlaps what it can with this one.
+        if let Some((next_be, next)) = splits.get(k + 1).filter(|(b, _)| b != be) {
+            let (n_run, n_args) = live(next);
+            if !n_run.is_empty() {
+                let key = SplitKey {
+                    plan: plan.id,
+                    split: k as u32 + 1,
+                };
+                let ni = index_of(backends, *next_be)?;
+                backends[ni].prefetch_split(key, &n_run, &n_args)?;
+            }
+        }
         if !run.is_empty() {
             let key = SplitKey {
                 plan: plan.id,
