@@ -104,8 +104,10 @@ pub fn execute(
                 .unzip()
         };
         let (run, args) = live(nodes);
-        // The next split's backend, told ahead, overlaps what it can with this one.
-        if let Some((next_be, next)) = splits.get(k + 1).filter(|(b, _)| b != be) {
+        // With streamed blocks, the next split's backend, told ahead, copies that split's
+        // weights in while this one runs (a graph without them has nothing to overlap).
+        let ahead = graph.streamed_blocks.and(splits.get(k + 1));
+        if let Some((next_be, next)) = ahead.filter(|(b, _)| b != be) {
             let (n_run, n_args) = live(next);
             if !n_run.is_empty() {
                 let key = SplitKey {
