@@ -18,9 +18,9 @@ mod error;
 #[cfg(feature = "cuda")]
 mod exec;
 #[cfg(feature = "cuda")]
-pub mod lt;
-#[cfg(feature = "cuda")]
 mod locked;
+#[cfg(feature = "cuda")]
+pub mod lt;
 #[cfg(feature = "cuda")]
 mod matvec;
 #[cfg(feature = "cuda")]

@@ -21,7 +21,11 @@ const ALIGN: usize = 256;
 
 impl CudaBackend {
     /// Copies in the weights of `nodes` this backend does not hold (none: nothing happens).
-    pub(crate) fn stream_split_weights(&mut self, nodes: &[&Node], args: &[ExecArgs]) -> DResult<()> {
+    pub(crate) fn stream_split_weights(
+        &mut self,
+        nodes: &[&Node],
+        args: &[ExecArgs],
+    ) -> DResult<()> {
         self.streamed.clear();
         let Some(ws) = args.first().map(|a| a.weights) else {
             return Ok(());
@@ -80,7 +84,8 @@ impl CudaBackend {
         self.gpu.upload(base, &host)?;
         for (id, off, len) in vectors {
             let ptr = base + off as u64;
-            self.streamed.insert(id.index(), Resident::Vector { ptr, len });
+            self.streamed
+                .insert(id.index(), Resident::Vector { ptr, len });
         }
         for ((id, w, row_bytes, need), off) in matrices.into_iter().zip(offsets) {
             let ptr = base + off as u64;

@@ -131,8 +131,8 @@ pub struct EngineConfig {
     /// they go on the device only with every block ([`crate::offload`]).
     pub offload_head: bool,
     /// Op offload (on unless `--no-op-offload`, llama.cpp's flag): on a plan that leaves
-    /// blocks on the CPU, their matmuls' prompt rows multiplied on the device, each weight
-    /// copied in for the call ([`crate::offload`], ADR 0014).
+    /// blocks on the CPU, their prompt rows run on the device but for their KV stores and
+    /// attention, the weights copied in per forward ([`crate::offload`], ADR 0014).
     pub op_offload: bool,
     /// The knobs of the engine and its backends (docs/SETTINGS.md), handed to the backend
     /// table; the default reads this process's environment ([`crate::Settings::from_env`]).

@@ -155,7 +155,10 @@ impl Offload {
             _ => String::new(),
         };
         let op = if self.op_offload.is_some() {
-            format!("; prompt rows of cpu blocks multiplied on {}", self.device)
+            format!(
+                "; prompt rows of cpu blocks on {} (attention on cpu)",
+                self.device
+            )
         } else {
             String::new()
         };
@@ -377,7 +380,7 @@ pub(crate) fn place(
             }
         }
     };
-    // Op offload: a CPU block's prompt rows multiplied on the device when it takes at least
+    // Op offload: a CPU block's prompt rows run on the device when it takes at least
     // one of those blocks' matrices (the CPU asks it again per weight at run time).
     let op_offload = (k < n
         && cfg.op_offload

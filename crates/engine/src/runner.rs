@@ -362,7 +362,10 @@ impl ModelRunner {
     /// backend, so neither class's path depends on the other's presence. The rows of the
     /// two classes are different sequences', which read and write only their own cells.
     pub(crate) fn forward(&mut self, input: ForwardInput) -> Result<&BatchLogits> {
-        let streams = self.offload.as_ref().is_some_and(|o| o.op_offload.is_some());
+        let streams = self
+            .offload
+            .as_ref()
+            .is_some_and(|o| o.op_offload.is_some());
         let has = |c| input.classes.contains(&c);
         if !(streams && has(RowClass::Prompt) && has(RowClass::Generation)) {
             return self.forward_one(input);
@@ -675,12 +678,18 @@ mod tests {
         assert_eq!(entries, vec![None, Some(0), Some(1)]);
         assert_eq!(g.tokens, vec![20]);
         assert_eq!((g.positions[0], g.kv_cells[0]), (7, 207));
-        assert_eq!((g.out_rows.clone(), g.entry_logits.clone()), (vec![0], vec![1]));
+        assert_eq!(
+            (g.out_rows.clone(), g.entry_logits.clone()),
+            (vec![0], vec![1])
+        );
         assert_eq!(g.classes, vec![G]);
         assert_eq!(p.tokens, vec![10, 11, 30, 31, 32]);
         assert_eq!(p.kv_cells, vec![100, 101, 300, 301, 302]);
         assert_eq!(p.windows[2], vec![(3, 1)]);
-        assert_eq!((p.out_rows.clone(), p.entry_logits.clone()), (vec![4], vec![1]));
+        assert_eq!(
+            (p.out_rows.clone(), p.entry_logits.clone()),
+            (vec![4], vec![1])
+        );
         assert_eq!(p.classes, vec![P; 5]);
     }
 }

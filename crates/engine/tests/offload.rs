@@ -448,12 +448,14 @@ fn auto_with_offload_head_fits_the_head_first() {
 }
 
 /// Op offload against every block on the device, as a fraction of the logits' RMS: the
-/// matmuls are the same GEMM on both sides; what differs is the CPU blocks' attention, norms,
-/// RoPE, SwiGLU and adds (f32 on the CPU; on the device its prompt attention's f16 tiles,
-/// ADR 0011, and its kernels), which move the f16 rounding of the GEMM's inputs through four
-/// blocks. The first bar, 1e-2, left the device's f16 attention tiles out and failed on the
-/// H100 (2026-12-07, session 26) at 1.083e-2; 2e-2 is the class with them (the CPU against
-/// the device's prompt rows is 3-5e-2 on this model, see `OP_CPU_REL`).
+/// matmuls, norms, RoPE and SwiGLU of the CPU blocks' prompt rows run on the device on both
+/// sides (streamed blocks, session 27; in session 26 only the matmuls did); what differs is
+/// their attention (f32 on the CPU, the device's prompt attention in f16 tiles, ADR 0011),
+/// which moves the f16 rounding of the GEMM's inputs through four blocks. The first bar,
+/// 1e-2, left the device's f16 attention tiles out and failed on the H100 (2026-12-07,
+/// session 26) at 1.083e-2; 2e-2 is the class with them (the CPU against the device's prompt
+/// rows is 3-5e-2 on this model, see `OP_CPU_REL`). Streamed blocks measured the same
+/// 1.083e-2 (H100, session 27).
 #[cfg(feature = "cuda")]
 const OP_DEVICE_REL: f64 = 2e-2;
 /// Op offload against the all-CPU engine: the device's prompt rows (f16 GEMM) against the
@@ -466,8 +468,10 @@ const OP_DEVICE_REL: f64 = 2e-2;
 const OP_CPU_REL: f64 = 6e-2;
 
 /// Op offload (ADR 0014), CUDA as the device: on a plan that leaves blocks on the CPU, the
-/// device multiplies their matmuls' prompt rows (weights copied in per call) and the CPU keeps
-/// their generation rows, by row class and never by a forward's shape. A quantized model
+/// device runs their prompt rows but their KV stores and attention (streamed blocks: weights
+/// copied in per forward) and the CPU keeps their generation rows, by row class and never by
+/// a forward's shape. Placement: a prompt graph's weighted nodes of the CPU blocks are on the
+/// device, a generation graph's on the CPU. A quantized model
 /// (the device's prompt GEMM takes int8-path types; F32 weights keep the CPU). Gates, bit
 /// for bit: a prompt chunked as 1 + 7 + 15 rows = whole; a prompt sharing its forward with
 /// another sequence's generation row = alone, and that generation row = alone. The logits
@@ -503,7 +507,7 @@ fn op_offload_on_cuda(path: &Path, e: &mut Engine, o: &minfer_engine::offload::O
         assert!(o.op_offload.is_some(), "{o:?}");
         assert!(
             o.line()
-                .ends_with("; prompt rows of cpu blocks multiplied on cuda"),
+                .ends_with("; prompt rows of cpu blocks on cuda (attention on cpu)"),
             "{}",
             o.line()
         );

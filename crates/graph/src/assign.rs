@@ -33,7 +33,9 @@ pub fn assign_backends(
                 && dev.supports_op(&node.op, node.dtype, weights).is_ok()
                 && node.op.weights().all(|w| {
                     placement.holds_weight(dev.id(), w)
-                        || weights.weight(w).is_some_and(|r| dev.can_stream(&r).is_ok())
+                        || weights
+                            .weight(w)
+                            .is_some_and(|r| dev.can_stream(&r).is_ok())
                 });
             if takes {
                 node.backend = Some(dev.id());

@@ -399,7 +399,12 @@ pub trait Executor: Memory {
     /// the split before it, so work that needs nothing of that split's inputs (a streamed
     /// block's weight copies, ADR 0014) starts now and overlaps the other backend's. The
     /// same nodes and arguments reach [`Executor::execute_split`] after. Default: nothing.
-    fn prefetch_split(&mut self, _key: SplitKey, _nodes: &[&Node], _args: &[ExecArgs]) -> Result<()> {
+    fn prefetch_split(
+        &mut self,
+        _key: SplitKey,
+        _nodes: &[&Node],
+        _args: &[ExecArgs],
+    ) -> Result<()> {
         Ok(())
     }
     /// Op offload (layer offload, ADR 0014): runs split `key` as [`Executor::execute_split`]

@@ -27,8 +27,9 @@ pub struct OffloadArgs {
     #[arg(long = "offload-head")]
     pub offload_head: bool,
     /// Keep the prompt rows of the CPU's blocks on the CPU (llama.cpp's --no-op-offload). By
-    /// default, when some blocks run on the CPU, the device multiplies their matmuls' prompt
-    /// rows, each weight copied in for the call (generation rows stay on the CPU).
+    /// default, when some blocks run on the CPU, the device runs their prompt rows (all but
+    /// attention, which reads the KV on the CPU), the weights copied in per forward;
+    /// generation rows stay on the CPU.
     #[arg(long = "no-op-offload", visible_alias = "nopo")]
     pub no_op_offload: bool,
 }
