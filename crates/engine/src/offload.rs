@@ -48,6 +48,11 @@ pub struct BlockCosts {
     pub output: u64,
     /// Activations and pool slack, charged once.
     pub reserve: u64,
+    /// The most weight bytes one device split of a CPU block's prompt rows streams in (op
+    /// offload's arena, ADR 0014: the weights between one attention and the next), charged
+    /// beside the reserve when some block stays on the CPU; 0 without op offload or when the
+    /// device streams nothing.
+    pub stream: u64,
 }
 
 impl BlockCosts {
@@ -56,11 +61,22 @@ impl BlockCosts {
         self.weights[l] + self.concat[l] + self.kv
     }
 
+    /// What is charged beside `k` blocks: the reserve, and the stream arena when some block
+    /// stays on the CPU.
+    fn reserve_for(&self, k: usize) -> u64 {
+        self.reserve
+            + if k < self.weights.len() {
+                self.stream
+            } else {
+                0
+            }
+    }
+
     /// The budget that holds exactly the first `k` blocks (with the head when `k` is every
     /// block and `head` is set): what a test hands `--gpu-mem` to ask for `k`.
     pub fn budget_for(&self, k: usize, head: bool) -> u64 {
         let blocks: u64 = (0..k).map(|l| self.block(l)).sum();
-        self.reserve + blocks + if head { self.edges } else { 0 }
+        self.reserve_for(k) + blocks + if head { self.edges } else { 0 }
     }
 
     /// The largest prefix of blocks that fits `left` bytes, and the bytes left beside it.
@@ -75,30 +91,41 @@ impl BlockCosts {
 
     /// The largest prefix that fits `budget`: (blocks, whether the head fits too).
     pub fn fit(&self, budget: u64) -> (usize, bool) {
-        let Some(left) = budget.checked_sub(self.reserve) else {
-            return (0, false);
+        let fit = |reserve: u64| {
+            let left = budget.checked_sub(reserve)?;
+            let (k, left) = self.prefix(left);
+            Some((k, k == self.weights.len() && self.edges <= left))
         };
-        let (k, left) = self.prefix(left);
-        (k, k == self.weights.len() && self.edges <= left)
+        // Every block fits beside the reserve alone, or the arena is charged too.
+        match fit(self.reserve) {
+            Some((k, head)) if k == self.weights.len() => (k, head),
+            _ => fit(self.reserve + self.stream).unwrap_or((0, false)),
+        }
     }
 
     /// `--offload-head`'s fit: the output position first (None when even it does not fit
     /// beside the reserve), then the largest prefix of blocks beside it, and whether the
     /// embedding fits too once every block does (the whole model on the device).
     pub fn fit_head_first(&self, budget: u64) -> Option<(usize, bool)> {
-        let left = budget.checked_sub(self.reserve)?.checked_sub(self.output)?;
-        let (k, left) = self.prefix(left);
-        Some((
-            k,
-            k == self.weights.len() && self.edges - self.output <= left,
-        ))
+        let fit = |reserve: u64| {
+            let left = budget.checked_sub(reserve)?.checked_sub(self.output)?;
+            let (k, left) = self.prefix(left);
+            Some((
+                k,
+                k == self.weights.len() && self.edges - self.output <= left,
+            ))
+        };
+        match fit(self.reserve) {
+            Some((k, emb)) if k == self.weights.len() => Some((k, emb)),
+            _ => fit(self.reserve + self.stream),
+        }
     }
 
     /// The budget that holds the output position and the first `k` blocks (and, with
     /// `whole`, the embedding: the whole model).
     pub fn budget_for_head_first(&self, k: usize, whole: bool) -> u64 {
         let blocks: u64 = (0..k).map(|l| self.block(l)).sum();
-        self.reserve + blocks + if whole { self.edges } else { self.output }
+        self.reserve_for(k) + blocks + if whole { self.edges } else { self.output }
     }
 }
 
@@ -212,6 +239,7 @@ pub(crate) fn block_costs(
         edges: 0,
         output: 0,
         reserve: 0,
+        stream: 0,
     };
     let mut seen = std::collections::HashSet::new();
     for (id, layer) in used_by_layer(probe) {
@@ -267,7 +295,48 @@ pub(crate) fn block_costs(
     if let crate::KvSize::FreeMemory { .. } = cfg.kv_size {
         costs.reserve = costs.reserve.max(crate::kvsize::KV_RESERVE);
     }
+    if cfg.op_offload {
+        costs.stream = stream_arena(backends, device, weights, probe, n);
+    }
     Ok(costs)
+}
+
+/// The most weight bytes the device streams in for one split of a prompt forward with every
+/// block on the CPU (streamed blocks, ADR 0014): the weights of blocks' nodes between one KV
+/// node and the next, in the probe's order, of those the device can stream, each rounded up
+/// as the arena lays them out.
+fn stream_arena(
+    backends: &[Box<dyn Backend>],
+    device: BackendId,
+    weights: &ModelWeights<'_>,
+    probe: &Graph,
+    n: usize,
+) -> u64 {
+    let Some(dev) = backends.iter().find(|b| b.id() == device) else {
+        return 0;
+    };
+    let (mut most, mut run) = (0u64, 0u64);
+    let mut seen = std::collections::HashSet::new();
+    for node in probe.nodes.iter().filter(|n| !n.dead) {
+        if node.op.kv_layer().is_some() {
+            run = 0;
+            seen.clear();
+            continue;
+        }
+        if !node.layer.is_some_and(|l| l < n) {
+            continue;
+        }
+        for id in node.op.weights() {
+            let streams = weights
+                .weight(id)
+                .is_some_and(|w| dev.can_stream(&w).is_ok());
+            if streams && seen.insert(id) {
+                run += bytes_of(weights, id).next_multiple_of(256);
+            }
+        }
+        most = most.max(run);
+    }
+    most
 }
 
 /// What the planner decided: the placement made and the plan to report (None when no
@@ -460,24 +529,35 @@ fn head_first_reason(costs: &BlockCosts, k: usize, budget: u64, source: &str) ->
         )
     };
     format!(
-        "a budget of {} ({source}) holds the output head and {k} of {n} blocks: they and the \
-         reserve for activations and the pool take {}, {more}",
+        "a budget of {} ({source}) holds the output head and {k} of {n} blocks: they and {} \
+         take {}, {more}",
         size_text(budget),
+        reserve_words(costs, k),
         size_text(costs.budget_for_head_first(k, false))
     )
+}
+
+/// What is charged beside `k` blocks, in words.
+fn reserve_words(costs: &BlockCosts, k: usize) -> String {
+    if k < costs.weights.len() && costs.stream > 0 {
+        format!(
+            "the reserve for activations, the pool and one split's streamed weights ({})",
+            size_text(costs.stream)
+        )
+    } else {
+        "the reserve for activations and the pool".into()
+    }
 }
 
 /// Why `auto` stopped at `k` blocks (or left the head on the host), with the figures.
 fn fit_reason(costs: &BlockCosts, k: usize, budget: u64, source: &str) -> String {
     let n = costs.weights.len();
+    let reserve = reserve_words(costs, k);
     let taken = if k == 0 {
-        format!(
-            "the reserve for activations and the pool takes {}",
-            size_text(costs.reserve)
-        )
+        format!("{reserve} takes {}", size_text(costs.budget_for(0, false)))
     } else {
         format!(
-            "blocks 0..{k} and the reserve for activations and the pool take {}",
+            "blocks 0..{k} and {reserve} take {}",
             size_text(costs.budget_for(k, false))
         )
     };
@@ -498,4 +578,42 @@ fn fit_reason(costs: &BlockCosts, k: usize, budget: u64, source: &str) -> String
         "a budget of {} ({source}) holds {k} of {n} blocks: {taken}, {more}{tail}",
         size_text(budget)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BlockCosts;
+
+    fn costs(stream: u64) -> BlockCosts {
+        BlockCosts {
+            weights: vec![100; 4],
+            concat: vec![0; 4],
+            kv: 0,
+            edges: 30,
+            output: 20,
+            reserve: 50,
+            stream,
+        }
+    }
+
+    /// The stream arena is charged only beside a plan that leaves a block on the CPU: every
+    /// block fits beside the reserve alone; one byte less and the arena's 100 bytes cost a
+    /// second block. Control: without the arena the same budget keeps three.
+    #[test]
+    fn the_stream_arena_is_charged_when_a_block_stays_on_the_cpu() {
+        let c = costs(100);
+        assert_eq!(c.fit(450), (4, false));
+        assert_eq!(c.fit(480), (4, true));
+        assert_eq!(c.fit(449), (2, false));
+        assert_eq!(c.budget_for(2, false), 350);
+        assert_eq!(c.fit(350), (2, false));
+        assert_eq!(c.fit(349), (1, false));
+        assert_eq!(c.budget_for(4, true), 480);
+        assert_eq!(costs(0).fit(449), (3, false));
+        // The head first: 50 + 20 + 400 holds every block; one byte less, two.
+        assert_eq!(c.fit_head_first(470), Some((4, false)));
+        assert_eq!(c.fit_head_first(469), Some((2, false)));
+        assert_eq!(c.budget_for_head_first(2, false), 370);
+        assert_eq!(costs(0).fit_head_first(469), Some((3, false)));
+    }
 }
