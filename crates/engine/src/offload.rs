@@ -323,7 +323,7 @@ fn stream_arena(
             seen.clear();
             continue;
         }
-        if !node.layer.is_some_and(|l| l < n) {
+        if node.layer.is_none_or(|l| l >= n) {
             continue;
         }
         for id in node.op.weights() {
