@@ -540,6 +540,24 @@ struct Profile {
 }
 
 impl CudaBackend {
+    /// `copy` on the stream, and under the profile timed by an event pair under `key`: the
+    /// profile's table then says what the host's writes and reads (inputs, values crossing
+    /// a block boundary, logits) and the streamed weights cost beside the nodes.
+    pub(crate) fn timed_copy(
+        &mut self,
+        key: &str,
+        copy: impl FnOnce(&Gpu) -> DResult<()>,
+    ) -> DResult<()> {
+        if self.profile.is_none() {
+            return copy(&self.gpu);
+        }
+        let start = NodeTimer::event(&self.gpu)?;
+        copy(&self.gpu)?;
+        let end = NodeTimer::event(&self.gpu)?;
+        self.timer.push(Some(key.to_string()), None, start, end);
+        Ok(())
+    }
+
     /// A captured node's output, read back now (the stream is in order, so the read sees the
     /// values as the node wrote them, before any later node reuses the buffer).
     fn capture_output(&mut self, node: &Node, out: BufId) -> DResult<()> {
@@ -743,8 +761,7 @@ impl Memory for CudaBackend {
         } else {
             self.mirror.remove(&buf.0);
         }
-        self.gpu
-            .upload(ptr + offset as u64, data)
+        self.timed_copy("copy host->device", |g| g.upload(ptr + offset as u64, data))
             .map_err(|e| self.err(e))
     }
 
@@ -757,9 +774,10 @@ impl Memory for CudaBackend {
                 buf.0
             )));
         }
-        self.gpu
-            .download(ptr + offset as u64, out)
-            .map_err(|e| self.err(e))
+        self.timed_copy("copy device->host", |g| {
+            g.download(ptr + offset as u64, out)
+        })
+        .map_err(|e| self.err(e))
     }
 }
 

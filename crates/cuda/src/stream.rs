@@ -90,7 +90,9 @@ impl CudaBackend {
         for ((id, w, row_bytes, need), off) in matrices.into_iter().zip(offsets) {
             let ptr = base + off as u64;
             let part = ws.part(id).map(|(_, mapping)| mapping);
-            self.gpu.upload_mapped(ptr, &w.bytes[..need], part)?;
+            self.timed_copy("copy streamed weights", |g| {
+                g.upload_mapped(ptr, &w.bytes[..need], part)
+            })?;
             let m = Matrix {
                 ty: w.ty,
                 ne0: w.ne0,
