@@ -33,6 +33,10 @@ use super::avx2_x16::{bcast4, f16x8, finish, load, q8k_d, table};
 use super::x16::{Blocks, Dots, Q8K};
 use crate::simd::ActFacts;
 
+/// Tokens from which a matmul takes this form (expanding a group costs about one pass of the
+/// packed kernel's unpacking, which the expansion saves on every further four tokens).
+pub(super) const FROM: usize = 8;
+
 /// [`dots`] does not read the activations' facts.
 pub(super) const FACTS: bool = false;
 
