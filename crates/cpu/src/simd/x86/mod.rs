@@ -36,8 +36,8 @@ macro_rules! tile_wrappers {
 /// activation row and for four, and where `+ facts $fmodule::$fkernel` follows, of that
 /// kernel too (the form reading the activations' per-block facts, [`crate::simd::ActFacts`]),
 /// and where `+ wide $wmodule` follows, of that module's prompt form (`$wmodule::expand`,
-/// `$wmodule::dots`, its `WIDE_BLOCK`, `FACTS` and `FROM`: [`crate::simd::X16Wide`]), handed out only after
-/// `$supported()` held (None before, and for the types not listed).
+/// `$wmodule::dots`, its `WIDE_BLOCK`, `FACTS` and `FROM`: [`crate::simd::X16Wide`]),
+/// handed out only after `$supported()` held (None before, and for the types not listed).
 /// That check is what makes the wrappers sound: the kernels need that set's features.
 macro_rules! packed_lookup {
     (@facts) => {
