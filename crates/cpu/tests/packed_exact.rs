@@ -15,8 +15,8 @@
 //!   Q8_0, whose kernels take back their weights' bias as a multiple of Σ q), that form is
 //!   held to the same reference values, with the facts `TileSide::fill_rows` makes of the
 //!   same rows (what the matmul hands it), one and four rows a call. Where a type has the
-//!   prompt form (`X16Fns::wide`: AVX2 Q5_0 and Q6_K), each group is expanded by it and its
-//!   four-row kernel held to the same values.
+//!   prompt form (`X16Fns::wide`: AVX2 Q4_K, Q5_0 and Q6_K, each of which must be there),
+//!   each group is expanded by it and its four-row kernel held to the same values.
 //! - `facts_kernels_see_a_wrong_sum_or_d`: the permanent control of the facts forms: one
 //!   block's Σ q off by one, or its d doubled, changes every row of the group (whose d is not
 //!   zero) away from the reference's bits, and the true facts give them again.
@@ -59,6 +59,12 @@
 //! - AVX2 Q6_K's wide kernel reading sub-block 8n + 2i + m % 2's scale (for m / 2), and its
 //!   expansion storing the offsets' two pair-scale vectors of each word swapped, each failed
 //!   the direct test (`avx2 Q6_K four, wide`) and `packed_matmul_on_avx2`.
+//!
+//! Controls of the Q4_K prompt form (2026-12-07, the same VM, session 27, each taken out
+//! again): its expansion's second vector of each chunk blended with the wrong lanes (the
+//! mask 0x55 for 0xaa), and its mins' pair sums read from lanes 0, 1, 2, 5 for 0, 1, 4, 5,
+//! each failed the direct test (`avx2 Q4_K four, wide`, first row) and
+//! `packed_matmul_on_avx2` (whose token counts reach Q4_K's `from`, 16, and past it).
 
 use minfer_cpu::ops::matmul::packed::pack_x16;
 use minfer_cpu::ops::matmul::{matmul, Layout, Weight};
@@ -119,7 +125,8 @@ fn activation_rows(k: usize, seed: u64) -> Vec<Vec<f32>> {
 
 #[test]
 fn packed_kernels_are_exact_on_every_isa() {
-    let (mut checked, mut checked_facts, mut checked_wide) = (0, 0, 0);
+    let (mut checked, mut checked_facts) = (0, 0);
+    let mut checked_wide = Vec::new();
     for isa in simd::available() {
         for ty in TYPES {
             let Some(x16) = simd::x16_kernel_on(isa, ty) else {
@@ -223,7 +230,7 @@ fn packed_kernels_are_exact_on_every_isa() {
                             for t in 0..4 {
                                 assert_bits_eq(&got[t], &want[t0 + t], what("four, wide", t0 + t));
                             }
-                            checked_wide += 1;
+                            checked_wide.push((isa, ty));
                         }
                     }
                     checked += 1;
@@ -238,7 +245,14 @@ fn packed_kernels_are_exact_on_every_isa() {
     );
     if x86 {
         assert!(checked_facts > 0, "no facts kernel ran on an AVX2 machine");
-        assert!(checked_wide > 0, "no prompt form ran on an AVX2 machine");
+        // The prompt forms AVX2 has (none of them dropped from the lookup unnoticed), each
+        // held to the reference above.
+        for ty in [GgmlType::Q4K, GgmlType::Q5_0, GgmlType::Q6K] {
+            assert!(
+                checked_wide.contains(&(Isa::Avx2, ty)),
+                "no AVX2 prompt form of {ty} ran"
+            );
+        }
         for ty in TYPES {
             let x16 = simd::x16_kernel_on(Isa::Avx2, ty);
             assert!(x16.is_some(), "{ty} on AVX2");
@@ -368,9 +382,10 @@ fn packed_matmul_on_the_isa_in_use() {
             assert!(matmul(&w, &floats(k, 1), None, &mut out, 1).is_err());
             continue;
         }
-        // 8 and more tokens: the prompt forms (`X16Fns::wide`) where a type has one, with
-        // 1-3 tokens past the last four.
-        for nt in [1usize, 3, 4, 5, 8, 9, 19] {
+        // Every count to 20 and two more: the prompt forms (`X16Fns::wide`) where a type has
+        // one from its `from` (8 or 16) on, with 0-3 tokens past the last four; the packed
+        // kernels below it.
+        for nt in (1usize..=20).chain([33, 64]) {
             let x = floats(nt * k, 31 + nt as u64);
             let want = reference::matmul(ty, k, m, &plain, &x);
             for threads in [1, 2, 3] {

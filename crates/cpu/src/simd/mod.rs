@@ -104,6 +104,10 @@ pub struct X16Wide {
     pub block_bytes: usize,
     /// Whether [`X16Wide::four`] reads the activations' facts.
     pub facts: bool,
+    /// Tokens from which a matmul takes this form: expanding a group once costs about what
+    /// [`X16Wide::four`] saves over the packed kernel on this many tokens
+    /// (`benches/x16_kernels.rs`).
+    pub from: usize,
     pub expand: X16ExpandFn,
     /// `(expanded group, four activation rows, their facts, the 16 dots of each)`: panics
     /// unless the expansion holds as many blocks as each row and its facts.

@@ -37,11 +37,6 @@ const PAD_FROM: usize = 4;
 /// stays in L2 while every token passes over it.
 const SIDE_CHUNK_BYTES: usize = 64 * 1024;
 
-/// Tokens from which a packed matmul takes the prompt form of its type's kernels where it
-/// has one (`X16Fns::wide`): expanding a group costs about one pass of the packed kernel's
-/// unpacking, which the expansion saves on every further four tokens.
-const WIDE_FROM: usize = 8;
-
 thread_local! {
     /// Each thread's buffer for the prompt form's expanded groups (grows to the largest).
     static WIDE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -364,10 +359,11 @@ impl Task<'_> {
         } else {
             rows.len().max(1)
         };
-        // The prompt form: each group expanded once for all the tokens, four at a time.
+        // The prompt form: each group expanded once for all the tokens, four at a time, from
+        // the type's token count (`X16Wide::from`).
         let wide = x16
             .wide
-            .filter(|w| tokens.len() >= WIDE_FROM && (!w.facts || self.packed_facts.is_some()));
+            .filter(|w| tokens.len() >= w.from && (!w.facts || self.packed_facts.is_some()));
         let mut vals = [[0f32; X16]; 4];
         for c0 in rows.clone().step_by(per_chunk) {
             let chunk = c0..(c0 + per_chunk).min(rows.end);

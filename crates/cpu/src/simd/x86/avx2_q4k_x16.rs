@@ -31,15 +31,37 @@ use super::avx2_x16::{bcast4, f16x8, finish, lane_bytes, load, per_half, q8k_d, 
 use super::x16::{Blocks, Dots, Q8K};
 
 /// Bytes of one packed group's super-block (16 rows of 144 bytes).
-const GROUP_BLOCK: usize = 2304;
+pub(super) const GROUP_BLOCK: usize = 2304;
 
 /// Byte k of each lane as two zero-extended i16 (a scale or a min, for `vpmaddwd`).
-const BYTE_IDX: [[u8; 32]; 4] = [
+pub(super) const BYTE_IDX: [[u8; 32]; 4] = [
     lane_bytes(0, 0, 0),
     lane_bytes(1, 1, 0),
     lane_bytes(2, 2, 0),
     lane_bytes(3, 3, 0),
 ];
+
+/// The six-bit scales and mins of 8 rows from their three packed words `wa`, `wb`, `wc`
+/// (the bit moves of `quants::unpack_scale_min_k4`), one byte each per lane: scales 0..4,
+/// scales 4..8, mins 0..4, mins 4..8.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn scales_mins(wa: __m256i, wb: __m256i, wc: __m256i) -> [__m256i; 4] {
+    let six = _mm256_set1_epi32(0x3f3f_3f3f);
+    let four = _mm256_set1_epi32(0x0f0f_0f0f);
+    let top = _mm256_set1_epi32(0x3030_3030);
+    let sl = _mm256_and_si256(wa, six);
+    let sh = _mm256_or_si256(
+        _mm256_and_si256(wc, four),
+        _mm256_and_si256(_mm256_srli_epi32::<2>(wa), top),
+    );
+    let ml = _mm256_and_si256(wb, six);
+    let mh = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi32::<4>(wc), four),
+        _mm256_and_si256(_mm256_srli_epi32::<2>(wb), top),
+    );
+    [sl, sh, ml, mh]
+}
 
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
 /// rows `a` (see `x16`).
@@ -53,9 +75,6 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &
     // No closures below: a closure does not inherit the target features, so intrinsics in
     // one become calls.
     let m4 = _mm256_set1_epi8(0x0f);
-    let six = _mm256_set1_epi32(0x3f3f_3f3f);
-    let four = _mm256_set1_epi32(0x0f0f_0f0f);
-    let top = _mm256_set1_epi32(0x3030_3030);
     let zero = _mm256_setzero_si256();
     let mut idx = [zero; 4];
     for k in 0..4 {
@@ -84,17 +103,7 @@ pub(crate) unsafe fn dot_q4k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &
                     load(p.add(192 + 32 * h)),
                 )
             };
-            // Per lane: scales 0..4, scales 4..8, mins 0..4, mins 4..8 (one byte each).
-            let sl = _mm256_and_si256(wa, six);
-            let sh = _mm256_or_si256(
-                _mm256_and_si256(wc, four),
-                _mm256_and_si256(_mm256_srli_epi32::<2>(wa), top),
-            );
-            let ml = _mm256_and_si256(wb, six);
-            let mh = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi32::<4>(wc), four),
-                _mm256_and_si256(_mm256_srli_epi32::<2>(wb), top),
-            );
+            let [sl, sh, ml, mh] = scales_mins(wa, wb, wc);
             let mut isum = [zero; N];
             let mut msum = [zero; N];
             let ap = per_half(ap);

@@ -35,30 +35,22 @@
 use std::arch::x86_64::*;
 
 use super::avx2_q50_x16::{fifth_bits, GROUP_BLOCK, SPREAD};
-use super::avx2_x16::{f16x8, finish, load, q8_0_facts, widen};
+use super::avx2_x16::{bcast8, f16x8, finish, load, q8_0_facts, widen};
 use super::x16::{Blocks, Dots, Q8_0};
 use crate::simd::ActFacts;
 
 /// Bytes of one block's expansion: per half, 8 f32 scales and 8 vectors of 32 bytes.
 pub(super) const WIDE_BLOCK: usize = 2 * HALF;
 
+/// Tokens from which a matmul takes this form (expanding a group costs about one pass of the
+/// packed kernel's unpacking, which the expansion saves on every further four tokens).
+pub(super) const FROM: usize = 8;
+
 /// [`dots`] reads each activation block's d and Σ q from the rows' facts.
 pub(super) const FACTS: bool = true;
 
 /// Bytes of one half's expansion.
 const HALF: usize = 32 + 8 * 32;
-
-/// The 8 bytes at `p` (unaligned) in every 64-bit lane: 8 activation bytes for
-/// `vpmaddubsw`, 4 of them for each of two i32 lanes.
-///
-/// # Safety
-/// `p` must point at 8 readable bytes.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn bcast8(p: *const u8) -> __m256i {
-    // SAFETY: the caller's.
-    _mm256_set1_epi64x(unsafe { p.cast::<i64>().read_unaligned() })
-}
 
 /// Expands the packed Q5_0 group `g` into `e` (see the module docs); panics unless `g` is
 /// whole packed blocks and `e` holds [`WIDE_BLOCK`] bytes for each.

@@ -14,7 +14,8 @@
 //! 32j the u of elements 128n + 32i + 8m + 4j.. (4 a lane) of each row: the vectors the
 //! packed kernel's registers hold, in the order it uses them.
 //!
-//! [`dots`] is the packed kernel without the unpacking: the same integers (two `vpmaddubsw`
+//! [`dots`] is the packed kernel without the unpacking (its per-token steps are the packed
+//! kernel's own functions, `add_offsets`, `add_products` and `add_block`): the same integers (two `vpmaddubsw`
 //! of a sub-block summed in i16, at most 2 · 2 · 63 · 128 = 32256; `vpmaddwd` against the
 //! scale; the -32 offset taken back once a super-block as 32 · Σ_s sc_s · bsum_s) and the
 //! same float steps, one row per lane, never fused: (d_w · d_a) · isum, super-block b added
@@ -28,10 +29,17 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_q6k_x16::{six_bits, GROUP_BLOCK, PAIR_IDX, SCALES, SCALE_IDX, TRIPLES};
-use super::avx2_x16::{bcast4, f16x8, finish, load, q8k_d, table};
+use super::avx2_q6k_x16::{
+    add_block, add_offsets, add_products, six_bits, GROUP_BLOCK, PAIR_IDX, SCALES, SCALE_IDX,
+    TRIPLES,
+};
+use super::avx2_x16::{f16x8, finish, load, q8k_d, table};
 use super::x16::{Blocks, Dots, Q8K};
 use crate::simd::ActFacts;
+
+/// Tokens from which a matmul takes this form (expanding a group costs about one pass of the
+/// packed kernel's unpacking, which the expansion saves on every further four tokens).
+pub(super) const FROM: usize = 8;
 
 /// [`dots`] does not read the activations' facts.
 pub(super) const FACTS: bool = false;
@@ -137,12 +145,10 @@ pub(crate) unsafe fn dots<const N: usize>(
             let mut offs = [zero; N];
             for w in 0..4 {
                 for k in 0..2 {
-                    // SAFETY: the pair's scale vector.
-                    let sc = unsafe { load(p.add(PAIRS + 32 * (2 * w + k))) };
-                    for t in 0..N {
-                        // SAFETY: bsums 4w + 2k and 4w + 2k + 1 (4 bytes at 260 + 8w + 4k).
-                        let bs = unsafe { bcast4(ap[t].add(260 + 8 * w + 4 * k)) };
-                        offs[t] = _mm256_add_epi32(offs[t], _mm256_madd_epi16(sc, bs));
+                    // SAFETY: the pair's scale vector; each of `ap` starts a whole Q8_K block.
+                    unsafe {
+                        let sc = load(p.add(PAIRS + 32 * (2 * w + k)));
+                        add_offsets(sc, &ap, w, k, &mut offs);
                     }
                 }
             }
@@ -156,27 +162,12 @@ pub(crate) unsafe fn dots<const N: usize>(
                             let s = 8 * n + 2 * i + m / 2;
                             (load(at), load(at.add(32)), load(p.add(SUBS + 32 * s)))
                         };
-                        for t in 0..N {
-                            // SAFETY: activation bytes 128n + 32i + 8m (+ 4 for d) and the 4
-                            // after, in the block.
-                            let (a0, a1) = unsafe {
-                                let at = ap[t].add(4 + 128 * n + 32 * i + 8 * m);
-                                (bcast4(at), bcast4(at.add(4)))
-                            };
-                            let pair = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(u0, a0),
-                                _mm256_maddubs_epi16(u1, a1),
-                            );
-                            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pair, sc));
-                        }
+                        // SAFETY: each of `ap` starts a whole Q8_K block.
+                        unsafe { add_products((u0, u1, sc), &ap, (n, i, m), &mut isum) };
                     }
                 }
             }
-            for t in 0..N {
-                let q = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(offs[t]));
-                let v = _mm256_mul_ps(_mm256_mul_ps(d, da[t]), _mm256_cvtepi32_ps(q));
-                lanes[t][h][b % 4] = _mm256_add_ps(lanes[t][h][b % 4], v);
-            }
+            add_block((d, &da), (&isum, &offs), (h, b), &mut lanes);
         }
     }
     finish(&lanes, out);

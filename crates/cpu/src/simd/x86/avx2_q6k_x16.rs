@@ -59,6 +59,71 @@ pub(super) fn six_bits(i: usize, la: __m256i, lb: __m256i, qh: __m256i) -> __m25
     _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_and_si256(high, m30))
 }
 
+/// Adds into each token's `offs` Σ sc_s · bsum_s of sub-blocks 4w + 2k and 4w + 2k + 1
+/// (`sc`: their scales in the two i16 of each row's lane) against the two stored activation
+/// sums of the Q8_K block at each of `ap`.
+///
+/// # Safety
+/// Each of `ap` must start a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn add_offsets<const N: usize>(
+    sc: __m256i,
+    ap: &[*const u8; N],
+    w: usize,
+    k: usize,
+    offs: &mut [__m256i; N],
+) {
+    for (o, p) in offs.iter_mut().zip(ap) {
+        // SAFETY: bsums 4w + 2k and 4w + 2k + 1 (4 bytes at 260 + 8w + 4k of the block).
+        let bs = unsafe { bcast4(p.add(260 + 8 * w + 4 * k)) };
+        *o = _mm256_add_epi32(*o, _mm256_madd_epi16(sc, bs));
+    }
+}
+
+/// Adds into each token's `isum` sc · Σ u·a of elements 128n + 32i + 8m..+ 8 of the 8 rows
+/// (`u0` the first 4 of each row's lane, `u1` the next 4; `sc` their sub-block's scale in
+/// both i16 of each row's lane), against those of the Q8_K block at each of `ap`: the two
+/// `vpmaddubsw` summed in i16 (see the module docs' bound), then one `vpmaddwd`.
+///
+/// # Safety
+/// Each of `ap` must start a whole Q8_K block; `n < 2`, `i < 4`, `m < 4`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn add_products<const N: usize>(
+    (u0, u1, sc): (__m256i, __m256i, __m256i),
+    ap: &[*const u8; N],
+    (n, i, m): (usize, usize, usize),
+    isum: &mut [__m256i; N],
+) {
+    for (s, p) in isum.iter_mut().zip(ap) {
+        // SAFETY: activation bytes 128n + 32i + 8m (+ 4 for d) and the 4 after, in the block.
+        let (a0, a1) = unsafe {
+            let at = p.add(4 + 128 * n + 32 * i + 8 * m);
+            (bcast4(at), bcast4(at.add(4)))
+        };
+        let pair = _mm256_add_epi16(_mm256_maddubs_epi16(u0, a0), _mm256_maddubs_epi16(u1, a1));
+        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pair, sc));
+    }
+}
+
+/// Half h of super-block b into each token's block lanes: (d_w · d_a) · (isum - 32 · offs),
+/// never fused, added into lane b % 4.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn add_block<const N: usize>(
+    (d, da): (__m256, &[__m256; N]),
+    (isum, offs): (&[__m256i; N], &[__m256i; N]),
+    (h, b): (usize, usize),
+    lanes: &mut [[[__m256; 4]; 2]; N],
+) {
+    for t in 0..N {
+        let q = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(offs[t]));
+        let v = _mm256_mul_ps(_mm256_mul_ps(d, da[t]), _mm256_cvtepi32_ps(q));
+        lanes[t][h][b % 4] = _mm256_add_ps(lanes[t][h][b % 4], v);
+    }
+}
+
 /// The 16 dots of the group `g` (`blocks · GROUP_BLOCK` bytes) with each of the `N` Q8_K
 /// rows `a` (see `x16`).
 ///
@@ -94,11 +159,8 @@ pub(crate) unsafe fn dot_q6k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &
             for w in 0..4 {
                 for k in 0..2 {
                     let sc = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(sw[w], pidx[k]));
-                    for t in 0..N {
-                        // SAFETY: bsums 4w + 2k and 4w + 2k + 1 (4 bytes at 260 + 8w + 4k).
-                        let bs = unsafe { bcast4(ap[t].add(260 + 8 * w + 4 * k)) };
-                        offs[t] = _mm256_add_epi32(offs[t], _mm256_madd_epi16(sc, bs));
-                    }
+                    // SAFETY: each of `ap` starts a whole Q8_K block.
+                    unsafe { add_offsets(sc, &ap, w, k, &mut offs) };
                 }
             }
             for n in 0..2 {
@@ -121,27 +183,12 @@ pub(crate) unsafe fn dot_q6k_x16<const N: usize>(g: &[u8], a: [&[u8]; N], out: &
                         let s = 8 * n + 2 * i + m / 2;
                         let sc =
                             _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(sw[s / 4], sidx[s % 4]));
-                        for t in 0..N {
-                            // SAFETY: activation bytes 128n + 32i + 8m (+ 4 for d) and the 4
-                            // after, in the block.
-                            let (a0, a1) = unsafe {
-                                let at = ap[t].add(4 + 128 * n + 32 * i + 8 * m);
-                                (bcast4(at), bcast4(at.add(4)))
-                            };
-                            let pair = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(u0, a0),
-                                _mm256_maddubs_epi16(u1, a1),
-                            );
-                            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pair, sc));
-                        }
+                        // SAFETY: each of `ap` starts a whole Q8_K block.
+                        unsafe { add_products((u0, u1, sc), &ap, (n, i, m), &mut isum) };
                     }
                 }
             }
-            for t in 0..N {
-                let q = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(offs[t]));
-                let v = _mm256_mul_ps(_mm256_mul_ps(d, da[t]), _mm256_cvtepi32_ps(q));
-                lanes[t][h][b % 4] = _mm256_add_ps(lanes[t][h][b % 4], v);
-            }
+            add_block((d, &da), (&isum, &offs), (h, b), &mut lanes);
         }
     }
     finish(&lanes, out);

@@ -29,6 +29,19 @@ pub(super) unsafe fn bcast4(p: *const u8) -> __m256i {
     _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
+/// The 8 bytes at `p` (unaligned) in every 64-bit lane: 8 activation bytes for
+/// `vpmaddubsw`, 4 of them for each of two i32 lanes (the prompt forms' layout of 4 rows ×
+/// 8 elements a vector).
+///
+/// # Safety
+/// `p` must point at 8 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn bcast8(p: *const u8) -> __m256i {
+    // SAFETY: the caller's.
+    _mm256_set1_epi64x(unsafe { p.cast::<i64>().read_unaligned() })
+}
+
 /// 32 bytes at `p` (unaligned).
 ///
 /// # Safety

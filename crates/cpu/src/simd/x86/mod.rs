@@ -36,8 +36,8 @@ macro_rules! tile_wrappers {
 /// activation row and for four, and where `+ facts $fmodule::$fkernel` follows, of that
 /// kernel too (the form reading the activations' per-block facts, [`crate::simd::ActFacts`]),
 /// and where `+ wide $wmodule` follows, of that module's prompt form (`$wmodule::expand`,
-/// `$wmodule::dots`, its `WIDE_BLOCK` and `FACTS`: [`crate::simd::X16Wide`]), handed out only after
-/// `$supported()` held (None before, and for the types not listed).
+/// `$wmodule::dots`, its `WIDE_BLOCK`, `FACTS` and `FROM`: [`crate::simd::X16Wide`]),
+/// handed out only after `$supported()` held (None before, and for the types not listed).
 /// That check is what makes the wrappers sound: the kernels need that set's features.
 macro_rules! packed_lookup {
     (@facts) => {
@@ -81,6 +81,7 @@ macro_rules! packed_lookup {
         Some(crate::simd::X16Wide {
             block_bytes: $wm::WIDE_BLOCK,
             facts: $wm::FACTS,
+            from: $wm::FROM,
             expand,
             four,
         })
@@ -158,6 +159,7 @@ mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_q40_x16;
 mod avx2_q41_x16;
+mod avx2_q4k_wide;
 mod avx2_q4k_x16;
 mod avx2_q50_wide;
 mod avx2_q50_x16;
@@ -313,7 +315,7 @@ packed_lookup! {
     /// row and four at a time: the same layouts and bits as the AVX-512 ones (None: no
     /// kernel, or no AVX2 here).
     pub(super) fn avx2_packed if avx2_supported {
-        Q4K => avx2_q4k_x16::dot_q4k_x16,
+        Q4K => avx2_q4k_x16::dot_q4k_x16 + wide avx2_q4k_wide,
         Q6K => avx2_q6k_x16::dot_q6k_x16 + wide avx2_q6k_wide,
         Q4_0 => avx2_q40_x16::dot_q40_x16 + facts avx2_q40_x16::dot_q40_x16_facts,
         Q8_0 => avx2_q80_x16::dot_q80_x16 + facts avx2_q80_x16::dot_q80_x16_facts,
