@@ -708,6 +708,14 @@ impl Memory for CudaBackend {
         self.weights_bytes
     }
 
+    fn prepare_streamed(
+        &mut self,
+        weights: &dyn WeightSource,
+        ids: &[WeightId],
+    ) -> GraphResult<()> {
+        self.lock_streamed(weights, ids).map_err(|e| self.err(e))
+    }
+
     fn sibling(&self) -> GraphResult<Box<dyn minfer_graph::Backend>> {
         self.make_sibling()
             .map(|b| Box::new(b) as Box<dyn minfer_graph::Backend>)

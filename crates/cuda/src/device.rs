@@ -145,8 +145,9 @@ pub struct Gpu {
     /// Page-locked blocks for large uploads ([`Gpu::upload_staged`]): two halves filled in
     /// turn, each with the event of the copy that last read it.
     up_staging: RefCell<Option<(Pinned, [cudarc::driver::CudaEvent; 2])>>,
-    /// The model's parts page-locked for streamed weights ([`Gpu::upload_mapped`]).
-    locked: crate::locked::LockedParts,
+    /// The spans of the model's mapping page-locked for streamed weights
+    /// ([`Gpu::lock_host`], [`Gpu::upload_mapped`]).
+    locked: crate::locked::LockedSpans,
     /// cuBLASLt, opened by the first prompt-row GEMM plan.
     lt: Option<Lt>,
     /// How cuBLASLt pins its algorithms (`MINFER_CUDA_GEMM_*`), for when it opens.
@@ -431,7 +432,7 @@ impl Gpu {
             allocs: Vec::new(),
             staging: RefCell::new(None),
             up_staging: RefCell::new(None),
-            locked: Default::default(),
+            locked: self.locked.shared(),
             lt: None,
             gemm: self.gemm,
             sync_timeout: self.sync_timeout,
@@ -564,14 +565,22 @@ impl Gpu {
         Ok(())
     }
 
-    /// A weight's bytes `data` from the model's mapping, `part` the mapped part holding them
-    /// (streamed blocks, ADR 0014): with the part page-locked ([`crate::locked`]) the copy is
-    /// queued on the stream and the host goes on at once; else through the staging blocks.
-    pub fn upload_mapped(&self, ptr: u64, data: &[u8], part: Option<&[u8]>) -> DResult<()> {
+    /// Page-locks the span of the model's mapping `span` lies in ([`crate::locked`]);
+    /// whether the driver took it.
+    pub fn lock_host(&self, span: &[u8]) -> DResult<bool> {
+        self.bind()?;
+        Ok(self.locked.lock(span))
+    }
+
+    /// A streamed weight's bytes `data` from the model's mapping (ADR 0014): where they lie
+    /// in a span [`Gpu::lock_host`] locked, the copy is queued on the stream and the host
+    /// goes on at once; else through the staging blocks.
+    pub fn upload_mapped(&self, ptr: u64, data: &[u8]) -> DResult<()> {
         self.flush_record()?;
         self.bind()?;
-        if part.is_some_and(|p| self.locked.lock(p)) {
-            // SAFETY: `data` lies in the locked part, which outlives the device's use of it.
+        if self.locked.covers(data) {
+            // SAFETY: `data` lies in a locked span of the mapping, which outlives the
+            // device's use of it.
             return unsafe { result::memcpy_htod_async(ptr, data, self.stream.cu_stream()) }
                 .map_err(|e| drv("cuMemcpyHtoDAsync", e));
         }

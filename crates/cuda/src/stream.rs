@@ -20,6 +20,49 @@ use crate::scratch::Scratch;
 const ALIGN: usize = 256;
 
 impl CudaBackend {
+    /// `Memory::prepare_streamed`: page-locks, per mapped part, the span from the first to
+    /// the last byte of the weights this backend will stream (a CPU block's weights lie
+    /// together in the file), so their copies are DMA from the mapping; the blocks the
+    /// device holds and the embedding stay pageable.
+    pub(crate) fn lock_streamed(
+        &mut self,
+        ws: &dyn minfer_graph::WeightSource,
+        ids: &[WeightId],
+    ) -> DResult<()> {
+        let started = std::time::Instant::now();
+        // Per part: (its mapping, the lowest and highest address of a streamed weight).
+        let mut spans: Vec<(usize, &[u8], usize, usize)> = Vec::new();
+        for &id in ids {
+            let (Some(w), Some((part, mapping))) = (ws.weight(id), ws.part(id)) else {
+                continue;
+            };
+            let (a, b) = (
+                w.bytes.as_ptr() as usize,
+                w.bytes.as_ptr() as usize + w.bytes.len(),
+            );
+            match spans.iter_mut().find(|s| s.0 == part) {
+                Some(s) => (s.2, s.3) = (s.2.min(a), s.3.max(b)),
+                None => spans.push((part, mapping, a, b)),
+            }
+        }
+        let mut locked = 0usize;
+        for (_, mapping, a, b) in spans {
+            let base = mapping.as_ptr() as usize;
+            if self.gpu.lock_host(&mapping[a - base..b - base])? {
+                locked += b - a;
+            }
+        }
+        if locked > 0 {
+            tracing::info!(
+                "{}: {:.1} MiB of the model's mapping page-locked for streamed blocks in {:.2} s",
+                minfer_graph::Identity::name(self),
+                locked as f64 / (1u64 << 20) as f64,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
     /// Copies in the weights of `nodes` this backend does not hold (none: nothing happens).
     pub(crate) fn stream_split_weights(
         &mut self,
@@ -89,9 +132,8 @@ impl CudaBackend {
         }
         for ((id, w, row_bytes, need), off) in matrices.into_iter().zip(offsets) {
             let ptr = base + off as u64;
-            let part = ws.part(id).map(|(_, mapping)| mapping);
             self.timed_copy("copy streamed weights", |g| {
-                g.upload_mapped(ptr, &w.bytes[..need], part)
+                g.upload_mapped(ptr, &w.bytes[..need])
             })?;
             let m = Matrix {
                 ty: w.ty,

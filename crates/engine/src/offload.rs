@@ -494,6 +494,9 @@ pub(crate) fn place(
             if let Some(cpu) = backends.iter_mut().find(|b| b.id() == CPU_ID) {
                 cpu.keep_weight_bytes(&streamed);
             }
+            if let Some(dev) = backends.iter_mut().find(|b| b.id() == device) {
+                dev.prepare_streamed(weights, &streamed)?;
+            }
         }
         placement
     };

@@ -273,6 +273,13 @@ pub trait Memory: Identity {
     /// release their pages once it derived its own layout keeps them. Given once, after
     /// [`Memory::prepare_weights`]. Default: nothing released, nothing to keep.
     fn keep_weight_bytes(&mut self, _ids: &[WeightId]) {}
+    /// Streamed blocks (ADR 0014): the weights this backend will copy in per forward without
+    /// holding them, told once at load, so a device can make their host bytes ready for
+    /// direct copies (CUDA page-locks the span of the mapping they lie in, and only it).
+    /// Default: nothing to prepare.
+    fn prepare_streamed(&mut self, _weights: &dyn WeightSource, _ids: &[WeightId]) -> Result<()> {
+        Ok(())
+    }
     /// Bytes of device memory the prepared weights occupy (wrapped or copied); memory budgets
     /// charge them next to KV regions and activations. 0 for a backend reading the host's
     /// mapping in place (the CPU).
