@@ -9,7 +9,6 @@ mod dump;
 pub mod fastdot;
 pub mod huge;
 pub mod llamacpp_x86;
-mod op_offload;
 pub mod ops;
 pub mod plant;
 pub mod settings;
@@ -18,9 +17,9 @@ pub mod threads;
 
 use minfer_gguf::{quants, GgmlType};
 use minfer_graph::{
-    Backend, BackendId, BufId, Capabilities, CaptureLog, DType, Error, ExecArgs, Executor, FusedOp,
-    Identity, Memory, Node, NodeId, Op, Result, RowClasses, SplitKey, Support, WeightId, WeightRef,
-    WeightSource, WindowLayout,
+    BackendId, BufId, Capabilities, CaptureLog, DType, Error, ExecArgs, Executor, FusedOp,
+    Identity, Memory, Node, NodeId, Op, Result, Support, WeightId, WeightRef, WeightSource,
+    WindowLayout,
 };
 use ops::{attn, elementwise as ew, matmul, norm, rope, rows, KernelError};
 pub use settings::CpuSettings;
@@ -106,9 +105,6 @@ pub struct CpuBackend {
     pending: Vec<Option<(matmul::Layout, bool)>>,
     /// `MINFER_CPU_PACK=0`: every matrix stays in its file's plain rows.
     plain_rows: bool,
-    /// The classes of the forward's rows: under op offload the prompt rows of a block's
-    /// matmuls go to the helper ([`Executor::execute_split_helped`]).
-    rows: RowClasses,
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -140,7 +136,6 @@ impl CpuBackend {
             packed: Vec::new(),
             pending: Vec::new(),
             plain_rows: false,
-            rows: RowClasses::default(),
         }
     }
 
@@ -197,7 +192,6 @@ impl CpuBackend {
         alias0: Option<&[f32]>,
         out: &mut [f32],
         kv: Option<&mut (Vec<f32>, Vec<f32>)>,
-        helper: Option<(&mut dyn Backend, usize)>,
     ) -> std::result::Result<(), KernelError> {
         let src = |i: usize| -> std::result::Result<&[f32], KernelError> {
             if i == 0 {
@@ -253,12 +247,6 @@ impl CpuBackend {
                     layout,
                 };
                 let b = bias.map(vector).transpose()?;
-                if let Some((h, blocks)) = helper {
-                    let x = &src(0)?[..w.ne0 * ne1];
-                    if node.layer.is_some_and(|l| l < blocks) && h.can_stream_matmul(&w).is_ok() {
-                        return self.matmul_helped(&w, &mw, x, b, out, ne1, h);
-                    }
-                }
                 if let Some(simd) = self.numerics.llamacpp() {
                     return llamacpp_x86::matmul(
                         simd,
@@ -630,26 +618,8 @@ impl Capabilities for CpuBackend {
 }
 
 impl Executor for CpuBackend {
-    fn set_row_classes(&mut self, rows: &RowClasses) {
-        self.rows.clone_from(rows);
-    }
-
-    fn execute_split_helped(
-        &mut self,
-        _key: SplitKey,
-        nodes: &[&Node],
-        args: &[ExecArgs],
-        helper: &mut dyn Backend,
-        blocks: usize,
-    ) -> Result<()> {
-        for (node, a) in nodes.iter().zip(args) {
-            self.execute_node_with(node, a, Some((&mut *helper, blocks)))?;
-        }
-        Ok(())
-    }
-
     fn execute_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()> {
-        self.execute_node_with(node, args, None)
+        self.run_node(node, args)
     }
 
     fn synchronize(&mut self) -> Result<()> {
@@ -675,13 +645,8 @@ impl Executor for CpuBackend {
 }
 
 impl CpuBackend {
-    /// A node run by this backend, with op offload's helper for a block's prompt rows.
-    fn execute_node_with(
-        &mut self,
-        node: &Node,
-        args: &ExecArgs,
-        helper: Option<(&mut dyn Backend, usize)>,
-    ) -> Result<()> {
+    /// A node run by this backend.
+    fn run_node(&mut self, node: &Node, args: &ExecArgs) -> Result<()> {
         if let Op::MatMul { weight, .. } = node.op {
             self.pack_on_first_use(weight, args.weights)?;
         }
@@ -711,14 +676,7 @@ impl CpuBackend {
                 out.len()
             )))
         } else {
-            self.run(
-                node,
-                args,
-                alias0.as_deref(),
-                &mut out[..n],
-                kv.as_mut(),
-                helper,
-            )
+            self.run(node, args, alias0.as_deref(), &mut out[..n], kv.as_mut())
         };
         if let Some(t0) = t0 {
             self.captures

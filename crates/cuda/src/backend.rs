@@ -279,7 +279,7 @@ impl CudaBackend {
                 )
             }
         );
-        let weight_mem = Arc::new(SharedAllocs::new(&gpu.ctx));
+        let weight_mem = Arc::new(SharedAllocs::new(&gpu));
         Ok(CudaBackend {
             id,
             name,
@@ -617,7 +617,7 @@ impl CudaBackend {
         self.weights = vec![None; weights.len()];
         self.weights_bytes = 0;
         // Owned apart from the `Gpu`, so a sibling keeps them alive (freed with the last).
-        let mut mem = SharedAllocs::new(&self.gpu.ctx);
+        let mut mem = SharedAllocs::new(&self.gpu);
         let r = self.upload_into(&mut mem, weights, ids);
         self.weight_mem = Arc::new(mem);
         r
@@ -630,8 +630,8 @@ impl CudaBackend {
         ids: &[WeightId],
     ) -> GraphResult<()> {
         let mut alloc = |gpu: &Gpu, bytes: usize| -> DResult<u64> {
-            let (ptr, _) = gpu.alloc_raw(bytes)?;
-            mem.own(ptr);
+            let (ptr, bytes) = gpu.alloc_raw(bytes)?;
+            mem.own(ptr, bytes);
             Ok(ptr)
         };
         for &id in ids {
@@ -689,6 +689,7 @@ impl Memory for CudaBackend {
         let started = std::time::Instant::now();
         let before = self.weights_bytes;
         self.upload_weights(weights, ids)?;
+        self.presize_half(weights, ids).map_err(|e| self.err(e))?;
         // The copies are queued from pageable memory: the upload is over when the stream is.
         self.gpu.sync().map_err(|e| self.err(e))?;
         let upload = started.elapsed();
@@ -713,13 +714,24 @@ impl Memory for CudaBackend {
         weights: &dyn WeightSource,
         ids: &[WeightId],
     ) -> GraphResult<()> {
+        self.presize_half(weights, ids).map_err(|e| self.err(e))?;
         self.lock_streamed(weights, ids).map_err(|e| self.err(e))
+    }
+
+    fn scratch_bytes(&self, weights: &dyn WeightSource, ids: &[WeightId], n_batch: usize) -> u64 {
+        self.scratch_bound(weights, ids, n_batch)
     }
 
     fn sibling(&self) -> GraphResult<Box<dyn minfer_graph::Backend>> {
         self.make_sibling()
             .map(|b| Box::new(b) as Box<dyn minfer_graph::Backend>)
             .map_err(|e| self.err(e))
+    }
+
+    fn set_device_budget(&mut self, bytes: usize) {
+        // Every allocation (weights, pool, scratch, cuBLASLt's workspace) goes through
+        // `Gpu::alloc_raw`, which checks it against this before it is made.
+        self.gpu.set_budget(Some(bytes));
     }
 
     fn free_memory(&self) -> std::result::Result<usize, minfer_graph::Refusal> {
@@ -769,8 +781,12 @@ impl Memory for CudaBackend {
         } else {
             self.mirror.remove(&buf.0);
         }
-        self.timed_copy("copy host->device", |g| g.upload(ptr + offset as u64, data))
-            .map_err(|e| self.err(e))
+        // Large writes (a block boundary's rows under layer offload) go through the
+        // page-locked staging, queued without waiting for the device.
+        self.timed_copy("copy host->device", |g| {
+            g.upload_pinned(ptr + offset as u64, data)
+        })
+        .map_err(|e| self.err(e))
     }
 
     fn read(&mut self, buf: BufId, offset: usize, out: &mut [u8]) -> GraphResult<()> {
@@ -808,7 +824,13 @@ impl Capabilities for CudaBackend {
         support(op_refusal(op, weights))
     }
 
-    fn can_stream_matmul(&self, w: &WeightRef<'_>) -> Support {
+    fn can_stream(&self, w: &WeightRef<'_>) -> Support {
+        if w.ne1 == 1 {
+            // Copied in as f32, as `prepare_weights` holds a vector.
+            return self.can_hold(w);
+        }
+        // A streamed block's rows are prompt rows: its matrices go to the prompt GEMM,
+        // which reads a copy of the stored bytes (the int8 and f32 kernels read in place).
         let m = Self::streamed_matrix(w).map_err(minfer_graph::Refusal)?;
         match self.prompt_gemm(&m) {
             Some(_) => Ok(()),
@@ -818,15 +840,6 @@ impl Capabilities for CudaBackend {
             )
             .into()),
         }
-    }
-
-    fn can_stream(&self, w: &WeightRef<'_>) -> Support {
-        if w.ne1 == 1 {
-            // Copied in as f32, as `prepare_weights` holds a vector.
-            return self.can_hold(w);
-        }
-        // A streamed block's rows are prompt rows: its matrices go to the prompt GEMM.
-        self.can_stream_matmul(w)
     }
 
     fn supports_fused(&self, op: FusedOp) -> Support {
@@ -855,16 +868,6 @@ impl Capabilities for CudaBackend {
 impl Executor for CudaBackend {
     fn set_row_classes(&mut self, rows: &RowClasses) {
         self.rows.clone_from(rows);
-    }
-
-    fn stream_matmul(
-        &mut self,
-        w: &WeightRef<'_>,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-    ) -> GraphResult<()> {
-        self.stream_prompt_rows(w, x, n, y).map_err(|e| self.err(e))
     }
 
     fn set_windows(&mut self, windows: &Windows) {

@@ -7,6 +7,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -140,11 +141,16 @@ pub struct Gpu {
     resident: RefCell<HashMap<(&'static str, u32, u32), u32>>,
     /// Every allocation made (pointer, bytes), freed at drop.
     allocs: Vec<(u64, usize)>,
+    /// The device memory this `Gpu`, its siblings and their shared weights hold, and the
+    /// budget every allocation is checked against before it is made ([`Gpu::set_budget`]).
+    charge: Arc<DeviceCharge>,
     /// Page-locked staging for large reads (grown to a power of two, kept).
     staging: RefCell<Option<Pinned>>,
     /// Page-locked blocks for large uploads ([`Gpu::upload_staged`]): two halves filled in
     /// turn, each with the event of the copy that last read it.
     up_staging: RefCell<Option<(Pinned, [cudarc::driver::CudaEvent; 2])>>,
+    /// The half of `up_staging` the next piece goes to.
+    up_turn: Cell<usize>,
     /// The spans of the model's mapping page-locked for streamed weights
     /// ([`Gpu::lock_host`], [`Gpu::upload_mapped`]).
     locked: crate::locked::LockedSpans,
@@ -226,8 +232,10 @@ impl Gpu {
             sm_count,
             resident: RefCell::new(HashMap::new()),
             allocs: Vec::new(),
+            charge: Arc::new(DeviceCharge::default()),
             staging: RefCell::new(None),
             up_staging: RefCell::new(None),
+            up_turn: Cell::new(0),
             locked: Default::default(),
             lt: None,
             gemm: s.gemm,
@@ -381,11 +389,14 @@ impl Gpu {
     }
 
     /// A zeroed allocation the caller owns (not freed with this `Gpu`): the weights, which
-    /// a [`SharedAllocs`] frees when the last backend reading them is dropped.
+    /// a [`SharedAllocs`] frees when the last backend reading them is dropped. Checked
+    /// against the budget first ([`Gpu::set_budget`]): past it, a refusal naming the MiB.
     pub(crate) fn alloc_raw(&self, bytes: usize) -> DResult<(u64, usize)> {
         self.bind()?;
         let bytes = bytes.max(16);
+        self.charge.take(bytes)?;
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            self.charge.give(bytes);
             format!(
                 "out of device memory: {bytes} bytes asked, {} bytes free ({e:?})",
                 self.free_mem()
@@ -395,9 +406,24 @@ impl Gpu {
             unsafe {
                 let _ = result::free_sync(ptr);
             }
+            self.charge.give(bytes);
             return Err(e);
         }
         Ok((ptr, bytes))
+    }
+
+    /// The most device memory this `Gpu`, its siblings and the weights they share may hold
+    /// (layer offload's budget, issue 32), allocations already made included: each later
+    /// allocation that would pass it is refused before it is made. None: no budget.
+    pub fn set_budget(&self, bytes: Option<usize>) {
+        self.charge
+            .limit
+            .store(bytes.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// Bytes of device memory allocated through this `Gpu` and its siblings, held now.
+    pub fn allocated(&self) -> usize {
+        self.charge.used.load(Ordering::Relaxed)
     }
 
     /// Another `Gpu` on this one's context, for a sibling backend (issue 31's self-draft):
@@ -430,8 +456,10 @@ impl Gpu {
             sm_count: self.sm_count,
             resident: RefCell::new(self.resident.borrow().clone()),
             allocs: Vec::new(),
+            charge: Arc::clone(&self.charge),
             staging: RefCell::new(None),
             up_staging: RefCell::new(None),
+            up_turn: Cell::new(0),
             locked: self.locked.shared(),
             lt: None,
             gemm: self.gemm,
@@ -503,12 +531,23 @@ impl Gpu {
         Ok(())
     }
 
-    /// A large host-to-device copy (op offload's weights and rows) through two page-locked
-    /// blocks: each piece of `data` is copied into one block by several host threads while
-    /// the device reads the other, so the link runs at its pinned speed instead of through
-    /// the driver's bounce buffers. Returns once the device has read every piece (`data`
-    /// and the blocks are free again). Small copies take [`Gpu::upload`].
+    /// A large host-to-device copy (streamed weights outside the locked span) through two
+    /// page-locked blocks: each piece of `data` is copied into one block by several host
+    /// threads while the device reads the other, so the link runs at its pinned speed
+    /// instead of through the driver's bounce buffers. Returns once the device has read
+    /// every piece. Small copies take [`Gpu::upload`].
     pub fn upload_staged(&self, ptr: u64, data: &[u8]) -> DResult<()> {
+        self.stage_up(ptr, data, true)
+    }
+
+    /// As [`Gpu::upload_staged`], but returns once `data` is in the page-locked blocks,
+    /// the copies queued on the stream (a boundary crossing's rows, issue 32: the device
+    /// reads them in stream order, and a later use of a block waits for its copy first).
+    pub fn upload_pinned(&self, ptr: u64, data: &[u8]) -> DResult<()> {
+        self.stage_up(ptr, data, false)
+    }
+
+    fn stage_up(&self, ptr: u64, data: &[u8], wait: bool) -> DResult<()> {
         if data.len() < STAGED_UPLOAD_FROM {
             return self.upload(ptr, data);
         }
@@ -534,15 +573,17 @@ impl Gpu {
         }
         let (block, events) = ring.as_ref().expect("allocated above");
         for (i, piece) in data.chunks(UPLOAD_PIECE).enumerate() {
-            let half = i % 2;
-            if i >= 2 {
-                // The copy that read this half two pieces ago is done.
-                events[half]
-                    .synchronize()
-                    .map_err(|e| drv("cuEventSynchronize", e))?;
-            }
+            // The halves alternate across calls too: a copy left queued by the last call
+            // (`wait` off) read the half the turn says is not next.
+            let half = self.up_turn.get();
+            self.up_turn.set(1 - half);
+            // The copy that last read this half is done (an event never recorded returns
+            // at once).
+            events[half]
+                .synchronize()
+                .map_err(|e| drv("cuEventSynchronize", e))?;
             // SAFETY: half `half` of the block holds UPLOAD_PIECE bytes; no copy reads it now
-            // (waited above, or never used in this call), and only this call touches it.
+            // (waited above), and only this call touches it (the RefCell borrow).
             let dst = unsafe {
                 std::slice::from_raw_parts_mut(block.ptr.add(half * UPLOAD_PIECE), piece.len())
             };
@@ -559,8 +600,10 @@ impl Gpu {
                 .record(&self.stream)
                 .map_err(|e| drv("cuEventRecord", e))?;
         }
-        for e in events {
-            e.synchronize().map_err(|e| drv("cuEventSynchronize", e))?;
+        if wait {
+            for e in events {
+                e.synchronize().map_err(|e| drv("cuEventSynchronize", e))?;
+            }
         }
         Ok(())
     }
@@ -926,20 +969,23 @@ impl PartialEq for Arg {
 /// uploaded, read by it and by its siblings (`CudaBackend::sibling`) through one `Arc`.
 pub(crate) struct SharedAllocs {
     ctx: Arc<CudaContext>,
-    ptrs: Vec<u64>,
+    charge: Arc<DeviceCharge>,
+    /// (pointer, bytes).
+    ptrs: Vec<(u64, usize)>,
 }
 
 impl SharedAllocs {
-    pub(crate) fn new(ctx: &Arc<CudaContext>) -> SharedAllocs {
+    pub(crate) fn new(gpu: &Gpu) -> SharedAllocs {
         SharedAllocs {
-            ctx: Arc::clone(ctx),
+            ctx: Arc::clone(&gpu.ctx),
+            charge: Arc::clone(&gpu.charge),
             ptrs: Vec::new(),
         }
     }
 
-    /// Takes `ptr` (from [`Gpu::alloc_raw`]) to free with the rest.
-    pub(crate) fn own(&mut self, ptr: u64) {
-        self.ptrs.push(ptr);
+    /// Takes `ptr` of `bytes` (from [`Gpu::alloc_raw`]) to free with the rest.
+    pub(crate) fn own(&mut self, ptr: u64, bytes: usize) {
+        self.ptrs.push((ptr, bytes));
     }
 
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
@@ -954,10 +1000,11 @@ impl Drop for SharedAllocs {
         if self.ptrs.is_empty() || self.ctx.bind_to_thread().is_err() {
             return;
         }
-        for &p in &self.ptrs {
+        for &(p, bytes) in &self.ptrs {
             unsafe {
                 let _ = result::free_sync(p);
             }
+            self.charge.give(bytes);
         }
     }
 }
@@ -976,10 +1023,52 @@ impl Drop for Gpu {
                 let _ = result::free_host(st.ptr as *mut std::ffi::c_void);
             }
         }
-        for &(p, _) in &self.allocs {
+        for &(p, bytes) in &self.allocs {
             unsafe {
                 let _ = result::free_sync(p);
             }
+            self.charge.give(bytes);
         }
+    }
+}
+
+/// What a [`Gpu`] and its siblings hold on the device, and their budget (`usize::MAX`:
+/// none). Atomic only to be shared through an `Arc`: one engine thread allocates.
+pub(crate) struct DeviceCharge {
+    used: AtomicUsize,
+    limit: AtomicUsize,
+}
+
+impl Default for DeviceCharge {
+    fn default() -> Self {
+        DeviceCharge {
+            used: AtomicUsize::new(0),
+            limit: AtomicUsize::new(usize::MAX),
+        }
+    }
+}
+
+impl DeviceCharge {
+    /// Charges `bytes`, or refuses them with the figures when the budget would be passed.
+    fn take(&self, bytes: usize) -> DResult<()> {
+        let (used, limit) = (
+            self.used.load(Ordering::Relaxed),
+            self.limit.load(Ordering::Relaxed),
+        );
+        if used.saturating_add(bytes) > limit {
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            return Err(format!(
+                "device memory budget exceeded: {:.2} MiB asked + {:.2} MiB allocated > budget {:.2} MiB",
+                mib(bytes),
+                mib(used),
+                mib(limit)
+            ));
+        }
+        self.used.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn give(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
     }
 }

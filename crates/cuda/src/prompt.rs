@@ -31,7 +31,7 @@ pub(crate) const GEMM_MAX_BYTES: usize = 256 << 20;
 pub(crate) static STREAMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Matrices this process's CUDA backends multiplied for prompt rows without holding them
-/// (op offload and streamed blocks, ADR 0014): the gates' check that the path ran.
+/// (streamed blocks, ADR 0014): the gates' check that the path ran.
 pub fn streamed_matmuls() -> u64 {
     STREAMED.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -270,60 +270,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Op offload (ADR 0014): `y` = the `n` prompt rows of `x` times `w`, a weight of a block
-    /// the CPU runs, copied in as stored for this call and multiplied on the prompt rows'
-    /// GEMM exactly as this backend's own blocks' prompt rows are ([`Self::encode_gemm`]:
-    /// the same dequantization, rounding and pinned algorithm, so a row's bits do not
-    /// depend on `n`). Synchronous: `y` holds the rows when it returns.
-    pub(crate) fn stream_prompt_rows(
-        &mut self,
-        w: &WeightRef<'_>,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-    ) -> DResult<()> {
-        let m = Self::streamed_matrix(w)?;
-        let ty = self.prompt_gemm(&m).ok_or_else(|| {
-            format!(
-                "a {} matrix of {} x {} is not multiplied on the prompt rows' GEMM",
-                w.ty, w.ne1, w.ne0
-            )
-        })?;
-        if x.len() != n * w.ne0 || y.len() != n * w.ne1 {
-            return Err(format!(
-                "streamed matmul of {n} rows: {} inputs and {} outputs for a {} x {} weight",
-                x.len(),
-                y.len(),
-                w.ne1,
-                w.ne0
-            ));
-        }
-        let need = m.row_bytes * m.ne1;
-        if w.bytes.len() < need {
-            return Err(format!(
-                "weight of {} bytes, its rows need {need}",
-                w.bytes.len()
-            ));
-        }
-        let wp = self.scratch(Scratch::StreamWeight, need)?;
-        self.gpu.upload_staged(wp, &w.bytes[..need])?;
-        let xp = self.scratch(Scratch::StreamRows, x.len() * 4)?;
-        self.gpu.upload_staged(xp, f32_bytes(x))?;
-        let yp = self.scratch(Scratch::StreamOut, y.len() * 4)?;
-        // The conversion caches name buffers by pointer: the streamed weight and rows reuse
-        // theirs, so nothing cached may survive the call (nor stand for it afterwards).
-        self.half_weight = None;
-        self.half_input = None;
-        self.q8_input = None;
-        let m = Matrix { ptr: wp, ..m };
-        let r = self.encode_gemm(ty, &m, (minfer_graph::BufId(u32::MAX), 0, xp), n, yp, 0);
-        self.half_weight = None;
-        self.half_input = None;
-        r?;
-        STREAMED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.gpu.download(yp, f32_bytes_mut(y))
-    }
-
     /// `w` as the matrix the prompt kernels read (its pointer set once copied in).
     pub(crate) fn streamed_matrix(w: &WeightRef<'_>) -> DResult<Matrix> {
         let row_bytes =
@@ -426,18 +372,6 @@ impl CudaBackend {
         }
         Ok(())
     }
-}
-
-/// The bytes of f32 values (little-endian hosts: the values' own bytes).
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: any f32 slice is readable as 4 bytes each; u8 has alignment 1.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// The bytes of f32 values to be written (every byte pattern is a valid f32).
-fn f32_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as f32_bytes; the slice is borrowed mutably for the bytes' lifetime.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! that name the new one differ).
 
 use minfer_gguf::GgmlType;
-use minfer_graph::BufId;
+use minfer_graph::{BufId, WeightId, WeightSource};
 
 use crate::backend::CudaBackend;
 use crate::device::{Arg, DResult};
@@ -29,11 +29,6 @@ pub(crate) enum Scratch {
     WeightHalf,
     /// Prompt rows' activations rounded to f16/bf16 for the GEMM.
     ActHalf,
-    /// Op offload (ADR 0014): a CPU block's weight as stored, copied in for one matmul.
-    StreamWeight,
-    /// Op offload: that matmul's input rows (f32) and its output rows (f32).
-    StreamRows,
-    StreamOut,
     /// Streamed blocks (crates/cuda/src/stream.rs): the weights one split reads and this
     /// backend does not hold.
     StreamArena,
@@ -53,7 +48,73 @@ pub(crate) struct Q8Input {
     pub nt: usize,
 }
 
+/// Growth of the scratch that a forward's row count sizes (each step keeps the buffer
+/// before it: [`CudaBackend::scratch`]): the ladder's buffers together stay under this many
+/// times the largest request (each is 1.5x a request, each request above 1.5x the one before:
+/// under 4.5x in all).
+const LADDER: u64 = 5;
+/// Scratch a model's shape does not size (attention partials and counts, the fused row,
+/// the tensor-core matmul's subtrees), at most.
+const SMALL_SCRATCH: u64 = 64 << 20;
+
 impl CudaBackend {
+    /// Device memory this backend allocates beside the graph's buffers, at most, for
+    /// matrices `ids` and forwards of up to `n_batch` rows (issue 32: `auto` charges it in
+    /// its reserve, and every allocation is checked against the budget): cuBLASLt's
+    /// workspace, the half copy of the largest matrix the prompt rows' GEMM reads (sized
+    /// exactly at load, [`CudaBackend::presize_half`]), and the activations' half and int8
+    /// copies, which grow with the rows.
+    pub(crate) fn scratch_bound(
+        &self,
+        weights: &dyn WeightSource,
+        ids: &[WeightId],
+        n_batch: usize,
+    ) -> u64 {
+        let (half, widest) = self.half_need(weights, ids);
+        let rows = (n_batch * widest) as u64;
+        // ActHalf (2 bytes a value) and Q8 (1 + 8/32).
+        let act = rows * 2 + rows * 5 / 4 + 256;
+        crate::lt::WORKSPACE as u64 + half as u64 + LADDER * act + SMALL_SCRATCH
+    }
+
+    /// (The bytes of the half copy of the largest matrix of `ids` the prompt rows' GEMM
+    /// dequantizes, the widest row of any matrix of `ids`.)
+    fn half_need(&self, weights: &dyn WeightSource, ids: &[WeightId]) -> (usize, usize) {
+        let (mut half, mut widest) = (0, 0);
+        for w in ids.iter().filter_map(|&id| weights.weight(id)) {
+            if w.ne1 == 1 {
+                continue;
+            }
+            widest = widest.max(w.ne0).max(w.ne1);
+            if let Ok(m) = Self::streamed_matrix(&w) {
+                if m.ty != GgmlType::F16 && self.prompt_gemm(&m).is_some() {
+                    half = half.max(m.ne0 * m.ne1 * 2);
+                }
+            }
+        }
+        (half, widest)
+    }
+
+    /// Allocates the half copy's scratch once at the size of the largest matrix of `ids`
+    /// the prompt rows' GEMM dequantizes (held or streamed), so it never grows by steps
+    /// that would each keep the buffer before ([`CudaBackend::scratch`]).
+    pub(crate) fn presize_half(
+        &mut self,
+        weights: &dyn WeightSource,
+        ids: &[WeightId],
+    ) -> DResult<()> {
+        let (half, _) = self.half_need(weights, ids);
+        let have = self
+            .scratch
+            .get(&Scratch::WeightHalf)
+            .map_or(0, |&(_, len)| len);
+        if half > have {
+            let ptr = self.gpu.alloc(half)?;
+            self.scratch.insert(Scratch::WeightHalf, (ptr, half));
+        }
+        Ok(())
+    }
+
     /// A scratch buffer of at least `bytes`.
     pub(crate) fn scratch(&mut self, kind: Scratch, bytes: usize) -> DResult<u64> {
         if let Some(&(ptr, len)) = self.scratch.get(&kind) {

@@ -10,9 +10,11 @@
 //!   --offload-head` holds here).
 //! - `--gpu-layers auto` (the default with a device backend): the largest prefix of blocks
 //!   whose device bytes ([`BlockCosts`]: weights, the fused concatenations a device builds,
-//!   and the block's K and V at the context) fit the budget less a fixed reserve for
-//!   activations and the pool. The budget is `--gpu-mem`, else the device's free memory as
-//!   its memory layer reports it; a failed query is [`Error::MemoryQuery`], never a zero.
+//!   and the block's K and V at the context) fit the budget less a reserve for
+//!   activations, the pool and the device's own scratch. The budget is `--gpu-mem`, else
+//!   the device's free memory as its memory layer reports it; a failed query is
+//!   [`Error::MemoryQuery`], never a zero. The allocator checks the graph's buffers against
+//!   the budget and the device every allocation of its own (`Memory::set_device_budget`).
 //!
 //! A plan with every block and the head on the device is placed exactly as before offload
 //! existed (every backend holds every weight); any other plan places each block's weights on
@@ -46,7 +48,8 @@ pub struct BlockCosts {
     /// Of `edges`, the output position's (final norm and output head; a head tied to the
     /// embedding counts here too): what `--offload-head` puts on the device.
     pub output: u64,
-    /// Activations and pool slack, charged once.
+    /// Activations, pool slack and the device's own scratch (`Memory::scratch_bytes`),
+    /// charged once.
     pub reserve: u64,
     /// The most weight bytes one device split of a CPU block's prompt rows streams in (op
     /// offload's arena, ADR 0014: the weights between one attention and the next), charged
@@ -144,7 +147,7 @@ pub struct Offload {
     pub weights_device: u64,
     pub weights_host: u64,
     pub cache_type: GgmlType,
-    /// The budget `auto` fitted (None for a count).
+    /// The budget `auto` fitted, or `--gpu-mem` beside a count (None: a count alone).
     pub budget: Option<u64>,
     /// Why `auto` placed fewer than every block (and the head), in words.
     pub reason: Option<String>,
@@ -221,7 +224,8 @@ fn bytes_of(weights: &dyn WeightSource, id: WeightId) -> u64 {
 
 /// The planner's charges for `device`: weights per block from the index, the concatenations
 /// the device's fused nodes would read (a dry assignment and fusion of the probe graph with
-/// every block on the device), KV at `n_ctx` plus the scratch cell, and the reserve.
+/// every block on the device), KV at `n_ctx` plus the scratch cell, and the reserve (the
+/// activations, the pool's slack and the device's own scratch).
 pub(crate) fn block_costs(
     backends: &[Box<dyn Backend>],
     device: BackendId,
@@ -290,6 +294,14 @@ pub(crate) fn block_costs(
         3 * d + 2 * q + 2 * n_embd_kv + 2 * ff + hp.head_count as u64 * (n_ctx as u64 + 1);
     let act = 4 * nb * (per_row + hp.vocab_size as u64);
     costs.reserve = act.min(crate::config::GRAPH_CACHE_BYTES as u64) + POOL_SLACK;
+    // What the device allocates beside the graph's buffers (its scratch, a library's
+    // workspace): every allocation is checked against the budget, so the plan leaves room.
+    if let Some(dev) = backends.iter().find(|b| b.id() == device) {
+        let mut ids: Vec<WeightId> = used_by_layer(probe).into_iter().map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        costs.reserve += dev.scratch_bytes(weights, &ids, cfg.n_batch.max(1));
+    }
     // A context sized from the free memory after the weights keeps the KV's reserve free
     // (crate::kvsize): the blocks fit beside it, so the default context's KV always fits.
     if let crate::KvSize::FreeMemory { .. } = cfg.kv_size {
@@ -404,8 +416,11 @@ pub(crate) fn place(
             (k, head, whole && k == n, None, None)
         }
         (None, GpuLayers::Count(c)) => {
+            // A count the user gave is placed as given; `--gpu-mem` beside it still bounds
+            // what the device's allocations may hold (a plan past it is refused there).
             let k = c.min(n);
-            (k, k == n || cfg.offload_head, k == n, None, None)
+            let budget = cfg.gpu_mem.map(|b| b as u64);
+            (k, k == n || cfg.offload_head, k == n, budget, None)
         }
         (None, GpuLayers::Auto) => {
             let (budget, source) = match cfg.gpu_mem {
@@ -449,15 +464,15 @@ pub(crate) fn place(
             }
         }
     };
-    // Op offload: a CPU block's prompt rows run on the device when it takes at least
-    // one of those blocks' matrices (the CPU asks it again per weight at run time).
+    // Op offload: a CPU block's prompt rows run on the device (streamed blocks) when it
+    // can stream at least one of those blocks' matrices (assignment asks it again per node).
     let op_offload = (k < n
         && cfg.op_offload
         && used.iter().any(|&(id, l)| {
             l.is_some_and(|l| l >= k && l < n)
                 && weights
                     .weight(id)
-                    .is_some_and(|w| w.ne1 > 1 && dev.can_stream_matmul(&w).is_ok())
+                    .is_some_and(|w| w.ne1 > 1 && dev.can_stream(&w).is_ok())
         }))
     .then_some((device, n));
     let blocks_device: u64 = costs.weights[..k].iter().sum();

@@ -72,7 +72,6 @@ fn graph_for<'c>(
     let build = |p: &GraphParams| {
         let mut g = build_graph(hp, weights, output_weight, p)
             .map_err(|e| minfer_graph::Error::Graph(e.to_string()))?;
-        g.op_offload = op_offload;
         // A forward of prompt rows runs the CPU blocks on the device, streaming their
         // weights (a mixed forward is run as one forward per class: `ModelRunner::forward`).
         g.streamed_blocks = op_offload.filter(|_| p.prompt_rows);
@@ -144,8 +143,14 @@ impl ModelRunner {
         }
         // The budget the offload plan fitted is the device allocator's limit too: every
         // device allocation is checked against it before it is made.
+        // The device's own allocations outside the allocator (scratch, the stream arena, a
+        // library's workspace) are checked against it by the backend.
         if let Some((device, b)) = planned.budget {
-            alloc.set_budget(device, cfg.memory_budget.map_or(b, |m| m.min(b)));
+            let b = cfg.memory_budget.map_or(b, |m| m.min(b));
+            alloc.set_budget(device, b);
+            if let Some(be) = backends.iter_mut().find(|be| be.id() == device) {
+                be.set_device_budget(b);
+            }
         }
         let bucketed = backends.iter().all(|b| b.batch_invariant());
         Ok(ModelRunner {

@@ -323,6 +323,39 @@ fn a_failed_memory_query_is_an_error_not_a_zero_budget() {
     assert!(o.reason.clone().unwrap().contains("free memory"), "{o:?}");
 }
 
+/// `--gpu-mem` beside a count (issue 32: every device allocation is checked against the
+/// budget): every block on the device under a budget of half their weights is refused
+/// with the MiB figures, at load or at the first forward, never run past it.
+/// Control: the same count under the whole model's budget runs and answers as the CPU.
+#[test]
+fn a_count_beside_gpu_mem_is_held_to_the_budget() {
+    let path = model();
+    let costs = engine(&path, GpuLayers::Count(0))
+        .offload()
+        .unwrap()
+        .costs
+        .clone();
+    let all = GpuLayers::Count(N_LAYERS);
+    // Half the weights: the plan cannot hold them, whatever the reserve.
+    let small = ((costs.weights.iter().sum::<u64>() + costs.edges) / 2) as usize;
+    let refused = match Engine::load(&path, cfg(&device(), all, Some(small))) {
+        Err(e) => e.to_string(),
+        Ok(mut e) => e
+            .decode(&PROMPT, 0, 1)
+            .expect_err("a forward past the budget is refused")
+            .to_string(),
+    };
+    assert!(
+        refused.contains("budget") && refused.contains("MiB"),
+        "{refused}"
+    );
+    let whole = costs.budget_for(N_LAYERS, true) as usize;
+    let mut e = Engine::load(&path, cfg(&device(), all, Some(whole))).unwrap();
+    assert_eq!(e.offload().unwrap().on_device, N_LAYERS);
+    let mut c = cpu(&path);
+    assert_eq!(greedy(&mut e, &PROMPT, 4), greedy(&mut c, &PROMPT, 4));
+}
+
 fn with_head(path: &Path, layers: GpuLayers, gpu_mem: Option<u64>) -> Engine {
     let mut c = cfg(&device(), layers, gpu_mem.map(|b| b as usize));
     c.offload_head = true;

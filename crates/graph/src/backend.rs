@@ -295,6 +295,24 @@ pub trait Memory: Identity {
             self.name()
         )))
     }
+    /// The most device memory this backend may hold from now on, what it holds already
+    /// (weights included) counted: the engine hands a device the budget its layer plan was
+    /// fitted to (issue 32). The allocator checks the graph's buffers against the same
+    /// budget; a backend that also allocates outside it (scratch, a library's workspace)
+    /// checks each such allocation before making it and refuses with the MiB figures.
+    /// Default: nothing (a backend whose device memory is all the allocator's).
+    fn set_device_budget(&mut self, _bytes: usize) {}
+    /// Device memory this backend allocates beside the graph's buffers, at most, when it
+    /// runs (or streams) the weights `ids` in forwards of up to `n_batch` rows: layer
+    /// offload charges it in the reserve its plan keeps free. Default: none.
+    fn scratch_bytes(
+        &self,
+        _weights: &dyn WeightSource,
+        _ids: &[WeightId],
+        _n_batch: usize,
+    ) -> u64 {
+        0
+    }
     /// A second backend on this one's device that reads this one's prepared weights (and
     /// concatenations) where they are, never a copy, and runs the kernels this one compiled,
     /// with its own queue, buffer pool and plan state (its buffers, KV regions and recorded
@@ -361,12 +379,6 @@ pub trait Capabilities: Identity {
     /// Whether the graph may rewrite a chain into the fused class `op` for this backend (the
     /// fused node itself is then asked of [`Capabilities::supports_op`] like any other).
     fn supports_fused(&self, op: FusedOp) -> Support;
-    /// Whether [`Executor::stream_matmul`] takes weight `w` (op offload, ADR 0014): asked
-    /// once, at load, of the device backend of a layer plan that leaves blocks on the CPU.
-    /// Default: refused.
-    fn can_stream_matmul(&self, _w: &WeightRef<'_>) -> Support {
-        Err(format!("{} does not multiply weights it does not hold", self.name()).into())
-    }
     /// Whether a node reading weight `w`, which this backend does not hold, may run here
     /// with the weight copied in for the split that reads it (streamed blocks, ADR 0014:
     /// [`crate::Graph::streamed_blocks`]). Default: refused.
@@ -413,37 +425,6 @@ pub trait Executor: Memory {
         _args: &[ExecArgs],
     ) -> Result<()> {
         Ok(())
-    }
-    /// Op offload (layer offload, ADR 0014): runs split `key` as [`Executor::execute_split`]
-    /// does, with `helper` (the plan's device backend) multiplying the prompt rows of every
-    /// matmul of a block below `blocks` ([`Executor::stream_matmul`]); generation rows stay
-    /// this backend's. The choice is by row class, never by a forward's shape, so a row's
-    /// bits never depend on its company. Default: the helper is not used.
-    fn execute_split_helped(
-        &mut self,
-        key: SplitKey,
-        nodes: &[&Node],
-        args: &[ExecArgs],
-        _helper: &mut dyn Backend,
-        _blocks: usize,
-    ) -> Result<()> {
-        self.execute_split(key, nodes, args)
-    }
-    /// Op offload's multiply: `y` (`n` rows of `w.ne1`) = the `n` rows of `x` (rows of
-    /// `w.ne0`) times `w`, a weight this backend does not hold, its bytes copied in for the
-    /// call, in this backend's prompt-row arithmetic (a row's bits independent of `n`).
-    /// Synchronous: `y` is written when it returns. Default: refused.
-    fn stream_matmul(
-        &mut self,
-        _w: &WeightRef<'_>,
-        _x: &[f32],
-        _n: usize,
-        _y: &mut [f32],
-    ) -> Result<()> {
-        Err(Error::Backend {
-            backend: self.name().into(),
-            problem: "this backend does not multiply weights it does not hold".into(),
-        })
     }
     /// The plan `plan` was released (its buffers freed): whatever the backend keeps under
     /// its id is dropped. Default: nothing kept.

@@ -479,10 +479,6 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub inputs: Vec<(InputKind, NodeId)>,
     pub output: NodeId,
-    /// Op offload (ADR 0014): the device backend that multiplies the prompt rows of the
-    /// matmuls of blocks below the count given, for the backends running those blocks
-    /// ([`crate::backend::Executor::execute_split_helped`]). None: every backend alone.
-    pub op_offload: Option<(crate::backend::BackendId, usize)>,
     /// Streamed blocks (ADR 0014): a graph whose rows are all prompt rows, on a plan that
     /// leaves blocks below the count given on the CPU, runs those blocks' nodes on this
     /// device but their KV stores and attention (the KV stays where the plan put it), the
@@ -601,7 +597,6 @@ impl GraphBuilder {
             nodes: self.nodes,
             inputs: self.inputs,
             output,
-            op_offload: None,
             streamed_blocks: None,
         }
     }

@@ -123,16 +123,7 @@ pub fn execute(
                 plan: plan.id,
                 split: k as u32,
             };
-            match graph.op_offload {
-                Some((dev, blocks)) if dev != *be => {
-                    let di = index_of(backends, dev)?;
-                    let [me, helper] = backends.get_disjoint_mut([bi, di]).map_err(|e| {
-                        Error::Graph(format!("op offload's helper and its split: {e}"))
-                    })?;
-                    me.execute_split_helped(key, &run, &args, helper.as_mut(), blocks)?;
-                }
-                _ => backends[bi].execute_split(key, &run, &args)?,
-            }
+            backends[bi].execute_split(key, &run, &args)?;
         }
         for (c, (producer, _, st)) in copies.iter().enumerate() {
             if *producer == k {
