@@ -78,14 +78,15 @@ impl CudaBackend {
     }
 
     /// (The bytes of the half copy of the largest matrix of `ids` the prompt rows' GEMM
-    /// dequantizes, the widest row of any matrix of `ids`.)
+    /// dequantizes, the widest input row of any matrix of `ids`.)
     fn half_need(&self, weights: &dyn WeightSource, ids: &[WeightId]) -> (usize, usize) {
         let (mut half, mut widest) = (0, 0);
         for w in ids.iter().filter_map(|&id| weights.weight(id)) {
             if w.ne1 == 1 {
                 continue;
             }
-            widest = widest.max(w.ne0).max(w.ne1);
+            // The activations converted are a matmul's inputs: rows of `ne0`.
+            widest = widest.max(w.ne0);
             if let Ok(m) = Self::streamed_matrix(&w) {
                 if m.ty != GgmlType::F16 && self.prompt_gemm(&m).is_some() {
                     half = half.max(m.ne0 * m.ne1 * 2);
