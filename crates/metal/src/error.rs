@@ -27,6 +27,14 @@ pub enum Error {
     UnsupportedType { op: &'static str, ty: String },
     #[error("device unavailable: {0}")]
     Unavailable(String),
+    #[error(
+        "device memory budget exceeded by the {what}: {asked_mib:.2} MiB more asked, {room_mib:.2} MiB left of the budget"
+    )]
+    OverBudget {
+        what: &'static str,
+        asked_mib: f64,
+        room_mib: f64,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -247,6 +247,60 @@ fn attention_shape_and_window_guards_are_errors_naming_the_node() {
     assert!(e.contains("blk.1.attn") && e.contains("query 2"), "{e}");
 }
 
+/// The attention scratch, which the backend allocates beside the allocator's buffers, is
+/// checked against the device budget before it grows (issue 32): a budget the pool's
+/// buffers already fill refuses it with the MiB figures; the control, a budget with room,
+/// runs the same node.
+#[test]
+fn the_attention_scratch_is_checked_against_the_device_budget() {
+    let w = Weights::new(&[], true);
+    let (n_head, n_head_kv, hd, cells, nt) = (4usize, 2usize, 64usize, 16usize, 3usize);
+    let attn = node(
+        "blk.1.attn",
+        Op::Attention {
+            layer: 1,
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            scale: 0.125,
+            cache_type: GgmlType::F32,
+            window: minfer_graph::WindowLayout::Span,
+        },
+        2,
+        [n_head * hd, nt],
+    );
+    let run = |budget: usize| {
+        let mut be = metal();
+        be.prepare_weights(&w, &[]).unwrap();
+        let k = be.alloc(cells * n_head_kv * hd * 4).unwrap();
+        let v = be.alloc(cells * n_head_kv * hd * 4).unwrap();
+        let q = be.alloc(nt * n_head * hd * 4).unwrap();
+        let win = be.alloc(nt * 2 * 4).unwrap();
+        let out = be.alloc(nt * n_head * hd * 4).unwrap();
+        let spans: Vec<u8> = [0, 4, 0, 8, 2, 12]
+            .iter()
+            .flat_map(|x: &i32| x.to_le_bytes())
+            .collect();
+        be.write(win, 0, &spans).unwrap();
+        be.set_device_budget(budget);
+        let args = ExecArgs {
+            srcs: &[Some(q), Some(win)],
+            out: Some(out),
+            kv: Some(KvPair { k, v }),
+            weights: &w,
+        };
+        be.execute_split(SplitKey::UNPLANNED, &[&attn], &[args])
+    };
+    let held = (2 * cells * n_head_kv + 2 * nt * n_head) * hd * 4 + nt * 2 * 4;
+    let e = run(held).unwrap_err().to_string();
+    assert!(
+        e.contains("attention scratch") && e.contains("MiB") && e.contains("budget"),
+        "{e}"
+    );
+    // Control: room for the scratch.
+    run(held + (64 << 20)).unwrap();
+}
+
 #[test]
 fn a_k_quant_weight_whose_rows_are_not_whole_super_blocks_is_refused() {
     let be = metal();

@@ -441,6 +441,7 @@ where
                 let win = self.src(args, 1)?;
                 let out = self.out(node, args)?;
                 let runs = self.row_runs(ne1)?;
+                let room = self.room();
                 let scratch = &mut self.scratch;
                 // Each run of one row class on its class's family: every family is batch
                 // invariant alone, so a row's bits follow its class, never the forward.
@@ -472,7 +473,7 @@ where
                         &win,
                         &out,
                         r0,
-                        |bytes| grown(dev, &mut *scratch, bytes),
+                        |bytes| grown(dev, &mut *scratch, bytes, room),
                     )?;
                 }
                 Ok(())

@@ -67,6 +67,9 @@ pub struct MetalBackend<D: Device> {
     /// A sibling ([`Memory::sibling`]): `weights` are handles on another backend's resident
     /// weights, so `prepare_weights` and `prepare_concat` make nothing and check instead.
     shared: bool,
+    /// The device budget ([`Memory::set_device_budget`]) the scratch's growth is checked
+    /// against (the allocator checks the pool's buffers against the same figure).
+    budget: Option<usize>,
 }
 
 impl<D: Device> MetalBackend<D> {
@@ -100,6 +103,7 @@ impl<D: Device> MetalBackend<D> {
             rows: RowClasses::default(),
             tier_by_rows: s.tier_by_rows,
             shared: false,
+            budget: None,
         }
     }
 
@@ -208,7 +212,16 @@ impl<D: Device> MetalBackend<D> {
     where
         D::Buffer: Clone,
     {
-        grown(&self.dev, &mut self.scratch, bytes)
+        let room = self.room();
+        grown(&self.dev, &mut self.scratch, bytes, room)
+    }
+
+    /// What the budget leaves beside the pool, the weights and the scratch (None: no budget).
+    pub(crate) fn room(&self) -> Option<usize> {
+        let held = self.pool.held_bytes(&self.dev)
+            + if self.shared { 0 } else { self.weights.bytes }
+            + self.scratch.as_ref().map_or(0, |s| self.dev.buffer_len(s));
+        self.budget.map(|b| b.saturating_sub(held))
     }
 
     fn kv_type(op: &'static str, ty: GgmlType) -> Result<KvType, Error> {
@@ -226,20 +239,33 @@ impl<D: Device> MetalBackend<D> {
 
 /// The buffer in `slot`, replaced by a larger one when it holds fewer than `bytes` (a free
 /// function, so a launch can grow the scratch while other fields of the backend are borrowed).
+/// `room`: what the device budget leaves (the growth is checked against it before the
+/// buffer is made; None: no budget).
 pub(crate) fn grown<D: Device>(
     dev: &D,
     slot: &mut Option<D::Buffer>,
     bytes: usize,
+    room: Option<usize>,
 ) -> Result<D::Buffer, Error>
 where
     D::Buffer: Clone,
 {
-    if let Some(s) = slot {
-        if dev.buffer_len(s) >= bytes {
-            return Ok(s.clone());
-        }
+    let old = match slot {
+        Some(s) if dev.buffer_len(s) >= bytes => return Ok(s.clone()),
+        Some(s) => dev.buffer_len(s),
+        None => 0,
+    };
+    let new = bytes.max(16);
+    // The old buffer is released when the new one replaces it.
+    if let Some(room) = room.filter(|&r| new - old.min(new) > r) {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        return Err(Error::OverBudget {
+            what: "attention scratch",
+            asked_mib: mib(new - old.min(new)),
+            room_mib: mib(room),
+        });
     }
-    let s = dev.new_buffer(bytes.max(16))?;
+    let s = dev.new_buffer(new)?;
     *slot = Some(s.clone());
     Ok(s)
 }
@@ -351,11 +377,18 @@ where
             rows: RowClasses::default(),
             tier_by_rows: self.tier_by_rows,
             shared: true,
+            budget: None,
         }))
     }
 
     fn free_memory(&self) -> std::result::Result<usize, Refusal> {
         self.dev.free_memory().map_err(Refusal)
+    }
+
+    fn set_device_budget(&mut self, bytes: usize) {
+        // The pool's buffers are the allocator's, checked there against the same figure;
+        // the attention scratch grows here and is checked against what is left.
+        self.budget = Some(bytes);
     }
 
     fn alloc(&mut self, bytes: usize) -> GraphResult<BufId> {
