@@ -221,6 +221,15 @@ fn a_session_survives_a_mixed_plan() {
     assert!(e.contains("layer 1"), "control: another split refuses: {e}");
 }
 
+/// What the planner charges for the model at `path` on the device of these cases.
+fn costs_of(path: &Path) -> minfer_engine::offload::BlockCosts {
+    engine(path, GpuLayers::Count(0))
+        .offload()
+        .unwrap()
+        .costs
+        .clone()
+}
+
 fn auto_with(path: &Path, budget: u64) -> Engine {
     Engine::load(path, cfg(&device(), GpuLayers::Auto, Some(budget as usize))).unwrap()
 }
@@ -231,11 +240,7 @@ fn auto_with(path: &Path, budget: u64) -> Engine {
 #[test]
 fn auto_places_the_largest_prefix_that_fits() {
     let path = model();
-    let costs = engine(&path, GpuLayers::Count(0))
-        .offload()
-        .unwrap()
-        .costs
-        .clone();
+    let costs = costs_of(&path);
     for k in 1..N_LAYERS {
         let exact = auto_with(&path, costs.budget_for(k, false));
         assert_eq!(exact.offload().unwrap().on_device, k, "budget for {k}");
@@ -271,11 +276,7 @@ fn auto_places_the_largest_prefix_that_fits() {
 #[test]
 fn a_budget_below_one_block_runs_on_the_cpu_with_the_reason() {
     let path = model();
-    let costs = engine(&path, GpuLayers::Count(0))
-        .offload()
-        .unwrap()
-        .costs
-        .clone();
+    let costs = costs_of(&path);
     let e = auto_with(&path, costs.reserve);
     let o = e.offload().unwrap();
     assert_eq!(o.on_device, 0);
@@ -305,11 +306,7 @@ fn a_failed_memory_query_is_an_error_not_a_zero_budget() {
         return;
     }
     let path = model();
-    let costs = engine(&path, GpuLayers::Count(0))
-        .offload()
-        .unwrap()
-        .costs
-        .clone();
+    let costs = costs_of(&path);
     let mut c = cfg("metal-emu", GpuLayers::Auto, None);
     c.settings.emu.memory = EmuMemory::Fail;
     let e = Engine::load(&path, c.clone()).err().unwrap().to_string();
@@ -330,11 +327,7 @@ fn a_failed_memory_query_is_an_error_not_a_zero_budget() {
 #[test]
 fn a_count_beside_gpu_mem_is_held_to_the_budget() {
     let path = model();
-    let costs = engine(&path, GpuLayers::Count(0))
-        .offload()
-        .unwrap()
-        .costs
-        .clone();
+    let costs = costs_of(&path);
     let all = GpuLayers::Count(N_LAYERS);
     // Half the weights: the plan cannot hold them, whatever the reserve.
     let small = ((costs.weights.iter().sum::<u64>() + costs.edges) / 2) as usize;
@@ -424,11 +417,7 @@ fn offload_head_puts_the_head_on_the_device_with_any_block_count() {
 #[test]
 fn auto_with_offload_head_fits_the_head_first() {
     let path = model();
-    let costs = engine(&path, GpuLayers::Count(0))
-        .offload()
-        .unwrap()
-        .costs
-        .clone();
+    let costs = costs_of(&path);
     for k in 1..N_LAYERS {
         let b = costs.budget_for_head_first(k, false);
         let o = with_head(&path, GpuLayers::Auto, Some(b))

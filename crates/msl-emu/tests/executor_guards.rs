@@ -196,63 +196,10 @@ fn a_norm_whose_gain_is_not_on_the_device_is_an_error_naming_node_and_tensor() {
     }
 }
 
-#[test]
-fn attention_shape_and_window_guards_are_errors_naming_the_node() {
-    let w = Weights::new(&[], true);
-    let (n_head, n_head_kv, hd, cells, nt) = (4usize, 2usize, 64usize, 16usize, 3usize);
-    let attn = |ne0: usize| {
-        node(
-            "blk.1.attn",
-            Op::Attention {
-                layer: 1,
-                n_head,
-                n_head_kv,
-                head_dim: hd,
-                scale: 0.125,
-                cache_type: GgmlType::F32,
-                window: minfer_graph::WindowLayout::Span,
-            },
-            2,
-            [ne0, nt],
-        )
-    };
-    let run = |ne0: usize, hi: i32| {
-        let mut be = metal();
-        be.prepare_weights(&w, &[]).unwrap();
-        let k = be.alloc(cells * n_head_kv * hd * 4).unwrap();
-        let v = be.alloc(cells * n_head_kv * hd * 4).unwrap();
-        let q = be.alloc(nt * n_head * hd * 4).unwrap();
-        let win = be.alloc(nt * 2 * 4).unwrap();
-        let out = be.alloc(nt * n_head * hd * 4).unwrap();
-        let spans: Vec<u8> = [0, 4, 0, 8, 2, hi]
-            .iter()
-            .flat_map(|x: &i32| x.to_le_bytes())
-            .collect();
-        be.write(win, 0, &spans).unwrap();
-        let args = ExecArgs {
-            srcs: &[Some(q), Some(win)],
-            out: Some(out),
-            kv: Some(KvPair { k, v }),
-            weights: &w,
-        };
-        be.execute_split(SplitKey::UNPLANNED, &[&attn(ne0)], &[args])
-    };
-    // Control: a well-formed node runs.
-    run(n_head * hd, 12).unwrap();
-    // Rows that are not n_head x head_dim.
-    let e = run(n_head * hd - 32, 12).unwrap_err().to_string();
-    assert!(e.contains("blk.1.attn") && e.contains("heads of 64"), "{e}");
-    // A window past the region's 16 cells, naming the query.
-    let e = run(n_head * hd, 17).unwrap_err().to_string();
-    assert!(e.contains("blk.1.attn") && e.contains("query 2"), "{e}");
-}
-
-/// The attention scratch, which the backend allocates beside the allocator's buffers, is
-/// checked against the device budget before it grows (issue 32): a budget the pool's
-/// buffers already fill refuses it with the MiB figures; the control, a budget with room,
-/// runs the same node.
-#[test]
-fn the_attention_scratch_is_checked_against_the_device_budget() {
+/// One attention node of 4 heads (2 KV heads) of 64 over 16 cells, 3 queries of rows
+/// `ne0`, run alone on a fresh backend; the third query's window ends at `hi`, and `budget`
+/// is the device budget set before the node runs.
+fn run_attention(ne0: usize, hi: i32, budget: Option<usize>) -> minfer_graph::Result<()> {
     let w = Weights::new(&[], true);
     let (n_head, n_head_kv, hd, cells, nt) = (4usize, 2usize, 64usize, 16usize, 3usize);
     let attn = node(
@@ -267,38 +214,63 @@ fn the_attention_scratch_is_checked_against_the_device_budget() {
             window: minfer_graph::WindowLayout::Span,
         },
         2,
-        [n_head * hd, nt],
+        [ne0, nt],
     );
-    let run = |budget: usize| {
-        let mut be = metal();
-        be.prepare_weights(&w, &[]).unwrap();
-        let k = be.alloc(cells * n_head_kv * hd * 4).unwrap();
-        let v = be.alloc(cells * n_head_kv * hd * 4).unwrap();
-        let q = be.alloc(nt * n_head * hd * 4).unwrap();
-        let win = be.alloc(nt * 2 * 4).unwrap();
-        let out = be.alloc(nt * n_head * hd * 4).unwrap();
-        let spans: Vec<u8> = [0, 4, 0, 8, 2, 12]
-            .iter()
-            .flat_map(|x: &i32| x.to_le_bytes())
-            .collect();
-        be.write(win, 0, &spans).unwrap();
-        be.set_device_budget(budget);
-        let args = ExecArgs {
-            srcs: &[Some(q), Some(win)],
-            out: Some(out),
-            kv: Some(KvPair { k, v }),
-            weights: &w,
-        };
-        be.execute_split(SplitKey::UNPLANNED, &[&attn], &[args])
+    let mut be = metal();
+    be.prepare_weights(&w, &[]).unwrap();
+    let k = be.alloc(cells * n_head_kv * hd * 4).unwrap();
+    let v = be.alloc(cells * n_head_kv * hd * 4).unwrap();
+    let q = be.alloc(nt * n_head * hd * 4).unwrap();
+    let win = be.alloc(nt * 2 * 4).unwrap();
+    let out = be.alloc(nt * n_head * hd * 4).unwrap();
+    let spans: Vec<u8> = [0, 4, 0, 8, 2, hi]
+        .iter()
+        .flat_map(|x: &i32| x.to_le_bytes())
+        .collect();
+    be.write(win, 0, &spans).unwrap();
+    if let Some(b) = budget {
+        be.set_device_budget(b);
+    }
+    let args = ExecArgs {
+        srcs: &[Some(q), Some(win)],
+        out: Some(out),
+        kv: Some(KvPair { k, v }),
+        weights: &w,
     };
-    let held = (2 * cells * n_head_kv + 2 * nt * n_head) * hd * 4 + nt * 2 * 4;
-    let e = run(held).unwrap_err().to_string();
+    be.execute_split(SplitKey::UNPLANNED, &[&attn], &[args])
+}
+
+/// The bytes of `run_attention`'s buffers.
+const ATTN_HELD: usize = (2 * 16 * 2 + 2 * 3 * 4) * 64 * 4 + 3 * 2 * 4;
+
+#[test]
+fn attention_shape_and_window_guards_are_errors_naming_the_node() {
+    let width = 4 * 64;
+    // Control: a well-formed node runs.
+    run_attention(width, 12, None).unwrap();
+    // Rows that are not n_head x head_dim.
+    let e = run_attention(width - 32, 12, None).unwrap_err().to_string();
+    assert!(e.contains("blk.1.attn") && e.contains("heads of 64"), "{e}");
+    // A window past the region's 16 cells, naming the query.
+    let e = run_attention(width, 17, None).unwrap_err().to_string();
+    assert!(e.contains("blk.1.attn") && e.contains("query 2"), "{e}");
+}
+
+/// The attention scratch, which the backend allocates beside the allocator's buffers, is
+/// checked against the device budget before it grows (issue 32): a budget the pool's
+/// buffers already fill refuses it with the MiB figures; the control, a budget with room,
+/// runs the same node.
+#[test]
+fn the_attention_scratch_is_checked_against_the_device_budget() {
+    let e = run_attention(4 * 64, 12, Some(ATTN_HELD))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("attention scratch") && e.contains("MiB") && e.contains("budget"),
         "{e}"
     );
     // Control: room for the scratch.
-    run(held + (64 << 20)).unwrap();
+    run_attention(4 * 64, 12, Some(ATTN_HELD + (64 << 20))).unwrap();
 }
 
 #[test]
