@@ -164,7 +164,7 @@ impl<D: Device> MetalBackend<D> {
 
     /// Bytes the pool holds (live and free buffers; never released).
     pub fn pool_bytes(&self) -> usize {
-        self.pool.held_bytes(&self.dev)
+        self.pool.held_bytes()
     }
 
     fn err(&self, problem: impl std::fmt::Display) -> GraphError {
@@ -218,7 +218,7 @@ impl<D: Device> MetalBackend<D> {
 
     /// What the budget leaves beside the pool, the weights and the scratch (None: no budget).
     pub(crate) fn room(&self) -> Option<usize> {
-        let held = self.pool.held_bytes(&self.dev)
+        let held = self.pool.held_bytes()
             + if self.shared { 0 } else { self.weights.bytes }
             + self.scratch.as_ref().map_or(0, |s| self.dev.buffer_len(s));
         self.budget.map(|b| b.saturating_sub(held))

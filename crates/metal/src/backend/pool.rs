@@ -10,6 +10,8 @@ use crate::error::Result;
 pub(crate) struct Pool<D: Device> {
     /// Every buffer ever made, by id.
     bufs: Vec<D::Buffer>,
+    /// Bytes of every buffer in `bufs` (they are never released while the pool lives).
+    held: usize,
     /// Whether an id is handed out.
     live: Vec<bool>,
     /// Free ids by exact byte length.
@@ -20,6 +22,7 @@ impl<D: Device> Default for Pool<D> {
     fn default() -> Self {
         Pool {
             bufs: Vec::new(),
+            held: 0,
             live: Vec::new(),
             free: HashMap::new(),
         }
@@ -35,6 +38,7 @@ impl<D: Device> Pool<D> {
             return Ok((id, true));
         }
         let buf = dev.new_buffer(bytes.max(4))?;
+        self.held += dev.buffer_len(&buf);
         self.bufs.push(buf);
         self.live.push(true);
         Ok(((self.bufs.len() - 1) as u32, false))
@@ -57,7 +61,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Bytes of every buffer the pool holds (live or free).
-    pub fn held_bytes(&self, dev: &D) -> usize {
-        self.bufs.iter().map(|b| dev.buffer_len(b)).sum()
+    pub fn held_bytes(&self) -> usize {
+        self.held
     }
 }
