@@ -200,7 +200,11 @@ impl Gpu {
         }
         let sources = compile::sources(s.kernel_dir.as_deref())?;
         // The settings' defines go before every module (and so into every cache key).
-        let prelude = compile::prelude(&s.mv1.defines(), early);
+        let mut defines = s.mv1.defines();
+        if s.pdl == crate::settings::Pdl::AttnEarly {
+            defines.push_str("#define MF_PDL_ATTN_EARLY 1\n");
+        }
+        let prelude = compile::prelude(&defines, early);
         let sm_count = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
