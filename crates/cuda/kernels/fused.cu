@@ -339,6 +339,42 @@ __device__ __forceinline__ void mf_qkv1r_pipe(const u8 *wq, u64 rbq, const u8 *w
     MF_PDL_TRIGGER();
 }
 
+// The same launch over rows of any int8 type on the plain walks (`mf_qkv1r` / `mf_qkv1r_gx`:
+// the 0.5B shape's Q5_0 Q/K/V): a warp's unit is again a pair of rows RoPE rotates together,
+// each row mf_qkv1's mf_row1_any, then lane 0's epilogue as above, so the bits are the two
+// launches' and one launch a layer is gone.
+template <bool GX>
+__device__ __forceinline__ void mf_qkv1r_plain(int tyq, const u8 *wq, u64 rbq, int tyk,
+                                               const u8 *wk, u64 rbk, int tyv, const u8 *wv,
+                                               u64 rbv, const float *bq, const float *bk,
+                                               const float *bv, const float *x,
+                                               const float *gain, float eps,
+                                               const signed char *__restrict__ gxq,
+                                               const float2 *__restrict__ gxds, int ne0,
+                                               int q_dim, int kv_dim, const MfRopeOut &ro) {
+    const int qu = q_dim >> 1, ku = kv_dim >> 1;
+    mf_l2_bulk(wq, (u64)q_dim * rbq);
+    mf_l2_bulk(wk, (u64)kv_dim * rbk);
+    mf_l2_bulk(wv, (u64)kv_dim * rbv);
+    MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
+    MF_MV1_ROWS(u, qu + 2 * ku) {
+        int reg, j, ty;
+        const u8 *w;
+        u64 rb;
+        if (u < qu) reg = 0, j = u, ty = tyq, w = wq, rb = rbq;
+        else if (u < qu + ku) reg = 1, j = u - qu, ty = tyk, w = wk, rb = rbk;
+        else reg = 2, j = u - qu - ku, ty = tyv, w = wv, rb = rbv;
+        int a, b, i;
+        mf_rope_pair(j, ro.hd, ro.neox, &a, &b, &i);
+        float r[2];
+        r[0] = mf_row1_any(ty, w + (u64)a * rb, xq, xds, ne0 >> 5);
+        r[1] = mf_row1_any(ty, w + (u64)b * rb, xq, xds, ne0 >> 5);
+        if ((threadIdx.x & 31) == 0) mf_rope_pair_out(ro, reg, j, reg == 0 ? bq : reg == 1 ? bk : bv, r);
+    }
+    MF_PDL_TRIGGER();
+}
+
 // The rope-fused kernels: mf_qkv1's arguments up to x's, the row length, then mf_rope_store's
 // after its row scratch.
 #define MF_QKV1R_ARGS                                                                              \
@@ -363,6 +399,18 @@ __device__ __forceinline__ void mf_qkv1r_pipe(const u8 *wq, u64 rbq, const u8 *w
                                     0.0f, xq, xds, ne0, q_dim, kv_dim, ro);                       \
     }
 
+extern "C" __global__ void mf_qkv1r(MF_QKV1R_ARGS, const float *x, const float *gain, float eps,
+                                    MF_QKV1R_TAIL) {
+    const MfRopeOut ro = MF_QKV1R_RO;
+    mf_qkv1r_plain<false>(tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, x, gain, eps,
+                          nullptr, nullptr, ne0, q_dim, kv_dim, ro);
+}
+extern "C" __global__ void mf_qkv1r_gx(MF_QKV1R_ARGS, const signed char *xq, const float2 *xds,
+                                       MF_QKV1R_TAIL) {
+    const MfRopeOut ro = MF_QKV1R_RO;
+    mf_qkv1r_plain<true>(tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, nullptr, nullptr,
+                         0.0f, xq, xds, ne0, q_dim, kv_dim, ro);
+}
 MF_QKV1R_KERNELS(p4, MF_Q4_K, MF_Q4_K, MF_P4_BOUNDS)
 MF_QKV1R_KERNELS(p6, MF_Q6_K, MF_Q6_K, MF_P6_BOUNDS)
 MF_QKV1R_KERNELS(p46, MF_Q4_K, MF_Q6_K, MF_P6_BOUNDS)

@@ -163,6 +163,8 @@ pub const KERNELS: &[&str] = &[
     "mf_qkv1_p46",
     "mf_qkv1_p46_gx",
     "mf_rope_store",
+    "mf_qkv1r",
+    "mf_qkv1r_gx",
     "mf_qkv1r_p4",
     "mf_qkv1r_p4_gx",
     "mf_qkv1r_p6",

@@ -269,10 +269,10 @@ pub(crate) const MV1_KERNELS: [[[&str; 2]; 4]; 3] = [
     ],
 ];
 
-/// The rope-fused Q/K/V kernels by [`MV1_KERNELS`]' walk (none for the plain walks) and x's
-/// source (kernels/fused.cu `mf_qkv1r_*`).
+/// The rope-fused Q/K/V kernels by [`MV1_KERNELS`]' walk and x's source (kernels/fused.cu
+/// `mf_qkv1r*`).
 const QKV_ROPE_KERNELS: [[&str; 2]; 4] = [
-    ["", ""],
+    ["mf_qkv1r", "mf_qkv1r_gx"],
     ["mf_qkv1r_p4", "mf_qkv1r_p4_gx"],
     ["mf_qkv1r_p6", "mf_qkv1r_p6_gx"],
     ["mf_qkv1r_p46", "mf_qkv1r_p46_gx"],
@@ -606,8 +606,8 @@ impl CudaBackend {
     }
 
     /// [`Op::QkvRopeStore`] (no per-head norm): `mf_qkv1` then `mf_rope_store`, the unfused
-    /// chain's bits (kernels/fused.cu); one `mf_qkv1r_*` launch instead where the rows take
-    /// a pipelined walk and the cache holds f16 or f32 (the same bits).
+    /// chain's bits (kernels/fused.cu); one `mf_qkv1r*` launch instead where the cache holds
+    /// f16 or f32 (the same bits; the plain walks' `mf_qkv1r` since session 29).
     pub(crate) fn encode_qkv(&mut self, node: &Node, f: &QkvFused, args: &ExecArgs) -> DResult<()> {
         let w = args.weights;
         let (q_dim, kv_dim, hd) = (f.q_dim(), f.kv_dim(), f.rope.head_dim);
@@ -713,7 +713,7 @@ impl CudaBackend {
             Arg::F32(f.rope.freq_scale),
             Arg::I32(neox),
         ];
-        if self.qkv_rope && walk != WALK_PLAIN && ty != 2 && pairs_fit {
+        if self.qkv_rope && ty != 2 && pairs_fit {
             let kernel = QKV_ROPE_KERNELS[walk][gx as usize];
             let grid = self.mv1_grid(kernel, rows / 2, warps, shared)?;
             // mf_qkv1's arguments up to x's, the row length, then RoPE's.

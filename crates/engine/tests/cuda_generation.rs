@@ -132,7 +132,7 @@ fn mixed_qkv_launches() -> u64 {
 /// Launches of the rope-fused Q/K/V kernels (`mf_qkv1r_*`) so far.
 fn rope_fused_launches() -> u64 {
     let mut n = 0;
-    for w in ["_p4", "_p6", "_p46"] {
+    for w in ["", "_p4", "_p6", "_p46"] {
         for x in ["", "_gx"] {
             n += minfer_cuda::launches(&format!("mf_qkv1r{w}{x}"));
         }
@@ -619,7 +619,7 @@ fn an_ffn_past_the_concatenation_cap_is_fused_on_cuda() {
 /// `MINFER_CUDA_QKV_ROPE=0`): the same logits bit for bit over a prefill and six generated
 /// steps, whose attention reads the K/V cells either path stored. NeoX pairs with biases
 /// (Qwen2) and adjacent pairs (LLaMA), every pipelined walk (Q4_K, Q6_K, Q/K of Q4_K with V
-/// of Q6_K), f16 and f32 caches. Control: the launch counters show the fused kernel ran
+/// of Q6_K) and the plain walks (Q5_0, Q8_0), f16 and f32 caches. Control: the launch counters show the fused kernel ran
 /// every step in one engine and never in the other, where `mf_rope_store` ran instead.
 #[test]
 fn the_rope_fused_qkv_gives_the_two_launches_bits() {
@@ -632,6 +632,9 @@ fn the_rope_fused_qkv_gives_the_two_launches_bits() {
         (Arch::Llama, T::Q4K, None, T::F32),
         (Arch::Qwen2, T::Q4K, Some(T::Q6K), T::F16),
         (Arch::Llama, T::Q6K, None, T::F16),
+        // The plain walks (`mf_qkv1r`): the 0.5B shape's Q5_0, and Q8_0 on LLaMA's pairs.
+        (Arch::Qwen2, T::Q5_0, None, T::F16),
+        (Arch::Llama, T::Q8_0, None, T::F32),
     ];
     for (arch, ty, mix, cache) in cases {
         let path = wide_model_mix(arch, ty, mix);
