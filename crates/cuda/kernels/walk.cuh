@@ -608,3 +608,82 @@ __device__ __forceinline__ void mf_pipe1_run(MfPipe1<TY, M, D> &p, const RowOf &
         }
     }
 }
+
+// Split walks of short rows (`MF_MV1_SPLIT`, the host's `MINFER_CUDA_MV1_SPLIT=1`; 0: the
+// pipelined walks above for every row): where a row has at most as many chunks as a block has
+// warps and the launch at most MF_SPLIT_MAX_UNITS units (the 7B's Q/K/V and attention output:
+// 4 chunks a row), S = the chunks rounded up to a power of two warps share each unit, warp
+// u * S + c loading chunk c, so a row's loads are all in flight at once instead of one after
+// another in one warp. Each warp writes its chunk's 32 contributions (MfSb<TY>::c1, lane l's
+// block 32 c + l) to shared memory and the unit's first warp chains them in chunk order with
+// the pipelined walk's own steps (acc from +0, mf_chain32 a chunk, mf_lane8_sum), so a row's
+// bits are the walks' above: only which warp computes a contribution changes. Each warp's
+// next load is issued before the barrier, as the pipeline's one stage.
+#ifndef MF_MV1_SPLIT
+#define MF_MV1_SPLIT 0
+#endif
+#define MF_SPLIT_MAX_UNITS 8192
+
+template <int TY, int M> struct MfSplit {
+    typename MfSb<TY>::Raw st[M];
+    int nsb, nch, s, r; // superblocks and chunks a row, warps a unit, units a block step
+};
+
+// Whether a launch of n_units units of nb 32-blocks takes the split walk (the host's
+// matvec.rs `split_warps` decides the same way for its grid).
+__device__ __forceinline__ bool mf_split_takes(int n_units, int nb) {
+    const int nch = ((nb >> 3) + 3) >> 2;
+    return MF_MV1_SPLIT && nch <= (int)(blockDim.x >> 5) && n_units <= MF_SPLIT_MAX_UNITS;
+}
+
+// The warp's first chunk's loads (call before the PDL wait).
+template <int TY, int M, class RowOf>
+__device__ __forceinline__ void mf_split_prime(MfSplit<TY, M> &p, const RowOf &row_of,
+                                               int n_units, int nb) {
+    p.nsb = nb >> 3;
+    p.nch = (p.nsb + 3) >> 2;
+    p.s = 1;
+    while (p.s < p.nch) p.s <<= 1;
+    const int w = threadIdx.x >> 5;
+    p.r = (blockDim.x >> 5) / p.s;
+    const int c = w % p.s;
+    if (c < p.nch) mf_pipe1_load<TY, M>(row_of, blockIdx.x * p.r + w / p.s, c, n_units, p.nsb, p.st);
+}
+
+// Every unit of the block's steps (u0 = blockIdx.x * r, + gridDim.x * r, ...: the same count
+// for every warp of a block, so the barriers match); epi(u, r) as mf_pipe1_run's.
+template <int TY, int M, class RowOf, class Epi>
+__device__ __forceinline__ void mf_split_run(MfSplit<TY, M> &p, const RowOf &row_of,
+                                             int n_units, const signed char *xq,
+                                             const float2 *xds, const Epi &epi) {
+    __shared__ float cs[8][M][32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 3, k = lane & 7;
+    const int c = w % p.s, ul = w / p.s, ustep = gridDim.x * p.r;
+    for (int u0 = blockIdx.x * p.r; u0 < n_units; u0 += ustep) {
+        const int u = u0 + ul;
+        typename MfSb<TY>::Raw cur[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) cur[m] = p.st[m];
+        if (c < p.nch) mf_pipe1_load<TY, M>(row_of, u + ustep, c, n_units, p.nsb, p.st);
+        if (u < n_units && c < p.nch) {
+            const int sb = 4 * c + g;
+#pragma unroll
+            for (int m = 0; m < M; ++m)
+                cs[w][m][lane] = MfSb<TY>::c1(cur[m], sb < p.nsb, sb, k, xq, xds);
+        }
+        __syncthreads();
+        if (c == 0 && u < n_units) {
+            float acc[M], r[M];
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+            for (int j = 0; j < p.nch; ++j) {
+#pragma unroll
+                for (int m = 0; m < M; ++m) acc[m] = mf_chain32(acc[m], cs[w + j][m][lane]);
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m) r[m] = mf_lane8_sum(acc[m]);
+            epi(u, r);
+        }
+        __syncthreads();
+    }
+}
