@@ -324,23 +324,6 @@ __device__ __forceinline__ void mf_qkv1r_pipe(const u8 *wq, u64 rbq, const u8 *w
     mf_l2_bulk(wq, (u64)q_dim * rbq);
     mf_l2_bulk(wk, (u64)kv_dim * rbk);
     mf_l2_bulk(wv, (u64)kv_dim * rbv);
-    if (mf_split_takes(qu + 2 * ku, ne0 >> 5)) {
-        // The split walks (walk.cuh): the same units, chunks shared out over warps.
-        MfSplit<TA, 2> sa;
-        mf_split_prime(sa, row_of, n_a, ne0 >> 5);
-        MF_PDL_ENTRY();
-        MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
-        mf_split_run(sa, row_of, n_a, xq, xds, epi);
-        if (!ONE) {
-            const auto v_of = [&](int u, int m) { return row_of(u + qu + ku, m); };
-            const auto epi_v = [&](int u, const float *r) { epi(u + qu + ku, r); };
-            MfSplit<TB, 2> sb;
-            mf_split_prime(sb, v_of, ku, ne0 >> 5);
-            mf_split_run(sb, v_of, ku, xq, xds, epi_v);
-        }
-        MF_PDL_TRIGGER();
-        return;
-    }
     MfPipe1<TA, 2, MF_MV1_PIPE_SHORT> pa;
     mf_pipe1_prime(pa, row_of, n_a, ne0 >> 5);
     MF_PDL_ENTRY();

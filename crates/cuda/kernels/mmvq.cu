@@ -54,6 +54,10 @@ __device__ __forceinline__ void mf_mmvq1_pipe(const u8 *w, u64 row_bytes, const 
                                               int n_out) {
     const auto row_of = [&](int o, int) { return w + (u64)o * row_bytes; };
     mf_l2_bulk(w, (u64)n_out * row_bytes);
+    MfPipe1<TY, 1, GX ? MF_PIPE_D : MF_MV1_PIPE_SHORT> p;
+    mf_pipe1_prime(p, row_of, n_out, ne0 >> 5);
+    MF_PDL_ENTRY();
+    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
     const auto epi = [&](int o, const float *r) {
         if ((threadIdx.x & 31) == 0) {
             float s = r[0];
@@ -62,19 +66,6 @@ __device__ __forceinline__ void mf_mmvq1_pipe(const u8 *w, u64 row_bytes, const 
             y[o] = s;
         }
     };
-    if (mf_split_takes(n_out, ne0 >> 5)) {
-        MfSplit<TY, 1> sp;
-        mf_split_prime(sp, row_of, n_out, ne0 >> 5);
-        MF_PDL_ENTRY();
-        MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
-        mf_split_run(sp, row_of, n_out, xq, xds, epi);
-        MF_PDL_TRIGGER();
-        return;
-    }
-    MfPipe1<TY, 1, GX ? MF_PIPE_D : MF_MV1_PIPE_SHORT> p;
-    mf_pipe1_prime(p, row_of, n_out, ne0 >> 5);
-    MF_PDL_ENTRY();
-    MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
     mf_pipe1_run(p, row_of, n_out, xq, xds, epi);
     MF_PDL_TRIGGER();
 }

@@ -147,9 +147,6 @@ pub struct CudaBackend {
     /// not 0, the type in `MINFER_CUDA_MV1_PIPE_TYPES`, and its wide walk not switched off by
     /// `MINFER_CUDA_MV1`).
     pub(crate) mv1_pipe: (bool, bool),
-    /// Short rows on the split walks (`MINFER_CUDA_MV1_SPLIT=1`; their grid, matvec.rs
-    /// `split_warps`).
-    pub(crate) mv1_split: bool,
     /// Whole splits replayed as CUDA graphs (off: `MINFER_CUDA_GRAPHS=0`, or profiling).
     replayer: Option<Replayer>,
     /// The current forward's row classes (crates/cuda/src/prompt.rs).
@@ -315,7 +312,6 @@ impl CudaBackend {
                 s.mv1.pipe > 0 && s.mv1.pipe_types.0 && !s.mv1.narrow_q4k,
                 s.mv1.pipe > 0 && s.mv1.pipe_types.1 && !s.mv1.narrow_q6k,
             ),
-            mv1_split: s.mv1.split,
             replayer: graphs.then(Replayer::default),
             rows: RowClasses::default(),
             windows: None,
@@ -474,7 +470,6 @@ impl CudaBackend {
             mv1_warps: self.mv1_warps,
             mv1_grid: self.mv1_grid,
             mv1_pipe: self.mv1_pipe,
-            mv1_split: self.mv1_split,
             replayer: self.replayer.as_ref().map(|_| Replayer::default()),
             rows: RowClasses::default(),
             windows: None,

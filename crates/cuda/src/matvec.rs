@@ -312,23 +312,6 @@ fn qkv_walk([q, k, v]: [&Matrix; 3], pipe: (bool, bool)) -> usize {
     }
 }
 
-/// Units (rows, or Q/K/V's row pairs) of a launch above which the split walks leave its rows
-/// to the pipelined ones (walk.cuh `MF_SPLIT_MAX_UNITS`).
-const SPLIT_MAX_UNITS: usize = 8192;
-
-/// Warps one unit of a one-token launch takes (walk.cuh `mf_split_takes`): on the split walks
-/// (`on`, a pipelined `walk`, rows of at most `warps` 4-superblock chunks, at most
-/// [`SPLIT_MAX_UNITS`] units) the chunks rounded up to a power of two, else 1. The grid is
-/// sized for `units` times it.
-pub(crate) fn split_warps(on: bool, walk: usize, ne0: usize, units: usize, warps: usize) -> usize {
-    let nch = (ne0 / 256).div_ceil(4);
-    if !on || walk == WALK_PLAIN || nch > warps || units > SPLIT_MAX_UNITS {
-        1
-    } else {
-        nch.next_power_of_two()
-    }
-}
-
 /// Whether the one-token int8 kernels take rows of `ne0` (whole 32-element blocks).
 pub(crate) fn mv1_fits(ne0: usize) -> bool {
     ne0.is_multiple_of(32)
@@ -491,10 +474,9 @@ impl CudaBackend {
     ) -> DResult<()> {
         let ty = type_code(m.ty).ok_or("weight type")?;
         let (gx, xa, shared) = self.mv1_input(x, m.ne0, None)?;
-        let walk = mv1_walk(&[m], self.mv1_pipe);
-        let kernel = MV1_KERNELS[Mv1Family::MatVec as usize][walk][gx as usize];
-        let s = split_warps(self.mv1_split, walk, m.ne0, m.ne1, self.mv1_warps);
-        let grid = self.mv1_grid(kernel, m.ne1 * s, self.mv1_warps, shared)?;
+        let kernel =
+            MV1_KERNELS[Mv1Family::MatVec as usize][mv1_walk(&[m], self.mv1_pipe)][gx as usize];
+        let grid = self.mv1_grid(kernel, m.ne1, self.mv1_warps, shared)?;
         let mut a = vec![Arg::I32(ty), Arg::U64(m.ptr), Arg::U64(m.row_bytes as u64)];
         a.extend(xa);
         a.extend([
@@ -733,8 +715,7 @@ impl CudaBackend {
         ];
         if self.qkv_rope && ty != 2 && pairs_fit {
             let kernel = QKV_ROPE_KERNELS[walk][gx as usize];
-            let s = split_warps(self.mv1_split, walk, ne0, rows / 2, warps);
-            let grid = self.mv1_grid(kernel, rows / 2 * s, warps, shared)?;
+            let grid = self.mv1_grid(kernel, rows / 2, warps, shared)?;
             // mf_qkv1's arguments up to x's, the row length, then RoPE's.
             a.push(Arg::I32(ne0 as i32));
             a.extend(rope);

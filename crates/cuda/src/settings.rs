@@ -141,9 +141,6 @@ pub(crate) struct Mv1Walk {
     /// Matrices of at most this many MiB asked of L2 whole at a one-token kernel's entry
     /// (`MINFER_CUDA_MV1_L2BULK`, int8.cuh `mf_l2_bulk`; 0: none).
     pub l2_bulk_mib: u8,
-    /// Short rows' chunks shared out over a block's warps (`MINFER_CUDA_MV1_SPLIT=1`,
-    /// walk.cuh `MF_MV1_SPLIT`; the host's grid follows, matvec.rs `split_warps`).
-    pub split: bool,
 }
 
 /// The pipelined walks' stages unless `MINFER_CUDA_MV1_PIPE` says otherwise (walk.cuh's
@@ -180,9 +177,6 @@ impl Mv1Walk {
         }
         if self.l2_bulk_mib > 0 {
             d.push_str(&format!("#define MF_MV1_L2BULK {}\n", self.l2_bulk_mib));
-        }
-        if self.split {
-            d.push_str("#define MF_MV1_SPLIT 1\n");
         }
         d
     }
@@ -532,11 +526,6 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         0..=64,
         "want 0 (none) or a matrix size of 1 to 64 MiB",
     )?;
-    let split = match var("MINFER_CUDA_MV1_SPLIT").as_str() {
-        "" | "0" => false,
-        "1" => true,
-        other => return Err(Refused::new("MINFER_CUDA_MV1_SPLIT", other, "want 0 or 1")),
-    };
     Ok(Mv1Walk {
         narrow_q4k,
         narrow_q6k,
@@ -548,7 +537,6 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         pipe_ahead,
         p6_blocks,
         l2_bulk_mib,
-        split,
     })
 }
 
@@ -743,7 +731,6 @@ mod tests {
             ("MINFER_CUDA_MV1_PIPE_AHEAD", "2"),
             ("MINFER_CUDA_MV1_P6_BLOCKS", "3"),
             ("MINFER_CUDA_MV1_L2BULK", "16"),
-            ("MINFER_CUDA_MV1_SPLIT", "1"),
             ("MINFER_CUDA_ATTN", "split"),
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
             ("MINFER_CUDA_PROMPT", "mmq"),
@@ -771,7 +758,7 @@ mod tests {
             s.mv1.defines(),
             "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n#define MF_MV1_PIPE 3\n\
              #define MF_MV1_PIPE_SHORT 4\n#define MF_MV1_PIPE_AHEAD 2\n#define MF_MV1_P6_BLOCKS 3\n\
-             #define MF_MV1_L2BULK 16\n#define MF_MV1_SPLIT 1\n"
+             #define MF_MV1_L2BULK 16\n"
         );
         assert_eq!((s.mv1.pipe, s.mv1.pipe_types), (3, (true, false)));
         assert_eq!(d.mv1.pipe_types, (true, true));

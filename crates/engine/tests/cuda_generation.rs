@@ -295,7 +295,7 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
             multi_b > 0,
             "{ty}: the batched step never ran mf_mmvq_* / mf_mmq_*"
         );
-        let variants: [(&str, &[(&str, &str)]); 8] = [
+        let variants: [(&str, &[(&str, &str)]); 7] = [
             ("wave", &[]),
             ("x quantized once", &[("MINFER_CUDA_MV1_X", "global")]),
             (
@@ -322,10 +322,6 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
                     ("MINFER_CUDA_MV1_L2BULK", "16"),
                     ("MINFER_CUDA_PDL", "attn-early"),
                 ],
-            ),
-            (
-                "split walks of short rows",
-                &[("MINFER_CUDA_MV1_SPLIT", "1")],
             ),
             (
                 "plain walks unrolled by 4, both prefetches",
