@@ -173,7 +173,7 @@ extern "C" __global__ void mf_attn_split(int ty, const float *q, const u8 *k, co
 // and so its bits, do not depend on the batching).
 extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_head, int hd,
                                            int n_split) {
-    MF_PDL_ATTN_ENTRY();
+    MF_PDL_ENTRY();
     extern __shared__ float cm[];
     float *ml = cm;                        // m, l of chunk s at 2s, 2s + 1
     int *live = (int *)(cm + 2 * n_split); // non-empty chunks in order, then their weights
@@ -256,7 +256,7 @@ extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, cons
                                        const int *win, float *part, u64 row_bytes, int n_head,
                                        int n_head_kv, int hd, int width, float scale,
                                        int n_split) {
-    MF_PDL_ATTN_ENTRY();
+    MF_PDL_ENTRY();
     extern __shared__ float sh[];
     int G = n_head / n_head_kv;
     int hk = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;

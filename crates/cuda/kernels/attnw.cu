@@ -125,7 +125,7 @@ __device__ __forceinline__ void mf_attn_w(const float *q, const u8 *k, const u8 
     float *ps = qs + HD * QG; // [warp][row][QG]
     u32 *cs = (u32 *)(ps + 4 * 32 * QG);
     __shared__ int is_last;
-    MF_PDL_ATTN_ENTRY();
+    MF_PDL_ENTRY();
     const int G = n_head / n_head_kv;
     const int n_hb = (G + GB - 1) / GB; // blocks a KV group's heads are shared out over
     const int hk = blockIdx.x / n_hb, hb = blockIdx.x % n_hb, tq = blockIdx.y, sp = blockIdx.z;

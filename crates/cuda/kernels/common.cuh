@@ -39,18 +39,6 @@ __device__ __forceinline__ void mf_pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// The decode attention's kernels may let the next one start at their entry while every
-// other kernel waits for its main loop (MF_PDL_ATTN_EARLY, the host's
-// `MINFER_CUDA_PDL=attn-early`): the attention reads little and leaves most multiprocessors
-// idle, so the matrix after it can be on its way to L2 meanwhile (int8.cuh `mf_l2_bulk`).
-#ifndef MF_PDL_ATTN_EARLY
-#define MF_PDL_ATTN_EARLY 0
-#endif
-#define MF_PDL_ATTN_ENTRY()                                                                      \
-    do {                                                                                         \
-        if (MF_PDL_ATTN_EARLY) mf_pdl_launch();                                                  \
-        MF_PDL_ENTRY();                                                                          \
-    } while (0)
 #define MF_PDL_ENTRY()                                                                           \
     do {                                                                                         \
         if (MF_PDL_EARLY) mf_pdl_launch();                                                       \

@@ -46,9 +46,6 @@ __device__ __forceinline__ void mf_qkv1_pipe(const u8 *wq, u64 rbq, const u8 *wk
         int r;
         return at(o, &bias, &r);
     };
-    mf_l2_bulk(wq, (u64)q_dim * rbq);
-    mf_l2_bulk(wk, (u64)kv_dim * rbk);
-    mf_l2_bulk(wv, (u64)kv_dim * rbv);
     MfPipe1<TY, 1, MF_MV1_PIPE_SHORT> p;
     mf_pipe1_prime(p, row_of, n_rows, ne0 >> 5);
     MF_PDL_ENTRY();
@@ -80,9 +77,6 @@ __device__ __forceinline__ void mf_qkv1_body(int tyq, const u8 *wq, u64 rbq, int
     const u8 *w;
     u64 rb;
     const float *bias;
-    mf_l2_bulk(wq, (u64)q_dim * rbq);
-    mf_l2_bulk(wk, (u64)kv_dim * rbk);
-    mf_l2_bulk(wv, (u64)kv_dim * rbv);
     int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (o0 < n_rows) {
         mf_qkv_row(o0, q_dim, kv_dim, tyq, wq, rbq, tyk, wk, rbk, tyv, wv, rbv, bq, bk, bv, &ty,
@@ -150,9 +144,6 @@ __device__ __forceinline__ void mf_qkv1_pipe46(const u8 *wq, u64 rbq, const u8 *
         return o < q_dim ? wq + (u64)o * rbq : wk + (u64)(o - q_dim) * rbk;
     };
     const auto v_of = [&](int o, int) { return wv + (u64)o * rbv; };
-    mf_l2_bulk(wq, (u64)q_dim * rbq);
-    mf_l2_bulk(wk, (u64)kv_dim * rbk);
-    mf_l2_bulk(wv, (u64)kv_dim * rbv);
     MfPipe1<MF_Q4_K, 1, MF_MV1_PIPE_SHORT> pa;
     mf_pipe1_prime(pa, qk_of, n_qk, ne0 >> 5);
     MF_PDL_ENTRY();
@@ -321,9 +312,6 @@ __device__ __forceinline__ void mf_qkv1r_pipe(const u8 *wq, u64 rbq, const u8 *w
             mf_rope_pair_out(ro, reg, j, reg == 0 ? bq : reg == 1 ? bk : bv, r);
         }
     };
-    mf_l2_bulk(wq, (u64)q_dim * rbq);
-    mf_l2_bulk(wk, (u64)kv_dim * rbk);
-    mf_l2_bulk(wv, (u64)kv_dim * rbv);
     MfPipe1<TA, 2, MF_MV1_PIPE_SHORT> pa;
     mf_pipe1_prime(pa, row_of, n_a, ne0 >> 5);
     MF_PDL_ENTRY();

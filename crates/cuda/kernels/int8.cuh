@@ -262,34 +262,6 @@ __device__ __forceinline__ void mf_prefetch_row(const u8 *row, u64 row_bytes) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
 }
 
-// Whole small matrices asked of L2 at a one-token kernel's entry (`MF_MV1_L2BULK` MiB: a
-// matrix of at most that many bytes; 0, the default: none; the host's
-// `MINFER_CUDA_MV1_L2BULK`). Thread 0 of each block asks for the block's share of the matrix
-// with bulk copies to L2 (sm_90's `cp.async.bulk.prefetch.L2`, 16-byte aligned, sizes a
-// multiple of 16; the share's ragged ends are left to the walk), before the PDL wait: a
-// short matrix (the 7B's Q/K/V and attention output: 14 superblocks a row) is then one
-// stream at the copy engine's rate instead of a few latency-bound chunks a warp, and where
-// the kernel before leaves the DRAM idle (the decode attention) the bytes come during it.
-// Loads only: no bit depends on it.
-#ifndef MF_MV1_L2BULK
-#define MF_MV1_L2BULK 0
-#endif
-__device__ __forceinline__ void mf_l2_bulk(const u8 *w, u64 bytes) {
-#if __CUDA_ARCH__ >= 900
-    if (MF_MV1_L2BULK == 0 || threadIdx.x != 0 || bytes > ((u64)MF_MV1_L2BULK << 20)) return;
-    const u64 share = (bytes + gridDim.x - 1) / gridDim.x;
-    u64 lo = (u64)w + (u64)blockIdx.x * share, hi = (u64)w + bytes;
-    if (lo - (u64)w + share < bytes) hi = lo + share;
-    lo = (lo + 15) & ~(u64)15;
-    hi &= ~(u64)15;
-    while (lo < hi) {
-        const u32 n = (u32)min(hi - lo, (u64)1 << 20);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"(n) : "memory");
-        lo += n;
-    }
-#endif
-}
-
 // One 32-element block quantized by the 8 lanes sub = threadIdx.x & 7 of an aligned group
 // (4 elements a lane: the max and the sum by shuffles inside the 8), with a `gain` first the
 // RMSNorm of its row (`scale`: mf_rms_scale's) exactly as mf_rms_norm writes it: q[i] =

@@ -53,7 +53,6 @@ __device__ __forceinline__ void mf_mmvq1_pipe(const u8 *w, u64 row_bytes, const 
                                               const float *bias, const float *res, int ne0,
                                               int n_out) {
     const auto row_of = [&](int o, int) { return w + (u64)o * row_bytes; };
-    mf_l2_bulk(w, (u64)n_out * row_bytes);
     MfPipe1<TY, 1, GX ? MF_PIPE_D : MF_MV1_PIPE_SHORT> p;
     mf_pipe1_prime(p, row_of, n_out, ne0 >> 5);
     MF_PDL_ENTRY();
@@ -81,7 +80,6 @@ __device__ __forceinline__ void mf_mmvq1_body(int ty, const u8 *w, u64 row_bytes
                                               const float2 *__restrict__ gxds, float *y,
                                               const float *bias, const float *res, int ne0,
                                               int n_out) {
-    mf_l2_bulk(w, (u64)n_out * row_bytes);
     int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (MF_MV1_PREFETCH && o0 < n_out) mf_prefetch_row(w + (u64)o0 * row_bytes, row_bytes);
     MF_PDL_ENTRY(); // the weights were constant before the kernel before this one ran
@@ -184,8 +182,6 @@ __device__ __forceinline__ void mf_gate_up1_pipe(const u8 *wg, u64 rbg, const u8
     const auto row_of = [&](int o, int m) {
         return m ? wu + (u64)o * rbu : wg + (u64)o * rbg;
     };
-    mf_l2_bulk(wg, (u64)n_out * rbg);
-    mf_l2_bulk(wu, (u64)n_out * rbu);
     MfPipe1<TY, 2, MF_PIPE_D> p;
     mf_pipe1_prime(p, row_of, n_out, ne0 >> 5);
     MF_PDL_ENTRY();
@@ -209,8 +205,6 @@ __device__ __forceinline__ void mf_gate_up1_body(int tyg, const u8 *wg, u64 rbg,
                                                  const signed char *__restrict__ gxq,
                                                  const float2 *__restrict__ gxds, float *y,
                                                  int ne0, int n_out) {
-    mf_l2_bulk(wg, (u64)n_out * rbg);
-    mf_l2_bulk(wu, (u64)n_out * rbu);
     int o0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (MF_MV1_PREFETCH && o0 < n_out) {
         mf_prefetch_row(wg + (u64)o0 * rbg, rbg);

@@ -200,11 +200,7 @@ impl Gpu {
         }
         let sources = compile::sources(s.kernel_dir.as_deref())?;
         // The settings' defines go before every module (and so into every cache key).
-        let mut defines = s.mv1.defines();
-        if s.pdl == crate::settings::Pdl::AttnEarly {
-            defines.push_str("#define MF_PDL_ATTN_EARLY 1\n");
-        }
-        let prelude = compile::prelude(&defines, early);
+        let prelude = compile::prelude(&s.mv1.defines(), early);
         let sm_count = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,

@@ -101,10 +101,6 @@ pub(crate) enum Pdl {
     Late,
     /// At this one's entry.
     Early,
-    /// At the entry of the decode attention's kernels, once the main loop is done for the
-    /// rest (`attn-early`; common.cuh `MF_PDL_ATTN_EARLY`): the matrix after the attention
-    /// may be asked of L2 while it runs (`MINFER_CUDA_MV1_L2BULK`).
-    AttnEarly,
     /// Plain launches (`0`).
     Off,
 }
@@ -138,9 +134,6 @@ pub(crate) struct Mv1Walk {
     /// Blocks of 256 threads a multiprocessor the pipelined Q6_K kernels are compiled to fit,
     /// 1 to 4; 0: no bound (`MINFER_CUDA_MV1_P6_BLOCKS`, walk.cuh `MF_MV1_P6_BLOCKS`).
     pub p6_blocks: u8,
-    /// Matrices of at most this many MiB asked of L2 whole at a one-token kernel's entry
-    /// (`MINFER_CUDA_MV1_L2BULK`, int8.cuh `mf_l2_bulk`; 0: none).
-    pub l2_bulk_mib: u8,
 }
 
 /// The pipelined walks' stages unless `MINFER_CUDA_MV1_PIPE` says otherwise (walk.cuh's
@@ -174,9 +167,6 @@ impl Mv1Walk {
         }
         if self.p6_blocks > 0 {
             d.push_str(&format!("#define MF_MV1_P6_BLOCKS {}\n", self.p6_blocks));
-        }
-        if self.l2_bulk_mib > 0 {
-            d.push_str(&format!("#define MF_MV1_L2BULK {}\n", self.l2_bulk_mib));
         }
         d
     }
@@ -284,13 +274,12 @@ impl CudaSettings {
         let pdl = match text("MINFER_CUDA_PDL").as_str() {
             "" | "late" => Pdl::Late,
             "early" => Pdl::Early,
-            "attn-early" => Pdl::AttnEarly,
             "0" => Pdl::Off,
             other => {
                 return Err(Refused::new(
                     "MINFER_CUDA_PDL",
                     other,
-                    "want 0, early, attn-early or late",
+                    "want 0, early or late",
                 ))
             }
         };
@@ -519,13 +508,6 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         0..=4,
         "want 0 (no bound) or 1 to 4 blocks",
     )?;
-    let l2_bulk_mib = count(
-        var,
-        "MINFER_CUDA_MV1_L2BULK",
-        0,
-        0..=64,
-        "want 0 (none) or a matrix size of 1 to 64 MiB",
-    )?;
     Ok(Mv1Walk {
         narrow_q4k,
         narrow_q6k,
@@ -536,7 +518,6 @@ fn mv1_walk(var: &impl Fn(&str) -> String) -> Result<Mv1Walk, Refused> {
         pipe_short,
         pipe_ahead,
         p6_blocks,
-        l2_bulk_mib,
     })
 }
 
@@ -730,7 +711,6 @@ mod tests {
             ("MINFER_CUDA_MV1_PIPE_SHORT", "4"),
             ("MINFER_CUDA_MV1_PIPE_AHEAD", "2"),
             ("MINFER_CUDA_MV1_P6_BLOCKS", "3"),
-            ("MINFER_CUDA_MV1_L2BULK", "16"),
             ("MINFER_CUDA_ATTN", "split"),
             ("MINFER_CUDA_MMQ_TILE", "64x32"),
             ("MINFER_CUDA_PROMPT", "mmq"),
@@ -757,8 +737,7 @@ mod tests {
         assert_eq!(
             s.mv1.defines(),
             "#define MF_MV1_NARROW_Q6K 1\n#define MF_MV1_PREFETCH 2\n#define MF_MV1_PIPE 3\n\
-             #define MF_MV1_PIPE_SHORT 4\n#define MF_MV1_PIPE_AHEAD 2\n#define MF_MV1_P6_BLOCKS 3\n\
-             #define MF_MV1_L2BULK 16\n"
+             #define MF_MV1_PIPE_SHORT 4\n#define MF_MV1_PIPE_AHEAD 2\n#define MF_MV1_P6_BLOCKS 3\n"
         );
         assert_eq!((s.mv1.pipe, s.mv1.pipe_types), (3, (true, false)));
         assert_eq!(d.mv1.pipe_types, (true, true));
@@ -775,7 +754,7 @@ mod tests {
             (
                 "MINFER_CUDA_PDL",
                 "x",
-                "MINFER_CUDA_PDL=x: want 0, early, attn-early or late",
+                "MINFER_CUDA_PDL=x: want 0, early or late",
             ),
             (
                 "MINFER_CUDA_MV1_GRID",
@@ -791,11 +770,6 @@ mod tests {
                 "MINFER_CUDA_MV1_PIPE",
                 "5",
                 "MINFER_CUDA_MV1_PIPE=5: want 0 (off) or 1 to 4 stages",
-            ),
-            (
-                "MINFER_CUDA_MV1_L2BULK",
-                "65",
-                "MINFER_CUDA_MV1_L2BULK=65: want 0 (none) or a matrix size of 1 to 64 MiB",
             ),
             (
                 "MINFER_CUDA_MV1_P6_BLOCKS",

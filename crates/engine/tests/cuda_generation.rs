@@ -295,7 +295,7 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
             multi_b > 0,
             "{ty}: the batched step never ran mf_mmvq_* / mf_mmq_*"
         );
-        let variants: [(&str, &[(&str, &str)]); 7] = [
+        let variants: [(&str, &[(&str, &str)]); 6] = [
             ("wave", &[]),
             ("x quantized once", &[("MINFER_CUDA_MV1_X", "global")]),
             (
@@ -316,13 +316,6 @@ fn generation_rows_are_bitwise_alone_among_eight_and_on_every_grid() {
                 ],
             ),
             ("narrow walks", &[("MINFER_CUDA_MV1", "narrow")]),
-            (
-                "whole small matrices asked of L2, the attention's dependents launched at its entry",
-                &[
-                    ("MINFER_CUDA_MV1_L2BULK", "16"),
-                    ("MINFER_CUDA_PDL", "attn-early"),
-                ],
-            ),
             (
                 "plain walks unrolled by 4, both prefetches",
                 &[
