@@ -341,9 +341,6 @@ __device__ __forceinline__ void mf_qkv1r_plain(int tyq, const u8 *wq, u64 rbq, i
                                                const float2 *__restrict__ gxds, int ne0,
                                                int q_dim, int kv_dim, const MfRopeOut &ro) {
     const int qu = q_dim >> 1, ku = kv_dim >> 1;
-    mf_l2_bulk(wq, (u64)q_dim * rbq);
-    mf_l2_bulk(wk, (u64)kv_dim * rbk);
-    mf_l2_bulk(wv, (u64)kv_dim * rbv);
     MF_PDL_ENTRY();
     MF_MV1_X(GX, x, gain, eps, gxq, gxds, ne0, xq, xds);
     MF_MV1_ROWS(u, qu + 2 * ku) {
