@@ -245,9 +245,13 @@ extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_
 }
 
 // Split-K attention for grouped queries (head dim <= 128, at most 16 query heads per KV
-// head): block (kv head, query, chunk of MF_GQA_CHUNK window rows) serves every query head
-// of the group, so each K/V row is read once per group, through shared memory, in tiles of
-// 32 rows. Per query head the arithmetic is fixed by the row index alone: score = the dot
+// head): block (kv head and a slice of `gb` of its query heads, query, chunk of
+// MF_GQA_CHUNK window rows) serves those heads of the group, each K/V row read once per
+// block, through shared memory, in tiles of 32 rows. A head's scores, softmax and sums touch
+// no other head and each of its values is one thread's fixed sequence whatever the slice,
+// so `gb` (the host's MINFER_CUDA_ATTN_HEADS, as the warp-tiled kernel's) changes the grid
+// and the repeated (L2-served) K/V loads, never a bit: a decode step's few chunks of a whole
+// group of 7 left most multiprocessors idle. Per query head the arithmetic is fixed by the row index alone: score = the dot
 // over d in order, times scale; per tile, the running max, then p = exp(s - max) folded in
 // row order. Partials as mf_attn_split writes them (merged by mf_attn_combine).
 #define MF_GQA_CHUNK 64
@@ -255,11 +259,13 @@ extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_
 extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, const u8 *v,
                                        const int *win, float *part, u64 row_bytes, int n_head,
                                        int n_head_kv, int hd, int width, float scale,
-                                       int n_split) {
+                                       int n_split, int gb) {
     MF_PDL_ENTRY();
     extern __shared__ float sh[];
-    int G = n_head / n_head_kv;
-    int hk = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int GG = n_head / n_head_kv, n_hb = (GG + gb - 1) / gb;
+    const int hk = blockIdx.x / n_hb, g0 = (blockIdx.x % n_hb) * gb;
+    const int G = min(gb, GG - g0); // this block's heads of the group, from g0
+    int t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     int kst = hd + 1; // padded K rows: the score loop's threads read different banks
     float *qs = sh;
     float *ks = qs + G * hd;
@@ -273,7 +279,7 @@ extern "C" __global__ void mf_attn_gqa(int ty, const float *q, const u8 *k, cons
     u32 len = mf_win_len(w, width);
     u32 lo = (u32)sp * MF_GQA_CHUNK;
     u32 hi = min(len, lo + MF_GQA_CHUNK);
-    int h0 = hk * G;
+    int h0 = hk * GG + g0;
     float *pbase = part + (((u64)t * n_head + h0) * n_split + sp) * (hd + 2);
     u64 pstride = (u64)n_split * (hd + 2); // from one head's partial to the next one's
     if (lo >= len) {

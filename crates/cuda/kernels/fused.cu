@@ -412,8 +412,13 @@ __device__ __forceinline__ float mf_roped(const float *x, int e, int hd, int neo
     return lo ? mf_rope_lo(x[a], x[b], c, sn) : mf_rope_hi(x[a], x[b], c, sn);
 }
 
-// Threads: q_dim for q, then the K row's units, then the V row's (a unit is an element for
-// f32/f16 KV, a 32-element block for q8_0).
+// Threads [0, q_dim) rotate q; then, for an f16/f32 cache, a thread per K and per V value;
+// for a q8_0 cache (from the next multiple of 32, so each block's 32 values are one warp's
+// lanes), a warp per 32-value block: lane k rotates (K) or reads (V) value k, the block's
+// max |x| is the warp's butterfly max (order-free, from 0 as mf_kv_q8_block's fold: a NaN
+// counts as 0 there and here), and each lane rounds and stores its own byte with
+// mf_kv_q8_block's arithmetic, so the bytes are its. (Before: a thread per block, its 32
+// rotations one after another, 23 µs a layer on the 7B.)
 extern "C" __global__ void mf_rope_store(const float *row, const int *pos, const int *cells,
                                          float *q_out, u8 *kreg, u8 *vreg, int ty,
                                          u64 row_bytes, int q_dim, int kv_dim, int hd,
@@ -421,26 +426,28 @@ extern "C" __global__ void mf_rope_store(const float *row, const int *pos, const
     MF_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     int p = pos[0];
-    int unit = ty == MF_Q8_0 ? 32 : 1;
-    int units = kv_dim / unit;
     if (i < q_dim) {
         q_out[i] = mf_roped(row + (i / hd) * hd, i % hd, hd, neox, p, theta_scale, freq_scale);
         return;
     }
-    i -= q_dim;
-    bool is_k = i < units;
-    if (!is_k) i -= units;
-    if (i >= units) return;
+    i -= ty == MF_Q8_0 ? (q_dim + 31) & ~31 : q_dim;
+    if (i < 0 || i >= 2 * kv_dim) return; // whole warps past the q8_0 blocks (or the padding)
+    const bool is_k = i < kv_dim;
+    const int e = is_k ? i : i - kv_dim;
     const float *src = row + q_dim + (is_k ? 0 : kv_dim);
     u8 *cell = (is_k ? kreg : vreg) + (u64)cells[0] * row_bytes;
-    float v[32];
-    int e0 = i * unit;
-    for (int k = 0; k < unit; ++k) {
-        int e = e0 + k;
-        v[k] = is_k ? mf_roped(src + (e / hd) * hd, e % hd, hd, neox, p, theta_scale, freq_scale)
-                    : src[e];
+    const float x =
+        is_k ? mf_roped(src + (e / hd) * hd, e % hd, hd, neox, p, theta_scale, freq_scale) : src[e];
+    if (ty == MF_Q8_0) {
+        const float amax = fmaxf(0.0f, mf_warp_max(fabsf(x)));
+        const float d = amax / 127.0f;
+        const float id = d == 0.0f ? 0.0f : 1.0f / d;
+        u8 *b = cell + (u64)(e >> 5) * 34;
+        if ((e & 31) == 0) *(u16 *)b = mf_f2h(d);
+        b[2 + (e & 31)] = (u8)(signed char)(int)roundf(x * id);
+    } else if (ty == MF_F16) {
+        ((u16 *)cell)[e] = mf_f2h(x);
+    } else {
+        ((float *)cell)[e] = x;
     }
-    if (ty == MF_Q8_0) mf_kv_q8_block(v, cell + (u64)i * 34);
-    else if (ty == MF_F16) ((u16 *)cell)[e0] = mf_f2h(v[0]);
-    else ((float *)cell)[e0] = v[0];
 }

@@ -128,8 +128,9 @@ pub struct CudaBackend {
     /// kernels (`MINFER_CUDA_ATTN=split`); `MINFER_CUDA_ATTN=w1|w2` caps it (the bits do
     /// not depend on it).
     pub(crate) attn_warp_qt: usize,
-    /// Query heads of a KV group per block of the one-query warp-tiled kernels: 8 (the
-    /// whole group), 4 or 2 (`MINFER_CUDA_ATTN_HEADS`; the bits do not depend on it).
+    /// Query heads of a KV group per block of the one-query warp-tiled kernels and of the
+    /// grouped split-K one: 8 (the whole group), 4 or 2 (`MINFER_CUDA_ATTN_HEADS`; the bits
+    /// do not depend on it).
     pub(crate) attn_heads: usize,
     /// The warp-tiled attention's K rows staged in shared memory (`_s` kernels).
     pub(crate) attn_stage: bool,
@@ -332,8 +333,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Query heads per block of the one-query warp-tiled attention: 8, 4 or 2 (as
-    /// `MINFER_CUDA_ATTN_HEADS`; a gate compares them on one backend).
+    /// Query heads per block of the one-query warp-tiled attention and of the grouped
+    /// split-K one: 8, 4 or 2 (as `MINFER_CUDA_ATTN_HEADS`; a gate compares them on one
+    /// backend).
     pub fn set_attention_heads(&mut self, heads: usize) -> Result<(), crate::CudaError> {
         if ![2, 4, 8].contains(&heads) {
             return Err(crate::CudaError::from(format!(

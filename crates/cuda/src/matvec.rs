@@ -733,11 +733,21 @@ impl CudaBackend {
         let grid = self.mv1_grid(kernel, rows, warps, shared)?;
         self.gpu
             .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a)?;
-        let units = if ty == 2 { kv_dim / 32 } else { kv_dim };
+        // A thread per q value, then per K and V value; a q8_0 cache's blocks start at a
+        // warp (each block one warp's 32 lanes, kernels/fused.cu).
+        let q_threads = if ty == 2 {
+            q_dim.next_multiple_of(32)
+        } else {
+            q_dim
+        };
         let mut args = vec![Arg::U64(row)];
         args.extend(rope);
-        self.gpu
-            .launch("mf_rope_store", blocks(q_dim + 2 * units, 128), 128, &args)
+        self.gpu.launch(
+            "mf_rope_store",
+            blocks(q_threads + 2 * kv_dim, 128),
+            128,
+            &args,
+        )
     }
 }
 

@@ -477,8 +477,8 @@ fn attention_f64(
 /// query heads per KV head), windows up to 6 chunks of 128 rows: 40 queries in one node give
 /// every query the bits it gets alone (one-query nodes, whose grids and grouping differ) and
 /// the bits of one query a block (`w1`), with the KV group's heads in blocks of 8, 4 and 2,
-/// with the K rows loaded by each lane or staged in shared memory, for spans sharing their
-/// cells, spans that do not
+/// with the K rows loaded by each lane or staged in shared memory (and the grouped split-K
+/// kernel with 8, 4 and 2 heads a block alike), for spans sharing their cells, spans that do not
 /// (the kernel's own passes) and KV-map runs. Against an f64 reference over the f16-rounded
 /// K/V: within 1e-5 relative (f32 arithmetic over f16 inputs; the split-K kernels measured
 /// alike), and the CPU within its f16 class (it rounds Q and the V accumulator to f16:
@@ -563,6 +563,14 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &
             g.set_attention_stage(false);
             g.set_attention("split").unwrap();
             let split = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
+            // The grouped split-K kernel's heads shared out over blocks of 8 and 4 (`split`
+            // ran 2, the last set above): the same bits.
+            let mut split_heads = Vec::new();
+            for heads in [8, 4] {
+                g.set_attention_heads(heads).unwrap();
+                split_heads.push((heads, attention_on(&mut g, shape, &kx, &vx, &q, w, layout)));
+            }
+            g.set_attention_heads(2).unwrap();
             g.set_attention("").unwrap();
             let cpu = attention_on(&mut c, shape, &kx, &vx, &q, w, layout);
             let want = attention_f64(shape, &kx, &vx, &q, w, width);
@@ -598,6 +606,11 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &
                     d, 0,
                     "{shape:?} {what}: {heads} heads a block, staged {stage}"
                 );
+            }
+            for (heads, h) in &split_heads {
+                let d = bits(&split, h);
+                println!("{shape:?} {what}: split-K, {heads} heads a block, differing {d}");
+                assert_eq!(d, 0, "{shape:?} {what}: split-K with {heads} heads a block");
             }
             let d = bits(&batched, &batched_staged);
             println!("{shape:?} {what}: batched with K staged, differing {d}");
