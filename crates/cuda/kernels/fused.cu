@@ -412,17 +412,19 @@ __device__ __forceinline__ float mf_roped(const float *x, int e, int hd, int neo
     return lo ? mf_rope_lo(x[a], x[b], c, sn) : mf_rope_hi(x[a], x[b], c, sn);
 }
 
-// Threads [0, q_dim) rotate q; then, for an f16/f32 cache, a thread per K and per V value;
-// for a q8_0 cache (from the next multiple of 32, so each block's 32 values are one warp's
-// lanes), a warp per 32-value block: lane k rotates (K) or reads (V) value k, the block's
-// max |x| is the warp's butterfly max (order-free, from 0 as mf_kv_q8_block's fold: a NaN
-// counts as 0 there and here), and each lane rounds and stores its own byte with
-// mf_kv_q8_block's arithmetic, so the bytes are its. (Before: a thread per block, its 32
-// rotations one after another, 23 µs a layer on the 7B.)
+// Threads [0, q_dim) rotate q; then a thread per K and per V value (f16/f32 cache) or per
+// 32-value block (q8_0, mf_kv_q8_block). With `warp_q8` (the host's MINFER_CUDA_Q8_DECODE=1,
+// until a device has gated it) a q8_0 block is one warp instead, from the next multiple of 32
+// after q's threads: lane k rotates (K) or reads (V) value k, the block's max |x| is the
+// warp's butterfly max (order-free, from 0 as mf_kv_q8_block's fold: a NaN counts as 0 there
+// and here), and each lane rounds and stores its own byte with mf_kv_q8_block's arithmetic,
+// so the bytes are its; the thread a block does its 32 rotations one after another (23 µs a
+// layer on the 7B).
 extern "C" __global__ void mf_rope_store(const float *row, const int *pos, const int *cells,
                                          float *q_out, u8 *kreg, u8 *vreg, int ty,
                                          u64 row_bytes, int q_dim, int kv_dim, int hd,
-                                         float theta_scale, float freq_scale, int neox) {
+                                         float theta_scale, float freq_scale, int neox,
+                                         int warp_q8) {
     MF_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     int p = pos[0];
@@ -430,15 +432,30 @@ extern "C" __global__ void mf_rope_store(const float *row, const int *pos, const
         q_out[i] = mf_roped(row + (i / hd) * hd, i % hd, hd, neox, p, theta_scale, freq_scale);
         return;
     }
-    i -= ty == MF_Q8_0 ? (q_dim + 31) & ~31 : q_dim;
-    if (i < 0 || i >= 2 * kv_dim) return; // whole warps past the q8_0 blocks (or the padding)
-    const bool is_k = i < kv_dim;
-    const int e = is_k ? i : i - kv_dim;
+    const bool q8 = ty == MF_Q8_0;
+    i -= q8 && warp_q8 ? (q_dim + 31) & ~31 : q_dim;
+    const int unit = q8 && !warp_q8 ? 32 : 1;
+    const int units = kv_dim / unit;
+    if (i < 0 || i >= 2 * units) return; // the padding, or whole warps past the last block
+    const bool is_k = i < units;
+    if (!is_k) i -= units;
     const float *src = row + q_dim + (is_k ? 0 : kv_dim);
     u8 *cell = (is_k ? kreg : vreg) + (u64)cells[0] * row_bytes;
+    if (unit == 32) {
+        float v[32];
+        for (int k = 0; k < 32; ++k) {
+            int e = i * 32 + k;
+            v[k] = is_k ? mf_roped(src + (e / hd) * hd, e % hd, hd, neox, p, theta_scale,
+                                   freq_scale)
+                        : src[e];
+        }
+        mf_kv_q8_block(v, cell + (u64)i * 34);
+        return;
+    }
+    const int e = i;
     const float x =
         is_k ? mf_roped(src + (e / hd) * hd, e % hd, hd, neox, p, theta_scale, freq_scale) : src[e];
-    if (ty == MF_Q8_0) {
+    if (q8) {
         const float amax = fmaxf(0.0f, mf_warp_max(fabsf(x)));
         const float d = amax / 127.0f;
         const float id = d == 0.0f ? 0.0f : 1.0f / d;

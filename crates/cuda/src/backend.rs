@@ -137,6 +137,8 @@ pub struct CudaBackend {
     /// The decode Q/K/V, RoPE and KV stores in one launch where the walk and the cache
     /// allow (`mf_qkv1r_*`; off: `MINFER_CUDA_QKV_ROPE=0`).
     pub(crate) qkv_rope: bool,
+    /// Session 29's q8_0-cache decode kernels (`MINFER_CUDA_Q8_DECODE=1`; settings.rs).
+    pub(crate) q8_decode: bool,
     /// Where the one-token int8 kernels get their quantized x (`MINFER_CUDA_MV1_X`).
     pub(crate) mv1_x: crate::settings::Mv1X,
     /// Rows (a warp each) per block of the one-token int8 kernels: 8, or 4 with
@@ -306,6 +308,7 @@ impl CudaBackend {
             attn_heads: s.attn_heads,
             attn_stage: s.attn_stage,
             qkv_rope: s.qkv_rope,
+            q8_decode: s.q8_decode,
             mv1_x: s.mv1_x,
             mv1_warps,
             mv1_grid,
@@ -344,6 +347,12 @@ impl CudaBackend {
         }
         self.attn_heads = heads;
         Ok(())
+    }
+
+    /// Whether session 29's q8_0-cache decode kernels run (as `MINFER_CUDA_Q8_DECODE`; the
+    /// gates compare them with the kernels before on one backend).
+    pub fn set_q8_decode(&mut self, on: bool) {
+        self.q8_decode = on;
     }
 
     /// Whether the warp-tiled attention stages its K rows in shared memory (as
@@ -468,6 +477,7 @@ impl CudaBackend {
             attn_heads: self.attn_heads,
             attn_stage: self.attn_stage,
             qkv_rope: self.qkv_rope,
+            q8_decode: self.q8_decode,
             mv1_x: self.mv1_x,
             mv1_warps: self.mv1_warps,
             mv1_grid: self.mv1_grid,

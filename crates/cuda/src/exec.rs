@@ -496,14 +496,23 @@ impl CudaBackend {
             .collect();
         if gqa {
             // The group's heads shared out over blocks of `attn_heads` (the same bits,
-            // kernels/attn.cu): a decode step's few chunks fill more multiprocessors.
-            let gb = self.attn_heads.min(group);
+            // kernels/attn.cu): a decode step's few chunks fill more multiprocessors
+            // (`MINFER_CUDA_Q8_DECODE=1` until gated on a device; else the whole group).
+            let gb = if self.q8_decode {
+                self.attn_heads.min(group)
+            } else {
+                group
+            };
             let floats = gb * head_dim + 32 * (head_dim + 1) + 32 * head_dim + gb * 32;
             let mut a = a;
             a.push(Arg::I32(gb as i32));
             self.gpu.launch_shared(
                 "mf_attn_gqa",
-                ((n_head_kv * group.div_ceil(gb)) as u32, nq as u32, n_split as u32),
+                (
+                    (n_head_kv * group.div_ceil(gb)) as u32,
+                    nq as u32,
+                    n_split as u32,
+                ),
                 128,
                 ((floats + 48 + 32) * 4) as u32,
                 &a,

@@ -733,21 +733,20 @@ impl CudaBackend {
         let grid = self.mv1_grid(kernel, rows, warps, shared)?;
         self.gpu
             .launch_shared(kernel, (grid, 1, 1), 32 * warps as u32, shared, &a)?;
-        // A thread per q value, then per K and V value; a q8_0 cache's blocks start at a
-        // warp (each block one warp's 32 lanes, kernels/fused.cu).
-        let q_threads = if ty == 2 {
-            q_dim.next_multiple_of(32)
-        } else {
-            q_dim
+        // A thread per q value, then per K and V value (f16/f32), or per 32-value q8_0
+        // block; with `MINFER_CUDA_Q8_DECODE=1` a q8_0 block is one warp's 32 lanes, from the
+        // next warp after q's (kernels/fused.cu).
+        let warp_q8 = ty == 2 && self.q8_decode;
+        let threads = match (ty, warp_q8) {
+            (2, true) => q_dim.next_multiple_of(32) + 2 * kv_dim,
+            (2, false) => q_dim + 2 * (kv_dim / 32),
+            _ => q_dim + 2 * kv_dim,
         };
         let mut args = vec![Arg::U64(row)];
         args.extend(rope);
-        self.gpu.launch(
-            "mf_rope_store",
-            blocks(q_threads + 2 * kv_dim, 128),
-            128,
-            &args,
-        )
+        args.push(Arg::I32(warp_q8 as i32));
+        self.gpu
+            .launch("mf_rope_store", blocks(threads, 128), 128, &args)
     }
 }
 

@@ -221,6 +221,12 @@ pub struct CudaSettings {
     /// The decode Q/K/V with RoPE and the KV stores in one launch where it can
     /// (`MINFER_CUDA_QKV_ROPE`: `1` default, `0` the two launches; the same bits either way).
     pub(crate) qkv_rope: bool,
+    /// Session 29's decode kernels for a q8_0 cache (`MINFER_CUDA_Q8_DECODE=1`): the RoPE
+    /// store a warp per 32-value block, and the grouped split-K attention's KV group shared
+    /// out over blocks of `attn_heads`; `0`, the default until a device has run their gates
+    /// (the fused-against-unfused and attention gates), keeps the kernels before them. The
+    /// same bits either way by construction.
+    pub(crate) q8_decode: bool,
     pub(crate) mmq: MmqChoice,
     /// Most generation rows of one matmul the multi-row vector kernels take
     /// (`MINFER_CUDA_MVN`, 0 ..= 16; 0: off, the dp4a / `mma` kernels as before): a warp per
@@ -342,6 +348,11 @@ impl CudaSettings {
                 "" | "1" => true,
                 "0" => false,
                 v => return Err(Refused::new("MINFER_CUDA_QKV_ROPE", v, "want 0 or 1")),
+            },
+            q8_decode: match text("MINFER_CUDA_Q8_DECODE").as_str() {
+                "" | "0" => false,
+                "1" => true,
+                v => return Err(Refused::new("MINFER_CUDA_Q8_DECODE", v, "want 0 or 1")),
             },
             mmq: mmq(&text)?,
             mvn_max: match text("MINFER_CUDA_MVN").as_str() {

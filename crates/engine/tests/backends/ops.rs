@@ -563,14 +563,16 @@ fn warp_tiled_attention_keeps_each_query_alone_bits_and_the_reference_class(_: &
             g.set_attention_stage(false);
             g.set_attention("split").unwrap();
             let split = attention_on(&mut g, shape, &kx, &vx, &q, w, layout);
-            // The grouped split-K kernel's heads shared out over blocks of 8 and 4 (`split`
-            // ran 2, the last set above): the same bits.
+            // The grouped split-K kernel (`split`: a KV group's heads in one block unless
+            // `MINFER_CUDA_Q8_DECODE=1`) with the group shared out over blocks of 8, 4 and 2
+            // heads (`set_q8_decode`): the same bits.
             let mut split_heads = Vec::new();
-            for heads in [8, 4] {
+            g.set_q8_decode(true);
+            for heads in [8, 4, 2] {
                 g.set_attention_heads(heads).unwrap();
                 split_heads.push((heads, attention_on(&mut g, shape, &kx, &vx, &q, w, layout)));
             }
-            g.set_attention_heads(2).unwrap();
+            g.set_q8_decode(false);
             g.set_attention("").unwrap();
             let cpu = attention_on(&mut c, shape, &kx, &vx, &q, w, layout);
             let want = attention_f64(shape, &kx, &vx, &q, w, width);
