@@ -31,16 +31,21 @@ def no_warmup(a):
     return [] if a.warmup else ["--no-warmup"]
 
 
+def depth(a):
+    # Both tools take `-d N` (llama-bench's --n-depth): N tokens prefilled, untimed, before the test.
+    return ["-d", str(a.d)] if a.d else []
+
+
 def minfer_cmd(a, test, n, threads):
     p, g = (n, 0) if test == "pp" else (0, n)
     return [a.minfer, "bench", "-m", a.model, "-p", str(p), "-n", str(g), "-r", "1",
-            "-t", str(threads), "--cache-type", a.cache_type, "-o", "json"] + no_warmup(a)
+            "-t", str(threads), "--cache-type", a.cache_type, "-o", "json"] + depth(a) + no_warmup(a)
 
 
 def llama_cmd(a, test, n, threads):
     p, g = (n, 0) if test == "pp" else (0, n)
     return [a.llama_bench, "-m", a.model, "-p", str(p), "-n", str(g), "-r", "1",
-            "-t", str(threads), "-ctk", a.cache_type, "-ctv", a.cache_type, "-o", "json"] + no_warmup(a)
+            "-t", str(threads), "-ctk", a.cache_type, "-ctv", a.cache_type, "-o", "json"] + depth(a) + no_warmup(a)
 
 
 def one_sample(cmd, is_minfer):
@@ -64,6 +69,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-d", type=int, default=0, help="depth: tokens in the KV before each test")
     ap.add_argument("--cache-type", default="f16")
     ap.add_argument("--json", type=int, default=0)
     ap.add_argument("--membw", type=int, default=1)
@@ -118,7 +124,7 @@ def main():
         "load_avg_min": min(loads), "load_avg_max": max(loads),
         "model": a.model, "model_type": facts.get("model_type"),
         "weight_bytes_per_token": facts.get("weight_bytes_per_token"),
-        "cache_type": a.cache_type, "reps": a.reps, "warmup": bool(a.warmup),
+        "cache_type": a.cache_type, "depth": a.d, "reps": a.reps, "warmup": bool(a.warmup),
         "minfer_commit": minfer_rev,
         "llama_cpp_commit": llama_info.get("build_commit") if llama_info else None,
         "llama_cpp_build_number": llama_info.get("build_number") if llama_info else None,
@@ -140,7 +146,8 @@ def print_md(summary):
           f"{summary['logical_cpus']} CPUs, SIMD: {' '.join(summary['cpu_simd'] or [])}; "
           f"load average {summary['load_avg_min']:.1f} to {summary['load_avg_max']:.1f} "
           f"(the machine is shared)")
-    print(f"model: {summary['model']} ({summary['model_type']}); KV {summary['cache_type']}; "
+    print(f"model: {summary['model']} ({summary['model_type']}); KV {summary['cache_type']}, "
+          f"depth {summary.get('depth', 0)}; "
           f"{summary['reps']} interleaved repetitions each, "
           f"warm-up {'on' if summary.get('warmup', True) else 'off'}; "
           f"minfer {summary['minfer_commit']}, llama.cpp {summary['llama_cpp_commit']}")
