@@ -251,7 +251,8 @@ extern "C" __global__ void mf_attn_combine(const float *part, float *out, int n_
 // no other head and each of its values is one thread's fixed sequence whatever the slice,
 // so `gb` (the host's MINFER_CUDA_ATTN_HEADS with MINFER_CUDA_Q8_DECODE=1, else the whole
 // group) changes the grid and the repeated (L2-served) K/V loads, never a bit: a decode
-// step's few chunks of a whole group of 7 left most multiprocessors idle. Per query head the arithmetic is fixed by the row index alone: score = the dot
+// step's few chunks of a whole group of 7 left most multiprocessors idle. Per query head
+// the arithmetic is fixed by the row index alone: score = the dot
 // over d in order, times scale; per tile, the running max, then p = exp(s - max) folded in
 // row order. Partials as mf_attn_split writes them (merged by mf_attn_combine).
 #define MF_GQA_CHUNK 64

@@ -355,7 +355,8 @@ __device__ __forceinline__ void mf_qkv1r_plain(int tyq, const u8 *wq, u64 rbq, i
         float r[2];
         r[0] = mf_row1_any(ty, w + (u64)a * rb, xq, xds, ne0 >> 5);
         r[1] = mf_row1_any(ty, w + (u64)b * rb, xq, xds, ne0 >> 5);
-        if ((threadIdx.x & 31) == 0) mf_rope_pair_out(ro, reg, j, reg == 0 ? bq : reg == 1 ? bk : bv, r);
+        const float *bias = reg == 0 ? bq : reg == 1 ? bk : bv;
+        if ((threadIdx.x & 31) == 0) mf_rope_pair_out(ro, reg, j, bias, r);
     }
     MF_PDL_TRIGGER();
 }
