@@ -612,8 +612,9 @@ fn an_ffn_past_the_concatenation_cap_is_fused_on_cuda() {
 /// `MINFER_CUDA_QKV_ROPE=0`): the same logits bit for bit over a prefill and six generated
 /// steps, whose attention reads the K/V cells either path stored. NeoX pairs with biases
 /// (Qwen2) and adjacent pairs (LLaMA), every pipelined walk (Q4_K, Q6_K, Q/K of Q4_K with V
-/// of Q6_K) and the plain walks (Q5_0, Q8_0), f16 and f32 caches. Control: the launch counters show the fused kernel ran
-/// every step in one engine and never in the other, where `mf_rope_store` ran instead.
+/// of Q6_K) and the plain walks (Q5_0, Q8_0), f16 and f32 caches. Control: the launch
+/// counters show the fused kernel ran every step in one engine and never in the other, where
+/// `mf_rope_store` ran instead.
 #[test]
 fn the_rope_fused_qkv_gives_the_two_launches_bits() {
     if !gpu() {
